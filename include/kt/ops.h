@@ -1,0 +1,144 @@
+/* The op table: every op libkt can run, with its forward and backward kernel.
+ *
+ * Ops are what graph nodes execute, and they can be called directly on tensors. One list
+ * (KT_OP_LIST) generates the enum and the names; each op family lives in one file under
+ * lib/ops/ that defines the op's table entry (shape inference, kernels, what the backward
+ * reads, in-place safety, FLOP cost). Adding an op touches that list and one file.
+ *
+ * Conventions shared by every op:
+ * - Inputs and outputs are contiguous CPU tensors. Shape inference rejects wrong ranks,
+ *   shapes and dtypes with KT_EINVAL and a message naming the op and the argument.
+ * - Floating-point ops accept f32, bf16 and f16 unless noted; arithmetic is done in f32
+ *   (round-to-nearest-even on store), and all float operands of one op share one dtype.
+ * - Backward overwrites each requested input gradient (it does not accumulate); a gradient
+ *   tensor with data == NULL is not wanted and is skipped. An output gradient with
+ *   data == NULL is only allowed for outputs that carry no gradient (router indices).
+ * - Kernels are deterministic for a fixed thread count; most are deterministic for any.
+ *
+ * The ops and their layouts (N = leading dims flattened, "...": any leading dims):
+ *   matmul        a [M,K] (trans_a: [K,M]), b [K,N] (trans_b: [N,K]) -> [M,N]
+ *   add, sub, mul a [...], b with a's shape or a suffix of it (broadcast) -> a's shape
+ *   scale         x -> alpha * x
+ *   silu          x -> x * sigmoid(x)
+ *   swiglu        g, u (same shape) -> silu(g) * u
+ *   rmsnorm       x [...,H], w [H] -> x / sqrt(mean(x^2) + eps) * w
+ *   softmax       x [...,V] -> softmax over the last dim
+ *   log_softmax   x [...,V] -> log-softmax over the last dim
+ *   cross_entropy logits [N,V], targets [N] (i32/i64) -> scalar f32: mean over tokens whose
+ *                 target != ignore_index of -log_softmax(logits)[target]; 0 if none count
+ *   embedding     table [V,H], ids [...] (i32/i64) -> [..., H]; backward scatter-adds
+ *   topk_router   logits [N,E] (f32) -> ids [N,k] (i32), weights [N,k] (f32): softmax over
+ *                 E, the k largest in descending order (ties: lower expert first),
+ *                 renormalised to sum 1 when norm_topk; differentiable in the weights
+ *   conv1d        x [T,Cin] or [B,T,Cin], w [Cout,K,Cin] (depthwise: [C,K]) -> [(B,)T',Cout]
+ *                 causal: y[t] uses x[t-K+1..t]; same: x[t-K/2 .. t+(K-1-K/2)];
+ *                 valid: no padding, T' = T-K+1 (the input already carries its halos)
+ *   concat        n_in tensors equal but along `dim` -> joined along `dim`
+ *   narrow        x -> x[start : start+length] along `dim`
+ *   transpose     x -> x with dims dim0 and dim1 swapped (materialised)
+ *   reshape       x -> same elements, shape (ndim, shape); one entry may be -1
+ */
+#ifndef KT_OPS_H
+#define KT_OPS_H
+
+#include "runtime.h"
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KT_OP_LIST(X)                 \
+    X(MATMUL, matmul)                 \
+    X(ADD, add)                       \
+    X(SUB, sub)                       \
+    X(MUL, mul)                       \
+    X(SCALE, scale)                   \
+    X(SILU, silu)                     \
+    X(SWIGLU, swiglu)                 \
+    X(RMSNORM, rmsnorm)               \
+    X(SOFTMAX, softmax)               \
+    X(LOG_SOFTMAX, log_softmax)       \
+    X(CROSS_ENTROPY, cross_entropy)   \
+    X(EMBEDDING, embedding)           \
+    X(TOPK_ROUTER, topk_router)       \
+    X(CONV1D, conv1d)                 \
+    X(CONCAT, concat)                 \
+    X(NARROW, narrow)                 \
+    X(TRANSPOSE, transpose)           \
+    X(RESHAPE, reshape)
+
+typedef enum kt_op {
+#define KT__OP_ENUM(upper, lower) KT_OP_##upper,
+    KT_OP_LIST(KT__OP_ENUM)
+#undef KT__OP_ENUM
+        KT_OP_COUNT
+} kt_op;
+
+#define KT_OP_MAX_IN 8
+#define KT_OP_MAX_OUT 2
+
+typedef enum kt_conv_mode {
+    KT_CONV_CAUSAL = 0,
+    KT_CONV_SAME = 1,
+    KT_CONV_VALID = 2
+} kt_conv_mode;
+
+/* Attributes of all ops in one plain struct; each op reads only its own fields and a
+ * zeroed struct is a valid default where the op has one. */
+typedef struct kt_op_attrs {
+    int trans_a, trans_b;       /* matmul */
+    float alpha;                /* scale */
+    float eps;                  /* rmsnorm (0 means 1e-6) */
+    int64_t ignore_index;       /* cross_entropy (targets equal to it do not count) */
+    int k;                      /* topk_router: experts per token */
+    int norm_topk;              /* topk_router: renormalise the chosen weights */
+    int depthwise;              /* conv1d */
+    kt_conv_mode conv_mode;     /* conv1d */
+    int dim;                    /* concat, narrow */
+    int64_t start, length;      /* narrow */
+    int dim0, dim1;             /* transpose */
+    int ndim;                   /* reshape */
+    int64_t shape[KT_MAX_DIMS]; /* reshape */
+} kt_op_attrs;
+
+/* How kernels run: the pool (NULL: the caller's thread only) and scratch memory of at least
+ * kt_op_scratch_bytes() bytes (64-byte aligned). A NULL kt_exec means both are absent. */
+typedef struct kt_exec {
+    kt_threadpool *pool;
+    void *scratch;
+    size_t scratch_bytes;
+} kt_exec;
+
+const char *kt_op_name(kt_op op); /* "matmul"; "?" for an invalid op */
+kt_status kt_op_from_name(const char *name, kt_op *op_out);
+/* Input count the op accepts (concat: 1..KT_OP_MAX_IN) and the outputs it produces. */
+kt_status kt_op_arity(kt_op op, int *min_in, int *max_in, int *n_out);
+
+/* Checks inputs and attributes and fills out[0..n_out) with the output dtypes and shapes
+ * (contiguous, data NULL). n_out must be the op's output count. */
+kt_status kt_op_infer(kt_op op, const kt_op_attrs *attrs, const kt_tensor *in, int n_in,
+                      kt_tensor *out, int n_out);
+
+/* Scratch needed by the forward (backward = 0) or backward (backward = 1) kernel. */
+size_t kt_op_scratch_bytes(kt_op op, const kt_op_attrs *attrs, const kt_tensor *in, int n_in,
+                           int backward);
+
+/* Floating-point operations of the forward pass (multiply-add = 2). */
+double kt_op_flops(kt_op op, const kt_op_attrs *attrs, const kt_tensor *in, int n_in);
+
+/* Runs the forward kernel. out[] must have the inferred dtypes and shapes and hold memory. */
+kt_status kt_op_forward(kt_op op, const kt_op_attrs *attrs, const kt_tensor *in, int n_in,
+                        kt_tensor *out, int n_out, const kt_exec *exec);
+
+/* Runs the backward kernel: given the forward's inputs and outputs and the gradients of the
+ * outputs (grad_out[0..n_out)), writes the requested gradients of the inputs
+ * (grad_in[0..n_in), each with its input's dtype and shape, data NULL to skip). */
+kt_status kt_op_backward(kt_op op, const kt_op_attrs *attrs, const kt_tensor *in, int n_in,
+                         const kt_tensor *out, int n_out, const kt_tensor *grad_out,
+                         kt_tensor *grad_in, const kt_exec *exec);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,96 @@
+/* The runtime core that every other part stands on: arenas, the thread pool, CPU features
+ * and NUMA placement.
+ */
+#ifndef KT_RUNTIME_H
+#define KT_RUNTIME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Arena: an aligned bump allocator ------------------------------------------------- */
+
+typedef struct kt_arena {
+    unsigned char *base;
+    size_t size;     /* usable bytes */
+    size_t used;     /* bytes handed out, including alignment padding */
+    size_t high_water;
+    int numa_node;   /* node the memory is bound to, or -1 */
+    int owned;       /* 1 when kt_arena_destroy must free base */
+} kt_arena;
+
+/* Allocates `size` bytes (64-byte aligned). numa_node >= 0 binds the memory to that node
+ * (needs libnuma; node 0 is accepted without it); -1 lets the OS place it. */
+kt_status kt_arena_create(kt_arena *arena, size_t size, int numa_node);
+/* Uses caller memory; nothing is freed by kt_arena_destroy. */
+kt_status kt_arena_init_buffer(kt_arena *arena, void *buffer, size_t size);
+/* Frees owned memory and zeroes the struct; safe on a zeroed or destroyed arena. */
+void kt_arena_destroy(kt_arena *arena);
+
+/* `align` is a power of two (0 means 64). Exhaustion returns KT_ENOMEM with the requested
+ * and available byte counts in the message, and leaves the arena unchanged. */
+kt_status kt_arena_alloc(kt_arena *arena, size_t bytes, size_t align, void **ptr_out);
+/* mark/reset: everything allocated after the mark is released by the reset. */
+size_t kt_arena_mark(const kt_arena *arena);
+kt_status kt_arena_reset(kt_arena *arena, size_t mark);
+size_t kt_arena_available(const kt_arena *arena);
+
+/* ---- Thread pool ------------------------------------------------------------------------ */
+
+typedef struct kt_threadpool kt_threadpool;
+
+/* n_threads <= 0: KT_NUM_THREADS from the environment, else the number of online CPUs.
+ * The caller's thread is thread 0, so n_threads - 1 workers are started. */
+kt_status kt_threadpool_create(int n_threads, kt_threadpool **pool_out);
+void kt_threadpool_destroy(kt_threadpool *pool);
+int kt_threadpool_size(const kt_threadpool *pool); /* 1 for a NULL pool */
+
+/* Runs fn over [0, n). The range is cut into at most size(pool) contiguous parts of at least
+ * `grain` items, part t going to thread t: a fixed, static partition, so a fixed thread count
+ * gives bitwise identical results. A NULL pool runs everything on the caller's thread.
+ * Calls do not nest: fn must not call kt_parallel_for on the same pool. */
+typedef void (*kt_range_fn)(void *ctx, int64_t begin, int64_t end, int thread);
+void kt_parallel_for(kt_threadpool *pool, int64_t n, int64_t grain, kt_range_fn fn,
+                     void *ctx);
+
+/* ---- CPU features ------------------------------------------------------------------------ */
+
+typedef struct kt_cpu_features {
+    int avx2;         /* with FMA */
+    int f16c;
+    int avx512f;      /* with the OS saving zmm state */
+    int avx512bw;
+    int avx512_bf16;
+    int amx_tile;     /* the CPU has AMX ... */
+    int amx_bf16;
+    int amx_usable;   /* ... and the kernel granted this process the tile state */
+} kt_cpu_features;
+
+/* Detected once (thread-safe) and cached. The AMX permission request
+ * (arch_prctl ARCH_REQ_XCOMP_PERM) is made on the first call when the CPU has AMX. */
+const kt_cpu_features *kt_cpu_get_features(void);
+/* "avx2 f16c avx512f ..." */
+const char *kt_cpu_describe(void);
+
+/* ---- NUMA ---------------------------------------------------------------------------------- */
+
+/* 1 when libkt was built with libnuma and the system reports NUMA support. */
+int kt_numa_available(void);
+/* Number of configured nodes (1 without libnuma). */
+int kt_numa_node_count(void);
+
+/* ---- CUDA ---------------------------------------------------------------------------------- */
+
+/* Number of usable CUDA devices: 0 in a build without CUDA or on a machine without a GPU
+ * (never an error). */
+int kt_cuda_device_count(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,122 @@
+/* CPU feature detection: cpuid for what the CPU has, xgetbv for what the OS saves, and the
+ * Linux permission request without which AMX instructions fault. */
+#define _GNU_SOURCE /* syscall() for the AMX permission request */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/cpu_internal.h"
+#include "kt/runtime.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define KT__ARCH_REQ_XCOMP_PERM 0x1023
+#define KT__XFEATURE_XTILEDATA 18
+#endif
+
+static kt_cpu_features features;
+static char description[160];
+static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
+
+#if defined(__x86_64__)
+static unsigned long long read_xcr0(void)
+{
+    unsigned eax, edx;
+    __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+    return ((unsigned long long)edx << 32) | eax;
+}
+
+static int request_amx_permission(void)
+{
+    /* Linux >= 5.16 requires each process to ask for the AMX tile data state. */
+    long rc = syscall(SYS_arch_prctl, KT__ARCH_REQ_XCOMP_PERM, KT__XFEATURE_XTILEDATA);
+    return rc == 0;
+}
+#endif
+
+static void detect(void)
+{
+    memset(&features, 0, sizeof features);
+    /* KT_CPU=portable hides every vector extension, so the portable kernels can be tested
+     * (and compared with the vector ones) on a machine that has them. */
+    const char *forced = getenv("KT_CPU");
+    int portable = forced != NULL && strcmp(forced, "portable") == 0;
+#if defined(__x86_64__)
+    if (!portable) {
+    unsigned a, b, c, d;
+    if (__get_cpuid(1, &a, &b, &c, &d)) {
+        int osxsave = (c >> 27) & 1;
+        int avx = (c >> 28) & 1;
+        int fma = (c >> 12) & 1;
+        int f16c = (c >> 29) & 1;
+        unsigned long long xcr0 = osxsave ? read_xcr0() : 0;
+        int ymm_ok = (xcr0 & 0x6) == 0x6;
+        int zmm_ok = ymm_ok && (xcr0 & 0xe0) == 0xe0;
+        int tile_ok = (xcr0 & 0x60000) == 0x60000;
+        unsigned a7 = 0, b7 = 0, c7 = 0, d7 = 0, a71 = 0, b71 = 0, c71 = 0, d71 = 0;
+        __cpuid_count(7, 0, a7, b7, c7, d7);
+        __cpuid_count(7, 1, a71, b71, c71, d71);
+        (void)c7;
+        (void)b71;
+        (void)c71;
+        (void)d71;
+        int avx2 = (b7 >> 5) & 1;
+        features.avx2 = ymm_ok && avx && avx2 && fma;
+        features.f16c = ymm_ok && avx && f16c;
+        features.avx512f = zmm_ok && ((b7 >> 16) & 1);
+        features.avx512bw = features.avx512f && ((b7 >> 30) & 1);
+        features.avx512_bf16 = features.avx512f && ((a71 >> 5) & 1);
+        features.amx_tile = (d7 >> 24) & 1;
+        features.amx_bf16 = (d7 >> 22) & 1;
+        if (features.amx_tile && tile_ok)
+            features.amx_usable = request_amx_permission();
+    }
+    }
+#else
+    (void)portable;
+#endif
+    const struct {
+        int on;
+        const char *name;
+    } names[] = {{features.avx2, "avx2"},         {features.f16c, "f16c"},
+                 {features.avx512f, "avx512f"},   {features.avx512bw, "avx512bw"},
+                 {features.avx512_bf16, "avx512_bf16"}, {features.amx_tile, "amx_tile"},
+                 {features.amx_bf16, "amx_bf16"}, {features.amx_usable, "amx_usable"}};
+    size_t n = 0;
+    description[0] = '\0';
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (names[i].on && n < sizeof description)
+            n += (size_t)snprintf(description + n, sizeof description - n, "%s%s",
+                                  n ? " " : "", names[i].name);
+    if (n == 0)
+        snprintf(description, sizeof description, "portable");
+}
+
+const kt_cpu_features *kt_cpu_get_features(void)
+{
+    pthread_once(&detect_once, detect);
+    return &features;
+}
+
+const char *kt_cpu_describe(void)
+{
+    pthread_once(&detect_once, detect);
+    return description;
+}
+
+int kt__cpu_has_avx512(void)
+{
+    const kt_cpu_features *f = kt_cpu_get_features();
+    return f->avx512f && f->avx512bw;
+}
+
+int kt__cpu_has_avx512_bf16(void) { return kt_cpu_get_features()->avx512_bf16; }
+
+int kt__cpu_has_f16c(void)
+{
+    const kt_cpu_features *f = kt_cpu_get_features();
+    return f->avx2 && f->f16c;
+}

@@ -1,0 +1,9 @@
+/* Fast feature checks for kernel dispatch (after the first call: one load each). */
+#ifndef KT_CORE_CPU_INTERNAL_H
+#define KT_CORE_CPU_INTERNAL_H
+
+int kt__cpu_has_avx512(void);      /* avx512f + avx512bw, OS-enabled */
+int kt__cpu_has_avx512_bf16(void);
+int kt__cpu_has_f16c(void);        /* avx2 + f16c, OS-enabled */
+
+#endif

@@ -1,0 +1,213 @@
+/* The thread pool: a fixed set of workers and a statically partitioned parallel-for.
+ *
+ * Part t of a range always goes to thread t (the caller is thread 0), so a kernel that
+ * reduces within parts in a fixed order gives the same bits on every run with the same
+ * thread count. Workers spin briefly after a job (kernels come in quick succession during a
+ * step) and then sleep on a condition variable.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "kt/runtime.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define KT__PAUSE() _mm_pause()
+#else
+#define KT__PAUSE() ((void)0)
+#endif
+
+#define KT__SPIN_ITERS 20000
+#define KT__MAX_THREADS 1024
+
+struct kt_threadpool {
+    int n_threads;
+    pthread_t *workers;
+    int n_started;
+    pthread_mutex_t mu;
+    pthread_cond_t wake;
+    pthread_cond_t done;
+    /* the current job, published by the generation counter */
+    kt_range_fn fn;
+    void *ctx;
+    int64_t n;
+    int parts;
+    atomic_uint_fast64_t generation;
+    atomic_int pending;
+    atomic_int stop;
+};
+
+typedef struct worker_arg {
+    kt_threadpool *pool;
+    int id;
+} worker_arg;
+
+static void run_part(kt_threadpool *p, int part)
+{
+    int64_t begin = p->n * part / p->parts;
+    int64_t end = p->n * (part + 1) / p->parts;
+    if (begin < end)
+        p->fn(p->ctx, begin, end, part);
+}
+
+static uint_fast64_t wait_for_generation(kt_threadpool *p, uint_fast64_t seen)
+{
+    for (int i = 0; i < KT__SPIN_ITERS; i++) {
+        uint_fast64_t g = atomic_load_explicit(&p->generation, memory_order_acquire);
+        if (g != seen || atomic_load(&p->stop))
+            return g;
+        KT__PAUSE();
+    }
+    pthread_mutex_lock(&p->mu);
+    while (atomic_load(&p->generation) == seen && !atomic_load(&p->stop))
+        pthread_cond_wait(&p->wake, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+    return atomic_load_explicit(&p->generation, memory_order_acquire);
+}
+
+static void *worker_main(void *arg)
+{
+    worker_arg *wa = arg;
+    kt_threadpool *p = wa->pool;
+    int id = wa->id;
+    free(wa);
+    uint_fast64_t seen = 0;
+    for (;;) {
+        seen = wait_for_generation(p, seen);
+        if (atomic_load(&p->stop))
+            break;
+        /* Every worker acknowledges every job, even one it has no part in, so the next job
+         * cannot be published while a worker still reads this one's fields. */
+        if (id < p->parts)
+            run_part(p, id);
+        if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->done);
+            pthread_mutex_unlock(&p->mu);
+        }
+    }
+    return NULL;
+}
+
+static int default_thread_count(void)
+{
+    const char *env = getenv("KT_NUM_THREADS");
+    if (env != NULL && *env != '\0') {
+        char *end = NULL;
+        long v = strtol(env, &end, 10);
+        if (end != env && *end == '\0' && v > 0 && v <= KT__MAX_THREADS)
+            return (int)v;
+    }
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    return cpus > 0 ? (int)(cpus > KT__MAX_THREADS ? KT__MAX_THREADS : cpus) : 1;
+}
+
+kt_status kt_threadpool_create(int n_threads, kt_threadpool **pool_out)
+{
+    if (pool_out == NULL)
+        return kt__error(KT_EINVAL, "kt_threadpool_create: pool_out is NULL");
+    if (n_threads > KT__MAX_THREADS)
+        return kt__error(KT_EINVAL, "kt_threadpool_create: %d threads requested, at most %d",
+                         n_threads, KT__MAX_THREADS);
+    if (n_threads <= 0)
+        n_threads = default_thread_count();
+    kt_threadpool *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return kt__error(KT_ENOMEM, "kt_threadpool_create: out of memory");
+    p->n_threads = n_threads;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->wake, NULL);
+    pthread_cond_init(&p->done, NULL);
+    atomic_init(&p->generation, 0);
+    atomic_init(&p->pending, 0);
+    atomic_init(&p->stop, 0);
+    kt_status status = KT_OK;
+    if (n_threads > 1) {
+        p->workers = calloc((size_t)n_threads - 1, sizeof *p->workers);
+        if (p->workers == NULL) {
+            status = kt__error(KT_ENOMEM, "kt_threadpool_create: out of memory");
+            goto err_destroy;
+        }
+        for (int i = 1; i < n_threads; i++) {
+            worker_arg *wa = malloc(sizeof *wa);
+            if (wa == NULL) {
+                status = kt__error(KT_ENOMEM, "kt_threadpool_create: out of memory");
+                goto err_destroy;
+            }
+            wa->pool = p;
+            wa->id = i;
+            if (pthread_create(&p->workers[i - 1], NULL, worker_main, wa) != 0) {
+                free(wa);
+                status = kt__error(KT_ENOMEM, "kt_threadpool_create: cannot start thread %d of "
+                                   "%d", i, n_threads);
+                goto err_destroy;
+            }
+            p->n_started++;
+        }
+    }
+    *pool_out = p;
+    return KT_OK;
+
+err_destroy:
+    kt_threadpool_destroy(p);
+    return status;
+}
+
+void kt_threadpool_destroy(kt_threadpool *pool)
+{
+    if (pool == NULL)
+        return;
+    pthread_mutex_lock(&pool->mu);
+    atomic_store(&pool->stop, 1);
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->mu);
+    for (int i = 0; i < pool->n_started; i++)
+        pthread_join(pool->workers[i], NULL);
+    free(pool->workers);
+    pthread_cond_destroy(&pool->done);
+    pthread_cond_destroy(&pool->wake);
+    pthread_mutex_destroy(&pool->mu);
+    free(pool);
+}
+
+int kt_threadpool_size(const kt_threadpool *pool) { return pool ? pool->n_threads : 1; }
+
+void kt_parallel_for(kt_threadpool *pool, int64_t n, int64_t grain, kt_range_fn fn, void *ctx)
+{
+    if (n <= 0)
+        return;
+    if (grain < 1)
+        grain = 1;
+    int64_t max_parts = (n + grain - 1) / grain;
+    int parts = kt_threadpool_size(pool);
+    if (max_parts < parts)
+        parts = (int)max_parts;
+    if (parts <= 1) {
+        fn(ctx, 0, n, 0);
+        return;
+    }
+    pool->fn = fn;
+    pool->ctx = ctx;
+    pool->n = n;
+    pool->parts = parts;
+    atomic_store_explicit(&pool->pending, pool->n_threads - 1, memory_order_relaxed);
+    pthread_mutex_lock(&pool->mu);
+    atomic_fetch_add_explicit(&pool->generation, 1, memory_order_release);
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->mu);
+
+    run_part(pool, 0);
+
+    for (int i = 0; i < KT__SPIN_ITERS; i++) {
+        if (atomic_load_explicit(&pool->pending, memory_order_acquire) == 0)
+            return;
+        KT__PAUSE();
+    }
+    pthread_mutex_lock(&pool->mu);
+    while (atomic_load_explicit(&pool->pending, memory_order_acquire) != 0)
+        pthread_cond_wait(&pool->done, &pool->mu);
+    pthread_mutex_unlock(&pool->mu);
+}

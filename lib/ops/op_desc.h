@@ -1,0 +1,58 @@
+/* The op table entry: everything the graph, the planner and the executor need to know about
+ * an op, in one row per op. Each op family's file defines its rows as
+ * `const kt__op_desc kt__op_<name>`; op_table.c collects them through KT_OP_LIST. */
+#ifndef KT_OPS_OP_DESC_H
+#define KT_OPS_OP_DESC_H
+
+#include <stddef.h>
+
+#include "kt/ops.h"
+
+/* One kernel invocation. Forward reads in[] and writes out[]. Backward reads in[], out[]
+ * and gout[] (gradients of the outputs) and writes the gin[] entries whose data is not
+ * NULL. Shapes and dtypes were validated before the kernel runs. */
+typedef struct kt__op_call {
+    const kt_op_attrs *attrs;
+    const kt_tensor *in;
+    int n_in;
+    const kt_tensor *out;
+    kt_tensor *out_w; /* forward: the same tensors as out, writable */
+    int n_out;
+    const kt_tensor *gout;
+    kt_tensor *gin;
+    kt_threadpool *pool;
+    void *scratch;
+    size_t scratch_bytes;
+} kt__op_call;
+
+typedef kt_status (*kt__op_infer_fn)(const kt_op_attrs *attrs, const kt_tensor *in, int n_in,
+                                     kt_tensor *out);
+typedef size_t (*kt__op_scratch_fn)(const kt_op_attrs *attrs, const kt_tensor *in, int n_in);
+typedef double (*kt__op_flops_fn)(const kt_op_attrs *attrs, const kt_tensor *in, int n_in);
+typedef kt_status (*kt__op_kernel_fn)(const kt__op_call *call);
+
+typedef struct kt__op_desc {
+    const char *name;
+    int min_in, max_in, n_out;
+    /* Bit i set: output 0 may share memory with input i (the kernel reads each element
+     * before writing it). The planner uses this only when input i is dead afterwards. */
+    unsigned inplace_in;
+    /* What the backward kernel reads: bit i of bwd_reads_in = input i, of bwd_reads_out =
+     * output i. The planner keeps exactly these alive from forward to backward. */
+    unsigned bwd_reads_in, bwd_reads_out;
+    /* Inputs that never receive a gradient (integer ids, targets). */
+    unsigned no_grad_in;
+    kt__op_infer_fn infer;
+    kt__op_scratch_fn scratch_fwd, scratch_bwd; /* NULL: none */
+    kt__op_flops_fn flops;                      /* NULL: 0 */
+    kt__op_kernel_fn forward, backward;
+} kt__op_desc;
+
+#define KT__OP_DECLARE(upper, lower) extern const kt__op_desc kt__op_##lower;
+KT_OP_LIST(KT__OP_DECLARE)
+#undef KT__OP_DECLARE
+
+/* The row for op, or NULL for an invalid op. */
+const kt__op_desc *kt__op_get(kt_op op);
+
+#endif

@@ -1,0 +1,153 @@
+/* Test helpers (see test_util.h). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "test_util.h"
+
+void tu_rng_seed(tu_rng *r, uint64_t seed) { r->s = seed * 0x9E3779B97F4A7C15ull + 1; }
+
+uint64_t tu_rng_next(tu_rng *r)
+{
+    r->s ^= r->s >> 12;
+    r->s ^= r->s << 25;
+    r->s ^= r->s >> 27;
+    return r->s * 0x2545F4914F6CDD1Dull;
+}
+
+double tu_rng_uniform(tu_rng *r, double lo, double hi)
+{
+    double u = (double)(tu_rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
+    return lo + (hi - lo) * u;
+}
+
+double tu_rng_normal(tu_rng *r)
+{
+    double u1 = tu_rng_uniform(r, 1e-12, 1.0), u2 = tu_rng_uniform(r, 0.0, 1.0);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+kt_tensor tu_alloc(kt_dtype dtype, int ndim, const int64_t *shape)
+{
+    kt_tensor t;
+    assert_int_equal(kt_tensor_init(&t, NULL, dtype, ndim, shape), KT_OK);
+    size_t bytes = kt_tensor_nbytes(&t);
+    t.data = calloc(1, bytes ? bytes : 1);
+    assert_non_null(t.data);
+    return t;
+}
+
+void tu_free(kt_tensor *t)
+{
+    free(t->data);
+    t->data = NULL;
+}
+
+double tu_get(const kt_tensor *t, int64_t i)
+{
+    switch (t->dtype) {
+    case KT_F32:
+        return ((const float *)t->data)[i];
+    case KT_BF16:
+        return kt_bf16_to_f32_1(((const uint16_t *)t->data)[i]);
+    case KT_F16:
+        return kt_f16_to_f32_1(((const uint16_t *)t->data)[i]);
+    case KT_I32:
+        return ((const int32_t *)t->data)[i];
+    case KT_I64:
+        return (double)((const int64_t *)t->data)[i];
+    default:
+        fail_msg("bad dtype");
+        return 0;
+    }
+}
+
+void tu_set(kt_tensor *t, int64_t i, double v)
+{
+    switch (t->dtype) {
+    case KT_F32:
+        ((float *)t->data)[i] = (float)v;
+        break;
+    case KT_BF16:
+        ((uint16_t *)t->data)[i] = kt_f32_to_bf16_1((float)v);
+        break;
+    case KT_F16:
+        ((uint16_t *)t->data)[i] = kt_f32_to_f16_1((float)v);
+        break;
+    case KT_I32:
+        ((int32_t *)t->data)[i] = (int32_t)v;
+        break;
+    case KT_I64:
+        ((int64_t *)t->data)[i] = (int64_t)v;
+        break;
+    default:
+        fail_msg("bad dtype");
+    }
+}
+
+void tu_fill_uniform(kt_tensor *t, tu_rng *r, double lo, double hi)
+{
+    int64_t n = kt_tensor_numel(t);
+    int integer = t->dtype == KT_I32 || t->dtype == KT_I64;
+    for (int64_t i = 0; i < n; i++) {
+        double v = tu_rng_uniform(r, lo, hi);
+        tu_set(t, i, integer ? floor(v) : v);
+    }
+}
+
+kt_tensor tu_clone(const kt_tensor *t)
+{
+    kt_tensor c = tu_alloc(t->dtype, t->ndim, t->shape);
+    memcpy(c.data, t->data, kt_tensor_nbytes(t));
+    return c;
+}
+
+kt_tensor tu_convert(const kt_tensor *t, kt_dtype dtype)
+{
+    kt_tensor c = tu_alloc(dtype, t->ndim, t->shape);
+    int64_t n = kt_tensor_numel(t);
+    for (int64_t i = 0; i < n; i++)
+        tu_set(&c, i, tu_get(t, i));
+    return c;
+}
+
+double tu_rel_err(const kt_tensor *a, const kt_tensor *b, double floor)
+{
+    int64_t n = kt_tensor_numel(b);
+    assert_int_equal(kt_tensor_numel(a), n);
+    double scale = floor, err = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        scale = fmax(scale, fabs(tu_get(b, i)));
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs(tu_get(a, i) - tu_get(b, i));
+        if (isnan(d))
+            return INFINITY;
+        err = fmax(err, d);
+    }
+    return err / scale;
+}
+
+int tu_bitwise_equal(const kt_tensor *a, const kt_tensor *b)
+{
+    return a->dtype == b->dtype && kt_tensor_same_shape(a, b) &&
+           memcmp(a->data, b->data, kt_tensor_nbytes(a)) == 0;
+}
+
+void tu_expect_error(kt_status got, kt_status expected, const char *first, ...)
+{
+    if (got != expected)
+        fail_msg("expected status %d (%s), got %d (%s); message: %s", expected,
+                 kt_status_str(expected), got, kt_status_str(got), kt_last_error());
+    va_list ap;
+    va_start(ap, first);
+    for (const char *s = first; s != NULL; s = va_arg(ap, const char *))
+        if (strstr(kt_last_error(), s) == NULL)
+            fail_msg("error message '%s' does not mention '%s'", kt_last_error(), s);
+    va_end(ap);
+}

@@ -1,0 +1,50 @@
+/* Test helpers: tensors on the heap, a seeded PRNG, float comparisons. Tests may allocate;
+ * the library under test may not. Include after <cmocka.h>. */
+#ifndef KT_TEST_UTIL_H
+#define KT_TEST_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kt/kt.h"
+
+/* xorshift64*: the same sequence on every machine, for reproducible inputs. */
+typedef struct tu_rng {
+    uint64_t s;
+} tu_rng;
+
+void tu_rng_seed(tu_rng *r, uint64_t seed);
+uint64_t tu_rng_next(tu_rng *r);
+double tu_rng_uniform(tu_rng *r, double lo, double hi);
+double tu_rng_normal(tu_rng *r);
+
+/* A heap tensor (zeroed); free with tu_free. ndim 0 gives a scalar. */
+kt_tensor tu_alloc(kt_dtype dtype, int ndim, const int64_t *shape);
+void tu_free(kt_tensor *t);
+#define TU_SHAPE(...) ((const int64_t[]){__VA_ARGS__})
+#define TU_NDIM(...) ((int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
+/* tu_new(KT_F32, 2, 3) -> f32[2,3] */
+#define tu_new(dtype, ...) tu_alloc((dtype), TU_NDIM(__VA_ARGS__), TU_SHAPE(__VA_ARGS__))
+
+/* Element access as double, any dtype (contiguous tensors). */
+double tu_get(const kt_tensor *t, int64_t i);
+void tu_set(kt_tensor *t, int64_t i, double v);
+/* Fill float tensors uniformly in [lo, hi); integer tensors with integers in [lo, hi). */
+void tu_fill_uniform(kt_tensor *t, tu_rng *r, double lo, double hi);
+
+/* A deep copy with the same dtype, or converted to another float dtype. */
+kt_tensor tu_clone(const kt_tensor *t);
+kt_tensor tu_convert(const kt_tensor *t, kt_dtype dtype);
+
+/* max_i |a_i - b_i| / max(max_i |b_i|, floor): error relative to the reference b's scale. */
+double tu_rel_err(const kt_tensor *a, const kt_tensor *b, double floor);
+/* 1 when both tensors hold the same bytes. */
+int tu_bitwise_equal(const kt_tensor *a, const kt_tensor *b);
+
+/* Asserts that the status equals `expected` and that the last error message contains
+ * every one of the given substrings (NULL-terminated). */
+void tu_expect_error(kt_status got, kt_status expected, const char *first, ...);
+#define TU_EXPECT_ERROR(got, expected, ...) \
+    tu_expect_error((got), (expected), __VA_ARGS__, (const char *)NULL)
+
+#endif
