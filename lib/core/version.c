@@ -7,18 +7,20 @@ const char *kt_version_string(void) { return KT_VERSION_STRING; }
 
 const char *kt_build_features(void)
 {
-    return ""
+    /* each name carries a leading space; the first one is skipped */
+    static const char features[] = ""
 #ifdef KT_HAVE_OPENBLAS
-           "openblas "
+                                   " openblas"
 #endif
 #ifdef KT_HAVE_NUMA
-           "numa "
+                                   " numa"
 #endif
 #ifdef KT_HAVE_UCX
-           "ucx "
+                                   " ucx"
 #endif
 #ifdef KT_HAVE_CUDA
-           "cuda "
+                                   " cuda"
 #endif
         ;
+    return features[0] ? features + 1 : features;
 }

@@ -5,8 +5,9 @@ include(CMakePackageConfigHelpers)
 install(TARGETS kt EXPORT ktTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(DIRECTORY include/kt DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h")
 
-# The library is static only, so its dependencies go in Libs (not only Libs.private): a
+# The library is static only, so its dependencies go in Libs rather than Libs.private: a
 # consumer that forgets --static still links.
+file(RELATIVE_PATH KT_PC_PREFIX_FROM_PCDIR "/p/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/p")
 configure_file(cmake/kt.pc.in ${CMAKE_CURRENT_BINARY_DIR}/kt.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/kt.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 

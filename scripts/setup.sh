@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what libkt needs from Debian's packages: idempotent and non-interactive.
+# The CUDA Toolkit is used when present (nvcc on PATH or /usr/local/cuda) and never required.
+set -euo pipefail
+
+packages=(build-essential cmake pkg-config clang binutils
+          libopenblas-dev libnuma-dev libucx-dev ucx-utils libcmocka-dev)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo_cmd apt-get update -qq
+  $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all packages present"
+fi

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs the build into a scratch prefix and builds a tiny C program against it both ways:
+# with pkg-config (kt.pc) and with CMake's find_package(kt).
+# usage: check_install.sh BUILD_DIR SOURCE_DIR C_COMPILER
+set -euo pipefail
+build=$1 src=$2 cc=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
+for f in lib/libkt.a include/kt/kt.h lib/pkgconfig/kt.pc lib/cmake/kt/ktConfig.cmake; do
+  [ -f "$work/prefix/$f" ] || { echo "FAIL: $f was not installed"; exit 1; }
+done
+
+# pkg-config, with and without --static (the library is static only: both must link)
+export PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig"
+for flags in "" "--static"; do
+  # shellcheck disable=SC2046
+  "$cc" -std=c11 -Wall -Werror "$src/tests/install/consumer/main.c" -o "$work/consumer_pc" \
+    $(pkg-config $flags --cflags --libs kt)
+  "$work/consumer_pc"
+done
+echo "pkg-config build: ok"
+
+# find_package(kt)
+cmake -S "$src/tests/install/consumer" -B "$work/cbuild" -DCMAKE_C_COMPILER="$cc" \
+  -DCMAKE_PREFIX_PATH="$work/prefix" > "$work/cbuild.log" 2>&1 || { cat "$work/cbuild.log"; exit 1; }
+cmake --build "$work/cbuild" > "$work/cbuild2.log" 2>&1 || { cat "$work/cbuild2.log"; exit 1; }
+"$work/cbuild/consumer"
+echo "find_package build: ok"
