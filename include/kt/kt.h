@@ -15,7 +15,10 @@
 /* One comparable number: (major << 16) | (minor << 8) | patch. */
 #define KT_VERSION_HEX ((KT_VERSION_MAJOR << 16) | (KT_VERSION_MINOR << 8) | KT_VERSION_PATCH)
 
+#include "graph.h"
+#include "io.h"
 #include "ops.h"
+#include "program.h"
 #include "runtime.h"
 #include "status.h"
 #include "tensor.h"

@@ -65,8 +65,8 @@ float kt_f16_to_f32_1(uint16_t h)
     uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
     uint32_t exp = ((uint32_t)h >> 10) & 0x1fu;
     uint32_t mant = (uint32_t)h & 0x3ffu;
-    if (exp == 0x1f)
-        return bits_f32(sign | 0x7f800000u | (mant << 13));
+    if (exp == 0x1f) /* a NaN comes out quiet, as F16C's vcvtph2ps makes it */
+        return bits_f32(sign | 0x7f800000u | (mant << 13) | (mant ? 0x00400000u : 0u));
     if (exp == 0) {
         /* zero or subnormal: mant * 2^-24, exact in f32 */
         float f = (float)mant * (1.0f / 16777216.0f);

@@ -128,10 +128,14 @@ kt_status kt_tensor_narrow(const kt_tensor *t, int dim, int64_t start, int64_t l
 {
     if (dim < 0 || dim >= t->ndim)
         return kt__error(KT_EINVAL, "narrow: dim %d outside 0..%d", dim, t->ndim - 1);
-    if (start < 0 || length < 0 || start > t->shape[dim] - length)
+    if (start < 0 || length < 0 || start > t->shape[dim] - length) {
+        /* The end is only reported; saturated, since start + length may not fit. */
+        int64_t end = start > 0 && length > INT64_MAX - start   ? INT64_MAX
+                      : start < 0 && length < INT64_MIN - start ? INT64_MIN
+                                                                : start + length;
         return kt__error(KT_EINVAL, "narrow: range [%lld, %lld) outside dim %d of size %lld",
-                         (long long)start, (long long)(start + length), dim,
-                         (long long)t->shape[dim]);
+                         (long long)start, (long long)end, dim, (long long)t->shape[dim]);
+    }
     kt_tensor v = *t;
     if (v.data != NULL)
         v.data = (char *)v.data + start * t->strides[dim] * (int64_t)kt_dtype_size(t->dtype);

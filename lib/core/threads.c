@@ -6,6 +6,7 @@
  * step) and then sleep on a condition variable.
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -21,6 +22,10 @@
 #endif
 
 #define KT__SPIN_ITERS 20000
+/* Spinners yield the CPU this often: with more threads than free cores, a thread that spins
+ * out its whole budget keeps the one it waits for off the CPU, and each job then costs a
+ * scheduler time slice (about 1 ms) instead of microseconds. */
+#define KT__SPIN_YIELD_MASK 63
 #define KT__MAX_THREADS 1024
 
 struct kt_threadpool {
@@ -60,6 +65,8 @@ static uint_fast64_t wait_for_generation(kt_threadpool *p, uint_fast64_t seen)
         if (g != seen || atomic_load(&p->stop))
             return g;
         KT__PAUSE();
+        if ((i & KT__SPIN_YIELD_MASK) == KT__SPIN_YIELD_MASK)
+            sched_yield();
     }
     pthread_mutex_lock(&p->mu);
     while (atomic_load(&p->generation) == seen && !atomic_load(&p->stop))
@@ -181,7 +188,8 @@ void kt_parallel_for(kt_threadpool *pool, int64_t n, int64_t grain, kt_range_fn 
         return;
     if (grain < 1)
         grain = 1;
-    int64_t max_parts = (n + grain - 1) / grain;
+    /* Rounded down, so every part gets at least `grain` items as documented. */
+    int64_t max_parts = n / grain;
     int parts = kt_threadpool_size(pool);
     if (max_parts < parts)
         parts = (int)max_parts;
@@ -205,6 +213,8 @@ void kt_parallel_for(kt_threadpool *pool, int64_t n, int64_t grain, kt_range_fn 
         if (atomic_load_explicit(&pool->pending, memory_order_acquire) == 0)
             return;
         KT__PAUSE();
+        if ((i & KT__SPIN_YIELD_MASK) == KT__SPIN_YIELD_MASK)
+            sched_yield();
     }
     pthread_mutex_lock(&pool->mu);
     while (atomic_load_explicit(&pool->pending, memory_order_acquire) != 0)

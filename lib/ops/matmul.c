@@ -1,6 +1,163 @@
-/* TEMPORARY placeholder: being written. */
-#include "ops/op_util.h"
+/* matmul: a [M,K] (trans_a: [K,M]) times b [K,N] (trans_b: [N,K]) -> [M,N], through
+ * kt__sgemm. bf16/f16 operands are staged to f32 in the caller's scratch, multiplied in
+ * f32 and rounded once on the way out. */
+#include "ops/gemm.h"
 #include "ops/op_desc.h"
-static kt_status todo_infer(const kt_op_attrs *a, const kt_tensor *in, int n, kt_tensor *out) { (void)a; (void)in; (void)n; (void)out; return kt__error(KT_EUNSUPPORTED, "not yet"); }
-static kt_status todo_kernel(const kt__op_call *c) { (void)c; return KT_EUNSUPPORTED; }
-const kt__op_desc kt__op_matmul = {.name = "matmul", .min_in = 1, .max_in = 8, .n_out = 1, .infer = todo_infer, .forward = todo_kernel, .backward = todo_kernel};
+#include "ops/op_util.h"
+
+typedef struct mm_dims {
+    int64_t M, N, K;
+} mm_dims;
+
+/* Valid only after infer accepted the inputs. */
+static mm_dims dims_of(const kt_op_attrs *at, const kt_tensor *in)
+{
+    const kt_tensor *a = &in[0], *b = &in[1];
+    mm_dims d;
+    d.M = at->trans_a ? a->shape[1] : a->shape[0];
+    d.K = at->trans_a ? a->shape[0] : a->shape[1];
+    d.N = at->trans_b ? b->shape[0] : b->shape[1];
+    return d;
+}
+
+static kt_status infer_matmul(const kt_op_attrs *at, const kt_tensor *in, int n,
+                              kt_tensor *out)
+{
+    (void)n;
+    const kt_tensor *a = &in[0], *b = &in[1];
+    KT__TRY(kt__check_float("matmul", "a", a));
+    KT__TRY(kt__check_same_dtype("matmul", "b", b, a));
+    KT__TRY(kt__check_rank("matmul", "a", a, 2, 2));
+    KT__TRY(kt__check_rank("matmul", "b", b, 2, 2));
+    const mm_dims d = dims_of(at, in);
+    const int b_k_dim = at->trans_b ? 1 : 0;
+    if (b->shape[b_k_dim] != d.K) {
+        char db[96];
+        return kt__error(KT_EINVAL, "matmul: b dimension %d must be %lld (a's K%s), got %s%s",
+                         b_k_dim, (long long)d.K, at->trans_a ? ", a transposed" : "",
+                         kt_tensor_describe(b, db, sizeof db),
+                         at->trans_b ? " (b transposed)" : "");
+    }
+    kt__shape_out(&out[0], a->dtype, 2, (const int64_t[]){d.M, d.N});
+    return KT_OK;
+}
+
+static double flops_matmul(const kt_op_attrs *at, const kt_tensor *in, int n)
+{
+    if (n != 2 || in[0].ndim != 2 || in[1].ndim != 2)
+        return 0.0;
+    const mm_dims d = dims_of(at, in);
+    return 2.0 * (double)d.M * (double)d.N * (double)d.K;
+}
+
+/* Scratch is only sized for inputs that passed infer; anything else needs none, and the
+ * kernel is never reached for it. */
+static int staged(const kt_tensor *in, int n)
+{
+    return n == 2 && in[0].ndim == 2 && in[1].ndim == 2 &&
+           (in[0].dtype == KT_BF16 || in[0].dtype == KT_F16);
+}
+
+/* forward: a, b, out */
+static size_t scratch_fwd_matmul(const kt_op_attrs *at, const kt_tensor *in, int n)
+{
+    if (!staged(in, n))
+        return 0;
+    const mm_dims d = dims_of(at, in);
+    return kt__f32_scratch_bytes(d.M * d.K) + kt__f32_scratch_bytes(d.K * d.N) +
+           kt__f32_scratch_bytes(d.M * d.N);
+}
+
+/* backward: a, b, grad out, and one gradient at a time (da, then db in the same place) */
+static size_t scratch_bwd_matmul(const kt_op_attrs *at, const kt_tensor *in, int n)
+{
+    if (!staged(in, n))
+        return 0;
+    const mm_dims d = dims_of(at, in);
+    const int64_t grad = d.M * d.K > d.K * d.N ? d.M * d.K : d.K * d.N;
+    return kt__f32_scratch_bytes(d.M * d.K) + kt__f32_scratch_bytes(d.K * d.N) +
+           kt__f32_scratch_bytes(d.M * d.N) + kt__f32_scratch_bytes(grad);
+}
+
+/* Takes n floats off the front of the scratch cursor. */
+static float *take(char **cursor, int64_t n)
+{
+    float *p = (float *)*cursor;
+    *cursor += kt__f32_scratch_bytes(n);
+    return p;
+}
+
+/* The operand as f32: the tensor itself, or staged into scratch. */
+static const float *operand(const kt__op_call *c, const kt_tensor *t, char **cursor)
+{
+    if (t->dtype == KT_F32)
+        return t->data;
+    float *p = take(cursor, kt_tensor_numel(t));
+    kt__stage_f32(c->pool, p, t);
+    return p;
+}
+
+static kt_status fwd_matmul(const kt__op_call *c)
+{
+    const int ta = c->attrs->trans_a, tb = c->attrs->trans_b;
+    const mm_dims d = dims_of(c->attrs, c->in);
+    char *cursor = c->scratch;
+    const float *a = operand(c, &c->in[0], &cursor);
+    const float *b = operand(c, &c->in[1], &cursor);
+    kt_tensor *y = &c->out_w[0];
+    float *yf = y->dtype == KT_F32 ? y->data : take(&cursor, d.M * d.N);
+    KT__TRY(kt__sgemm(c->pool, ta, tb, d.M, d.N, d.K, 1.0f, a, ta ? d.M : d.K, b,
+                      tb ? d.K : d.N, 0.0f, yf, d.N));
+    if (y->dtype != KT_F32)
+        kt__unstage_f32(c->pool, y, yf);
+    return KT_OK;
+}
+
+/* With G = dL/dY [M,N] and Y = op(A) op(B):
+ *   d op(A) = G op(B)^T, so dA = G op(B)^T, or for trans_a dA = op(B) G^T;
+ *   d op(B) = op(A)^T G, so dB = op(A)^T G, or for trans_b dB = G^T op(A).
+ * op(B)^T and op(A)^T are B and A read with the opposite transpose flag. */
+static kt_status bwd_matmul(const kt__op_call *c)
+{
+    const int ta = c->attrs->trans_a, tb = c->attrs->trans_b;
+    const mm_dims d = dims_of(c->attrs, c->in);
+    kt_tensor *ga = c->gin[0].data ? &c->gin[0] : NULL;
+    kt_tensor *gb = c->gin[1].data ? &c->gin[1] : NULL;
+    if (!ga && !gb)
+        return KT_OK;
+    const int64_t lda = ta ? d.M : d.K, ldb = tb ? d.K : d.N, ldg = d.N;
+    char *cursor = c->scratch;
+    const float *a = operand(c, &c->in[0], &cursor);
+    const float *b = operand(c, &c->in[1], &cursor);
+    const float *g = operand(c, &c->gout[0], &cursor);
+    float *grad = (float *)cursor; /* da then db, when they need staging */
+    if (ga) {
+        float *out = ga->dtype == KT_F32 ? ga->data : grad;
+        if (!ta)
+            KT__TRY(kt__sgemm(c->pool, 0, !tb, d.M, d.K, d.N, 1.0f, g, ldg, b, ldb, 0.0f, out,
+                              d.K));
+        else
+            KT__TRY(kt__sgemm(c->pool, tb, 1, d.K, d.M, d.N, 1.0f, b, ldb, g, ldg, 0.0f, out,
+                              d.M));
+        if (out == grad)
+            kt__unstage_f32(c->pool, ga, grad);
+    }
+    if (gb) {
+        float *out = gb->dtype == KT_F32 ? gb->data : grad;
+        if (!tb)
+            KT__TRY(kt__sgemm(c->pool, !ta, 0, d.K, d.N, d.M, 1.0f, a, lda, g, ldg, 0.0f, out,
+                              d.N));
+        else
+            KT__TRY(kt__sgemm(c->pool, 1, ta, d.N, d.K, d.M, 1.0f, g, ldg, a, lda, 0.0f, out,
+                              d.K));
+        if (out == grad)
+            kt__unstage_f32(c->pool, gb, grad);
+    }
+    return KT_OK;
+}
+
+const kt__op_desc kt__op_matmul = {
+    .name = "matmul", .min_in = 2, .max_in = 2, .n_out = 1, .bwd_reads_in = 3u,
+    .infer = infer_matmul, .scratch_fwd = scratch_fwd_matmul,
+    .scratch_bwd = scratch_bwd_matmul, .flops = flops_matmul, .forward = fwd_matmul,
+    .backward = bwd_matmul};

@@ -1,9 +1,346 @@
-/* TEMPORARY placeholder: being written. */
-#include "ops/op_util.h"
+/* concat, narrow, transpose, reshape: layout ops that move bytes and never look at values,
+ * so one kernel serves every dtype (integer ids as well as floats, NaN payloads intact).
+ *
+ * Every result is materialised contiguous. The copies are expressed as "rows of bytes":
+ * a block of `rows` rows, `row_bytes` long, at a stride on each side. That covers concat,
+ * its split, narrow, the narrow gradient's zero fill and reshape; transpose gathers. */
+#include <stdio.h>
+#include <string.h>
+
 #include "ops/op_desc.h"
-static kt_status todo_infer(const kt_op_attrs *a, const kt_tensor *in, int n, kt_tensor *out) { (void)a; (void)in; (void)n; (void)out; return kt__error(KT_EUNSUPPORTED, "not yet"); }
-static kt_status todo_kernel(const kt__op_call *c) { (void)c; return KT_EUNSUPPORTED; }
-const kt__op_desc kt__op_concat = {.name = "concat", .min_in = 1, .max_in = 8, .n_out = 1, .infer = todo_infer, .forward = todo_kernel, .backward = todo_kernel};
-const kt__op_desc kt__op_narrow = {.name = "narrow", .min_in = 1, .max_in = 8, .n_out = 1, .infer = todo_infer, .forward = todo_kernel, .backward = todo_kernel};
-const kt__op_desc kt__op_transpose = {.name = "transpose", .min_in = 1, .max_in = 8, .n_out = 1, .infer = todo_infer, .forward = todo_kernel, .backward = todo_kernel};
-const kt__op_desc kt__op_reshape = {.name = "reshape", .min_in = 1, .max_in = 8, .n_out = 1, .infer = todo_infer, .forward = todo_kernel, .backward = todo_kernel};
+#include "ops/op_util.h"
+
+/* Bytes per part before a copy is split over the pool: below this, waking threads costs
+ * more than the copy. */
+#define KT__COPY_GRAIN ((int64_t)1 << 17)
+
+static int is_integer(kt_dtype d) { return d == KT_I32 || d == KT_I64; }
+
+/* ---- block copy --------------------------------------------------------------------------- */
+
+/* dst[r * dst_stride + c] = src[r * src_stride + c] (or 0 when src is NULL) for r < rows,
+ * c < row_bytes. The work is indexed by byte so one long row (dim 0 of concat, reshape) is
+ * split as readily as many short ones. */
+typedef struct block_job {
+    unsigned char *dst;
+    const unsigned char *src;
+    int64_t dst_stride, src_stride, row_bytes;
+} block_job;
+
+static void block_range(void *ctx, int64_t begin, int64_t end, int thread)
+{
+    (void)thread;
+    const block_job *j = ctx;
+    int64_t r = begin / j->row_bytes, c = begin % j->row_bytes;
+    for (int64_t k = begin; k < end; r++, c = 0) {
+        int64_t n = j->row_bytes - c;
+        if (n > end - k)
+            n = end - k;
+        unsigned char *d = j->dst + r * j->dst_stride + c;
+        if (j->src != NULL)
+            memcpy(d, j->src + r * j->src_stride + c, (size_t)n);
+        else
+            memset(d, 0, (size_t)n);
+        k += n;
+    }
+}
+
+/* Offsets are applied only once there is something to copy: an empty tensor may have NULL
+ * data, and NULL plus an offset is undefined. */
+static void copy_block(kt_threadpool *pool, void *dst, int64_t dst_off, int64_t dst_stride,
+                       const void *src, int64_t src_off, int64_t src_stride, int64_t rows,
+                       int64_t row_bytes)
+{
+    if (rows <= 0 || row_bytes <= 0)
+        return;
+    block_job j = {.dst = (unsigned char *)dst + dst_off,
+                   .src = src ? (const unsigned char *)src + src_off : NULL,
+                   .dst_stride = dst_stride, .src_stride = src_stride, .row_bytes = row_bytes};
+    kt_parallel_for(pool, rows * row_bytes, KT__COPY_GRAIN, block_range, &j);
+}
+
+/* The whole of a contiguous tensor into another of the same byte size; a no-op when they
+ * are the same memory (reshape in place). */
+static void copy_all(kt_threadpool *pool, void *dst, const void *src, size_t bytes)
+{
+    if (dst == src)
+        return;
+    copy_block(pool, dst, 0, 0, src, 0, 0, 1, (int64_t)bytes);
+}
+
+/* Bytes of one slab along `dim`: the product of the dims after it, times the element. */
+static int64_t inner_bytes(const kt_tensor *t, int dim)
+{
+    return kt__dims_product(t, dim + 1, t->ndim) * (int64_t)kt_dtype_size(t->dtype);
+}
+
+/* The backward of an integer tensor has no gradient to give (the executor passes no output
+ * gradient for it), so asking for one is an error rather than a read of NULL. */
+static kt_status check_grad_wanted(const char *op, const kt__op_call *c)
+{
+    if (!is_integer(c->in[0].dtype))
+        return KT_OK;
+    for (int i = 0; i < c->n_in; i++)
+        if (c->gin[i].data != NULL)
+            return kt__error(KT_EINVAL, "%s backward: input %d is %s and takes no gradient", op,
+                             i, kt_dtype_name(c->in[i].dtype));
+    return KT_OK;
+}
+
+/* ---- concat -------------------------------------------------------------------------------- */
+
+static kt_status infer_concat(const kt_op_attrs *at, const kt_tensor *in, int n_in,
+                              kt_tensor *out)
+{
+    const kt_tensor *a = &in[0];
+    KT__TRY(kt__check_rank("concat", "input 0", a, 1, KT_MAX_DIMS));
+    if (at->dim < 0 || at->dim >= a->ndim) {
+        char d[96];
+        return kt__error(KT_EINVAL, "concat: dim %d outside 0..%d for input 0 %s", at->dim,
+                         a->ndim - 1, kt_tensor_describe(a, d, sizeof d));
+    }
+    int64_t shape[KT_MAX_DIMS];
+    memcpy(shape, a->shape, sizeof shape);
+    for (int i = 1; i < n_in; i++) {
+        char arg[32];
+        snprintf(arg, sizeof arg, "input %d", i);
+        KT__TRY(kt__check_same_dtype("concat", arg, &in[i], a));
+        KT__TRY(kt__check_rank("concat", arg, &in[i], a->ndim, a->ndim));
+        for (int d = 0; d < a->ndim; d++)
+            if (d != at->dim)
+                KT__TRY(kt__check_dim("concat", arg, &in[i], d, a->shape[d]));
+        shape[at->dim] += in[i].shape[at->dim];
+    }
+    kt__shape_out(&out[0], a->dtype, a->ndim, shape);
+    return KT_OK;
+}
+
+/* Each input is a block of outer rows placed at its running offset in the output's rows. */
+static kt_status fwd_concat(const kt__op_call *c)
+{
+    const kt_tensor *o = &c->out_w[0];
+    int dim = c->attrs->dim;
+    int64_t outer = kt__dims_product(o, 0, dim), slab = inner_bytes(o, dim);
+    int64_t out_row = o->shape[dim] * slab, offset = 0;
+    for (int i = 0; i < c->n_in; i++) {
+        int64_t in_row = c->in[i].shape[dim] * slab;
+        copy_block(c->pool, o->data, offset, out_row, c->in[i].data, 0, in_row, outer, in_row);
+        offset += in_row;
+    }
+    return KT_OK;
+}
+
+static kt_status bwd_concat(const kt__op_call *c)
+{
+    KT__TRY(check_grad_wanted("concat", c));
+    const kt_tensor *g = &c->gout[0];
+    int dim = c->attrs->dim;
+    int64_t outer = kt__dims_product(g, 0, dim), slab = inner_bytes(g, dim);
+    int64_t out_row = g->shape[dim] * slab, offset = 0;
+    for (int i = 0; i < c->n_in; i++) {
+        int64_t in_row = c->in[i].shape[dim] * slab;
+        if (c->gin[i].data != NULL)
+            copy_block(c->pool, c->gin[i].data, 0, in_row, g->data, offset, out_row, outer,
+                       in_row);
+        offset += in_row;
+    }
+    return KT_OK;
+}
+
+/* ---- narrow -------------------------------------------------------------------------------- */
+
+static kt_status infer_narrow(const kt_op_attrs *at, const kt_tensor *in, int n_in,
+                              kt_tensor *out)
+{
+    (void)n_in;
+    KT__TRY(kt__check_rank("narrow", "x", &in[0], 1, KT_MAX_DIMS));
+    /* A data-less copy: the view's bounds checks are the op's, its pointer is not needed. */
+    kt_tensor x, v;
+    kt__like(&x, &in[0]);
+    KT__TRY(kt_tensor_narrow(&x, at->dim, at->start, at->length, &v));
+    kt__shape_out(&out[0], v.dtype, v.ndim, v.shape);
+    return KT_OK;
+}
+
+static kt_status fwd_narrow(const kt__op_call *c)
+{
+    const kt_tensor *x = &c->in[0];
+    const kt_op_attrs *at = c->attrs;
+    int64_t outer = kt__dims_product(x, 0, at->dim), slab = inner_bytes(x, at->dim);
+    int64_t in_row = x->shape[at->dim] * slab, out_row = at->length * slab;
+    copy_block(c->pool, c->out_w[0].data, 0, out_row, x->data, at->start * slab, in_row, outer,
+               out_row);
+    return KT_OK;
+}
+
+/* Only the parts of each row outside the slice are zeroed, so no byte is written twice. */
+static kt_status bwd_narrow(const kt__op_call *c)
+{
+    KT__TRY(check_grad_wanted("narrow", c));
+    kt_tensor *gx = &c->gin[0];
+    if (gx->data == NULL)
+        return KT_OK;
+    const kt_op_attrs *at = c->attrs;
+    int64_t outer = kt__dims_product(gx, 0, at->dim), slab = inner_bytes(gx, at->dim);
+    int64_t in_row = gx->shape[at->dim] * slab, out_row = at->length * slab;
+    int64_t head = at->start * slab, tail_at = head + out_row;
+    copy_block(c->pool, gx->data, 0, in_row, NULL, 0, 0, outer, head);
+    copy_block(c->pool, gx->data, tail_at, in_row, NULL, 0, 0, outer, in_row - tail_at);
+    copy_block(c->pool, gx->data, head, in_row, c->gout[0].data, 0, out_row, outer, out_row);
+    return KT_OK;
+}
+
+/* ---- transpose ----------------------------------------------------------------------------- */
+
+static kt_status infer_transpose(const kt_op_attrs *at, const kt_tensor *in, int n_in,
+                                 kt_tensor *out)
+{
+    (void)n_in;
+    const kt_tensor *x = &in[0];
+    KT__TRY(kt__check_rank("transpose", "x", x, 1, KT_MAX_DIMS));
+    const int dims[2] = {at->dim0, at->dim1};
+    for (int k = 0; k < 2; k++) {
+        if (dims[k] < 0 || dims[k] >= x->ndim) {
+            char d[96];
+            return kt__error(KT_EINVAL, "transpose: dim%d %d outside 0..%d for x %s", k,
+                             dims[k], x->ndim - 1, kt_tensor_describe(x, d, sizeof d));
+        }
+    }
+    int64_t shape[KT_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[at->dim0] = x->shape[at->dim1];
+    shape[at->dim1] = x->shape[at->dim0];
+    kt__shape_out(&out[0], x->dtype, x->ndim, shape);
+    return KT_OK;
+}
+
+/* The destination walked row by row (its last dim), each row gathered from the source at
+ * the transposed view's strides; both padded to four dims in front. */
+typedef struct transpose_job {
+    unsigned char *dst;
+    const unsigned char *src;
+    int64_t shape[KT_MAX_DIMS];   /* the destination's */
+    int64_t strides[KT_MAX_DIMS]; /* source strides for each destination dim, in elements */
+    size_t esize;
+} transpose_job;
+
+static void transpose_range(void *ctx, int64_t begin, int64_t end, int thread)
+{
+    (void)thread;
+    const transpose_job *j = ctx;
+    const int64_t n = j->shape[3], s3 = j->strides[3];
+    const size_t es = j->esize;
+    for (int64_t r = begin; r < end; r++) {
+        int64_t i2 = r % j->shape[2], t = r / j->shape[2];
+        int64_t i1 = t % j->shape[1], i0 = t / j->shape[1];
+        const unsigned char *s =
+            j->src + (size_t)(i0 * j->strides[0] + i1 * j->strides[1] + i2 * j->strides[2]) * es;
+        unsigned char *d = j->dst + (size_t)(r * n) * es;
+        if (s3 == 1) {
+            memcpy(d, s, (size_t)n * es);
+            continue;
+        }
+        /* Fixed-size element moves, which the compiler turns into plain loads and stores. */
+        switch (es) {
+        case 2:
+            for (int64_t k = 0; k < n; k++)
+                memcpy(d + (size_t)k * 2, s + (size_t)(k * s3) * 2, 2);
+            break;
+        case 4:
+            for (int64_t k = 0; k < n; k++)
+                memcpy(d + (size_t)k * 4, s + (size_t)(k * s3) * 4, 4);
+            break;
+        case 8:
+            for (int64_t k = 0; k < n; k++)
+                memcpy(d + (size_t)k * 8, s + (size_t)(k * s3) * 8, 8);
+            break;
+        default:
+            for (int64_t k = 0; k < n; k++)
+                memcpy(d + (size_t)k * es, s + (size_t)(k * s3) * es, es);
+            break;
+        }
+    }
+}
+
+/* dst = src with dims dim0 and dim1 swapped; src contiguous. Swapping twice is the identity,
+ * so the same routine is the forward and the backward. */
+static void transpose_copy(kt_threadpool *pool, kt_tensor *dst, const kt_tensor *src, int dim0,
+                           int dim1)
+{
+    int64_t numel = kt_tensor_numel(src);
+    if (numel == 0)
+        return;
+    kt_tensor v;
+    (void)kt_tensor_transpose(src, dim0, dim1, &v); /* dims checked by infer */
+    transpose_job j = {.dst = dst->data, .src = src->data, .esize = kt_dtype_size(src->dtype)};
+    int pad = KT_MAX_DIMS - v.ndim;
+    for (int d = 0; d < KT_MAX_DIMS; d++) {
+        j.shape[d] = d < pad ? 1 : v.shape[d - pad];
+        j.strides[d] = d < pad ? 0 : v.strides[d - pad];
+    }
+    int64_t row_bytes = j.shape[3] * (int64_t)j.esize;
+    int64_t grain = KT__COPY_GRAIN / row_bytes;
+    kt_parallel_for(pool, numel / j.shape[3], grain > 0 ? grain : 1, transpose_range, &j);
+}
+
+static kt_status fwd_transpose(const kt__op_call *c)
+{
+    transpose_copy(c->pool, &c->out_w[0], &c->in[0], c->attrs->dim0, c->attrs->dim1);
+    return KT_OK;
+}
+
+static kt_status bwd_transpose(const kt__op_call *c)
+{
+    KT__TRY(check_grad_wanted("transpose", c));
+    if (c->gin[0].data != NULL)
+        transpose_copy(c->pool, &c->gin[0], &c->gout[0], c->attrs->dim0, c->attrs->dim1);
+    return KT_OK;
+}
+
+/* ---- reshape ------------------------------------------------------------------------------- */
+
+static kt_status infer_reshape(const kt_op_attrs *at, const kt_tensor *in, int n_in,
+                               kt_tensor *out)
+{
+    (void)n_in;
+    /* A contiguous description of x: inference may see x before it has memory or strides. */
+    kt_tensor x, v;
+    kt__like(&x, &in[0]);
+    KT__TRY(kt_tensor_reshape(&x, at->ndim, at->shape, &v));
+    kt__shape_out(&out[0], v.dtype, v.ndim, v.shape);
+    return KT_OK;
+}
+
+static kt_status fwd_reshape(const kt__op_call *c)
+{
+    copy_all(c->pool, c->out_w[0].data, c->in[0].data, kt_tensor_nbytes(&c->in[0]));
+    return KT_OK;
+}
+
+static kt_status bwd_reshape(const kt__op_call *c)
+{
+    KT__TRY(check_grad_wanted("reshape", c));
+    if (c->gin[0].data != NULL)
+        copy_all(c->pool, c->gin[0].data, c->gout[0].data, kt_tensor_nbytes(&c->in[0]));
+    return KT_OK;
+}
+
+/* ---- table rows ------------------------------------------------------------------------------ */
+
+/* No backward reads a forward tensor's data: the gradients only move bytes of grad_out, and
+ * the shapes come from the inputs' descriptions. */
+const kt__op_desc kt__op_concat = {
+    .name = "concat", .min_in = 1, .max_in = KT_OP_MAX_IN, .n_out = 1, .infer = infer_concat,
+    .forward = fwd_concat, .backward = bwd_concat};
+
+const kt__op_desc kt__op_narrow = {
+    .name = "narrow", .min_in = 1, .max_in = 1, .n_out = 1, .infer = infer_narrow,
+    .forward = fwd_narrow, .backward = bwd_narrow};
+
+const kt__op_desc kt__op_transpose = {
+    .name = "transpose", .min_in = 1, .max_in = 1, .n_out = 1, .infer = infer_transpose,
+    .forward = fwd_transpose, .backward = bwd_transpose};
+
+const kt__op_desc kt__op_reshape = {
+    .name = "reshape", .min_in = 1, .max_in = 1, .n_out = 1, .inplace_in = 1u,
+    .infer = infer_reshape, .forward = fwd_reshape, .backward = bwd_reshape};

@@ -1,0 +1,84 @@
+/* The compiled program, shared by the compiler half (which builds it) and the runtime half
+ * (which loads, validates and runs it). Everything is plain arrays of plain structs, so a
+ * .ktp file is these arrays written out field by field. */
+#ifndef KT_GRAPH_PROGRAM_INTERNAL_H
+#define KT_GRAPH_PROGRAM_INTERNAL_H
+
+#include "graph/strings.h"
+#include "kt/program.h"
+
+/* Where a buffer lives. The activation region is planned (buffers share memory over time);
+ * the others hold one buffer each for the session's whole life. */
+typedef enum kt__region {
+    KT__REGION_ACT = 0,   /* inputs, activations, gradients, scratch: the planned arena */
+    KT__REGION_PARAM = 1, /* parameters */
+    KT__REGION_GRAD = 2,  /* accumulated gradients of trainable parameters (f32) */
+    KT__REGION_COUNT = 3
+} kt__region;
+
+typedef struct kt__pbuf {
+    kt_tensor meta;  /* dtype and shape, data NULL; scratch buffers are u8-sized as i32 */
+    int32_t region;  /* kt__region */
+    uint64_t offset; /* within the region, 64-byte aligned */
+    uint64_t bytes;
+    int32_t first, last; /* lifetime in steps (activation region); -1 elsewhere */
+    int32_t storage;     /* in-place sharing: the buffer whose memory this one reuses (itself
+                          * if none); shared buffers have one offset and one joint lifetime */
+} kt__pbuf;
+
+typedef enum kt__step_kind {
+    KT__STEP_FORWARD = 0,    /* the op's forward kernel: in -> out */
+    KT__STEP_BACKWARD = 1,   /* the op's backward kernel: in, out, gout -> gin */
+    KT__STEP_FILL = 2,       /* out[0] = attrs.alpha everywhere (gradient seeds, zeros) */
+    KT__STEP_ACCUM_GRAD = 3, /* parameter gradient: in[0] copied (first micro-batch) or added
+                              * into out[0] (a KT__REGION_GRAD buffer) */
+    KT__STEP_KIND_COUNT = 4
+} kt__step_kind;
+
+typedef struct kt__pstep {
+    int32_t kind; /* kt__step_kind */
+    kt_op op;
+    kt_op_attrs attrs;
+    int32_t n_in, n_out;
+    int32_t in[KT_OP_MAX_IN];   /* buffer ids */
+    int32_t out[KT_OP_MAX_OUT];
+    int32_t gout[KT_OP_MAX_OUT]; /* backward: -1 = no gradient (integer outputs) */
+    int32_t gin[KT_OP_MAX_IN];   /* backward: -1 = not wanted */
+    int32_t scratch;             /* buffer id or -1 */
+    int32_t name;                /* node name (string offset) or -1 */
+    double flops;
+} kt__pstep;
+
+/* An input, parameter or output: a named buffer. */
+typedef struct kt__pentry {
+    int32_t name;
+    int32_t buf;
+    int32_t grad_buf; /* parameters: the KT__REGION_GRAD buffer, or -1 (frozen) */
+    kt_init init;
+} kt__pentry;
+
+struct kt_program {
+    kt__pbuf *bufs;
+    int32_t n_bufs;
+    kt__pstep *steps;
+    int32_t n_steps, n_forward; /* steps [0, n_forward) are the forward schedule */
+    kt__pentry *entries[3];     /* inputs, params, outputs (by kt_tensor_role) */
+    int32_t n_entries[3];
+    int32_t loss_buf;           /* -1 when there is no loss */
+    uint64_t region_bytes[KT__REGION_COUNT];
+    uint64_t lower_bound;
+    kt__strings strings;
+};
+
+/* Frees a program's arrays (safe on a partly built program). */
+void kt__program_free(kt_program *p);
+
+/* Checks a program completely: indices, regions, sizes, every step's shapes against shape
+ * inference, scratch sizes, and that no two live activation buffers overlap. The loader
+ * runs it on every file; the compiler runs it on every plan. */
+kt_status kt__program_validate(const kt_program *p);
+
+/* Bytes a scratch buffer of `bytes` is described by: an i32 tensor of ceil(bytes/4). */
+void kt__scratch_meta(kt_tensor *meta, uint64_t bytes);
+
+#endif

@@ -1,0 +1,112 @@
+/* The executor: runs prepared steps in order. Everything was validated and bound when the
+ * session was created, so each step is a kernel call through a function pointer; nothing is
+ * allocated and nothing is checked twice. */
+#include <string.h>
+#include <time.h>
+
+#include "core/error.h"
+#include "graph/runtime/session_internal.h"
+#include "optim/optim.h"
+
+uint64_t kt__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void kt__session_trace(kt_session *s, const char *name, const char *category, uint64_t t0,
+                       uint64_t t1, int32_t step)
+{
+    if (s->trace_count >= s->opt.trace_capacity)
+        return;
+    s->opt.trace[s->trace_count++] =
+        (kt_trace_event){.name = name, .category = category, .start_ns = t0, .end_ns = t1,
+                         .step = step};
+}
+
+static void fill(kt_tensor *t, float value)
+{
+    int64_t n = kt_tensor_numel(t);
+    if (t->dtype == KT_F32) {
+        float *p = t->data;
+        for (int64_t i = 0; i < n; i++)
+            p[i] = value;
+        return;
+    }
+    uint16_t h = t->dtype == KT_BF16 ? kt_f32_to_bf16_1(value) : kt_f32_to_f16_1(value);
+    uint16_t *p = t->data;
+    for (int64_t i = 0; i < n; i++)
+        p[i] = h;
+}
+
+static kt_status run_step(kt_session *s, int32_t at)
+{
+    const kt__pstep *ps = &s->p->steps[at];
+    kt__exec_step *e = &s->exec[at];
+    switch (ps->kind) {
+    case KT__STEP_FILL:
+        fill(&s->tensors[ps->out[0]], ps->attrs.alpha);
+        return KT_OK;
+    case KT__STEP_ACCUM_GRAD: {
+        const kt_tensor *src = &s->tensors[ps->in[0]];
+        kt_tensor *dst = &s->tensors[ps->out[0]];
+        if (s->micro == 0)
+            memcpy(dst->data, src->data, kt_tensor_nbytes(src));
+        else
+            kt__accumulate(s->pool, dst->data, src->data, kt_tensor_numel(src));
+        return KT_OK;
+    }
+    default:
+        return e->kernel(&e->call);
+    }
+}
+
+kt_status kt__session_run(kt_session *s, int32_t begin, int32_t end)
+{
+    const int tracing = s->opt.trace != NULL;
+    for (int32_t at = begin; at < end; at++) {
+        uint64_t t0 = tracing ? kt__now_ns() : 0;
+        kt_status status = run_step(s, at);
+        if (status != KT_OK) {
+            const kt__pstep *ps = &s->p->steps[at];
+            return kt__error_context(status, "step %d (%s of %s '%s')", at, s->exec[at].category,
+                                     ps->kind <= KT__STEP_BACKWARD ? kt_op_name(ps->op) : "-",
+                                     kt__strings_get(&s->p->strings, ps->name));
+        }
+        if (tracing)
+            kt__session_trace(s, kt__strings_get(&s->p->strings, s->p->steps[at].name),
+                              s->exec[at].category, t0, kt__now_ns(), at);
+    }
+    return KT_OK;
+}
+
+kt_status kt_session_forward(kt_session *s)
+{
+    if (s == NULL)
+        return kt__error(KT_EINVAL, "kt_session_forward: session is NULL");
+    s->forward_ok = 0;
+    KT__TRY(kt__session_run(s, 0, s->p->n_forward));
+    if (s->p->loss_buf >= 0)
+        s->loss = *(const float *)s->tensors[s->p->loss_buf].data;
+    s->forward_ok = 1;
+    return KT_OK;
+}
+
+kt_status kt_session_backward(kt_session *s)
+{
+    if (s == NULL)
+        return kt__error(KT_EINVAL, "kt_session_backward: session is NULL");
+    if (s->p->n_steps == s->p->n_forward)
+        return kt__error(KT_ESTATE, "backward: the program was compiled without training");
+    if (!s->forward_ok)
+        return kt__error(KT_ESTATE, "backward: no successful forward to differentiate");
+    int micro_batches = s->opt.micro_batches > 0 ? s->opt.micro_batches : 1;
+    if (s->micro >= micro_batches)
+        return kt__error(KT_ESTATE, "backward: %d micro-batch gradients are accumulated already; "
+                         "call kt_session_step first", s->micro);
+    s->forward_ok = 0; /* the backward consumes the forward's saved activations */
+    KT__TRY(kt__session_run(s, s->p->n_forward, s->p->n_steps));
+    s->micro++;
+    return KT_OK;
+}

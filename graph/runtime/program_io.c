@@ -1,0 +1,383 @@
+/* The .ktp program file.
+ *
+ *   "KTPROGRM" | u32 version | u32 flags (0) | u64 body size | body | u32 CRC-32 of all before
+ *
+ * The body holds the counts, then the buffer, step and entry tables field by field, then the
+ * name pool, all little-endian. Ops are stored by name, so renumbering the op list does not
+ * silently change a program. Loading checks the magic, the version, every size against the
+ * bytes present, the checksum, and then validates the whole program (shapes re-inferred,
+ * lifetimes, the memory plan), so a damaged file is an error, never a crash. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "graph/program_internal.h"
+#include "graph/runtime/bytes.h"
+
+#define KTP_MAGIC "KTPROGRM"
+#define KTP_VERSION 1u
+#define KTP_MAX_OP_NAME 32
+
+/* Smallest encoded record sizes, to bound counts before allocating. */
+#define BUF_RECORD (4 + 4 + 8 * KT_MAX_DIMS + 4 + 8 + 8 + 4 + 4 + 4)
+#define STEP_MIN_RECORD 64
+#define ENTRY_RECORD (4 + 4 + 4 + 4 + 4 + 4)
+
+static void put_attrs(kt__writer *w, const kt_op_attrs *a)
+{
+    kt__put_i32(w, a->trans_a);
+    kt__put_i32(w, a->trans_b);
+    kt__put_f32(w, a->alpha);
+    kt__put_f32(w, a->eps);
+    kt__put_i64(w, a->ignore_index);
+    kt__put_i32(w, a->k);
+    kt__put_i32(w, a->norm_topk);
+    kt__put_i32(w, a->depthwise);
+    kt__put_i32(w, (int32_t)a->conv_mode);
+    kt__put_i32(w, a->dim);
+    kt__put_i64(w, a->start);
+    kt__put_i64(w, a->length);
+    kt__put_i32(w, a->dim0);
+    kt__put_i32(w, a->dim1);
+    kt__put_i32(w, a->ndim);
+    for (int d = 0; d < KT_MAX_DIMS; d++)
+        kt__put_i64(w, a->shape[d]);
+}
+
+static void get_attrs(kt__reader *r, kt_op_attrs *a)
+{
+    memset(a, 0, sizeof *a);
+    a->trans_a = kt__get_i32(r);
+    a->trans_b = kt__get_i32(r);
+    a->alpha = kt__get_f32(r);
+    a->eps = kt__get_f32(r);
+    a->ignore_index = kt__get_i64(r);
+    a->k = kt__get_i32(r);
+    a->norm_topk = kt__get_i32(r);
+    a->depthwise = kt__get_i32(r);
+    a->conv_mode = (kt_conv_mode)kt__get_i32(r);
+    a->dim = kt__get_i32(r);
+    a->start = kt__get_i64(r);
+    a->length = kt__get_i64(r);
+    a->dim0 = kt__get_i32(r);
+    a->dim1 = kt__get_i32(r);
+    a->ndim = kt__get_i32(r);
+    for (int d = 0; d < KT_MAX_DIMS; d++)
+        a->shape[d] = kt__get_i64(r);
+}
+
+static void put_body(kt__writer *w, const kt_program *p)
+{
+    kt__put_i32(w, p->n_bufs);
+    kt__put_i32(w, p->n_steps);
+    kt__put_i32(w, p->n_forward);
+    for (int r = 0; r < 3; r++)
+        kt__put_i32(w, p->n_entries[r]);
+    kt__put_i32(w, p->loss_buf);
+    for (int r = 0; r < KT__REGION_COUNT; r++)
+        kt__put_u64(w, p->region_bytes[r]);
+    kt__put_u64(w, p->lower_bound);
+    kt__put_u64(w, p->strings.len);
+    for (int32_t i = 0; i < p->n_bufs; i++) {
+        const kt__pbuf *b = &p->bufs[i];
+        kt__put_u32(w, (uint32_t)b->meta.dtype);
+        kt__put_i32(w, b->meta.ndim);
+        for (int d = 0; d < KT_MAX_DIMS; d++)
+            kt__put_i64(w, d < b->meta.ndim ? b->meta.shape[d] : 0);
+        kt__put_i32(w, b->region);
+        kt__put_u64(w, b->offset);
+        kt__put_u64(w, b->bytes);
+        kt__put_i32(w, b->first);
+        kt__put_i32(w, b->last);
+        kt__put_i32(w, b->storage);
+    }
+    for (int32_t i = 0; i < p->n_steps; i++) {
+        const kt__pstep *s = &p->steps[i];
+        kt__put_i32(w, s->kind);
+        const char *op = s->kind <= KT__STEP_BACKWARD ? kt_op_name(s->op) : "";
+        uint32_t len = (uint32_t)strlen(op);
+        kt__put_u32(w, len);
+        kt__put_bytes(w, op, len);
+        put_attrs(w, &s->attrs);
+        kt__put_i32(w, s->n_in);
+        kt__put_i32(w, s->n_out);
+        for (int k = 0; k < KT_OP_MAX_IN; k++)
+            kt__put_i32(w, s->in[k]);
+        for (int k = 0; k < KT_OP_MAX_OUT; k++)
+            kt__put_i32(w, s->out[k]);
+        for (int k = 0; k < KT_OP_MAX_OUT; k++)
+            kt__put_i32(w, s->gout[k]);
+        for (int k = 0; k < KT_OP_MAX_IN; k++)
+            kt__put_i32(w, s->gin[k]);
+        kt__put_i32(w, s->scratch);
+        kt__put_i32(w, s->name);
+        kt__put_f64(w, s->flops);
+    }
+    for (int r = 0; r < 3; r++) {
+        for (int32_t i = 0; i < p->n_entries[r]; i++) {
+            const kt__pentry *e = &p->entries[r][i];
+            kt__put_i32(w, e->name);
+            kt__put_i32(w, e->buf);
+            kt__put_i32(w, e->grad_buf);
+            kt__put_i32(w, (int32_t)e->init.kind);
+            kt__put_f32(w, e->init.a);
+            kt__put_f32(w, e->init.b);
+        }
+    }
+    kt__put_bytes(w, p->strings.data, p->strings.len);
+}
+
+static size_t encode(const kt_program *p, unsigned char *buf, size_t cap)
+{
+    kt__writer body = {NULL, 0, 0};
+    put_body(&body, p);
+    kt__writer w = {buf, 0, cap};
+    kt__put_bytes(&w, KTP_MAGIC, 8);
+    kt__put_u32(&w, KTP_VERSION);
+    kt__put_u32(&w, 0);
+    kt__put_u64(&w, body.pos);
+    put_body(&w, p);
+    if (buf != NULL && w.pos + 4 <= cap)
+        kt__put_u32(&w, kt__crc32(buf, w.pos));
+    else
+        w.pos += 4;
+    return w.pos;
+}
+
+kt_status kt_program_serialized_size(const kt_program *p, size_t *bytes_out)
+{
+    if (p == NULL || bytes_out == NULL)
+        return kt__error(KT_EINVAL, "kt_program_serialized_size: NULL argument");
+    *bytes_out = encode(p, NULL, 0);
+    return KT_OK;
+}
+
+kt_status kt_program_serialize(const kt_program *p, void *buf, size_t size)
+{
+    if (p == NULL || buf == NULL)
+        return kt__error(KT_EINVAL, "kt_program_serialize: NULL argument");
+    size_t need = encode(p, NULL, 0);
+    if (size < need)
+        return kt__error(KT_EINVAL, "kt_program_serialize: the buffer holds %zu bytes, %zu "
+                         "needed", size, need);
+    encode(p, buf, size);
+    return KT_OK;
+}
+
+kt_status kt_program_save(const kt_program *p, const char *path)
+{
+    if (p == NULL || path == NULL)
+        return kt__error(KT_EINVAL, "kt_program_save: NULL argument");
+    size_t n = encode(p, NULL, 0);
+    unsigned char *buf = malloc(n);
+    if (buf == NULL)
+        return kt__error(KT_ENOMEM, "kt_program_save: out of memory (%zu bytes)", n);
+    encode(p, buf, n);
+    kt_status status = KT_OK;
+    FILE *f = fopen(path, "wb");
+    if (f == NULL) {
+        status = kt__error(KT_EIO, "%s: cannot open for writing: %s", path, strerror(errno));
+    } else {
+        if (fwrite(buf, 1, n, f) != n)
+            status = kt__error(KT_EIO, "%s: write failed: %s", path, strerror(errno));
+        if (fclose(f) != 0 && status == KT_OK)
+            status = kt__error(KT_EIO, "%s: close failed: %s", path, strerror(errno));
+    }
+    free(buf);
+    return status;
+}
+
+/* ---- loading ----------------------------------------------------------------------------------- */
+
+static kt_status read_counts(kt__reader *r, kt_program *p, uint64_t *strings_len)
+{
+    p->n_bufs = kt__get_i32(r);
+    p->n_steps = kt__get_i32(r);
+    p->n_forward = kt__get_i32(r);
+    for (int k = 0; k < 3; k++)
+        p->n_entries[k] = kt__get_i32(r);
+    p->loss_buf = kt__get_i32(r);
+    for (int k = 0; k < KT__REGION_COUNT; k++)
+        p->region_bytes[k] = kt__get_u64(r);
+    p->lower_bound = kt__get_u64(r);
+    *strings_len = kt__get_u64(r);
+    if (r->bad)
+        return kt__error(KT_EFORMAT, "program file: truncated header");
+    size_t left = r->size - r->pos;
+    uint64_t entries = 0;
+    for (int k = 0; k < 3; k++) {
+        if (p->n_entries[k] < 0)
+            return kt__error(KT_EFORMAT, "program file: negative table size");
+        entries += (uint64_t)p->n_entries[k];
+    }
+    if (p->n_bufs < 0 || p->n_steps < 0 || p->n_forward < 0 ||
+        (uint64_t)p->n_bufs * BUF_RECORD > left || (uint64_t)p->n_steps * STEP_MIN_RECORD > left ||
+        entries * ENTRY_RECORD > left || *strings_len > left)
+        return kt__error(KT_EFORMAT, "program file: table sizes exceed the file");
+    return KT_OK;
+}
+
+static kt_status read_tables(kt__reader *r, kt_program *p)
+{
+    for (int32_t i = 0; i < p->n_bufs; i++) {
+        kt__pbuf *b = &p->bufs[i];
+        uint32_t dtype = kt__get_u32(r);
+        int32_t ndim = kt__get_i32(r);
+        int64_t shape[KT_MAX_DIMS];
+        for (int d = 0; d < KT_MAX_DIMS; d++)
+            shape[d] = kt__get_i64(r);
+        if (r->bad || dtype >= KT_DTYPE_COUNT ||
+            kt_tensor_init(&b->meta, NULL, (kt_dtype)dtype, ndim, shape) != KT_OK)
+            return kt__error(KT_EFORMAT, "program file: buffer %d has an invalid tensor", i);
+        b->region = kt__get_i32(r);
+        b->offset = kt__get_u64(r);
+        b->bytes = kt__get_u64(r);
+        b->first = kt__get_i32(r);
+        b->last = kt__get_i32(r);
+        b->storage = kt__get_i32(r);
+    }
+    for (int32_t i = 0; i < p->n_steps; i++) {
+        kt__pstep *s = &p->steps[i];
+        s->kind = kt__get_i32(r);
+        uint32_t len = kt__get_u32(r);
+        if (r->bad || len > KTP_MAX_OP_NAME)
+            return kt__error(KT_EFORMAT, "program file: step %d is damaged", i);
+        char op[KTP_MAX_OP_NAME + 1];
+        const unsigned char *name = kt__get_bytes(r, len);
+        if (name == NULL)
+            return kt__error(KT_EFORMAT, "program file: truncated at step %d", i);
+        memcpy(op, name, len);
+        op[len] = '\0';
+        s->op = KT_OP_COUNT;
+        if (s->kind == KT__STEP_FORWARD || s->kind == KT__STEP_BACKWARD) {
+            if (kt_op_from_name(op, &s->op) != KT_OK)
+                return kt__error(KT_EFORMAT, "program file: step %d uses op '%s', which this "
+                                 "libkt does not have", i, op);
+        }
+        get_attrs(r, &s->attrs);
+        s->n_in = kt__get_i32(r);
+        s->n_out = kt__get_i32(r);
+        for (int k = 0; k < KT_OP_MAX_IN; k++)
+            s->in[k] = kt__get_i32(r);
+        for (int k = 0; k < KT_OP_MAX_OUT; k++)
+            s->out[k] = kt__get_i32(r);
+        for (int k = 0; k < KT_OP_MAX_OUT; k++)
+            s->gout[k] = kt__get_i32(r);
+        for (int k = 0; k < KT_OP_MAX_IN; k++)
+            s->gin[k] = kt__get_i32(r);
+        s->scratch = kt__get_i32(r);
+        s->name = kt__get_i32(r);
+        s->flops = kt__get_f64(r);
+        if (s->n_in < 0 || s->n_in > KT_OP_MAX_IN || s->n_out < 0 || s->n_out > KT_OP_MAX_OUT)
+            return kt__error(KT_EFORMAT, "program file: step %d has invalid counts", i);
+    }
+    for (int k = 0; k < 3; k++) {
+        for (int32_t i = 0; i < p->n_entries[k]; i++) {
+            kt__pentry *e = &p->entries[k][i];
+            e->name = kt__get_i32(r);
+            e->buf = kt__get_i32(r);
+            e->grad_buf = kt__get_i32(r);
+            e->init.kind = (kt_init_kind)kt__get_i32(r);
+            e->init.a = kt__get_f32(r);
+            e->init.b = kt__get_f32(r);
+        }
+    }
+    return r->bad ? kt__error(KT_EFORMAT, "program file: truncated tables") : KT_OK;
+}
+
+kt_status kt_program_load_memory(const void *data, size_t size, kt_program **program_out)
+{
+    if ((data == NULL && size > 0) || program_out == NULL)
+        return kt__error(KT_EINVAL, "kt_program_load_memory: NULL argument");
+    const unsigned char *bytes = data;
+    if (size < 24 + 4 || memcmp(bytes, KTP_MAGIC, 8) != 0)
+        return kt__error(KT_EFORMAT, "not a libkt program (bad magic or too short: %zu bytes)",
+                         size);
+    kt__reader r = {bytes, 8, size, 0};
+    uint32_t version = kt__get_u32(&r);
+    uint32_t flags = kt__get_u32(&r);
+    uint64_t body = kt__get_u64(&r);
+    if (version != KTP_VERSION)
+        return kt__error(KT_EFORMAT, "program file version %u, this libkt reads version %u",
+                         version, KTP_VERSION);
+    if (flags != 0)
+        return kt__error(KT_EFORMAT, "program file: unknown flags 0x%x", flags);
+    if (body > size - 28 || 24 + body + 4 != size)
+        return kt__error(KT_EFORMAT, "program file: %zu bytes, the header says %llu (truncated "
+                         "or padded)", size, (unsigned long long)(24 + body + 4));
+    uint32_t stored = (uint32_t)bytes[size - 4] | (uint32_t)bytes[size - 3] << 8 |
+                      (uint32_t)bytes[size - 2] << 16 | (uint32_t)bytes[size - 1] << 24;
+    if (kt__crc32(bytes, size - 4) != stored)
+        return kt__error(KT_EFORMAT, "program file: checksum mismatch (the file is corrupt)");
+    r.size = size - 4;
+
+    kt_status status = KT_OK;
+    kt_program *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return kt__error(KT_ENOMEM, "program load: out of memory");
+    uint64_t strings_len = 0;
+    if ((status = read_counts(&r, p, &strings_len)) != KT_OK)
+        goto fail;
+    p->bufs = calloc((size_t)p->n_bufs + 1, sizeof *p->bufs);
+    p->steps = calloc((size_t)p->n_steps + 1, sizeof *p->steps);
+    for (int k = 0; k < 3; k++)
+        p->entries[k] = calloc((size_t)p->n_entries[k] + 1, sizeof *p->entries[k]);
+    p->strings.data = malloc((size_t)strings_len + 1);
+    if (!p->bufs || !p->steps || !p->entries[0] || !p->entries[1] || !p->entries[2] ||
+        !p->strings.data) {
+        status = kt__error(KT_ENOMEM, "program load: out of memory");
+        goto fail;
+    }
+    if ((status = read_tables(&r, p)) != KT_OK)
+        goto fail;
+    const unsigned char *names = kt__get_bytes(&r, (size_t)strings_len);
+    if (names == NULL || r.pos != r.size) {
+        status = kt__error(KT_EFORMAT, "program file: the name pool does not end the body");
+        goto fail;
+    }
+    memcpy(p->strings.data, names, (size_t)strings_len);
+    p->strings.len = p->strings.cap = (size_t)strings_len;
+    if ((status = kt__program_validate(p)) != KT_OK) {
+        kt__error_context(status, "program file is inconsistent");
+        goto fail;
+    }
+    *program_out = p;
+    return KT_OK;
+fail:
+    kt__program_free(p);
+    return status;
+}
+
+kt_status kt_program_load(const char *path, kt_program **program_out)
+{
+    if (path == NULL || program_out == NULL)
+        return kt__error(KT_EINVAL, "kt_program_load: NULL argument");
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return kt__error(KT_EIO, "%s: cannot open: %s", path, strerror(errno));
+    kt_status status = KT_OK;
+    unsigned char *buf = NULL;
+    long size = -1;
+    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        status = kt__error(KT_EIO, "%s: cannot read: %s", path, strerror(errno));
+        goto out;
+    }
+    buf = malloc((size_t)size + 1);
+    if (buf == NULL) {
+        status = kt__error(KT_ENOMEM, "%s: out of memory (%ld bytes)", path, size);
+        goto out;
+    }
+    if (fread(buf, 1, (size_t)size, f) != (size_t)size) {
+        status = kt__error(KT_EIO, "%s: short read", path);
+        goto out;
+    }
+    status = kt_program_load_memory(buf, (size_t)size, program_out);
+    if (status != KT_OK)
+        kt__error_context(status, "%s", path);
+out:
+    free(buf);
+    fclose(f);
+    return status;
+}

@@ -1,0 +1,86 @@
+/* Building a model as an explicit static graph.
+ *
+ * A graph holds inputs (data fed at run time), parameters (trained or frozen weights) and op
+ * nodes from the op table (kt/ops.h). Every call validates shapes and dtypes at once and
+ * returns a value handle; a bad build is reported with a message naming the node. The graph
+ * is then compiled into a program (kt/program.h): autodiff, passes and the memory plan.
+ *
+ *     kt_graph *g;  kt_value x, w, y, loss;
+ *     kt_graph_create(&g);
+ *     kt_graph_input(g, "x", KT_F32, 2, (int64_t[]){32, 64}, &x);
+ *     kt_graph_param(g, "w", KT_F32, 2, (int64_t[]){64, 10}, kt_init_normal(0.02f), &w);
+ *     kt_graph_op(g, "logits", KT_OP_MATMUL, NULL, (kt_value[]){x, w}, 2, &y);
+ *     ...
+ *     kt_graph_set_loss(g, loss);
+ */
+#ifndef KT_GRAPH_H
+#define KT_GRAPH_H
+
+#include <stdint.h>
+
+#include "ops.h"
+#include "status.h"
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kt_graph kt_graph;
+
+/* A value in a graph: an input, a parameter or an op output. */
+typedef struct kt_value {
+    int32_t id;
+} kt_value;
+
+typedef enum kt_init_kind {
+    KT_INIT_ZEROS = 0,
+    KT_INIT_ONES = 1,
+    KT_INIT_NORMAL = 2,  /* mean 0, standard deviation a */
+    KT_INIT_UNIFORM = 3, /* in [a, b) */
+    KT_INIT_LOADED = 4   /* left to the caller (weights loaded from a file) */
+} kt_init_kind;
+
+typedef struct kt_init {
+    kt_init_kind kind;
+    float a, b;
+} kt_init;
+
+static inline kt_init kt_init_zeros(void) { return (kt_init){KT_INIT_ZEROS, 0.0f, 0.0f}; }
+static inline kt_init kt_init_normal(float std) { return (kt_init){KT_INIT_NORMAL, std, 0.0f}; }
+static inline kt_init kt_init_uniform(float lo, float hi)
+{
+    return (kt_init){KT_INIT_UNIFORM, lo, hi};
+}
+
+kt_status kt_graph_create(kt_graph **graph_out);
+void kt_graph_destroy(kt_graph *graph);
+
+/* Names are unique among inputs and parameters (and among outputs); at most 127 bytes. */
+kt_status kt_graph_input(kt_graph *g, const char *name, kt_dtype dtype, int ndim,
+                         const int64_t *shape, kt_value *value_out);
+/* A trainable parameter (f32, so that it can be its own master copy). */
+kt_status kt_graph_param(kt_graph *g, const char *name, kt_dtype dtype, int ndim,
+                         const int64_t *shape, kt_init init, kt_value *value_out);
+/* A parameter that is never trained (any dtype; e.g. frozen bf16 weights). */
+kt_status kt_graph_const_param(kt_graph *g, const char *name, kt_dtype dtype, int ndim,
+                               const int64_t *shape, kt_init init, kt_value *value_out);
+
+/* Adds an op node; outs receives the op's outputs (kt_op_arity's n_out of them). name may be
+ * NULL (the node is then called "<op>#<index>" in messages). */
+kt_status kt_graph_op(kt_graph *g, const char *name, kt_op op, const kt_op_attrs *attrs,
+                      const kt_value *in, int n_in, kt_value *outs);
+
+/* Marks a value as an output the caller reads after forward (kept alive, never overwritten). */
+kt_status kt_graph_output(kt_graph *g, kt_value v, const char *name);
+/* Marks the scalar f32 loss that backward differentiates. */
+kt_status kt_graph_set_loss(kt_graph *g, kt_value v);
+
+/* The dtype and shape of a value (data NULL). */
+kt_status kt_graph_value_meta(const kt_graph *g, kt_value v, kt_tensor *meta_out);
+int kt_graph_node_count(const kt_graph *g);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

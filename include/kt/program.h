@@ -1,0 +1,154 @@
+/* Compiling a graph into a program, and running programs in sessions.
+ *
+ * A program is the compiled form of a graph: forward steps, backward steps, the memory plan
+ * (every activation, gradient and scratch buffer at an offset in one arena), and the tables
+ * of inputs, parameters and outputs. It serialises to a .ktp file (versioned, little-endian,
+ * checksummed) and loads from a file or a memory buffer.
+ *
+ * A session runs a program. It allocates all of its memory when it is created (activations,
+ * parameters, gradients, optimizer state); forward, backward and the optimizer step then
+ * allocate nothing.
+ */
+#ifndef KT_PROGRAM_H
+#define KT_PROGRAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "graph.h"
+#include "runtime.h"
+#include "status.h"
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kt_program kt_program;
+typedef struct kt_session kt_session;
+
+/* ---- compiling (the compiler half: graph -> program) -------------------------------------- */
+
+typedef struct kt_compile_options {
+    int training;    /* build the backward schedule (needs a loss); 0: forward only */
+    int no_inplace;  /* never let an output share its input's buffer */
+    int no_cse;      /* keep duplicate nodes */
+} kt_compile_options;
+
+/* options may be NULL (training = 1 when the graph has a loss). */
+kt_status kt_compile(const kt_graph *g, const kt_compile_options *options,
+                     kt_program **program_out);
+void kt_program_destroy(kt_program *p);
+
+/* ---- what a program holds --------------------------------------------------------------------- */
+
+typedef struct kt_program_stats {
+    int n_forward_steps, n_backward_steps;
+    int n_inputs, n_params, n_outputs, n_buffers;
+    uint64_t arena_bytes;        /* the activation arena: planned peak */
+    uint64_t lower_bound_bytes;  /* max over steps of the bytes live at that step */
+    uint64_t param_bytes, grad_bytes;
+    double forward_flops, backward_flops;
+} kt_program_stats;
+
+void kt_program_get_stats(const kt_program *p, kt_program_stats *stats_out);
+
+typedef enum kt_tensor_role {
+    KT_ROLE_INPUT = 0,
+    KT_ROLE_PARAM = 1,
+    KT_ROLE_OUTPUT = 2,
+    KT_ROLE_GRAD = 3 /* the gradient of a trainable parameter */
+} kt_tensor_role;
+
+/* Names and shapes of inputs, parameters and outputs (data NULL); i counts from 0. */
+int kt_program_count(const kt_program *p, kt_tensor_role role);
+kt_status kt_program_tensor_info(const kt_program *p, kt_tensor_role role, int i,
+                                 const char **name_out, kt_tensor *meta_out);
+
+/* A human-readable listing: steps, each buffer's offset and lifetime, the peak against the
+ * lower bound, FLOPs. Writes at most size bytes (NUL-terminated); returns the length the
+ * full text needs (like snprintf). */
+size_t kt_program_describe(const kt_program *p, char *buf, size_t size);
+
+/* ---- .ktp files (the runtime half) ------------------------------------------------------------ */
+
+kt_status kt_program_serialized_size(const kt_program *p, size_t *bytes_out);
+kt_status kt_program_serialize(const kt_program *p, void *buf, size_t size);
+kt_status kt_program_save(const kt_program *p, const char *path);
+/* Loading validates everything: magic, version, sizes, checksum, every table entry. */
+kt_status kt_program_load_memory(const void *data, size_t size, kt_program **program_out);
+kt_status kt_program_load(const char *path, kt_program **program_out);
+
+/* ---- sessions ------------------------------------------------------------------------------------ */
+
+typedef enum kt_optimizer_kind { KT_OPTIM_SGD = 0, KT_OPTIM_ADAMW = 1 } kt_optimizer_kind;
+typedef enum kt_lr_schedule_kind { KT_LR_CONSTANT = 0, KT_LR_COSINE = 1 } kt_lr_schedule_kind;
+
+typedef struct kt_optimizer_config {
+    kt_optimizer_kind kind;
+    float lr;
+    float momentum, dampening; /* SGD */
+    int nesterov;              /* SGD */
+    float beta1, beta2, eps;   /* AdamW (0 means 0.9, 0.999, 1e-8) */
+    float weight_decay;
+    float clip_norm;           /* clip gradients to this global L2 norm; 0: off */
+    kt_lr_schedule_kind schedule;
+    int64_t warmup_steps, total_steps; /* cosine */
+    float min_lr;                      /* cosine */
+} kt_optimizer_config;
+
+/* One timeline event, recorded when the session is given a trace buffer. */
+typedef struct kt_trace_event {
+    const char *name;     /* the node's name */
+    const char *category; /* "forward", "backward", "optimizer", ... */
+    uint64_t start_ns, end_ns;
+    int32_t step;         /* index in the program's schedule; -1 for session-level events */
+} kt_trace_event;
+
+typedef struct kt_session_options {
+    int threads;                   /* 0: KT_NUM_THREADS or the CPU count */
+    kt_threadpool *pool;           /* use this pool instead of creating one (not owned) */
+    kt_optimizer_config optimizer;
+    int micro_batches;             /* gradient accumulation: backward calls per step (0 = 1) */
+    kt_trace_event *trace;         /* optional: events are recorded here ... */
+    size_t trace_capacity;         /* ... up to this many (further events are dropped) */
+    uint64_t seed;                 /* for parameter initialisation */
+} kt_session_options;
+
+kt_status kt_session_create(const kt_program *p, const kt_session_options *options,
+                            kt_session **session_out);
+void kt_session_destroy(kt_session *s);
+
+/* A view of a session tensor by role and name: write inputs and parameters through it, read
+ * outputs and gradients. Stays valid for the session's life. */
+kt_status kt_session_tensor(kt_session *s, kt_tensor_role role, const char *name,
+                            kt_tensor *view_out);
+
+/* Runs the parameter initialisers (all but KT_INIT_LOADED); done once at creation too. */
+kt_status kt_session_init_params(kt_session *s, uint64_t seed);
+
+kt_status kt_session_forward(kt_session *s);
+/* Backward of the last forward. With micro_batches = n, the first backward after a step
+ * overwrites the parameter gradients and the next n-1 add to them. */
+kt_status kt_session_backward(kt_session *s);
+/* Applies the optimizer (gradients averaged over the micro-batches, clipped if asked) and
+ * starts a new accumulation. */
+kt_status kt_session_step(kt_session *s);
+
+/* The loss of the last forward (NaN before the first). */
+float kt_session_loss(const kt_session *s);
+/* Global L2 norm of the gradients before clipping, at the last step. */
+float kt_session_grad_norm(const kt_session *s);
+float kt_session_lr(const kt_session *s);
+int64_t kt_session_step_count(const kt_session *s);
+/* Events recorded so far (at most trace_capacity); kt_session_trace_reset starts over. */
+size_t kt_session_trace_count(const kt_session *s);
+void kt_session_trace_reset(kt_session *s);
+
+/* Writes events as Chrome trace-event JSON (chrome://tracing, Perfetto). */
+kt_status kt_trace_write_json(const kt_trace_event *events, size_t n, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,959 @@
+/* safetensors: opening and validating files, reading tensors, writing files.
+ *
+ * The reader trusts nothing in the file: every header field is checked, all size arithmetic
+ * is overflow-checked, and the data section must be exactly tiled by the tensors (no holes,
+ * no overlaps, no trailing bytes), as the format's specification requires so that a file
+ * cannot smuggle unaccounted bytes (polyglot files). Tensor data is copied as-is, which is
+ * right only on a little-endian host.
+ */
+#include "kt/io.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "io/json.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "safetensors data is little-endian and libkt copies it without conversion"
+#endif
+
+#define METADATA_KEY "__metadata__"
+/* Names in messages are cut to this many bytes so the context around them survives. */
+#define NAME_MAX_SHOWN 200
+
+typedef struct st_entry {
+    const char *name; /* points into the parsed header */
+    kt_dtype dtype;
+    int ndim;
+    int64_t shape[KT_MAX_DIMS];
+    uint64_t begin, end; /* relative to the start of the data section */
+} st_entry;
+
+struct kt_st_file {
+    char *label;
+    const unsigned char *data; /* the data section */
+    size_t data_size;
+    void *mapped; /* munmap'ed on close, when the file was mapped */
+    size_t mapped_size;
+    void *owned; /* freed on close: a file read into memory */
+    kt__json_doc *doc;
+    st_entry *entries; /* header order */
+    size_t count;
+    const st_entry **by_name; /* sorted, for lookup and the duplicate check */
+    const kt__json_value **meta; /* __metadata__ members sorted by key */
+    size_t meta_count;
+};
+
+/* ---- small helpers ---------------------------------------------------------------------- */
+
+static kt_status errno_error(int err, const char *path, const char *what)
+{
+    char text[128];
+    if (strerror_r(err, text, sizeof text) != 0)
+        snprintf(text, sizeof text, "errno %d", err);
+    return kt__error(KT_EIO, "%s: %s: %s", path, what, text);
+}
+
+static int mul_overflows_u64(uint64_t a, uint64_t b, uint64_t *out)
+{
+    if (a != 0 && b > UINT64_MAX / a)
+        return 1;
+    *out = a * b;
+    return 0;
+}
+
+/* numel * element size; 1 when too large. The product of the nonzero dimensions must fit
+ * in int64 even when a zero makes the tensor empty, because strides are computed from it. */
+static int tensor_bytes(kt_dtype dtype, int ndim, const int64_t *shape, uint64_t *bytes_out)
+{
+    uint64_t product = 1;
+    int empty = 0;
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] == 0)
+            empty = 1;
+        else if (mul_overflows_u64(product, (uint64_t)shape[d], &product) ||
+                 product > INT64_MAX)
+            return 1;
+    }
+    return mul_overflows_u64(empty ? 0 : product, kt_dtype_size(dtype), bytes_out);
+}
+
+static int compare_entry_names(const void *a, const void *b)
+{
+    return strcmp((*(const st_entry *const *)a)->name, (*(const st_entry *const *)b)->name);
+}
+
+static int compare_entry_offsets(const void *a, const void *b)
+{
+    const st_entry *x = *(const st_entry *const *)a, *y = *(const st_entry *const *)b;
+    if (x->begin != y->begin)
+        return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+static int compare_member_keys(const void *a, const void *b)
+{
+    return strcmp((*(const kt__json_value *const *)a)->key,
+                  (*(const kt__json_value *const *)b)->key);
+}
+
+static int compare_strings(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* ---- header validation -------------------------------------------------------------------- */
+
+static const struct {
+    const char *name;
+    kt_dtype dtype;
+} supported_dtypes[] = {{"F32", KT_F32}, {"BF16", KT_BF16}, {"F16", KT_F16},
+                        {"I32", KT_I32}, {"I64", KT_I64}};
+
+/* The rest of the format's dtypes: valid files that this library cannot hold. */
+static const char *const other_dtypes[] = {"BOOL",    "U8",      "I8",      "I16",
+                                           "U16",     "U32",     "U64",     "F64",
+                                           "C64",     "F8_E4M3", "F8_E5M2", "F8_E8M0",
+                                           "F4",      "F6_E2M3", "F6_E3M2"};
+
+static kt_status parse_dtype(const char *label, const char *name, const kt__json_value *v,
+                             kt_dtype *dtype_out)
+{
+    if (v->type != KT__JSON_STRING)
+        return kt__error(KT_EFORMAT, "%s: tensor '%.*s': \"dtype\" is a JSON %s, not a string",
+                         label, NAME_MAX_SHOWN, name, kt__json_type_name(v->type));
+    for (size_t i = 0; i < sizeof supported_dtypes / sizeof supported_dtypes[0]; i++) {
+        if (strcmp(v->u.string.s, supported_dtypes[i].name) == 0) {
+            *dtype_out = supported_dtypes[i].dtype;
+            return KT_OK;
+        }
+    }
+    for (size_t i = 0; i < sizeof other_dtypes / sizeof other_dtypes[0]; i++)
+        if (strcmp(v->u.string.s, other_dtypes[i]) == 0)
+            return kt__error(KT_EUNSUPPORTED,
+                             "%s: tensor '%.*s': dtype %s is not supported (libkt reads F32, "
+                             "BF16, F16, I32 and I64)",
+                             label, NAME_MAX_SHOWN, name, other_dtypes[i]);
+    return kt__error(KT_EFORMAT, "%s: tensor '%.*s': \"%.32s\" is not a safetensors dtype",
+                     label, NAME_MAX_SHOWN, name, v->u.string.s);
+}
+
+/* A JSON integer that must lie in [0, max]; `what` names it in messages. */
+static kt_status parse_count(const char *label, const char *name, const char *what,
+                             const kt__json_value *v, uint64_t max, uint64_t *out)
+{
+    if (v->type != KT__JSON_INT)
+        return kt__error(KT_EFORMAT, "%s: tensor '%.*s': %s is a JSON %s, not an integer",
+                         label, NAME_MAX_SHOWN, name, what, kt__json_type_name(v->type));
+    if (v->u.integer.negative)
+        return kt__error(KT_EFORMAT, "%s: tensor '%.*s': %s is negative (-%llu)", label,
+                         NAME_MAX_SHOWN, name, what,
+                         (unsigned long long)v->u.integer.magnitude);
+    if (v->u.integer.magnitude > max)
+        return kt__error(KT_EFORMAT, "%s: tensor '%.*s': %s (%llu) is out of range", label,
+                         NAME_MAX_SHOWN, name, what,
+                         (unsigned long long)v->u.integer.magnitude);
+    *out = v->u.integer.magnitude;
+    return KT_OK;
+}
+
+static kt_status parse_shape(const char *label, const char *name, const kt__json_value *v,
+                             st_entry *e)
+{
+    if (v->type != KT__JSON_ARRAY)
+        return kt__error(KT_EFORMAT, "%s: tensor '%.*s': \"shape\" is a JSON %s, not an array",
+                         label, NAME_MAX_SHOWN, name, kt__json_type_name(v->type));
+    for (size_t d = 0; d < v->u.list.count; d++) {
+        char what[32];
+        snprintf(what, sizeof what, "shape[%zu]", d);
+        uint64_t dim;
+        KT__TRY(parse_count(label, name, what, &v->u.list.items[d], INT64_MAX, &dim));
+        if (d < KT_MAX_DIMS)
+            e->shape[d] = (int64_t)dim;
+    }
+    if (v->u.list.count > KT_MAX_DIMS)
+        return kt__error(KT_EUNSUPPORTED,
+                         "%s: tensor '%.*s': %zu dimensions, more than the %d libkt supports",
+                         label, NAME_MAX_SHOWN, name, v->u.list.count, KT_MAX_DIMS);
+    e->ndim = (int)v->u.list.count;
+    return KT_OK;
+}
+
+static kt_status parse_offsets(const char *label, const char *name, const kt__json_value *v,
+                               size_t data_size, st_entry *e)
+{
+    if (v->type != KT__JSON_ARRAY || v->u.list.count != 2)
+        return kt__error(KT_EFORMAT, "%s: tensor '%.*s': \"data_offsets\" is not a [begin, "
+                         "end] array", label, NAME_MAX_SHOWN, name);
+    KT__TRY(parse_count(label, name, "data_offsets[0]", &v->u.list.items[0], UINT64_MAX,
+                        &e->begin));
+    KT__TRY(parse_count(label, name, "data_offsets[1]", &v->u.list.items[1], UINT64_MAX,
+                        &e->end));
+    if (e->begin > e->end)
+        return kt__error(KT_EFORMAT, "%s: tensor '%.*s': data_offsets [%llu, %llu] end "
+                         "before they begin", label, NAME_MAX_SHOWN, name,
+                         (unsigned long long)e->begin, (unsigned long long)e->end);
+    if (e->end > data_size)
+        return kt__error(KT_EFORMAT, "%s: tensor '%.*s': data_offsets [%llu, %llu] extend "
+                         "past the %zu-byte data section", label, NAME_MAX_SHOWN, name,
+                         (unsigned long long)e->begin, (unsigned long long)e->end, data_size);
+    return KT_OK;
+}
+
+static kt_status check_size(const char *label, const st_entry *e)
+{
+    uint64_t bytes;
+    kt_tensor t; /* only for describing: the shape is not known to be sane yet */
+    memset(&t, 0, sizeof t);
+    t.dtype = e->dtype;
+    t.ndim = e->ndim;
+    memcpy(t.shape, e->shape, sizeof t.shape);
+    char desc[96];
+    kt_tensor_describe(&t, desc, sizeof desc);
+    if (tensor_bytes(e->dtype, e->ndim, e->shape, &bytes))
+        return kt__error(KT_EFORMAT, "%s: tensor '%.*s': shape %s is too large", label,
+                         NAME_MAX_SHOWN, e->name, desc);
+    if (e->end - e->begin != bytes)
+        return kt__error(KT_EFORMAT, "%s: tensor '%.*s': data_offsets [%llu, %llu] hold %llu "
+                         "bytes but %s needs %llu", label, NAME_MAX_SHOWN, e->name,
+                         (unsigned long long)e->begin, (unsigned long long)e->end,
+                         (unsigned long long)(e->end - e->begin), desc,
+                         (unsigned long long)bytes);
+    return KT_OK;
+}
+
+static kt_status parse_entry(const char *label, const kt__json_value *m, size_t data_size,
+                             st_entry *e)
+{
+    static const char *const keys[3] = {"dtype", "shape", "data_offsets"};
+    const kt__json_value *fields[3] = {NULL, NULL, NULL};
+    const char *name = m->key;
+    if (m->type != KT__JSON_OBJECT)
+        return kt__error(KT_EFORMAT, "%s: tensor '%.*s': entry is a JSON %s, not an object",
+                         label, NAME_MAX_SHOWN, name, kt__json_type_name(m->type));
+    for (size_t i = 0; i < m->u.list.count; i++) {
+        const kt__json_value *f = &m->u.list.items[i];
+        size_t k = 0;
+        while (k < 3 && (strlen(keys[k]) != f->key_len || strcmp(keys[k], f->key) != 0))
+            k++;
+        if (k == 3)
+            return kt__error(KT_EFORMAT, "%s: tensor '%.*s': unknown key \"%.64s\"", label,
+                             NAME_MAX_SHOWN, name, f->key);
+        if (fields[k] != NULL)
+            return kt__error(KT_EFORMAT, "%s: tensor '%.*s': key \"%s\" appears twice", label,
+                             NAME_MAX_SHOWN, name, keys[k]);
+        fields[k] = f;
+    }
+    for (size_t k = 0; k < 3; k++)
+        if (fields[k] == NULL)
+            return kt__error(KT_EFORMAT, "%s: tensor '%.*s': missing \"%s\"", label,
+                             NAME_MAX_SHOWN, name, keys[k]);
+    st_entry r;
+    memset(&r, 0, sizeof r);
+    r.name = name;
+    KT__TRY(parse_dtype(label, name, fields[0], &r.dtype));
+    KT__TRY(parse_shape(label, name, fields[1], &r));
+    KT__TRY(parse_offsets(label, name, fields[2], data_size, &r));
+    KT__TRY(check_size(label, &r));
+    *e = r;
+    return KT_OK;
+}
+
+static kt_status parse_metadata(kt_st_file *f, const kt__json_value *m)
+{
+    if (f->meta != NULL)
+        return kt__error(KT_EFORMAT, "%s: \"" METADATA_KEY "\" appears twice", f->label);
+    if (m->type != KT__JSON_OBJECT)
+        return kt__error(KT_EFORMAT, "%s: \"" METADATA_KEY "\" is a JSON %s, not an object",
+                         f->label, kt__json_type_name(m->type));
+    size_t n = m->u.list.count;
+    for (size_t i = 0; i < n; i++) {
+        const kt__json_value *v = &m->u.list.items[i];
+        if (strlen(v->key) != v->key_len)
+            return kt__error(KT_EFORMAT, "%s: a \"" METADATA_KEY "\" key contains a NUL "
+                             "character", f->label);
+        if (v->type != KT__JSON_STRING)
+            return kt__error(KT_EFORMAT, "%s: \"" METADATA_KEY "\" value of '%.*s' is a JSON "
+                             "%s, not a string", f->label, NAME_MAX_SHOWN, v->key,
+                             kt__json_type_name(v->type));
+        if (strlen(v->u.string.s) != v->u.string.len)
+            return kt__error(KT_EFORMAT, "%s: \"" METADATA_KEY "\" value of '%.*s' contains "
+                             "a NUL character", f->label, NAME_MAX_SHOWN, v->key);
+    }
+    f->meta_count = n;
+    f->meta = malloc((n ? n : 1) * sizeof *f->meta);
+    if (f->meta == NULL)
+        return kt__error(KT_ENOMEM, "%s: out of memory", f->label);
+    for (size_t i = 0; i < n; i++)
+        f->meta[i] = &m->u.list.items[i];
+    qsort(f->meta, n, sizeof *f->meta, compare_member_keys);
+    for (size_t i = 1; i < n; i++)
+        if (strcmp(f->meta[i - 1]->key, f->meta[i]->key) == 0)
+            return kt__error(KT_EFORMAT, "%s: \"" METADATA_KEY "\" key '%.*s' appears twice",
+                             f->label, NAME_MAX_SHOWN, f->meta[i]->key);
+    return KT_OK;
+}
+
+/* The tensors, sorted by offset, must tile [0, data_size) exactly. */
+static kt_status check_layout(const kt_st_file *f)
+{
+    kt_status s = KT_OK;
+    const st_entry **order = malloc((f->count ? f->count : 1) * sizeof *order);
+    if (order == NULL)
+        return kt__error(KT_ENOMEM, "%s: out of memory", f->label);
+    for (size_t i = 0; i < f->count; i++)
+        order[i] = &f->entries[i];
+    qsort(order, f->count, sizeof *order, compare_entry_offsets);
+    uint64_t covered = 0;
+    for (size_t i = 0; i < f->count && s == KT_OK; i++) {
+        const st_entry *e = order[i];
+        if (e->begin < covered)
+            s = kt__error(KT_EFORMAT, "%s: tensor '%.*s': data_offsets [%llu, %llu] overlap "
+                          "tensor '%.*s'", f->label, NAME_MAX_SHOWN, e->name,
+                          (unsigned long long)e->begin, (unsigned long long)e->end,
+                          NAME_MAX_SHOWN, order[i - 1]->name);
+        else if (e->begin > covered)
+            s = kt__error(KT_EFORMAT, "%s: tensor '%.*s': data section bytes [%llu, %llu) "
+                          "before it belong to no tensor", f->label, NAME_MAX_SHOWN, e->name,
+                          (unsigned long long)covered, (unsigned long long)e->begin);
+        else
+            covered = e->end;
+    }
+    if (s == KT_OK && covered != f->data_size)
+        s = kt__error(KT_EFORMAT, "%s: %llu trailing bytes after the last tensor's data",
+                      f->label, (unsigned long long)(f->data_size - covered));
+    free(order);
+    return s;
+}
+
+static kt_status parse_tensors(kt_st_file *f, const kt__json_value *root)
+{
+    size_t n = root->u.list.count;
+    f->entries = calloc(n ? n : 1, sizeof *f->entries);
+    f->by_name = calloc(n ? n : 1, sizeof *f->by_name);
+    if (f->entries == NULL || f->by_name == NULL)
+        return kt__error(KT_ENOMEM, "%s: out of memory", f->label);
+    for (size_t i = 0; i < n; i++) {
+        const kt__json_value *m = &root->u.list.items[i];
+        if (strlen(m->key) != m->key_len)
+            return kt__error(KT_EFORMAT, "%s: tensor '%.*s...': the name contains a NUL "
+                             "character", f->label, NAME_MAX_SHOWN, m->key);
+        if (strcmp(m->key, METADATA_KEY) == 0) {
+            KT__TRY(parse_metadata(f, m));
+            continue;
+        }
+        KT__TRY(parse_entry(f->label, m, f->data_size, &f->entries[f->count]));
+        f->by_name[f->count] = &f->entries[f->count];
+        f->count++;
+    }
+    qsort(f->by_name, f->count, sizeof *f->by_name, compare_entry_names);
+    for (size_t i = 1; i < f->count; i++)
+        if (strcmp(f->by_name[i - 1]->name, f->by_name[i]->name) == 0)
+            return kt__error(KT_EFORMAT, "%s: tensor '%.*s' appears twice", f->label,
+                             NAME_MAX_SHOWN, f->by_name[i]->name);
+    return check_layout(f);
+}
+
+/* Parses and validates a whole file image; the kt_st_file refers into `image`. */
+static kt_status parse_image(const unsigned char *image, size_t size, const char *label,
+                             kt_st_file **file_out)
+{
+    kt_status s = KT_OK;
+    kt_st_file *f = calloc(1, sizeof *f);
+    size_t label_len = strlen(label);
+    if (f == NULL || (f->label = malloc(label_len + 1)) == NULL) {
+        s = kt__error(KT_ENOMEM, "%s: out of memory", label);
+        goto done;
+    }
+    memcpy(f->label, label, label_len + 1);
+    if (size < 8) {
+        s = kt__error(KT_EFORMAT, "%s: %zu bytes is shorter than the 8-byte header length",
+                      label, size);
+        goto done;
+    }
+    uint64_t header_len = 0;
+    for (int i = 7; i >= 0; i--)
+        header_len = header_len << 8 | image[i];
+    if (header_len > KT_ST_MAX_HEADER) {
+        s = kt__error(KT_EFORMAT, "%s: header length %llu exceeds the limit of %u bytes",
+                      label, (unsigned long long)header_len, KT_ST_MAX_HEADER);
+        goto done;
+    }
+    if (header_len > size - 8) {
+        s = kt__error(KT_EFORMAT, "%s: header length %llu extends past the end of the "
+                      "%zu-byte file", label, (unsigned long long)header_len, size);
+        goto done;
+    }
+    f->data = image + 8 + header_len;
+    f->data_size = size - 8 - (size_t)header_len;
+    s = kt__json_parse((const char *)image + 8, (size_t)header_len, &f->doc);
+    if (s != KT_OK) {
+        s = kt__error_context(s, "%s: header", label);
+        goto done;
+    }
+    const kt__json_value *root = kt__json_root(f->doc);
+    if (root->type != KT__JSON_OBJECT) {
+        s = kt__error(KT_EFORMAT, "%s: header is a JSON %s, not an object", label,
+                      kt__json_type_name(root->type));
+        goto done;
+    }
+    s = parse_tensors(f, root);
+done:
+    if (s != KT_OK) {
+        kt_st_close(f);
+        return s;
+    }
+    *file_out = f;
+    return KT_OK;
+}
+
+/* ---- opening ---------------------------------------------------------------------------------- */
+
+/* The fallback for what cannot be mapped (pipes, special files, mmap failures). */
+static kt_status read_all(int fd, const char *path, unsigned char **buf_out, size_t *size_out)
+{
+    kt_status s = KT_OK;
+    unsigned char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len == cap) {
+            size_t new_cap = cap ? cap * 2 : 65536;
+            unsigned char *b = new_cap > cap ? realloc(buf, new_cap) : NULL;
+            if (b == NULL) {
+                s = kt__error(KT_ENOMEM, "%s: out of memory reading the file", path);
+                goto done;
+            }
+            buf = b;
+            cap = new_cap;
+        }
+        ssize_t got = read(fd, buf + len, cap - len);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0) {
+            s = errno_error(errno, path, "cannot read");
+            goto done;
+        }
+        if (got == 0)
+            break;
+        len += (size_t)got;
+    }
+done:
+    if (s != KT_OK) {
+        free(buf);
+        return s;
+    }
+    *buf_out = buf;
+    *size_out = len;
+    return KT_OK;
+}
+
+kt_status kt_st_open(const char *path, kt_st_file **file_out)
+{
+    if (path == NULL || file_out == NULL)
+        return kt__error(KT_EINVAL, "kt_st_open: NULL argument");
+    kt_status s = KT_OK;
+    void *map = NULL;
+    size_t size = 0;
+    unsigned char *buf = NULL;
+    kt_st_file *f = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        s = errno_error(errno, path, "cannot open");
+        goto done;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        s = errno_error(errno, path, "cannot stat");
+        goto done;
+    }
+    /* Empty files cannot be mapped; they take the read path and fail validation there. */
+    if (S_ISREG(st.st_mode) && st.st_size > 0 && (uintmax_t)st.st_size <= SIZE_MAX) {
+        size = (size_t)st.st_size;
+        map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (map == MAP_FAILED)
+            map = NULL;
+    }
+    if (map == NULL) {
+        s = read_all(fd, path, &buf, &size);
+        if (s != KT_OK)
+            goto done;
+    }
+    s = parse_image(map != NULL ? map : buf, size, path, &f);
+    if (s != KT_OK)
+        goto done;
+    f->mapped = map;
+    f->mapped_size = size;
+    f->owned = buf;
+done:
+    if (fd >= 0)
+        close(fd);
+    if (s != KT_OK) {
+        if (map != NULL)
+            munmap(map, size);
+        free(buf);
+        return s;
+    }
+    *file_out = f;
+    return KT_OK;
+}
+
+kt_status kt_st_open_memory(const void *data, size_t size, const char *label,
+                            kt_st_file **file_out)
+{
+    if ((data == NULL && size > 0) || file_out == NULL)
+        return kt__error(KT_EINVAL, "kt_st_open_memory: NULL argument");
+    return parse_image(data, size, label != NULL ? label : "<memory>", file_out);
+}
+
+void kt_st_close(kt_st_file *file)
+{
+    if (file == NULL)
+        return;
+    if (file->mapped != NULL)
+        munmap(file->mapped, file->mapped_size);
+    free(file->owned);
+    kt__json_free(file->doc);
+    free(file->entries);
+    free(file->by_name);
+    free(file->meta);
+    free(file->label);
+    free(file);
+}
+
+/* ---- reading ---------------------------------------------------------------------------------- */
+
+size_t kt_st_count(const kt_st_file *file) { return file != NULL ? file->count : 0; }
+
+static kt_tensor entry_view(const kt_st_file *file, const st_entry *e)
+{
+    kt_tensor t;
+    /* Cannot fail: parse_entry validated dtype, ndim and shape. The view is read-only in
+     * practice (a mapping is PROT_READ) but kt_tensor has no const form. */
+    kt_tensor_init(&t, (void *)(file->data + e->begin), e->dtype, e->ndim, e->shape);
+    return t;
+}
+
+static const st_entry *find_entry(const kt_st_file *file, const char *name)
+{
+    st_entry key = {.name = name};
+    const st_entry *kp = &key;
+    const st_entry **hit = bsearch(&kp, file->by_name, file->count, sizeof *file->by_name,
+                                   compare_entry_names);
+    return hit != NULL ? *hit : NULL;
+}
+
+kt_status kt_st_entry(const kt_st_file *file, size_t i, const char **name_out,
+                      kt_tensor *view_out)
+{
+    if (file == NULL)
+        return kt__error(KT_EINVAL, "kt_st_entry: file is NULL");
+    if (i >= file->count)
+        return kt__error(KT_EINVAL, "%s: tensor index %zu out of range (the file has %zu)",
+                         file->label, i, file->count);
+    if (name_out != NULL)
+        *name_out = file->entries[i].name;
+    if (view_out != NULL)
+        *view_out = entry_view(file, &file->entries[i]);
+    return KT_OK;
+}
+
+kt_status kt_st_find(const kt_st_file *file, const char *name, kt_tensor *view_out)
+{
+    if (file == NULL || name == NULL || view_out == NULL)
+        return kt__error(KT_EINVAL, "kt_st_find: NULL argument");
+    const st_entry *e = find_entry(file, name);
+    if (e == NULL)
+        return kt__error(KT_EINVAL, "%s: no tensor named '%.*s'", file->label, NAME_MAX_SHOWN,
+                         name);
+    *view_out = entry_view(file, e);
+    return KT_OK;
+}
+
+kt_status kt_st_read(const kt_st_file *file, const char *name, kt_tensor *dst)
+{
+    if (file == NULL || name == NULL || dst == NULL)
+        return kt__error(KT_EINVAL, "kt_st_read: NULL argument");
+    const st_entry *e = find_entry(file, name);
+    if (e == NULL)
+        return kt__error(KT_EINVAL, "%s: no tensor named '%.*s'", file->label, NAME_MAX_SHOWN,
+                         name);
+    kt_tensor src = entry_view(file, e);
+    if (src.dtype != dst->dtype || !kt_tensor_same_shape(&src, dst)) {
+        char want[96], have[96];
+        return kt__error(KT_EINVAL, "%s: tensor '%.*s' is %s in the file but the destination "
+                         "is %s", file->label, NAME_MAX_SHOWN, name,
+                         kt_tensor_describe(&src, have, sizeof have),
+                         kt_tensor_describe(dst, want, sizeof want));
+    }
+    if (dst->device.type != KT_DEVICE_CPU || !kt_tensor_is_contiguous(dst))
+        return kt__error(KT_EINVAL, "%s: tensor '%.*s': the destination must be a contiguous "
+                         "CPU tensor", file->label, NAME_MAX_SHOWN, name);
+    size_t bytes = (size_t)(e->end - e->begin);
+    if (bytes > 0 && dst->data == NULL)
+        return kt__error(KT_EINVAL, "%s: tensor '%.*s': the destination has no data",
+                         file->label, NAME_MAX_SHOWN, name);
+    if (bytes > 0)
+        memcpy(dst->data, src.data, bytes);
+    return KT_OK;
+}
+
+const char *kt_st_metadata(const kt_st_file *file, const char *key)
+{
+    if (file == NULL || key == NULL || file->meta_count == 0)
+        return NULL;
+    kt__json_value probe = {.key = key};
+    const kt__json_value *pp = &probe;
+    const kt__json_value **hit = bsearch(&pp, file->meta, file->meta_count, sizeof *file->meta,
+                                         compare_member_keys);
+    return hit != NULL ? (*hit)->u.string.s : NULL;
+}
+
+/* ---- writing ---------------------------------------------------------------------------------- */
+
+/* Measures, and writes when buf is set: one code path sizes and fills the header, so the
+ * two cannot disagree. */
+typedef struct sink {
+    unsigned char *buf;
+    size_t len;
+    int overflow;
+} sink;
+
+static void put(sink *k, const void *p, size_t n)
+{
+    if (n > SIZE_MAX - k->len) {
+        k->overflow = 1;
+        return;
+    }
+    if (k->buf != NULL && n > 0)
+        memcpy(k->buf + k->len, p, n);
+    k->len += n;
+}
+
+static void put_str(sink *k, const char *s) { put(k, s, strlen(s)); }
+
+static void put_u64(sink *k, uint64_t v)
+{
+    char text[24];
+    put(k, text, (size_t)snprintf(text, sizeof text, "%llu", (unsigned long long)v));
+}
+
+static void put_json_string(sink *k, const char *s)
+{
+    put_str(k, "\"");
+    for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
+        char esc[8];
+        const char *named = NULL;
+        switch (*p) {
+        case '"': named = "\\\""; break;
+        case '\\': named = "\\\\"; break;
+        case '\b': named = "\\b"; break;
+        case '\f': named = "\\f"; break;
+        case '\n': named = "\\n"; break;
+        case '\r': named = "\\r"; break;
+        case '\t': named = "\\t"; break;
+        default:
+            if (*p < 0x20) {
+                snprintf(esc, sizeof esc, "\\u%04x", *p);
+                named = esc;
+            }
+        }
+        if (named != NULL)
+            put_str(k, named);
+        else
+            put(k, p, 1);
+    }
+    put_str(k, "\"");
+}
+
+static const char *safetensors_dtype(kt_dtype dtype)
+{
+    for (size_t i = 0; i < sizeof supported_dtypes / sizeof supported_dtypes[0]; i++)
+        if (supported_dtypes[i].dtype == dtype)
+            return supported_dtypes[i].name;
+    return "?";
+}
+
+/* The header JSON, padded with spaces so the data section starts 8-byte aligned. */
+static void put_header(sink *k, const kt_st_item *items, size_t n,
+                       const char *const *metadata)
+{
+    size_t start = k->len;
+    put_str(k, "{");
+    int first = 1;
+    if (metadata != NULL && metadata[0] != NULL) {
+        put_str(k, "\"" METADATA_KEY "\":{");
+        for (size_t i = 0; metadata[i] != NULL; i += 2) {
+            if (i > 0)
+                put_str(k, ",");
+            put_json_string(k, metadata[i]);
+            put_str(k, ":");
+            put_json_string(k, metadata[i + 1]);
+        }
+        put_str(k, "}");
+        first = 0;
+    }
+    uint64_t offset = 0;
+    for (size_t i = 0; i < n; i++) {
+        const kt_tensor *t = &items[i].tensor;
+        uint64_t bytes = kt_tensor_nbytes(t);
+        if (!first)
+            put_str(k, ",");
+        first = 0;
+        put_json_string(k, items[i].name);
+        put_str(k, ":{\"dtype\":\"");
+        put_str(k, safetensors_dtype(t->dtype));
+        put_str(k, "\",\"shape\":[");
+        for (int d = 0; d < t->ndim; d++) {
+            if (d > 0)
+                put_str(k, ",");
+            put_u64(k, (uint64_t)t->shape[d]);
+        }
+        put_str(k, "],\"data_offsets\":[");
+        put_u64(k, offset);
+        put_str(k, ",");
+        put_u64(k, offset + bytes);
+        put_str(k, "]}");
+        offset += bytes;
+    }
+    put_str(k, "}");
+    while ((k->len - start) % 8 != 0)
+        put_str(k, " ");
+}
+
+static kt_status check_name(const char *who, const char *kind, const char *name)
+{
+    if (!kt__json_utf8_valid(name, strlen(name)))
+        return kt__error(KT_EINVAL, "%s: %s '%.*s' is not valid UTF-8", who, kind,
+                         NAME_MAX_SHOWN, name);
+    return KT_OK;
+}
+
+/* Sorts a copy of the names and reports the first one that appears twice. */
+static kt_status check_unique(const char *who, const char *kind, const char **names,
+                              size_t n)
+{
+    qsort(names, n, sizeof *names, compare_strings);
+    for (size_t i = 1; i < n; i++)
+        if (strcmp(names[i - 1], names[i]) == 0)
+            return kt__error(KT_EINVAL, "%s: %s '%.*s' appears twice", who, kind,
+                             NAME_MAX_SHOWN, names[i]);
+    return KT_OK;
+}
+
+static kt_status check_item(const char *who, const kt_st_item *item, size_t i,
+                            uint64_t *bytes_out)
+{
+    const kt_tensor *t = &item->tensor;
+    if (item->name == NULL)
+        return kt__error(KT_EINVAL, "%s: item %zu has no name", who, i);
+    KT__TRY(check_name(who, "tensor name", item->name));
+    if (strcmp(item->name, METADATA_KEY) == 0)
+        return kt__error(KT_EINVAL, "%s: \"" METADATA_KEY "\" is reserved, not a tensor name",
+                         who);
+    if (kt_dtype_size(t->dtype) == 0 || t->ndim < 0 || t->ndim > KT_MAX_DIMS)
+        return kt__error(KT_EINVAL, "%s: tensor '%.*s' has an invalid dtype or ndim", who,
+                         NAME_MAX_SHOWN, item->name);
+    for (int d = 0; d < t->ndim; d++)
+        if (t->shape[d] < 0)
+            return kt__error(KT_EINVAL, "%s: tensor '%.*s' has a negative dimension", who,
+                             NAME_MAX_SHOWN, item->name);
+    if (t->device.type != KT_DEVICE_CPU)
+        return kt__error(KT_EINVAL, "%s: tensor '%.*s' is not on the CPU", who, NAME_MAX_SHOWN,
+                         item->name);
+    if (!kt_tensor_is_contiguous(t))
+        return kt__error(KT_EINVAL, "%s: tensor '%.*s' is not contiguous", who, NAME_MAX_SHOWN,
+                         item->name);
+    uint64_t bytes;
+    if (tensor_bytes(t->dtype, t->ndim, t->shape, &bytes) || bytes > SIZE_MAX)
+        return kt__error(KT_EINVAL, "%s: tensor '%.*s' is too large", who, NAME_MAX_SHOWN,
+                         item->name);
+    if (bytes > 0 && t->data == NULL)
+        return kt__error(KT_EINVAL, "%s: tensor '%.*s' has no data", who, NAME_MAX_SHOWN,
+                         item->name);
+    *bytes_out = bytes;
+    return KT_OK;
+}
+
+/* Validates everything a writer needs and returns the header's padded length and the data
+ * section's length. */
+static kt_status plan(const char *who, const kt_st_item *items, size_t n,
+                      const char *const *metadata, size_t *header_out, size_t *data_out)
+{
+    if (items == NULL && n > 0)
+        return kt__error(KT_EINVAL, "%s: items is NULL", who);
+    kt_status s = KT_OK;
+    size_t n_meta = 0;
+    while (metadata != NULL && metadata[n_meta] != NULL) {
+        if (metadata[n_meta + 1] == NULL)
+            return kt__error(KT_EINVAL, "%s: metadata key '%.*s' has no value", who,
+                             NAME_MAX_SHOWN, metadata[n_meta]);
+        n_meta += 2;
+    }
+    size_t n_names = n > n_meta / 2 ? n : n_meta / 2;
+    const char **names = malloc((n_names ? n_names : 1) * sizeof *names);
+    if (names == NULL)
+        return kt__error(KT_ENOMEM, "%s: out of memory", who);
+    uint64_t data = 0;
+    for (size_t i = 0; i < n && s == KT_OK; i++) {
+        uint64_t bytes = 0;
+        s = check_item(who, &items[i], i, &bytes);
+        if (s == KT_OK && bytes > SIZE_MAX - data)
+            s = kt__error(KT_EINVAL, "%s: the tensors total more than %zu bytes", who,
+                          (size_t)SIZE_MAX);
+        data += bytes;
+        names[i] = items[i].name;
+    }
+    if (s == KT_OK)
+        s = check_unique(who, "tensor name", names, n);
+    for (size_t i = 0; i < n_meta && s == KT_OK; i++)
+        s = check_name(who, i % 2 ? "metadata value" : "metadata key", metadata[i]);
+    for (size_t i = 0; i < n_meta / 2; i++)
+        names[i] = metadata[2 * i];
+    if (s == KT_OK)
+        s = check_unique(who, "metadata key", names, n_meta / 2);
+    free(names);
+    if (s != KT_OK)
+        return s;
+    sink k = {0};
+    put_header(&k, items, n, metadata);
+    if (k.overflow || k.len > KT_ST_MAX_HEADER)
+        return kt__error(KT_EINVAL, "%s: the header would exceed %u bytes", who,
+                         KT_ST_MAX_HEADER);
+    if (data > SIZE_MAX - 8 - k.len)
+        return kt__error(KT_EINVAL, "%s: the file would exceed %zu bytes", who,
+                         (size_t)SIZE_MAX);
+    *header_out = k.len;
+    *data_out = (size_t)data;
+    return KT_OK;
+}
+
+/* The 8-byte length prefix and the padded header. */
+static void put_prefix(sink *k, size_t header_len, const kt_st_item *items, size_t n,
+                       const char *const *metadata)
+{
+    unsigned char len_bytes[8];
+    for (int i = 0; i < 8; i++)
+        len_bytes[i] = (unsigned char)((uint64_t)header_len >> (8 * i));
+    put(k, len_bytes, 8);
+    put_header(k, items, n, metadata);
+}
+
+kt_status kt_st_serialized_size(const kt_st_item *items, size_t n, const char *const *metadata,
+                                size_t *bytes_out)
+{
+    if (bytes_out == NULL)
+        return kt__error(KT_EINVAL, "kt_st_serialized_size: bytes_out is NULL");
+    size_t header, data;
+    KT__TRY(plan("kt_st_serialized_size", items, n, metadata, &header, &data));
+    *bytes_out = 8 + header + data;
+    return KT_OK;
+}
+
+kt_status kt_st_serialize(const kt_st_item *items, size_t n, const char *const *metadata,
+                          void *buf, size_t size)
+{
+    size_t header, data;
+    KT__TRY(plan("kt_st_serialize", items, n, metadata, &header, &data));
+    if (buf == NULL || size < 8 + header + data)
+        return kt__error(KT_EINVAL, "kt_st_serialize: the buffer holds %zu bytes but %zu are "
+                         "needed", buf == NULL ? 0 : size, 8 + header + data);
+    sink k = {.buf = buf};
+    put_prefix(&k, header, items, n, metadata);
+    for (size_t i = 0; i < n; i++)
+        put(&k, items[i].tensor.data, kt_tensor_nbytes(&items[i].tensor));
+    return KT_OK;
+}
+
+static kt_status write_all(int fd, const char *path, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    while (n > 0) {
+        /* Linux writes at most about 2 GiB per call; asking for less keeps that portable. */
+        size_t chunk = n < ((size_t)1 << 30) ? n : ((size_t)1 << 30);
+        ssize_t w = write(fd, b, chunk);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return errno_error(errno, path, "cannot write");
+        b += w;
+        n -= (size_t)w;
+    }
+    return KT_OK;
+}
+
+/* Opens a fresh file next to `path`; O_EXCL plus a per-process counter keeps concurrent
+ * savers (threads or processes) from sharing one. The mode leaves permissions to umask. */
+static kt_status create_temp(const char *path, char **tmp_out, int *fd_out)
+{
+    static atomic_uint counter;
+    size_t cap = strlen(path) + 64;
+    char *tmp = malloc(cap);
+    if (tmp == NULL)
+        return kt__error(KT_ENOMEM, "%s: out of memory", path);
+    for (int attempt = 0; attempt < 100; attempt++) {
+        snprintf(tmp, cap, "%s.tmp.%ld.%u", path, (long)getpid(),
+                 atomic_fetch_add(&counter, 1u));
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd >= 0) {
+            *tmp_out = tmp;
+            *fd_out = fd;
+            return KT_OK;
+        }
+        if (errno != EEXIST) {
+            kt_status s = errno_error(errno, tmp, "cannot create");
+            free(tmp);
+            return s;
+        }
+    }
+    free(tmp);
+    return kt__error(KT_EIO, "%s: cannot find an unused temporary file name", path);
+}
+
+kt_status kt_st_save(const char *path, const kt_st_item *items, size_t n,
+                     const char *const *metadata)
+{
+    if (path == NULL)
+        return kt__error(KT_EINVAL, "kt_st_save: path is NULL");
+    size_t header, data;
+    KT__TRY(plan("kt_st_save", items, n, metadata, &header, &data));
+    kt_status s = KT_OK;
+    char *tmp = NULL;
+    int fd = -1;
+    sink k = {.buf = malloc(8 + header)};
+    if (k.buf == NULL) {
+        s = kt__error(KT_ENOMEM, "%s: out of memory", path);
+        goto done;
+    }
+    put_prefix(&k, header, items, n, metadata);
+    s = create_temp(path, &tmp, &fd);
+    if (s != KT_OK)
+        goto done;
+    s = write_all(fd, tmp, k.buf, k.len);
+    for (size_t i = 0; i < n && s == KT_OK; i++)
+        s = write_all(fd, tmp, items[i].tensor.data, kt_tensor_nbytes(&items[i].tensor));
+    /* fsync before rename: otherwise a crash can leave the new name over empty data. */
+    if (s == KT_OK && fsync(fd) != 0)
+        s = errno_error(errno, tmp, "cannot sync");
+    int fd_closed = close(fd);
+    fd = -1;
+    if (s == KT_OK && fd_closed != 0)
+        s = errno_error(errno, tmp, "cannot close");
+    if (s == KT_OK && rename(tmp, path) != 0)
+        s = errno_error(errno, path, "cannot replace it with the temporary file");
+done:
+    if (fd >= 0)
+        close(fd);
+    if (s != KT_OK && tmp != NULL)
+        unlink(tmp);
+    free(tmp);
+    free(k.buf);
+    return s;
+}

@@ -1,0 +1,45 @@
+/* The shared row-major single-precision GEMM behind matmul, conv1d and the MoE layer, and
+ * the f32 staging of bf16/f16 operands for kernels that compute through it.
+ *
+ * C = alpha * op(A) * op(B) + beta * C, all row-major: op(A) is M x K (A is M x K with
+ * row stride lda, or K x M when trans_a), op(B) is K x N (B is K x N with row stride ldb,
+ * or N x K when trans_b), C is M x N with row stride ldc. beta == 0 overwrites C without
+ * reading it (NaN in C does not propagate), as in BLAS.
+ *
+ * kt__sgemm uses OpenBLAS when libkt is built with it (OpenBLAS then runs its own threads
+ * and `pool` is not used), else the portable kernel. The portable kernel splits the output
+ * over the pool in a fixed tiling and sums every C element over K in the same order
+ * whatever the thread count, so its results are bitwise identical for any pool size.
+ * Neither allocates. Bad sizes or strides return KT_EINVAL ("sgemm: ..."). */
+#ifndef KT_OPS_GEMM_H
+#define KT_OPS_GEMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kt/runtime.h"
+#include "kt/tensor.h"
+
+kt_status kt__sgemm(kt_threadpool *pool, int trans_a, int trans_b, int64_t M, int64_t N,
+                    int64_t K, float alpha, const float *A, int64_t lda, const float *B,
+                    int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* The portable kernel, whatever the build (so it can be tested against OpenBLAS). */
+kt_status kt__sgemm_portable(kt_threadpool *pool, int trans_a, int trans_b, int64_t M,
+                             int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                             const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* 1 when kt__sgemm is OpenBLAS in this build. */
+int kt__sgemm_is_openblas(void);
+
+/* ---- f32 staging for bf16/f16 operands -------------------------------------------------- */
+
+/* Bytes that n floats take in scratch, rounded up so that the next region stays 64-byte
+ * aligned. */
+size_t kt__f32_scratch_bytes(int64_t n);
+/* dst[0..numel) = src as f32 (src contiguous, any float dtype), split over the pool. */
+void kt__stage_f32(kt_threadpool *pool, float *dst, const kt_tensor *src);
+/* dst (contiguous, any float dtype) = src rounded to dst's dtype, split over the pool. */
+void kt__unstage_f32(kt_threadpool *pool, kt_tensor *dst, const float *src);
+
+#endif
