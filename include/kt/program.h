@@ -145,6 +145,19 @@ int64_t kt_session_step_count(const kt_session *s);
 size_t kt_session_trace_count(const kt_session *s);
 void kt_session_trace_reset(kt_session *s);
 
+/* Weights and optimizer state as safetensors (kt/io.h). Parameters are saved under their
+ * names; with_optimizer adds the optimizer state ("optimizer.momentum.<name>",
+ * "optimizer.m.<name>", "optimizer.v.<name>") and the step count (metadata "kt.step"). */
+kt_status kt_session_save(kt_session *s, const char *path, int with_optimizer);
+
+#define KT_LOAD_ALLOW_MISSING 1u /* parameters absent from the file keep their values */
+#define KT_LOAD_OPTIMIZER 2u     /* also load the optimizer state and step count */
+
+/* Loads every parameter from the file, checking each one's dtype and shape against the
+ * program; a missing parameter is an error unless KT_LOAD_ALLOW_MISSING. Nothing is changed
+ * when any check fails. */
+kt_status kt_session_load(kt_session *s, const char *path, unsigned flags);
+
 /* Writes events as Chrome trace-event JSON (chrome://tracing, Perfetto). */
 kt_status kt_trace_write_json(const kt_trace_event *events, size_t n, const char *path);
 

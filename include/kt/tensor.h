@@ -78,7 +78,9 @@ kt_status kt_tensor_transpose(const kt_tensor *t, int dim0, int dim1, kt_tensor 
 kt_status kt_tensor_reshape(const kt_tensor *t, int ndim, const int64_t *shape,
                             kt_tensor *view_out);
 
-/* Conversions, round-to-nearest-even, NaN stays NaN (quiet), overflow goes to +-Inf.
+/* Conversions. To bf16/f16: round-to-nearest-even, a NaN stays a NaN (made quiet), overflow
+ * goes to +-Inf. From bf16: exact (a bit shift, so NaN payloads pass unchanged); from f16:
+ * exact, with signalling NaNs made quiet as the F16C hardware does.
  * Vectorised with AVX-512 BF16 / F16C where the CPU has them; the bits are the same either
  * way. src and dst must not overlap. */
 void kt_f32_to_bf16(uint16_t *dst, const float *src, size_t n);

@@ -165,6 +165,8 @@ kt_status kt_tensor_reshape(const kt_tensor *t, int ndim, const int64_t *shape,
         return kt__error(KT_EINVAL, "reshape: the tensor is not contiguous");
     if (ndim < 0 || ndim > KT_MAX_DIMS)
         return kt__error(KT_EINVAL, "reshape: ndim %d outside 0..%d", ndim, KT_MAX_DIMS);
+    if (ndim > 0 && shape == NULL)
+        return kt__error(KT_EINVAL, "reshape: shape is NULL");
     int64_t resolved[KT_MAX_DIMS];
     int infer_at = -1;
     int64_t known = 1;

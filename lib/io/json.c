@@ -67,8 +67,7 @@ static kt_status out_of_memory(const parser *ps)
 }
 
 /* "expected X, found Y at byte N", with Y described safely whatever the byte is. */
-static kt_status syntax_error(const parser *ps, size_t at, const char *fmt, ...)
-    KT__PRINTF(3, 4);
+static kt_status syntax_error(const parser *ps, size_t at, const char *fmt, ...) KT__PRINTF(3, 4);
 static kt_status syntax_error(const parser *ps, size_t at, const char *fmt, ...)
 {
     char what[160];
@@ -239,8 +238,7 @@ static kt_status decode_escape(const parser *ps, size_t *q, size_t end, unsigned
     unsigned long cp = unit;
     size_t next = at + 6;
     if (unit >= 0xdc00 && unit <= 0xdfff)
-        return syntax_error(ps, at, "expected a high surrogate before low surrogate \\u%04x",
-                            unit);
+        return syntax_error(ps, at, "expected a high surrogate before low surrogate \\u%04x", unit);
     if (unit >= 0xd800 && unit <= 0xdbff) {
         unsigned low = 0;
         if (end - next < 2 || ps->p[next] != '\\' || ps->p[next + 1] != 'u')
@@ -264,8 +262,7 @@ static kt_status parse_string(parser *ps, const char **s_out, size_t *len_out)
     while (end < ps->len && ps->p[end] != '"')
         end += ps->p[end] == '\\' ? 2 : 1;
     if (end >= ps->len)
-        return syntax_error(ps, ps->len, "expected '\"' to end the string at byte %zu",
-                            ps->pos);
+        return syntax_error(ps, ps->len, "expected '\"' to end the string at byte %zu", ps->pos);
     unsigned char *out = arena_alloc(ps->doc, end - start + 1);
     if (out == NULL)
         return out_of_memory(ps);
@@ -331,8 +328,8 @@ static kt_status parse_literal(parser *ps, kt__json_value *v)
         const char *text;
         kt__json_type type;
         int boolean;
-    } literals[] = {{"true", KT__JSON_BOOL, 1}, {"false", KT__JSON_BOOL, 0},
-                    {"null", KT__JSON_NULL, 0}};
+    } literals[] = {
+        {"true", KT__JSON_BOOL, 1}, {"false", KT__JSON_BOOL, 0}, {"null", KT__JSON_NULL, 0}};
     for (size_t i = 0; i < sizeof literals / sizeof literals[0]; i++) {
         size_t n = strlen(literals[i].text);
         if (ps->len - ps->pos >= n && memcmp(ps->p + ps->pos, literals[i].text, n) == 0) {
@@ -420,8 +417,8 @@ static kt_status parse_value(parser *ps, int depth, kt__json_value *v)
         return syntax_error(ps, ps->pos, "expected a value");
     unsigned char c = ps->p[ps->pos];
     if ((c == '[' || c == '{') && depth >= KT__JSON_MAX_DEPTH)
-        return kt__error(KT_EFORMAT, "JSON at byte %zu: nesting deeper than %d levels",
-                         ps->pos, KT__JSON_MAX_DEPTH);
+        return kt__error(KT_EFORMAT, "JSON at byte %zu: nesting deeper than %d levels", ps->pos,
+                         KT__JSON_MAX_DEPTH);
     if (c == '[')
         return parse_array(ps, depth + 1, v);
     if (c == '{')

@@ -47,12 +47,12 @@ struct kt_st_file {
     kt__json_doc *doc;
     st_entry *entries; /* header order */
     size_t count;
-    const st_entry **by_name; /* sorted, for lookup and the duplicate check */
+    const st_entry **by_name;    /* sorted, for lookup and the duplicate check */
     const kt__json_value **meta; /* __metadata__ members sorted by key */
     size_t meta_count;
 };
 
-/* ---- small helpers ---------------------------------------------------------------------- */
+/* ---- small helpers --------------------------------------------------------------------------- */
 
 static kt_status errno_error(int err, const char *path, const char *what)
 {
@@ -79,8 +79,7 @@ static int tensor_bytes(kt_dtype dtype, int ndim, const int64_t *shape, uint64_t
     for (int d = 0; d < ndim; d++) {
         if (shape[d] == 0)
             empty = 1;
-        else if (mul_overflows_u64(product, (uint64_t)shape[d], &product) ||
-                 product > INT64_MAX)
+        else if (mul_overflows_u64(product, (uint64_t)shape[d], &product) || product > INT64_MAX)
             return 1;
     }
     return mul_overflows_u64(empty ? 0 : product, kt_dtype_size(dtype), bytes_out);
@@ -110,19 +109,18 @@ static int compare_strings(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* ---- header validation -------------------------------------------------------------------- */
+/* ---- header validation ----------------------------------------------------------------------- */
 
 static const struct {
     const char *name;
     kt_dtype dtype;
-} supported_dtypes[] = {{"F32", KT_F32}, {"BF16", KT_BF16}, {"F16", KT_F16},
-                        {"I32", KT_I32}, {"I64", KT_I64}};
+} supported_dtypes[] = {
+    {"F32", KT_F32}, {"BF16", KT_BF16}, {"F16", KT_F16}, {"I32", KT_I32}, {"I64", KT_I64}};
 
 /* The rest of the format's dtypes: valid files that this library cannot hold. */
-static const char *const other_dtypes[] = {"BOOL",    "U8",      "I8",      "I16",
-                                           "U16",     "U32",     "U64",     "F64",
-                                           "C64",     "F8_E4M3", "F8_E5M2", "F8_E8M0",
-                                           "F4",      "F6_E2M3", "F6_E3M2"};
+static const char *const other_dtypes[] = {"BOOL",    "U8",      "I8",  "I16",     "U16",
+                                           "U32",     "U64",     "F64", "C64",     "F8_E4M3",
+                                           "F8_E5M2", "F8_E8M0", "F4",  "F6_E2M3", "F6_E3M2"};
 
 static kt_status parse_dtype(const char *label, const char *name, const kt__json_value *v,
                              kt_dtype *dtype_out)
@@ -139,11 +137,11 @@ static kt_status parse_dtype(const char *label, const char *name, const kt__json
     for (size_t i = 0; i < sizeof other_dtypes / sizeof other_dtypes[0]; i++)
         if (strcmp(v->u.string.s, other_dtypes[i]) == 0)
             return kt__error(KT_EUNSUPPORTED,
-                             "%s: tensor '%.*s': dtype %s is not supported (libkt reads F32, "
-                             "BF16, F16, I32 and I64)",
+                             "%s: tensor '%.*s': dtype %s is not supported (libkt reads F32, BF16, "
+                             "F16, I32 and I64)",
                              label, NAME_MAX_SHOWN, name, other_dtypes[i]);
-    return kt__error(KT_EFORMAT, "%s: tensor '%.*s': \"%.32s\" is not a safetensors dtype",
-                     label, NAME_MAX_SHOWN, name, v->u.string.s);
+    return kt__error(KT_EFORMAT, "%s: tensor '%.*s': \"%.32s\" is not a safetensors dtype", label,
+                     NAME_MAX_SHOWN, name, v->u.string.s);
 }
 
 /* A JSON integer that must lie in [0, max]; `what` names it in messages. */
@@ -151,16 +149,14 @@ static kt_status parse_count(const char *label, const char *name, const char *wh
                              const kt__json_value *v, uint64_t max, uint64_t *out)
 {
     if (v->type != KT__JSON_INT)
-        return kt__error(KT_EFORMAT, "%s: tensor '%.*s': %s is a JSON %s, not an integer",
-                         label, NAME_MAX_SHOWN, name, what, kt__json_type_name(v->type));
+        return kt__error(KT_EFORMAT, "%s: tensor '%.*s': %s is a JSON %s, not an integer", label,
+                         NAME_MAX_SHOWN, name, what, kt__json_type_name(v->type));
     if (v->u.integer.negative)
         return kt__error(KT_EFORMAT, "%s: tensor '%.*s': %s is negative (-%llu)", label,
-                         NAME_MAX_SHOWN, name, what,
-                         (unsigned long long)v->u.integer.magnitude);
+                         NAME_MAX_SHOWN, name, what, (unsigned long long)v->u.integer.magnitude);
     if (v->u.integer.magnitude > max)
         return kt__error(KT_EFORMAT, "%s: tensor '%.*s': %s (%llu) is out of range", label,
-                         NAME_MAX_SHOWN, name, what,
-                         (unsigned long long)v->u.integer.magnitude);
+                         NAME_MAX_SHOWN, name, what, (unsigned long long)v->u.integer.magnitude);
     *out = v->u.integer.magnitude;
     return KT_OK;
 }
@@ -191,20 +187,22 @@ static kt_status parse_offsets(const char *label, const char *name, const kt__js
                                size_t data_size, st_entry *e)
 {
     if (v->type != KT__JSON_ARRAY || v->u.list.count != 2)
-        return kt__error(KT_EFORMAT, "%s: tensor '%.*s': \"data_offsets\" is not a [begin, "
-                         "end] array", label, NAME_MAX_SHOWN, name);
-    KT__TRY(parse_count(label, name, "data_offsets[0]", &v->u.list.items[0], UINT64_MAX,
-                        &e->begin));
-    KT__TRY(parse_count(label, name, "data_offsets[1]", &v->u.list.items[1], UINT64_MAX,
-                        &e->end));
+        return kt__error(KT_EFORMAT,
+                         "%s: tensor '%.*s': \"data_offsets\" is not a [begin, end] array", label,
+                         NAME_MAX_SHOWN, name);
+    KT__TRY(
+        parse_count(label, name, "data_offsets[0]", &v->u.list.items[0], UINT64_MAX, &e->begin));
+    KT__TRY(parse_count(label, name, "data_offsets[1]", &v->u.list.items[1], UINT64_MAX, &e->end));
     if (e->begin > e->end)
-        return kt__error(KT_EFORMAT, "%s: tensor '%.*s': data_offsets [%llu, %llu] end "
-                         "before they begin", label, NAME_MAX_SHOWN, name,
-                         (unsigned long long)e->begin, (unsigned long long)e->end);
+        return kt__error(
+            KT_EFORMAT, "%s: tensor '%.*s': data_offsets [%llu, %llu] end before they begin", label,
+            NAME_MAX_SHOWN, name, (unsigned long long)e->begin, (unsigned long long)e->end);
     if (e->end > data_size)
-        return kt__error(KT_EFORMAT, "%s: tensor '%.*s': data_offsets [%llu, %llu] extend "
-                         "past the %zu-byte data section", label, NAME_MAX_SHOWN, name,
-                         (unsigned long long)e->begin, (unsigned long long)e->end, data_size);
+        return kt__error(
+            KT_EFORMAT,
+            "%s: tensor '%.*s': data_offsets [%llu, %llu] extend past the %zu-byte data section",
+            label, NAME_MAX_SHOWN, name, (unsigned long long)e->begin, (unsigned long long)e->end,
+            data_size);
     return KT_OK;
 }
 
@@ -222,11 +220,11 @@ static kt_status check_size(const char *label, const st_entry *e)
         return kt__error(KT_EFORMAT, "%s: tensor '%.*s': shape %s is too large", label,
                          NAME_MAX_SHOWN, e->name, desc);
     if (e->end - e->begin != bytes)
-        return kt__error(KT_EFORMAT, "%s: tensor '%.*s': data_offsets [%llu, %llu] hold %llu "
-                         "bytes but %s needs %llu", label, NAME_MAX_SHOWN, e->name,
-                         (unsigned long long)e->begin, (unsigned long long)e->end,
-                         (unsigned long long)(e->end - e->begin), desc,
-                         (unsigned long long)bytes);
+        return kt__error(
+            KT_EFORMAT,
+            "%s: tensor '%.*s': data_offsets [%llu, %llu] hold %llu bytes but %s needs %llu", label,
+            NAME_MAX_SHOWN, e->name, (unsigned long long)e->begin, (unsigned long long)e->end,
+            (unsigned long long)(e->end - e->begin), desc, (unsigned long long)bytes);
     return KT_OK;
 }
 
@@ -237,8 +235,8 @@ static kt_status parse_entry(const char *label, const kt__json_value *m, size_t 
     const kt__json_value *fields[3] = {NULL, NULL, NULL};
     const char *name = m->key;
     if (m->type != KT__JSON_OBJECT)
-        return kt__error(KT_EFORMAT, "%s: tensor '%.*s': entry is a JSON %s, not an object",
-                         label, NAME_MAX_SHOWN, name, kt__json_type_name(m->type));
+        return kt__error(KT_EFORMAT, "%s: tensor '%.*s': entry is a JSON %s, not an object", label,
+                         NAME_MAX_SHOWN, name, kt__json_type_name(m->type));
     for (size_t i = 0; i < m->u.list.count; i++) {
         const kt__json_value *f = &m->u.list.items[i];
         size_t k = 0;
@@ -254,8 +252,8 @@ static kt_status parse_entry(const char *label, const kt__json_value *m, size_t 
     }
     for (size_t k = 0; k < 3; k++)
         if (fields[k] == NULL)
-            return kt__error(KT_EFORMAT, "%s: tensor '%.*s': missing \"%s\"", label,
-                             NAME_MAX_SHOWN, name, keys[k]);
+            return kt__error(KT_EFORMAT, "%s: tensor '%.*s': missing \"%s\"", label, NAME_MAX_SHOWN,
+                             name, keys[k]);
     st_entry r;
     memset(&r, 0, sizeof r);
     r.name = name;
@@ -278,15 +276,16 @@ static kt_status parse_metadata(kt_st_file *f, const kt__json_value *m)
     for (size_t i = 0; i < n; i++) {
         const kt__json_value *v = &m->u.list.items[i];
         if (strlen(v->key) != v->key_len)
-            return kt__error(KT_EFORMAT, "%s: a \"" METADATA_KEY "\" key contains a NUL "
-                             "character", f->label);
+            return kt__error(KT_EFORMAT, "%s: a \"" METADATA_KEY "\" key contains a NUL character",
+                             f->label);
         if (v->type != KT__JSON_STRING)
-            return kt__error(KT_EFORMAT, "%s: \"" METADATA_KEY "\" value of '%.*s' is a JSON "
-                             "%s, not a string", f->label, NAME_MAX_SHOWN, v->key,
-                             kt__json_type_name(v->type));
+            return kt__error(KT_EFORMAT,
+                             "%s: \"" METADATA_KEY "\" value of '%.*s' is a JSON %s, not a string",
+                             f->label, NAME_MAX_SHOWN, v->key, kt__json_type_name(v->type));
         if (strlen(v->u.string.s) != v->u.string.len)
-            return kt__error(KT_EFORMAT, "%s: \"" METADATA_KEY "\" value of '%.*s' contains "
-                             "a NUL character", f->label, NAME_MAX_SHOWN, v->key);
+            return kt__error(KT_EFORMAT,
+                             "%s: \"" METADATA_KEY "\" value of '%.*s' contains a NUL character",
+                             f->label, NAME_MAX_SHOWN, v->key);
     }
     f->meta_count = n;
     f->meta = malloc((n ? n : 1) * sizeof *f->meta);
@@ -316,20 +315,22 @@ static kt_status check_layout(const kt_st_file *f)
     for (size_t i = 0; i < f->count && s == KT_OK; i++) {
         const st_entry *e = order[i];
         if (e->begin < covered)
-            s = kt__error(KT_EFORMAT, "%s: tensor '%.*s': data_offsets [%llu, %llu] overlap "
-                          "tensor '%.*s'", f->label, NAME_MAX_SHOWN, e->name,
-                          (unsigned long long)e->begin, (unsigned long long)e->end,
-                          NAME_MAX_SHOWN, order[i - 1]->name);
+            s = kt__error(KT_EFORMAT,
+                          "%s: tensor '%.*s': data_offsets [%llu, %llu] overlap tensor '%.*s'",
+                          f->label, NAME_MAX_SHOWN, e->name, (unsigned long long)e->begin,
+                          (unsigned long long)e->end, NAME_MAX_SHOWN, order[i - 1]->name);
         else if (e->begin > covered)
-            s = kt__error(KT_EFORMAT, "%s: tensor '%.*s': data section bytes [%llu, %llu) "
-                          "before it belong to no tensor", f->label, NAME_MAX_SHOWN, e->name,
-                          (unsigned long long)covered, (unsigned long long)e->begin);
+            s = kt__error(
+                KT_EFORMAT,
+                "%s: tensor '%.*s': data section bytes [%llu, %llu) before it belong to no tensor",
+                f->label, NAME_MAX_SHOWN, e->name, (unsigned long long)covered,
+                (unsigned long long)e->begin);
         else
             covered = e->end;
     }
     if (s == KT_OK && covered != f->data_size)
-        s = kt__error(KT_EFORMAT, "%s: %llu trailing bytes after the last tensor's data",
-                      f->label, (unsigned long long)(f->data_size - covered));
+        s = kt__error(KT_EFORMAT, "%s: %llu trailing bytes after the last tensor's data", f->label,
+                      (unsigned long long)(f->data_size - covered));
     free(order);
     return s;
 }
@@ -344,8 +345,8 @@ static kt_status parse_tensors(kt_st_file *f, const kt__json_value *root)
     for (size_t i = 0; i < n; i++) {
         const kt__json_value *m = &root->u.list.items[i];
         if (strlen(m->key) != m->key_len)
-            return kt__error(KT_EFORMAT, "%s: tensor '%.*s...': the name contains a NUL "
-                             "character", f->label, NAME_MAX_SHOWN, m->key);
+            return kt__error(KT_EFORMAT, "%s: tensor '%.*s...': the name contains a NUL character",
+                             f->label, NAME_MAX_SHOWN, m->key);
         if (strcmp(m->key, METADATA_KEY) == 0) {
             KT__TRY(parse_metadata(f, m));
             continue;
@@ -375,21 +376,22 @@ static kt_status parse_image(const unsigned char *image, size_t size, const char
     }
     memcpy(f->label, label, label_len + 1);
     if (size < 8) {
-        s = kt__error(KT_EFORMAT, "%s: %zu bytes is shorter than the 8-byte header length",
-                      label, size);
+        s = kt__error(KT_EFORMAT, "%s: %zu bytes is shorter than the 8-byte header length", label,
+                      size);
         goto done;
     }
     uint64_t header_len = 0;
     for (int i = 7; i >= 0; i--)
         header_len = header_len << 8 | image[i];
     if (header_len > KT_ST_MAX_HEADER) {
-        s = kt__error(KT_EFORMAT, "%s: header length %llu exceeds the limit of %u bytes",
-                      label, (unsigned long long)header_len, KT_ST_MAX_HEADER);
+        s = kt__error(KT_EFORMAT, "%s: header length %llu exceeds the limit of %u bytes", label,
+                      (unsigned long long)header_len, KT_ST_MAX_HEADER);
         goto done;
     }
     if (header_len > size - 8) {
-        s = kt__error(KT_EFORMAT, "%s: header length %llu extends past the end of the "
-                      "%zu-byte file", label, (unsigned long long)header_len, size);
+        s = kt__error(KT_EFORMAT,
+                      "%s: header length %llu extends past the end of the %zu-byte file", label,
+                      (unsigned long long)header_len, size);
         goto done;
     }
     f->data = image + 8 + header_len;
@@ -415,7 +417,7 @@ done:
     return KT_OK;
 }
 
-/* ---- opening ---------------------------------------------------------------------------------- */
+/* ---- opening --------------------------------------------------------------------------------- */
 
 /* The fallback for what cannot be mapped (pipes, special files, mmap failures). */
 static kt_status read_all(int fd, const char *path, unsigned char **buf_out, size_t *size_out)
@@ -505,8 +507,7 @@ done:
     return KT_OK;
 }
 
-kt_status kt_st_open_memory(const void *data, size_t size, const char *label,
-                            kt_st_file **file_out)
+kt_status kt_st_open_memory(const void *data, size_t size, const char *label, kt_st_file **file_out)
 {
     if ((data == NULL && size > 0) || file_out == NULL)
         return kt__error(KT_EINVAL, "kt_st_open_memory: NULL argument");
@@ -528,7 +529,7 @@ void kt_st_close(kt_st_file *file)
     free(file);
 }
 
-/* ---- reading ---------------------------------------------------------------------------------- */
+/* ---- reading --------------------------------------------------------------------------------- */
 
 size_t kt_st_count(const kt_st_file *file) { return file != NULL ? file->count : 0; }
 
@@ -545,13 +546,12 @@ static const st_entry *find_entry(const kt_st_file *file, const char *name)
 {
     st_entry key = {.name = name};
     const st_entry *kp = &key;
-    const st_entry **hit = bsearch(&kp, file->by_name, file->count, sizeof *file->by_name,
-                                   compare_entry_names);
+    const st_entry **hit =
+        bsearch(&kp, file->by_name, file->count, sizeof *file->by_name, compare_entry_names);
     return hit != NULL ? *hit : NULL;
 }
 
-kt_status kt_st_entry(const kt_st_file *file, size_t i, const char **name_out,
-                      kt_tensor *view_out)
+kt_status kt_st_entry(const kt_st_file *file, size_t i, const char **name_out, kt_tensor *view_out)
 {
     if (file == NULL)
         return kt__error(KT_EINVAL, "kt_st_entry: file is NULL");
@@ -588,18 +588,19 @@ kt_status kt_st_read(const kt_st_file *file, const char *name, kt_tensor *dst)
     kt_tensor src = entry_view(file, e);
     if (src.dtype != dst->dtype || !kt_tensor_same_shape(&src, dst)) {
         char want[96], have[96];
-        return kt__error(KT_EINVAL, "%s: tensor '%.*s' is %s in the file but the destination "
-                         "is %s", file->label, NAME_MAX_SHOWN, name,
+        return kt__error(KT_EINVAL, "%s: tensor '%.*s' is %s in the file but the destination is %s",
+                         file->label, NAME_MAX_SHOWN, name,
                          kt_tensor_describe(&src, have, sizeof have),
                          kt_tensor_describe(dst, want, sizeof want));
     }
     if (dst->device.type != KT_DEVICE_CPU || !kt_tensor_is_contiguous(dst))
-        return kt__error(KT_EINVAL, "%s: tensor '%.*s': the destination must be a contiguous "
-                         "CPU tensor", file->label, NAME_MAX_SHOWN, name);
+        return kt__error(KT_EINVAL,
+                         "%s: tensor '%.*s': the destination must be a contiguous CPU tensor",
+                         file->label, NAME_MAX_SHOWN, name);
     size_t bytes = (size_t)(e->end - e->begin);
     if (bytes > 0 && dst->data == NULL)
-        return kt__error(KT_EINVAL, "%s: tensor '%.*s': the destination has no data",
-                         file->label, NAME_MAX_SHOWN, name);
+        return kt__error(KT_EINVAL, "%s: tensor '%.*s': the destination has no data", file->label,
+                         NAME_MAX_SHOWN, name);
     if (bytes > 0)
         memcpy(dst->data, src.data, bytes);
     return KT_OK;
@@ -611,12 +612,12 @@ const char *kt_st_metadata(const kt_st_file *file, const char *key)
         return NULL;
     kt__json_value probe = {.key = key};
     const kt__json_value *pp = &probe;
-    const kt__json_value **hit = bsearch(&pp, file->meta, file->meta_count, sizeof *file->meta,
-                                         compare_member_keys);
+    const kt__json_value **hit =
+        bsearch(&pp, file->meta, file->meta_count, sizeof *file->meta, compare_member_keys);
     return hit != NULL ? (*hit)->u.string.s : NULL;
 }
 
-/* ---- writing ---------------------------------------------------------------------------------- */
+/* ---- writing --------------------------------------------------------------------------------- */
 
 /* Measures, and writes when buf is set: one code path sizes and fills the header, so the
  * two cannot disagree. */
@@ -647,28 +648,20 @@ static void put_u64(sink *k, uint64_t v)
 
 static void put_json_string(sink *k, const char *s)
 {
+    static const char from[] = "\"\\\b\f\n\r\t", to[] = "\"\\bfnrt";
     put_str(k, "\"");
     for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
+        const char *hit = memchr(from, *p, sizeof from - 1);
         char esc[8];
-        const char *named = NULL;
-        switch (*p) {
-        case '"': named = "\\\""; break;
-        case '\\': named = "\\\\"; break;
-        case '\b': named = "\\b"; break;
-        case '\f': named = "\\f"; break;
-        case '\n': named = "\\n"; break;
-        case '\r': named = "\\r"; break;
-        case '\t': named = "\\t"; break;
-        default:
-            if (*p < 0x20) {
-                snprintf(esc, sizeof esc, "\\u%04x", *p);
-                named = esc;
-            }
-        }
-        if (named != NULL)
-            put_str(k, named);
-        else
+        if (hit != NULL) {
+            esc[0] = '\\';
+            esc[1] = to[hit - from];
+            put(k, esc, 2);
+        } else if (*p < 0x20) {
+            put(k, esc, (size_t)snprintf(esc, sizeof esc, "\\u%04x", *p));
+        } else {
             put(k, p, 1);
+        }
     }
     put_str(k, "\"");
 }
@@ -682,8 +675,7 @@ static const char *safetensors_dtype(kt_dtype dtype)
 }
 
 /* The header JSON, padded with spaces so the data section starts 8-byte aligned. */
-static void put_header(sink *k, const kt_st_item *items, size_t n,
-                       const char *const *metadata)
+static void put_header(sink *k, const kt_st_item *items, size_t n, const char *const *metadata)
 {
     size_t start = k->len;
     put_str(k, "{");
@@ -731,33 +723,30 @@ static void put_header(sink *k, const kt_st_item *items, size_t n,
 static kt_status check_name(const char *who, const char *kind, const char *name)
 {
     if (!kt__json_utf8_valid(name, strlen(name)))
-        return kt__error(KT_EINVAL, "%s: %s '%.*s' is not valid UTF-8", who, kind,
-                         NAME_MAX_SHOWN, name);
+        return kt__error(KT_EINVAL, "%s: %s '%.*s' is not valid UTF-8", who, kind, NAME_MAX_SHOWN,
+                         name);
     return KT_OK;
 }
 
 /* Sorts a copy of the names and reports the first one that appears twice. */
-static kt_status check_unique(const char *who, const char *kind, const char **names,
-                              size_t n)
+static kt_status check_unique(const char *who, const char *kind, const char **names, size_t n)
 {
     qsort(names, n, sizeof *names, compare_strings);
     for (size_t i = 1; i < n; i++)
         if (strcmp(names[i - 1], names[i]) == 0)
-            return kt__error(KT_EINVAL, "%s: %s '%.*s' appears twice", who, kind,
-                             NAME_MAX_SHOWN, names[i]);
+            return kt__error(KT_EINVAL, "%s: %s '%.*s' appears twice", who, kind, NAME_MAX_SHOWN,
+                             names[i]);
     return KT_OK;
 }
 
-static kt_status check_item(const char *who, const kt_st_item *item, size_t i,
-                            uint64_t *bytes_out)
+static kt_status check_item(const char *who, const kt_st_item *item, size_t i, uint64_t *bytes_out)
 {
     const kt_tensor *t = &item->tensor;
     if (item->name == NULL)
         return kt__error(KT_EINVAL, "%s: item %zu has no name", who, i);
     KT__TRY(check_name(who, "tensor name", item->name));
     if (strcmp(item->name, METADATA_KEY) == 0)
-        return kt__error(KT_EINVAL, "%s: \"" METADATA_KEY "\" is reserved, not a tensor name",
-                         who);
+        return kt__error(KT_EINVAL, "%s: \"" METADATA_KEY "\" is reserved, not a tensor name", who);
     if (kt_dtype_size(t->dtype) == 0 || t->ndim < 0 || t->ndim > KT_MAX_DIMS)
         return kt__error(KT_EINVAL, "%s: tensor '%.*s' has an invalid dtype or ndim", who,
                          NAME_MAX_SHOWN, item->name);
@@ -793,8 +782,8 @@ static kt_status plan(const char *who, const kt_st_item *items, size_t n,
     size_t n_meta = 0;
     while (metadata != NULL && metadata[n_meta] != NULL) {
         if (metadata[n_meta + 1] == NULL)
-            return kt__error(KT_EINVAL, "%s: metadata key '%.*s' has no value", who,
-                             NAME_MAX_SHOWN, metadata[n_meta]);
+            return kt__error(KT_EINVAL, "%s: metadata key '%.*s' has no value", who, NAME_MAX_SHOWN,
+                             metadata[n_meta]);
         n_meta += 2;
     }
     size_t n_names = n > n_meta / 2 ? n : n_meta / 2;
@@ -825,11 +814,9 @@ static kt_status plan(const char *who, const kt_st_item *items, size_t n,
     sink k = {0};
     put_header(&k, items, n, metadata);
     if (k.overflow || k.len > KT_ST_MAX_HEADER)
-        return kt__error(KT_EINVAL, "%s: the header would exceed %u bytes", who,
-                         KT_ST_MAX_HEADER);
+        return kt__error(KT_EINVAL, "%s: the header would exceed %u bytes", who, KT_ST_MAX_HEADER);
     if (data > SIZE_MAX - 8 - k.len)
-        return kt__error(KT_EINVAL, "%s: the file would exceed %zu bytes", who,
-                         (size_t)SIZE_MAX);
+        return kt__error(KT_EINVAL, "%s: the file would exceed %zu bytes", who, (size_t)SIZE_MAX);
     *header_out = k.len;
     *data_out = (size_t)data;
     return KT_OK;
@@ -857,14 +844,15 @@ kt_status kt_st_serialized_size(const kt_st_item *items, size_t n, const char *c
     return KT_OK;
 }
 
-kt_status kt_st_serialize(const kt_st_item *items, size_t n, const char *const *metadata,
-                          void *buf, size_t size)
+kt_status kt_st_serialize(const kt_st_item *items, size_t n, const char *const *metadata, void *buf,
+                          size_t size)
 {
     size_t header, data;
     KT__TRY(plan("kt_st_serialize", items, n, metadata, &header, &data));
     if (buf == NULL || size < 8 + header + data)
-        return kt__error(KT_EINVAL, "kt_st_serialize: the buffer holds %zu bytes but %zu are "
-                         "needed", buf == NULL ? 0 : size, 8 + header + data);
+        return kt__error(KT_EINVAL,
+                         "kt_st_serialize: the buffer holds %zu bytes but %zu are needed",
+                         buf == NULL ? 0 : size, 8 + header + data);
     sink k = {.buf = buf};
     put_prefix(&k, header, items, n, metadata);
     for (size_t i = 0; i < n; i++)
@@ -894,27 +882,32 @@ static kt_status write_all(int fd, const char *path, const void *p, size_t n)
 static kt_status create_temp(const char *path, char **tmp_out, int *fd_out)
 {
     static atomic_uint counter;
+    kt_status s = KT_OK;
+    int fd = -1;
     size_t cap = strlen(path) + 64;
     char *tmp = malloc(cap);
-    if (tmp == NULL)
-        return kt__error(KT_ENOMEM, "%s: out of memory", path);
-    for (int attempt = 0; attempt < 100; attempt++) {
-        snprintf(tmp, cap, "%s.tmp.%ld.%u", path, (long)getpid(),
-                 atomic_fetch_add(&counter, 1u));
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd >= 0) {
-            *tmp_out = tmp;
-            *fd_out = fd;
-            return KT_OK;
-        }
-        if (errno != EEXIST) {
-            kt_status s = errno_error(errno, tmp, "cannot create");
-            free(tmp);
-            return s;
+    if (tmp == NULL) {
+        s = kt__error(KT_ENOMEM, "%s: out of memory", path);
+        goto done;
+    }
+    for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
+        snprintf(tmp, cap, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&counter, 1u));
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 && errno != EEXIST) {
+            s = errno_error(errno, tmp, "cannot create");
+            goto done;
         }
     }
-    free(tmp);
-    return kt__error(KT_EIO, "%s: cannot find an unused temporary file name", path);
+    if (fd < 0)
+        s = kt__error(KT_EIO, "%s: cannot find an unused temporary file name", path);
+done:
+    if (s != KT_OK) {
+        free(tmp);
+        return s;
+    }
+    *tmp_out = tmp;
+    *fd_out = fd;
+    return KT_OK;
 }
 
 kt_status kt_st_save(const char *path, const kt_st_item *items, size_t n,

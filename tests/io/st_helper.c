@@ -77,8 +77,8 @@ static int do_write(const char *path)
     int rc = 0;
     for (size_t k = 0; k < N_SPECS; k++) {
         items[k].name = specs[k].name;
-        if (kt_tensor_init(&items[k].tensor, NULL, specs[k].dtype, specs[k].ndim,
-                           specs[k].shape) != KT_OK)
+        if (kt_tensor_init(&items[k].tensor, NULL, specs[k].dtype, specs[k].ndim, specs[k].shape) !=
+            KT_OK)
             return fail("kt_tensor_init");
         size_t bytes = kt_tensor_nbytes(&items[k].tensor), es = kt_dtype_size(specs[k].dtype);
         unsigned char *data = malloc(bytes ? bytes : 1);
@@ -130,8 +130,7 @@ static int do_check(const char *path)
         return fail("kt_st_open");
     int rc = 0;
     if (kt_st_count(f) != N_SPECS) {
-        fprintf(stderr, "st_helper: %zu tensors, expected %zu\n", kt_st_count(f),
-                (size_t)N_SPECS);
+        fprintf(stderr, "st_helper: %zu tensors, expected %zu\n", kt_st_count(f), (size_t)N_SPECS);
         rc = 1;
     }
     for (size_t k = 0; k < N_SPECS && rc == 0; k++)
