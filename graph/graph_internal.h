@@ -31,6 +31,11 @@ typedef struct kt__gnode {
     int32_t name; /* string pool offset; -1: unnamed */
 } kt__gnode;
 
+/* A recompute segment: nodes [first, last). */
+typedef struct kt__gsegment {
+    int32_t first, last;
+} kt__gsegment;
+
 typedef struct kt__goutput {
     int32_t value;
     int32_t name;
@@ -45,6 +50,12 @@ struct kt_graph {
     int32_t n_outputs, cap_outputs;
     int32_t loss; /* value id or -1 */
     kt__strings strings;
+    kt__gsegment *segments;
+    int32_t n_segments, cap_segments;
+    int32_t open_segment; /* first node of the segment being built, or -1 */
+    kt_checkpoint_policy policy;
+    int32_t *shard_dim;   /* per value: the sharded dimension of an input, or -1 */
+    int32_t cap_shard;
 };
 
 /* "node 12 (matmul 'proj')" or "node 12 (matmul)" into buf. */

@@ -335,6 +335,11 @@ static void test_tensor_reshape(void **state)
     TU_EXPECT_ERROR(kt_tensor_reshape(&t, 2, TU_SHAPE(0, -1), &v), KT_EINVAL, "reshape");
     TU_EXPECT_ERROR(kt_tensor_reshape(&t, 2, TU_SHAPE(-3, -8), &v), KT_EINVAL, "reshape",
                     "negative");
+    /* found by fuzz_program_load: the product of the dimensions overflowed int64 */
+    TU_EXPECT_ERROR(kt_tensor_reshape(&t, 2, TU_SHAPE(4, 3314649325744685064), &v), KT_EINVAL,
+                    "reshape", "overflows");
+    TU_EXPECT_ERROR(kt_tensor_reshape(&t, 3, TU_SHAPE(INT64_MAX, 2, -1), &v), KT_EINVAL,
+                    "reshape", "overflows");
     TU_EXPECT_ERROR(kt_tensor_reshape(&t, 5, TU_SHAPE(1, 1, 2, 3, 4), &v), KT_EINVAL,
                     "reshape", "ndim 5");
     kt_tensor tr;

@@ -4,8 +4,8 @@
  * backward step that runs the op's backward kernel (every op in the table has one). A value
  * used by several nodes receives several partial gradients; they are summed with add steps
  * as they appear, so each partial dies as soon as it is added. Gradients of trainable
- * parameters end in an accumulate step into the parameter's gradient buffer, which is what
- * lets micro-batches accumulate. */
+ * parameters end in an accumulate step into the parameter's gradient buffer (which is what
+ * lets micro-batches accumulate), placed as soon as the gradient is complete. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +17,7 @@ typedef struct autodiff {
     kt__compiler *c;
     char *requires_grad; /* canonical value depends on a trainable parameter */
     int32_t *grad_of;    /* canonical value -> buffer holding its gradient so far, or -1 */
+    int32_t *first_use;  /* parameter value -> earliest live node reading it, or -1 */
 } autodiff;
 
 static int is_float(kt_dtype d) { return d == KT_F32 || d == KT_BF16 || d == KT_F16; }
@@ -86,6 +87,24 @@ static void mark_requires_grad(autodiff *ad)
     }
 }
 
+/* Moves a trainable parameter's finished gradient into its gradient buffer. Emitted right
+ * after the backward of the parameter's earliest consumer (the last to contribute), so the
+ * partial gradient dies there instead of living to the end of the backward pass. */
+static kt_status accumulate_param(autodiff *ad, int32_t v)
+{
+    kt__compiler *c = ad->c;
+    kt__pstep s;
+    blank_step(&s, KT__STEP_ACCUM_GRAD);
+    s.n_in = 1;
+    s.n_out = 1;
+    s.in[0] = ad->grad_of[v];
+    s.out[0] = c->grad_buf[v];
+    KT__TRY(kt__compiler_name(c, c->g->values[v].name, &s.name));
+    KT__TRY(kt__compiler_add_step(c, &s));
+    ad->first_use[v] = -1; /* done: a parameter read twice by one node is moved once */
+    return KT_OK;
+}
+
 static kt_status backward_node(autodiff *ad, int32_t n)
 {
     kt__compiler *c = ad->c;
@@ -126,6 +145,12 @@ static kt_status backward_node(autodiff *ad, int32_t n)
     for (int32_t i = 0; i < node->n_in; i++)
         if (s.gin[i] >= 0)
             KT__TRY(accumulate(ad, c->remap[node->in[i]], s.gin[i]));
+    for (int32_t i = 0; i < node->n_in; i++) {
+        int32_t v = c->remap[node->in[i]];
+        if (g->values[v].kind == KT__VALUE_PARAM && ad->first_use[v] == n &&
+            ad->grad_of[v] >= 0)
+            KT__TRY(accumulate_param(ad, v));
+    }
     return KT_OK;
 }
 
@@ -135,13 +160,17 @@ kt_status kt__pass_autodiff(kt__compiler *c)
     autodiff ad = {.c = c};
     ad.requires_grad = calloc((size_t)g->n_values + 1, 1);
     ad.grad_of = malloc(((size_t)g->n_values + 1) * sizeof *ad.grad_of);
+    ad.first_use = malloc(((size_t)g->n_values + 1) * sizeof *ad.first_use);
     kt_status status = KT_OK;
-    if (ad.requires_grad == NULL || ad.grad_of == NULL) {
+    if (ad.requires_grad == NULL || ad.grad_of == NULL || ad.first_use == NULL) {
         status = kt__error(KT_ENOMEM, "compile: out of memory");
         goto out;
     }
     for (int32_t v = 0; v < g->n_values; v++)
-        ad.grad_of[v] = -1;
+        ad.grad_of[v] = ad.first_use[v] = -1;
+    for (int32_t n = g->n_nodes - 1; n >= 0; n--)
+        for (int32_t i = 0; c->node_live[n] && i < g->nodes[n].n_in; i++)
+            ad.first_use[c->remap[g->nodes[n].in[i]]] = n;
     mark_requires_grad(&ad);
 
     int32_t loss = c->remap[g->loss];
@@ -155,21 +184,15 @@ kt_status kt__pass_autodiff(kt__compiler *c)
     for (int32_t n = g->n_nodes - 1; n >= 0; n--)
         if (c->node_live[n] && (status = backward_node(&ad, n)) != KT_OK)
             goto out;
-    for (int32_t v = 0; v < g->n_values; v++) {
-        if (g->values[v].kind != KT__VALUE_PARAM || ad.grad_of[v] < 0)
-            continue;
-        kt__pstep s;
-        blank_step(&s, KT__STEP_ACCUM_GRAD);
-        s.n_in = 1;
-        s.n_out = 1;
-        s.in[0] = ad.grad_of[v];
-        s.out[0] = c->grad_buf[v];
-        if ((status = kt__compiler_name(c, g->values[v].name, &s.name)) != KT_OK ||
-            (status = kt__compiler_add_step(c, &s)) != KT_OK)
+    /* a parameter whose earliest consumer had no backward (its outputs do not reach the
+     * loss) but which another consumer gave a gradient */
+    for (int32_t v = 0; v < g->n_values; v++)
+        if (g->values[v].kind == KT__VALUE_PARAM && ad.grad_of[v] >= 0 && ad.first_use[v] >= 0 &&
+            (status = accumulate_param(&ad, v)) != KT_OK)
             goto out;
-    }
 out:
     free(ad.requires_grad);
     free(ad.grad_of);
+    free(ad.first_use);
     return status;
 }

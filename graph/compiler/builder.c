@@ -17,6 +17,7 @@ kt_status kt_graph_create(kt_graph **graph_out)
     if (g == NULL)
         return kt__error(KT_ENOMEM, "kt_graph_create: out of memory");
     g->loss = -1;
+    g->open_segment = -1;
     *graph_out = g;
     return KT_OK;
 }
@@ -28,6 +29,8 @@ void kt_graph_destroy(kt_graph *g)
     free(g->values);
     free(g->nodes);
     free(g->outputs);
+    free(g->segments);
+    free(g->shard_dim);
     kt__strings_free(&g->strings);
     free(g);
 }
@@ -229,3 +232,66 @@ kt_status kt_graph_value_meta(const kt_graph *g, kt_value v, kt_tensor *meta_out
 }
 
 int kt_graph_node_count(const kt_graph *g) { return g ? g->n_nodes : 0; }
+
+kt_status kt_graph_checkpoint_begin(kt_graph *g)
+{
+    if (g == NULL)
+        return kt__error(KT_EINVAL, "checkpoint: graph is NULL");
+    if (g->open_segment >= 0)
+        return kt__error(KT_EINVAL, "checkpoint: a segment is already open (from node %d); "
+                         "segments do not nest", g->open_segment);
+    g->open_segment = g->n_nodes;
+    return KT_OK;
+}
+
+kt_status kt_graph_checkpoint_end(kt_graph *g)
+{
+    if (g == NULL)
+        return kt__error(KT_EINVAL, "checkpoint: graph is NULL");
+    if (g->open_segment < 0)
+        return kt__error(KT_EINVAL, "checkpoint: no segment is open");
+    KT__TRY(reserve((void **)&g->segments, &g->cap_segments, g->n_segments,
+                    sizeof *g->segments));
+    g->segments[g->n_segments++] = (kt__gsegment){g->open_segment, g->n_nodes};
+    g->open_segment = -1;
+    return KT_OK;
+}
+
+kt_status kt_graph_set_checkpoint_policy(kt_graph *g, const kt_checkpoint_policy *policy)
+{
+    if (g == NULL || policy == NULL)
+        return kt__error(KT_EINVAL, "checkpoint policy: NULL argument");
+    if ((unsigned)policy->kind > KT_CHECKPOINT_BUDGET)
+        return kt__error(KT_EINVAL, "checkpoint policy: unknown kind %d", (int)policy->kind);
+    if (policy->kind == KT_CHECKPOINT_EVERY_K && policy->k < 1)
+        return kt__error(KT_EINVAL, "checkpoint policy: every-k needs k >= 1, got %lld",
+                         (long long)policy->k);
+    if (policy->kind == KT_CHECKPOINT_BUDGET && policy->budget_bytes == 0)
+        return kt__error(KT_EINVAL, "checkpoint policy: the budget must be positive");
+    g->policy = *policy;
+    return KT_OK;
+}
+
+kt_status kt_graph_shard_input(kt_graph *g, kt_value input, int dim)
+{
+    if (g == NULL)
+        return kt__error(KT_EINVAL, "shard: graph is NULL");
+    if (!valid_value(g, input) || g->values[input.id].kind != KT__VALUE_INPUT)
+        return kt__error(KT_EINVAL, "shard: value %d is not an input", input.id);
+    const kt__gvalue *v = &g->values[input.id];
+    if (dim < 0 || dim >= v->meta.ndim)
+        return kt__error(KT_EINVAL, "shard: input '%s' has %d dimensions, dim %d does not exist",
+                         kt__strings_get(&g->strings, v->name), v->meta.ndim, dim);
+    while (g->cap_shard < g->n_values) {
+        int32_t cap = g->cap_shard ? g->cap_shard * 2 : 64;
+        int32_t *p = realloc(g->shard_dim, (size_t)cap * sizeof *p);
+        if (p == NULL)
+            return kt__error(KT_ENOMEM, "shard: out of memory");
+        for (int32_t i = g->cap_shard; i < cap; i++)
+            p[i] = -1;
+        g->shard_dim = p;
+        g->cap_shard = cap;
+    }
+    g->shard_dim[input.id] = dim;
+    return KT_OK;
+}

@@ -29,10 +29,12 @@ static kt_status grow(void **array, int32_t *cap, int32_t count, size_t elem)
 kt_status kt__compiler_add_buf(kt__compiler *c, const kt_tensor *meta, int32_t region,
                                int32_t *id_out)
 {
-    KT__TRY(grow((void **)&c->bufs, &c->cap_bufs, c->n_bufs, sizeof *c->bufs));
+    /* copy first: meta may point into c->bufs (a gradient shaped like an existing buffer),
+     * which growing moves */
     kt__cbuf b = {.meta = *meta, .region = region, .bytes = kt_tensor_nbytes(meta),
                   .first = -1, .last = -1, .storage = c->n_bufs};
     b.meta.data = NULL;
+    KT__TRY(grow((void **)&c->bufs, &c->cap_bufs, c->n_bufs, sizeof *c->bufs));
     c->bufs[c->n_bufs] = b;
     *id_out = c->n_bufs++;
     return KT_OK;

@@ -1,10 +1,11 @@
 /* Liveness and in-place sharing.
  *
- * A buffer lives from the step that writes it (step 0 for graph inputs, which the caller
- * writes before forward) to the last step that reads it. A backward step reads only what
- * its op's table row says the backward needs (bwd_reads_in / bwd_reads_out); that is what
- * lets activations die during the forward pass. Outputs and the loss are pinned: alive to
- * the end, never shared.
+ * A buffer lives from the step that writes it to the last step that reads it. Graph inputs,
+ * which the caller writes before forward, live from step 0 to the end (an input is written
+ * once and may be read by any later forward). A backward step reads only what its op's
+ * table row says the backward needs (bwd_reads_in / bwd_reads_out); that is what lets
+ * activations die during the forward pass. Outputs and the loss are pinned: alive to the
+ * end, never shared.
  *
  * In place: a forward step's output may take its input's memory when the op's row allows
  * it, the input dies at that step, and the input is neither a graph input nor pinned (a
@@ -104,9 +105,11 @@ kt_status kt__pass_lifetimes(kt__compiler *c)
         if (b < 0 || c->bufs[b].region != KT__REGION_ACT)
             continue;
         if (c->g->values[v].kind == KT__VALUE_INPUT) {
-            c->bufs[b].first = 0; /* written by the caller before the first step */
-            if (c->bufs[b].last < 0)
-                c->bufs[b].last = 0;
+            /* written by the caller before the first step, and kept to the end: the caller
+             * writes an input once through its view and may run forward again (the same
+             * batch, or evaluation after a step), so no other buffer may reuse its memory */
+            c->bufs[b].first = 0;
+            c->bufs[b].last = end;
         }
     }
     for (int32_t o = 0; o < c->g->n_outputs; o++) {

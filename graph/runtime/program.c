@@ -153,15 +153,15 @@ static kt_status check_step(const kt_program *p, int32_t at)
     case KT__STEP_BACKWARD:
         KT__TRY(check_op_step(p, at, s));
         break;
-    case KT__STEP_FILL:
-        if (s->n_out != 1 || s->n_in != 0)
+    case KT__STEP_FILL: /* fill and accumulate steps have no scratch (its id is unchecked) */
+        if (s->n_out != 1 || s->n_in != 0 || s->scratch != -1)
             return kt__error(KT_EFORMAT, "step %d: bad fill step", at);
         KT__TRY(check_id(p, at, "output", s->out[0], 0));
         if (p->bufs[s->out[0]].region != KT__REGION_ACT)
             return kt__error(KT_EFORMAT, "step %d: fill outside the activation region", at);
         break;
     case KT__STEP_ACCUM_GRAD:
-        if (s->n_out != 1 || s->n_in != 1)
+        if (s->n_out != 1 || s->n_in != 1 || s->scratch != -1)
             return kt__error(KT_EFORMAT, "step %d: bad accumulate step", at);
         KT__TRY(check_id(p, at, "input", s->in[0], 0));
         KT__TRY(check_id(p, at, "output", s->out[0], 0));

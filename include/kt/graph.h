@@ -76,6 +76,49 @@ kt_status kt_graph_output(kt_graph *g, kt_value v, const char *name);
 /* Marks the scalar f32 loss that backward differentiates. */
 kt_status kt_graph_set_loss(kt_graph *g, kt_value v);
 
+/* ---- annotations for later passes -------------------------------------------------------- */
+
+/* Activation checkpointing (the checkpoint pass): nodes added between begin and end form
+ * one recompute segment. Segments do not nest. */
+kt_status kt_graph_checkpoint_begin(kt_graph *g);
+kt_status kt_graph_checkpoint_end(kt_graph *g);
+
+typedef enum kt_checkpoint_policy_kind {
+    KT_CHECKPOINT_NONE = 0,
+    KT_CHECKPOINT_SEGMENTS = 1, /* the explicit segments */
+    KT_CHECKPOINT_EVERY_K = 2,  /* every k layers */
+    KT_CHECKPOINT_SQRTN = 3,    /* sqrt(n) segments (Chen et al. 2016) */
+    KT_CHECKPOINT_BUDGET = 4    /* segments chosen so the planned peak fits a byte budget */
+} kt_checkpoint_policy_kind;
+
+typedef struct kt_checkpoint_policy {
+    kt_checkpoint_policy_kind kind;
+    int64_t k;            /* EVERY_K */
+    uint64_t budget_bytes; /* BUDGET */
+} kt_checkpoint_policy;
+
+kt_status kt_graph_set_checkpoint_policy(kt_graph *g, const kt_checkpoint_policy *policy);
+
+/* Context parallelism: dimension `dim` of this input is split over the CP ranks. */
+kt_status kt_graph_shard_input(kt_graph *g, kt_value input, int dim);
+
+/* ---- the model-description language (docs/ktg.md) ----------------------------------------- */
+
+typedef struct kt_ktg_define {
+    const char *name; /* a `const` of the file */
+    int64_t value;
+} kt_ktg_define;
+
+/* Parses a .ktg text into a new graph. `filename` is used in messages. `defines` override
+ * the file's constants (an override naming no constant is an error). On failure nothing is
+ * returned in graph_out, every diagnostic ("file:line:col: error: ...", the source line and
+ * a caret) is written to diag (NUL-terminated, cut at diag_size; diag may be NULL), the count
+ * goes to n_errors_out (may be NULL), the first diagnostic is the last error, and the status
+ * is KT_EFORMAT (syntax, names) or KT_EINVAL (shapes and dtypes rejected by the graph). */
+kt_status kt_ktg_parse(const char *text, size_t len, const char *filename,
+                       const kt_ktg_define *defines, int n_defines, kt_graph **graph_out,
+                       char *diag, size_t diag_size, int *n_errors_out);
+
 /* The dtype and shape of a value (data NULL). */
 kt_status kt_graph_value_meta(const kt_graph *g, kt_value v, kt_tensor *meta_out);
 int kt_graph_node_count(const kt_graph *g);

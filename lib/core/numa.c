@@ -1,5 +1,6 @@
 /* NUMA placement. With libnuma, memory is bound to a node with numa_alloc_onnode; without it
  * there is one node (0) and memory comes from the ordinary allocator. */
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "core/error.h"
@@ -33,6 +34,8 @@ int kt_numa_node_count(void)
 static kt_status plain_alloc(size_t size, void **ptr_out)
 {
     void *p = NULL;
+    if (size > SIZE_MAX - KT__PAGE_ALIGN) /* rounding up would wrap to a tiny block */
+        return kt__error(KT_ENOMEM, "arena: cannot allocate %zu bytes", size);
     size_t rounded = (size + KT__PAGE_ALIGN - 1) / KT__PAGE_ALIGN * KT__PAGE_ALIGN;
     if (posix_memalign(&p, KT__PAGE_ALIGN, rounded ? rounded : KT__PAGE_ALIGN) != 0)
         return kt__error(KT_ENOMEM, "arena: cannot allocate %zu bytes", size);

@@ -60,10 +60,17 @@ kt_status kt_tensor_init(kt_tensor *t, void *data, kt_dtype dtype, int ndim,
                          KT_MAX_DIMS);
     if (ndim > 0 && shape == NULL)
         return kt__error(KT_EINVAL, "kt_tensor_init: shape is NULL");
-    for (int d = 0; d < ndim; d++)
+    int64_t product = 1; /* of the non-zero dims: strides are computed from them */
+    for (int d = 0; d < ndim; d++) {
         if (shape[d] < 0)
             return kt__error(KT_EINVAL, "kt_tensor_init: dimension %d is negative (%lld)", d,
                              (long long)shape[d]);
+        if (shape[d] > 0 && product > INT64_MAX / 16 / shape[d])
+            return kt__error(KT_EINVAL, "kt_tensor_init: the shape's element count overflows "
+                             "(dimension %d is %lld)", d, (long long)shape[d]);
+        if (shape[d] > 0)
+            product *= shape[d];
+    }
     kt_tensor r;
     memset(&r, 0, sizeof r);
     r.data = data;
@@ -180,6 +187,9 @@ kt_status kt_tensor_reshape(const kt_tensor *t, int ndim, const int64_t *shape,
             return kt__error(KT_EINVAL, "reshape: dimension %d is negative (%lld)", d,
                              (long long)shape[d]);
         } else {
+            if (shape[d] > 0 && known > INT64_MAX / shape[d])
+                return kt__error(KT_EINVAL, "reshape: the shape's element count overflows "
+                                 "(dimension %d is %lld)", d, (long long)shape[d]);
             known *= shape[d];
         }
     }

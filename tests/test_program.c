@@ -1,0 +1,1263 @@
+/* Programs: .ktp round trips, damaged files (truncated, flipped, and content corrupted under a
+ * valid checksum), zero allocations while running, bad builds, and compile options. */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "test_util.h"
+
+/* The project root is not on the test targets' include path (only lib/ is), so the
+ * library-internal header is named relative to this file. */
+#include "../graph/runtime/bytes.h"
+
+#define OK(expr)                                                                              \
+    do {                                                                                      \
+        kt_status s_ = (expr);                                                                \
+        if (s_ != KT_OK)                                                                      \
+            fail_msg("%s: %s", #expr, kt_last_error());                                       \
+    } while (0)
+
+#if defined(__SANITIZE_ADDRESS__)
+#define TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TEST_ASAN 1
+#endif
+#endif
+
+/* ---- counting heap allocations (not under ASan, which owns malloc) ------------------------ */
+
+#ifndef TEST_ASAN
+static atomic_int alloc_counting;
+static atomic_long alloc_count;
+
+extern void *__libc_malloc(size_t size);
+extern void *__libc_calloc(size_t n, size_t size);
+extern void *__libc_realloc(void *p, size_t size);
+extern void __libc_free(void *p);
+extern void *__libc_memalign(size_t align, size_t size);
+void *memalign(size_t align, size_t size);
+
+static void counted(void)
+{
+    if (atomic_load_explicit(&alloc_counting, memory_order_relaxed))
+        atomic_fetch_add(&alloc_count, 1);
+}
+
+void *malloc(size_t size)
+{
+    counted();
+    return __libc_malloc(size);
+}
+
+void *calloc(size_t n, size_t size)
+{
+    counted();
+    return __libc_calloc(n, size);
+}
+
+void *realloc(void *p, size_t size)
+{
+    counted();
+    return __libc_realloc(p, size);
+}
+
+void free(void *p)
+{
+    if (p != NULL)
+        counted();
+    __libc_free(p);
+}
+
+void *memalign(size_t align, size_t size)
+{
+    counted();
+    return __libc_memalign(align, size);
+}
+
+int posix_memalign(void **out, size_t align, size_t size)
+{
+    counted();
+    if (align < sizeof(void *) || (align & (align - 1)) != 0)
+        return EINVAL;
+    void *p = __libc_memalign(align, size);
+    if (p == NULL)
+        return ENOMEM;
+    *out = p;
+    return 0;
+}
+
+void *aligned_alloc(size_t align, size_t size)
+{
+    counted();
+    return __libc_memalign(align, size);
+}
+#endif
+
+/* ---- models ------------------------------------------------------------------------------ */
+
+static kt_value op1(kt_graph *g, const char *name, kt_op op, const kt_op_attrs *attrs,
+                    kt_value a)
+{
+    kt_value out;
+    OK(kt_graph_op(g, name, op, attrs, &a, 1, &out));
+    return out;
+}
+
+static kt_value op2(kt_graph *g, const char *name, kt_op op, const kt_op_attrs *attrs,
+                    kt_value a, kt_value b)
+{
+    kt_value in[2] = {a, b}, out;
+    OK(kt_graph_op(g, name, op, attrs, in, 2, &out));
+    return out;
+}
+
+enum { MN = 24, MD = 16, MH = 32, MC = 5 };
+
+/* MLP: loss = CE(silu(x W1 + b1) W2, y) */
+static kt_graph *build_mlp(void)
+{
+    kt_graph *g;
+    kt_value x, y, w1, b1, w2, h, logits, loss;
+    OK(kt_graph_create(&g));
+    OK(kt_graph_input(g, "x", KT_F32, 2, TU_SHAPE(MN, MD), &x));
+    OK(kt_graph_input(g, "y", KT_I32, 1, TU_SHAPE(MN), &y));
+    OK(kt_graph_param(g, "w1", KT_F32, 2, TU_SHAPE(MD, MH), kt_init_normal(0.3f), &w1));
+    OK(kt_graph_param(g, "b1", KT_F32, 1, TU_SHAPE(MH), kt_init_normal(0.1f), &b1));
+    OK(kt_graph_param(g, "w2", KT_F32, 2, TU_SHAPE(MH, MC), kt_init_normal(0.3f), &w2));
+    h = op2(g, "fc1", KT_OP_MATMUL, NULL, x, w1);
+    h = op2(g, "bias1", KT_OP_ADD, NULL, h, b1);
+    h = op1(g, "act", KT_OP_SILU, NULL, h);
+    logits = op2(g, "fc2", KT_OP_MATMUL, NULL, h, w2);
+    loss = op2(g, "loss", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100}, logits, y);
+    OK(kt_graph_output(g, logits, "logits"));
+    OK(kt_graph_set_loss(g, loss));
+    return g;
+}
+
+static kt_program *compile_mlp(void)
+{
+    kt_graph *g = build_mlp();
+    kt_program *p;
+    OK(kt_compile(g, NULL, &p));
+    kt_graph_destroy(g);
+    return p;
+}
+
+/* Inputs by index: floats uniform in [-1, 1), integers (targets) in [0, MC). Returns 0 when
+ * an input cannot be reached (a damaged program may carry damaged names). */
+static int fill_inputs(kt_session *s, const kt_program *p, uint64_t seed)
+{
+    tu_rng r;
+    tu_rng_seed(&r, seed);
+    for (int i = 0; i < kt_program_count(p, KT_ROLE_INPUT); i++) {
+        const char *name;
+        kt_tensor t;
+        if (kt_program_tensor_info(p, KT_ROLE_INPUT, i, &name, NULL) != KT_OK ||
+            kt_session_tensor(s, KT_ROLE_INPUT, name, &t) != KT_OK)
+            return 0;
+        if (t.dtype == KT_I32 || t.dtype == KT_I64)
+            tu_fill_uniform(&t, &r, 0, MC);
+        else
+            tu_fill_uniform(&t, &r, -1, 1);
+    }
+    return 1;
+}
+
+/* Everything a run produces: outputs, the loss, every gradient, and the parameters after one
+ * SGD step, as copies (by name order of the program's tables). */
+typedef struct run_result {
+    float loss;
+    int n;
+    kt_tensor t[16];
+    char name[16][32];
+} run_result;
+
+static void keep(run_result *r, const char *prefix, const char *name, const kt_tensor *t)
+{
+    assert_true(r->n < 16);
+    r->t[r->n] = tu_clone(t);
+    snprintf(r->name[r->n], sizeof r->name[r->n], "%s %s", prefix, name);
+    r->n++;
+}
+
+static void keep_role(run_result *r, kt_session *s, const kt_program *p, kt_tensor_role role,
+                      const char *prefix)
+{
+    for (int i = 0; i < kt_program_count(p, role); i++) {
+        const char *name;
+        kt_tensor t;
+        OK(kt_program_tensor_info(p, role, i, &name, NULL));
+        OK(kt_session_tensor(s, role, name, &t));
+        keep(r, prefix, name, &t);
+    }
+}
+
+static void run_mlp(const kt_program *p, kt_threadpool *pool, run_result *r)
+{
+    memset(r, 0, sizeof *r);
+    kt_session_options so = {.pool = pool, .seed = 7,
+                             .optimizer = {.kind = KT_OPTIM_SGD, .lr = 0.1f}};
+    kt_session *s;
+    OK(kt_session_create(p, &so, &s));
+    assert_true(fill_inputs(s, p, 3));
+    OK(kt_session_forward(s));
+    OK(kt_session_backward(s));
+    r->loss = kt_session_loss(s);
+    keep_role(r, s, p, KT_ROLE_OUTPUT, "output");
+    keep_role(r, s, p, KT_ROLE_GRAD, "gradient");
+    OK(kt_session_step(s));
+    keep_role(r, s, p, KT_ROLE_PARAM, "stepped parameter");
+    kt_session_destroy(s);
+}
+
+static void expect_same_results(const run_result *a, const run_result *b)
+{
+    assert_true(isfinite(a->loss) && a->loss > 0);
+    assert_memory_equal(&a->loss, &b->loss, sizeof a->loss);
+    assert_int_equal(a->n, b->n);
+    for (int i = 0; i < a->n; i++) {
+        assert_string_equal(a->name[i], b->name[i]);
+        if (!tu_bitwise_equal(&a->t[i], &b->t[i]))
+            fail_msg("%s differs after the round trip", a->name[i]);
+    }
+}
+
+static void free_results(run_result *r)
+{
+    for (int i = 0; i < r->n; i++)
+        tu_free(&r->t[i]);
+}
+
+static unsigned char *serialize(const kt_program *p, size_t *n)
+{
+    OK(kt_program_serialized_size(p, n));
+    unsigned char *buf = malloc(*n);
+    assert_non_null(buf);
+    OK(kt_program_serialize(p, buf, *n));
+    return buf;
+}
+
+static char *describe(const kt_program *p)
+{
+    size_t n = kt_program_describe(p, NULL, 0);
+    char *text = malloc(n + 1);
+    assert_non_null(text);
+    assert_int_equal(kt_program_describe(p, text, n + 1), n);
+    assert_int_equal(strlen(text), n);
+    return text;
+}
+
+/* ---- round trip ---------------------------------------------------------------------------- */
+
+static void test_round_trip(void **state)
+{
+    (void)state;
+    kt_threadpool *pool;
+    OK(kt_threadpool_create(2, &pool));
+    kt_program *p = compile_mlp();
+    size_t n;
+    unsigned char *bytes = serialize(p, &n);
+    assert_true(n > 28);
+    assert_memory_equal(bytes, "KTPROGRM", 8);
+    /* a buffer one byte short is refused */
+    TU_EXPECT_ERROR(kt_program_serialize(p, bytes, n - 1), KT_EINVAL, "needed");
+
+    char path[] = "/tmp/kt_test_program_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    OK(kt_program_save(p, path));
+    /* the file holds exactly the serialised bytes */
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    unsigned char *file = malloc(n + 1);
+    assert_non_null(file);
+    assert_int_equal(fread(file, 1, n + 1, f), n);
+    fclose(f);
+    assert_memory_equal(file, bytes, n);
+    free(file);
+
+    kt_program *from_file, *from_memory;
+    OK(kt_program_load(path, &from_file));
+    unlink(path);
+    OK(kt_program_load_memory(bytes, n, &from_memory));
+    TU_EXPECT_ERROR(kt_program_load(path, &from_memory), KT_EIO, path);
+
+    /* the same listing, the same bytes again */
+    char *d0 = describe(p), *d1 = describe(from_file), *d2 = describe(from_memory);
+    assert_string_equal(d0, d1);
+    assert_string_equal(d0, d2);
+    assert_non_null(strstr(d0, "fc1"));
+    size_t n1, n2;
+    unsigned char *again = serialize(from_file, &n1), *again2 = serialize(from_memory, &n2);
+    assert_int_equal(n1, n);
+    assert_int_equal(n2, n);
+    assert_memory_equal(again, bytes, n);
+    assert_memory_equal(again2, bytes, n);
+
+    kt_program_stats s0, s1;
+    kt_program_get_stats(p, &s0);
+    kt_program_get_stats(from_file, &s1);
+    assert_int_equal(s0.n_forward_steps, s1.n_forward_steps);
+    assert_int_equal(s0.n_backward_steps, s1.n_backward_steps);
+    assert_int_equal(s0.n_buffers, s1.n_buffers);
+    assert_int_equal(s0.arena_bytes, s1.arena_bytes);
+    assert_int_equal(s0.lower_bound_bytes, s1.lower_bound_bytes);
+    assert_true(s0.forward_flops == s1.forward_flops && s0.forward_flops > 0);
+    assert_true(s0.backward_flops == s1.backward_flops && s0.backward_flops > 0);
+
+    /* a fresh session over each program computes the same bits */
+    run_result r0, r1, r2;
+    run_mlp(p, pool, &r0);
+    run_mlp(from_file, pool, &r1);
+    run_mlp(from_memory, pool, &r2);
+    assert_int_equal(r0.n, 1 + 3 + 3); /* logits, 3 gradients, 3 stepped parameters */
+    expect_same_results(&r0, &r1);
+    expect_same_results(&r0, &r2);
+
+    free_results(&r0);
+    free_results(&r1);
+    free_results(&r2);
+    free(d0);
+    free(d1);
+    free(d2);
+    free(again);
+    free(again2);
+    free(bytes);
+    kt_program_destroy(p);
+    kt_program_destroy(from_file);
+    kt_program_destroy(from_memory);
+    kt_threadpool_destroy(pool);
+}
+
+/* ---- the .ktp layout (program_io.c), for patching fields in place ------------------------- */
+
+enum {
+    H_VERSION = 8, H_FLAGS = 12, H_BODY = 16, /* header: 24 bytes */
+    C_N_BUFS = 24, C_N_STEPS = 28, C_N_FORWARD = 32, C_N_ENTRIES = 36, C_LOSS = 48,
+    C_REGION = 52, C_LOWER = 76, C_STRLEN = 84, C_END = 92,
+    /* a buffer record */
+    B_DTYPE = 0, B_NDIM = 4, B_SHAPE = 8, B_REGION = 40, B_OFFSET = 44, B_BYTES = 52,
+    B_FIRST = 60, B_LAST = 64, B_STORAGE = 68, B_SIZE = 72,
+    /* a step record: kind, op name length, op name, then (from the end of the name) */
+    S_KIND = 0, S_OPLEN = 4, S_OPNAME = 8,
+    S_ATTRS = 0, S_N_IN = 104, S_N_OUT = 108, S_IN = 112, S_OUT = 144, S_GOUT = 152,
+    S_GIN = 160, S_SCRATCH = 192, S_NAME = 196, S_FLOPS = 200, S_TAIL = 208,
+    /* an entry record */
+    E_NAME = 0, E_BUF = 4, E_GRAD = 8, E_INIT = 12, E_A = 16, E_B = 20, E_SIZE = 24,
+    MAX_STEPS = 64
+};
+
+typedef struct layout {
+    int32_t n_bufs, n_steps, n_entries[3];
+    size_t step[MAX_STEPS];  /* where each step record starts */
+    size_t fields[MAX_STEPS]; /* where its fields after the op name start */
+    size_t entries[3];
+    size_t names;
+    uint64_t names_len;
+} layout;
+
+static uint32_t rd_u32(const unsigned char *b, size_t at)
+{
+    return (uint32_t)b[at] | (uint32_t)b[at + 1] << 8 | (uint32_t)b[at + 2] << 16 |
+           (uint32_t)b[at + 3] << 24;
+}
+
+static int32_t rd_i32(const unsigned char *b, size_t at) { return (int32_t)rd_u32(b, at); }
+
+static uint64_t rd_u64(const unsigned char *b, size_t at)
+{
+    return (uint64_t)rd_u32(b, at) | (uint64_t)rd_u32(b, at + 4) << 32;
+}
+
+static void wr_u32(unsigned char *b, size_t at, uint32_t v)
+{
+    for (int k = 0; k < 4; k++)
+        b[at + (size_t)k] = (unsigned char)(v >> (8 * k));
+}
+
+static void wr_i32(unsigned char *b, size_t at, int32_t v) { wr_u32(b, at, (uint32_t)v); }
+
+static void wr_u64(unsigned char *b, size_t at, uint64_t v)
+{
+    wr_u32(b, at, (uint32_t)v);
+    wr_u32(b, at + 4, (uint32_t)(v >> 32));
+}
+
+static void fix_crc(unsigned char *b, size_t n) { wr_u32(b, n - 4, kt__crc32(b, n - 4)); }
+
+/* Finds the records from the counts and the op name lengths (it reads nothing else). */
+static layout find_layout(const unsigned char *b, size_t n)
+{
+    layout L;
+    memset(&L, 0, sizeof L);
+    L.n_bufs = rd_i32(b, C_N_BUFS);
+    L.n_steps = rd_i32(b, C_N_STEPS);
+    assert_true(L.n_bufs > 0 && L.n_steps > 0 && L.n_steps <= MAX_STEPS);
+    size_t at = C_END + (size_t)L.n_bufs * B_SIZE;
+    for (int32_t i = 0; i < L.n_steps; i++) {
+        L.step[i] = at;
+        L.fields[i] = at + S_OPNAME + rd_u32(b, at + S_OPLEN);
+        at = L.fields[i] + S_TAIL;
+    }
+    for (int r = 0; r < 3; r++) {
+        L.n_entries[r] = rd_i32(b, C_N_ENTRIES + 4 * (size_t)r);
+        L.entries[r] = at;
+        at += (size_t)L.n_entries[r] * E_SIZE;
+    }
+    L.names = at;
+    L.names_len = rd_u64(b, C_STRLEN);
+    /* the layout accounts for every byte: body, then the CRC */
+    assert_int_equal(L.names + L.names_len + 4, n);
+    assert_int_equal(24 + rd_u64(b, H_BODY) + 4, n);
+    return L;
+}
+
+static size_t buf_at(const layout *L, int32_t i, size_t field)
+{
+    assert_true(i >= 0 && i < L->n_bufs);
+    return C_END + (size_t)i * B_SIZE + field;
+}
+
+static size_t step_at(const layout *L, int32_t i, size_t field) { return L->fields[i] + field; }
+
+static size_t entry_at(const layout *L, int role, int32_t i, size_t field)
+{
+    return L->entries[role] + (size_t)i * E_SIZE + field;
+}
+
+static unsigned char *copy_of(const unsigned char *b, size_t n)
+{
+    unsigned char *c = malloc(n ? n : 1);
+    assert_non_null(c);
+    memcpy(c, b, n);
+    return c;
+}
+
+/* Loads a patched copy (CRC fixed) and expects KT_EFORMAT with the given fragments. */
+#define EXPECT_REJECTED(bytes, n, ...)                                                        \
+    do {                                                                                      \
+        fix_crc((bytes), (n));                                                                \
+        kt_program *q_ = NULL;                                                                \
+        kt_status st_ = kt_program_load_memory((bytes), (n), &q_);                            \
+        if (st_ == KT_OK)                                                                     \
+            kt_program_destroy(q_);                                                           \
+        TU_EXPECT_ERROR(st_, KT_EFORMAT, __VA_ARGS__);                                        \
+    } while (0)
+
+/* ---- damaged files ------------------------------------------------------------------------- */
+
+static void test_truncated_and_flipped(void **state)
+{
+    (void)state;
+    kt_program *p = compile_mlp();
+    size_t n;
+    unsigned char *bytes = serialize(p, &n);
+    kt_program *q = NULL;
+    /* every length short of the whole file, each copied to a heap block of exactly that
+     * size so that a read past the end is caught by the sanitizer */
+    for (size_t len = 0; len < n; len++) {
+        unsigned char *c = copy_of(bytes, len);
+        kt_status st = kt_program_load_memory(c, len, &q);
+        if (st != KT_EFORMAT)
+            fail_msg("a file truncated to %zu of %zu bytes: status %d (%s)", len, n, st,
+                     kt_last_error());
+        free(c);
+    }
+    /* single-byte flips anywhere: caught by the header checks or the checksum */
+    tu_rng r;
+    tu_rng_seed(&r, 11);
+    int by_crc = 0;
+    for (int k = 0; k < 3000; k++) {
+        unsigned char *c = copy_of(bytes, n);
+        size_t at = (size_t)(tu_rng_next(&r) % n);
+        c[at] ^= (unsigned char)(1 + tu_rng_next(&r) % 255);
+        kt_status st = kt_program_load_memory(c, n, &q);
+        if (st != KT_EFORMAT)
+            fail_msg("byte %zu flipped: status %d (%s)", at, st, kt_last_error());
+        by_crc += strstr(kt_last_error(), "checksum") != NULL;
+        free(c);
+    }
+    assert_true(by_crc > 2500); /* most bytes are only covered by the checksum */
+
+    unsigned char *c = copy_of(bytes, n);
+    c[0] = 'X';
+    TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "bad magic");
+    memcpy(c, bytes, n);
+    wr_u32(c, H_VERSION, 2);
+    fix_crc(c, n);
+    TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "version 2",
+                    "reads version 1");
+    memcpy(c, bytes, n);
+    wr_u32(c, H_FLAGS, 0x10);
+    fix_crc(c, n);
+    TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "unknown flags 0x10");
+    free(c);
+
+    /* trailing bytes: after the checksum, or inside a body whose size claims them */
+    c = malloc(n + 8);
+    assert_non_null(c);
+    memcpy(c, bytes, n);
+    memset(c + n, 0, 8);
+    TU_EXPECT_ERROR(kt_program_load_memory(c, n + 1, &q), KT_EFORMAT, "truncated or padded");
+    memcpy(c, bytes, n - 4);
+    memset(c + n - 4, 0, 8);
+    wr_u64(c, H_BODY, rd_u64(bytes, H_BODY) + 4);
+    fix_crc(c, n + 4);
+    TU_EXPECT_ERROR(kt_program_load_memory(c, n + 4, &q), KT_EFORMAT,
+                    "name pool does not end the body");
+    /* the unpatched bytes still load */
+    OK(kt_program_load_memory(bytes, n, &q));
+    kt_program_destroy(q);
+    TU_EXPECT_ERROR(kt_program_load_memory(NULL, 0, &q), KT_EFORMAT, "too short");
+    TU_EXPECT_ERROR(kt_program_load("/nonexistent/dir/x.ktp", &q), KT_EIO, "cannot open");
+    free(c);
+    free(bytes);
+    kt_program_destroy(p);
+}
+
+static void test_corrupt_content_valid_checksum(void **state)
+{
+    (void)state;
+    kt_program *p = compile_mlp();
+    size_t n;
+    unsigned char *bytes = serialize(p, &n);
+    layout L = find_layout(bytes, n);
+    kt_program_stats st;
+    kt_program_get_stats(p, &st);
+    assert_int_equal(L.n_bufs, st.n_buffers);
+    assert_int_equal(L.n_steps, st.n_forward_steps + st.n_backward_steps);
+    assert_int_equal(rd_u32(bytes, L.step[0] + S_OPLEN), 6);
+    assert_memory_equal(bytes + L.step[0] + S_OPNAME, "matmul", 6);
+
+    /* what the records say: step 0 is fc1 = matmul(x, w1) -> h0 */
+    int32_t x = rd_i32(bytes, entry_at(&L, KT_ROLE_INPUT, 0, E_BUF));
+    int32_t y = rd_i32(bytes, entry_at(&L, KT_ROLE_INPUT, 1, E_BUF));
+    int32_t w1 = rd_i32(bytes, entry_at(&L, KT_ROLE_PARAM, 0, E_BUF));
+    int32_t h0 = rd_i32(bytes, step_at(&L, 0, S_OUT));
+    assert_int_equal(rd_i32(bytes, step_at(&L, 0, S_IN)), x);
+    assert_int_equal(rd_i32(bytes, step_at(&L, 0, S_IN + 4)), w1);
+    assert_int_equal(rd_i32(bytes, buf_at(&L, x, B_REGION)), 0);
+    assert_int_equal(rd_i32(bytes, buf_at(&L, w1, B_REGION)), 1);
+    char want[96];
+    unsigned char *c = malloc(n);
+    assert_non_null(c);
+
+    /* a buffer id out of range in a step */
+    memcpy(c, bytes, n);
+    wr_i32(c, step_at(&L, 0, S_IN), L.n_bufs + 5);
+    snprintf(want, sizeof want, "input buffer %d does not exist", L.n_bufs + 5);
+    EXPECT_REJECTED(c, n, "step 0", want);
+    memcpy(c, bytes, n);
+    wr_i32(c, step_at(&L, 3, S_OUT), -1);
+    EXPECT_REJECTED(c, n, "step 3", "output buffer -1 does not exist");
+
+    /* a shape changed so that shape inference disagrees */
+    memcpy(c, bytes, n);
+    assert_int_equal(rd_u64(bytes, buf_at(&L, h0, B_SHAPE + 8)), MH);
+    wr_u64(c, buf_at(&L, h0, B_SHAPE + 8), MH - 1);
+    EXPECT_REJECTED(c, n, "step 0 (matmul)", "output 0 has the wrong shape");
+    /* ... or made larger than the buffer's bytes */
+    memcpy(c, bytes, n);
+    wr_u64(c, buf_at(&L, h0, B_SHAPE + 8), MH + 1);
+    snprintf(want, sizeof want, "buffer %d:", h0);
+    EXPECT_REJECTED(c, n, want, "cannot hold its tensor");
+
+    /* an offset pushed beyond its region */
+    uint64_t arena = rd_u64(bytes, C_REGION);
+    assert_int_equal(arena, st.arena_bytes);
+    memcpy(c, bytes, n);
+    wr_u64(c, buf_at(&L, y, B_OFFSET), arena + 64);
+    snprintf(want, sizeof want, "buffer %d: offset %llu", y, (unsigned long long)arena + 64);
+    EXPECT_REJECTED(c, n, want, "outside its", "region");
+    memcpy(c, bytes, n);
+    wr_u64(c, buf_at(&L, w1, B_OFFSET), rd_u64(bytes, C_REGION + 8));
+    snprintf(want, sizeof want, "buffer %d: offset", w1);
+    EXPECT_REJECTED(c, n, want, "outside its");
+
+    /* a lifetime shortened so that a step uses a dead buffer: h0 is read by step 1 (bias) */
+    int32_t first = rd_i32(bytes, buf_at(&L, h0, B_FIRST));
+    int32_t last = rd_i32(bytes, buf_at(&L, h0, B_LAST));
+    assert_int_equal(first, 0);
+    assert_int_equal(last, 1);
+    memcpy(c, bytes, n);
+    wr_i32(c, buf_at(&L, h0, B_LAST), 0);
+    snprintf(want, sizeof want, "step 1 uses buffer %d outside its lifetime [0, 0]", h0);
+    EXPECT_REJECTED(c, n, want);
+    /* the loss seed (a fill step) writing a buffer not yet alive */
+    int32_t fill = st.n_forward_steps, seed = rd_i32(bytes, step_at(&L, fill, S_OUT));
+    assert_int_equal(rd_i32(bytes, L.step[fill] + S_KIND), 2);
+    memcpy(c, bytes, n);
+    wr_i32(c, buf_at(&L, seed, B_FIRST), fill + 1);
+    wr_i32(c, buf_at(&L, seed, B_LAST), fill + 1);
+    snprintf(want, sizeof want, "step %d uses buffer %d outside its lifetime", fill, seed);
+    EXPECT_REJECTED(c, n, want);
+    /* an impossible lifetime */
+    memcpy(c, bytes, n);
+    wr_i32(c, buf_at(&L, h0, B_LAST), L.n_steps);
+    snprintf(want, sizeof want, "buffer %d: invalid lifetime", h0);
+    EXPECT_REJECTED(c, n, want);
+
+    /* two buffers made to overlap in the activation region: y moved onto x (both inputs,
+     * alive together from step 0, neither shared in place) */
+    memcpy(c, bytes, n);
+    assert_true(rd_u64(bytes, buf_at(&L, x, B_OFFSET)) != rd_u64(bytes, buf_at(&L, y, B_OFFSET)));
+    wr_u64(c, buf_at(&L, y, B_OFFSET), rd_u64(bytes, buf_at(&L, x, B_OFFSET)));
+    EXPECT_REJECTED(c, n, "overlap while both are alive");
+    /* in-place sharing that does not share the memory */
+    memcpy(c, bytes, n);
+    wr_i32(c, buf_at(&L, y, B_STORAGE), x);
+    snprintf(want, sizeof want, "buffer %d: inconsistent in-place sharing", y);
+    EXPECT_REJECTED(c, n, want);
+
+    /* an op this libkt does not have (same length, so the layout holds) */
+    memcpy(c, bytes, n);
+    c[L.step[0] + S_OPNAME + 5] = 'X';
+    EXPECT_REJECTED(c, n, "step 0 uses op 'matmuX'", "does not have");
+    /* a valid op that does not fit the step's tensors: concat(x, w1) in place of matmul */
+    memcpy(c, bytes, n);
+    memcpy(c + L.step[0] + S_OPNAME, "concat", 6);
+    EXPECT_REJECTED(c, n, "step 0 (concat)");
+
+    /* negative counts */
+    memcpy(c, bytes, n);
+    wr_i32(c, C_N_ENTRIES + 4, -1);
+    EXPECT_REJECTED(c, n, "negative table size");
+    memcpy(c, bytes, n);
+    wr_i32(c, C_N_BUFS, -3);
+    EXPECT_REJECTED(c, n, "table sizes exceed the file");
+    memcpy(c, bytes, n);
+    wr_i32(c, step_at(&L, 2, S_N_IN), -1);
+    EXPECT_REJECTED(c, n, "step 2 has invalid counts");
+    memcpy(c, bytes, n);
+    wr_i32(c, C_N_FORWARD, L.n_steps + 1);
+    EXPECT_REJECTED(c, n, "invalid table sizes");
+
+    /* entries pointing at buffers in the wrong region */
+    memcpy(c, bytes, n);
+    wr_i32(c, entry_at(&L, KT_ROLE_INPUT, 0, E_BUF), w1);
+    EXPECT_REJECTED(c, n, "input 0: buffer in the wrong region");
+    memcpy(c, bytes, n);
+    wr_i32(c, entry_at(&L, KT_ROLE_PARAM, 0, E_BUF), x);
+    EXPECT_REJECTED(c, n, "parameter 0: buffer in the wrong region");
+    memcpy(c, bytes, n);
+    wr_i32(c, entry_at(&L, KT_ROLE_PARAM, 1, E_GRAD), w1);
+    EXPECT_REJECTED(c, n, "parameter 1: invalid gradient buffer");
+    memcpy(c, bytes, n);
+    wr_i32(c, entry_at(&L, KT_ROLE_OUTPUT, 0, E_BUF), L.n_bufs);
+    EXPECT_REJECTED(c, n, "output 0: invalid entry");
+    memcpy(c, bytes, n);
+    wr_i32(c, entry_at(&L, KT_ROLE_PARAM, 0, E_INIT), 9);
+    EXPECT_REJECTED(c, n, "parameter 0: invalid initialiser");
+    memcpy(c, bytes, n);
+    wr_i32(c, entry_at(&L, KT_ROLE_INPUT, 0, E_NAME), (int32_t)L.names_len);
+    EXPECT_REJECTED(c, n, "input 0: invalid entry");
+
+    /* a scratch id on a step kind that has no scratch (it was once used unchecked) */
+    int32_t accum = L.n_steps - 1;
+    assert_int_equal(rd_i32(bytes, L.step[accum] + S_KIND), 3);
+    memcpy(c, bytes, n);
+    wr_i32(c, step_at(&L, accum, S_SCRATCH), INT32_MAX);
+    snprintf(want, sizeof want, "step %d: bad accumulate step", accum);
+    EXPECT_REJECTED(c, n, want);
+    memcpy(c, bytes, n);
+    wr_i32(c, step_at(&L, fill, S_SCRATCH), L.n_bufs + 1000);
+    snprintf(want, sizeof want, "step %d: bad fill step", fill);
+    EXPECT_REJECTED(c, n, want);
+    /* a forward step's scratch out of range */
+    memcpy(c, bytes, n);
+    wr_i32(c, step_at(&L, 1, S_SCRATCH), L.n_bufs);
+    EXPECT_REJECTED(c, n, "step 1: scratch buffer", "does not exist");
+
+    /* the loss pointing at a non-scalar; names not terminated; an invalid step kind */
+    memcpy(c, bytes, n);
+    wr_i32(c, C_LOSS, x);
+    EXPECT_REJECTED(c, n, "invalid loss buffer");
+    memcpy(c, bytes, n);
+    c[L.names + L.names_len - 1] = 'z';
+    EXPECT_REJECTED(c, n, "names are not terminated");
+    memcpy(c, bytes, n);
+    wr_i32(c, L.step[L.n_steps - 1] + S_KIND, 7);
+    snprintf(want, sizeof want, "step %d: invalid kind 7", L.n_steps - 1);
+    EXPECT_REJECTED(c, n, want);
+
+    /* a region far larger than its buffers is consistent, but a session cannot allocate it:
+     * an error, not a wrapped size */
+    for (int reg = 0; reg < 3; reg++) {
+        memcpy(c, bytes, n);
+        wr_u64(c, C_REGION + 8 * (size_t)reg, UINT64_MAX - 63);
+        fix_crc(c, n);
+        kt_program *big;
+        OK(kt_program_load_memory(c, n, &big));
+        kt_session *s;
+        kt_session_options so = {.threads = 1};
+        TU_EXPECT_ERROR(kt_session_create(big, &so, &s), KT_ENOMEM, "cannot allocate");
+        kt_program_destroy(big);
+    }
+
+    /* the unpatched copy loads (the patches above were the only damage) */
+    memcpy(c, bytes, n);
+    fix_crc(c, n);
+    kt_program *q;
+    OK(kt_program_load_memory(c, n, &q));
+    kt_program_destroy(q);
+    free(c);
+    free(bytes);
+    kt_program_destroy(p);
+}
+
+/* The fields of the file: offset and width (1, 4 or 8 bytes). */
+typedef struct field {
+    size_t at;
+    int width;
+} field;
+
+static int list_fields(const layout *L, field *f, int cap)
+{
+    int n = 0;
+#define ADD(a, w)                                                                             \
+    do {                                                                                      \
+        if (n < cap)                                                                          \
+            f[n++] = (field){(a), (w)};                                                       \
+    } while (0)
+    for (size_t a = C_N_BUFS; a < C_REGION; a += 4)
+        ADD(a, 4);
+    for (size_t a = C_REGION; a < C_END; a += 8)
+        ADD(a, 8);
+    for (int32_t i = 0; i < L->n_bufs; i++) {
+        size_t b = C_END + (size_t)i * B_SIZE;
+        ADD(b + B_DTYPE, 4);
+        ADD(b + B_NDIM, 4);
+        for (int d = 0; d < 4; d++)
+            ADD(b + B_SHAPE + 8 * (size_t)d, 8);
+        ADD(b + B_REGION, 4);
+        ADD(b + B_OFFSET, 8);
+        ADD(b + B_BYTES, 8);
+        ADD(b + B_FIRST, 4);
+        ADD(b + B_LAST, 4);
+        ADD(b + B_STORAGE, 4);
+    }
+    static const int attr_width[] = {4, 4, 4, 4, 8, 4, 4, 4, 4, 4, 8, 8, 4, 4, 4, 8, 8, 8, 8};
+    for (int32_t i = 0; i < L->n_steps; i++) {
+        ADD(L->step[i] + S_KIND, 4);
+        for (size_t a = L->step[i] + S_OPNAME; a < L->fields[i]; a++)
+            ADD(a, 1);
+        size_t a = L->fields[i];
+        for (size_t k = 0; k < sizeof attr_width / sizeof attr_width[0]; k++) {
+            ADD(a, attr_width[k]);
+            a += (size_t)attr_width[k];
+        }
+        assert_int_equal(a, L->fields[i] + S_N_IN);
+        for (; a < L->fields[i] + S_FLOPS; a += 4)
+            ADD(a, 4);
+        ADD(a, 8);
+    }
+    for (int r = 0; r < 3; r++)
+        for (int32_t i = 0; i < L->n_entries[r]; i++)
+            for (size_t k = 0; k < E_SIZE; k += 4)
+                ADD(entry_at(L, r, i, k), 4);
+    for (size_t a = L->names; a < L->names + L->names_len; a++)
+        ADD(a, 1);
+#undef ADD
+    return n;
+}
+
+static void mutate(unsigned char *c, const field *f, tu_rng *r, int32_t n_bufs)
+{
+    uint64_t pick = tu_rng_next(r) % 8;
+    if (f->width == 1) {
+        c[f->at] = (unsigned char)tu_rng_next(r);
+    } else if (f->width == 4) {
+        int32_t v = rd_i32(c, f->at);
+        static const int32_t special[] = {-1, 0, 1, 2, INT32_MAX, INT32_MIN, -2, 64};
+        switch (pick) {
+        case 0: case 1: case 2:
+            v += (int32_t)(tu_rng_next(r) % 7) - 3;
+            break;
+        case 3: case 4:
+            v = (int32_t)(tu_rng_next(r) % (uint64_t)(n_bufs + 4)) - 2;
+            break;
+        case 5:
+            v = (int32_t)(uint32_t)tu_rng_next(r);
+            break;
+        default:
+            v = special[tu_rng_next(r) % 8];
+            break;
+        }
+        wr_i32(c, f->at, v);
+    } else {
+        uint64_t v = rd_u64(c, f->at);
+        switch (pick) {
+        case 0: case 1:
+            v += 64 * ((tu_rng_next(r) % 5) - 2);
+            break;
+        case 2:
+            v += (tu_rng_next(r) % 7) - 3;
+            break;
+        case 3:
+            v *= 2;
+            break;
+        case 4:
+            v = tu_rng_next(r);
+            break;
+        case 5:
+            v = 0;
+            break;
+        case 6:
+            v = UINT64_MAX - (tu_rng_next(r) % 3);
+            break;
+        default:
+            v ^= 1ull << (tu_rng_next(r) % 64);
+            break;
+        }
+        wr_u64(c, f->at, v);
+    }
+}
+
+#if defined(TEST_ASAN)
+/* A damaged program may ask for absurd region sizes; the session must report ENOMEM, which
+ * needs the sanitizer's allocator to return NULL rather than abort. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+#endif
+
+static void test_random_field_mutations(void **state)
+{
+    (void)state;
+    kt_threadpool *pool;
+    OK(kt_threadpool_create(2, &pool));
+    kt_program *p = compile_mlp();
+    size_t n;
+    unsigned char *bytes = serialize(p, &n);
+    layout L = find_layout(bytes, n);
+    if (getenv("KT_TEST_VERBOSE"))
+        OK(kt_program_save(p, "/tmp/kt_mlp_debug.ktp"));
+    static field fields[8192];
+    int n_fields = list_fields(&L, fields, 8192);
+    assert_true(n_fields > 100 && n_fields < 8192);
+    unsigned char *c = malloc(n);
+    assert_non_null(c);
+    tu_rng r;
+    tu_rng_seed(&r, 99);
+    int loaded = 0, sessions = 0, forward_ok = 0, forward_err = 0;
+    for (int it = 0; it < 4000; it++) {
+        memcpy(c, bytes, n);
+        int k = 1 + (tu_rng_next(&r) % 4 == 0 ? (int)(tu_rng_next(&r) % 3) : 0);
+        for (int m = 0; m < k; m++) {
+            const field *fd = &fields[tu_rng_next(&r) % (uint64_t)n_fields];
+            mutate(c, fd, &r, L.n_bufs);
+            if (getenv("KT_TEST_VERBOSE"))
+                fprintf(stderr, "it %d: field at %zu (width %d) -> %lld\n", it, fd->at,
+                        fd->width, fd->width == 8 ? (long long)rd_u64(c, fd->at)
+                                   : fd->width == 4 ? (long long)rd_i32(c, fd->at)
+                                                    : (long long)c[fd->at]);
+        }
+        fix_crc(c, n);
+        kt_program *q = NULL;
+        kt_status st = kt_program_load_memory(c, n, &q);
+        if (st != KT_OK) {
+            if (st != KT_EFORMAT)
+                fail_msg("mutation %d: status %d (%s)", it, st, kt_last_error());
+            assert_true(kt_last_error()[0] != '\0');
+            continue;
+        }
+        loaded++;
+        kt_program_stats qs;
+        kt_program_get_stats(q, &qs);
+        /* the plan of what loaded is sound: describing it touches every table */
+        char *text = describe(q);
+        free(text);
+        /* (absurd region sizes are tested on their own: here they would only spend time) */
+        if (qs.arena_bytes < (64u << 20) && qs.param_bytes < (64u << 20) &&
+            qs.grad_bytes < (64u << 20)) {
+            kt_session_options so = {.pool = pool, .seed = 1,
+                                     .optimizer = {.kind = KT_OPTIM_ADAMW, .lr = 1e-3f}};
+            kt_session *s;
+            if (kt_session_create(q, &so, &s) == KT_OK) {
+                sessions++;
+                if (fill_inputs(s, q, 5) && kt_session_forward(s) == KT_OK) {
+                    forward_ok++;
+                    if (kt_session_backward(s) == KT_OK)
+                        (void)kt_session_step(s);
+                } else {
+                    forward_err++;
+                }
+                kt_session_destroy(s);
+            }
+        }
+        kt_program_destroy(q);
+    }
+    print_message("%d field mutations with a valid checksum: %d loaded, %d sessions, %d "
+                  "forwards ran, %d failed cleanly\n", 4000, loaded, sessions, forward_ok,
+                  forward_err);
+    /* harmless fields (FLOP counts, the lower bound, initialiser parameters, names' bytes)
+     * change without breaking anything, so some do load and run */
+    assert_true(loaded > 0 && forward_ok > 0);
+    assert_true(loaded < 4000);
+    free(c);
+    free(bytes);
+    kt_program_destroy(p);
+    kt_threadpool_destroy(pool);
+}
+
+/* ---- no allocation while running ----------------------------------------------------------- */
+
+static void test_zero_allocations(void **state)
+{
+    (void)state;
+#ifdef TEST_ASAN
+    print_message("skipped: the allocation counter replaces malloc, which AddressSanitizer "
+                  "owns in this build\n");
+    skip();
+#else
+    kt_threadpool *pool;
+    OK(kt_threadpool_create(2, &pool)); /* creating a pool allocates: done before counting */
+    kt_program *p = compile_mlp();
+    kt_session_options so = {.pool = pool, .seed = 3,
+                             .optimizer = {.kind = KT_OPTIM_ADAMW, .lr = 1e-2f,
+                                           .weight_decay = 0.01f, .clip_norm = 1.0f,
+                                           .schedule = KT_LR_COSINE, .warmup_steps = 2,
+                                           .total_steps = 10}};
+    kt_session *s;
+    /* the counter sees the library's own calls: creating a session allocates its regions
+     * (posix_memalign) and tables (calloc) */
+    atomic_store(&alloc_count, 0);
+    atomic_store(&alloc_counting, 1);
+    kt_status created = kt_session_create(p, &so, &s);
+    atomic_store(&alloc_counting, 0);
+    OK(created);
+    assert_true(atomic_load(&alloc_count) >= 6);
+    assert_true(fill_inputs(s, p, 8));
+
+    /* and direct calls: one malloc and one free through pointers the compiler cannot see */
+    void *(*volatile do_malloc)(size_t) = malloc;
+    void (*volatile do_free)(void *) = free;
+    atomic_store(&alloc_count, 0);
+    atomic_store(&alloc_counting, 1);
+    void *probe = do_malloc(32);
+    do_free(probe);
+    atomic_store(&alloc_counting, 0);
+    assert_int_equal(atomic_load(&alloc_count), 2);
+
+    float losses[4];
+    atomic_store(&alloc_count, 0);
+    atomic_store(&alloc_counting, 1);
+    kt_status st = KT_OK;
+    for (int k = 0; k < 4 && st == KT_OK; k++) {
+        st = kt_session_forward(s);
+        if (st == KT_OK)
+            st = kt_session_backward(s);
+        if (st == KT_OK)
+            st = kt_session_step(s);
+        losses[k] = kt_session_loss(s);
+    }
+    atomic_store(&alloc_counting, 0);
+    OK(st);
+    long count = atomic_load(&alloc_count);
+    if (count != 0)
+        fail_msg("%ld heap allocations during forward/backward/step", count);
+    /* it really trained: the loss went down on the fixed batch */
+    for (int k = 0; k < 4; k++)
+        assert_true(isfinite(losses[k]));
+    assert_true(losses[3] < losses[0]);
+    assert_int_equal(kt_session_step_count(s), 4);
+    kt_session_destroy(s);
+    kt_program_destroy(p);
+    kt_threadpool_destroy(pool);
+#endif
+}
+
+/* ---- bad builds ---------------------------------------------------------------------------- */
+
+static void test_bad_builds(void **state)
+{
+    (void)state;
+    kt_graph *g;
+    kt_value x, y, w, ci, h, out, scalar_in;
+    OK(kt_graph_create(&g));
+    OK(kt_graph_input(g, "x", KT_F32, 2, TU_SHAPE(4, 8), &x));
+    OK(kt_graph_input(g, "y", KT_I32, 1, TU_SHAPE(4), &y));
+    OK(kt_graph_param(g, "w", KT_F32, 2, TU_SHAPE(8, 3), kt_init_normal(0.1f), &w));
+    h = op2(g, "proj", KT_OP_MATMUL, NULL, x, w); /* node 0 */
+
+    /* wrong shapes: [4,8] x [4,8]; the message names the node index, op and name */
+    kt_value in[2] = {x, x};
+    TU_EXPECT_ERROR(kt_graph_op(g, "oops", KT_OP_MATMUL, NULL, in, 2, &out), KT_EINVAL,
+                    "node 1", "matmul", "'oops'");
+    in[0] = h;
+    in[1] = x; /* add: [4,3] + [4,8] */
+    TU_EXPECT_ERROR(kt_graph_op(g, NULL, KT_OP_ADD, NULL, in, 2, &out), KT_EINVAL,
+                    "node 1 (add)");
+    /* wrong arity and invalid ops */
+    TU_EXPECT_ERROR(kt_graph_op(g, "one", KT_OP_MATMUL, NULL, in, 1, &out), KT_EINVAL,
+                    "node 1", "matmul");
+    TU_EXPECT_ERROR(kt_graph_op(g, "bad", (kt_op)KT_OP_COUNT, NULL, in, 2, &out), KT_EINVAL,
+                    "node 1", "invalid op");
+    /* a value id that is not in the graph */
+    in[0] = (kt_value){999};
+    TU_EXPECT_ERROR(kt_graph_op(g, "ghost", KT_OP_SILU, NULL, in, 1, &out), KT_EINVAL,
+                    "node 1 (silu 'ghost')", "input 0", "id 999");
+    in[0] = (kt_value){-1};
+    TU_EXPECT_ERROR(kt_graph_op(g, "ghost", KT_OP_SILU, NULL, in, 1, &out), KT_EINVAL,
+                    "id -1");
+    TU_EXPECT_ERROR(kt_graph_output(g, (kt_value){999}, "o"), KT_EINVAL, "output 'o'",
+                    "id 999");
+    TU_EXPECT_ERROR(kt_graph_set_loss(g, (kt_value){42}), KT_EINVAL, "loss", "id 42");
+    kt_tensor meta;
+    TU_EXPECT_ERROR(kt_graph_value_meta(g, (kt_value){42}, &meta), KT_EINVAL, "invalid");
+    /* nothing was added by the failures */
+    assert_int_equal(kt_graph_node_count(g), 1);
+
+    /* duplicate names among inputs and parameters */
+    kt_value v;
+    TU_EXPECT_ERROR(kt_graph_input(g, "x", KT_F32, 1, TU_SHAPE(2), &v), KT_EINVAL, "input 'x'",
+                    "already taken");
+    TU_EXPECT_ERROR(kt_graph_param(g, "x", KT_F32, 1, TU_SHAPE(2), kt_init_zeros(), &v),
+                    KT_EINVAL, "param 'x'", "already taken");
+    TU_EXPECT_ERROR(kt_graph_input(g, "w", KT_F32, 1, TU_SHAPE(2), &v), KT_EINVAL, "'w'",
+                    "already taken");
+    TU_EXPECT_ERROR(kt_graph_const_param(g, "w", KT_BF16, 1, TU_SHAPE(2), kt_init_zeros(), &v),
+                    KT_EINVAL, "'w'", "already taken");
+    /* duplicate output name */
+    OK(kt_graph_output(g, h, "proj_out"));
+    TU_EXPECT_ERROR(kt_graph_output(g, x, "proj_out"), KT_EINVAL, "output 'proj_out'",
+                    "already taken");
+    /* empty, NULL and too long names */
+    char longname[200];
+    memset(longname, 'n', sizeof longname - 1);
+    longname[sizeof longname - 1] = '\0';
+    TU_EXPECT_ERROR(kt_graph_input(g, "", KT_F32, 1, TU_SHAPE(2), &v), KT_EINVAL,
+                    "a name is required");
+    TU_EXPECT_ERROR(kt_graph_input(g, NULL, KT_F32, 1, TU_SHAPE(2), &v), KT_EINVAL,
+                    "a name is required");
+    TU_EXPECT_ERROR(kt_graph_param(g, longname, KT_F32, 1, TU_SHAPE(2), kt_init_zeros(), &v),
+                    KT_EINVAL, "longer than 127 bytes");
+    TU_EXPECT_ERROR(kt_graph_output(g, h, ""), KT_EINVAL, "output", "a name is required");
+    TU_EXPECT_ERROR(kt_graph_output(g, h, NULL), KT_EINVAL, "a name is required");
+    TU_EXPECT_ERROR(kt_graph_output(g, h, longname), KT_EINVAL, "longer than 127 bytes");
+    TU_EXPECT_ERROR(kt_graph_op(g, longname, KT_OP_SILU, NULL, &h, 1, &out), KT_EINVAL,
+                    "node 1", "longer than 127 bytes");
+    /* 127 bytes is still fine */
+    longname[127] = '\0';
+    OK(kt_graph_input(g, longname, KT_F32, 1, TU_SHAPE(2), &v));
+    /* a trainable parameter that is not f32 (a frozen one may be) */
+    TU_EXPECT_ERROR(kt_graph_param(g, "wb", KT_BF16, 1, TU_SHAPE(2), kt_init_zeros(), &v),
+                    KT_EINVAL, "param 'wb'", "f32", "bf16");
+    TU_EXPECT_ERROR(kt_graph_param(g, "wi", KT_I32, 1, TU_SHAPE(2), kt_init_zeros(), &v),
+                    KT_EINVAL, "param 'wi'", "i32");
+    OK(kt_graph_const_param(g, "frozen", KT_BF16, 2, TU_SHAPE(8, 3), kt_init_normal(0.1f),
+                            &ci));
+    /* a bad shape or initialiser */
+    TU_EXPECT_ERROR(kt_graph_input(g, "neg", KT_F32, 1, TU_SHAPE(-2), &v), KT_EINVAL,
+                    "input 'neg'");
+    TU_EXPECT_ERROR(kt_graph_param(g, "u", KT_F32, 1, TU_SHAPE(2), kt_init_uniform(1, 1), &v),
+                    KT_EINVAL, "param 'u'", "invalid initialiser");
+
+    /* losses: not a scalar, an integer, an input */
+    TU_EXPECT_ERROR(kt_graph_set_loss(g, h), KT_EINVAL, "scalar f32", "f32[4,3]");
+    OK(kt_graph_input(g, "scalar", KT_F32, 0, NULL, &scalar_in));
+    TU_EXPECT_ERROR(kt_graph_set_loss(g, scalar_in), KT_EINVAL, "computed by an op");
+    kt_op_attrs rs = {.ndim = 0};
+    kt_value int_scalar;
+    kt_value y1;
+    kt_op_attrs nar = {.dim = 0, .start = 0, .length = 1};
+    OK(kt_graph_op(g, NULL, KT_OP_NARROW, &nar, &y, 1, &y1));
+    OK(kt_graph_op(g, NULL, KT_OP_RESHAPE, &rs, &y1, 1, &int_scalar));
+    TU_EXPECT_ERROR(kt_graph_set_loss(g, int_scalar), KT_EINVAL, "scalar f32", "i32");
+
+    /* compiling for training without a loss */
+    kt_program *p = NULL;
+    kt_compile_options train = {.training = 1};
+    TU_EXPECT_ERROR(kt_compile(g, &train, &p), KT_EINVAL, "training needs a loss");
+    /* but forward-only is fine (options NULL: training only when there is a loss) */
+    OK(kt_compile(g, NULL, &p));
+    kt_program_stats st;
+    kt_program_get_stats(p, &st);
+    assert_int_equal(st.n_backward_steps, 0);
+    assert_int_equal(st.n_forward_steps, 1); /* proj; the unused narrow/reshape are dropped */
+    kt_program_destroy(p);
+
+    kt_graph_destroy(g);
+
+    /* a loss that depends on no trainable parameter */
+    OK(kt_graph_create(&g));
+    OK(kt_graph_input(g, "x", KT_F32, 2, TU_SHAPE(4, 8), &x));
+    OK(kt_graph_input(g, "y", KT_I32, 1, TU_SHAPE(4), &y));
+    OK(kt_graph_param(g, "w", KT_F32, 2, TU_SHAPE(8, 3), kt_init_normal(0.1f), &w));
+    OK(kt_graph_param(g, "w_unused", KT_F32, 2, TU_SHAPE(8, 3), kt_init_normal(0.1f), &ci));
+    h = op2(g, "proj", KT_OP_MATMUL, NULL, x, w);
+    kt_value loss = op2(g, "ce", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100}, h,
+                        y);
+    /* the loss of an input-only computation: CE(scale(x[:, :3]), y) */
+    kt_op_attrs n3 = {.dim = 1, .start = 0, .length = 3};
+    kt_value x3 = op1(g, "x3", KT_OP_NARROW, &n3, x);
+    kt_value loss_x = op2(g, "ce_x", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100},
+                          x3, y);
+    OK(kt_graph_set_loss(g, loss_x));
+    TU_EXPECT_ERROR(kt_compile(g, NULL, &p), KT_EINVAL, "does not depend on any trainable");
+    TU_EXPECT_ERROR(kt_compile(g, &train, &p), KT_EINVAL, "does not depend on any trainable");
+    /* forward only, it compiles */
+    kt_compile_options fwd = {.training = 0};
+    OK(kt_compile(g, &fwd, &p));
+    kt_program_destroy(p);
+    /* with the real loss it trains */
+    OK(kt_graph_set_loss(g, loss));
+    OK(kt_compile(g, NULL, &p));
+    kt_program_get_stats(p, &st);
+    assert_true(st.n_backward_steps > 0);
+    assert_int_equal(kt_program_count(p, KT_ROLE_GRAD), 2); /* both trainable, one unused */
+    kt_program_destroy(p);
+    kt_graph_destroy(g);
+
+    /* no outputs and no loss */
+    OK(kt_graph_create(&g));
+    OK(kt_graph_input(g, "x", KT_F32, 2, TU_SHAPE(4, 8), &x));
+    (void)op1(g, "a", KT_OP_SILU, NULL, x);
+    kt_compile_options none = {.training = 0};
+    TU_EXPECT_ERROR(kt_compile(g, &none, &p), KT_EINVAL, "no outputs and no loss");
+    TU_EXPECT_ERROR(kt_compile(g, NULL, &p), KT_EINVAL, "no outputs and no loss");
+    TU_EXPECT_ERROR(kt_compile(NULL, NULL, &p), KT_EINVAL, "NULL");
+    kt_graph_destroy(g);
+}
+
+/* ---- compile options ----------------------------------------------------------------------- */
+
+static int describe_has(const kt_program *p, const char *what)
+{
+    char *text = describe(p);
+    int found = strstr(text, what) != NULL;
+    free(text);
+    return found;
+}
+
+/* loss = CE((x W + x W) V, y) with the matmul written twice, plus two scales that differ only
+ * in alpha (never merged) and a dead branch */
+static kt_graph *build_duplicates(void)
+{
+    kt_graph *g;
+    kt_value x, x_unused, y, w, v, a, b, s, logits, loss;
+    OK(kt_graph_create(&g));
+    OK(kt_graph_input(g, "x", KT_F32, 2, TU_SHAPE(8, 16), &x));
+    OK(kt_graph_input(g, "x_unused", KT_F32, 2, TU_SHAPE(8, 16), &x_unused));
+    OK(kt_graph_input(g, "y", KT_I32, 1, TU_SHAPE(8), &y));
+    OK(kt_graph_param(g, "w", KT_F32, 2, TU_SHAPE(16, 16), kt_init_normal(0.2f), &w));
+    OK(kt_graph_param(g, "v", KT_F32, 2, TU_SHAPE(16, 5), kt_init_normal(0.2f), &v));
+    a = op2(g, "mm_a", KT_OP_MATMUL, NULL, x, w);
+    b = op2(g, "mm_b", KT_OP_MATMUL, NULL, x, w);
+    s = op2(g, "sum", KT_OP_ADD, NULL, a, b);
+    kt_value s1 = op1(g, "half", KT_OP_SCALE, &(kt_op_attrs){.alpha = 0.5f}, s);
+    kt_value s2 = op1(g, "third", KT_OP_SCALE, &(kt_op_attrs){.alpha = 1.0f / 3}, s);
+    s = op2(g, "both", KT_OP_ADD, NULL, s1, s2);
+    /* dead: feeds nothing that an output or the loss reads */
+    kt_value d = op1(g, "dead_silu", KT_OP_SILU, NULL, x_unused);
+    d = op2(g, "dead_mm", KT_OP_MATMUL, NULL, d, w);
+    (void)d;
+    logits = op2(g, "head", KT_OP_MATMUL, NULL, s, v);
+    loss = op2(g, "loss", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100}, logits, y);
+    OK(kt_graph_output(g, logits, "logits"));
+    OK(kt_graph_set_loss(g, loss));
+    return g;
+}
+
+static void test_compile_options(void **state)
+{
+    (void)state;
+    kt_threadpool *pool;
+    OK(kt_threadpool_create(2, &pool));
+    kt_graph *g = build_duplicates();
+    assert_int_equal(kt_graph_node_count(g), 10);
+    kt_program *p, *q, *f;
+    OK(kt_compile(g, NULL, &p));
+    kt_compile_options no_cse = {.training = 1, .no_cse = 1};
+    OK(kt_compile(g, &no_cse, &q));
+    kt_program_stats sp, sq;
+    kt_program_get_stats(p, &sp);
+    kt_program_get_stats(q, &sq);
+    /* CSE: mm_b merged into mm_a; DCE: the two dead nodes dropped; 10 - 1 - 2 = 7 */
+    assert_int_equal(sp.n_forward_steps, 7);
+    assert_int_equal(sq.n_forward_steps, 8); /* only DCE */
+    assert_true(sq.n_buffers > sp.n_buffers);
+    assert_true(sq.forward_flops > sp.forward_flops);
+    assert_true(describe_has(p, "mm_a"));
+    assert_false(describe_has(p, "mm_b"));
+    assert_true(describe_has(q, "mm_b"));
+    assert_true(describe_has(p, "half") && describe_has(p, "third"));
+    assert_false(describe_has(p, "dead_"));
+    assert_false(describe_has(q, "dead_"));
+    /* inputs are never removed, even when only dead nodes read them */
+    assert_int_equal(kt_program_count(p, KT_ROLE_INPUT), 3);
+
+    /* forward only */
+    kt_compile_options fwd = {.training = 0};
+    OK(kt_compile(g, &fwd, &f));
+    kt_program_stats sf;
+    kt_program_get_stats(f, &sf);
+    assert_int_equal(sf.n_forward_steps, 7);
+    assert_int_equal(sf.n_backward_steps, 0);
+    assert_true(sf.backward_flops == 0.0);
+    assert_int_equal(kt_program_count(f, KT_ROLE_GRAD), 0);
+    assert_int_equal(sf.grad_bytes, 0);
+    assert_true(sf.arena_bytes < sp.arena_bytes);
+
+    /* the three compute the same loss; CSE and no CSE the same gradients */
+    kt_session *s[3];
+    kt_program *progs[3] = {p, q, f};
+    float loss[3];
+    for (int k = 0; k < 3; k++) {
+        kt_session_options so = {.pool = pool, .seed = 21};
+        OK(kt_session_create(progs[k], &so, &s[k]));
+        assert_true(fill_inputs(s[k], progs[k], 4));
+        OK(kt_session_forward(s[k]));
+        loss[k] = kt_session_loss(s[k]);
+    }
+    assert_true(isfinite(loss[0]) && loss[0] > 0);
+    assert_memory_equal(&loss[0], &loss[1], sizeof(float));
+    assert_memory_equal(&loss[0], &loss[2], sizeof(float));
+    OK(kt_session_backward(s[0]));
+    OK(kt_session_backward(s[1]));
+    TU_EXPECT_ERROR(kt_session_backward(s[2]), KT_ESTATE, "without training");
+    TU_EXPECT_ERROR(kt_session_tensor(s[2], KT_ROLE_GRAD, "w", &(kt_tensor){0}), KT_EINVAL,
+                    "'w'");
+    const char *names[2] = {"w", "v"};
+    for (int k = 0; k < 2; k++) {
+        kt_tensor ga, gb;
+        OK(kt_session_tensor(s[0], KT_ROLE_GRAD, names[k], &ga));
+        OK(kt_session_tensor(s[1], KT_ROLE_GRAD, names[k], &gb));
+        double e = tu_rel_err(&ga, &gb, 1e-12);
+        if (!(e <= 1e-6))
+            fail_msg("gradient of %s: CSE and no_cse differ by %g", names[k], e);
+        assert_true(tu_get(&ga, 0) != 0.0);
+    }
+    for (int k = 0; k < 3; k++)
+        kt_session_destroy(s[k]);
+    kt_program_destroy(p);
+    kt_program_destroy(q);
+    kt_program_destroy(f);
+    kt_graph_destroy(g);
+    kt_threadpool_destroy(pool);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_truncated_and_flipped),
+        cmocka_unit_test(test_corrupt_content_valid_checksum),
+        cmocka_unit_test(test_random_field_mutations),
+        cmocka_unit_test(test_zero_allocations),
+        cmocka_unit_test(test_bad_builds),
+        cmocka_unit_test(test_compile_options),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
