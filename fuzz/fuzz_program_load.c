@@ -3,7 +3,8 @@
  * Each input is loaded twice: as it is (the header checks and the checksum), and as a copy
  * whose body size and CRC-32 are repaired, so that mutations reach the table parsing and the
  * program validation instead of stopping at the checksum. A program that loads is described,
- * and, when its memory is small, run forward in a one-thread session. */
+ * and, when its memory is small, run in a one-thread session: forward, and backward when it
+ * has a backward schedule. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -47,7 +48,8 @@ static void exercise(const uint8_t *data, size_t size)
         so.threads = 1;
         kt_session *s = NULL;
         if (kt_session_create(p, &so, &s) == KT_OK) {
-            (void)kt_session_forward(s);
+            if (kt_session_forward(s) == KT_OK && st.n_backward_steps > 0)
+                (void)kt_session_backward(s);
             kt_session_destroy(s);
         }
     }

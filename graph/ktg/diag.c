@@ -48,7 +48,8 @@ static void show_line(kt__ktg_diag *d, kt__ktg_span at)
     for (size_t i = 0; i < start; i++)
         caret[m++] = begin + i < d->src_len && d->src[begin + i] == '\t' ? '\t' : ' ';
     caret[m++] = '^';
-    for (size_t i = 1; i < at.len && m < KT__KTG_SHOW_MAX + 1; i++)
+    /* a span that runs onto a continued line is underlined to the end of this one */
+    for (size_t i = 1; i < at.len && at.off + i < end && m < KT__KTG_SHOW_MAX + 1; i++)
         caret[m++] = '~';
     append(d, "    ", 4);
     append(d, caret, m);
@@ -124,11 +125,10 @@ int kt__ktg_edit_distance(const char *a, const char *b)
 int kt__ktg_is_near(const char *word, const char *candidate, int *distance_out)
 {
     int dist = kt__ktg_edit_distance(word, candidate);
-    /* a third of the word, at least one edit: "matmull" -> "matmul", not "x" -> "y" for
-     * one-letter names, where any name is one edit away */
-    int limit = (int)strlen(word) / 3;
-    if (limit < 1)
-        limit = strlen(word) > 1 ? 1 : 0;
+    /* about a third of the word: "matmull" -> "matmul", "trans" -> "trans_a"; nothing for
+     * one-letter names, where every other one-letter name is one edit away */
+    size_t len = strlen(word);
+    int limit = len <= 1 ? 0 : (int)(len + 2) / 3;
     if (distance_out)
         *distance_out = dist;
     return dist > 0 && dist <= limit;

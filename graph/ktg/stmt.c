@@ -137,7 +137,7 @@ void kt__ktg_stmt_input(kt__ktg_parser *p)
     kt__ktg_span kw = p->tok.at, at;
     kt__ktg_advance(p);
     char name[KT__KTG_NAME_MAX + 1];
-    kt_dtype dtype;
+    kt_dtype dtype = KT_F32;
     int64_t dims[KT_MAX_DIMS];
     int ndim;
     if (!parse_decl(p, name, &at, &dtype, dims, &ndim) || !kt__ktg_end_of_statement(p))
@@ -213,7 +213,7 @@ void kt__ktg_stmt_param(kt__ktg_parser *p)
         kt__ktg_advance(p);
     }
     char name[KT__KTG_NAME_MAX + 1];
-    kt_dtype dtype;
+    kt_dtype dtype = KT_F32;
     int64_t dims[KT_MAX_DIMS];
     int ndim;
     kt_init init;

@@ -69,6 +69,10 @@ kt_status kt_program_tensor_info(const kt_program *p, kt_tensor_role role, int i
  * lower bound, FLOPs. Writes at most size bytes (NUL-terminated); returns the length the
  * full text needs (like snprintf). */
 size_t kt_program_describe(const kt_program *p, char *buf, size_t size);
+/* The steps and buffers as a Graphviz digraph (`dot -Tsvg`): an edge from each buffer a step
+ * reads and to each buffer it writes; forward steps lightblue, backward salmon, fills and
+ * gradient accumulation grey. Same contract as kt_program_describe. */
+size_t kt_program_dot(const kt_program *p, char *buf, size_t size);
 
 /* ---- .ktp files (the runtime half) ------------------------------------------------------------ */
 

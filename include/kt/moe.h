@@ -1,0 +1,143 @@
+/* The CPU Mixture-of-Experts layer.
+ *
+ * Tokens x [qlen, H] are routed to top-k experts: ids [qlen, k] (i32 or i64) with routing
+ * weights w [qlen, k] (f32). Expert e is a SwiGLU MLP, down_e(silu(gate_e(x)) * up_e(x)),
+ * gate/up [I, H] and down [H, I] (Hugging Face's nn.Linear layout), and
+ *
+ *     y = sum_j w[t, j] * expert_{ids[t, j]}(x[t]).
+ *
+ * The expert weights live in CPU memory (bf16 or f32) in a kt_moe object, which also holds
+ * the buffers of the layer's forward and backward, sized once for a maximum token count, so
+ * running the layer allocates nothing.
+ *
+ * Training modes: frozen (gradients for x and w only), LoRA (rank-r adapters A/B on each of
+ * gate, up and down of every expert, with f32 gradients), full (f32 gradients of every expert
+ * weight, accumulated across micro-batches: the first backward after kt_moe_zero_grad
+ * overwrites, later ones add, each scaled by a caller-given factor such as 1/world).
+ */
+#ifndef KT_MOE_H
+#define KT_MOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "io.h"
+#include "runtime.h"
+#include "status.h"
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kt_moe kt_moe;
+
+typedef enum kt_moe_mode {
+    KT_MOE_FROZEN = 0,
+    KT_MOE_LORA = 1,
+    KT_MOE_FULL = 2
+} kt_moe_mode;
+
+typedef struct kt_moe_config {
+    int64_t n_experts;     /* E */
+    int64_t hidden;        /* H */
+    int64_t intermediate;  /* I */
+    int64_t top_k;         /* k: experts per token */
+    int64_t max_tokens;    /* the largest qlen a call may bring (buffers are sized for it) */
+    kt_dtype weight_dtype; /* KT_BF16 or KT_F32 */
+    kt_dtype act_dtype;    /* x, y and their gradients: KT_F32 or KT_BF16 */
+    kt_moe_mode mode;
+    int64_t lora_rank;     /* LoRA: r */
+    float lora_alpha;      /* LoRA: the adapter output is scaled by alpha / r */
+    /* 1: forward keeps the intermediate activations backward needs; 0: keep nothing and
+     * recompute them inside backward (less memory, one more forward's worth of GEMMs). */
+    int keep_activations;
+    int check_finite;      /* check the output for NaN/Inf and fail naming token and expert */
+    const char *name;      /* the layer's name in messages (copied); may be NULL */
+    int numa_node;         /* bind the expert weights to this node; -1: no binding */
+} kt_moe_config;
+
+/* Creates the layer: validates the configuration, allocates the weight store (zeroed) and
+ * all working buffers. pool: the MoE thread pool (not owned; NULL runs on the caller's
+ * thread). */
+kt_status kt_moe_create(const kt_moe_config *config, kt_threadpool *pool, kt_moe **moe_out);
+void kt_moe_destroy(kt_moe *moe);
+const kt_moe_config *kt_moe_get_config(const kt_moe *moe);
+
+/* ---- weights ------------------------------------------------------------------------------ */
+
+typedef enum kt_moe_proj { KT_MOE_GATE = 0, KT_MOE_UP = 1, KT_MOE_DOWN = 2 } kt_moe_proj;
+
+/* Copies one expert's projection in (gate/up [I, H], down [H, I], the weight dtype). */
+kt_status kt_moe_set_weight(kt_moe *moe, int64_t expert, kt_moe_proj proj, const kt_tensor *w);
+/* A view of the stored weight in its original layout (write through it to change it). */
+kt_status kt_moe_weight(kt_moe *moe, int64_t expert, kt_moe_proj proj, kt_tensor *view_out);
+/* Loads every expert from safetensors in Hugging Face naming:
+ * "<prefix>experts.<e>.gate_proj.weight", "...up_proj.weight", "...down_proj.weight". */
+kt_status kt_moe_load(kt_moe *moe, const kt_st_file *file, const char *prefix);
+/* Writes the experts back out in the same naming (and the LoRA adapters, if any, as
+ * "<prefix>experts.<e>.<proj>.lora_A.weight" / "lora_B.weight"). */
+kt_status kt_moe_save(const kt_moe *moe, const char *path, const char *prefix);
+
+/* LoRA adapters: A [r, in] and B [out, r] of each projection (f32), with their gradients. */
+kt_status kt_moe_lora(kt_moe *moe, int64_t expert, kt_moe_proj proj, int which_b,
+                      kt_tensor *view_out);
+kt_status kt_moe_lora_grad(kt_moe *moe, int64_t expert, kt_moe_proj proj, int which_b,
+                           kt_tensor *view_out);
+/* Full mode: the f32 gradient of one expert's projection (original layout). */
+kt_status kt_moe_weight_grad(kt_moe *moe, int64_t expert, kt_moe_proj proj,
+                             kt_tensor *view_out);
+/* The next backward overwrites the weight (or LoRA) gradients instead of adding. */
+void kt_moe_zero_grad(kt_moe *moe);
+
+/* ---- running --------------------------------------------------------------------------------- */
+
+/* Blocking forward: y [qlen, H] (act dtype). */
+kt_status kt_moe_forward(kt_moe *moe, const kt_tensor *x, const kt_tensor *ids,
+                         const kt_tensor *weights, kt_tensor *y);
+/* The same split in two: submit validates and returns at once while the experts run on the
+ * MoE pool; sync waits and returns the result's status. x, ids, weights and y must stay
+ * valid until sync. One forward or backward may be in flight at a time. */
+kt_status kt_moe_submit_forward(kt_moe *moe, const kt_tensor *x, const kt_tensor *ids,
+                                const kt_tensor *weights, kt_tensor *y);
+kt_status kt_moe_sync(kt_moe *moe);
+
+/* Backward of the last forward: grad_y -> grad_x [qlen, H], grad_weights [qlen, k] (f32),
+ * and by mode the LoRA or expert-weight gradients (each scaled by weight_grad_scale, e.g.
+ * 1/world for data-parallel averaging). grad_x or grad_weights may have data NULL to skip. */
+kt_status kt_moe_backward(kt_moe *moe, const kt_tensor *grad_y, kt_tensor *grad_x,
+                          kt_tensor *grad_weights, float weight_grad_scale);
+
+/* ---- the forward cache (for checkpoint recompute) ------------------------------------------ */
+
+typedef enum kt_moe_cache_state {
+    KT_MOE_CACHE_EMPTY = 0,
+    KT_MOE_CACHE_READY = 1,   /* holds the output of the first forward */
+    KT_MOE_CACHE_POISONED = 2 /* a failure happened: errors until cleared */
+} kt_moe_cache_state;
+
+/* With the cache on, a forward stores its output; a recompute forward with the same inputs
+ * returns the stored output instead of running the experts; backward clears it; any failure
+ * poisons it, and a poisoned cache fails every forward until kt_moe_cache_clear. */
+kt_status kt_moe_cache_enable(kt_moe *moe, int on);
+kt_moe_cache_state kt_moe_cache_get_state(const kt_moe *moe);
+void kt_moe_cache_clear(kt_moe *moe);
+
+/* ---- accounting -------------------------------------------------------------------------------- */
+
+typedef struct kt_moe_memory {
+    uint64_t weight_bytes;          /* expert weights as stored */
+    uint64_t raw_weight_bytes;      /* E * 3 * H * I * dtype size */
+    uint64_t backward_buffer_bytes; /* transposed/repacked weights for backward, if any */
+    uint64_t saved_bytes_per_token; /* kept from forward to backward, per token */
+    uint64_t workspace_bytes;       /* all working buffers */
+    uint64_t grad_bytes;            /* LoRA adapters and their gradients, full-mode weight
+                                     * gradients (f32) */
+} kt_moe_memory;
+
+void kt_moe_get_memory(const kt_moe *moe, kt_moe_memory *memory_out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

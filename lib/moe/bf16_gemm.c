@@ -1,0 +1,428 @@
+/* bf16 GEMM dispatch and the AVX-512 BF16 kernels (vdpbf16ps; see bf16_gemm.h).
+ *
+ * The vector kernels are compiled with target attributes (the library needs no -m flags) and
+ * chosen per call from the CPU features; without AVX-512 BF16 (or with KT_CPU=portable) the
+ * scalar reference runs. vdpbf16ps multiplies pairs of bf16 values and adds both products to
+ * an f32 lane (denormal inputs and results are flushed to zero, as the instruction defines).
+ *
+ * Summation order. Every output element is computed by one fixed sequence of operations that
+ * depends only on the length of the reduced dimension, never on the block of the output a
+ * call computes or on the element's position in a register tile (edge tiles run the same
+ * code with fewer rows; masked lanes add exact zeros), so any split over threads gives
+ * bitwise identical results:
+ *  - NT: 16 lanes each accumulate the pairs k = 32c + 2l, 32c + 2l + 1 over chunks c in
+ *    order (the K remainder is a zero-padded chunk), then the 16 lanes are added by a fixed
+ *    tree (reduce16).
+ *  - NN / TN: one lane per output element accumulates the pairs (n, n+1) of the reduced
+ *    dimension in order, the odd remainder as a final pair with a zero partner.
+ *
+ * Kernels (register tiles, everything in zmm registers over the whole reduction):
+ *  - NT y = x w^T: a tile of up to 4 rows of x by 4 rows of w, 16 accumulators, loading 4 +
+ *    4 vectors per 32 k; x is walked in row chunks that stay in L2, and w in blocks of 4
+ *    rows that stay in L1 while all x rows of the chunk pass, so at small M each w row is
+ *    read from memory once for all M rows.
+ *  - NN y = g w: the B operand pairs rows n, n+1 of w, interleaved on the fly (unpacklo/hi,
+ *    which leaves the 32 columns of a block permuted within the two accumulators; undone at
+ *    the store), the A operand is the 32-bit pair (g[m,n], g[m,n+1]) broadcast; up to 12
+ *    rows of g x 32 columns per tile, so one interleave feeds 24 vdpbf16ps.
+ *  - TN dw += scale g^T x: the same tile with x's row pairs as B and the pairs
+ *    (g[m,n], g[m+1,n]) as A, packed per tile of 12 rows n into a stack buffer (48 KiB). */
+#include <string.h>
+
+#include "core/cpu_internal.h"
+#include "moe/bf16_gemm.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define BF_HAVE_AVX512 1
+#define BF_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define BF_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512bf16")))
+
+/* ---- NT ------------------------------------------------------------------------------------ */
+
+/* x rows per chunk: a chunk of x (rows x K bf16) stays within about 256 KiB of L2. */
+#define NT_X_CHUNK_BYTES (256 * 1024)
+
+BF_INLINE __m512 dp(__m512 acc, __m512i a, __m512i b)
+{
+    return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+
+/* Lane o of the result = the sum of the 16 lanes of in[o], by the same tree for every o:
+ * lanes l and l+8 first, then the two halves of each group of 8, then 4 -> 2 -> 1. */
+BF_INLINE __m512 reduce16(const __m512 in[16])
+{
+    /* v[j + 4 b2 + 8 b1] = in[4 j + b1 + 2 b2] puts the sums in natural order */
+    __m512 v[16];
+    for (int idx = 0; idx < 16; idx++) {
+        const int j = idx & 3, b2 = (idx >> 2) & 1, b1 = (idx >> 3) & 1;
+        v[idx] = in[4 * j + b1 + 2 * b2];
+    }
+    __m512 t[8], u[4], w[2];
+    for (int i = 0; i < 8; i++)
+        t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)
+        u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)
+        w[i] = _mm512_add_ps(_mm512_unpacklo_ps(u[2 * i], u[2 * i + 1]),
+                             _mm512_unpackhi_ps(u[2 * i], u[2 * i + 1]));
+    return _mm512_add_ps(_mm512_unpacklo_ps(w[0], w[1]), _mm512_unpackhi_ps(w[0], w[1]));
+}
+
+/* y[0..mr) x [0..nr) (+)= x[0..mr) . w[0..nr)^T over K, mr, nr <= 4 (compile-time). */
+BF_INLINE void nt_tile(const int mr, const int nr, int64_t K, const uint16_t *x, int64_t ldx,
+                       const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
+{
+    __m512 acc[16];
+    for (int i = 0; i < 16; i++)
+        acc[i] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        __m512i xv[4], wv[4];
+        for (int i = 0; i < mr; i++)
+            xv[i] = _mm512_loadu_si512((const void *)(x + i * ldx + k));
+        for (int j = 0; j < nr; j++)
+            wv[j] = _mm512_loadu_si512((const void *)(w + j * ldw + k));
+        for (int i = 0; i < mr; i++)
+            for (int j = 0; j < nr; j++)
+                acc[4 * i + j] = dp(acc[4 * i + j], xv[i], wv[j]);
+    }
+    if (k < K) {
+        const __mmask32 m = (__mmask32)((1u << (K - k)) - 1u);
+        __m512i xv[4], wv[4];
+        for (int i = 0; i < mr; i++)
+            xv[i] = _mm512_maskz_loadu_epi16(m, x + i * ldx + k);
+        for (int j = 0; j < nr; j++)
+            wv[j] = _mm512_maskz_loadu_epi16(m, w + j * ldw + k);
+        for (int i = 0; i < mr; i++)
+            for (int j = 0; j < nr; j++)
+                acc[4 * i + j] = dp(acc[4 * i + j], xv[i], wv[j]);
+    }
+    _Alignas(64) float s[16];
+    _mm512_store_ps(s, reduce16(acc));
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) {
+            float *o = y + i * ldy + j;
+            *o = accumulate ? *o + s[4 * i + j] : s[4 * i + j];
+        }
+}
+
+typedef void (*nt_fn)(int64_t K, const uint16_t *x, int64_t ldx, const uint16_t *w,
+                      int64_t ldw, float *y, int64_t ldy, int accumulate);
+
+#define NT_VARIANT(MR, NR)                                                                    \
+    BF_TARGET static void nt_##MR##x##NR(int64_t K, const uint16_t *x, int64_t ldx,           \
+                                         const uint16_t *w, int64_t ldw, float *y,            \
+                                         int64_t ldy, int accumulate)                         \
+    {                                                                                         \
+        nt_tile(MR, NR, K, x, ldx, w, ldw, y, ldy, accumulate);                               \
+    }
+NT_VARIANT(4, 4)
+NT_VARIANT(4, 2)
+NT_VARIANT(4, 1)
+NT_VARIANT(2, 4)
+NT_VARIANT(2, 2)
+NT_VARIANT(2, 1)
+NT_VARIANT(1, 4)
+NT_VARIANT(1, 2)
+NT_VARIANT(1, 1)
+
+/* [row size index][col size index], index 0: 4, 1: 2, 2: 1 */
+static const nt_fn nt_table[3][3] = {{nt_4x4, nt_4x2, nt_4x1},
+                                     {nt_2x4, nt_2x2, nt_2x1},
+                                     {nt_1x4, nt_1x2, nt_1x1}};
+
+static int size_index(int64_t left, int *size)
+{
+    if (left >= 4) {
+        *size = 4;
+        return 0;
+    }
+    *size = left >= 2 ? 2 : 1;
+    return left >= 2 ? 1 : 2;
+}
+
+static void nt_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
+                      int64_t ldx, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
+                      int accumulate)
+{
+    int64_t mc = K > 0 ? NT_X_CHUNK_BYTES / (2 * K) : M;
+    mc = mc < 4 ? 4 : mc & ~(int64_t)3;
+    for (int64_t m0 = 0; m0 < M; m0 += mc) {
+        const int64_t m1 = M - m0 < mc ? M : m0 + mc;
+        for (int64_t n = n0; n < n1;) {
+            int nr;
+            const int ci = size_index(n1 - n, &nr);
+            for (int64_t m = m0; m < m1;) {
+                int mr;
+                const int ri = size_index(m1 - m, &mr);
+                nt_table[ri][ci](K, x + m * ldx, ldx, w + n * ldw, ldw, y + m * ldy + n, ldy,
+                                 accumulate);
+                m += mr;
+            }
+            n += nr;
+        }
+    }
+}
+
+/* ---- NN and TN: pairs along the reduced dimension ------------------------------------------- */
+
+#define PAIR_MR 12
+#define TN_PAIRS_PER_CHUNK 1024 /* 12 x 1024 packed pairs = 48 KiB of stack */
+
+static uint32_t ld32(const uint16_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+enum { OUT_STORE = 0, OUT_ADD = 1, OUT_SCALE_ADD = 2 };
+
+/* acc[i][0..1] += sum over the pairs p < np (and the tail, a pair with a zero partner) of
+ * A(i, p) . interleave(b row 2p, b row 2p+1), for 32 columns of b (masked by jm).
+ * A(i, p) is the 32-bit pair at a + i * a_row + p * a_pair (in bf16 elements); the tail's
+ * single value is the 16-bit one at a + i * a_row + np * a_pair. acc[i][0] holds columns
+ * 0-3, 8-11, 16-19, 24-27 of the block, acc[i][1] the others. */
+BF_INLINE void pair_tile(const int mr, const int full, int64_t np, int tail, const uint16_t *a,
+                         int64_t a_row, int64_t a_pair, const uint16_t *b, int64_t ldb,
+                         __mmask32 jm, __m512 acc[PAIR_MR][2])
+{
+    for (int64_t p = 0; p < np; p++) {
+        const uint16_t *b0 = b + 2 * p * ldb;
+        __m512i r0, r1;
+        if (full) {
+            r0 = _mm512_loadu_si512((const void *)b0);
+            r1 = _mm512_loadu_si512((const void *)(b0 + ldb));
+        } else {
+            r0 = _mm512_maskz_loadu_epi16(jm, b0);
+            r1 = _mm512_maskz_loadu_epi16(jm, b0 + ldb);
+        }
+        const __m512i lo = _mm512_unpacklo_epi16(r0, r1), hi = _mm512_unpackhi_epi16(r0, r1);
+        const uint16_t *ap = a + p * a_pair;
+        for (int i = 0; i < mr; i++) {
+            const __m512i av = _mm512_set1_epi32((int)ld32(ap + i * a_row));
+            acc[i][0] = dp(acc[i][0], av, lo);
+            acc[i][1] = dp(acc[i][1], av, hi);
+        }
+    }
+    if (tail) {
+        const __m512i r0 = _mm512_maskz_loadu_epi16(jm, b + 2 * np * ldb);
+        const __m512i z = _mm512_setzero_si512();
+        const __m512i lo = _mm512_unpacklo_epi16(r0, z), hi = _mm512_unpackhi_epi16(r0, z);
+        const uint16_t *ap = a + np * a_pair;
+        for (int i = 0; i < mr; i++) {
+            const __m512i av = _mm512_set1_epi32((int)ap[i * a_row]);
+            acc[i][0] = dp(acc[i][0], av, lo);
+            acc[i][1] = dp(acc[i][1], av, hi);
+        }
+    }
+}
+
+/* Columns back in order, then out rows [0, mr) x 32 columns (masked by jm) by mode. */
+BF_INLINE void pair_store(const int mr, __m512 acc[PAIR_MR][2], __mmask32 jm, float *out,
+                          int64_t ldo, int mode, float scale)
+{
+    const __m512i idx0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i idx1 =
+        _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    const __mmask16 m0 = (__mmask16)(jm & 0xffffu), m1 = (__mmask16)(jm >> 16);
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int i = 0; i < mr; i++) {
+        __m512 s0 = _mm512_permutex2var_ps(acc[i][0], idx0, acc[i][1]);
+        __m512 s1 = _mm512_permutex2var_ps(acc[i][0], idx1, acc[i][1]);
+        float *o = out + i * ldo;
+        if (mode == OUT_SCALE_ADD) {
+            s0 = _mm512_mul_ps(vs, s0);
+            s1 = _mm512_mul_ps(vs, s1);
+        }
+        if (mode != OUT_STORE) {
+            s0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, o), s0);
+            s1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, o + 16), s1);
+        }
+        _mm512_mask_storeu_ps(o, m0, s0);
+        _mm512_mask_storeu_ps(o + 16, m1, s1);
+    }
+}
+
+typedef void (*pair_fn)(int64_t np, int tail, const uint16_t *a, int64_t a_row, int64_t a_pair,
+                        const uint16_t *b, int64_t ldb, __mmask32 jm, float *accbuf, int first,
+                        int last, float *out, int64_t ldo, int mode, float scale);
+
+/* One tile over one range of pairs: acc from zero (first) or accbuf, then to out (last) or
+ * back to accbuf (mr x 32 floats), so a reduction split in chunks sums exactly as one. */
+#define PAIR_VARIANT(MR)                                                                      \
+    BF_TARGET static void pair_##MR(int64_t np, int tail, const uint16_t *a, int64_t a_row,   \
+                                    int64_t a_pair, const uint16_t *b, int64_t ldb,           \
+                                    __mmask32 jm, float *accbuf, int first, int last,         \
+                                    float *out, int64_t ldo, int mode, float scale)           \
+    {                                                                                         \
+        __m512 acc[PAIR_MR][2];                                                               \
+        for (int i = 0; i < MR; i++)                                                          \
+            for (int h = 0; h < 2; h++)                                                       \
+                acc[i][h] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(accbuf + 32 * i + 16 * h); \
+        if (jm == 0xffffffffu)                                                                \
+            pair_tile(MR, 1, np, tail, a, a_row, a_pair, b, ldb, jm, acc);                    \
+        else                                                                                  \
+            pair_tile(MR, 0, np, tail, a, a_row, a_pair, b, ldb, jm, acc);                    \
+        if (last) {                                                                           \
+            pair_store(MR, acc, jm, out, ldo, mode, scale);                                   \
+        } else {                                                                              \
+            for (int i = 0; i < MR; i++)                                                      \
+                for (int h = 0; h < 2; h++)                                                   \
+                    _mm512_storeu_ps(accbuf + 32 * i + 16 * h, acc[i][h]);                    \
+        }                                                                                     \
+    }
+PAIR_VARIANT(12)
+PAIR_VARIANT(8)
+PAIR_VARIANT(4)
+PAIR_VARIANT(2)
+PAIR_VARIANT(1)
+
+static pair_fn pair_pick(int64_t left, int *mr)
+{
+    if (left >= 12)
+        return *mr = 12, pair_12;
+    if (left >= 8)
+        return *mr = 8, pair_8;
+    if (left >= 4)
+        return *mr = 4, pair_4;
+    if (left >= 2)
+        return *mr = 2, pair_2;
+    return *mr = 1, pair_1;
+}
+
+static __mmask32 col_mask(int64_t left)
+{
+    return left >= 32 ? 0xffffffffu : (__mmask32)((1u << left) - 1u);
+}
+
+/* g rows per chunk: a chunk of g (rows x N bf16) stays within about 256 KiB of L2 while the
+ * column blocks of w pass. */
+#define NN_G_CHUNK_BYTES (256 * 1024)
+
+static void nn_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
+                      int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
+                      int accumulate)
+{
+    const int64_t np = N / 2;
+    const int tail = (int)(N & 1);
+    int64_t mc = N > 0 ? NN_G_CHUNK_BYTES / (2 * N) : M;
+    mc = mc < PAIR_MR ? PAIR_MR : mc - mc % PAIR_MR;
+    const int mode = accumulate ? OUT_ADD : OUT_STORE;
+    for (int64_t m0 = 0; m0 < M; m0 += mc) {
+        const int64_t m1 = M - m0 < mc ? M : m0 + mc;
+        for (int64_t kb = k0; kb < k1; kb += 32) {
+            const __mmask32 jm = col_mask(k1 - kb);
+            for (int64_t m = m0; m < m1;) {
+                int mr;
+                const pair_fn fn = pair_pick(m1 - m, &mr);
+                fn(np, tail, g + m * ldg, ldg, 2, w + kb, ldw, jm, NULL, 1, 1, y + m * ldy + kb,
+                   ldy, mode, 1.0f);
+                m += mr;
+            }
+        }
+    }
+}
+
+/* apack[q * mr + i] = (g[2(p0+q), n0+i], g[2(p0+q)+1, n0+i]) for q < cnt, the partner of row
+ * M-1 zero when M is odd. */
+BF_TARGET static void tn_pack_a(int64_t M, int64_t p0, int64_t cnt, int mr, const uint16_t *g,
+                                int64_t ldg, uint32_t *apack)
+{
+    const __mmask32 lm = (__mmask32)((1u << mr) - 1u);
+    const __mmask16 sm = (__mmask16)((1u << mr) - 1u);
+    for (int64_t q = 0; q < cnt; q++) {
+        const int64_t m = 2 * (p0 + q);
+        const __m512i r0 = _mm512_maskz_loadu_epi16(lm, g + m * ldg);
+        const __m512i r1 =
+            m + 1 < M ? _mm512_maskz_loadu_epi16(lm, g + (m + 1) * ldg) : _mm512_setzero_si512();
+        const __m512i lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(r0));
+        const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(r1)), 16);
+        _mm512_mask_storeu_epi32(apack + q * mr, sm, _mm512_or_si512(lo, hi));
+    }
+}
+
+/* x rows x columns of a column group: within about 512 KiB of L2, reused by all row tiles. */
+#define TN_X_GROUP_BYTES (512 * 1024)
+
+static void tn_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                      int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
+                      float scale)
+{
+    _Alignas(64) uint32_t apack[PAIR_MR * TN_PAIRS_PER_CHUNK];
+    _Alignas(64) float accbuf[PAIR_MR * 32];
+    const int64_t pairs = (M + 1) / 2; /* with the tail */
+    const int64_t chunks = (pairs + TN_PAIRS_PER_CHUNK - 1) / TN_PAIRS_PER_CHUNK;
+    int64_t js = M > 0 ? TN_X_GROUP_BYTES / (2 * M) : K;
+    js = js < 32 ? 32 : js - js % 32;
+    for (int64_t j0 = 0; j0 < K; j0 += js) {
+        const int64_t j1 = K - j0 < js ? K : j0 + js;
+        for (int64_t n = n0; n < n1;) {
+            int mr;
+            const pair_fn fn = pair_pick(n1 - n, &mr);
+            if (chunks == 1)
+                tn_pack_a(M, 0, pairs, mr, g + n, ldg, apack);
+            for (int64_t jb = j0; jb < j1; jb += 32) {
+                const __mmask32 jm = col_mask(j1 - jb);
+                for (int64_t c = 0; c < chunks || c == 0; c++) {
+                    const int64_t p0 = c * TN_PAIRS_PER_CHUNK;
+                    const int64_t cnt =
+                        pairs - p0 < TN_PAIRS_PER_CHUNK ? pairs - p0 : TN_PAIRS_PER_CHUNK;
+                    const int last = c + 1 >= chunks;
+                    const int tail = last && (M & 1);
+                    if (chunks > 1)
+                        tn_pack_a(M, p0, cnt, mr, g + n, ldg, apack);
+                    fn(cnt - tail, tail, (const uint16_t *)apack, 2, 2 * (int64_t)mr,
+                       x + 2 * p0 * ldx + jb, ldx, jm, accbuf, c == 0, last, dw + n * lddw + jb,
+                       lddw, OUT_SCALE_ADD, scale);
+                }
+            }
+            n += mr;
+        }
+    }
+}
+
+static int use_avx512(void) { return kt__cpu_has_avx512() && kt__cpu_has_avx512_bf16(); }
+#endif
+
+void kt__bf16_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
+                      int64_t ldx, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
+                      int accumulate)
+{
+#ifdef BF_HAVE_AVX512
+    if (use_avx512()) {
+        nt_avx512(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+        return;
+    }
+#endif
+    kt__bf16_gemm_nt_ref(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+}
+
+void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
+                      int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
+                      int accumulate)
+{
+#ifdef BF_HAVE_AVX512
+    if (use_avx512()) {
+        nn_avx512(M, N, k0, k1, g, ldg, w, ldw, y, ldy, accumulate);
+        return;
+    }
+#endif
+    kt__bf16_gemm_nn_ref(M, N, k0, k1, g, ldg, w, ldw, y, ldy, accumulate);
+}
+
+void kt__bf16_gemm_tn_acc(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                          int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
+                          float scale)
+{
+#ifdef BF_HAVE_AVX512
+    if (use_avx512()) {
+        tn_avx512(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale);
+        return;
+    }
+#endif
+    kt__bf16_gemm_tn_acc_ref(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale);
+}

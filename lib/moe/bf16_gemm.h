@@ -1,0 +1,49 @@
+/* bf16 GEMM kernels for the MoE layer: bf16 operands, f32 accumulation and output.
+ *
+ * All three read the weights in their original row-major layout (Hugging Face's [out, in]),
+ * so the layer holds each expert's weights once, with no transposed copy for backward. Each
+ * call is single-threaded and computes one block of the output; the MoE layer spreads blocks
+ * of all experts over its thread pool. Summation order over the reduced dimension is fixed
+ * (independent of the block split), so results do not depend on the thread count.
+ *
+ * Matrices are row-major with leading dimensions in elements; bf16 is uint16_t.
+ */
+#ifndef KT_MOE_BF16_GEMM_H
+#define KT_MOE_BF16_GEMM_H
+
+#include <stdint.h>
+
+/* Forward and weight-side products ("NT"): for rows m in [0, M) and columns n in [n0, n1),
+ *   y[m, n] = (accumulate ? y[m, n] : 0) + sum_k x[m, k] * w[n, k]
+ * x [M, K], w [N, K] (a projection's weight), y [M, N] f32. */
+void kt__bf16_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
+                      int64_t ldx, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
+                      int accumulate);
+
+/* Input gradients ("NN"): for rows m in [0, M) and columns k in [k0, k1),
+ *   y[m, k] = (accumulate ? y[m, k] : 0) + sum_n g[m, n] * w[n, k]
+ * g [M, N] (output gradient), w [N, K], y [M, K] f32. */
+void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
+                      int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
+                      int accumulate);
+
+/* Weight gradients ("TN"), always accumulating: for rows n in [n0, n1) and all k in [0, K),
+ *   dw[n, k] += scale * sum_m g[m, n] * x[m, k]
+ * g [M, N], x [M, K], dw [N, K] f32. */
+void kt__bf16_gemm_tn_acc(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                          int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
+                          float scale);
+
+/* The plain scalar versions: the reference the fast kernels are tested against, and the
+ * portable path when the CPU lacks AVX-512 BF16. */
+void kt__bf16_gemm_nt_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
+                          int64_t ldx, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
+                          int accumulate);
+void kt__bf16_gemm_nn_ref(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
+                          int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
+                          int accumulate);
+void kt__bf16_gemm_tn_acc_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                              int64_t ldg, const uint16_t *x, int64_t ldx, float *dw,
+                              int64_t lddw, float scale);
+
+#endif

@@ -1,0 +1,259 @@
+/* The forward: gather the input rows per expert, gate/up GEMMs with the SiLU product, down
+ * GEMM, then the per-token weighted sum in slot order. kt__moe_compute is shared with backward,
+ * which reruns it to recompute what forward did not keep. */
+#include <math.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "moe/bf16_gemm.h"
+#include "moe/moe_internal.h"
+#include "ops/gemm.h"
+
+float kt__moe_ld(const void *p, int bf16, int64_t i)
+{
+    return bf16 ? kt_bf16_to_f32_1(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+void kt__moe_st(void *p, int bf16, int64_t i, float v)
+{
+    if (bf16)
+        ((uint16_t *)p)[i] = kt_f32_to_bf16_1(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+typedef struct fwd_ctx {
+    kt_moe *m;
+    const kt__moe_job *job;
+    int load_x;
+    int run_gemms;
+} fwd_ctx;
+
+/* Row copy between f32/bf16 buffers. */
+static void convert_row(void *dst, int dst_bf16, const void *src, int src_bf16, int64_t n)
+{
+    if (dst_bf16 == src_bf16)
+        memcpy(dst, src, (size_t)n * (dst_bf16 ? 2 : 4));
+    else if (dst_bf16)
+        kt_f32_to_bf16(dst, src, (size_t)n);
+    else
+        kt_bf16_to_f32(dst, src, (size_t)n);
+}
+
+/* Tokens: the caller's x into the saved copy (compute dtype), then one copy per slot into
+ * the expert-sorted rows. */
+static void gather_part(void *vctx, int64_t t0, int64_t t1, int thread)
+{
+    (void)thread;
+    fwd_ctx *c = vctx;
+    kt_moe *m = c->m;
+    size_t cs = m->cs;
+    int xbf = m->cfg.act_dtype == KT_BF16;
+    for (int64_t t = t0; t < t1; t++) {
+        unsigned char *xt = (unsigned char *)m->xt + (size_t)(t * m->H) * cs;
+        if (c->load_x) {
+            const unsigned char *x = c->job->x->data;
+            convert_row(xt, m->bf16, x + (size_t)(t * m->H) * (xbf ? 2 : 4), xbf, m->H);
+        }
+        for (int64_t j = 0; j < m->K; j++) {
+            int64_t r = m->slot_row[t * m->K + j];
+            memcpy((unsigned char *)m->xc + (size_t)(r * m->H) * cs, xt, (size_t)m->H * cs);
+        }
+    }
+}
+
+void kt__moe_gather(kt_moe *m, const kt__moe_job *job, int load_x);
+void kt__moe_gather(kt_moe *m, const kt__moe_job *job, int load_x)
+{
+    fwd_ctx c = {m, job, load_x, 0};
+    kt_parallel_for(m->pool, m->qlen, 1, gather_part, &c);
+}
+
+static float silu(float g) { return g / (1.0f + expf(-g)); }
+
+static void gate_up_tasks(void *vctx, int64_t b, int64_t end, int thread)
+{
+    (void)thread;
+    fwd_ctx *c = vctx;
+    kt_moe *m = c->m;
+    int lora = m->cfg.mode == KT_MOE_LORA;
+    for (int64_t i = b; i < end; i++) {
+        const kt__moe_task *t = &m->tasks[i];
+        int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
+        if (c->run_gemms && m->bf16) {
+            const uint16_t *x = (const uint16_t *)m->xc + off * m->H;
+            kt__bf16_gemm_nt(me, t->c0, t->c1, m->H, x, m->H,
+                             kt__moe_weight_ptr(m, t->e, KT_MOE_GATE), m->H, m->g + off * m->I,
+                             m->I, 0);
+            kt__bf16_gemm_nt(me, t->c0, t->c1, m->H, x, m->H,
+                             kt__moe_weight_ptr(m, t->e, KT_MOE_UP), m->H, m->u + off * m->I,
+                             m->I, 0);
+        }
+        if (c->run_gemms && lora) {
+            kt__moe_lora_add(m, KT_MOE_GATE, t, m->g);
+            kt__moe_lora_add(m, KT_MOE_UP, t, m->u);
+        }
+        for (int64_t r = off; r < off + me; r++)
+            for (int64_t n = t->c0; n < t->c1; n++) {
+                int64_t k = r * m->I + n;
+                kt__moe_st(m->ac, m->bf16, k, silu(m->g[k]) * m->u[k]);
+            }
+    }
+}
+
+static void down_tasks(void *vctx, int64_t b, int64_t end, int thread)
+{
+    (void)thread;
+    fwd_ctx *c = vctx;
+    kt_moe *m = c->m;
+    for (int64_t i = b; i < end; i++) {
+        const kt__moe_task *t = &m->tasks[i];
+        int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
+        if (m->bf16)
+            kt__bf16_gemm_nt(me, t->c0, t->c1, m->I, (const uint16_t *)m->ac + off * m->I,
+                             m->I, kt__moe_weight_ptr(m, t->e, KT_MOE_DOWN), m->I,
+                             m->d + off * m->H, m->H, 0);
+        if (m->cfg.mode == KT_MOE_LORA)
+            kt__moe_lora_add(m, KT_MOE_DOWN, t, m->d);
+    }
+}
+
+/* f32 weights: one kt__sgemm per active expert (it threads itself), out = in * W^T. */
+static kt_status sgemm_experts(kt_moe *m, int proj, const float *in, int64_t K, float *out,
+                               int64_t N)
+{
+    for (int64_t e = 0; e < m->E; e++) {
+        int64_t off = m->off[e], me = m->off[e + 1] - off;
+        if (me == 0)
+            continue;
+        KT__TRY(kt__sgemm(m->gemm_pool, 0, 1, me, N, K, 1.0f, in + off * K, K,
+                          kt__moe_weight_ptr(m, e, proj), K, 0.0f, out + off * N, N));
+    }
+    return KT_OK;
+}
+
+/* With xc gathered: g, u (+ LoRA), ac = silu(g) * u, d (+ LoRA). run_gemms = 0 only
+ * rebuilds ac and the LoRA inputs from kept g and u (backward with keep_activations), with
+ * the same code, so kept and recomputed values are bitwise equal. */
+kt_status kt__moe_compute(kt_moe *m, int run_gemms)
+{
+    int lora = m->cfg.mode == KT_MOE_LORA;
+    int64_t rows = m->off[m->E];
+    fwd_ctx c = {m, NULL, 0, run_gemms};
+    if (lora) {
+        kt__moe_lora_z(m, KT_MOE_GATE, m->xc);
+        kt__moe_lora_z(m, KT_MOE_UP, m->xc);
+    }
+    if (run_gemms && !m->bf16) {
+        KT__TRY(sgemm_experts(m, KT_MOE_GATE, m->xc, m->H, m->g, m->I));
+        KT__TRY(sgemm_experts(m, KT_MOE_UP, m->xc, m->H, m->u, m->I));
+    }
+    int64_t n = kt__moe_plan(m, m->I);
+    kt_parallel_for(m->pool, n, 1, gate_up_tasks, &c);
+    if (lora)
+        kt__moe_lora_z(m, KT_MOE_DOWN, m->ac);
+    if (run_gemms) {
+        if (!m->bf16)
+            KT__TRY(sgemm_experts(m, KT_MOE_DOWN, m->ac, m->I, m->d, m->H));
+        if (m->bf16 || lora) {
+            n = kt__moe_plan(m, m->H);
+            kt_parallel_for(m->pool, n, 1, down_tasks, &c);
+        }
+        m->flops += (uint64_t)(6 * rows * m->H * m->I);
+    }
+    return KT_OK;
+}
+
+/* y[t] = sum_j w[t, j] * d[row(t, j)], in slot order. */
+static void combine_part(void *vctx, int64_t t0, int64_t t1, int thread)
+{
+    (void)thread;
+    kt_moe *m = ((fwd_ctx *)vctx)->m;
+    for (int64_t t = t0; t < t1; t++) {
+        float *y = m->y + t * m->H;
+        for (int64_t j = 0; j < m->K; j++) {
+            float w = m->slot_w[t * m->K + j];
+            const float *d = m->d + (int64_t)m->slot_row[t * m->K + j] * m->H;
+            if (j == 0)
+                for (int64_t h = 0; h < m->H; h++)
+                    y[h] = w * d[h];
+            else
+                for (int64_t h = 0; h < m->H; h++)
+                    y[h] += w * d[h];
+        }
+    }
+}
+
+static void write_part(void *vctx, int64_t t0, int64_t t1, int thread)
+{
+    (void)thread;
+    fwd_ctx *c = vctx;
+    kt_moe *m = c->m;
+    int ybf = m->cfg.act_dtype == KT_BF16;
+    unsigned char *y = c->job->y->data;
+    for (int64_t t = t0; t < t1; t++)
+        convert_row(y + (size_t)(t * m->H) * (ybf ? 2 : 4), ybf, m->y + t * m->H, 0, m->H);
+}
+
+/* Names the first non-finite output and the first expert of that token whose weighted
+ * output row is non-finite (the one that brought the NaN/Inf in). */
+static kt_status check_finite(kt_moe *m)
+{
+    for (int64_t t = 0; t < m->qlen; t++) {
+        const float *y = m->y + t * m->H;
+        int64_t h = 0;
+        while (h < m->H && isfinite(y[h]))
+            h++;
+        if (h == m->H)
+            continue;
+        int64_t slot = 0;
+        for (int64_t j = 0; j < m->K; j++) {
+            float w = m->slot_w[t * m->K + j];
+            const float *d = m->d + (int64_t)m->slot_row[t * m->K + j] * m->H;
+            int bad = !isfinite(w);
+            for (int64_t i = 0; i < m->H && !bad; i++)
+                bad = !isfinite(d[i]);
+            if (bad) {
+                slot = j;
+                break;
+            }
+        }
+        return kt__error(KT_ERANGE,
+                         "moe '%s': non-finite output at token %lld, column %lld (expert %lld, "
+                         "slot %lld)",
+                         m->name, (long long)t, (long long)h,
+                         (long long)m->slot_expert[t * m->K + slot], (long long)slot);
+    }
+    return KT_OK;
+}
+
+kt_status kt__moe_forward_exec(kt_moe *m, kt__moe_job *job)
+{
+    fwd_ctx c = {m, job, 1, 1};
+    kt_status st = KT_OK;
+    if (job->cache_hit) {
+        kt_parallel_for(m->pool, job->qlen, 1, write_part, &c);
+        return KT_OK;
+    }
+    m->fwd_valid = 0;
+    kt__moe_route(m, job);
+    kt__moe_gather(m, job, 1);
+    st = kt__moe_compute(m, 1);
+    if (st != KT_OK)
+        goto fail;
+    kt_parallel_for(m->pool, m->qlen, 1, combine_part, &c);
+    if (m->cfg.check_finite) {
+        st = check_finite(m);
+        if (st != KT_OK)
+            goto fail;
+    }
+    kt_parallel_for(m->pool, m->qlen, 1, write_part, &c);
+    m->fwd_valid = 1;
+    if (m->cache_on)
+        atomic_store(&m->cache_state, KT_MOE_CACHE_READY);
+    return KT_OK;
+
+fail:
+    kt__moe_poison(m);
+    return st;
+}

@@ -1,0 +1,288 @@
+/* The MoE layer object: configuration checks, the weight store and every working buffer,
+ * all sized at creation so that running the layer allocates nothing. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "moe/moe_internal.h"
+#include "ops/gemm.h"
+
+#define ALIGN 64
+
+/* LoRA A is drawn from U(-1/sqrt(in), 1/sqrt(in)) (the bound PEFT's kaiming_uniform(a=sqrt(5))
+ * gives), B is zero so the adapter starts as a no-op. Each value comes from splitmix64 of this
+ * seed and its (expert, projection, index), so the init does not depend on creation order. */
+#define LORA_SEED 0x6b742d6d6f652d41ull
+
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+int64_t kt__moe_proj_in(const kt_moe *m, int proj) { return proj == KT_MOE_DOWN ? m->I : m->H; }
+int64_t kt__moe_proj_out(const kt_moe *m, int proj) { return proj == KT_MOE_DOWN ? m->H : m->I; }
+
+void *kt__moe_weight_ptr(const kt_moe *m, int64_t e, int proj)
+{
+    return m->weights + (size_t)((e * 3 + proj) * m->H * m->I) * m->cs;
+}
+
+float *kt__moe_lora_ptr(const kt_moe *m, float *base, int64_t e, int proj, int which_b)
+{
+    float *a = base + (e * 3 + proj) * m->R * (m->H + m->I);
+    return which_b ? a + m->R * kt__moe_proj_in(m, proj) : a;
+}
+
+uint64_t kt__moe_flops_run(const kt_moe *m) { return m->flops; }
+
+const kt_moe_config *kt_moe_get_config(const kt_moe *moe) { return moe ? &moe->cfg : NULL; }
+
+static kt_status check_config(const kt_moe_config *c)
+{
+    const char *name = c->name ? c->name : "moe";
+    if (c->n_experts < 1 || c->hidden < 1 || c->intermediate < 1 || c->top_k < 1 ||
+        c->max_tokens < 1)
+        return kt__error(KT_EINVAL,
+                         "moe '%s': n_experts, hidden, intermediate, top_k and max_tokens must "
+                         "be >= 1 (got %lld, %lld, %lld, %lld, %lld)",
+                         name, (long long)c->n_experts, (long long)c->hidden,
+                         (long long)c->intermediate, (long long)c->top_k,
+                         (long long)c->max_tokens);
+    if (c->top_k > c->n_experts)
+        return kt__error(KT_EINVAL, "moe '%s': top_k %lld exceeds n_experts %lld", name,
+                         (long long)c->top_k, (long long)c->n_experts);
+    /* Rows and tasks are indexed with int32 in places; keep every count well inside it. */
+    if (c->max_tokens * c->top_k > INT32_MAX / 2 || c->n_experts > INT32_MAX / 2 ||
+        c->hidden > (1 << 24) || c->intermediate > (1 << 24))
+        return kt__error(KT_EINVAL, "moe '%s': sizes too large", name);
+    if (c->weight_dtype != KT_BF16 && c->weight_dtype != KT_F32)
+        return kt__error(KT_EINVAL, "moe '%s': weight_dtype must be bf16 or f32, got %s", name,
+                         kt_dtype_name(c->weight_dtype));
+    if (c->act_dtype != KT_BF16 && c->act_dtype != KT_F32)
+        return kt__error(KT_EINVAL, "moe '%s': act_dtype must be bf16 or f32, got %s", name,
+                         kt_dtype_name(c->act_dtype));
+    if (c->mode != KT_MOE_FROZEN && c->mode != KT_MOE_LORA && c->mode != KT_MOE_FULL)
+        return kt__error(KT_EINVAL, "moe '%s': unknown mode %d", name, (int)c->mode);
+    if (c->mode == KT_MOE_LORA) {
+        if (c->lora_rank < 1 || c->lora_rank > c->hidden || c->lora_rank > c->intermediate)
+            return kt__error(KT_EINVAL, "moe '%s': lora_rank %lld must be in [1, min(H, I)]",
+                             name, (long long)c->lora_rank);
+        if (!isfinite(c->lora_alpha))
+            return kt__error(KT_EINVAL, "moe '%s': lora_alpha is not finite", name);
+    }
+    if (c->keep_activations != 0 && c->keep_activations != 1)
+        return kt__error(KT_EINVAL, "moe '%s': keep_activations must be 0 or 1", name);
+    if (c->numa_node < -1)
+        return kt__error(KT_EINVAL, "moe '%s': numa_node %d is invalid", name, c->numa_node);
+    return KT_OK;
+}
+
+typedef struct buf_spec {
+    void **ptr;
+    size_t bytes;
+} buf_spec;
+
+static size_t round_up(size_t v) { return (v + ALIGN - 1) / ALIGN * ALIGN; }
+
+/* Carves every spec out of one arena; returns its size through total_out first when
+ * arena is NULL. */
+static kt_status carve(kt_arena *arena, const buf_spec *specs, int n, int numa_node,
+                       size_t *total_out)
+{
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += round_up(specs[i].bytes);
+    *total_out = total;
+    KT__TRY(kt_arena_create(arena, total ? total : ALIGN, numa_node));
+    for (int i = 0; i < n; i++)
+        KT__TRY(kt_arena_alloc(arena, round_up(specs[i].bytes), ALIGN, specs[i].ptr));
+    return KT_OK;
+}
+
+static kt_status alloc_work(kt_moe *m)
+{
+    size_t N = (size_t)m->N, T = (size_t)m->T, H = (size_t)m->H, I = (size_t)m->I;
+    size_t cs = m->cs, R = (size_t)m->R;
+    int lora = m->cfg.mode == KT_MOE_LORA;
+    buf_spec s[32];
+    int n = 0;
+#define SPEC(p, b) (s[n].ptr = (void **)&(p), s[n].bytes = (b), n++)
+    SPEC(m->slot_expert, N * 4);
+    SPEC(m->slot_w, N * 4);
+    SPEC(m->slot_row, N * 4);
+    SPEC(m->row_expert, N * 4);
+    SPEC(m->off, ((size_t)m->E + 1) * 8);
+    SPEC(m->cursor, (size_t)m->E * 8);
+    SPEC(m->tasks, (size_t)m->max_tasks * sizeof(kt__moe_task));
+    SPEC(m->xt, T * H * cs);
+    SPEC(m->xc, N * H * cs);
+    SPEC(m->g, N * I * 4);
+    SPEC(m->u, N * I * 4);
+    SPEC(m->ac, N * I * cs);
+    SPEC(m->d, N * H * 4);
+    SPEC(m->y, T * H * 4);
+    SPEC(m->gdc, N * H * cs);
+    SPEC(m->ga, N * I * 4);
+    SPEC(m->ggc, N * I * cs);
+    SPEC(m->guc, N * I * cs);
+    SPEC(m->gx, N * H * 4);
+    SPEC(m->gw, N * 4);
+    if (lora)
+        for (int p = 0; p < 3; p++) {
+            SPEC(m->z[p], N * R * 4);
+            SPEC(m->gz[p], N * R * 4);
+        }
+#undef SPEC
+    size_t total = 0;
+    KT__TRY(carve(&m->work, s, n, m->cfg.numa_node, &total));
+    m->workspace_bytes = total;
+    /* Kept from forward to backward: the routing (5 x 4 bytes per slot), the input in the
+     * compute dtype, and with keep_activations the f32 gate/up pre-activations and the
+     * expert outputs (f32 keeps recompute bitwise equal to the kept values). */
+    uint64_t k = (uint64_t)m->K;
+    m->saved_bytes_per_token = k * 20 + H * cs;
+    if (m->cfg.keep_activations)
+        m->saved_bytes_per_token += k * (2 * I + H) * 4;
+    return KT_OK;
+}
+
+static kt_status alloc_params(kt_moe *m)
+{
+    size_t per = 0, wg = 0;
+    if (m->cfg.mode == KT_MOE_LORA)
+        per = (size_t)(m->E * 3 * m->R * (m->H + m->I)) * sizeof(float);
+    if (m->cfg.mode == KT_MOE_FULL)
+        wg = (size_t)(m->E * 3 * m->H * m->I) * sizeof(float);
+    buf_spec s[3];
+    int n = 0;
+    if (per) {
+        s[n++] = (buf_spec){(void **)&m->lora, per};
+        s[n++] = (buf_spec){(void **)&m->lora_grad, per};
+    }
+    if (wg)
+        s[n++] = (buf_spec){(void **)&m->wgrad, wg};
+    size_t total = 0;
+    KT__TRY(carve(&m->params, s, n, m->cfg.numa_node, &total));
+    m->grad_bytes = n ? total : 0;
+    memset(m->params.base, 0, m->params.size);
+    if (per) {
+        for (int64_t e = 0; e < m->E; e++)
+            for (int p = 0; p < 3; p++) {
+                float *a = kt__moe_lora_ptr(m, m->lora, e, p, 0);
+                int64_t in = kt__moe_proj_in(m, p), cnt = m->R * in;
+                float bound = 1.0f / sqrtf((float)in);
+                for (int64_t i = 0; i < cnt; i++) {
+                    uint64_t r = splitmix64(LORA_SEED ^ splitmix64((uint64_t)(e * 3 + p)) ^
+                                            (uint64_t)i * 0x100000001b3ull);
+                    double u01 = (double)(r >> 11) * (1.0 / 9007199254740992.0);
+                    a[i] = (float)((2.0 * u01 - 1.0) * bound);
+                }
+            }
+    }
+    return KT_OK;
+}
+
+/* Tasks of one phase: at most ceil(cols / 16) per expert, over the widest phase. */
+static int64_t max_tasks_for(const kt_moe *m)
+{
+    int64_t cols = m->H > m->I ? m->H : m->I;
+    return m->E * ((cols + KT__MOE_COL_ALIGN - 1) / KT__MOE_COL_ALIGN);
+}
+
+kt_status kt_moe_create(const kt_moe_config *config, kt_threadpool *pool, kt_moe **moe_out)
+{
+    if (config == NULL || moe_out == NULL)
+        return kt__error(KT_EINVAL, "kt_moe_create: NULL argument");
+    KT__TRY(check_config(config));
+    kt_moe *m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return kt__error(KT_ENOMEM, "kt_moe_create: out of memory");
+    kt_status st = KT_OK;
+    m->cfg = *config;
+    snprintf(m->name, sizeof m->name, "%s", config->name ? config->name : "moe");
+    m->cfg.name = m->name;
+    if (m->cfg.mode != KT_MOE_LORA) {
+        m->cfg.lora_rank = 0;
+    }
+    m->pool = pool;
+    m->n_threads = kt_threadpool_size(pool);
+    m->gemm_pool = kt__sgemm_is_openblas() ? NULL : pool;
+    m->bf16 = config->weight_dtype == KT_BF16;
+    m->cs = kt_dtype_size(config->weight_dtype);
+    m->E = config->n_experts;
+    m->H = config->hidden;
+    m->I = config->intermediate;
+    m->K = config->top_k;
+    m->T = config->max_tokens;
+    m->N = m->T * m->K;
+    m->R = m->cfg.lora_rank;
+    m->lora_scale = m->R ? config->lora_alpha / (float)m->R : 0.0f;
+    m->max_tasks = max_tasks_for(m);
+    m->grad_overwrite = 1;
+    atomic_init(&m->cache_state, KT_MOE_CACHE_EMPTY);
+    pthread_mutex_init(&m->mu, NULL);
+    pthread_cond_init(&m->cv, NULL);
+
+    /* The store is exactly the raw weights: no padding, no transposed copy. */
+    size_t wbytes = (size_t)(m->E * 3 * m->H * m->I) * m->cs;
+    st = kt_arena_create(&m->store, wbytes, config->numa_node);
+    if (st != KT_OK)
+        goto fail;
+    m->weights = m->store.base;
+    memset(m->weights, 0, wbytes);
+    st = alloc_params(m);
+    if (st != KT_OK)
+        goto fail;
+    st = alloc_work(m);
+    if (st != KT_OK)
+        goto fail;
+    *moe_out = m;
+    return KT_OK;
+
+fail:
+    kt__error_context(st, "moe '%s': create", m->name);
+    kt_moe_destroy(m);
+    return st;
+}
+
+void kt_moe_destroy(kt_moe *moe)
+{
+    if (moe == NULL)
+        return;
+    if (moe->driver_started) {
+        pthread_mutex_lock(&moe->mu);
+        moe->stop = 1;
+        pthread_cond_broadcast(&moe->cv);
+        pthread_mutex_unlock(&moe->mu);
+        pthread_join(moe->driver, NULL);
+    }
+    pthread_cond_destroy(&moe->cv);
+    pthread_mutex_destroy(&moe->mu);
+    kt_arena_destroy(&moe->work);
+    kt_arena_destroy(&moe->params);
+    kt_arena_destroy(&moe->store);
+    free(moe);
+}
+
+void kt_moe_zero_grad(kt_moe *moe)
+{
+    if (moe != NULL)
+        moe->grad_overwrite = 1;
+}
+
+void kt_moe_get_memory(const kt_moe *moe, kt_moe_memory *memory_out)
+{
+    if (moe == NULL || memory_out == NULL)
+        return;
+    memset(memory_out, 0, sizeof *memory_out);
+    memory_out->raw_weight_bytes = (uint64_t)(moe->E * 3 * moe->H * moe->I) * moe->cs;
+    memory_out->weight_bytes = moe->store.size;
+    memory_out->backward_buffer_bytes = 0; /* the nn kernel reads the original layout */
+    memory_out->saved_bytes_per_token = moe->saved_bytes_per_token;
+    memory_out->workspace_bytes = moe->workspace_bytes;
+    memory_out->grad_bytes = moe->grad_bytes;
+}

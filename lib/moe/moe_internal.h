@@ -1,0 +1,155 @@
+/* The MoE layer's internals, shared by the files of lib/moe/.
+ *
+ * Rows. A call with qlen tokens and top-k has N = qlen * k (token, slot) pairs. Routing sorts
+ * them by expert with a counting sort (token order within an expert), and every per-pair
+ * buffer below is indexed by that sorted "row": expert e owns rows [off[e], off[e + 1]), so
+ * each expert's rows are one contiguous matrix that the GEMM kernels read directly.
+ *
+ * Work split. A phase of GEMMs is a list of tasks (expert, column block) over the active
+ * experts, with block widths chosen so every task costs about the same (rows * columns), run
+ * by kt_parallel_for's static partition. One token and many experts' columns, or many tokens
+ * over a few experts, both give every thread work. Each output element is produced by one
+ * task with a fixed summation order, so results do not depend on the thread count.
+ *
+ * Compute dtype. Activations fed to the GEMMs are stored in the weight dtype ("cdt": bf16 for
+ * the bf16 kernels, f32 for kt__sgemm); every sum accumulates in f32.
+ */
+#ifndef KT_MOE_INTERNAL_H
+#define KT_MOE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "kt/moe.h"
+
+#define KT__MOE_NAME_MAX 64
+#define KT__MOE_MSG_MAX 512
+/* Column blocks are multiples of this (the kernels' natural tile width). */
+#define KT__MOE_COL_ALIGN 16
+
+typedef struct kt__moe_task {
+    int64_t e;
+    int64_t c0, c1;
+} kt__moe_task;
+
+/* The validated arguments of one forward. */
+typedef struct kt__moe_job {
+    const kt_tensor *x, *ids, *w;
+    kt_tensor *y;
+    kt_tensor xs, idss, ws, ys; /* copies, so a submitted job does not depend on the caller's
+                                 * structs (only on their data) */
+    int64_t qlen;
+    int cache_hit;
+} kt__moe_job;
+
+struct kt_moe {
+    kt_moe_config cfg;
+    char name[KT__MOE_NAME_MAX];
+    kt_threadpool *pool;
+    kt_threadpool *gemm_pool; /* f32 path: NULL when kt__sgemm is OpenBLAS (own threads) */
+    int n_threads;
+    int bf16;      /* weights (and the compute dtype) are bf16 */
+    size_t cs;     /* bytes per compute-dtype element */
+    int64_t E, H, I, K, T, N, R;
+    float lora_scale; /* alpha / r */
+
+    kt_arena store;  /* expert weights: [E][gate, up, down], each [I,H] / [I,H] / [H,I] */
+    kt_arena params; /* LoRA adapters + their grads, full-mode weight grads */
+    kt_arena work;   /* everything a call uses */
+    unsigned char *weights;
+    float *lora, *lora_grad; /* [E][3][A r*in | B out*r] */
+    float *wgrad;            /* [E][3][H*I] f32, full mode */
+
+    /* routing of the last forward (saved for backward) */
+    int64_t qlen;
+    int32_t *slot_expert; /* [N] by slot t*k+j */
+    float *slot_w;        /* [N] */
+    int32_t *slot_row;    /* [N] slot -> sorted row */
+    int32_t *row_expert;  /* [N] sorted row -> expert */
+    int64_t *off;         /* [E+1] */
+    int64_t *cursor;      /* [E] scratch for the counting sort */
+    kt__moe_task *tasks;
+    int64_t max_tasks;
+
+    /* activations; "saved" ones survive from forward to backward */
+    void *xt;   /* [T,H] cdt: the input, saved */
+    void *xc;   /* [N,H] cdt: gathered input */
+    float *g;   /* [N,I] gate pre-activation, saved when keep_activations */
+    float *u;   /* [N,I] up, saved when keep_activations */
+    void *ac;   /* [N,I] cdt: silu(g) * u */
+    float *d;   /* [N,H] expert outputs, saved when keep_activations */
+    float *y;   /* [T,H] combined output in f32; also the forward cache's stored output */
+    /* backward */
+    void *gdc;  /* [N,H] cdt: w * grad_y per row */
+    float *ga;  /* [N,I] */
+    void *ggc;  /* [N,I] cdt */
+    void *guc;  /* [N,I] cdt */
+    float *gx;  /* [N,H] input gradient per row */
+    float *gw;  /* [N] routing-weight gradient per slot */
+    /* LoRA: x A^T per row and its gradient, per projection (rank r) */
+    float *z[3], *gz[3];
+
+    int fwd_valid;      /* routing and saved activations belong to a successful forward */
+    int grad_overwrite; /* the next backward overwrites the weight/LoRA gradients */
+    uint64_t flops;     /* expert GEMM FLOPs run (tests: the cache skips them) */
+    uint64_t workspace_bytes, saved_bytes_per_token, grad_bytes;
+
+    /* the forward cache */
+    int cache_on;
+    atomic_int cache_state;
+    char poison_msg[KT__MOE_MSG_MAX];
+
+    /* submit/sync: a driver thread, started by the first submit */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t driver;
+    int driver_started;
+    int stop;
+    int busy;      /* submitted and not yet synced (caller's thread only) */
+    int pending;   /* handed to the driver, not yet taken */
+    int done;
+    kt_status job_status;
+    char job_msg[KT__MOE_MSG_MAX];
+    kt__moe_job job;
+};
+
+/* layer.c */
+void *kt__moe_weight_ptr(const kt_moe *m, int64_t e, int proj);
+float *kt__moe_lora_ptr(const kt_moe *m, float *base, int64_t e, int proj, int which_b);
+int64_t kt__moe_proj_in(const kt_moe *m, int proj);
+int64_t kt__moe_proj_out(const kt_moe *m, int proj);
+/* For tests: expert GEMM FLOPs run by this layer so far. */
+uint64_t kt__moe_flops_run(const kt_moe *m);
+
+/* route.c */
+kt_status kt__moe_check_forward(kt_moe *m, const kt_tensor *x, const kt_tensor *ids,
+                                const kt_tensor *w, const kt_tensor *y, kt__moe_job *job);
+void kt__moe_route(kt_moe *m, const kt__moe_job *job);
+/* Fills m->tasks for a phase over `cols` output columns; returns the task count. */
+int64_t kt__moe_plan(kt_moe *m, int64_t cols);
+int64_t kt__moe_get_id(const kt_tensor *ids, int64_t i);
+
+/* forward.c */
+kt_status kt__moe_compute(kt_moe *m, int run_gemms);
+kt_status kt__moe_forward_exec(kt_moe *m, kt__moe_job *job);
+float kt__moe_ld(const void *p, int bf16, int64_t i);
+void kt__moe_st(void *p, int bf16, int64_t i, float v);
+
+/* lora.c: each runs over the pool; see there */
+void kt__moe_lora_z(kt_moe *m, int proj, const void *in_c);
+void kt__moe_lora_add(kt_moe *m, int proj, const kt__moe_task *t, float *out);
+void kt__moe_lora_gz(kt_moe *m, int proj, const void *gout_c);
+void kt__moe_lora_grads(kt_moe *m, int proj, const void *gout_c, const void *in_c,
+                        float scale);
+void kt__moe_lora_gin_add(kt_moe *m, int proj, const kt__moe_task *t, float *gin);
+
+/* cache.c */
+void kt__moe_poison(kt_moe *m);
+kt_status kt__moe_check_poison(const kt_moe *m, const char *what);
+
+/* backward.c */
+kt_status kt__moe_backward_exec(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo,
+                                kt_tensor *gwo, float scale);
+
+#endif

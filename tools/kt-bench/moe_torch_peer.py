@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""PyTorch's usual CPU MoE, the peer kt-bench moe measures libkt against.
+
+The Hugging Face SparseMoeBlock loop without the router: for each expert hit, gather its
+tokens (index_select), gate/up/down with F.linear, weight by the routing weights and
+index_add_ back. Reads the same inputs kt-bench used (a safetensors file with the expert
+weights, x, ids, w and grad_y), times forward and forward+backward (median of --repeats
+after --warmup), and prints one JSON object on stdout.
+
+usage: moe_torch_peer.py INPUTS.safetensors --mode frozen|lora|full --dtype bf16|f32
+                         [--threads N] [--repeats N] [--warmup N] [--lora-rank R]
+Exit 77 when torch or safetensors is missing (the caller reports the peer as null).
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+try:
+    import torch
+    import torch.nn.functional as F
+    from safetensors.torch import load_file
+except ImportError as e:  # the caller prints a note and a null ratio
+    print(json.dumps({"error": f"torch or safetensors missing: {e}"}))
+    sys.exit(77)
+
+
+def moe_forward(x, ids, w, gate, up, down, lora):
+    """y = sum_j w[t, j] * down(silu(gate(x)) * up(x)) for the experts in ids."""
+    qlen, hidden = x.shape
+    n_experts = gate.shape[0]
+    y = torch.zeros(qlen, hidden, dtype=x.dtype)
+    mask = F.one_hot(ids, num_classes=n_experts).permute(2, 1, 0)  # [E, k, qlen]
+    hit = torch.nonzero(mask.sum(dim=(-1, -2)) > 0).flatten().tolist()
+    for e in hit:
+        slot, tok = torch.where(mask[e])
+        xe = x.index_select(0, tok)
+        g = F.linear(xe, gate[e])
+        u = F.linear(xe, up[e])
+        if lora is not None:
+            (ag, bg), (au, bu), (ad, bd), scale = lora[e]
+            g = g + scale * F.linear(F.linear(xe, ag), bg)
+            u = u + scale * F.linear(F.linear(xe, au), bu)
+        a = F.silu(g) * u
+        d = F.linear(a, down[e])
+        if lora is not None:
+            d = d + scale * F.linear(F.linear(a, ad), bd)
+        d = d * w[tok, slot, None]
+        y.index_add_(0, tok, d.to(y.dtype))
+    return y
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("inputs")
+    ap.add_argument("--mode", choices=["frozen", "lora", "full"], required=True)
+    ap.add_argument("--dtype", choices=["bf16", "f32"], required=True)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--lora-rank", type=int, default=8)
+    ap.add_argument("--lora-alpha", type=float, default=16.0)
+    ap.add_argument("--forward-only", action="store_true")
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    dt = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    t = load_file(args.inputs)
+    gate, up, down = t["gate"].to(dt), t["up"].to(dt), t["down"].to(dt)
+    x0, ids, w0, gy = t["x"].to(dt), t["ids"].long(), t["w"].to(dt), t["grad_y"].to(dt)
+    n_experts, inter, hidden = gate.shape
+
+    lora = None
+    if args.mode == "lora":
+        r, scale = args.lora_rank, args.lora_alpha / args.lora_rank
+        gen = torch.Generator().manual_seed(0)
+        lora = []
+        for _ in range(n_experts):
+            def pair(i, o):
+                a = (torch.randn(r, i, generator=gen) * 0.01).to(dt).requires_grad_()
+                b = torch.zeros(o, r, dtype=dt).requires_grad_()
+                return a, b
+            lora.append((pair(hidden, inter), pair(hidden, inter), pair(inter, hidden), scale))
+    if args.mode == "full":
+        for p in (gate, up, down):
+            p.requires_grad_()
+
+    def run(backward):
+        x = x0.detach().clone().requires_grad_(backward)
+        w = w0.detach().clone().requires_grad_(backward)
+        if args.mode == "full":
+            for p in (gate, up, down):
+                p.grad = None  # zero_grad(set_to_none=True)
+        if not backward:
+            with torch.no_grad():
+                return moe_forward(x, ids, w, gate, up, down, lora)
+        y = moe_forward(x, ids, w, gate, up, down, lora)
+        y.backward(gy)
+        return y
+
+    result = {"torch_version": torch.__version__, "threads": torch.get_num_threads()}
+    passes = [("fwd", False)] + ([] if args.forward_only else [("fwdbwd", True)])
+    for name, backward in passes:
+        times = []
+        for i in range(args.warmup + args.repeats):
+            t0 = time.perf_counter()
+            run(backward)
+            dt_s = time.perf_counter() - t0
+            if i >= args.warmup:
+                times.append(dt_s)
+        result[f"{name}_ms"] = statistics.median(times) * 1e3
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

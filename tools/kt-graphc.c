@@ -1,0 +1,267 @@
+/* kt-graphc: compiles a model description (.ktg, docs/ktg.md) into a program file (.ktp).
+ *
+ *   kt-graphc model.ktg -o model.ktp [-D NAME=VALUE ...] [--print-plan] [--dot out.dot]
+ *             [--forward-only] [--check-peak RATIO]
+ *
+ * Exit status: 0 compiled; 1 the model has errors (all diagnostics on stderr), could not be
+ * compiled or written, or its planned peak exceeds --check-peak; 2 a usage error. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kt/kt.h"
+#include "kt/program.h"
+
+#define MAX_DEFINES 64
+#define DIAG_BYTES (256u * 1024u)
+
+typedef struct args {
+    const char *input, *output, *dot;
+    int print_plan, forward_only;
+    double check_peak; /* 0: no check */
+    kt_ktg_define defines[MAX_DEFINES];
+    int n_defines;
+} args;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kt-graphc model.ktg [-o model.ktp] [options]\n"
+            "\n"
+            "Compiles a model description (docs/ktg.md) into a program file.\n"
+            "\n"
+            "options:\n"
+            "  -o FILE             write the compiled program (.ktp) to FILE\n"
+            "  -D NAME=VALUE       override the file's 'const NAME' (repeatable)\n"
+            "  --print-plan        print the schedule, every buffer's offset and lifetime,\n"
+            "                      the planned peak against the lower bound, and FLOPs\n"
+            "  --dot FILE          write the program as a Graphviz digraph to FILE\n"
+            "  --forward-only      compile forward only (no backward, no loss needed)\n"
+            "  --check-peak RATIO  fail (exit 1) when the planned peak exceeds RATIO times\n"
+            "                      the lower bound\n"
+            "  -h, --help          this text\n"
+            "\n"
+            "exit status: 0 compiled, 1 errors in the model or its compilation, 2 usage\n");
+}
+
+static int usage_error(const char *fmt, const char *what)
+{
+    fprintf(stderr, "kt-graphc: ");
+    fprintf(stderr, fmt, what);
+    fprintf(stderr, "\n(kt-graphc --help for usage)\n");
+    return 2;
+}
+
+static int parse_define(args *a, const char *spec)
+{
+    const char *eq = strchr(spec, '=');
+    if (eq == NULL || eq == spec)
+        return usage_error("-D needs NAME=VALUE, got '%s'", spec);
+    if (a->n_defines == MAX_DEFINES)
+        return usage_error("too many -D options (at most 64), at '%s'", spec);
+    char *end;
+    errno = 0;
+    long long v = strtoll(eq + 1, &end, 10);
+    if (eq[1] == '\0' || *end != '\0' || errno == ERANGE)
+        return usage_error("-D value must be an integer, got '%s'", spec);
+    size_t n = (size_t)(eq - spec);
+    char *name = malloc(n + 1);
+    if (name == NULL)
+        return usage_error("out of memory at '%s'", spec);
+    memcpy(name, spec, n);
+    name[n] = '\0';
+    a->defines[a->n_defines].name = name;
+    a->defines[a->n_defines].value = v;
+    a->n_defines++;
+    return 0;
+}
+
+/* Returns 0, 2 (usage error) or -1 (--help printed). */
+static int parse_args(args *a, int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        int has_next = i + 1 < argc;
+        if (strcmp(s, "-h") == 0 || strcmp(s, "--help") == 0) {
+            usage(stdout);
+            return -1;
+        } else if (strcmp(s, "-o") == 0 || strcmp(s, "--dot") == 0 ||
+                   strcmp(s, "--check-peak") == 0 || strcmp(s, "-D") == 0) {
+            if (!has_next)
+                return usage_error("%s needs a value", s);
+            const char *v = argv[++i];
+            if (strcmp(s, "-o") == 0) {
+                a->output = v;
+            } else if (strcmp(s, "--dot") == 0) {
+                a->dot = v;
+            } else if (strcmp(s, "-D") == 0) {
+                if (parse_define(a, v) != 0)
+                    return 2;
+            } else {
+                char *end;
+                a->check_peak = strtod(v, &end);
+                if (*end != '\0' || !(a->check_peak >= 1.0))
+                    return usage_error("--check-peak needs a ratio >= 1, got '%s'", v);
+            }
+        } else if (strncmp(s, "-D", 2) == 0) {
+            if (parse_define(a, s + 2) != 0)
+                return 2;
+        } else if (strcmp(s, "--print-plan") == 0) {
+            a->print_plan = 1;
+        } else if (strcmp(s, "--forward-only") == 0) {
+            a->forward_only = 1;
+        } else if (s[0] == '-' && s[1] != '\0') {
+            return usage_error("unknown option '%s'", s);
+        } else if (a->input != NULL) {
+            return usage_error("more than one model file ('%s')", s);
+        } else {
+            a->input = s;
+        }
+    }
+    if (a->input == NULL)
+        return usage_error("%s", "no model file given");
+    return 0;
+}
+
+static char *read_file(const char *path, size_t *len_out)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return NULL;
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    while (buf != NULL) {
+        len += fread(buf + len, 1, cap - len, f);
+        if (len < cap)
+            break;
+        char *grown = realloc(buf, cap * 2);
+        if (grown == NULL) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = grown;
+        cap *= 2;
+    }
+    int failed = ferror(f);
+    fclose(f);
+    if (failed) {
+        free(buf);
+        return NULL;
+    }
+    *len_out = len;
+    return buf;
+}
+
+static int write_text(const char *path, const char *text, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    if (f == NULL)
+        return 0;
+    int ok = fwrite(text, 1, len, f) == len;
+    return fclose(f) == 0 && ok;
+}
+
+/* A kt_program_describe/kt_program_dot result as a heap string. */
+static char *render(size_t (*fn)(const kt_program *, char *, size_t), const kt_program *p,
+                    size_t *len_out)
+{
+    size_t n = fn(p, NULL, 0);
+    char *s = malloc(n + 1);
+    if (s != NULL)
+        fn(p, s, n + 1);
+    *len_out = n;
+    return s;
+}
+
+static int run(const args *a)
+{
+    size_t len;
+    char *text = read_file(a->input, &len);
+    if (text == NULL) {
+        fprintf(stderr, "kt-graphc: cannot read '%s': %s\n", a->input, strerror(errno));
+        return 1;
+    }
+    char *diag = malloc(DIAG_BYTES);
+    if (diag == NULL) {
+        free(text);
+        fprintf(stderr, "kt-graphc: out of memory\n");
+        return 1;
+    }
+    kt_graph *g = NULL;
+    int n_errors = 0;
+    kt_status st = kt_ktg_parse(text, len, a->input, a->defines, a->n_defines, &g, diag,
+                                DIAG_BYTES, &n_errors);
+    free(text);
+    if (st != KT_OK) {
+        fputs(diag, stderr);
+        fprintf(stderr, "kt-graphc: %s: %d error%s\n", a->input, n_errors,
+                n_errors == 1 ? "" : "s");
+        free(diag);
+        return 1;
+    }
+    free(diag);
+    kt_compile_options opts = {.training = 0};
+    kt_program *p = NULL;
+    st = kt_compile(g, a->forward_only ? &opts : NULL, &p);
+    kt_graph_destroy(g);
+    if (st != KT_OK) {
+        fprintf(stderr, "kt-graphc: %s: compiling failed: %s\n", a->input, kt_last_error());
+        return 1;
+    }
+    int rc = 0;
+    kt_program_stats stats;
+    kt_program_get_stats(p, &stats);
+    double ratio = stats.lower_bound_bytes
+                       ? (double)stats.arena_bytes / (double)stats.lower_bound_bytes
+                       : 1.0;
+    if (a->print_plan) {
+        size_t n;
+        char *plan = render(kt_program_describe, p, &n);
+        if (plan != NULL)
+            fputs(plan, stdout);
+        free(plan);
+    }
+    if (a->dot != NULL) {
+        size_t n;
+        char *dot = render(kt_program_dot, p, &n);
+        if (dot == NULL || !write_text(a->dot, dot, n)) {
+            fprintf(stderr, "kt-graphc: cannot write '%s'\n", a->dot);
+            rc = 1;
+        }
+        free(dot);
+    }
+    if (rc == 0 && a->output != NULL && kt_program_save(p, a->output) != KT_OK) {
+        fprintf(stderr, "kt-graphc: cannot write '%s': %s\n", a->output, kt_last_error());
+        rc = 1;
+    }
+    if (rc == 0)
+        printf("compiled %s: %d steps, arena %llu bytes (lower bound %llu, ratio %.3f)\n",
+               a->input, stats.n_forward_steps + stats.n_backward_steps,
+               (unsigned long long)stats.arena_bytes,
+               (unsigned long long)stats.lower_bound_bytes, ratio);
+    if (rc == 0 && a->check_peak > 0 && ratio > a->check_peak) {
+        fprintf(stderr, "kt-graphc: %s: planned peak %llu bytes is %.3fx the lower bound "
+                "%llu, above --check-peak %.3f\n", a->input,
+                (unsigned long long)stats.arena_bytes, ratio,
+                (unsigned long long)stats.lower_bound_bytes, a->check_peak);
+        rc = 1;
+    }
+    kt_program_destroy(p);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    args a;
+    memset(&a, 0, sizeof a);
+    int rc = parse_args(&a, argc, argv);
+    if (rc == 0)
+        rc = run(&a);
+    else if (rc < 0)
+        rc = 0;
+    for (int i = 0; i < a.n_defines; i++)
+        free((void *)a.defines[i].name);
+    return rc;
+}
