@@ -27,7 +27,10 @@
 
 static uint64_t rnd(tu_rng *r, uint64_t n) { return n ? tu_rng_next(r) % n : 0; }
 
-static uint64_t align_up(uint64_t b) { return (b + KT__PLAN_ALIGN - 1) / KT__PLAN_ALIGN * KT__PLAN_ALIGN; }
+static uint64_t align_up(uint64_t b)
+{
+    return (b + KT__PLAN_ALIGN - 1) / KT__PLAN_ALIGN * KT__PLAN_ALIGN;
+}
 
 /* ---- an independent checker ------------------------------------------------------------- */
 
@@ -112,8 +115,8 @@ enum { MAX_ITEMS = 160, N_SETS = 4000 };
 
 /* Measured over the 4000 seeded sets below (up to 160 buffers, up to 60 steps; 3999 with a
  * nonzero lower bound): total / lower bound was at worst 1.404 and 1.0075 on average; the
- * test allows 1.5. (On the random DAG models of test_random_dags the worst was 1.162; on the
- * MLP and the conv stack the plan meets the lower bound exactly.) */
+ * test allows 1.5. (On the random DAG models of test_random_dags the worst was about 1.16;
+ * on the MLP and the conv stack the plan meets the lower bound exactly.) */
 static void test_greedy_random_sets(void **state)
 {
     (void)state;
@@ -406,7 +409,8 @@ static void test_random_dags(void **state)
     kt_threadpool *pool;
     OK(kt_threadpool_create(2, &pool));
     tu_rng r;
-    tu_rng_seed(&r, 77);
+    const char *seed = getenv("KT_TEST_DAG_SEED"); /* another sequence of models */
+    tu_rng_seed(&r, seed != NULL ? strtoull(seed, NULL, 10) : 77);
     int with_inplace = 0, lower_arena = 0;
     double worst = 1.0;
     for (int m = 0; m < 40; m++) {

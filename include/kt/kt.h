@@ -17,6 +17,7 @@
 
 #include "graph.h"
 #include "io.h"
+#include "moe.h"
 #include "ops.h"
 #include "program.h"
 #include "runtime.h"

@@ -62,7 +62,6 @@ static void gather_part(void *vctx, int64_t t0, int64_t t1, int thread)
     }
 }
 
-void kt__moe_gather(kt_moe *m, const kt__moe_job *job, int load_x);
 void kt__moe_gather(kt_moe *m, const kt__moe_job *job, int load_x)
 {
     fwd_ctx c = {m, job, load_x, 0};

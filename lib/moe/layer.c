@@ -1,6 +1,7 @@
 /* The MoE layer object: configuration checks, the weight store and every working buffer,
  * all sized at creation so that running the layer allocates nothing. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

@@ -125,12 +125,16 @@ uint64_t kt__moe_flops_run(const kt_moe *m);
 /* route.c */
 kt_status kt__moe_check_forward(kt_moe *m, const kt_tensor *x, const kt_tensor *ids,
                                 const kt_tensor *w, const kt_tensor *y, kt__moe_job *job);
+kt_status kt__moe_check_backward(kt_moe *m, const kt_tensor *gy, const kt_tensor *gx,
+                                 const kt_tensor *gw, float scale);
 void kt__moe_route(kt_moe *m, const kt__moe_job *job);
 /* Fills m->tasks for a phase over `cols` output columns; returns the task count. */
 int64_t kt__moe_plan(kt_moe *m, int64_t cols);
 int64_t kt__moe_get_id(const kt_tensor *ids, int64_t i);
 
 /* forward.c */
+/* xt (the saved input) -> xc (rows by expert); load_x first converts the job's x into xt. */
+void kt__moe_gather(kt_moe *m, const kt__moe_job *job, int load_x);
 kt_status kt__moe_compute(kt_moe *m, int run_gemms);
 kt_status kt__moe_forward_exec(kt_moe *m, kt__moe_job *job);
 float kt__moe_ld(const void *p, int bf16, int64_t i);

@@ -140,3 +140,17 @@ int64_t kt__moe_plan(kt_moe *m, int64_t cols)
     }
     return n;
 }
+
+kt_status kt__moe_check_backward(kt_moe *m, const kt_tensor *gy, const kt_tensor *gx,
+                                 const kt_tensor *gw, float scale)
+{
+    kt_dtype ad = m->cfg.act_dtype;
+    KT__TRY(check_2d(m, "grad_y", gy, ad, ad, m->qlen, m->H, 0));
+    if (gx != NULL && gx->data != NULL)
+        KT__TRY(check_2d(m, "grad_x", gx, ad, ad, m->qlen, m->H, 0));
+    if (gw != NULL && gw->data != NULL)
+        KT__TRY(check_2d(m, "grad_weights", gw, KT_F32, KT_F32, m->qlen, m->K, 0));
+    if (!isfinite(scale))
+        return kt__error(KT_EINVAL, "moe '%s': weight_grad_scale is not finite", m->name);
+    return KT_OK;
+}

@@ -18,5 +18,6 @@ double bench_median(double *v, int n);
 
 /* Subcommands: parse their own options from argv (after the subcommand name). */
 int bench_graph(int argc, char **argv, const bench_args *common);
+int bench_gemm(int argc, char **argv, const bench_args *common);
 
 #endif

@@ -36,6 +36,8 @@ static void usage(FILE *f)
                "what:\n"
                "  graph   executor overhead per step: a graph of many tiny ops run by a\n"
                "          session against the same kernels called directly\n"
+               "  gemm    the bf16 MoE GEMM kernels (nt, nn, tn) against the vdpbf16ps\n"
+               "          register peak measured in the same run\n"
                "\n"
                "common options:\n"
                "  --json         one JSON object per configuration\n"
@@ -79,6 +81,8 @@ int main(int argc, char **argv)
     int rc;
     if (strcmp(argv[1], "graph") == 0) {
         rc = bench_graph(n_rest, rest, &common);
+    } else if (strcmp(argv[1], "gemm") == 0) {
+        rc = bench_gemm(n_rest, rest, &common);
     } else {
         fprintf(stderr, "kt-bench: unknown benchmark '%s'\n\n", argv[1]);
         usage(stderr);

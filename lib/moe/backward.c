@@ -1,0 +1,238 @@
+/* The backward, phase by phase (rows sorted by expert as in forward):
+ *   grad_w[t, j] = <gy[t], d_(t,j)>,  gd = w[t, j] gy[t]
+ *   ga = gd Wd  (+ LoRA),  gg = ga u silu'(g),  gu = ga silu(g)
+ *   gx = gg Wg + gu Wu  (+ LoRA),  grad_x[t] = sum_j gx_(t,j) in slot order
+ * and by mode the LoRA gradients or dWd += s gd^T a, dWg += s gg^T x, dWu += s gu^T x. */
+#include <math.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "moe/bf16_gemm.h"
+#include "moe/moe_internal.h"
+#include "ops/gemm.h"
+
+typedef struct bwd_ctx {
+    kt_moe *m;
+    const kt_tensor *gy;
+    kt_tensor *gxo;
+    float scale;
+} bwd_ctx;
+
+/* Per token: the routing-weight gradients and the weighted output gradient of each slot. */
+static void gd_part(void *vctx, int64_t t0, int64_t t1, int thread)
+{
+    (void)thread;
+    bwd_ctx *c = vctx;
+    kt_moe *m = c->m;
+    int gbf = m->cfg.act_dtype == KT_BF16;
+    for (int64_t t = t0; t < t1; t++)
+        for (int64_t j = 0; j < m->K; j++) {
+            int64_t s = t * m->K + j, r = m->slot_row[s];
+            const float *d = m->d + r * m->H;
+            float w = m->slot_w[s];
+            double acc = 0.0;
+            for (int64_t h = 0; h < m->H; h++) {
+                float g = kt__moe_ld(c->gy->data, gbf, t * m->H + h);
+                acc += (double)g * (double)d[h];
+                kt__moe_st(m->gdc, m->bf16, r * m->H + h, w * g);
+            }
+            m->gw[s] = (float)acc;
+        }
+}
+
+static void ga_tasks(void *vctx, int64_t b, int64_t end, int thread)
+{
+    (void)thread;
+    kt_moe *m = ((bwd_ctx *)vctx)->m;
+    for (int64_t i = b; i < end; i++) {
+        const kt__moe_task *t = &m->tasks[i];
+        int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
+        if (m->bf16)
+            kt__bf16_gemm_nn(me, m->H, t->c0, t->c1, (const uint16_t *)m->gdc + off * m->H,
+                             m->H, kt__moe_weight_ptr(m, t->e, KT_MOE_DOWN), m->I,
+                             m->ga + off * m->I, m->I, 0);
+        if (m->cfg.mode == KT_MOE_LORA)
+            kt__moe_lora_gin_add(m, KT_MOE_DOWN, t, m->ga);
+        for (int64_t r = off; r < off + me; r++)
+            for (int64_t n = t->c0; n < t->c1; n++) {
+                int64_t k = r * m->I + n;
+                float g = m->g[k], sig = 1.0f / (1.0f + expf(-g)), ga = m->ga[k];
+                kt__moe_st(m->ggc, m->bf16, k, ga * m->u[k] * (sig * (1.0f + g * (1.0f - sig))));
+                kt__moe_st(m->guc, m->bf16, k, ga * (g * sig));
+            }
+    }
+}
+
+static void gx_tasks(void *vctx, int64_t b, int64_t end, int thread)
+{
+    (void)thread;
+    kt_moe *m = ((bwd_ctx *)vctx)->m;
+    for (int64_t i = b; i < end; i++) {
+        const kt__moe_task *t = &m->tasks[i];
+        int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
+        if (m->bf16) {
+            kt__bf16_gemm_nn(me, m->I, t->c0, t->c1, (const uint16_t *)m->ggc + off * m->I,
+                             m->I, kt__moe_weight_ptr(m, t->e, KT_MOE_GATE), m->H,
+                             m->gx + off * m->H, m->H, 0);
+            kt__bf16_gemm_nn(me, m->I, t->c0, t->c1, (const uint16_t *)m->guc + off * m->I,
+                             m->I, kt__moe_weight_ptr(m, t->e, KT_MOE_UP), m->H,
+                             m->gx + off * m->H, m->H, 1);
+        }
+        if (m->cfg.mode == KT_MOE_LORA) {
+            kt__moe_lora_gin_add(m, KT_MOE_GATE, t, m->gx);
+            kt__moe_lora_gin_add(m, KT_MOE_UP, t, m->gx);
+        }
+    }
+}
+
+/* Full mode, bf16: rows [c0, c1) of dW for each task's expert. */
+static void dwd_tasks(void *vctx, int64_t b, int64_t end, int thread)
+{
+    (void)thread;
+    bwd_ctx *c = vctx;
+    kt_moe *m = c->m;
+    for (int64_t i = b; i < end; i++) {
+        const kt__moe_task *t = &m->tasks[i];
+        int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
+        float *dw = m->wgrad + (t->e * 3 + KT_MOE_DOWN) * m->H * m->I;
+        kt__bf16_gemm_tn_acc(me, t->c0, t->c1, m->I, (const uint16_t *)m->gdc + off * m->H,
+                             m->H, (const uint16_t *)m->ac + off * m->I, m->I, dw, m->I,
+                             c->scale);
+    }
+}
+
+static void dwgu_tasks(void *vctx, int64_t b, int64_t end, int thread)
+{
+    (void)thread;
+    bwd_ctx *c = vctx;
+    kt_moe *m = c->m;
+    for (int64_t i = b; i < end; i++) {
+        const kt__moe_task *t = &m->tasks[i];
+        int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
+        const uint16_t *x = (const uint16_t *)m->xc + off * m->H;
+        float *dwg = m->wgrad + (t->e * 3 + KT_MOE_GATE) * m->H * m->I;
+        float *dwu = m->wgrad + (t->e * 3 + KT_MOE_UP) * m->H * m->I;
+        kt__bf16_gemm_tn_acc(me, t->c0, t->c1, m->H, (const uint16_t *)m->ggc + off * m->I,
+                             m->I, x, m->H, dwg, m->H, c->scale);
+        kt__bf16_gemm_tn_acc(me, t->c0, t->c1, m->H, (const uint16_t *)m->guc + off * m->I,
+                             m->I, x, m->H, dwu, m->H, c->scale);
+    }
+}
+
+static void gx_combine_part(void *vctx, int64_t t0, int64_t t1, int thread)
+{
+    (void)thread;
+    bwd_ctx *c = vctx;
+    kt_moe *m = c->m;
+    int xbf = m->cfg.act_dtype == KT_BF16;
+    for (int64_t t = t0; t < t1; t++)
+        for (int64_t h = 0; h < m->H; h++) {
+            float s = 0.0f;
+            for (int64_t j = 0; j < m->K; j++)
+                s += m->gx[(int64_t)m->slot_row[t * m->K + j] * m->H + h];
+            kt__moe_st(c->gxo->data, xbf, t * m->H + h, s);
+        }
+}
+
+static void zero_part(void *vctx, int64_t b, int64_t end, int thread)
+{
+    (void)thread;
+    kt_moe *m = ((bwd_ctx *)vctx)->m;
+    float *base = m->wgrad ? m->wgrad : m->lora_grad;
+    int64_t per = m->wgrad ? 3 * m->H * m->I : 3 * m->R * (m->H + m->I);
+    memset(base + b * per, 0, (size_t)((end - b) * per) * sizeof(float));
+}
+
+/* f32 weights, full mode: dW_e += scale * g^T in, one kt__sgemm per active expert. */
+static kt_status sgemm_dw(kt_moe *m, int proj, const float *g, int64_t gw, const float *in,
+                          int64_t inw, float scale)
+{
+    for (int64_t e = 0; e < m->E; e++) {
+        int64_t off = m->off[e], me = m->off[e + 1] - off;
+        if (me == 0)
+            continue;
+        float *dw = m->wgrad + (e * 3 + proj) * m->H * m->I;
+        KT__TRY(kt__sgemm(m->gemm_pool, 1, 0, gw, inw, me, scale, g + off * gw, gw,
+                          in + off * inw, inw, 1.0f, dw, inw));
+    }
+    return KT_OK;
+}
+
+/* f32 weights: out (+)= g W for each active expert (W [gw, outw] in its stored layout). */
+static kt_status sgemm_nn(kt_moe *m, int proj, const float *g, int64_t gw, float *out,
+                          int64_t outw, float beta)
+{
+    for (int64_t e = 0; e < m->E; e++) {
+        int64_t off = m->off[e], me = m->off[e + 1] - off;
+        if (me == 0)
+            continue;
+        KT__TRY(kt__sgemm(m->gemm_pool, 0, 0, me, outw, gw, 1.0f, g + off * gw, gw,
+                          kt__moe_weight_ptr(m, e, proj), outw, beta, out + off * outw, outw));
+    }
+    return KT_OK;
+}
+
+kt_status kt__moe_backward_exec(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo,
+                                kt_tensor *gwo, float scale)
+{
+    bwd_ctx c = {m, gy, gxo, scale};
+    int lora = m->cfg.mode == KT_MOE_LORA, full = m->cfg.mode == KT_MOE_FULL;
+    int64_t rows = m->off[m->E], n;
+    kt__moe_gather(m, NULL, 0);
+    /* Without kept activations this reruns the GEMMs; with them, only ac and the LoRA z. */
+    KT__TRY(kt__moe_compute(m, !m->cfg.keep_activations));
+    kt_parallel_for(m->pool, m->qlen, 1, gd_part, &c);
+    if ((lora || full) && m->grad_overwrite)
+        kt_parallel_for(m->pool, m->E, 1, zero_part, &c);
+
+    if (lora) {
+        kt__moe_lora_gz(m, KT_MOE_DOWN, m->gdc);
+        kt__moe_lora_grads(m, KT_MOE_DOWN, m->gdc, m->ac, scale);
+    }
+    if (full) {
+        if (m->bf16) {
+            n = kt__moe_plan(m, m->H);
+            kt_parallel_for(m->pool, n, 1, dwd_tasks, &c);
+        } else {
+            KT__TRY(sgemm_dw(m, KT_MOE_DOWN, m->gdc, m->H, m->ac, m->I, scale));
+        }
+    }
+    if (!m->bf16)
+        KT__TRY(sgemm_nn(m, KT_MOE_DOWN, m->gdc, m->H, m->ga, m->I, 0.0f));
+    n = kt__moe_plan(m, m->I);
+    kt_parallel_for(m->pool, n, 1, ga_tasks, &c);
+
+    if (lora) {
+        kt__moe_lora_gz(m, KT_MOE_GATE, m->ggc);
+        kt__moe_lora_gz(m, KT_MOE_UP, m->guc);
+        kt__moe_lora_grads(m, KT_MOE_GATE, m->ggc, m->xc, scale);
+        kt__moe_lora_grads(m, KT_MOE_UP, m->guc, m->xc, scale);
+    }
+    if (full) {
+        if (m->bf16) {
+            n = kt__moe_plan(m, m->I);
+            kt_parallel_for(m->pool, n, 1, dwgu_tasks, &c);
+        } else {
+            KT__TRY(sgemm_dw(m, KT_MOE_GATE, m->ggc, m->I, m->xc, m->H, scale));
+            KT__TRY(sgemm_dw(m, KT_MOE_UP, m->guc, m->I, m->xc, m->H, scale));
+        }
+        m->flops += (uint64_t)(6 * rows * m->H * m->I);
+    }
+    if (!m->bf16) {
+        KT__TRY(sgemm_nn(m, KT_MOE_GATE, m->ggc, m->I, m->gx, m->H, 0.0f));
+        KT__TRY(sgemm_nn(m, KT_MOE_UP, m->guc, m->I, m->gx, m->H, 1.0f));
+    }
+    if (m->bf16 || lora) {
+        n = kt__moe_plan(m, m->H);
+        kt_parallel_for(m->pool, n, 1, gx_tasks, &c);
+    }
+    m->flops += (uint64_t)(6 * rows * m->H * m->I);
+
+    if (gxo != NULL && gxo->data != NULL)
+        kt_parallel_for(m->pool, m->qlen, 1, gx_combine_part, &c);
+    if (gwo != NULL && gwo->data != NULL && m->qlen > 0)
+        memcpy(gwo->data, m->gw, (size_t)(m->qlen * m->K) * sizeof(float));
+    if (lora || full)
+        m->grad_overwrite = 0;
+    return KT_OK;
+}

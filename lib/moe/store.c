@@ -1,0 +1,213 @@
+/* The expert weights and the trainable parameters: copies in, views out, and safetensors in
+ * Hugging Face naming. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "moe/moe_internal.h"
+
+static const char *const proj_names[3] = {"gate_proj", "up_proj", "down_proj"};
+
+static kt_status check_index(const kt_moe *m, const char *fn, int64_t e, kt_moe_proj proj)
+{
+    if (e < 0 || e >= m->E)
+        return kt__error(KT_ERANGE, "moe '%s': %s: expert %lld out of range [0, %lld)", m->name,
+                         fn, (long long)e, (long long)m->E);
+    if ((int)proj < 0 || (int)proj > 2)
+        return kt__error(KT_EINVAL, "moe '%s': %s: unknown projection %d", m->name, fn,
+                         (int)proj);
+    return KT_OK;
+}
+
+/* The stored weight of (e, proj) as a tensor: [out, in]. */
+static void weight_view(const kt_moe *m, int64_t e, int proj, kt_tensor *t)
+{
+    int64_t shape[2] = {kt__moe_proj_out(m, proj), kt__moe_proj_in(m, proj)};
+    kt_tensor_init(t, kt__moe_weight_ptr(m, e, proj), m->cfg.weight_dtype, 2, shape);
+}
+
+kt_status kt_moe_set_weight(kt_moe *moe, int64_t expert, kt_moe_proj proj, const kt_tensor *w)
+{
+    if (moe == NULL || w == NULL)
+        return kt__error(KT_EINVAL, "kt_moe_set_weight: NULL argument");
+    KT__TRY(check_index(moe, "set_weight", expert, proj));
+    kt_tensor dst;
+    weight_view(moe, expert, proj, &dst);
+    char want[64], got[64];
+    if (w->dtype != dst.dtype || !kt_tensor_same_shape(w, &dst) ||
+        !kt_tensor_is_contiguous(w) || w->data == NULL || w->device.type != KT_DEVICE_CPU)
+        return kt__error(KT_EINVAL,
+                         "moe '%s': set_weight expert %lld %s: expected contiguous CPU %s, got "
+                         "%s",
+                         moe->name, (long long)expert, proj_names[proj],
+                         kt_tensor_describe(&dst, want, sizeof want),
+                         kt_tensor_describe(w, got, sizeof got));
+    memcpy(dst.data, w->data, kt_tensor_nbytes(&dst));
+    return KT_OK;
+}
+
+kt_status kt_moe_weight(kt_moe *moe, int64_t expert, kt_moe_proj proj, kt_tensor *view_out)
+{
+    if (moe == NULL || view_out == NULL)
+        return kt__error(KT_EINVAL, "kt_moe_weight: NULL argument");
+    KT__TRY(check_index(moe, "weight", expert, proj));
+    weight_view(moe, expert, proj, view_out);
+    return KT_OK;
+}
+
+static void lora_view(const kt_moe *m, float *base, int64_t e, int proj, int which_b,
+                      kt_tensor *t)
+{
+    int64_t shape[2];
+    if (which_b) {
+        shape[0] = kt__moe_proj_out(m, proj);
+        shape[1] = m->R;
+    } else {
+        shape[0] = m->R;
+        shape[1] = kt__moe_proj_in(m, proj);
+    }
+    kt_tensor_init(t, kt__moe_lora_ptr(m, base, e, proj, which_b), KT_F32, 2, shape);
+}
+
+static kt_status lora_common(kt_moe *m, const char *fn, int64_t e, kt_moe_proj proj,
+                             int which_b, float *base, kt_tensor *view_out)
+{
+    if (m == NULL || view_out == NULL)
+        return kt__error(KT_EINVAL, "kt_moe_%s: NULL argument", fn);
+    if (m->cfg.mode != KT_MOE_LORA)
+        return kt__error(KT_ESTATE, "moe '%s': %s: the layer is not in LoRA mode", m->name, fn);
+    KT__TRY(check_index(m, fn, e, proj));
+    lora_view(m, base, e, proj, which_b != 0, view_out);
+    return KT_OK;
+}
+
+kt_status kt_moe_lora(kt_moe *moe, int64_t expert, kt_moe_proj proj, int which_b,
+                      kt_tensor *view_out)
+{
+    return lora_common(moe, "lora", expert, proj, which_b, moe ? moe->lora : NULL, view_out);
+}
+
+kt_status kt_moe_lora_grad(kt_moe *moe, int64_t expert, kt_moe_proj proj, int which_b,
+                           kt_tensor *view_out)
+{
+    return lora_common(moe, "lora_grad", expert, proj, which_b, moe ? moe->lora_grad : NULL,
+                       view_out);
+}
+
+kt_status kt_moe_weight_grad(kt_moe *moe, int64_t expert, kt_moe_proj proj,
+                             kt_tensor *view_out)
+{
+    if (moe == NULL || view_out == NULL)
+        return kt__error(KT_EINVAL, "kt_moe_weight_grad: NULL argument");
+    if (moe->cfg.mode != KT_MOE_FULL)
+        return kt__error(KT_ESTATE, "moe '%s': weight_grad: the layer is not in full mode",
+                         moe->name);
+    KT__TRY(check_index(moe, "weight_grad", expert, proj));
+    int64_t shape[2] = {kt__moe_proj_out(moe, proj), kt__moe_proj_in(moe, proj)};
+    return kt_tensor_init(view_out, moe->wgrad + (expert * 3 + proj) * moe->H * moe->I, KT_F32,
+                          2, shape);
+}
+
+/* ---- safetensors --------------------------------------------------------------------------- */
+
+#define NAME_MAX_LEN 512
+
+/* kind: 0 the weight, 1 lora_A, 2 lora_B */
+static kt_status tensor_name(const kt_moe *m, char *buf, const char *prefix, int64_t e,
+                             int proj, int kind)
+{
+    static const char *const suffix[3] = {"weight", "lora_A.weight", "lora_B.weight"};
+    int n = snprintf(buf, NAME_MAX_LEN, "%sexperts.%lld.%s.%s", prefix, (long long)e,
+                     proj_names[proj], suffix[kind]);
+    if (n < 0 || n >= NAME_MAX_LEN)
+        return kt__error(KT_EINVAL, "moe '%s': tensor name prefix too long", m->name);
+    return KT_OK;
+}
+
+static void param_view(const kt_moe *m, int64_t e, int proj, int kind, kt_tensor *t)
+{
+    if (kind == 0)
+        weight_view(m, e, proj, t);
+    else
+        lora_view(m, m->lora, e, proj, kind == 2, t);
+}
+
+kt_status kt_moe_load(kt_moe *moe, const kt_st_file *file, const char *prefix)
+{
+    if (moe == NULL || file == NULL)
+        return kt__error(KT_EINVAL, "kt_moe_load: NULL argument");
+    if (moe->busy)
+        return kt__error(KT_ESTATE, "moe '%s': load while a forward is in flight", moe->name);
+    if (prefix == NULL)
+        prefix = "";
+    char name[NAME_MAX_LEN], want[64], got[64];
+    /* LoRA adapters are loaded when the file has them (all or none). */
+    int with_lora = 0;
+    if (moe->cfg.mode == KT_MOE_LORA) {
+        KT__TRY(tensor_name(moe, name, prefix, 0, KT_MOE_GATE, 1));
+        kt_tensor probe;
+        with_lora = kt_st_find(file, name, &probe) == KT_OK;
+        kt_clear_error();
+    }
+    int kinds = with_lora ? 3 : 1;
+    /* Check everything before copying anything, so a bad file leaves the weights as they
+     * were. */
+    for (int pass = 0; pass < 2; pass++)
+        for (int64_t e = 0; e < moe->E; e++)
+            for (int p = 0; p < 3; p++)
+                for (int kind = 0; kind < kinds; kind++) {
+                    kt_tensor dst, src;
+                    KT__TRY(tensor_name(moe, name, prefix, e, p, kind));
+                    param_view(moe, e, p, kind, &dst);
+                    if (pass == 1) {
+                        KT__TRY(kt_st_read(file, name, &dst));
+                        continue;
+                    }
+                    kt_status st = kt_st_find(file, name, &src);
+                    if (st != KT_OK)
+                        return kt__error_context(st, "moe '%s': load", moe->name);
+                    if (src.dtype != dst.dtype || !kt_tensor_same_shape(&src, &dst))
+                        return kt__error(KT_EINVAL,
+                                         "moe '%s': load: tensor '%s' is %s, the layer needs %s",
+                                         moe->name, name, kt_tensor_describe(&src, got, sizeof got),
+                                         kt_tensor_describe(&dst, want, sizeof want));
+                }
+    return KT_OK;
+}
+
+kt_status kt_moe_save(const kt_moe *moe, const char *path, const char *prefix)
+{
+    if (moe == NULL || path == NULL)
+        return kt__error(KT_EINVAL, "kt_moe_save: NULL argument");
+    if (prefix == NULL)
+        prefix = "";
+    int kinds = moe->cfg.mode == KT_MOE_LORA ? 3 : 1;
+    size_t n = (size_t)(moe->E * 3 * kinds);
+    /* Saving is I/O, not a training step: it may allocate its item list. */
+    kt_st_item *items = calloc(n, sizeof *items);
+    char *names = calloc(n, NAME_MAX_LEN);
+    kt_status st = KT_OK;
+    if (items == NULL || names == NULL) {
+        st = kt__error(KT_ENOMEM, "moe '%s': save: out of memory", moe->name);
+        goto done;
+    }
+    size_t i = 0;
+    for (int64_t e = 0; e < moe->E; e++)
+        for (int p = 0; p < 3; p++)
+            for (int kind = 0; kind < kinds; kind++, i++) {
+                char *name = names + i * NAME_MAX_LEN;
+                st = tensor_name(moe, name, prefix, e, p, kind);
+                if (st != KT_OK)
+                    goto done;
+                items[i].name = name;
+                param_view(moe, e, p, kind, &items[i].tensor);
+            }
+    st = kt_st_save(path, items, n, NULL);
+    if (st != KT_OK)
+        kt__error_context(st, "moe '%s': save", moe->name);
+done:
+    free(names);
+    free(items);
+    return st;
+}

@@ -1,0 +1,400 @@
+/* The MoE bf16 GEMM kernels (lib/moe/bf16_gemm.h): nt, nn and tn_acc against a float64
+ * reference computed from the same bf16 values, within a bound relative to sum |a||b|, on
+ * awkward sizes (1..100 in every dimension, and 768/1408/2048 with small ones), leading
+ * dimensions wider than the rows, accumulate on and off, scale != 1; cells outside the
+ * requested block (and the padding of every row) untouched; results bitwise independent of
+ * how the output columns (rows for tn) are cut into blocks; the chunked reduction of tn
+ * (M > 2048). Run a second time with KT_CPU=portable, where the dispatch must be exactly the
+ * scalar reference. Prints which path ran. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/cpu_internal.h"
+#include "moe/bf16_gemm.h"
+#include "test_util.h"
+
+enum { NT = 0, NN = 1, TN = 2 };
+static const char *kind_name[3] = {"nt", "nn", "tn"};
+
+static int vector_path(void) { return kt__cpu_has_avx512() && kt__cpu_has_avx512_bf16(); }
+
+/* One problem. Operands a [ar, lda], b [br, ldb], output c [cr, ldc] (c0 its initial value):
+ *   nt: a = x [M,K], b = w [N,K], c = y [M,N], blocks over N, reduction K
+ *   nn: a = g [M,N], b = w [N,K], c = y [M,K], blocks over K, reduction N
+ *   tn: a = g [M,N], b = x [M,K], c = dw [N,K], blocks over N (rows of dw), reduction M */
+typedef struct prob {
+    int kind;
+    int64_t M, N, K;
+    int64_t lda, ldb, ldc;
+    int64_t ar, br, cr, cc; /* rows of a, b, c; valid columns of c */
+    uint16_t *a, *b;
+    float *c0, *c;
+    int accumulate;
+    float scale;
+} prob;
+
+static int64_t split_size(const prob *p) { return p->kind == NN ? p->K : p->N; }
+
+static void prob_init(prob *p, int kind, int64_t M, int64_t N, int64_t K, tu_rng *rng)
+{
+    memset(p, 0, sizeof *p);
+    p->kind = kind;
+    p->M = M, p->N = N, p->K = K;
+    int64_t acols, bcols;
+    switch (kind) {
+    case NT:
+        p->ar = M, acols = K, p->br = N, bcols = K, p->cr = M, p->cc = N;
+        break;
+    case NN:
+        p->ar = M, acols = N, p->br = N, bcols = K, p->cr = M, p->cc = K;
+        break;
+    default:
+        p->ar = M, acols = N, p->br = M, bcols = K, p->cr = N, p->cc = K;
+        break;
+    }
+    /* padded rows about half the time */
+    p->lda = acols + (tu_rng_next(rng) % 2 ? (int64_t)(tu_rng_next(rng) % 5) : 0);
+    p->ldb = bcols + (tu_rng_next(rng) % 2 ? (int64_t)(tu_rng_next(rng) % 5) : 0);
+    p->ldc = p->cc + (tu_rng_next(rng) % 2 ? (int64_t)(tu_rng_next(rng) % 5) : 0);
+    p->accumulate = (int)(tu_rng_next(rng) % 2);
+    static const float scales[] = {1.0f, 0.75f, -1.5f, 3.0f};
+    p->scale = scales[tu_rng_next(rng) % 4];
+    const size_t na = (size_t)(p->ar * p->lda), nb = (size_t)(p->br * p->ldb),
+                 nc = (size_t)(p->cr * p->ldc);
+    p->a = malloc((na ? na : 1) * sizeof *p->a);
+    p->b = malloc((nb ? nb : 1) * sizeof *p->b);
+    p->c0 = malloc((nc ? nc : 1) * sizeof *p->c0);
+    p->c = malloc((nc ? nc : 1) * sizeof *p->c);
+    assert_non_null(p->a);
+    assert_non_null(p->b);
+    assert_non_null(p->c0);
+    assert_non_null(p->c);
+    for (size_t i = 0; i < na; i++)
+        p->a[i] = kt_f32_to_bf16_1((float)tu_rng_uniform(rng, -1, 1));
+    for (size_t i = 0; i < nb; i++)
+        p->b[i] = kt_f32_to_bf16_1((float)tu_rng_uniform(rng, -1, 1));
+    for (size_t i = 0; i < nc; i++)
+        p->c0[i] = (float)tu_rng_uniform(rng, -2, 2);
+}
+
+static void prob_free(prob *p)
+{
+    free(p->a);
+    free(p->b);
+    free(p->c0);
+    free(p->c);
+}
+
+static void reset_c(prob *p)
+{
+    memcpy(p->c, p->c0, (size_t)(p->cr * p->ldc) * sizeof *p->c);
+}
+
+static void call_block(const prob *p, int64_t s0, int64_t s1, float *c)
+{
+    switch (p->kind) {
+    case NT:
+        kt__bf16_gemm_nt(p->M, s0, s1, p->K, p->a, p->lda, p->b, p->ldb, c, p->ldc,
+                         p->accumulate);
+        break;
+    case NN:
+        kt__bf16_gemm_nn(p->M, p->N, s0, s1, p->a, p->lda, p->b, p->ldb, c, p->ldc,
+                         p->accumulate);
+        break;
+    default:
+        kt__bf16_gemm_tn_acc(p->M, s0, s1, p->K, p->a, p->lda, p->b, p->ldb, c, p->ldc,
+                             p->scale);
+        break;
+    }
+}
+
+static void call_ref(const prob *p, int64_t s0, int64_t s1, float *c)
+{
+    switch (p->kind) {
+    case NT:
+        kt__bf16_gemm_nt_ref(p->M, s0, s1, p->K, p->a, p->lda, p->b, p->ldb, c, p->ldc,
+                             p->accumulate);
+        break;
+    case NN:
+        kt__bf16_gemm_nn_ref(p->M, p->N, s0, s1, p->a, p->lda, p->b, p->ldb, c, p->ldc,
+                             p->accumulate);
+        break;
+    default:
+        kt__bf16_gemm_tn_acc_ref(p->M, s0, s1, p->K, p->a, p->lda, p->b, p->ldb, c, p->ldc,
+                                 p->scale);
+        break;
+    }
+}
+
+static double bf(uint16_t v) { return (double)kt_bf16_to_f32_1(v); }
+
+/* The float64 value of output (r, col) and the error allowed for it. */
+static double ref_elem(const prob *p, int64_t r, int64_t col, double *tol)
+{
+    double s = 0.0, sabs = 0.0;
+    int64_t nred;
+    switch (p->kind) {
+    case NT:
+        nred = p->K;
+        for (int64_t k = 0; k < p->K; k++) {
+            const double t = bf(p->a[r * p->lda + k]) * bf(p->b[col * p->ldb + k]);
+            s += t, sabs += fabs(t);
+        }
+        break;
+    case NN:
+        nred = p->N;
+        for (int64_t n = 0; n < p->N; n++) {
+            const double t = bf(p->a[r * p->lda + n]) * bf(p->b[n * p->ldb + col]);
+            s += t, sabs += fabs(t);
+        }
+        break;
+    default:
+        nred = p->M;
+        for (int64_t m = 0; m < p->M; m++) {
+            const double t = bf(p->a[m * p->lda + r]) * bf(p->b[m * p->ldb + col]);
+            s += t, sabs += fabs(t);
+        }
+        break;
+    }
+    const double c0 = p->c0[r * p->ldc + col];
+    double v;
+    if (p->kind == TN) {
+        v = c0 + (double)p->scale * s;
+        sabs *= fabs((double)p->scale);
+    } else {
+        v = p->accumulate ? c0 + s : s;
+    }
+    /* f32 sums of nred products (in any order): (nred + a few tree levels) units of
+     * rounding of sum |a||b|, plus the final scale/add roundings. */
+    *tol = ((double)nred + 16.0) * ldexp(sabs, -24) + ldexp(fabs(c0) + fabs(v), -23) + 1e-30;
+    return v;
+}
+
+static int64_t g_checked, g_cases;
+
+/* Runs the whole block once and checks it: every element when small, else a sample. */
+static void check_prob(prob *p, tu_rng *rng)
+{
+    const int64_t S = split_size(p);
+    reset_c(p);
+    call_block(p, 0, S, p->c);
+    const int64_t nred = p->kind == NT ? p->K : p->kind == NN ? p->N : p->M;
+    const double work = (double)p->cr * (double)p->cc * (double)(nred + 1);
+    const int all = work <= 2e6;
+    const int64_t samples = all ? p->cr * p->cc : 400;
+    for (int64_t t = 0; t < samples; t++) {
+        int64_t r, col;
+        if (all) {
+            r = t / p->cc, col = t % p->cc;
+        } else if (t < 4) { /* corners */
+            r = (t & 1) ? p->cr - 1 : 0, col = (t & 2) ? p->cc - 1 : 0;
+        } else {
+            r = (int64_t)(tu_rng_next(rng) % (uint64_t)p->cr);
+            col = (int64_t)(tu_rng_next(rng) % (uint64_t)p->cc);
+        }
+        double tol;
+        const double want = ref_elem(p, r, col, &tol);
+        const double got = p->c[r * p->ldc + col];
+        if (!(fabs(got - want) <= tol)) {
+            print_error("%s M=%lld N=%lld K=%lld lda=%lld ldb=%lld ldc=%lld acc=%d scale=%g: "
+                        "element (%lld, %lld) = %.9g, want %.9g (tol %.3g)\n",
+                        kind_name[p->kind], (long long)p->M, (long long)p->N, (long long)p->K,
+                        (long long)p->lda, (long long)p->ldb, (long long)p->ldc, p->accumulate,
+                        (double)p->scale, (long long)r, (long long)col, got, want, tol);
+            fail();
+        }
+        g_checked++;
+    }
+    /* the padding of each row is never written */
+    for (int64_t r = 0; r < p->cr; r++)
+        for (int64_t col = p->cc; col < p->ldc; col++)
+            assert_memory_equal(&p->c[r * p->ldc + col], &p->c0[r * p->ldc + col],
+                                sizeof(float));
+    /* the portable path is the reference itself */
+    if (!vector_path()) {
+        float *c2 = malloc((size_t)(p->cr * p->ldc) * sizeof *c2 + 1);
+        assert_non_null(c2);
+        memcpy(c2, p->c0, (size_t)(p->cr * p->ldc) * sizeof *c2);
+        call_ref(p, 0, S, c2);
+        assert_memory_equal(c2, p->c, (size_t)(p->cr * p->ldc) * sizeof *c2);
+        free(c2);
+    }
+    g_cases++;
+}
+
+/* Cuts [0, S) into 1..5 blocks at random points (no alignment), computes each block by its
+ * own call, checks the result bitwise against one call, and that a block leaves the cells
+ * outside it untouched. */
+static void check_split(prob *p, tu_rng *rng)
+{
+    const int64_t S = split_size(p);
+    if (S < 2)
+        return;
+    reset_c(p);
+    call_block(p, 0, S, p->c);
+    const size_t bytes = (size_t)(p->cr * p->ldc) * sizeof(float);
+    float *c2 = malloc(bytes + 1);
+    assert_non_null(c2);
+    for (int trial = 0; trial < 3; trial++) {
+        memcpy(c2, p->c0, bytes);
+        int64_t s0 = 0;
+        while (s0 < S) {
+            int64_t len = 1 + (int64_t)(tu_rng_next(rng) % (uint64_t)(S / 2 + 1));
+            int64_t s1 = s0 + len > S ? S : s0 + len;
+            call_block(p, s0, s1, c2);
+            /* cells after the block: untouched so far */
+            for (int64_t r = 0; r < p->cr; r++)
+                for (int64_t col = 0; col < p->cc; col++) {
+                    const int64_t pos = p->kind == TN ? r : col;
+                    if (pos >= s1)
+                        assert_memory_equal(&c2[r * p->ldc + col], &p->c0[r * p->ldc + col],
+                                            sizeof(float));
+                }
+            s0 = s1;
+        }
+        if (memcmp(c2, p->c, bytes) != 0) {
+            print_error("%s M=%lld N=%lld K=%lld: block split changes the result\n",
+                        kind_name[p->kind], (long long)p->M, (long long)p->N, (long long)p->K);
+            fail();
+        }
+    }
+    free(c2);
+}
+
+static const int64_t small_sizes[] = {1, 2, 3, 7, 15, 16, 17, 31, 32, 33, 63, 100};
+#define N_SMALL ((int)(sizeof small_sizes / sizeof small_sizes[0]))
+
+static void sweep_small(int kind)
+{
+    tu_rng rng;
+    tu_rng_seed(&rng, 1234 + (uint64_t)kind);
+    for (int i = 0; i < N_SMALL; i++)
+        for (int j = 0; j < N_SMALL; j++)
+            for (int l = 0; l < N_SMALL; l++) {
+                const int64_t M = small_sizes[i], N = small_sizes[j], K = small_sizes[l];
+                if (M * N * K > 120000)
+                    continue;
+                prob p;
+                prob_init(&p, kind, M, N, K, &rng);
+                check_prob(&p, &rng);
+                if ((i + j + l) % 3 == 0)
+                    check_split(&p, &rng);
+                prob_free(&p);
+            }
+}
+
+static void test_nt_small(void **state)
+{
+    (void)state;
+    sweep_small(NT);
+}
+
+static void test_nn_small(void **state)
+{
+    (void)state;
+    sweep_small(NN);
+}
+
+static void test_tn_small(void **state)
+{
+    (void)state;
+    sweep_small(TN);
+}
+
+/* Model-sized dimensions (768, 1408, 2048) with small and odd ones, per kind. */
+typedef struct big_shape {
+    int kind;
+    int64_t M, N, K;
+} big_shape;
+
+static const big_shape big_shapes[] = {
+    {NT, 1, 1408, 2048}, {NT, 3, 768, 2048}, {NT, 17, 100, 1408}, {NT, 33, 63, 2048},
+    {NT, 7, 2048, 768},  {NT, 100, 31, 1408},
+    {NN, 1, 1408, 2048}, {NN, 3, 2048, 768},  {NN, 17, 1408, 100}, {NN, 33, 768, 63},
+    {NN, 15, 63, 2048},  {NN, 100, 1408, 31},
+    {TN, 1, 1408, 2048}, {TN, 7, 768, 2048},  {TN, 17, 100, 1408}, {TN, 33, 2048, 63},
+    {TN, 768, 15, 33},   {TN, 1408, 7, 100},  {TN, 2048, 3, 32},
+};
+
+static void test_big_shapes(void **state)
+{
+    (void)state;
+    tu_rng rng;
+    tu_rng_seed(&rng, 99);
+    for (size_t i = 0; i < sizeof big_shapes / sizeof big_shapes[0]; i++) {
+        const big_shape *s = &big_shapes[i];
+        prob p;
+        prob_init(&p, s->kind, s->M, s->N, s->K, &rng);
+        check_prob(&p, &rng);
+        check_split(&p, &rng);
+        prob_free(&p);
+    }
+}
+
+/* tn with more than 2048 rows: the reduction runs in chunks of packed pairs. */
+static void test_tn_long_reduction(void **state)
+{
+    (void)state;
+    tu_rng rng;
+    tu_rng_seed(&rng, 7);
+    static const int64_t Ms[] = {2048, 2049, 2050, 2051, 4097};
+    for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
+        prob p;
+        prob_init(&p, TN, Ms[i], 13, 45, &rng);
+        check_prob(&p, &rng);
+        check_split(&p, &rng);
+        prob_free(&p);
+    }
+}
+
+/* Empty blocks and K = 0 / N = 0 / M = 0: the sums are zero. */
+static void test_empty(void **state)
+{
+    (void)state;
+    tu_rng rng;
+    tu_rng_seed(&rng, 5);
+    prob p;
+    prob_init(&p, NT, 3, 5, 0, &rng);
+    check_prob(&p, &rng);
+    reset_c(&p);
+    call_block(&p, 2, 2, p.c); /* empty column range: nothing written */
+    assert_memory_equal(p.c, p.c0, (size_t)(p.cr * p.ldc) * sizeof(float));
+    prob_free(&p);
+    prob_init(&p, NN, 4, 0, 9, &rng);
+    check_prob(&p, &rng);
+    prob_free(&p);
+    prob_init(&p, TN, 0, 6, 9, &rng);
+    check_prob(&p, &rng);
+    prob_free(&p);
+}
+
+static void test_report(void **state)
+{
+    (void)state;
+    const char *forced = getenv("KT_CPU");
+    print_message("bf16 gemm path: %s (cpu: %s%s%s); %lld cases, %lld elements checked\n",
+                  vector_path() ? "avx512_bf16" : "scalar reference", kt_cpu_describe(),
+                  forced ? ", KT_CPU=" : "", forced ? forced : "", (long long)g_cases,
+                  (long long)g_checked);
+    if (forced != NULL && strcmp(forced, "portable") == 0)
+        assert_false(vector_path());
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_nt_small),   cmocka_unit_test(test_nn_small),
+        cmocka_unit_test(test_tn_small),   cmocka_unit_test(test_big_shapes),
+        cmocka_unit_test(test_tn_long_reduction), cmocka_unit_test(test_empty),
+        cmocka_unit_test(test_report),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,380 @@
+/* kt-bench gemm: the MoE bf16 GEMM kernels (lib/moe/bf16_gemm.h) against the register peak
+ * of vdpbf16ps measured in the same run.
+ *
+ * Each configuration is timed single-threaded (one call over the whole output) and on the
+ * thread pool (the output columns, rows of dw for tn, cut statically over kt_parallel_for
+ * in whole tiles). The weight operand (w for nt/nn, dw for tn) rotates through copies that
+ * together exceed 64 MiB (twice this machine's L3), so weights come from memory as in a MoE
+ * layer that touches each expert once per step; --hot keeps one copy. The peak is a loop of
+ * independent vdpbf16ps on 16 accumulators in registers, on 1 thread and on all pool threads
+ * at once. GB/s counts the weight operand's bytes (bf16 w; f32 dw read and written).
+ *
+ * Without --m/--n/--k it runs the MoE table: dsv2lite (H=2048, I=1408) and qwen3moe (H=2048,
+ * I=768), m = 1, 8, 64, 256, 1024 tokens per expert, for each kind the gate/up shape
+ * ("gu": M=m, N=I, K=H) and the down shape ("dn": M=m, N=H, K=I). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <kt/kt.h>
+
+#include "bench.h"
+#include "core/cpu_internal.h"
+#include "moe/bf16_gemm.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define GB_HAVE_PEAK 1
+#endif
+
+enum { K_NT = 0, K_NN = 1, K_TN = 2 };
+static const char *const kind_names[3] = {"nt", "nn", "tn"};
+
+/* ---- register peak ---------------------------------------------------------------------- */
+
+#define PEAK_ITERS (1 << 21) /* x 16 instructions x 64 flop */
+
+#ifdef GB_HAVE_PEAK
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static float peak_loop(const float *seed)
+{
+    /* 16 named accumulators (an array of them may live in memory) */
+#define PK_DECL(i) __m512 c##i = _mm512_set1_ps(seed[i])
+    PK_DECL(0); PK_DECL(1); PK_DECL(2); PK_DECL(3); PK_DECL(4); PK_DECL(5); PK_DECL(6);
+    PK_DECL(7); PK_DECL(8); PK_DECL(9); PK_DECL(10); PK_DECL(11); PK_DECL(12); PK_DECL(13);
+    PK_DECL(14); PK_DECL(15);
+#undef PK_DECL
+    const __m512bh a = (__m512bh)_mm512_castps_si512(_mm512_set1_ps(seed[16]));
+    const __m512bh b = (__m512bh)_mm512_castps_si512(_mm512_set1_ps(seed[17]));
+    for (int it = 0; it < PEAK_ITERS; it++) {
+#define PK(i) c##i = _mm512_dpbf16_ps(c##i, a, b)
+        PK(0); PK(1); PK(2); PK(3); PK(4); PK(5); PK(6); PK(7);
+        PK(8); PK(9); PK(10); PK(11); PK(12); PK(13); PK(14); PK(15);
+#undef PK
+    }
+    const __m512 s = _mm512_add_ps(
+        _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)),
+                      _mm512_add_ps(_mm512_add_ps(c4, c5), _mm512_add_ps(c6, c7))),
+        _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c8, c9), _mm512_add_ps(c10, c11)),
+                      _mm512_add_ps(_mm512_add_ps(c12, c13), _mm512_add_ps(c14, c15))));
+    return _mm512_reduce_add_ps(s);
+}
+#endif
+
+static volatile float peak_sink;
+
+static void peak_part(void *ctx, int64_t begin, int64_t end, int thread)
+{
+    (void)ctx, (void)thread;
+#ifdef GB_HAVE_PEAK
+    float seed[18];
+    for (int i = 0; i < 18; i++)
+        seed[i] = 1e-6f * (float)(i + 1);
+    for (int64_t i = begin; i < end; i++)
+        peak_sink = peak_loop(seed);
+#else
+    (void)begin, (void)end;
+#endif
+}
+
+/* GFLOP/s of vdpbf16ps on `threads` threads (the pool's, NULL: the caller's), median. */
+static double measure_peak(kt_threadpool *pool, int threads, int repeats)
+{
+    double t[64];
+    if (repeats > 64)
+        repeats = 64;
+    peak_part(NULL, 0, 1, 0); /* warm-up (clock ramp) */
+    for (int r = 0; r < repeats; r++) {
+        const double t0 = bench_now_s();
+        kt_parallel_for(pool, threads, 1, peak_part, NULL);
+        t[r] = bench_now_s() - t0;
+    }
+    const double flops = (double)threads * PEAK_ITERS * 16.0 * 64.0;
+    return flops / bench_median(t, repeats) * 1e-9;
+}
+
+/* ---- kernel runs -------------------------------------------------------------------------- */
+
+typedef struct gemm_run {
+    int kind;
+    int64_t M, N, K;
+    const uint16_t *a, *b; /* a: x (nt) or g (nn, tn); b: w (nt, nn) or x (tn) */
+    float *c;              /* y, or dw for tn */
+    int64_t unit;          /* columns (rows of dw) per part unit: whole tiles */
+} gemm_run;
+
+static int64_t split_dim(const gemm_run *r) { return r->kind == K_NN ? r->K : r->N; }
+
+static void run_block(const gemm_run *r, int64_t s0, int64_t s1)
+{
+    switch (r->kind) {
+    case K_NT:
+        kt__bf16_gemm_nt(r->M, s0, s1, r->K, r->a, r->K, r->b, r->K, r->c, r->N, 0);
+        break;
+    case K_NN:
+        kt__bf16_gemm_nn(r->M, r->N, s0, s1, r->a, r->N, r->b, r->K, r->c, r->K, 0);
+        break;
+    default:
+        kt__bf16_gemm_tn_acc(r->M, s0, s1, r->K, r->a, r->N, r->b, r->K, r->c, r->K, 1.0f);
+        break;
+    }
+}
+
+static void run_part(void *ctx, int64_t begin, int64_t end, int thread)
+{
+    (void)thread;
+    const gemm_run *r = ctx;
+    const int64_t S = split_dim(r);
+    const int64_t s0 = begin * r->unit, s1 = end * r->unit < S ? end * r->unit : S;
+    if (s0 < s1)
+        run_block(r, s0, s1);
+}
+
+typedef struct buffers {
+    uint16_t *act;   /* the non-weight bf16 operands: x [M,K] / g [M,N] (and x for tn) */
+    uint16_t *act2;
+    uint16_t *wts;   /* copies of the bf16 weight (nt, nn) */
+    float *out;      /* y (nt, nn) */
+    float *dws;      /* copies of dw (tn) */
+    int copies;
+} buffers;
+
+static void fill_bf16(uint16_t *p, size_t n, uint64_t seed)
+{
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
+        const float v = (float)((s * 0x2545F4914F6CDD1Dull) >> 40) / (float)(1 << 24) - 0.5f;
+        p[i] = kt_f32_to_bf16_1(v);
+    }
+}
+
+static int alloc_buffers(int kind, int64_t M, int64_t N, int64_t K, int hot, buffers *bu)
+{
+    memset(bu, 0, sizeof *bu);
+    const size_t wbytes = (size_t)(N * K) * (kind == K_TN ? sizeof(float) : sizeof(uint16_t));
+    bu->copies = hot ? 1 : (int)((64u << 20) / (wbytes ? wbytes : 1) + 1);
+    if (bu->copies > 256)
+        bu->copies = 256;
+    const size_t na = (size_t)(M * (kind == K_NT ? K : N)), na2 = (size_t)(M * K);
+    bu->act = malloc((na ? na : 1) * sizeof(uint16_t));
+    bu->act2 = malloc((na2 ? na2 : 1) * sizeof(uint16_t));
+    if (bu->act == NULL || bu->act2 == NULL)
+        return -1;
+    fill_bf16(bu->act, na, 1);
+    fill_bf16(bu->act2, na2, 2);
+    if (kind == K_TN) {
+        bu->dws = calloc((size_t)bu->copies * (size_t)(N * K) + 1, sizeof(float));
+        if (bu->dws == NULL)
+            return -1;
+    } else {
+        bu->wts = malloc(((size_t)bu->copies * (size_t)(N * K) + 1) * sizeof(uint16_t));
+        bu->out = calloc((size_t)(M * (kind == K_NT ? N : K)) + 1, sizeof(float));
+        if (bu->wts == NULL || bu->out == NULL)
+            return -1;
+        fill_bf16(bu->wts, (size_t)(N * K), 3);
+        for (int c = 1; c < bu->copies; c++)
+            memcpy(bu->wts + (size_t)c * (size_t)(N * K), bu->wts, (size_t)(N * K) * 2);
+    }
+    return 0;
+}
+
+static void free_buffers(buffers *bu)
+{
+    free(bu->act);
+    free(bu->act2);
+    free(bu->wts);
+    free(bu->out);
+    free(bu->dws);
+}
+
+static gemm_run make_run(int kind, int64_t M, int64_t N, int64_t K, const buffers *bu, int copy)
+{
+    gemm_run r = {.kind = kind, .M = M, .N = N, .K = K};
+    const size_t wsz = (size_t)(N * K);
+    switch (kind) {
+    case K_NT:
+        r.a = bu->act, r.b = bu->wts + (size_t)copy * wsz, r.c = bu->out, r.unit = 4;
+        break;
+    case K_NN:
+        r.a = bu->act, r.b = bu->wts + (size_t)copy * wsz, r.c = bu->out, r.unit = 32;
+        break;
+    default:
+        r.a = bu->act, r.b = bu->act2, r.c = bu->dws + (size_t)copy * wsz, r.unit = 12;
+        break;
+    }
+    return r;
+}
+
+typedef struct timing {
+    double median_s, best_s;
+} timing;
+
+static timing time_kernel(int kind, int64_t M, int64_t N, int64_t K, const buffers *bu,
+                          kt_threadpool *pool, const bench_args *common)
+{
+    const int total = common->warmup + common->repeats;
+    double *ts = calloc((size_t)total, sizeof *ts);
+    timing out = {0, 0};
+    if (ts == NULL)
+        return out;
+    for (int i = 0; i < total; i++) {
+        gemm_run r = make_run(kind, M, N, K, bu, i % bu->copies);
+        const int64_t units = (split_dim(&r) + r.unit - 1) / r.unit;
+        const double t0 = bench_now_s();
+        if (pool == NULL)
+            run_block(&r, 0, split_dim(&r));
+        else
+            kt_parallel_for(pool, units, 1, run_part, &r);
+        ts[i] = bench_now_s() - t0;
+    }
+    double best = ts[common->warmup];
+    for (int i = common->warmup; i < total; i++)
+        best = ts[i] < best ? ts[i] : best;
+    out.median_s = bench_median(ts + common->warmup, common->repeats);
+    out.best_s = best;
+    free(ts);
+    return out;
+}
+
+static void report(const bench_args *common, const char *model, const char *shape, int kind,
+                   int64_t M, int64_t N, int64_t K, int threads, timing t, double peak,
+                   int hot)
+{
+    const double flop = 2.0 * (double)M * (double)N * (double)K;
+    const double gf = flop / t.median_s * 1e-9, gf_best = flop / t.best_s * 1e-9;
+    const double wbytes = (double)N * (double)K * (kind == K_TN ? 8.0 : 2.0);
+    const double gbs = wbytes / t.median_s * 1e-9;
+    if (common->json) {
+        printf("{\"bench\":\"gemm\",\"model\":\"%s\",\"shape\":\"%s\",\"kind\":\"%s\","
+               "\"m\":%lld,\"n\":%lld,\"k\":%lld,\"threads\":%d,\"weights\":\"%s\","
+               "\"median_ms\":%.4f,\"best_ms\":%.4f,\"gflops\":%.2f,\"gflops_best\":%.2f,"
+               "\"peak_gflops\":%.2f,\"fraction_of_peak\":%.4f,\"weight_gbs\":%.2f}\n",
+               model, shape, kind_names[kind], (long long)M, (long long)N, (long long)K,
+               threads, hot ? "hot" : "cold", t.median_s * 1e3, t.best_s * 1e3, gf, gf_best,
+               peak, gf / peak, gbs);
+    } else {
+        printf("%-9s %-3s %-2s m=%-5lld n=%-5lld k=%-5lld thr=%d  %9.3f ms  %7.1f GFLOP/s "
+               "(best %7.1f)  fraction_of_peak %.3f  weights %6.1f GB/s\n",
+               model, shape, kind_names[kind], (long long)M, (long long)N, (long long)K,
+               threads, t.median_s * 1e3, gf, gf_best, gf / peak, gbs);
+    }
+    fflush(stdout);
+}
+
+static int parse_kind(const char *s)
+{
+    for (int i = 0; i < 3; i++)
+        if (strcmp(s, kind_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+int bench_gemm(int argc, char **argv, const bench_args *common)
+{
+    int64_t m = -1, n = -1, k = -1;
+    int kind = -1, hot = 0, single_only = 0;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            printf("usage: kt-bench gemm [--m M] [--n N] [--k K] [--kind nt|nn|tn] [--hot]\n"
+                   "                     [--single] [--json] [--repeats N] [--threads N]\n"
+                   "Times the bf16 MoE GEMM kernels on 1 thread and on the pool (--threads,\n"
+                   "default: all CPUs) against the vdpbf16ps register peak measured in the\n"
+                   "same run. Without --m/--n/--k: the dsv2lite and qwen3moe expert shapes\n"
+                   "for m = 1, 8, 64, 256, 1024. Kernel sizes: nt y[M,N] = x[M,K] w[N,K]^T,\n"
+                   "nn y[M,K] = g[M,N] w[N,K], tn dw[N,K] += g[M,N]^T x[M,K].\n"
+                   "--hot: one weight copy (default: copies over 64 MiB, from memory);\n"
+                   "--single: skip the pool runs.\n");
+            return 0;
+        } else if (strcmp(argv[i], "--m") == 0 && i + 1 < argc) {
+            m = atoll(argv[++i]);
+        } else if (strcmp(argv[i], "--n") == 0 && i + 1 < argc) {
+            n = atoll(argv[++i]);
+        } else if (strcmp(argv[i], "--k") == 0 && i + 1 < argc) {
+            k = atoll(argv[++i]);
+        } else if (strcmp(argv[i], "--kind") == 0 && i + 1 < argc) {
+            kind = parse_kind(argv[++i]);
+            if (kind < 0) {
+                fprintf(stderr, "kt-bench gemm: --kind must be nt, nn or tn\n");
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--hot") == 0) {
+            hot = 1;
+        } else if (strcmp(argv[i], "--single") == 0) {
+            single_only = 1;
+        } else {
+            fprintf(stderr, "kt-bench gemm: unknown option %s (see --help)\n", argv[i]);
+            return 2;
+        }
+    }
+    const int custom = m >= 0 || n >= 0 || k >= 0;
+    if (custom && (m < 1 || n < 1 || k < 1)) {
+        fprintf(stderr, "kt-bench gemm: --m, --n and --k go together and must be positive\n");
+        return 2;
+    }
+    const int vec = kt__cpu_has_avx512() && kt__cpu_has_avx512_bf16();
+#ifndef GB_HAVE_PEAK
+    const int have_peak = 0;
+#else
+    const int have_peak = vec;
+#endif
+    kt_threadpool *pool = NULL;
+    if (kt_threadpool_create(common->threads > 1 ? common->threads : 0, &pool) != KT_OK) {
+        fprintf(stderr, "kt-bench gemm: %s\n", kt_last_error());
+        return 1;
+    }
+    const int threads = kt_threadpool_size(pool);
+    const double peak1 = have_peak ? measure_peak(NULL, 1, 7) : 0.0;
+    const double peakp = have_peak ? measure_peak(pool, threads, 7) : 0.0;
+    if (common->json)
+        printf("{\"bench\":\"gemm_peak\",\"path\":\"%s\",\"peak_gflops_1\":%.2f,"
+               "\"peak_gflops_pool\":%.2f,\"threads\":%d}\n",
+               vec ? "avx512_bf16" : "scalar", peak1, peakp, threads);
+    else
+        printf("bf16 gemm path: %s; vdpbf16ps register peak: %.1f GFLOP/s on 1 thread, "
+               "%.1f on %d threads\n",
+               vec ? "avx512_bf16" : "scalar reference", peak1, peakp, threads);
+
+    typedef struct model {
+        const char *name;
+        int64_t H, I;
+    } model;
+    static const model models[] = {{"dsv2lite", 2048, 1408}, {"qwen3moe", 2048, 768}};
+    static const int64_t ms[] = {1, 8, 64, 256, 1024};
+    const int n_models = custom ? 1 : 2, n_ms = custom ? 1 : 5;
+    int rc = 0;
+    for (int mi = 0; mi < n_models && rc == 0; mi++)
+        for (int si = 0; si < n_ms && rc == 0; si++)
+            for (int kd = 0; kd < 3 && rc == 0; kd++) {
+                if (kind >= 0 && kd != kind)
+                    continue;
+                for (int sh = 0; sh < (custom ? 1 : 2); sh++) {
+                    const int64_t M = custom ? m : ms[si];
+                    const int64_t N = custom ? n : sh == 0 ? models[mi].I : models[mi].H;
+                    const int64_t K = custom ? k : sh == 0 ? models[mi].H : models[mi].I;
+                    const char *mname = custom ? "custom" : models[mi].name;
+                    const char *sname = custom ? "-" : sh == 0 ? "gu" : "dn";
+                    buffers bu;
+                    if (alloc_buffers(kd, M, N, K, hot, &bu) != 0) {
+                        fprintf(stderr, "kt-bench gemm: out of memory\n");
+                        free_buffers(&bu);
+                        rc = 1;
+                        break;
+                    }
+                    timing t1 = time_kernel(kd, M, N, K, &bu, NULL, common);
+                    report(common, mname, sname, kd, M, N, K, 1, t1, peak1 > 0 ? peak1 : 1,
+                           hot);
+                    if (!single_only && threads > 1) {
+                        timing tp = time_kernel(kd, M, N, K, &bu, pool, common);
+                        report(common, mname, sname, kd, M, N, K, threads, tp,
+                               peakp > 0 ? peakp : 1, hot);
+                    }
+                    free_buffers(&bu);
+                }
+            }
+    if (have_peak && !common->json)
+        printf("vdpbf16ps register peak at the end: %.1f GFLOP/s on 1 thread, %.1f on %d\n",
+               measure_peak(NULL, 1, 7), measure_peak(pool, threads, 7), threads);
+    kt_threadpool_destroy(pool);
+    return rc;
+}
