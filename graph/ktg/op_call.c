@@ -254,8 +254,13 @@ void kt__ktg_assign(kt__ktg_parser *p)
     int n_in;
     kt_op_attrs attrs;
     memset(&attrs, 0, sizeof attrs);
-    if (!lookup_op(p, &op) || !arguments(p, op, in, &n_in, &attrs) ||
-        !kt__ktg_end_of_statement(p))
+    if (!lookup_op(p, &op))
+        return;
+    /* PyTorch's default: a zeroed struct would ignore class 0, which no model wants
+     * silently */
+    if (op == KT_OP_CROSS_ENTROPY)
+        attrs.ignore_index = -100;
+    if (!arguments(p, op, in, &n_in, &attrs) || !kt__ktg_end_of_statement(p))
         return;
     int min_in, max_in, n_out;
     if (kt_op_arity(op, &min_in, &max_in, &n_out) != KT_OK) {

@@ -164,9 +164,12 @@ static int alloc_buffers(int kind, int64_t M, int64_t N, int64_t K, int hot, buf
     fill_bf16(bu->act, na, 1);
     fill_bf16(bu->act2, na2, 2);
     if (kind == K_TN) {
-        bu->dws = calloc((size_t)bu->copies * (size_t)(N * K) + 1, sizeof(float));
+        const size_t nd = (size_t)bu->copies * (size_t)(N * K);
+        bu->dws = malloc((nd + 1) * sizeof(float));
         if (bu->dws == NULL)
             return -1;
+        for (size_t i = 0; i < nd; i++) /* touch every page before timing */
+            bu->dws[i] = 0.0f;
     } else {
         bu->wts = malloc(((size_t)bu->copies * (size_t)(N * K) + 1) * sizeof(uint16_t));
         bu->out = calloc((size_t)(M * (kind == K_NT ? N : K)) + 1, sizeof(float));

@@ -1,0 +1,883 @@
+/* The MoE layer: every mode against a float64 reference written here (forward, grad_x,
+ * grad_w, LoRA and full weight gradients), accumulation across backwards, keep_activations
+ * 0 vs 1 and thread counts bitwise, validation errors, the forward cache state machine,
+ * submit/sync, load/save. Shapes stay small: the bf16 kernels may be the scalar ones. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "moe/moe_internal.h"
+#include "test_util.h"
+
+#define OK(expr) assert_int_equal((expr), KT_OK)
+
+static kt_moe_config make_cfg(kt_dtype wd, kt_dtype ad, kt_moe_mode mode, int64_t H, int64_t I,
+                              int64_t E, int64_t K, int64_t T)
+{
+    kt_moe_config c;
+    memset(&c, 0, sizeof c);
+    c.n_experts = E;
+    c.hidden = H;
+    c.intermediate = I;
+    c.top_k = K;
+    c.max_tokens = T;
+    c.weight_dtype = wd;
+    c.act_dtype = ad;
+    c.mode = mode;
+    c.lora_rank = mode == KT_MOE_LORA ? 4 : 0;
+    c.lora_alpha = 8.0f;
+    c.keep_activations = 1;
+    c.check_finite = 1;
+    c.name = "L7";
+    c.numa_node = -1;
+    return c;
+}
+
+/* Random weights (and a non-zero LoRA B, so the adapters matter). */
+static void fill_params(kt_moe *m, uint64_t seed)
+{
+    const kt_moe_config *c = kt_moe_get_config(m);
+    tu_rng r;
+    tu_rng_seed(&r, seed);
+    for (int64_t e = 0; e < c->n_experts; e++)
+        for (int p = 0; p < 3; p++) {
+            kt_tensor v;
+            OK(kt_moe_weight(m, e, (kt_moe_proj)p, &v));
+            tu_fill_uniform(&v, &r, -0.25, 0.25);
+            if (c->mode == KT_MOE_LORA) {
+                OK(kt_moe_lora(m, e, (kt_moe_proj)p, 1, &v));
+                tu_fill_uniform(&v, &r, -0.2, 0.2);
+            }
+        }
+}
+
+typedef struct inputs {
+    int64_t qlen;
+    kt_tensor x, ids, w, y, gy, gx, gw;
+} inputs;
+
+static void make_inputs(inputs *in, const kt_moe_config *c, int64_t qlen, kt_dtype id_dtype,
+                        uint64_t seed)
+{
+    tu_rng r;
+    tu_rng_seed(&r, seed);
+    in->qlen = qlen;
+    in->x = tu_new(c->act_dtype, qlen, c->hidden);
+    in->ids = tu_new(id_dtype, qlen, c->top_k);
+    in->w = tu_new(KT_F32, qlen, c->top_k);
+    in->y = tu_new(c->act_dtype, qlen, c->hidden);
+    in->gy = tu_new(c->act_dtype, qlen, c->hidden);
+    in->gx = tu_new(c->act_dtype, qlen, c->hidden);
+    in->gw = tu_new(KT_F32, qlen, c->top_k);
+    tu_fill_uniform(&in->x, &r, -1.0, 1.0);
+    tu_fill_uniform(&in->gy, &r, -1.0, 1.0);
+    tu_fill_uniform(&in->w, &r, 0.1, 1.0);
+    for (int64_t t = 0; t < qlen; t++)
+        for (int64_t j = 0; j < c->top_k; j++) {
+            int64_t e;
+            int dup;
+            do { /* distinct experts per token */
+                e = (int64_t)(tu_rng_next(&r) % (uint64_t)c->n_experts);
+                dup = 0;
+                for (int64_t i = 0; i < j; i++)
+                    dup |= (int64_t)tu_get(&in->ids, t * c->top_k + i) == e;
+            } while (dup);
+            tu_set(&in->ids, t * c->top_k + j, (double)e);
+        }
+}
+
+static void free_inputs(inputs *in)
+{
+    tu_free(&in->x);
+    tu_free(&in->ids);
+    tu_free(&in->w);
+    tu_free(&in->y);
+    tu_free(&in->gy);
+    tu_free(&in->gx);
+    tu_free(&in->gw);
+}
+
+/* ---- the float64 reference ----------------------------------------------------------------- */
+
+typedef struct ref {
+    double *y, *gx, *gw, *dw, *dl;
+} ref;
+
+static int64_t pin(const kt_moe_config *c, int p) { return p == 2 ? c->intermediate : c->hidden; }
+static int64_t lora_size(const kt_moe_config *c)
+{
+    return c->n_experts * 3 * c->lora_rank * (c->hidden + c->intermediate);
+}
+
+static double *tensor_d(const kt_tensor *t)
+{
+    int64_t n = kt_tensor_numel(t);
+    double *d = malloc((size_t)(n ? n : 1) * sizeof *d);
+    for (int64_t i = 0; i < n; i++)
+        d[i] = tu_get(t, i);
+    return d;
+}
+
+static double sigm(double g) { return 1.0 / (1.0 + exp(-g)); }
+
+/* y, grad_x, grad_w and the weight/LoRA gradients (times s) of one forward+backward. */
+static void reference(kt_moe *m, const inputs *in, double s, ref *o)
+{
+    const kt_moe_config *c = kt_moe_get_config(m);
+    int64_t H = c->hidden, I = c->intermediate, E = c->n_experts, K = c->top_k;
+    int64_t R = c->lora_rank, q = in->qlen;
+    double sc = R ? c->lora_alpha / (double)R : 0.0;
+    int lora = c->mode == KT_MOE_LORA;
+    double *W[64][3], *LA[64][3], *LB[64][3];
+    assert_true(E <= 64);
+    for (int64_t e = 0; e < E; e++)
+        for (int p = 0; p < 3; p++) {
+            kt_tensor v;
+            OK(kt_moe_weight(m, e, (kt_moe_proj)p, &v));
+            W[e][p] = tensor_d(&v);
+            LA[e][p] = LB[e][p] = NULL;
+            if (lora) {
+                OK(kt_moe_lora(m, e, (kt_moe_proj)p, 0, &v));
+                LA[e][p] = tensor_d(&v);
+                OK(kt_moe_lora(m, e, (kt_moe_proj)p, 1, &v));
+                LB[e][p] = tensor_d(&v);
+            }
+        }
+    o->y = calloc((size_t)(q * H + 1), sizeof(double));
+    o->gx = calloc((size_t)(q * H + 1), sizeof(double));
+    o->gw = calloc((size_t)(q * K + 1), sizeof(double));
+    o->dw = calloc((size_t)(E * 3 * H * I), sizeof(double));
+    o->dl = calloc((size_t)(lora_size(c) + 1), sizeof(double));
+    double *x = malloc((size_t)H * sizeof(double)), *gy = malloc((size_t)H * sizeof(double));
+    double *G = malloc((size_t)I * 8), *U = malloc((size_t)I * 8), *A = malloc((size_t)I * 8);
+    double *D = malloc((size_t)H * 8), *gA = malloc((size_t)I * 8), *gG = malloc((size_t)I * 8);
+    double *gU = malloc((size_t)I * 8), *gD = malloc((size_t)H * 8);
+    double Z[3][16], gZ[3][16];
+    for (int64_t t = 0; t < q; t++) {
+        for (int64_t h = 0; h < H; h++) {
+            x[h] = tu_get(&in->x, t * H + h);
+            gy[h] = tu_get(&in->gy, t * H + h);
+        }
+        for (int64_t j = 0; j < K; j++) {
+            int64_t e = (int64_t)tu_get(&in->ids, t * K + j);
+            double wt = tu_get(&in->w, t * K + j);
+            double *Wg = W[e][0], *Wu = W[e][1], *Wd = W[e][2];
+            for (int p = 0; lora && p < 2; p++)
+                for (int64_t r = 0; r < R; r++) {
+                    Z[p][r] = 0;
+                    for (int64_t h = 0; h < H; h++)
+                        Z[p][r] += x[h] * LA[e][p][r * H + h];
+                }
+            for (int64_t n = 0; n < I; n++) {
+                double g = 0, u = 0;
+                for (int64_t h = 0; h < H; h++) {
+                    g += x[h] * Wg[n * H + h];
+                    u += x[h] * Wu[n * H + h];
+                }
+                for (int64_t r = 0; lora && r < R; r++) {
+                    g += sc * Z[0][r] * LB[e][0][n * R + r];
+                    u += sc * Z[1][r] * LB[e][1][n * R + r];
+                }
+                G[n] = g;
+                U[n] = u;
+                A[n] = g * sigm(g) * u;
+            }
+            for (int64_t r = 0; lora && r < R; r++) {
+                Z[2][r] = 0;
+                for (int64_t n = 0; n < I; n++)
+                    Z[2][r] += A[n] * LA[e][2][r * I + n];
+            }
+            double gwv = 0;
+            for (int64_t h = 0; h < H; h++) {
+                double d = 0;
+                for (int64_t n = 0; n < I; n++)
+                    d += A[n] * Wd[h * I + n];
+                for (int64_t r = 0; lora && r < R; r++)
+                    d += sc * Z[2][r] * LB[e][2][h * R + r];
+                D[h] = d;
+                o->y[t * H + h] += wt * d;
+                gwv += gy[h] * d;
+                gD[h] = wt * gy[h];
+            }
+            o->gw[t * K + j] = gwv;
+            double *dl[3][2];
+            for (int p = 0; p < 3; p++) {
+                dl[p][0] = o->dl + (e * 3 + p) * R * (H + I);
+                dl[p][1] = dl[p][0] + R * pin(c, p);
+            }
+            for (int64_t r = 0; lora && r < R; r++) {
+                gZ[2][r] = 0;
+                for (int64_t h = 0; h < H; h++)
+                    gZ[2][r] += sc * gD[h] * LB[e][2][h * R + r];
+            }
+            for (int64_t n = 0; n < I; n++) {
+                double ga = 0;
+                for (int64_t h = 0; h < H; h++)
+                    ga += gD[h] * Wd[h * I + n];
+                for (int64_t r = 0; lora && r < R; r++)
+                    ga += gZ[2][r] * LA[e][2][r * I + n];
+                gA[n] = ga;
+                double sg = sigm(G[n]);
+                gG[n] = ga * U[n] * sg * (1 + G[n] * (1 - sg));
+                gU[n] = ga * G[n] * sg;
+            }
+            double *dWg = o->dw + (e * 3 + 0) * H * I, *dWu = o->dw + (e * 3 + 1) * H * I;
+            double *dWd = o->dw + (e * 3 + 2) * H * I;
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t n = 0; n < I; n++) {
+                    dWd[h * I + n] += s * gD[h] * A[n];
+                    dWg[n * H + h] += s * gG[n] * x[h];
+                    dWu[n * H + h] += s * gU[n] * x[h];
+                }
+            if (lora) {
+                for (int64_t r = 0; r < R; r++) {
+                    gZ[0][r] = gZ[1][r] = 0;
+                    for (int64_t n = 0; n < I; n++) {
+                        gZ[0][r] += sc * gG[n] * LB[e][0][n * R + r];
+                        gZ[1][r] += sc * gU[n] * LB[e][1][n * R + r];
+                    }
+                }
+                for (int64_t r = 0; r < R; r++) {
+                    for (int64_t h = 0; h < H; h++) {
+                        dl[2][1][h * R + r] += s * sc * gD[h] * Z[2][r];
+                        dl[0][0][r * H + h] += s * gZ[0][r] * x[h];
+                        dl[1][0][r * H + h] += s * gZ[1][r] * x[h];
+                    }
+                    for (int64_t n = 0; n < I; n++) {
+                        dl[2][0][r * I + n] += s * gZ[2][r] * A[n];
+                        dl[0][1][n * R + r] += s * sc * gG[n] * Z[0][r];
+                        dl[1][1][n * R + r] += s * sc * gU[n] * Z[1][r];
+                    }
+                }
+            }
+            for (int64_t h = 0; h < H; h++) {
+                double g = 0;
+                for (int64_t n = 0; n < I; n++)
+                    g += gG[n] * Wg[n * H + h] + gU[n] * Wu[n * H + h];
+                for (int64_t r = 0; lora && r < R; r++)
+                    g += gZ[0][r] * LA[e][0][r * H + h] + gZ[1][r] * LA[e][1][r * H + h];
+                o->gx[t * H + h] += g;
+            }
+            (void)gA;
+        }
+    }
+    free(x), free(gy), free(G), free(U), free(A), free(D), free(gA), free(gG), free(gU),
+        free(gD);
+    for (int64_t e = 0; e < E; e++)
+        for (int p = 0; p < 3; p++)
+            free(W[e][p]), free(LA[e][p]), free(LB[e][p]);
+}
+
+static void free_ref(ref *o) { free(o->y), free(o->gx), free(o->gw), free(o->dw), free(o->dl); }
+
+static double rel_err(const double *got, const double *want, int64_t n)
+{
+    double scale = 1e-6, err = 0;
+    for (int64_t i = 0; i < n; i++)
+        scale = fmax(scale, fabs(want[i]));
+    for (int64_t i = 0; i < n; i++)
+        err = fmax(err, fabs(got[i] - want[i]));
+    return err / scale;
+}
+
+/* The layer's gradients in the reference's layout. */
+static double *collect_grads(kt_moe *m, int lora)
+{
+    const kt_moe_config *c = kt_moe_get_config(m);
+    int64_t H = c->hidden, I = c->intermediate, R = c->lora_rank;
+    int64_t n = lora ? lora_size(c) : c->n_experts * 3 * H * I;
+    double *d = calloc((size_t)n + 1, sizeof *d);
+    for (int64_t e = 0; e < c->n_experts; e++)
+        for (int p = 0; p < 3; p++) {
+            kt_tensor v;
+            if (lora) {
+                double *base = d + (e * 3 + p) * R * (H + I);
+                OK(kt_moe_lora_grad(m, e, (kt_moe_proj)p, 0, &v));
+                for (int64_t i = 0; i < kt_tensor_numel(&v); i++)
+                    base[i] = tu_get(&v, i);
+                OK(kt_moe_lora_grad(m, e, (kt_moe_proj)p, 1, &v));
+                for (int64_t i = 0; i < kt_tensor_numel(&v); i++)
+                    base[R * pin(c, p) + i] = tu_get(&v, i);
+            } else {
+                OK(kt_moe_weight_grad(m, e, (kt_moe_proj)p, &v));
+                for (int64_t i = 0; i < H * I; i++)
+                    d[(e * 3 + p) * H * I + i] = tu_get(&v, i);
+            }
+        }
+    return d;
+}
+
+static void check_against_ref(kt_moe *m, const inputs *in, const ref *o, double tol,
+                              const char *what)
+{
+    const kt_moe_config *c = kt_moe_get_config(m);
+    int64_t H = c->hidden, K = c->top_k, q = in->qlen;
+    double *y = tensor_d(&in->y), *gx = tensor_d(&in->gx), *gw = tensor_d(&in->gw);
+    double e_y = rel_err(y, o->y, q * H), e_gx = rel_err(gx, o->gx, q * H);
+    double e_gw = rel_err(gw, o->gw, q * K), e_g = 0;
+    if (c->mode != KT_MOE_FROZEN) {
+        int lora = c->mode == KT_MOE_LORA;
+        double *g = collect_grads(m, lora);
+        e_g = rel_err(g, lora ? o->dl : o->dw,
+                      lora ? lora_size(c) : c->n_experts * 3 * H * c->intermediate);
+        free(g);
+    }
+    if (getenv("KT_TEST_VERBOSE") != NULL)
+        printf("%s: qlen %lld: rel err y %.3g grad_x %.3g grad_w %.3g weight grads %.3g\n",
+               what, (long long)q, e_y, e_gx, e_gw, e_g);
+    if (!(e_y < tol && e_gx < tol && e_gw < tol && e_g < tol))
+        fail_msg("%s: qlen %lld: rel err y %.3g grad_x %.3g grad_w %.3g weight grads %.3g "
+                 "(tol %.1g)",
+                 what, (long long)q, e_y, e_gx, e_gw, e_g, tol);
+    free(y), free(gx), free(gw);
+}
+
+static void run_modes(kt_dtype wd, kt_dtype ad, int64_t H, int64_t I, int64_t E, int64_t K,
+                      const int64_t *qlens, int nq, kt_dtype id_dtype, kt_threadpool *pool)
+{
+    int64_t T = 0;
+    for (int i = 0; i < nq; i++)
+        T = qlens[i] > T ? qlens[i] : T;
+    double tol = (wd == KT_BF16 || ad == KT_BF16) ? 1e-2 : 1e-5;
+    for (int mode = 0; mode < 3; mode++) {
+        kt_moe_config cfg = make_cfg(wd, ad, (kt_moe_mode)mode, H, I, E, K, T);
+        kt_moe *m = NULL;
+        OK(kt_moe_create(&cfg, pool, &m));
+        fill_params(m, 11 + (uint64_t)mode);
+        for (int i = 0; i < nq; i++) {
+            inputs in;
+            make_inputs(&in, &cfg, qlens[i], id_dtype, 100 + (uint64_t)i);
+            OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
+            kt_moe_zero_grad(m);
+            OK(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f));
+            ref o;
+            reference(m, &in, 1.0, &o);
+            char what[96];
+            snprintf(what, sizeof what, "%s weights, %s act, mode %d, H %lld I %lld",
+                     kt_dtype_name(wd), kt_dtype_name(ad), mode, (long long)H, (long long)I);
+            check_against_ref(m, &in, &o, tol, what);
+            free_ref(&o);
+            free_inputs(&in);
+        }
+        kt_moe_destroy(m);
+    }
+}
+
+static void test_reference_small(void **state)
+{
+    (void)state;
+    kt_threadpool *pool = NULL;
+    OK(kt_threadpool_create(2, &pool));
+    const int64_t q[] = {1, 5, 33};
+    run_modes(KT_F32, KT_F32, 64, 48, 8, 2, q, 3, KT_I32, pool);
+    run_modes(KT_BF16, KT_F32, 64, 48, 8, 2, q, 3, KT_I64, pool);
+    kt_threadpool_destroy(pool);
+}
+
+static void test_reference_odd(void **state)
+{
+    (void)state;
+    kt_threadpool *pool = NULL;
+    OK(kt_threadpool_create(3, &pool));
+    const int64_t q[] = {7};
+    run_modes(KT_F32, KT_F32, 45, 27, 5, 3, q, 1, KT_I64, pool);
+    run_modes(KT_BF16, KT_BF16, 45, 27, 5, 3, q, 1, KT_I32, pool);
+    run_modes(KT_F32, KT_BF16, 45, 27, 5, 3, q, 1, KT_I32, NULL);
+    kt_threadpool_destroy(pool);
+}
+
+/* Two backwards with scale 0.5 add up; zero_grad makes the next one overwrite. */
+static void test_accumulate(void **state)
+{
+    (void)state;
+    for (int wdi = 0; wdi < 2; wdi++)
+        for (int mode = 1; mode < 3; mode++) {
+            kt_dtype wd = wdi ? KT_BF16 : KT_F32;
+            double tol = wdi ? 1e-2 : 1e-5;
+            kt_moe_config cfg = make_cfg(wd, KT_F32, (kt_moe_mode)mode, 32, 24, 4, 2, 6);
+            kt_moe *m = NULL;
+            OK(kt_moe_create(&cfg, NULL, &m));
+            fill_params(m, 5);
+            inputs a, b;
+            make_inputs(&a, &cfg, 6, KT_I32, 1);
+            make_inputs(&b, &cfg, 4, KT_I32, 2);
+            OK(kt_moe_forward(m, &a.x, &a.ids, &a.w, &a.y));
+            OK(kt_moe_backward(m, &a.gy, &a.gx, &a.gw, 0.5f));
+            OK(kt_moe_forward(m, &b.x, &b.ids, &b.w, &b.y));
+            OK(kt_moe_backward(m, &b.gy, &b.gx, &b.gw, 0.5f));
+            ref ra, rb;
+            reference(m, &a, 0.5, &ra);
+            reference(m, &b, 0.5, &rb);
+            int lora = mode == KT_MOE_LORA;
+            int64_t n = lora ? lora_size(&cfg) : cfg.n_experts * 3 * 32 * 24;
+            double *want = lora ? ra.dl : ra.dw, *wb = lora ? rb.dl : rb.dw;
+            for (int64_t i = 0; i < n; i++)
+                want[i] += wb[i];
+            double *got = collect_grads(m, lora);
+            assert_true(rel_err(got, want, n) < tol);
+            free(got);
+            /* zero_grad: the next backward overwrites */
+            kt_moe_zero_grad(m);
+            OK(kt_moe_forward(m, &b.x, &b.ids, &b.w, &b.y));
+            OK(kt_moe_backward(m, &b.gy, &b.gx, &b.gw, 0.5f));
+            got = collect_grads(m, lora);
+            assert_true(rel_err(got, wb, n) < tol);
+            free(got);
+            free_ref(&ra), free_ref(&rb);
+            free_inputs(&a), free_inputs(&b);
+            kt_moe_destroy(m);
+        }
+}
+
+/* Everything a forward + backward produces, as bytes, for bitwise comparisons. */
+typedef struct blob {
+    unsigned char *p;
+    size_t n;
+} blob;
+
+static void blob_add(blob *b, const void *data, size_t n)
+{
+    b->p = realloc(b->p, b->n + n + 1);
+    memcpy(b->p + b->n, data, n);
+    b->n += n;
+}
+
+static blob run_blob(kt_moe_config cfg, int threads, int64_t qlen)
+{
+    kt_threadpool *pool = NULL;
+    if (threads > 1)
+        OK(kt_threadpool_create(threads, &pool));
+    kt_moe *m = NULL;
+    OK(kt_moe_create(&cfg, pool, &m));
+    fill_params(m, 77);
+    inputs in;
+    make_inputs(&in, &cfg, qlen, KT_I32, 78);
+    blob b = {NULL, 0};
+    for (int rep = 0; rep < 2; rep++) { /* the second accumulates */
+        OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
+        OK(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 0.75f));
+    }
+    blob_add(&b, in.y.data, kt_tensor_nbytes(&in.y));
+    blob_add(&b, in.gx.data, kt_tensor_nbytes(&in.gx));
+    blob_add(&b, in.gw.data, kt_tensor_nbytes(&in.gw));
+    if (cfg.mode != KT_MOE_FROZEN) {
+        double *g = collect_grads(m, cfg.mode == KT_MOE_LORA);
+        int64_t n = cfg.mode == KT_MOE_LORA ? lora_size(&cfg)
+                                             : cfg.n_experts * 3 * cfg.hidden * cfg.intermediate;
+        blob_add(&b, g, (size_t)n * sizeof(double));
+        free(g);
+    }
+    free_inputs(&in);
+    kt_moe_destroy(m);
+    kt_threadpool_destroy(pool);
+    return b;
+}
+
+static void expect_same(blob a, blob b, const char *what)
+{
+    if (a.n != b.n || memcmp(a.p, b.p, a.n) != 0)
+        fail_msg("%s: results differ bitwise", what);
+    free(a.p);
+    free(b.p);
+}
+
+static void test_keep_activations_bitwise(void **state)
+{
+    (void)state;
+    for (int wdi = 0; wdi < 2; wdi++)
+        for (int mode = 0; mode < 3; mode++) {
+            kt_moe_config c = make_cfg(wdi ? KT_BF16 : KT_F32, KT_F32, (kt_moe_mode)mode, 40, 24,
+                                       6, 2, 9);
+            blob a = run_blob(c, 2, 9);
+            c.keep_activations = 0;
+            blob b = run_blob(c, 2, 9);
+            expect_same(a, b, "keep_activations 1 vs 0");
+        }
+}
+
+static void test_threads_bitwise(void **state)
+{
+    (void)state;
+    for (int wdi = 0; wdi < 2; wdi++)
+        for (int mode = 0; mode < 3; mode++) {
+            kt_moe_config c = make_cfg(wdi ? KT_BF16 : KT_F32, KT_F32, (kt_moe_mode)mode, 48, 40,
+                                       6, 2, 11);
+            blob one = run_blob(c, 1, 11);
+            blob two = run_blob(c, 2, 11);
+            blob three = run_blob(c, 3, 11);
+            blob copy = {malloc(one.n + 1), one.n};
+            memcpy(copy.p, one.p, one.n);
+            expect_same(one, two, "1 vs 2 threads");
+            expect_same(copy, three, "1 vs 3 threads");
+        }
+}
+
+/* ---- validation ------------------------------------------------------------------------------ */
+
+static void test_create_errors(void **state)
+{
+    (void)state;
+    kt_moe *m = NULL;
+    kt_moe_config c = make_cfg(KT_BF16, KT_F32, KT_MOE_LORA, 16, 16, 4, 5, 4);
+    TU_EXPECT_ERROR(kt_moe_create(&c, NULL, &m), KT_EINVAL, "L7", "top_k");
+    c = make_cfg(KT_F16, KT_F32, KT_MOE_FROZEN, 16, 16, 4, 2, 4);
+    TU_EXPECT_ERROR(kt_moe_create(&c, NULL, &m), KT_EINVAL, "L7", "weight_dtype");
+    c = make_cfg(KT_BF16, KT_F32, KT_MOE_LORA, 16, 16, 4, 2, 4);
+    c.lora_rank = 0;
+    TU_EXPECT_ERROR(kt_moe_create(&c, NULL, &m), KT_EINVAL, "L7", "lora_rank");
+    c = make_cfg(KT_BF16, KT_F32, KT_MOE_FROZEN, 16, 16, 4, 2, 0);
+    TU_EXPECT_ERROR(kt_moe_create(&c, NULL, &m), KT_EINVAL, "max_tokens");
+    assert_null(m);
+}
+
+static void test_validation(void **state)
+{
+    (void)state;
+    kt_moe_config cfg = make_cfg(KT_BF16, KT_F32, KT_MOE_FULL, 32, 16, 4, 2, 6);
+    kt_moe *m = NULL;
+    OK(kt_moe_create(&cfg, NULL, &m));
+    fill_params(m, 3);
+    inputs in;
+    make_inputs(&in, &cfg, 5, KT_I32, 4);
+    int32_t *ids = in.ids.data;
+
+    TU_EXPECT_ERROR(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f), KT_ESTATE, "L7",
+                    "without a successful forward");
+    kt_tensor bad = tu_new(KT_BF16, 5, 32);
+    TU_EXPECT_ERROR(kt_moe_forward(m, &bad, &in.ids, &in.w, &in.y), KT_EINVAL, "L7", "x",
+                    "f32");
+    tu_free(&bad);
+    bad = tu_new(KT_F32, 5, 31);
+    TU_EXPECT_ERROR(kt_moe_forward(m, &bad, &in.ids, &in.w, &in.y), KT_EINVAL, "L7", "x",
+                    "[5,32]");
+    TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &bad), KT_EINVAL, "L7", "y");
+    tu_free(&bad);
+    bad = tu_new(KT_F32, 7, 32);
+    kt_tensor ids7 = tu_new(KT_I32, 7, 2), w7 = tu_new(KT_F32, 7, 2);
+    TU_EXPECT_ERROR(kt_moe_forward(m, &bad, &ids7, &w7, &bad), KT_ERANGE, "L7", "qlen 7",
+                    "max_tokens 6");
+    tu_free(&bad), tu_free(&ids7), tu_free(&w7);
+    bad = tu_new(KT_F16, 5, 2);
+    TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &bad, &in.w, &in.y), KT_EINVAL, "L7", "ids");
+    TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &bad, &in.y), KT_EINVAL, "L7",
+                    "weights");
+    tu_free(&bad);
+    int32_t saved = ids[3 * 2 + 1];
+    ids[3 * 2 + 1] = 4;
+    TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_ERANGE, "L7",
+                    "token 3", "expert id 4");
+    ids[3 * 2 + 1] = -1;
+    TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_ERANGE, "token 3",
+                    "expert id -1");
+    ids[3 * 2 + 1] = ids[3 * 2];
+    TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_EINVAL, "L7",
+                    "token 3", "appears twice");
+    ids[3 * 2 + 1] = saved;
+
+    /* still usable */
+    OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
+    bad = tu_new(KT_F32, 4, 32);
+    TU_EXPECT_ERROR(kt_moe_backward(m, &bad, &in.gx, &in.gw, 1.0f), KT_EINVAL, "L7",
+                    "grad_y");
+    TU_EXPECT_ERROR(kt_moe_backward(m, &in.gy, &bad, &in.gw, 1.0f), KT_EINVAL, "L7",
+                    "grad_x");
+    tu_free(&bad);
+    TU_EXPECT_ERROR(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, NAN), KT_EINVAL, "scale");
+    /* grad_x / grad_weights with NULL data are skipped */
+    kt_tensor nogx = in.gx, nogw = in.gw;
+    nogx.data = NULL;
+    nogw.data = NULL;
+    OK(kt_moe_backward(m, &in.gy, &nogx, &nogw, 1.0f));
+    OK(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f));
+
+    kt_tensor v;
+    TU_EXPECT_ERROR(kt_moe_weight(m, 4, KT_MOE_GATE, &v), KT_ERANGE, "L7", "expert 4");
+    TU_EXPECT_ERROR(kt_moe_lora(m, 0, KT_MOE_GATE, 0, &v), KT_ESTATE, "LoRA");
+    bad = tu_new(KT_BF16, 32, 16);
+    TU_EXPECT_ERROR(kt_moe_set_weight(m, 0, KT_MOE_GATE, &bad), KT_EINVAL, "L7", "gate_proj",
+                    "bf16[16,32]");
+    OK(kt_moe_set_weight(m, 0, KT_MOE_DOWN, &bad));
+    tu_free(&bad);
+    free_inputs(&in);
+    kt_moe_destroy(m);
+}
+
+static void test_memory(void **state)
+{
+    (void)state;
+    kt_moe_config c = make_cfg(KT_BF16, KT_F32, KT_MOE_FULL, 64, 48, 8, 2, 16);
+    kt_moe *m = NULL;
+    OK(kt_moe_create(&c, NULL, &m));
+    kt_moe_memory a, b;
+    kt_moe_get_memory(m, &a);
+    kt_moe_destroy(m);
+    c.keep_activations = 0;
+    OK(kt_moe_create(&c, NULL, &m));
+    kt_moe_get_memory(m, &b);
+    kt_moe_destroy(m);
+    assert_int_equal(a.raw_weight_bytes, 8 * 3 * 64 * 48 * 2);
+    assert_true(a.weight_bytes <= a.raw_weight_bytes * 105 / 100);
+    assert_int_equal(a.backward_buffer_bytes, 0);
+    assert_true(a.workspace_bytes > 0);
+    assert_int_equal(a.grad_bytes >= 8 * 3 * 64 * 48 * 4, 1);
+    assert_int_equal(a.saved_bytes_per_token, 2 * 20 + 64 * 2 + 2 * (2 * 48 + 64) * 4);
+    assert_int_equal(b.saved_bytes_per_token, 2 * 20 + 64 * 2);
+}
+
+/* ---- forward cache ----------------------------------------------------------------------------- */
+
+static void test_cache(void **state)
+{
+    (void)state;
+    kt_moe_config cfg = make_cfg(KT_BF16, KT_F32, KT_MOE_LORA, 32, 16, 4, 2, 6);
+    kt_moe *m = NULL;
+    OK(kt_moe_create(&cfg, NULL, &m));
+    fill_params(m, 3);
+    inputs in, other;
+    make_inputs(&in, &cfg, 5, KT_I32, 4);
+    make_inputs(&other, &cfg, 5, KT_I32, 9);
+    OK(kt_moe_cache_enable(m, 1));
+    assert_int_equal(kt_moe_cache_get_state(m), KT_MOE_CACHE_EMPTY);
+    OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
+    assert_int_equal(kt_moe_cache_get_state(m), KT_MOE_CACHE_READY);
+    uint64_t flops = kt__moe_flops_run(m);
+    assert_true(flops > 0);
+    kt_tensor y1 = tu_clone(&in.y);
+    memset(in.y.data, 0, kt_tensor_nbytes(&in.y));
+    OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y)); /* the recompute: no experts run */
+    assert_int_equal(kt__moe_flops_run(m), flops);
+    assert_true(tu_bitwise_equal(&in.y, &y1));
+    OK(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f));
+    assert_int_equal(kt_moe_cache_get_state(m), KT_MOE_CACHE_EMPTY);
+
+    /* READY with other ids: an error that poisons */
+    OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
+    TU_EXPECT_ERROR(kt_moe_forward(m, &other.x, &other.ids, &other.w, &other.y), KT_ESTATE,
+                    "L7", "differs from the cached forward");
+    assert_int_equal(kt_moe_cache_get_state(m), KT_MOE_CACHE_POISONED);
+    TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_ESTATE, "poisoned",
+                    "differs from the cached forward");
+    TU_EXPECT_ERROR(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f), KT_ESTATE, "poisoned");
+    kt_moe_cache_clear(m);
+    assert_int_equal(kt_moe_cache_get_state(m), KT_MOE_CACHE_EMPTY);
+    OK(kt_moe_forward(m, &other.x, &other.ids, &other.w, &other.y));
+    OK(kt_moe_backward(m, &other.gy, &other.gx, &other.gw, 1.0f));
+
+    /* a validation failure poisons too */
+    int32_t *ids = in.ids.data;
+    int32_t saved = ids[0];
+    ids[0] = 99;
+    TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_ERANGE, "expert id 99");
+    assert_int_equal(kt_moe_cache_get_state(m), KT_MOE_CACHE_POISONED);
+    ids[0] = saved;
+    kt_moe_cache_clear(m);
+
+    /* an injected NaN (check_finite) poisons; the output is left alone */
+    int64_t e = ids[2 * 2 + 1];
+    int64_t first_t = -1;
+    for (int64_t t = 0; t < 5 && first_t < 0; t++)
+        for (int j = 0; j < 2; j++)
+            if (ids[t * 2 + j] == e)
+                first_t = t;
+    kt_tensor wv;
+    OK(kt_moe_weight(m, e, KT_MOE_UP, &wv));
+    uint16_t keep = ((uint16_t *)wv.data)[3];
+    ((uint16_t *)wv.data)[3] = 0x7fc0;
+    float *yv = in.y.data;
+    for (int64_t i = 0; i < 5 * 32; i++)
+        yv[i] = 123.0f;
+    char tok[32], exp_s[32];
+    snprintf(tok, sizeof tok, "token %lld", (long long)first_t);
+    snprintf(exp_s, sizeof exp_s, "expert %lld", (long long)e);
+    TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_ERANGE, "L7",
+                    "non-finite", tok, exp_s);
+    for (int64_t i = 0; i < 5 * 32; i++)
+        assert_true(yv[i] == 123.0f);
+    assert_int_equal(kt_moe_cache_get_state(m), KT_MOE_CACHE_POISONED);
+    ((uint16_t *)wv.data)[3] = keep;
+    TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_ESTATE, "non-finite");
+    TU_EXPECT_ERROR(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f), KT_ESTATE, "non-finite");
+    kt_moe_cache_clear(m);
+    OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
+    assert_true(tu_bitwise_equal(&in.y, &y1));
+    OK(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f));
+
+    /* with the cache off, a NaN is an error that leaves nothing poisoned */
+    OK(kt_moe_cache_enable(m, 0));
+    ((uint16_t *)wv.data)[3] = 0x7fc0;
+    TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_ERANGE, tok);
+    assert_int_equal(kt_moe_cache_get_state(m), KT_MOE_CACHE_EMPTY);
+    TU_EXPECT_ERROR(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f), KT_ESTATE,
+                    "without a successful forward");
+    ((uint16_t *)wv.data)[3] = keep;
+    OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
+    tu_free(&y1);
+    free_inputs(&in), free_inputs(&other);
+    kt_moe_destroy(m);
+}
+
+/* ---- submit / sync ---------------------------------------------------------------------------- */
+
+static void test_submit_sync(void **state)
+{
+    (void)state;
+    kt_threadpool *pool = NULL;
+    OK(kt_threadpool_create(2, &pool));
+    kt_moe_config cfg = make_cfg(KT_BF16, KT_F32, KT_MOE_FULL, 64, 48, 8, 2, 33);
+    kt_moe *m = NULL;
+    OK(kt_moe_create(&cfg, pool, &m));
+    fill_params(m, 3);
+    inputs in;
+    make_inputs(&in, &cfg, 33, KT_I32, 4);
+    OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
+    kt_tensor y1 = tu_clone(&in.y);
+    memset(in.y.data, 0, kt_tensor_nbytes(&in.y));
+
+    TU_EXPECT_ERROR(kt_moe_sync(m), KT_ESTATE, "L7", "without a submitted forward");
+    OK(kt_moe_submit_forward(m, &in.x, &in.ids, &in.w, &in.y));
+    /* the caller works meanwhile */
+    volatile double acc = 0;
+    for (int i = 0; i < 200000; i++)
+        acc += sqrt((double)i);
+    assert_true(acc > 0);
+    TU_EXPECT_ERROR(kt_moe_submit_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_ESTATE, "L7",
+                    "in flight");
+    TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_ESTATE, "in flight");
+    TU_EXPECT_ERROR(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f), KT_ESTATE, "in flight");
+    OK(kt_moe_sync(m));
+    assert_true(tu_bitwise_equal(&in.y, &y1));
+    TU_EXPECT_ERROR(kt_moe_sync(m), KT_ESTATE, "without a submitted forward");
+    OK(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f));
+
+    /* argument errors come back from submit itself */
+    int32_t *ids = in.ids.data;
+    ids[1] = ids[0];
+    TU_EXPECT_ERROR(kt_moe_submit_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_EINVAL,
+                    "appears twice");
+    TU_EXPECT_ERROR(kt_moe_sync(m), KT_ESTATE, "without a submitted forward");
+
+    /* a failure inside the job comes back from sync, on the caller's thread */
+    free_inputs(&in);
+    make_inputs(&in, &cfg, 33, KT_I32, 4);
+    kt_tensor wv;
+    int64_t e = ((int32_t *)in.ids.data)[0];
+    OK(kt_moe_weight(m, e, KT_MOE_GATE, &wv));
+    ((uint16_t *)wv.data)[0] = 0x7fc0;
+    OK(kt_moe_submit_forward(m, &in.x, &in.ids, &in.w, &in.y));
+    TU_EXPECT_ERROR(kt_moe_sync(m), KT_ERANGE, "L7", "non-finite", "token 0");
+    ((uint16_t *)wv.data)[0] = 0;
+
+    /* destroy while a job is in flight waits for it */
+    OK(kt_moe_submit_forward(m, &in.x, &in.ids, &in.w, &in.y));
+    kt_moe_destroy(m);
+    tu_free(&y1);
+    free_inputs(&in);
+    kt_threadpool_destroy(pool);
+}
+
+/* ---- load / save ---------------------------------------------------------------------------- */
+
+static void test_load_save(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/kt_test_moe_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    const char *prefix = "model.layers.3.mlp.";
+    for (int wdi = 0; wdi < 2; wdi++)
+        for (int mode = 0; mode < 3; mode += 1) {
+            kt_dtype wd = wdi ? KT_BF16 : KT_F32;
+            kt_moe_config cfg = make_cfg(wd, KT_F32, (kt_moe_mode)mode, 24, 16, 3, 2, 4);
+            kt_moe *a = NULL, *b = NULL;
+            OK(kt_moe_create(&cfg, NULL, &a));
+            OK(kt_moe_create(&cfg, NULL, &b));
+            fill_params(a, 21);
+            OK(kt_moe_save(a, path, prefix));
+            kt_st_file *f = NULL;
+            OK(kt_st_open(path, &f));
+            assert_int_equal(kt_st_count(f), 3 * 3 * (mode == KT_MOE_LORA ? 3 : 1));
+            kt_tensor v;
+            OK(kt_st_find(f, "model.layers.3.mlp.experts.2.down_proj.weight", &v));
+            assert_int_equal(v.dtype, wd);
+            assert_int_equal(v.shape[0], 24);
+            assert_int_equal(v.shape[1], 16);
+            OK(kt_moe_load(b, f, prefix));
+            kt_st_close(f);
+            inputs in, in2;
+            make_inputs(&in, &cfg, 4, KT_I32, 1);
+            make_inputs(&in2, &cfg, 4, KT_I32, 1);
+            OK(kt_moe_forward(a, &in.x, &in.ids, &in.w, &in.y));
+            OK(kt_moe_forward(b, &in2.x, &in2.ids, &in2.w, &in2.y));
+            assert_true(tu_bitwise_equal(&in.y, &in2.y));
+            /* the wrong dtype or a missing tensor is an error naming the tensor */
+            kt_moe_config other = cfg;
+            other.weight_dtype = wdi ? KT_F32 : KT_BF16;
+            kt_moe *c = NULL;
+            OK(kt_moe_create(&other, NULL, &c));
+            OK(kt_st_open(path, &f));
+            TU_EXPECT_ERROR(kt_moe_load(c, f, prefix), KT_EINVAL, "L7",
+                            "model.layers.3.mlp.experts.0.gate_proj.weight");
+            TU_EXPECT_ERROR(kt_moe_load(b, f, "nope."), KT_EINVAL, "L7",
+                            "nope.experts.0.gate_proj.weight");
+            kt_st_close(f);
+            kt_moe_destroy(c);
+            free_inputs(&in), free_inputs(&in2);
+            kt_moe_destroy(a);
+            kt_moe_destroy(b);
+        }
+    unlink(path);
+}
+
+/* LoRA A starts small and random (seeded), B at zero. */
+static void test_lora_init(void **state)
+{
+    (void)state;
+    kt_moe_config cfg = make_cfg(KT_BF16, KT_F32, KT_MOE_LORA, 64, 48, 2, 1, 2);
+    kt_moe *a = NULL, *b = NULL;
+    OK(kt_moe_create(&cfg, NULL, &a));
+    OK(kt_moe_create(&cfg, NULL, &b));
+    kt_tensor va, vb;
+    OK(kt_moe_lora(a, 1, KT_MOE_DOWN, 0, &va));
+    OK(kt_moe_lora(b, 1, KT_MOE_DOWN, 0, &vb));
+    assert_int_equal(va.shape[0], 4);
+    assert_int_equal(va.shape[1], 48);
+    assert_true(tu_bitwise_equal(&va, &vb));
+    double mx = 0;
+    for (int64_t i = 0; i < 4 * 48; i++)
+        mx = fmax(mx, fabs(tu_get(&va, i)));
+    assert_true(mx > 0.05 && mx <= 1.0 / sqrt(48.0));
+    OK(kt_moe_lora(a, 1, KT_MOE_DOWN, 1, &vb));
+    assert_int_equal(vb.shape[0], 64);
+    for (int64_t i = 0; i < 64 * 4; i++)
+        assert_true(tu_get(&vb, i) == 0.0);
+    kt_moe_destroy(a);
+    kt_moe_destroy(b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reference_small),
+        cmocka_unit_test(test_reference_odd),
+        cmocka_unit_test(test_accumulate),
+        cmocka_unit_test(test_keep_activations_bitwise),
+        cmocka_unit_test(test_threads_bitwise),
+        cmocka_unit_test(test_create_errors),
+        cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_cache),
+        cmocka_unit_test(test_submit_sync),
+        cmocka_unit_test(test_load_save),
+        cmocka_unit_test(test_lora_init),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
