@@ -29,6 +29,7 @@ typedef struct kt__gnode {
     int32_t in[KT_OP_MAX_IN];
     int32_t out[KT_OP_MAX_OUT];
     int32_t name; /* string pool offset; -1: unnamed */
+    int must_save; /* on the save-list (kt_graph_mark_save) */
 } kt__gnode;
 
 /* A recompute segment: nodes [first, last). */

@@ -46,8 +46,13 @@ typedef struct kt__pstep {
     int32_t gin[KT_OP_MAX_IN];   /* backward: -1 = not wanted */
     int32_t scratch;             /* buffer id or -1 */
     int32_t name;                /* node name (string offset) or -1 */
+    int32_t flags;               /* KT__STEP_RECOMPUTE */
+    int32_t node;                /* compile time only: the graph node (-1: none); not saved */
     double flops;
 } kt__pstep;
+
+/* A forward step cloned into the backward schedule by the checkpoint pass. */
+#define KT__STEP_RECOMPUTE 1
 
 /* An input, parameter or output: a named buffer. */
 typedef struct kt__pentry {

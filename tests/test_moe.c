@@ -598,6 +598,13 @@ static void test_validation(void **state)
     OK(kt_moe_backward(m, &in.gy, &nogx, &nogw, 1.0f));
     OK(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f));
 
+    /* qlen 0 is a no-op */
+    kt_tensor x0 = tu_new(KT_F32, 0, 32), i0 = tu_new(KT_I32, 0, 2), w0 = tu_new(KT_F32, 0, 2);
+    kt_tensor y0 = tu_new(KT_F32, 0, 32), gx0 = tu_new(KT_F32, 0, 32), gw0 = tu_new(KT_F32, 0, 2);
+    OK(kt_moe_forward(m, &x0, &i0, &w0, &y0));
+    OK(kt_moe_backward(m, &y0, &gx0, &gw0, 1.0f));
+    tu_free(&x0), tu_free(&i0), tu_free(&w0), tu_free(&y0), tu_free(&gx0), tu_free(&gw0);
+
     kt_tensor v;
     TU_EXPECT_ERROR(kt_moe_weight(m, 4, KT_MOE_GATE, &v), KT_ERANGE, "L7", "expert 4");
     TU_EXPECT_ERROR(kt_moe_lora(m, 0, KT_MOE_GATE, 0, &v), KT_ESTATE, "LoRA");
@@ -620,6 +627,7 @@ static void test_memory(void **state)
     kt_moe_get_memory(m, &a);
     kt_moe_destroy(m);
     c.keep_activations = 0;
+    c.numa_node = 0; /* node 0 exists everywhere (bound with libnuma when built) */
     OK(kt_moe_create(&c, NULL, &m));
     kt_moe_get_memory(m, &b);
     kt_moe_destroy(m);

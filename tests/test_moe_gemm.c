@@ -3,8 +3,8 @@
  * awkward sizes (1..100 in every dimension, and 768/1408/2048 with small ones), leading
  * dimensions wider than the rows, accumulate on and off, scale != 1; cells outside the
  * requested block (and the padding of every row) untouched; results bitwise independent of
- * how the output columns (rows for tn) are cut into blocks; the chunked reduction of tn
- * (M > 2048). Run a second time with KT_CPU=portable, where the dispatch must be exactly the
+ * how the output columns (rows for tn) are cut into blocks; the chunked reductions of nn
+ * (N > 512, odd too) and tn (M > 2048). Run a second time with KT_CPU=portable, where the dispatch must be exactly the
  * scalar reference. Prints which path ran. */
 #include <math.h>
 #include <setjmp.h>
@@ -319,7 +319,8 @@ static const big_shape big_shapes[] = {
     {NT, 1, 1408, 2048}, {NT, 3, 768, 2048}, {NT, 17, 100, 1408}, {NT, 33, 63, 2048},
     {NT, 7, 2048, 768},  {NT, 100, 31, 1408},
     {NN, 1, 1408, 2048}, {NN, 3, 2048, 768},  {NN, 17, 1408, 100}, {NN, 33, 768, 63},
-    {NN, 15, 63, 2048},  {NN, 100, 1408, 31},
+    {NN, 15, 63, 2048},  {NN, 100, 1408, 31}, {NN, 5, 1025, 40},   {NN, 13, 513, 33},
+    {NN, 131, 1027, 70},
     {TN, 1, 1408, 2048}, {TN, 7, 768, 2048},  {TN, 17, 100, 1408}, {TN, 33, 2048, 63},
     {TN, 768, 15, 33},   {TN, 1408, 7, 100},  {TN, 2048, 3, 32},
 };

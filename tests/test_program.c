@@ -353,7 +353,7 @@ enum {
     /* a step record: kind, op name length, op name, then (from the end of the name) */
     S_KIND = 0, S_OPLEN = 4, S_OPNAME = 8,
     S_ATTRS = 0, S_N_IN = 104, S_N_OUT = 108, S_IN = 112, S_OUT = 144, S_GOUT = 152,
-    S_GIN = 160, S_SCRATCH = 192, S_NAME = 196, S_FLOPS = 200, S_TAIL = 208,
+    S_GIN = 160, S_SCRATCH = 192, S_NAME = 196, S_FLAGS = 200, S_FLOPS = 204, S_TAIL = 212,
     /* an entry record */
     E_NAME = 0, E_BUF = 4, E_GRAD = 8, E_INIT = 12, E_A = 16, E_B = 20, E_SIZE = 24,
     MAX_STEPS = 64
@@ -495,10 +495,10 @@ static void test_truncated_and_flipped(void **state)
     c[0] = 'X';
     TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "bad magic");
     memcpy(c, bytes, n);
-    wr_u32(c, H_VERSION, 2);
+    wr_u32(c, H_VERSION, 3);
     fix_crc(c, n);
-    TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "version 2",
-                    "reads version 1");
+    TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "version 3",
+                    "reads version 2");
     memcpy(c, bytes, n);
     wr_u32(c, H_FLAGS, 0x10);
     fix_crc(c, n);

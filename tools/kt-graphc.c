@@ -20,6 +20,8 @@ typedef struct args {
     const char *input, *output, *dot;
     int print_plan, forward_only;
     double check_peak; /* 0: no check */
+    int override_checkpoint;
+    kt_checkpoint_policy checkpoint;
     kt_ktg_define defines[MAX_DEFINES];
     int n_defines;
 } args;
@@ -38,6 +40,8 @@ static void usage(FILE *f)
             "                      the planned peak against the lower bound, and FLOPs\n"
             "  --dot FILE          write the program as a Graphviz digraph to FILE\n"
             "  --forward-only      compile forward only (no backward, no loss needed)\n"
+            "  --checkpoint P      activation checkpointing policy, instead of the file's:\n"
+            "                      none, segments, every:K, sqrtn or budget:BYTES\n"
             "  --check-peak RATIO  fail (exit 1) when the planned peak exceeds RATIO times\n"
             "                      the lower bound\n"
             "  -h, --help          this text\n"
@@ -77,6 +81,35 @@ static int parse_define(args *a, const char *spec)
     return 0;
 }
 
+static int parse_policy(args *a, const char *spec)
+{
+    kt_checkpoint_policy *c = &a->checkpoint;
+    char *end = NULL;
+    memset(c, 0, sizeof *c);
+    a->override_checkpoint = 1;
+    if (strcmp(spec, "none") == 0)
+        c->kind = KT_CHECKPOINT_NONE;
+    else if (strcmp(spec, "segments") == 0)
+        c->kind = KT_CHECKPOINT_SEGMENTS;
+    else if (strcmp(spec, "sqrtn") == 0)
+        c->kind = KT_CHECKPOINT_SQRTN;
+    else if (strncmp(spec, "every:", 6) == 0) {
+        c->kind = KT_CHECKPOINT_EVERY_K;
+        c->k = strtoll(spec + 6, &end, 10);
+        if (end == spec + 6 || *end != '\0' || c->k < 1)
+            return usage_error("--checkpoint every:K needs K >= 1, got '%s'", spec);
+    } else if (strncmp(spec, "budget:", 7) == 0) {
+        c->kind = KT_CHECKPOINT_BUDGET;
+        c->budget_bytes = strtoull(spec + 7, &end, 10);
+        if (end == spec + 7 || *end != '\0' || c->budget_bytes == 0)
+            return usage_error("--checkpoint budget:BYTES needs a positive byte count, got '%s'",
+                               spec);
+    } else
+        return usage_error("--checkpoint: unknown policy '%s' (none, segments, every:K, "
+                           "sqrtn, budget:BYTES)", spec);
+    return 0;
+}
+
 /* Returns 0, 2 (usage error) or -1 (--help printed). */
 static int parse_args(args *a, int argc, char **argv)
 {
@@ -87,7 +120,8 @@ static int parse_args(args *a, int argc, char **argv)
             usage(stdout);
             return -1;
         } else if (strcmp(s, "-o") == 0 || strcmp(s, "--dot") == 0 ||
-                   strcmp(s, "--check-peak") == 0 || strcmp(s, "-D") == 0) {
+                   strcmp(s, "--check-peak") == 0 || strcmp(s, "-D") == 0 ||
+                   strcmp(s, "--checkpoint") == 0) {
             if (!has_next)
                 return usage_error("%s needs a value", s);
             const char *v = argv[++i];
@@ -97,6 +131,9 @@ static int parse_args(args *a, int argc, char **argv)
                 a->dot = v;
             } else if (strcmp(s, "-D") == 0) {
                 if (parse_define(a, v) != 0)
+                    return 2;
+            } else if (strcmp(s, "--checkpoint") == 0) {
+                if (parse_policy(a, v) != 0)
                     return 2;
             } else {
                 char *end;
@@ -202,9 +239,20 @@ static int run(const args *a)
         return 1;
     }
     free(diag);
-    kt_compile_options opts = {.training = 0};
+    kt_compile_options opts = {.training = !a->forward_only && kt_graph_has_loss(g),
+                               .override_checkpoint = a->override_checkpoint,
+                               .checkpoint = a->checkpoint};
     kt_program *p = NULL;
-    st = kt_compile(g, a->forward_only ? &opts : NULL, &p);
+    st = kt_compile(g, &opts, &p);
+    /* the same model without checkpointing, for the comparison --print-plan reports */
+    kt_program *plain = NULL;
+    if (st == KT_OK && a->print_plan && opts.training) {
+        kt_compile_options none = opts;
+        none.override_checkpoint = 1;
+        memset(&none.checkpoint, 0, sizeof none.checkpoint);
+        if (kt_compile(g, &none, &plain) != KT_OK)
+            plain = NULL;
+    }
     kt_graph_destroy(g);
     if (st != KT_OK) {
         fprintf(stderr, "kt-graphc: %s: compiling failed: %s\n", a->input, kt_last_error());
@@ -222,7 +270,19 @@ static int run(const args *a)
         if (plan != NULL)
             fputs(plan, stdout);
         free(plan);
+        if (plain != NULL) {
+            kt_program_stats ps;
+            kt_program_get_stats(plain, &ps);
+            printf("checkpointing: planned peak %llu bytes against %llu without (%.3fx); "
+                   "%d recompute steps, %.4g extra FLOPs (%.1f%% of the forward)\n",
+                   (unsigned long long)stats.arena_bytes, (unsigned long long)ps.arena_bytes,
+                   ps.arena_bytes ? (double)stats.arena_bytes / (double)ps.arena_bytes : 1.0,
+                   stats.n_recompute_steps, stats.recompute_flops,
+                   stats.forward_flops > 0 ? 100.0 * stats.recompute_flops / stats.forward_flops
+                                           : 0.0);
+        }
     }
+    kt_program_destroy(plain);
     if (a->dot != NULL) {
         size_t n;
         char *dot = render(kt_program_dot, p, &n);

@@ -27,6 +27,7 @@ static void blank_step(kt__pstep *s, int32_t kind)
     memset(s, 0, sizeof *s);
     s->kind = kind;
     s->name = -1;
+    s->node = -1;
     s->scratch = -1;
     for (int i = 0; i < KT_OP_MAX_IN; i++)
         s->in[i] = s->gin[i] = -1;
@@ -121,6 +122,7 @@ static kt_status backward_node(autodiff *ad, int32_t n)
 
     kt__pstep s;
     blank_step(&s, KT__STEP_BACKWARD);
+    s.node = n;
     s.op = node->op;
     s.attrs = node->attrs;
     s.n_in = node->n_in;

@@ -233,6 +233,8 @@ kt_status kt_graph_value_meta(const kt_graph *g, kt_value v, kt_tensor *meta_out
 
 int kt_graph_node_count(const kt_graph *g) { return g ? g->n_nodes : 0; }
 
+int kt_graph_has_loss(const kt_graph *g) { return g != NULL && g->loss >= 0; }
+
 kt_status kt_graph_checkpoint_begin(kt_graph *g)
 {
     if (g == NULL)
@@ -293,5 +295,15 @@ kt_status kt_graph_shard_input(kt_graph *g, kt_value input, int dim)
         g->cap_shard = cap;
     }
     g->shard_dim[input.id] = dim;
+    return KT_OK;
+}
+
+kt_status kt_graph_mark_save(kt_graph *g, kt_value v)
+{
+    if (g == NULL)
+        return kt__error(KT_EINVAL, "save-list: graph is NULL");
+    if (!valid_value(g, v) || g->values[v.id].kind != KT__VALUE_NODE)
+        return kt__error(KT_EINVAL, "save-list: value %d is not computed by an op", v.id);
+    g->nodes[g->values[v.id].node].must_save = 1;
     return KT_OK;
 }

@@ -109,6 +109,7 @@ static kt_status make_forward_steps(kt__compiler *c)
         kt__pstep s;
         memset(&s, 0, sizeof s);
         s.kind = KT__STEP_FORWARD;
+        s.node = n;
         s.op = gn->op;
         s.attrs = gn->attrs;
         s.n_in = gn->n_in;
@@ -236,23 +237,17 @@ static void compiler_free(kt__compiler *c)
     kt__strings_free(&c->strings);
 }
 
-kt_status kt_compile(const kt_graph *g, const kt_compile_options *options,
-                     kt_program **program_out)
+/* One compilation with checkpoint segments of `group` units (-1: as the policy says, 0: none).
+ * *n_units_out receives the number of checkpointable units. */
+static kt_status compile_once(const kt_graph *g, const kt_compile_options *opt,
+                              const kt_checkpoint_policy *policy, int32_t group,
+                              kt_program **program_out, int32_t *n_units_out)
 {
-    if (g == NULL || program_out == NULL)
-        return kt__error(KT_EINVAL, "kt_compile: NULL argument");
     kt__compiler c;
     memset(&c, 0, sizeof c);
     c.g = g;
-    if (options != NULL)
-        c.opt = *options;
-    else
-        c.opt.training = g->loss >= 0;
-    if (c.opt.training && g->loss < 0)
-        return kt__error(KT_EINVAL, "compile: training needs a loss (kt_graph_set_loss)");
-    if (g->n_outputs == 0 && g->loss < 0)
-        return kt__error(KT_EINVAL, "compile: the graph has no outputs and no loss");
-
+    c.opt = *opt;
+    c.policy = *policy;
     kt_status status = KT_OK;
     kt_program *p = calloc(1, sizeof *p);
     size_t nv = (size_t)g->n_values + 1, nn = (size_t)g->n_nodes + 1;
@@ -268,7 +263,13 @@ kt_status kt_compile(const kt_graph *g, const kt_compile_options *options,
     if ((status = kt__pass_cse_dce(&c)) != KT_OK || (status = make_value_buffers(&c)) != KT_OK ||
         (status = make_forward_steps(&c)) != KT_OK)
         goto fail;
-    if (c.opt.training && (status = kt__pass_autodiff(&c)) != KT_OK)
+    int32_t n_units = kt__checkpoint_unit_count(&c);
+    if (n_units_out != NULL)
+        *n_units_out = n_units;
+    if (group < 0)
+        group = kt__checkpoint_group_size(&c, n_units);
+    if (c.opt.training && ((status = kt__pass_autodiff(&c)) != KT_OK ||
+                           (status = kt__pass_checkpoint(&c, group)) != KT_OK))
         goto fail;
     if ((status = kt__pass_lifetimes(&c)) != KT_OK)
         goto fail;
@@ -282,6 +283,8 @@ kt_status kt_compile(const kt_graph *g, const kt_compile_options *options,
         goto fail;
     if (g->loss >= 0)
         p->loss_buf = c.value_buf[c.remap[g->loss]];
+    for (int32_t i = 0; i < c.n_steps; i++)
+        c.steps[i].node = -1; /* compile-time only: a loaded program has none either */
     p->steps = c.steps;
     p->n_steps = c.n_steps;
     p->n_forward = c.n_forward;
@@ -302,4 +305,78 @@ fail:
     if (p != NULL)
         kt__program_free(p);
     return status;
+}
+
+/* The budget policy: among all group sizes (and no checkpointing at all), the program whose
+ * planned peak fits the budget with the fewest recomputed FLOPs (then the smallest peak). */
+static kt_status compile_for_budget(const kt_graph *g, const kt_compile_options *opt,
+                                    const kt_checkpoint_policy *policy, kt_program **out)
+{
+    kt_program *best = NULL, *candidate = NULL;
+    int32_t n_units = 0;
+    KT__TRY(compile_once(g, opt, policy, 0, &candidate, &n_units));
+    uint64_t smallest = UINT64_MAX;
+    for (int32_t group = 0; group <= n_units; group = group == 0 ? 1 : group + 1) {
+        if (group > 0) {
+            kt_status s = compile_once(g, opt, policy, group, &candidate, NULL);
+            if (s != KT_OK) {
+                kt_program_destroy(best);
+                return s;
+            }
+        }
+        kt_program_stats cs, bs;
+        kt_program_get_stats(candidate, &cs);
+        uint64_t peak = cs.arena_bytes;
+        if (peak < smallest)
+            smallest = peak;
+        int better = 0;
+        if (peak <= policy->budget_bytes) {
+            if (best == NULL)
+                better = 1;
+            else {
+                kt_program_get_stats(best, &bs);
+                better = cs.recompute_flops < bs.recompute_flops ||
+                         (cs.recompute_flops == bs.recompute_flops && peak < bs.arena_bytes);
+            }
+        }
+        if (better) {
+            kt_program_destroy(best);
+            best = candidate;
+        } else {
+            kt_program_destroy(candidate);
+        }
+        candidate = NULL;
+    }
+    if (best == NULL)
+        return kt__error(KT_EINVAL, "checkpoint: no segmentation fits the budget of %llu bytes; "
+                         "the smallest planned peak reachable is %llu bytes",
+                         (unsigned long long)policy->budget_bytes, (unsigned long long)smallest);
+    *out = best;
+    return KT_OK;
+}
+
+kt_status kt_compile(const kt_graph *g, const kt_compile_options *options,
+                     kt_program **program_out)
+{
+    if (g == NULL || program_out == NULL)
+        return kt__error(KT_EINVAL, "kt_compile: NULL argument");
+    kt_compile_options opt;
+    memset(&opt, 0, sizeof opt);
+    if (options != NULL)
+        opt = *options;
+    else
+        opt.training = g->loss >= 0;
+    if (opt.training && g->loss < 0)
+        return kt__error(KT_EINVAL, "compile: training needs a loss (kt_graph_set_loss)");
+    if (g->n_outputs == 0 && g->loss < 0)
+        return kt__error(KT_EINVAL, "compile: the graph has no outputs and no loss");
+    if (g->open_segment >= 0)
+        return kt__error(KT_EINVAL, "compile: a checkpoint segment opened at node %d is not "
+                         "closed", g->open_segment);
+    kt_checkpoint_policy policy = opt.override_checkpoint ? opt.checkpoint : g->policy;
+    if (policy.kind == KT_CHECKPOINT_NONE && !opt.override_checkpoint && g->n_segments > 0)
+        policy.kind = KT_CHECKPOINT_SEGMENTS; /* blocks without a policy line mean themselves */
+    if (policy.kind == KT_CHECKPOINT_BUDGET && opt.training)
+        return compile_for_budget(g, &opt, &policy, program_out);
+    return compile_once(g, &opt, &policy, -1, program_out, NULL);
 }

@@ -27,6 +27,7 @@ typedef struct kt__compiler {
     int32_t *value_buf; /* canonical graph value -> buffer id, -1 if none */
     int32_t *grad_buf;  /* graph parameter value -> its KT__REGION_GRAD buffer, or -1 */
     kt__strings strings;
+    kt_checkpoint_policy policy;
 } kt__compiler;
 
 /* Appends a buffer; *id_out receives its id. */
@@ -41,5 +42,11 @@ kt_status kt__compiler_name(kt__compiler *c, int32_t graph_name, int32_t *name_o
 kt_status kt__pass_cse_dce(kt__compiler *c);   /* remap + node_live */
 kt_status kt__pass_autodiff(kt__compiler *c);  /* appends the backward schedule */
 kt_status kt__pass_lifetimes(kt__compiler *c); /* first/last, pinned, in-place sharing */
+/* Activation checkpointing with segments of `group` units (0: none). */
+kt_status kt__pass_checkpoint(kt__compiler *c, int32_t group);
+/* The group size the policy asks for, given the number of checkpointable units. */
+int32_t kt__checkpoint_group_size(const kt__compiler *c, int32_t n_units);
+/* Checkpointable units: the graph's checkpoint blocks, or else its live nodes. */
+int32_t kt__checkpoint_unit_count(const kt__compiler *c);
 
 #endif

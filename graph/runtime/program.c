@@ -148,6 +148,9 @@ static kt_status check_step(const kt_program *p, int32_t at)
     const kt__pstep *s = &p->steps[at];
     if (!name_ok(p, s->name))
         return kt__error(KT_EFORMAT, "step %d: invalid name", at);
+    if ((s->flags & ~KT__STEP_RECOMPUTE) != 0 ||
+        ((s->flags & KT__STEP_RECOMPUTE) && (s->kind != KT__STEP_FORWARD || at < p->n_forward)))
+        return kt__error(KT_EFORMAT, "step %d: invalid flags 0x%x", at, (unsigned)s->flags);
     switch (s->kind) {
     case KT__STEP_FORWARD:
     case KT__STEP_BACKWARD:
@@ -287,10 +290,14 @@ void kt_program_get_stats(const kt_program *p, kt_program_stats *st)
     st->param_bytes = p->region_bytes[KT__REGION_PARAM];
     st->grad_bytes = p->region_bytes[KT__REGION_GRAD];
     for (int32_t i = 0; i < p->n_steps; i++) {
-        if (i < p->n_forward)
+        if (p->steps[i].flags & KT__STEP_RECOMPUTE) {
+            st->recompute_flops += p->steps[i].flops;
+            st->n_recompute_steps++;
+        } else if (i < p->n_forward) {
             st->forward_flops += p->steps[i].flops;
-        else
+        } else {
             st->backward_flops += p->steps[i].flops;
+        }
     }
 }
 

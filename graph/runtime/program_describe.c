@@ -46,7 +46,8 @@ size_t kt_program_describe(const kt_program *p, char *buf, size_t size)
         st.n_backward_steps);
     for (int32_t at = 0; at < p->n_steps; at++) {
         const kt__pstep *s = &p->steps[at];
-        say(&t, "  %4d %-5s %-14s %-24s", at, kinds[s->kind],
+        say(&t, "  %4d %-5s %-14s %-24s", at,
+            (s->flags & KT__STEP_RECOMPUTE) ? "recmp" : kinds[s->kind],
             s->kind <= KT__STEP_BACKWARD ? kt_op_name(s->op) : "",
             kt__strings_get(&p->strings, s->name));
         say(&t, " in");
@@ -84,6 +85,7 @@ size_t kt_program_describe(const kt_program *p, char *buf, size_t size)
         st.lower_bound_bytes ? (double)st.arena_bytes / (double)st.lower_bound_bytes : 1.0);
     say(&t, "parameters: %llu bytes, gradients: %llu bytes\n",
         (unsigned long long)st.param_bytes, (unsigned long long)st.grad_bytes);
-    say(&t, "flops: forward %.4g, backward %.4g\n", st.forward_flops, st.backward_flops);
+    say(&t, "flops: forward %.4g, backward %.4g, recompute %.4g (%d steps)\n",
+        st.forward_flops, st.backward_flops, st.recompute_flops, st.n_recompute_steps);
     return t.len;
 }

@@ -45,6 +45,8 @@ static void say_escaped(text *t, const char *s)
  * partial gradients.) */
 static const char *step_colour(const kt_program *p, int32_t at)
 {
+    if (p->steps[at].flags & KT__STEP_RECOMPUTE)
+        return "palegreen";
     switch ((kt__step_kind)p->steps[at].kind) {
     case KT__STEP_FORWARD:
         return "lightblue";

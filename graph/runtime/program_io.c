@@ -17,7 +17,7 @@
 #include "graph/runtime/bytes.h"
 
 #define KTP_MAGIC "KTPROGRM"
-#define KTP_VERSION 1u
+#define KTP_VERSION 2u /* 2: step flags (recompute) */
 #define KTP_MAX_OP_NAME 32
 
 /* Smallest encoded record sizes, to bound counts before allocating. */
@@ -113,6 +113,7 @@ static void put_body(kt__writer *w, const kt_program *p)
             kt__put_i32(w, s->gin[k]);
         kt__put_i32(w, s->scratch);
         kt__put_i32(w, s->name);
+        kt__put_i32(w, s->flags);
         kt__put_f64(w, s->flops);
     }
     for (int r = 0; r < 3; r++) {
@@ -269,6 +270,8 @@ static kt_status read_tables(kt__reader *r, kt_program *p)
             s->gin[k] = kt__get_i32(r);
         s->scratch = kt__get_i32(r);
         s->name = kt__get_i32(r);
+        s->flags = kt__get_i32(r);
+        s->node = -1;
         s->flops = kt__get_f64(r);
         if (s->n_in < 0 || s->n_in > KT_OP_MAX_IN || s->n_out < 0 || s->n_out > KT_OP_MAX_OUT)
             return kt__error(KT_EFORMAT, "program file: step %d has invalid counts", i);

@@ -99,6 +99,11 @@ typedef struct kt_checkpoint_policy {
 
 kt_status kt_graph_set_checkpoint_policy(kt_graph *g, const kt_checkpoint_policy *policy);
 
+/* The save-list: the node computing v keeps its outputs under checkpointing (never
+ * recomputed, never overwritten in place). Ops the op table marks must-save (topk_router,
+ * the MoE layer) are on it by default. */
+kt_status kt_graph_mark_save(kt_graph *g, kt_value v);
+
 /* Context parallelism: dimension `dim` of this input is split over the CP ranks. */
 kt_status kt_graph_shard_input(kt_graph *g, kt_value input, int dim);
 
@@ -122,6 +127,8 @@ kt_status kt_ktg_parse(const char *text, size_t len, const char *filename,
 /* The dtype and shape of a value (data NULL). */
 kt_status kt_graph_value_meta(const kt_graph *g, kt_value v, kt_tensor *meta_out);
 int kt_graph_node_count(const kt_graph *g);
+/* 1 when kt_graph_set_loss was called. */
+int kt_graph_has_loss(const kt_graph *g);
 
 #ifdef __cplusplus
 }

@@ -59,7 +59,8 @@ typedef struct kt_moe_config {
 
 /* Creates the layer: validates the configuration, allocates the weight store (zeroed) and
  * all working buffers. pool: the MoE thread pool (not owned; NULL runs on the caller's
- * thread). */
+ * thread). Results are bitwise identical for any pool size. LoRA adapters start as PEFT's:
+ * A uniform in +-1/sqrt(in) from a fixed seed (the same for every layer and run), B zero. */
 kt_status kt_moe_create(const kt_moe_config *config, kt_threadpool *pool, kt_moe **moe_out);
 void kt_moe_destroy(kt_moe *moe);
 const kt_moe_config *kt_moe_get_config(const kt_moe *moe);
@@ -97,14 +98,25 @@ kt_status kt_moe_forward(kt_moe *moe, const kt_tensor *x, const kt_tensor *ids,
                          const kt_tensor *weights, kt_tensor *y);
 /* The same split in two: submit validates and returns at once while the experts run on the
  * MoE pool; sync waits and returns the result's status. x, ids, weights and y must stay
- * valid until sync. One forward or backward may be in flight at a time. */
+ * valid until sync. One forward or backward may be in flight at a time: a second submit, a
+ * forward or a backward before sync fail with KT_ESTATE (and change nothing); sync without a
+ * submit is KT_ESTATE too. Until sync, the caller must not use the MoE pool nor change the
+ * layer (weights, gradients, cache). kt_moe_destroy waits for a job in flight.
+ *
+ * Errors (each message names the layer, and the token/expert where one is at fault): wrong
+ * dtypes or shapes KT_EINVAL; qlen > max_tokens KT_ERANGE; an expert id outside [0, E)
+ * KT_ERANGE; an expert twice in one token KT_EINVAL; with check_finite, a NaN/Inf in the
+ * output KT_ERANGE (y is left unchanged). A failed forward leaves the layer usable, but with
+ * no forward for backward to use. */
 kt_status kt_moe_submit_forward(kt_moe *moe, const kt_tensor *x, const kt_tensor *ids,
                                 const kt_tensor *weights, kt_tensor *y);
 kt_status kt_moe_sync(kt_moe *moe);
 
 /* Backward of the last forward: grad_y -> grad_x [qlen, H], grad_weights [qlen, k] (f32),
  * and by mode the LoRA or expert-weight gradients (each scaled by weight_grad_scale, e.g.
- * 1/world for data-parallel averaging). grad_x or grad_weights may have data NULL to skip. */
+ * 1/world for data-parallel averaging). grad_x or grad_weights may have data NULL to skip.
+ * KT_ESTATE without a successful forward. It does not consume the forward: calling it again
+ * recomputes the same gradients (and adds them to the weight gradients). */
 kt_status kt_moe_backward(kt_moe *moe, const kt_tensor *grad_y, kt_tensor *grad_x,
                           kt_tensor *grad_weights, float weight_grad_scale);
 
@@ -118,7 +130,12 @@ typedef enum kt_moe_cache_state {
 
 /* With the cache on, a forward stores its output; a recompute forward with the same inputs
  * returns the stored output instead of running the experts; backward clears it; any failure
- * poisons it, and a poisoned cache fails every forward until kt_moe_cache_clear. */
+ * poisons it, and a poisoned cache fails every forward until kt_moe_cache_clear.
+ * "The same inputs" means the same qlen, ids and routing weights (bitwise); x is not compared
+ * (a recompute brings the same x). A READY forward with other ids or weights is KT_ESTATE and
+ * poisons the cache. A poisoned cache fails forward and backward with KT_ESTATE and the first
+ * failure's message. Refusals of a call while a submitted forward is in flight do not poison.
+ * Turning the cache off empties it. */
 kt_status kt_moe_cache_enable(kt_moe *moe, int on);
 kt_moe_cache_state kt_moe_cache_get_state(const kt_moe *moe);
 void kt_moe_cache_clear(kt_moe *moe);
@@ -129,7 +146,10 @@ typedef struct kt_moe_memory {
     uint64_t weight_bytes;          /* expert weights as stored */
     uint64_t raw_weight_bytes;      /* E * 3 * H * I * dtype size */
     uint64_t backward_buffer_bytes; /* transposed/repacked weights for backward, if any */
-    uint64_t saved_bytes_per_token; /* kept from forward to backward, per token */
+    uint64_t saved_bytes_per_token; /* kept from forward to backward, per token: the routing
+                                     * (20 bytes per slot), x in the weight dtype, and with
+                                     * keep_activations the f32 gate and up pre-activations
+                                     * and the f32 expert outputs (k * (2I + H) * 4 bytes) */
     uint64_t workspace_bytes;       /* all working buffers */
     uint64_t grad_bytes;            /* LoRA adapters and their gradients, full-mode weight
                                      * gradients (f32) */

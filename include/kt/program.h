@@ -33,6 +33,14 @@ typedef struct kt_compile_options {
     int training;    /* build the backward schedule (needs a loss); 0: forward only */
     int no_inplace;  /* never let an output share its input's buffer */
     int no_cse;      /* keep duplicate nodes */
+    /* Activation checkpointing: 0 uses the graph's own policy (kt_graph_set_checkpoint_policy
+     * or the .ktg `policy` line); 1 uses `checkpoint` below instead. */
+    int override_checkpoint;
+    kt_checkpoint_policy checkpoint;
+    /* Recompute the ops the op table marks must-save (the router, the MoE layer) like any
+     * other: off by default, because re-running the CPU experts costs far more than keeping
+     * one [tokens x hidden] tensor per layer (the MoE forward cache). */
+    int recompute_must_save;
 } kt_compile_options;
 
 /* options may be NULL (training = 1 when the graph has a loss). */
@@ -49,6 +57,8 @@ typedef struct kt_program_stats {
     uint64_t lower_bound_bytes;  /* max over steps of the bytes live at that step */
     uint64_t param_bytes, grad_bytes;
     double forward_flops, backward_flops;
+    double recompute_flops;      /* forward steps re-run in the backward (checkpointing) */
+    int n_recompute_steps;
 } kt_program_stats;
 
 void kt_program_get_stats(const kt_program *p, kt_program_stats *stats_out);

@@ -71,37 +71,40 @@ BF_INLINE __m512 reduce16(const __m512 in[16])
     return _mm512_add_ps(_mm512_unpacklo_ps(w[0], w[1]), _mm512_unpackhi_ps(w[0], w[1]));
 }
 
-/* y[0..mr) x [0..nr) (+)= x[0..mr) . w[0..nr)^T over K, mr, nr <= 4 (compile-time). */
+/* y[0..mr) x [0..nr) (+)= x[0..mr) . w[0..nr)^T over K, mr <= 6, nr <= 4 (compile-time):
+ * up to 24 accumulators, 10 loads per 24 vdpbf16ps. */
 BF_INLINE void nt_tile(const int mr, const int nr, int64_t K, const uint16_t *x, int64_t ldx,
                        const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
-    __m512 acc[16];
-    for (int i = 0; i < 16; i++)
+    __m512 acc[32];
+    for (int i = 0; i < 32; i++)
         acc[i] = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + 32 <= K; k += 32) {
-        __m512i xv[4], wv[4];
-        for (int i = 0; i < mr; i++)
-            xv[i] = _mm512_loadu_si512((const void *)(x + i * ldx + k));
+        __m512i wv[4];
         for (int j = 0; j < nr; j++)
             wv[j] = _mm512_loadu_si512((const void *)(w + j * ldw + k));
-        for (int i = 0; i < mr; i++)
+        for (int i = 0; i < mr; i++) {
+            const __m512i xv = _mm512_loadu_si512((const void *)(x + i * ldx + k));
             for (int j = 0; j < nr; j++)
-                acc[4 * i + j] = dp(acc[4 * i + j], xv[i], wv[j]);
+                acc[4 * i + j] = dp(acc[4 * i + j], xv, wv[j]);
+        }
     }
     if (k < K) {
         const __mmask32 m = (__mmask32)((1u << (K - k)) - 1u);
-        __m512i xv[4], wv[4];
-        for (int i = 0; i < mr; i++)
-            xv[i] = _mm512_maskz_loadu_epi16(m, x + i * ldx + k);
+        __m512i wv[4];
         for (int j = 0; j < nr; j++)
             wv[j] = _mm512_maskz_loadu_epi16(m, w + j * ldw + k);
-        for (int i = 0; i < mr; i++)
+        for (int i = 0; i < mr; i++) {
+            const __m512i xv = _mm512_maskz_loadu_epi16(m, x + i * ldx + k);
             for (int j = 0; j < nr; j++)
-                acc[4 * i + j] = dp(acc[4 * i + j], xv[i], wv[j]);
+                acc[4 * i + j] = dp(acc[4 * i + j], xv, wv[j]);
+        }
     }
-    _Alignas(64) float s[16];
+    _Alignas(64) float s[32];
     _mm512_store_ps(s, reduce16(acc));
+    if (mr > 4)
+        _mm512_store_ps(s + 16, reduce16(acc + 16));
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) {
             float *o = y + i * ldy + j;
@@ -119,6 +122,9 @@ typedef void (*nt_fn)(int64_t K, const uint16_t *x, int64_t ldx, const uint16_t 
     {                                                                                         \
         nt_tile(MR, NR, K, x, ldx, w, ldw, y, ldy, accumulate);                               \
     }
+NT_VARIANT(6, 4)
+NT_VARIANT(6, 2)
+NT_VARIANT(6, 1)
 NT_VARIANT(4, 4)
 NT_VARIANT(4, 2)
 NT_VARIANT(4, 1)
@@ -129,12 +135,13 @@ NT_VARIANT(1, 4)
 NT_VARIANT(1, 2)
 NT_VARIANT(1, 1)
 
-/* [row size index][col size index], index 0: 4, 1: 2, 2: 1 */
-static const nt_fn nt_table[3][3] = {{nt_4x4, nt_4x2, nt_4x1},
+/* [row size index][col size index]; rows 6/4/2/1, columns 4/2/1 */
+static const nt_fn nt_table[4][3] = {{nt_6x4, nt_6x2, nt_6x1},
+                                     {nt_4x4, nt_4x2, nt_4x1},
                                      {nt_2x4, nt_2x2, nt_2x1},
                                      {nt_1x4, nt_1x2, nt_1x1}};
 
-static int size_index(int64_t left, int *size)
+static int col_index(int64_t left, int *size)
 {
     if (left >= 4) {
         *size = 4;
@@ -144,20 +151,29 @@ static int size_index(int64_t left, int *size)
     return left >= 2 ? 1 : 2;
 }
 
+static int row_index(int64_t left, int *size)
+{
+    if (left >= 6) {
+        *size = 6;
+        return 0;
+    }
+    return 1 + col_index(left, size);
+}
+
 static void nt_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
                       int64_t ldx, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
                       int accumulate)
 {
     int64_t mc = K > 0 ? NT_X_CHUNK_BYTES / (2 * K) : M;
-    mc = mc < 4 ? 4 : mc & ~(int64_t)3;
+    mc = mc < 6 ? 6 : mc - mc % 6;
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
         const int64_t m1 = M - m0 < mc ? M : m0 + mc;
         for (int64_t n = n0; n < n1;) {
             int nr;
-            const int ci = size_index(n1 - n, &nr);
+            const int ci = col_index(n1 - n, &nr);
             for (int64_t m = m0; m < m1;) {
                 int mr;
-                const int ri = size_index(m1 - m, &mr);
+                const int ri = row_index(m1 - m, &mr);
                 nt_table[ri][ci](K, x + m * ldx, ldx, w + n * ldw, ldw, y + m * ldy + n, ldy,
                                  accumulate);
                 m += mr;
@@ -180,27 +196,45 @@ static uint32_t ld32(const uint16_t *p)
 }
 
 enum { OUT_STORE = 0, OUT_ADD = 1, OUT_SCALE_ADD = 2 };
+/* where the B pairs come from: two rows of b (all 32 columns, or masked), or a buffer of
+ * interleaved pairs (64 bf16 a pair: the unpacklo half, then the unpackhi half) */
+enum { B_ROWS_MASKED = 0, B_ROWS_FULL = 1, B_PACKED = 2 };
+#ifndef B_PREFETCH
+#define B_PREFETCH 128 /* elements ahead along a row: 8 cache lines */
+#endif
 
 /* acc[i][0..1] += sum over the pairs p < np (and the tail, a pair with a zero partner) of
  * A(i, p) . interleave(b row 2p, b row 2p+1), for 32 columns of b (masked by jm).
  * A(i, p) is the 32-bit pair at a + i * a_row + p * a_pair (in bf16 elements); the tail's
- * single value is the 16-bit one at a + i * a_row + np * a_pair. acc[i][0] holds columns
+ * single value is the 16-bit one at a + i * a_row + np * a_pair. With B_PACKED, b is the
+ * buffer of interleaved pairs (the tail's included). acc[i][0] holds columns
  * 0-3, 8-11, 16-19, 24-27 of the block, acc[i][1] the others. */
-BF_INLINE void pair_tile(const int mr, const int full, int64_t np, int tail, const uint16_t *a,
+BF_INLINE void pair_tile(const int mr, const int bmode, int64_t np, int tail, const uint16_t *a,
                          int64_t a_row, int64_t a_pair, const uint16_t *b, int64_t ldb,
                          __mmask32 jm, __m512 acc[PAIR_MR][2])
 {
     for (int64_t p = 0; p < np; p++) {
-        const uint16_t *b0 = b + 2 * p * ldb;
-        __m512i r0, r1;
-        if (full) {
-            r0 = _mm512_loadu_si512((const void *)b0);
-            r1 = _mm512_loadu_si512((const void *)(b0 + ldb));
+        __m512i lo, hi;
+        if (bmode == B_PACKED) {
+            lo = _mm512_load_si512((const void *)(b + 64 * p));
+            hi = _mm512_load_si512((const void *)(b + 64 * p + 32));
         } else {
-            r0 = _mm512_maskz_loadu_epi16(jm, b0);
-            r1 = _mm512_maskz_loadu_epi16(jm, b0 + ldb);
+            const uint16_t *b0 = b + 2 * p * ldb;
+            __m512i r0, r1;
+            if (bmode == B_ROWS_FULL) {
+                /* the next column blocks of these rows: callers walk the columns of a pair
+                 * of rows block after block, and the rows may be 4 KiB apart */
+                _mm_prefetch((const char *)(b0 + B_PREFETCH), _MM_HINT_T0);
+                _mm_prefetch((const char *)(b0 + ldb + B_PREFETCH), _MM_HINT_T0);
+                r0 = _mm512_loadu_si512((const void *)b0);
+                r1 = _mm512_loadu_si512((const void *)(b0 + ldb));
+            } else {
+                r0 = _mm512_maskz_loadu_epi16(jm, b0);
+                r1 = _mm512_maskz_loadu_epi16(jm, b0 + ldb);
+            }
+            lo = _mm512_unpacklo_epi16(r0, r1);
+            hi = _mm512_unpackhi_epi16(r0, r1);
         }
-        const __m512i lo = _mm512_unpacklo_epi16(r0, r1), hi = _mm512_unpackhi_epi16(r0, r1);
         const uint16_t *ap = a + p * a_pair;
         for (int i = 0; i < mr; i++) {
             const __m512i av = _mm512_set1_epi32((int)ld32(ap + i * a_row));
@@ -209,9 +243,16 @@ BF_INLINE void pair_tile(const int mr, const int full, int64_t np, int tail, con
         }
     }
     if (tail) {
-        const __m512i r0 = _mm512_maskz_loadu_epi16(jm, b + 2 * np * ldb);
-        const __m512i z = _mm512_setzero_si512();
-        const __m512i lo = _mm512_unpacklo_epi16(r0, z), hi = _mm512_unpackhi_epi16(r0, z);
+        __m512i lo, hi;
+        if (bmode == B_PACKED) {
+            lo = _mm512_load_si512((const void *)(b + 64 * np));
+            hi = _mm512_load_si512((const void *)(b + 64 * np + 32));
+        } else {
+            const __m512i r0 = _mm512_maskz_loadu_epi16(jm, b + 2 * np * ldb);
+            const __m512i z = _mm512_setzero_si512();
+            lo = _mm512_unpacklo_epi16(r0, z);
+            hi = _mm512_unpackhi_epi16(r0, z);
+        }
         const uint16_t *ap = a + np * a_pair;
         for (int i = 0; i < mr; i++) {
             const __m512i av = _mm512_set1_epi32((int)ap[i * a_row]);
@@ -248,7 +289,7 @@ BF_INLINE void pair_store(const int mr, __m512 acc[PAIR_MR][2], __mmask32 jm, fl
 }
 
 typedef void (*pair_fn)(int64_t np, int tail, const uint16_t *a, int64_t a_row, int64_t a_pair,
-                        const uint16_t *b, int64_t ldb, __mmask32 jm, float *accbuf, int first,
+                        const uint16_t *b, int64_t ldb, int packed, __mmask32 jm, float *accbuf, int first,
                         int last, float *out, int64_t ldo, int mode, float scale);
 
 /* One tile over one range of pairs: acc from zero (first) or accbuf, then to out (last) or
@@ -256,17 +297,20 @@ typedef void (*pair_fn)(int64_t np, int tail, const uint16_t *a, int64_t a_row, 
 #define PAIR_VARIANT(MR)                                                                      \
     BF_TARGET static void pair_##MR(int64_t np, int tail, const uint16_t *a, int64_t a_row,   \
                                     int64_t a_pair, const uint16_t *b, int64_t ldb,           \
-                                    __mmask32 jm, float *accbuf, int first, int last,         \
+                                    int packed, __mmask32 jm, float *accbuf, int first,       \
+                                    int last,                                                 \
                                     float *out, int64_t ldo, int mode, float scale)           \
     {                                                                                         \
         __m512 acc[PAIR_MR][2];                                                               \
         for (int i = 0; i < MR; i++)                                                          \
             for (int h = 0; h < 2; h++)                                                       \
                 acc[i][h] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(accbuf + 32 * i + 16 * h); \
-        if (jm == 0xffffffffu)                                                                \
-            pair_tile(MR, 1, np, tail, a, a_row, a_pair, b, ldb, jm, acc);                    \
+        if (packed)                                                                           \
+            pair_tile(MR, B_PACKED, np, tail, a, a_row, a_pair, b, ldb, jm, acc);             \
+        else if (jm == 0xffffffffu)                                                           \
+            pair_tile(MR, B_ROWS_FULL, np, tail, a, a_row, a_pair, b, ldb, jm, acc);          \
         else                                                                                  \
-            pair_tile(MR, 0, np, tail, a, a_row, a_pair, b, ldb, jm, acc);                    \
+            pair_tile(MR, B_ROWS_MASKED, np, tail, a, a_row, a_pair, b, ldb, jm, acc);        \
         if (last) {                                                                           \
             pair_store(MR, acc, jm, out, ldo, mode, scale);                                   \
         } else {                                                                              \
@@ -299,29 +343,106 @@ static __mmask32 col_mask(int64_t left)
     return left >= 32 ? 0xffffffffu : (__mmask32)((1u << left) - 1u);
 }
 
-/* g rows per chunk: a chunk of g (rows x N bf16) stays within about 256 KiB of L2 while the
- * column blocks of w pass. */
-#define NN_G_CHUNK_BYTES (256 * 1024)
+/* NN: w's pairs of rows for one block of 32 columns are interleaved once into a stack buffer
+ * (contiguous, where w's rows may be 4 KiB apart and collide in L1) and used by all row
+ * tiles of a chunk of g; the reduction runs in chunks of NN_PAIRS pairs, the accumulators
+ * carried between chunks in accbuf. A chunk of g (rows x N bf16) stays within about 256 KiB
+ * of L2 while the column blocks pass. */
+#define NN_PAIRS 128 /* x 128 B = 16 KiB */
+#define NN_ROWS_MAX 240 /* x 128 B of accumulators = 30 KiB */
+#define NN_G_CHUNK_BYTES (512 * 1024)
+#define NN_PACK_AHEAD 8 /* pairs of rows prefetched ahead while packing */
+
+BF_TARGET static void nn_pack_b(const uint16_t *w, int64_t ldw, int64_t N, int64_t p0,
+                                int64_t cnt, __mmask32 jm, uint16_t *bp)
+{
+    for (int64_t q = 0; q < cnt; q++) {
+        const int64_t n = 2 * (p0 + q);
+        if (n + 2 * NN_PACK_AHEAD + 1 < N) {
+            _mm_prefetch((const char *)(w + (n + 2 * NN_PACK_AHEAD) * ldw), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w + (n + 2 * NN_PACK_AHEAD + 1) * ldw), _MM_HINT_T0);
+        }
+        const __m512i r0 = _mm512_maskz_loadu_epi16(jm, w + n * ldw);
+        const __m512i r1 =
+            n + 1 < N ? _mm512_maskz_loadu_epi16(jm, w + (n + 1) * ldw) : _mm512_setzero_si512();
+        _mm512_store_si512((void *)(bp + 64 * q), _mm512_unpacklo_epi16(r0, r1));
+        _mm512_store_si512((void *)(bp + 64 * q + 32), _mm512_unpackhi_epi16(r0, r1));
+    }
+}
+
+/* NN with fewer rows than a tile (decode-sized M): packing would not pay, and w must stream
+ * at memory speed. The reduction runs in chunks of NN_SMALL_PAIRS row pairs; a chunk's rows
+ * are walked together across a wide group of columns (so each row is read in long runs and
+ * few lines share an L1 set at a time), the accumulators of the whole group carried between
+ * chunks in accbuf: the same operations per element as the tiled path. */
+#ifndef NN_SMALL_PAIRS
+#define NN_SMALL_PAIRS 8
+#endif
+#define NN_SMALL_ACC_FLOATS 4096 /* 16 KiB */
+
+static void nn_small_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
+                            int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
+                            int accumulate)
+{
+    _Alignas(64) float accbuf[NN_SMALL_ACC_FLOATS];
+    const int64_t pairs = (N + 1) / 2;
+    const int64_t chunks = (pairs + NN_SMALL_PAIRS - 1) / NN_SMALL_PAIRS;
+    const int64_t width = (NN_SMALL_ACC_FLOATS / M) & ~(int64_t)31; /* M < 12: >= 32 */
+    const int mode = accumulate ? OUT_ADD : OUT_STORE;
+    for (int64_t j0 = k0; j0 < k1; j0 += width) {
+        const int64_t j1 = k1 - j0 < width ? k1 : j0 + width;
+        for (int64_t c = 0; c < chunks || c == 0; c++) {
+            const int64_t p0 = c * NN_SMALL_PAIRS;
+            const int64_t cnt = pairs - p0 < NN_SMALL_PAIRS ? pairs - p0 : NN_SMALL_PAIRS;
+            const int last = c + 1 >= chunks;
+            const int tail = last && (N & 1);
+            for (int64_t jb = j0; jb < j1; jb += 32) {
+                const __mmask32 jm = col_mask(j1 - jb);
+                float *acc = accbuf + (jb - j0) * M;
+                for (int64_t m = 0; m < M;) {
+                    int mr;
+                    const pair_fn fn = pair_pick(M - m, &mr);
+                    fn(cnt - tail, tail, g + m * ldg + 2 * p0, ldg, 2, w + 2 * p0 * ldw + jb, ldw,
+                       0, jm, acc + m * 32, c == 0, last, y + m * ldy + jb, ldy, mode, 1.0f);
+                    m += mr;
+                }
+            }
+        }
+    }
+}
 
 static void nn_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
                       int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
                       int accumulate)
 {
-    const int64_t np = N / 2;
-    const int tail = (int)(N & 1);
+    if (M < PAIR_MR) {
+        nn_small_avx512(M, N, k0, k1, g, ldg, w, ldw, y, ldy, accumulate);
+        return;
+    }
+    _Alignas(64) uint16_t bpack[NN_PAIRS * 64];
+    _Alignas(64) float accbuf[NN_ROWS_MAX * 32];
+    const int64_t pairs = (N + 1) / 2; /* with the tail */
+    const int64_t chunks = (pairs + NN_PAIRS - 1) / NN_PAIRS;
     int64_t mc = N > 0 ? NN_G_CHUNK_BYTES / (2 * N) : M;
-    mc = mc < PAIR_MR ? PAIR_MR : mc - mc % PAIR_MR;
+    mc = mc < PAIR_MR ? PAIR_MR : mc > NN_ROWS_MAX ? NN_ROWS_MAX : mc - mc % PAIR_MR;
     const int mode = accumulate ? OUT_ADD : OUT_STORE;
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
         const int64_t m1 = M - m0 < mc ? M : m0 + mc;
         for (int64_t kb = k0; kb < k1; kb += 32) {
             const __mmask32 jm = col_mask(k1 - kb);
-            for (int64_t m = m0; m < m1;) {
-                int mr;
-                const pair_fn fn = pair_pick(m1 - m, &mr);
-                fn(np, tail, g + m * ldg, ldg, 2, w + kb, ldw, jm, NULL, 1, 1, y + m * ldy + kb,
-                   ldy, mode, 1.0f);
-                m += mr;
+            for (int64_t c = 0; c < chunks || c == 0; c++) {
+                const int64_t p0 = c * NN_PAIRS;
+                const int64_t cnt = pairs - p0 < NN_PAIRS ? pairs - p0 : NN_PAIRS;
+                const int last = c + 1 >= chunks;
+                const int tail = last && (N & 1);
+                nn_pack_b(w + kb, ldw, N, p0, cnt, jm, bpack);
+                for (int64_t m = m0; m < m1;) {
+                    int mr;
+                    const pair_fn fn = pair_pick(m1 - m, &mr);
+                    fn(cnt - tail, tail, g + m * ldg + 2 * p0, ldg, 2, bpack, 0, 1, jm,
+                       accbuf + (m - m0) * 32, c == 0, last, y + m * ldy + kb, ldy, mode, 1.0f);
+                    m += mr;
+                }
             }
         }
     }
@@ -376,7 +497,7 @@ static void tn_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
                     if (chunks > 1)
                         tn_pack_a(M, p0, cnt, mr, g + n, ldg, apack);
                     fn(cnt - tail, tail, (const uint16_t *)apack, 2, 2 * (int64_t)mr,
-                       x + 2 * p0 * ldx + jb, ldx, jm, accbuf, c == 0, last, dw + n * lddw + jb,
+                       x + 2 * p0 * ldx + jb, ldx, 0, jm, accbuf, c == 0, last, dw + n * lddw + jb,
                        lddw, OUT_SCALE_ADD, scale);
                 }
             }

@@ -42,6 +42,9 @@ typedef struct kt__op_desc {
     unsigned bwd_reads_in, bwd_reads_out;
     /* Inputs that never receive a gradient (integer ids, targets). */
     unsigned no_grad_in;
+    /* Outputs kept rather than recomputed under activation checkpointing: recomputing the
+     * op costs far more than keeping them (the router's choices, the CPU experts' output). */
+    int must_save;
     kt__op_infer_fn infer;
     kt__op_scratch_fn scratch_fwd, scratch_bwd; /* NULL: none */
     kt__op_flops_fn flops;                      /* NULL: 0 */

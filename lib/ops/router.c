@@ -186,5 +186,5 @@ static kt_status bwd_router(const kt__op_call *c)
 
 const kt__op_desc kt__op_topk_router = {
     .name = "topk_router", .min_in = 1, .max_in = 1, .n_out = 2, .bwd_reads_in = 1u,
-    .bwd_reads_out = 1u, .infer = infer_router, .flops = flops_router, .forward = fwd_router,
-    .backward = bwd_router};
+    .bwd_reads_out = 1u, .must_save = 1, .infer = infer_router, .flops = flops_router,
+    .forward = fwd_router, .backward = bwd_router};
