@@ -391,6 +391,10 @@ static void test_every_op_has_a_case(void **state)
         count[cases[k].op]++;
     }
     for (int op = 0; op < KT_OP_COUNT; op++) {
+        /* moe runs a bound layer, which keeps its own saved state and reads no graph
+         * activation in backward; test_graph_moe checks it inside sessions */
+        if (op == KT_OP_MOE)
+            continue;
         if (count[op] == 0)
             fail_msg("op '%s' has no case in test_op_contract: add representative calls",
                      kt_op_name((kt_op)op));
@@ -733,6 +737,8 @@ static void test_no_grad_in(void **state)
         prep_free(&p);
     }
     for (int op = 0; op < KT_OP_COUNT; op++) {
+        if (op == KT_OP_MOE) /* see test_every_op_has_a_case */
+            continue;
         const unsigned bits = kt__op_get((kt_op)op)->no_grad_in;
         if ((bits & ~no_grad_exercised[op]) != 0)
             fail_msg("%s: no_grad_in 0x%x has input(s) 0x%x that no case covers",

@@ -33,6 +33,7 @@ static const attr_desc attr_table[] = {
     {KT_OP_TRANSPOSE, "dim0", A_INT, offsetof(kt_op_attrs, dim0)},
     {KT_OP_TRANSPOSE, "dim1", A_INT, offsetof(kt_op_attrs, dim1)},
     {KT_OP_RESHAPE, "shape", A_SHAPE, offsetof(kt_op_attrs, shape)},
+    {KT_OP_MOE, "layer", A_INT, offsetof(kt_op_attrs, binding)},
 };
 enum { N_ATTRS = sizeof attr_table / sizeof attr_table[0] };
 

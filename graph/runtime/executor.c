@@ -6,6 +6,8 @@
 
 #include "core/error.h"
 #include "graph/runtime/session_internal.h"
+#include "kt/moe.h"
+#include "moe/moe_internal.h"
 #include "optim/optim.h"
 
 uint64_t kt__now_ns(void)
@@ -40,8 +42,17 @@ static void fill(kt_tensor *t, float value)
         p[i] = h;
 }
 
+void kt__session_inject_failure(kt_session *s, int32_t step)
+{
+    s->inject_at = step;
+}
+
 static kt_status run_step(kt_session *s, int32_t at)
 {
+    if (at == s->inject_at) {
+        s->inject_at = -1; /* once */
+        return kt__error(KT_EINTERNAL, "injected failure (a test hook)");
+    }
     const kt__pstep *ps = &s->p->steps[at];
     kt__exec_step *e = &s->exec[at];
     switch (ps->kind) {
@@ -81,12 +92,41 @@ kt_status kt__session_run(kt_session *s, int32_t begin, int32_t end)
     return KT_OK;
 }
 
+/* A failed step may leave a MoE layer's cached forward output stale: poison every bound
+ * layer's cache, so it can never be reused (the failure's message is kept). */
+static kt_status poison_caches(kt_session *s, kt_status status)
+{
+    for (int i = 0; i < s->opt.n_moe_layers; i++)
+        if (s->opt.moe_layers[i] != NULL)
+            kt__moe_poison(s->opt.moe_layers[i]);
+    return status;
+}
+
+/* A poisoned cache is reported once, naming the layer, and cleared. */
+static kt_status report_poisoned(kt_session *s)
+{
+    for (int i = 0; i < s->opt.n_moe_layers; i++) {
+        kt_moe *m = s->opt.moe_layers[i];
+        if (m == NULL || kt_moe_cache_get_state(m) != KT_MOE_CACHE_POISONED)
+            continue;
+        kt_status st = kt__moe_check_poison(m, "forward");
+        for (int k = i; k < s->opt.n_moe_layers; k++)
+            if (s->opt.moe_layers[k] != NULL)
+                kt_moe_cache_clear(s->opt.moe_layers[k]);
+        return st;
+    }
+    return KT_OK;
+}
+
 kt_status kt_session_forward(kt_session *s)
 {
     if (s == NULL)
         return kt__error(KT_EINVAL, "kt_session_forward: session is NULL");
     s->forward_ok = 0;
-    KT__TRY(kt__session_run(s, 0, s->p->n_forward));
+    KT__TRY(report_poisoned(s));
+    kt_status status = kt__session_run(s, 0, s->p->n_forward);
+    if (status != KT_OK)
+        return poison_caches(s, status);
     if (s->p->loss_buf >= 0)
         s->loss = *(const float *)s->tensors[s->p->loss_buf].data;
     s->forward_ok = 1;
@@ -106,7 +146,13 @@ kt_status kt_session_backward(kt_session *s)
         return kt__error(KT_ESTATE, "backward: %d micro-batch gradients are accumulated already; "
                          "call kt_session_step first", s->micro);
     s->forward_ok = 0; /* the backward consumes the forward's saved activations */
-    KT__TRY(kt__session_run(s, s->p->n_forward, s->p->n_steps));
+    if (s->micro == 0) /* a new accumulation: the layers' weight gradients start over */
+        for (int i = 0; i < s->opt.n_moe_layers; i++)
+            if (s->opt.moe_layers[i] != NULL)
+                kt_moe_zero_grad(s->opt.moe_layers[i]);
+    kt_status status = kt__session_run(s, s->p->n_forward, s->p->n_steps);
+    if (status != KT_OK)
+        return poison_caches(s, status);
     s->micro++;
     return KT_OK;
 }

@@ -44,6 +44,7 @@ static void put_attrs(kt__writer *w, const kt_op_attrs *a)
     kt__put_i32(w, a->ndim);
     for (int d = 0; d < KT_MAX_DIMS; d++)
         kt__put_i64(w, a->shape[d]);
+    kt__put_i32(w, a->binding);
 }
 
 static void get_attrs(kt__reader *r, kt_op_attrs *a)
@@ -66,6 +67,7 @@ static void get_attrs(kt__reader *r, kt_op_attrs *a)
     a->ndim = kt__get_i32(r);
     for (int d = 0; d < KT_MAX_DIMS; d++)
         a->shape[d] = kt__get_i64(r);
+    a->binding = kt__get_i32(r);
 }
 
 static void put_body(kt__writer *w, const kt_program *p)

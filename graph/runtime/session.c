@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/numa_internal.h"
 #include "graph/runtime/session_internal.h"
+#include "kt/moe.h"
 
 static const char *const category_names[KT__STEP_KIND_COUNT] = {"forward", "backward", "fill",
                                                                  "accumulate"};
@@ -25,7 +26,7 @@ static void bind_step(kt_session *s, int32_t at, kt_tensor **cursor)
 {
     const kt__pstep *ps = &s->p->steps[at];
     kt__exec_step *e = &s->exec[at];
-    e->category = category_names[ps->kind];
+    e->category = (ps->flags & KT__STEP_RECOMPUTE) ? "recompute" : category_names[ps->kind];
     if (ps->kind != KT__STEP_FORWARD && ps->kind != KT__STEP_BACKWARD)
         return;
     const kt__op_desc *d = kt__op_get(ps->op);
@@ -60,6 +61,42 @@ static void bind_step(kt_session *s, int32_t at, kt_tensor **cursor)
         e->call.scratch = s->tensors[ps->scratch].data;
         e->call.scratch_bytes = s->p->bufs[ps->scratch].bytes;
     }
+    e->call.bindings = (void *const *)s->opt.moe_layers;
+    e->call.n_bindings = s->opt.n_moe_layers;
+}
+
+/* Every moe step has a layer that fits it, and each layer serves one moe node. */
+static kt_status check_moe_bindings(const kt_session *s)
+{
+    const kt_program *p = s->p;
+    for (int32_t at = 0; at < p->n_forward; at++) {
+        const kt__pstep *ps = &p->steps[at];
+        if (ps->kind != KT__STEP_FORWARD || ps->op != KT_OP_MOE)
+            continue;
+        int b = ps->attrs.binding;
+        const char *node = kt__strings_get(&p->strings, ps->name);
+        if (b >= s->opt.n_moe_layers || s->opt.moe_layers == NULL || s->opt.moe_layers[b] == NULL)
+            return kt__error(KT_EINVAL, "session: moe node '%s' runs MoE layer %d, but %d "
+                             "layer%s given (kt_session_options.moe_layers)", node, b,
+                             s->opt.n_moe_layers, s->opt.n_moe_layers == 1 ? " is" : "s are");
+        for (int32_t other = 0; other < at; other++)
+            if (p->steps[other].op == KT_OP_MOE && p->steps[other].kind == KT__STEP_FORWARD &&
+                p->steps[other].attrs.binding == b)
+                return kt__error(KT_EINVAL, "session: moe nodes '%s' and '%s' both run MoE "
+                                 "layer %d; each layer keeps one forward for its backward",
+                                 kt__strings_get(&p->strings, p->steps[other].name), node, b);
+        const kt_moe_config *cfg = kt_moe_get_config(s->opt.moe_layers[b]);
+        const kt_tensor *x = &p->bufs[ps->in[0]].meta, *ids = &p->bufs[ps->in[1]].meta;
+        if (cfg->hidden != x->shape[1] || cfg->top_k != ids->shape[1] ||
+            cfg->max_tokens < x->shape[0] || cfg->act_dtype != x->dtype)
+            return kt__error(KT_EINVAL, "session: moe node '%s' (x %s[%lld,%lld], k=%lld) does "
+                             "not fit MoE layer %d (H=%lld, k=%lld, max_tokens=%lld, act %s)",
+                             node, kt_dtype_name(x->dtype), (long long)x->shape[0],
+                             (long long)x->shape[1], (long long)ids->shape[1], b,
+                             (long long)cfg->hidden, (long long)cfg->top_k,
+                             (long long)cfg->max_tokens, kt_dtype_name(cfg->act_dtype));
+    }
+    return KT_OK;
 }
 
 static kt_status bind(kt_session *s)
@@ -95,6 +132,7 @@ kt_status kt_session_create(const kt_program *p, const kt_session_options *optio
     if (options != NULL)
         s->opt = *options;
     s->loss = NAN;
+    s->inject_at = -1;
     kt_status status = KT_OK;
     if (s->opt.trace == NULL)
         s->opt.trace_capacity = 0;
@@ -122,7 +160,8 @@ kt_status kt_session_create(const kt_program *p, const kt_session_options *optio
         if ((status = alloc_zeroed(p->region_bytes[KT__REGION_GRAD],
                                    (unsigned char **)&s->opt_state[k])) != KT_OK)
             goto fail;
-    if ((status = bind(s)) != KT_OK || (status = kt_session_init_params(s, s->opt.seed)) != KT_OK)
+    if ((status = check_moe_bindings(s)) != KT_OK || (status = bind(s)) != KT_OK ||
+        (status = kt_session_init_params(s, s->opt.seed)) != KT_OK)
         goto fail;
     *session_out = s;
     return KT_OK;

@@ -27,7 +27,11 @@ struct kt_session {
     int64_t steps_done;
     float loss, grad_norm, lr;
     size_t trace_count;
+    int32_t inject_at; /* tests: the step that fails next (once), or -1 */
 };
+
+/* Tests: makes step `step` fail the next time it runs (fault injection). */
+void kt__session_inject_failure(kt_session *s, int32_t step);
 
 /* Runs steps [begin, end); on failure names the step in the message. */
 kt_status kt__session_run(kt_session *s, int32_t begin, int32_t end);

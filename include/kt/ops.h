@@ -37,6 +37,10 @@
  *   narrow        x -> x[start : start+length] along `dim`
  *   transpose     x -> x with dims dim0 and dim1 swapped (materialised)
  *   reshape       x -> same elements, shape (ndim, shape); one entry may be -1
+ *   moe           x [T,H], ids [T,k] (i32/i64), weights [T,k] (f32) -> y [T,H]: the CPU
+ *                 MoE layer (kt/moe.h) the session binds as layer `binding`; it keeps what
+ *                 its backward needs itself. It runs only inside a session (direct calls
+ *                 fail: there is no layer to run), and is on the checkpoint save-list.
  */
 #ifndef KT_OPS_H
 #define KT_OPS_H
@@ -66,7 +70,8 @@ extern "C" {
     X(CONCAT, concat)                 \
     X(NARROW, narrow)                 \
     X(TRANSPOSE, transpose)           \
-    X(RESHAPE, reshape)
+    X(RESHAPE, reshape)               \
+    X(MOE, moe)
 
 typedef enum kt_op {
 #define KT__OP_ENUM(upper, lower) KT_OP_##upper,
@@ -100,6 +105,7 @@ typedef struct kt_op_attrs {
     int dim0, dim1;             /* transpose */
     int ndim;                   /* reshape */
     int64_t shape[KT_MAX_DIMS]; /* reshape */
+    int binding;                /* moe: which of the session's MoE layers (kt/moe.h) runs it */
 } kt_op_attrs;
 
 /* How kernels run: the pool (NULL: the caller's thread only) and scratch memory of at least

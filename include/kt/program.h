@@ -127,6 +127,10 @@ typedef struct kt_session_options {
     kt_trace_event *trace;         /* optional: events are recorded here ... */
     size_t trace_capacity;         /* ... up to this many (further events are dropped) */
     uint64_t seed;                 /* for parameter initialisation */
+    /* The CPU MoE layers (kt/moe.h) the program's moe ops run: op attrs.binding indexes this
+     * array. Not owned; each layer serves one moe node. */
+    struct kt_moe *const *moe_layers;
+    int n_moe_layers;
 } kt_session_options;
 
 kt_status kt_session_create(const kt_program *p, const kt_session_options *options,
@@ -141,6 +145,9 @@ kt_status kt_session_tensor(kt_session *s, kt_tensor_role role, const char *name
 /* Runs the parameter initialisers (all but KT_INIT_LOADED); done once at creation too. */
 kt_status kt_session_init_params(kt_session *s, uint64_t seed);
 
+/* Runs the forward schedule. When a step fails (forward, backward or a recompute), the forward
+ * caches of the bound MoE layers are poisoned so that no stale output is ever reused; the next
+ * forward reports that, names the layer, and clears it, so the step after works again. */
 kt_status kt_session_forward(kt_session *s);
 /* Backward of the last forward. With micro_batches = n, the first backward after a step
  * overwrites the parameter gradients and the next n-1 add to them. */

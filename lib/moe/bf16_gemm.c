@@ -200,7 +200,8 @@ enum { OUT_STORE = 0, OUT_ADD = 1, OUT_SCALE_ADD = 2 };
  * interleaved pairs (64 bf16 a pair: the unpacklo half, then the unpackhi half) */
 enum { B_ROWS_MASKED = 0, B_ROWS_FULL = 1, B_PACKED = 2 };
 #ifndef B_PREFETCH
-#define B_PREFETCH 128 /* elements ahead along a row: 8 cache lines */
+#define B_PREFETCH 128 /* elements ahead along a row */
+#define B_PREFETCH_HINT _MM_HINT_T0
 #endif
 
 /* acc[i][0..1] += sum over the pairs p < np (and the tail, a pair with a zero partner) of
@@ -224,8 +225,8 @@ BF_INLINE void pair_tile(const int mr, const int bmode, int64_t np, int tail, co
             if (bmode == B_ROWS_FULL) {
                 /* the next column blocks of these rows: callers walk the columns of a pair
                  * of rows block after block, and the rows may be 4 KiB apart */
-                _mm_prefetch((const char *)(b0 + B_PREFETCH), _MM_HINT_T0);
-                _mm_prefetch((const char *)(b0 + ldb + B_PREFETCH), _MM_HINT_T0);
+                _mm_prefetch((const char *)(b0 + B_PREFETCH), B_PREFETCH_HINT);
+                _mm_prefetch((const char *)(b0 + ldb + B_PREFETCH), B_PREFETCH_HINT);
                 r0 = _mm512_loadu_si512((const void *)b0);
                 r1 = _mm512_loadu_si512((const void *)(b0 + ldb));
             } else {
@@ -349,19 +350,19 @@ static __mmask32 col_mask(int64_t left)
  * carried between chunks in accbuf. A chunk of g (rows x N bf16) stays within about 256 KiB
  * of L2 while the column blocks pass. */
 #define NN_PAIRS 128 /* x 128 B = 16 KiB */
-#define NN_ROWS_MAX 240 /* x 128 B of accumulators = 30 KiB */
-#define NN_G_CHUNK_BYTES (512 * 1024)
-#define NN_PACK_AHEAD 8 /* pairs of rows prefetched ahead while packing */
+#define NN_ROWS_MAX 264 /* x 128 B of accumulators = 33 KiB */
+#define NN_G_CHUNK_BYTES (768 * 1024)
 
 BF_TARGET static void nn_pack_b(const uint16_t *w, int64_t ldw, int64_t N, int64_t p0,
                                 int64_t cnt, __mmask32 jm, uint16_t *bp)
 {
     for (int64_t q = 0; q < cnt; q++) {
         const int64_t n = 2 * (p0 + q);
-        if (n + 2 * NN_PACK_AHEAD + 1 < N) {
-            _mm_prefetch((const char *)(w + (n + 2 * NN_PACK_AHEAD) * ldw), _MM_HINT_T0);
-            _mm_prefetch((const char *)(w + (n + 2 * NN_PACK_AHEAD + 1) * ldw), _MM_HINT_T0);
-        }
+        /* the next column block of these rows, packed after this block's tiles: into L2
+         * now, as rows 4 KiB apart defeat the hardware prefetchers */
+        _mm_prefetch((const char *)(w + n * ldw + 32), _MM_HINT_T1);
+        if (n + 1 < N)
+            _mm_prefetch((const char *)(w + (n + 1) * ldw + 32), _MM_HINT_T1);
         const __m512i r0 = _mm512_maskz_loadu_epi16(jm, w + n * ldw);
         const __m512i r1 =
             n + 1 < N ? _mm512_maskz_loadu_epi16(jm, w + (n + 1) * ldw) : _mm512_setzero_si512();

@@ -23,6 +23,9 @@ typedef struct kt__op_call {
     kt_threadpool *pool;
     void *scratch;
     size_t scratch_bytes;
+    /* Objects the session binds to ops that keep state outside the graph (MoE layers). */
+    void *const *bindings;
+    int n_bindings;
 } kt__op_call;
 
 typedef kt_status (*kt__op_infer_fn)(const kt_op_attrs *attrs, const kt_tensor *in, int n_in,

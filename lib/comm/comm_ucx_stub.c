@@ -1,0 +1,12 @@
+/* kt_comm_create_ucx in a build without UCX (the embedded build): the API stays the same,
+ * the call says why it cannot work. */
+#include "comm/comm_internal.h"
+#include "core/error.h"
+
+kt_status kt_comm_create_ucx(const kt_comm_options *options, kt_comm **comm_out)
+{
+    (void)options;
+    (void)comm_out;
+    return kt__error(KT_EUNSUPPORTED,
+                     "kt_comm_create_ucx: this libkt was built without UCX (KT_WITH_UCX=OFF)");
+}

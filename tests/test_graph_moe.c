@@ -1,0 +1,369 @@
+/* The MoE layer inside graphs: the moe op against the layer called directly, checkpointing
+ * with the MoE output kept (no expert FLOPs recomputed) or recomputed through the forward
+ * cache, and failure injection: a failed recompute poisons the cache, the next step reports
+ * it naming the layer, and the step after works again. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "graph/program_internal.h"
+#include "graph/runtime/session_internal.h"
+#include "moe/moe_internal.h"
+#include "test_util.h"
+
+#define OK(expr)                                                                              \
+    do {                                                                                      \
+        kt_status s_ = (expr);                                                                \
+        if (s_ != KT_OK)                                                                      \
+            fail_msg("%s: %s", #expr, kt_last_error());                                       \
+    } while (0)
+
+enum { T = 12, H = 32, I = 24, E = 6, K = 2, V = 5, MAX_LAYERS = 4 };
+
+/* A frozen bf16 expert layer with seeded weights (the same seed gives the same layer). */
+static kt_moe *make_layer(uint64_t seed)
+{
+    kt_moe_config c = {.n_experts = E, .hidden = H, .intermediate = I, .top_k = K,
+                       .max_tokens = T, .weight_dtype = KT_BF16, .act_dtype = KT_F32,
+                       .mode = KT_MOE_FROZEN, .keep_activations = 1, .name = "layer"};
+    kt_moe *m;
+    OK(kt_moe_create(&c, NULL, &m));
+    tu_rng rng;
+    tu_rng_seed(&rng, seed);
+    for (int64_t e = 0; e < E; e++)
+        for (int p = 0; p < 3; p++) {
+            kt_tensor w;
+            OK(kt_moe_weight(m, e, (kt_moe_proj)p, &w));
+            tu_fill_uniform(&w, &rng, -0.3, 0.3);
+        }
+    return m;
+}
+
+/* L blocks: h = h + moe(h, topk_router(h W_r)); loss = CE(h W_head, y). Each block may sit in
+ * a checkpoint segment. */
+static kt_graph *build(int layers, int segments)
+{
+    kt_graph *g;
+    kt_value x, y, h, head, logits, loss;
+    OK(kt_graph_create(&g));
+    OK(kt_graph_input(g, "x", KT_F32, 2, TU_SHAPE(T, H), &x));
+    OK(kt_graph_input(g, "y", KT_I32, 1, TU_SHAPE(T), &y));
+    h = x;
+    for (int l = 0; l < layers; l++) {
+        char name[32];
+        kt_value wr, r, out[2], in3[3], m, in2[2];
+        if (segments)
+            OK(kt_graph_checkpoint_begin(g));
+        snprintf(name, sizeof name, "route%d.w", l);
+        OK(kt_graph_param(g, name, KT_F32, 2, TU_SHAPE(H, E), kt_init_normal(0.3f), &wr));
+        in2[0] = h, in2[1] = wr;
+        OK(kt_graph_op(g, NULL, KT_OP_MATMUL, NULL, in2, 2, &r));
+        kt_op_attrs ra = {.k = K, .norm_topk = 1};
+        OK(kt_graph_op(g, NULL, KT_OP_TOPK_ROUTER, &ra, &r, 1, out));
+        in3[0] = h, in3[1] = out[0], in3[2] = out[1];
+        kt_op_attrs ma = {.binding = l};
+        snprintf(name, sizeof name, "moe%d", l);
+        OK(kt_graph_op(g, name, KT_OP_MOE, &ma, in3, 3, &m));
+        kt_value s;
+        OK(kt_graph_op(g, NULL, KT_OP_SILU, NULL, &m, 1, &s));
+        in2[0] = h, in2[1] = s;
+        OK(kt_graph_op(g, NULL, KT_OP_ADD, NULL, in2, 2, &h));
+        if (segments)
+            OK(kt_graph_checkpoint_end(g));
+    }
+    OK(kt_graph_param(g, "head", KT_F32, 2, TU_SHAPE(H, V), kt_init_normal(0.3f), &head));
+    kt_value in2[2] = {h, head};
+    OK(kt_graph_op(g, NULL, KT_OP_MATMUL, NULL, in2, 2, &logits));
+    kt_op_attrs ce = {.ignore_index = -100};
+    in2[0] = logits, in2[1] = y;
+    OK(kt_graph_op(g, "loss", KT_OP_CROSS_ENTROPY, &ce, in2, 2, &loss));
+    OK(kt_graph_output(g, logits, "logits"));
+    OK(kt_graph_set_loss(g, loss));
+    return g;
+}
+
+typedef struct run_out {
+    float loss;
+    kt_tensor grads[MAX_LAYERS + 1];
+    int n;
+    uint64_t moe_flops;
+} run_out;
+
+static kt_status run(const kt_program *p, kt_moe **layers, int n_layers, run_out *r,
+                     kt_session **keep)
+{
+    kt_session *s;
+    kt_session_options so = {.threads = 2, .seed = 3, .moe_layers = layers,
+                             .n_moe_layers = n_layers};
+    OK(kt_session_create(p, &so, &s));
+    kt_tensor x, y;
+    OK(kt_session_tensor(s, KT_ROLE_INPUT, "x", &x));
+    OK(kt_session_tensor(s, KT_ROLE_INPUT, "y", &y));
+    tu_rng rng;
+    tu_rng_seed(&rng, 9);
+    tu_fill_uniform(&x, &rng, -1, 1);
+    tu_fill_uniform(&y, &rng, 0, V);
+    uint64_t f0 = 0;
+    for (int l = 0; l < n_layers; l++)
+        f0 += kt__moe_flops_run(layers[l]);
+    kt_status st = kt_session_forward(s);
+    if (st == KT_OK)
+        st = kt_session_backward(s);
+    if (st == KT_OK && r != NULL) {
+        r->loss = kt_session_loss(s);
+        r->n = kt_program_count(p, KT_ROLE_GRAD);
+        for (int i = 0; i < r->n; i++) {
+            const char *name;
+            OK(kt_program_tensor_info(p, KT_ROLE_GRAD, i, &name, NULL));
+            kt_tensor g;
+            OK(kt_session_tensor(s, KT_ROLE_GRAD, name, &g));
+            r->grads[i] = tu_clone(&g);
+        }
+        r->moe_flops = 0;
+        for (int l = 0; l < n_layers; l++)
+            r->moe_flops += kt__moe_flops_run(layers[l]);
+        r->moe_flops -= f0;
+    }
+    if (keep != NULL)
+        *keep = s;
+    else
+        kt_session_destroy(s);
+    return st;
+}
+
+static void out_free(run_out *r)
+{
+    for (int i = 0; i < r->n; i++)
+        tu_free(&r->grads[i]);
+}
+
+static void expect_same(const run_out *a, const run_out *b, const char *what)
+{
+    if (memcmp(&a->loss, &b->loss, sizeof a->loss) != 0)
+        fail_msg("%s: loss %.9g vs %.9g", what, a->loss, b->loss);
+    assert_int_equal(a->n, b->n);
+    for (int i = 0; i < a->n; i++)
+        if (!tu_bitwise_equal(&a->grads[i], &b->grads[i]))
+            fail_msg("%s: gradient %d differs", what, i);
+}
+
+/* One block through a session equals the kernels and the layer called directly. */
+static void test_moe_op_matches_layer(void **state)
+{
+    (void)state;
+    kt_moe *layer = make_layer(1), *direct = make_layer(1);
+    kt_graph *g = build(1, 0);
+    kt_program *p;
+    OK(kt_compile(g, NULL, &p));
+    kt_session *s;
+    run_out r;
+    OK(run(p, &layer, 1, &r, &s));
+
+    kt_tensor x, wr, head;
+    OK(kt_session_tensor(s, KT_ROLE_INPUT, "x", &x));
+    OK(kt_session_tensor(s, KT_ROLE_PARAM, "route0.w", &wr));
+    OK(kt_session_tensor(s, KT_ROLE_PARAM, "head", &head));
+    /* forward by hand: logits of the router, the layer, silu, residual, head */
+    kt_tensor logits = tu_new(KT_F32, T, E), ids = tu_new(KT_I32, T, K), w = tu_new(KT_F32, T, K);
+    kt_tensor in2[2] = {x, wr};
+    OK(kt_op_forward(KT_OP_MATMUL, NULL, in2, 2, &logits, 1, NULL));
+    kt_op_attrs ra = {.k = K, .norm_topk = 1};
+    kt_tensor rout[2] = {ids, w};
+    OK(kt_op_forward(KT_OP_TOPK_ROUTER, &ra, &logits, 1, rout, 2, NULL));
+    kt_tensor y = tu_new(KT_F32, T, H), a = tu_new(KT_F32, T, H), h = tu_new(KT_F32, T, H);
+    OK(kt_moe_forward(direct, &x, &ids, &w, &y));
+    OK(kt_op_forward(KT_OP_SILU, NULL, &y, 1, &a, 1, NULL));
+    kt_tensor in_add[2] = {x, a};
+    OK(kt_op_forward(KT_OP_ADD, NULL, in_add, 2, &h, 1, NULL));
+    kt_tensor out = tu_new(KT_F32, T, V);
+    kt_tensor in_h[2] = {h, head};
+    OK(kt_op_forward(KT_OP_MATMUL, NULL, in_h, 2, &out, 1, NULL));
+    kt_tensor got;
+    OK(kt_session_tensor(s, KT_ROLE_OUTPUT, "logits", &got));
+    assert_true(tu_bitwise_equal(&got, &out));
+
+    /* the router weights' gradient flows through the layer's grad_weights */
+    kt_tensor gwr;
+    OK(kt_session_tensor(s, KT_ROLE_GRAD, "route0.w", &gwr));
+    double norm = 0;
+    for (int64_t i = 0; i < kt_tensor_numel(&gwr); i++)
+        norm += fabs(tu_get(&gwr, i));
+    assert_true(norm > 0 && isfinite(norm));
+
+    kt_tensor *all[] = {&logits, &ids, &w, &y, &a, &h, &out};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        tu_free(all[i]);
+    out_free(&r);
+    kt_session_destroy(s);
+    kt_program_destroy(p);
+    kt_graph_destroy(g);
+    kt_moe_destroy(layer);
+    kt_moe_destroy(direct);
+}
+
+/* Checkpointing a 4-layer MoE stack: with the MoE output kept (the default save-list), no
+ * expert FLOPs are recomputed; recomputing it through the forward cache also runs no expert
+ * twice; recomputing it without the cache re-runs the experts. Gradients are bitwise equal
+ * in every case. */
+static void test_checkpoint_with_moe(void **state)
+{
+    (void)state;
+    kt_moe *layers[MAX_LAYERS];
+    for (int l = 0; l < MAX_LAYERS; l++)
+        layers[l] = make_layer(100 + (uint64_t)l);
+    kt_graph *g = build(MAX_LAYERS, 1);
+    kt_compile_options none = {.training = 1, .override_checkpoint = 1};
+    kt_compile_options keep = {.training = 1, .override_checkpoint = 1,
+                               .checkpoint = {.kind = KT_CHECKPOINT_SEGMENTS}};
+    kt_compile_options recompute = keep;
+    recompute.recompute_must_save = 1;
+    kt_program *p0, *p1, *p2;
+    OK(kt_compile(g, &none, &p0));
+    OK(kt_compile(g, &keep, &p1));
+    OK(kt_compile(g, &recompute, &p2));
+    run_out r0, r1, r2, r3;
+    OK(run(p0, layers, MAX_LAYERS, &r0, NULL));
+    OK(run(p1, layers, MAX_LAYERS, &r1, NULL));
+    expect_same(&r1, &r0, "MoE output kept");
+    assert_true(r1.moe_flops == r0.moe_flops); /* no expert recomputed */
+
+    OK(run(p2, layers, MAX_LAYERS, &r2, NULL));
+    expect_same(&r2, &r0, "MoE recomputed");
+    assert_true(r2.moe_flops > r0.moe_flops); /* the experts ran again */
+
+    for (int l = 0; l < MAX_LAYERS; l++)
+        OK(kt_moe_cache_enable(layers[l], 1));
+    OK(run(p2, layers, MAX_LAYERS, &r3, NULL));
+    expect_same(&r3, &r0, "MoE recomputed through the cache");
+    assert_true(r3.moe_flops == r0.moe_flops); /* the cache answered the recompute */
+    for (int l = 0; l < MAX_LAYERS; l++)
+        assert_int_equal(kt_moe_cache_get_state(layers[l]), KT_MOE_CACHE_EMPTY);
+    print_message("MoE FLOPs per step: %llu without checkpointing, %llu kept, %llu recomputed, "
+                  "%llu recomputed through the cache\n",
+                  (unsigned long long)r0.moe_flops, (unsigned long long)r1.moe_flops,
+                  (unsigned long long)r2.moe_flops, (unsigned long long)r3.moe_flops);
+    out_free(&r0), out_free(&r1), out_free(&r2), out_free(&r3);
+    kt_program_destroy(p0), kt_program_destroy(p1), kt_program_destroy(p2);
+    kt_graph_destroy(g);
+    for (int l = 0; l < MAX_LAYERS; l++)
+        kt_moe_destroy(layers[l]);
+}
+
+/* A failure during a recompute poisons the caches; the next forward reports it naming the
+ * layer; the step after is clean and equals a fresh run. */
+static void test_failure_injection(void **state)
+{
+    (void)state;
+    kt_moe *layers[MAX_LAYERS];
+    for (int l = 0; l < MAX_LAYERS; l++) {
+        layers[l] = make_layer(200 + (uint64_t)l);
+        OK(kt_moe_cache_enable(layers[l], 1));
+    }
+    kt_graph *g = build(MAX_LAYERS, 1);
+    kt_compile_options o = {.training = 1, .override_checkpoint = 1,
+                            .checkpoint = {.kind = KT_CHECKPOINT_SEGMENTS},
+                            .recompute_must_save = 1};
+    kt_program *p;
+    OK(kt_compile(g, &o, &p));
+    int32_t recompute_step = -1;
+    for (int32_t i = 0; i < p->n_steps && recompute_step < 0; i++)
+        if (p->steps[i].flags & KT__STEP_RECOMPUTE)
+            recompute_step = i;
+    assert_true(recompute_step > 0);
+
+    run_out clean;
+    OK(run(p, layers, MAX_LAYERS, &clean, NULL));
+
+    kt_session *s;
+    kt_session_options so = {.threads = 2, .seed = 3, .moe_layers = layers,
+                             .n_moe_layers = MAX_LAYERS};
+    OK(kt_session_create(p, &so, &s));
+    kt_tensor x, y;
+    OK(kt_session_tensor(s, KT_ROLE_INPUT, "x", &x));
+    OK(kt_session_tensor(s, KT_ROLE_INPUT, "y", &y));
+    tu_rng rng;
+    tu_rng_seed(&rng, 9);
+    tu_fill_uniform(&x, &rng, -1, 1);
+    tu_fill_uniform(&y, &rng, 0, V);
+    OK(kt_session_forward(s));
+    kt__session_inject_failure(s, recompute_step);
+    TU_EXPECT_ERROR(kt_session_backward(s), KT_EINTERNAL, "injected failure", "recompute");
+    int poisoned = 0;
+    for (int l = 0; l < MAX_LAYERS; l++)
+        poisoned += kt_moe_cache_get_state(layers[l]) == KT_MOE_CACHE_POISONED;
+    assert_int_equal(poisoned, MAX_LAYERS);
+
+    /* the next step reports the poisoning, naming the layer and the original failure */
+    TU_EXPECT_ERROR(kt_session_forward(s), KT_ESTATE, "moe 'layer'", "poisoned",
+                    "injected failure");
+    /* and the one after works, with the numbers of a clean run */
+    OK(kt_session_forward(s));
+    OK(kt_session_backward(s));
+    assert_true(memcmp(&clean.loss, &(float){kt_session_loss(s)}, sizeof(float)) == 0);
+    for (int i = 0; i < clean.n; i++) {
+        const char *name;
+        OK(kt_program_tensor_info(p, KT_ROLE_GRAD, i, &name, NULL));
+        kt_tensor gr;
+        OK(kt_session_tensor(s, KT_ROLE_GRAD, name, &gr));
+        assert_true(tu_bitwise_equal(&gr, &clean.grads[i]));
+    }
+    out_free(&clean);
+    kt_session_destroy(s);
+    kt_program_destroy(p);
+    kt_graph_destroy(g);
+    for (int l = 0; l < MAX_LAYERS; l++)
+        kt_moe_destroy(layers[l]);
+}
+
+/* Sessions check their bindings: a missing layer, a layer of the wrong width, one layer for
+ * two nodes. */
+static void test_bindings(void **state)
+{
+    (void)state;
+    kt_graph *g = build(2, 0);
+    kt_program *p;
+    OK(kt_compile(g, NULL, &p));
+    kt_moe *one = make_layer(5);
+    kt_session *s = NULL;
+    kt_session_options so = {.moe_layers = &one, .n_moe_layers = 1};
+    TU_EXPECT_ERROR(kt_session_create(p, &so, &s), KT_EINVAL, "moe1", "MoE layer 1",
+                    "1 layer is given");
+    kt_moe_config c = *kt_moe_get_config(one);
+    c.hidden = H / 2;
+    kt_moe *narrow;
+    OK(kt_moe_create(&c, NULL, &narrow));
+    kt_moe *pair[2] = {one, narrow};
+    so.moe_layers = pair;
+    so.n_moe_layers = 2;
+    TU_EXPECT_ERROR(kt_session_create(p, &so, &s), KT_EINVAL, "moe1", "does not fit",
+                    "H=16");
+    kt_program_destroy(p);
+    kt_graph_destroy(g);
+    /* a direct call has no layer to run */
+    kt_tensor x = tu_new(KT_F32, T, H), ids = tu_new(KT_I32, T, K), w = tu_new(KT_F32, T, K);
+    kt_tensor y = tu_new(KT_F32, T, H);
+    kt_tensor in[3] = {x, ids, w};
+    TU_EXPECT_ERROR(kt_op_forward(KT_OP_MOE, NULL, in, 3, &y, 1, NULL), KT_EINVAL,
+                    "no MoE layer is bound");
+    tu_free(&x), tu_free(&ids), tu_free(&w), tu_free(&y);
+    kt_moe_destroy(one);
+    kt_moe_destroy(narrow);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_moe_op_matches_layer),
+        cmocka_unit_test(test_checkpoint_with_moe),
+        cmocka_unit_test(test_failure_injection),
+        cmocka_unit_test(test_bindings),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
