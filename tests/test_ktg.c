@@ -537,6 +537,21 @@ static void test_dot(void **state)
 
 /* ---- never crash, never hang ------------------------------------------------------------- */
 
+/* `h = x` names a value twice; a failed statement's names do not cascade into more errors. */
+static void test_alias_and_no_cascade(void **state)
+{
+    (void)state;
+    kt_graph *g = parse_ok("input x: f32[4, 8]\nh = x\nrepeat i in 0..3 {\n h = silu(h)\n}\n"
+                           "output h\n");
+    assert_int_equal(kt_graph_node_count(g), 3);
+    kt_graph_destroy(g);
+    /* one misspelt op: its result h is used four more times, yet one error is reported */
+    ERR("h = matmull(x, w)\nh = silu(h)\nz = add(h, h)\nk = h\noutput z\n", KT_EFORMAT,
+        "unknown op 'matmull'", "did you mean 'matmul'?");
+    /* two names from a plain name is an error */
+    ERR("a, b = x\n", KT_EFORMAT, "a plain name gives one value");
+}
+
 static void parse_any(const char *buf, size_t len)
 {
     kt_graph *g = NULL;
@@ -621,7 +636,7 @@ int main(void)
         cmocka_unit_test(test_matches_c_api),  cmocka_unit_test(test_repeat_names),
         cmocka_unit_test(test_defines),        cmocka_unit_test(test_annotations),
         cmocka_unit_test(test_attributes),     cmocka_unit_test(test_dot),
-        cmocka_unit_test(test_hostile_inputs),
+        cmocka_unit_test(test_hostile_inputs), cmocka_unit_test(test_alias_and_no_cascade),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -105,7 +105,8 @@ typedef enum kt__ktg_sym_kind {
     KT__KTG_SYM_CONST,
     KT__KTG_SYM_LOOPVAR,
     KT__KTG_SYM_LEAF,      /* an input or parameter */
-    KT__KTG_SYM_VALUE      /* an op output */
+    KT__KTG_SYM_VALUE,     /* an op output */
+    KT__KTG_SYM_BROKEN     /* named by a statement that failed: its uses report nothing more */
 } kt__ktg_sym_kind;
 
 typedef struct kt__ktg_sym {

@@ -234,6 +234,86 @@ static int check_target(kt__ktg_parser *p, const char *name, kt__ktg_span at)
     return 1;
 }
 
+/* Binds each name to its value, or (failed) to a broken marker that silences later uses. */
+static void bind_names(kt__ktg_parser *p, char (*names)[KT__KTG_NAME_MAX + 1],
+                       const kt__ktg_span *spans, int n_names, const kt_value *outs, int failed)
+{
+    for (int i = 0; i < n_names; i++) {
+        kt__ktg_sym *s = kt__ktg_sym_get(&p->syms, names[i]);
+        if (s == NULL) {
+            kt__ktg_error(p, spans[i], "out of memory for names, expected a smaller model");
+            return;
+        }
+        if (s->kind == KT__KTG_SYM_CONST || s->kind == KT__KTG_SYM_LOOPVAR)
+            continue; /* reported by check_target */
+        if (s->kind != KT__KTG_SYM_LEAF && s->kind != KT__KTG_SYM_VALUE) {
+            s->line = spans[i].line;
+            s->col = spans[i].col;
+        }
+        s->kind = failed ? KT__KTG_SYM_BROKEN : KT__KTG_SYM_VALUE;
+        s->is_input = 0;
+        if (!failed)
+            s->value = outs[i];
+    }
+}
+
+/* `name = other`: a second name for a value (e.g. `h = x` before a loop rebinds h). */
+static int alias(kt__ktg_parser *p, int n_names, kt_value *out)
+{
+    if (n_names != 1)
+        return kt__ktg_error(p, p->tok.at, "a plain name gives one value, expected one name "
+                             "before '='");
+    return kt__ktg_value_ref(p, out, NULL, NULL) && kt__ktg_end_of_statement(p);
+}
+
+/* The right-hand side: an op call (or a plain name); outs receives the values. */
+static int rhs(kt__ktg_parser *p, const char (*names)[KT__KTG_NAME_MAX + 1],
+               const kt__ktg_span *spans, int n_names, kt_value *outs)
+{
+    if (!kt__ktg_expect(p, KT__KTG_EQ, "'=' and an op call"))
+        return 0;
+    if (p->tok.kind == KT__KTG_IDENT) {
+        kt__ktg_kind next = kt__ktg_peek(p).kind;
+        if (next == KT__KTG_NEWLINE || next == KT__KTG_EOF || next == KT__KTG_LBRACE ||
+            next == KT__KTG_TAIL)
+            return alias(p, n_names, outs);
+    }
+    kt__ktg_span op_at = p->tok.at;
+    kt_op op;
+    kt_value in[KT_OP_MAX_IN];
+    int n_in;
+    kt_op_attrs attrs;
+    memset(&attrs, 0, sizeof attrs);
+    if (!lookup_op(p, &op))
+        return 0;
+    /* PyTorch's default: a zeroed struct would ignore class 0, which no model wants
+     * silently */
+    if (op == KT_OP_CROSS_ENTROPY)
+        attrs.ignore_index = -100;
+    if (!arguments(p, op, in, &n_in, &attrs) || !kt__ktg_end_of_statement(p))
+        return 0;
+    int min_in, max_in, n_out;
+    if (kt_op_arity(op, &min_in, &max_in, &n_out) != KT_OK)
+        return kt__ktg_graph_error(p, op_at);
+    if (n_in < min_in || n_in > max_in) {
+        if (min_in == max_in)
+            return kt__ktg_error(p, op_at, "'%s' given %d value%s, expected %d", kt_op_name(op),
+                                 n_in, n_in == 1 ? "" : "s", min_in);
+        return kt__ktg_error(p, op_at, "'%s' given %d value%s, expected %d to %d",
+                             kt_op_name(op), n_in, n_in == 1 ? "" : "s", min_in, max_in);
+    }
+    if (n_names != n_out) {
+        kt__ktg_span all = spans[0];
+        all.len = spans[n_names - 1].off + spans[n_names - 1].len - spans[0].off;
+        return kt__ktg_error(p, all, "'%s' has %d output%s, expected %d name%s before '='",
+                             kt_op_name(op), n_out, n_out == 1 ? "" : "s", n_out,
+                             n_out == 1 ? "" : "s");
+    }
+    if (kt_graph_op(p->g, names[0], op, &attrs, in, n_in, outs) != KT_OK)
+        return kt__ktg_graph_error(p, op_at);
+    return 1;
+}
+
 void kt__ktg_assign(kt__ktg_parser *p)
 {
     char names[2][KT__KTG_NAME_MAX + 1];
@@ -243,65 +323,13 @@ void kt__ktg_assign(kt__ktg_parser *p)
         return;
     if (p->tok.kind == KT__KTG_COMMA) {
         kt__ktg_advance(p);
-        if (!kt__ktg_name(p, names[1], &spans[1]) || !check_target(p, names[1], spans[1]))
+        if (!kt__ktg_name(p, names[1], &spans[1]) || !check_target(p, names[1], spans[1])) {
+            bind_names(p, names, spans, 1, NULL, 1);
             return;
+        }
         n_names = 2;
     }
-    if (!kt__ktg_expect(p, KT__KTG_EQ, "'=' and an op call"))
-        return;
-    kt__ktg_span op_at = p->tok.at;
-    kt_op op;
-    kt_value in[KT_OP_MAX_IN];
-    int n_in;
-    kt_op_attrs attrs;
-    memset(&attrs, 0, sizeof attrs);
-    if (!lookup_op(p, &op))
-        return;
-    /* PyTorch's default: a zeroed struct would ignore class 0, which no model wants
-     * silently */
-    if (op == KT_OP_CROSS_ENTROPY)
-        attrs.ignore_index = -100;
-    if (!arguments(p, op, in, &n_in, &attrs) || !kt__ktg_end_of_statement(p))
-        return;
-    int min_in, max_in, n_out;
-    if (kt_op_arity(op, &min_in, &max_in, &n_out) != KT_OK) {
-        kt__ktg_graph_error(p, op_at);
-        return;
-    }
-    if (n_in < min_in || n_in > max_in) {
-        if (min_in == max_in)
-            kt__ktg_error(p, op_at, "'%s' given %d value%s, expected %d", kt_op_name(op), n_in,
-                          n_in == 1 ? "" : "s", min_in);
-        else
-            kt__ktg_error(p, op_at, "'%s' given %d value%s, expected %d to %d", kt_op_name(op),
-                          n_in, n_in == 1 ? "" : "s", min_in, max_in);
-        return;
-    }
-    if (n_names != n_out) {
-        kt__ktg_span all = spans[0];
-        all.len = spans[n_names - 1].off + spans[n_names - 1].len - spans[0].off;
-        kt__ktg_error(p, all, "'%s' has %d output%s, expected %d name%s before '='",
-                      kt_op_name(op), n_out, n_out == 1 ? "" : "s", n_out,
-                      n_out == 1 ? "" : "s");
-        return;
-    }
     kt_value outs[KT_OP_MAX_OUT];
-    if (kt_graph_op(p->g, names[0], op, &attrs, in, n_in, outs) != KT_OK) {
-        kt__ktg_graph_error(p, op_at);
-        return;
-    }
-    for (int i = 0; i < n_names; i++) {
-        kt__ktg_sym *s = kt__ktg_sym_get(&p->syms, names[i]);
-        if (s == NULL) {
-            kt__ktg_error(p, spans[i], "out of memory for names, expected a smaller model");
-            return;
-        }
-        if (s->kind != KT__KTG_SYM_LEAF && s->kind != KT__KTG_SYM_VALUE) {
-            s->line = spans[i].line;
-            s->col = spans[i].col;
-        }
-        s->kind = KT__KTG_SYM_VALUE;
-        s->is_input = 0;
-        s->value = outs[i];
-    }
+    int ok = rhs(p, (const char (*)[KT__KTG_NAME_MAX + 1])names, spans, n_names, outs);
+    bind_names(p, names, spans, n_names, outs, !ok);
 }

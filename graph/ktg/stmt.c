@@ -49,6 +49,10 @@ int kt__ktg_value_ref(kt__ktg_parser *p, kt_value *value_out, char *name_out,
         *value_out = s->value;
         return 1;
     }
+    if (s != NULL && s->kind == KT__KTG_SYM_BROKEN) {
+        p->failed = 1; /* the statement that bound it has been reported: no cascade */
+        return 0;
+    }
     if (s != NULL && s->kind != KT__KTG_SYM_NONE)
         return kt__ktg_error(p, at, "'%s' is an integer %s, expected a tensor", name,
                              s->kind == KT__KTG_SYM_CONST ? "constant" : "loop variable");
