@@ -16,17 +16,24 @@
  *  - NN / TN: one lane per output element accumulates the pairs (n, n+1) of the reduced
  *    dimension in order, the odd remainder as a final pair with a zero partner.
  *
- * Kernels (register tiles, everything in zmm registers over the whole reduction):
- *  - NT y = x w^T: a tile of up to 4 rows of x by 4 rows of w, 16 accumulators, loading 4 +
- *    4 vectors per 32 k; x is walked in row chunks that stay in L2, and w in blocks of 4
- *    rows that stay in L1 while all x rows of the chunk pass, so at small M each w row is
- *    read from memory once for all M rows.
- *  - NN y = g w: the B operand pairs rows n, n+1 of w, interleaved on the fly (unpacklo/hi,
- *    which leaves the 32 columns of a block permuted within the two accumulators; undone at
- *    the store), the A operand is the 32-bit pair (g[m,n], g[m,n+1]) broadcast; up to 12
- *    rows of g x 32 columns per tile, so one interleave feeds 24 vdpbf16ps.
- *  - TN dw += scale g^T x: the same tile with x's row pairs as B and the pairs
- *    (g[m,n], g[m+1,n]) as A, packed per tile of 12 rows n into a stack buffer (48 KiB). */
+ * Kernels (register tiles, accumulators in zmm registers over a whole reduction or chunk):
+ *  - NT y = x w^T: a tile of up to 4 rows of x by 6 rows of w, 24 accumulators, 4 + 6 loads
+ *    per 24 vdpbf16ps; x is walked in row chunks that stay in L2, and w in blocks of 6 rows
+ *    that stay in L1 while all x rows of the chunk pass, so at small M each w row is read
+ *    from memory once for all M rows (6 rows streaming at once).
+ *  - NN y = g w: the B operand pairs rows n, n+1 of w (unpacklo/hi_epi16, which leaves the
+ *    32 columns of a block permuted within the two accumulators; undone at the store), the
+ *    A operand is the 32-bit pair (g[m,n], g[m,n+1]) broadcast; up to 12 rows of g x 32
+ *    columns per tile (24 accumulators). For M >= 12 the pairs of a column block are
+ *    interleaved once into a stack buffer (16 KiB) and used by all row tiles of a chunk of g,
+ *    the reduction in chunks with the accumulators carried in a stack buffer; below that the
+ *    rows of w are read in place, walked across a wide column group.
+ *  - TN dw += scale g^T x: the same tile with x's row pairs as B (read in place) and the
+ *    pairs (g[m,n], g[m+1,n]) as A, packed per tile of 12 rows n into a stack buffer.
+ * Rows of w (and x for TN) that are 4 KiB apart all fall in one L1 set; where a kernel walks
+ * one column block down many rows it prefetches the next block into L2 (NN) or along the
+ * row (NN small M, TN). The kernels are fastest with 64-byte aligned operands and leading
+ * dimensions that are multiples of 32 elements (rows then start on cache lines). */
 #include <string.h>
 
 #include "core/cpu_internal.h"
@@ -36,7 +43,8 @@
 #include <immintrin.h>
 #define BF_HAVE_AVX512 1
 #define BF_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
-#define BF_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512bf16")))
+#define BF_INLINE                                                                                  \
+    static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512bf16")))
 
 /* ---- NT ------------------------------------------------------------------------------------ */
 
@@ -48,100 +56,139 @@ BF_INLINE __m512 dp(__m512 acc, __m512i a, __m512i b)
     return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
 }
 
-/* Lane o of the result = the sum of the 16 lanes of in[o], by the same tree for every o:
- * lanes l and l+8 first, then the two halves of each group of 8, then 4 -> 2 -> 1. */
-BF_INLINE __m512 reduce16(const __m512 in[16])
+/* Steps of reduce16, each applied alike to every input: the 256-bit halves of a and b
+ * added (a's sums in the low half), the pairs of 128-bit lanes, then the 32-bit lanes. */
+BF_INLINE __m512 red_l1(__m512 a, __m512 b)
 {
-    /* v[j + 4 b2 + 8 b1] = in[4 j + b1 + 2 b2] puts the sums in natural order */
-    __m512 v[16];
-    for (int idx = 0; idx < 16; idx++) {
-        const int j = idx & 3, b2 = (idx >> 2) & 1, b1 = (idx >> 3) & 1;
-        v[idx] = in[4 * j + b1 + 2 * b2];
-    }
-    __m512 t[8], u[4], w[2];
-    for (int i = 0; i < 8; i++)
-        t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
-                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
-    for (int i = 0; i < 4; i++)
-        u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xDD));
-    for (int i = 0; i < 2; i++)
-        w[i] = _mm512_add_ps(_mm512_unpacklo_ps(u[2 * i], u[2 * i + 1]),
-                             _mm512_unpackhi_ps(u[2 * i], u[2 * i + 1]));
-    return _mm512_add_ps(_mm512_unpacklo_ps(w[0], w[1]), _mm512_unpackhi_ps(w[0], w[1]));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
 }
 
-/* y[0..mr) x [0..nr) (+)= x[0..mr) . w[0..nr)^T over K, mr <= 6, nr <= 4 (compile-time):
- * up to 24 accumulators, 10 loads per 24 vdpbf16ps. */
+BF_INLINE __m512 red_l2(__m512 a, __m512 b)
+{
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+}
+
+BF_INLINE __m512 red_l3(__m512 a, __m512 b)
+{
+    return _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+}
+
+/* Lane o of the result = the sum of the 16 lanes of input o, by the same tree for every o:
+ * lanes l and l+8 first, then the two halves of each group of 8, then 4 -> 2 -> 1. (Passed
+ * as values, not an array, so that nothing is kept in memory.) */
+BF_INLINE __m512 reduce16(__m512 i0, __m512 i1, __m512 i2, __m512 i3, __m512 i4, __m512 i5,
+                          __m512 i6, __m512 i7, __m512 i8, __m512 i9, __m512 i10, __m512 i11,
+                          __m512 i12, __m512 i13, __m512 i14, __m512 i15)
+{
+    const __m512 t0 = red_l1(i0, i4), t1 = red_l1(i8, i12), t2 = red_l1(i2, i6),
+                 t3 = red_l1(i10, i14), t4 = red_l1(i1, i5), t5 = red_l1(i9, i13),
+                 t6 = red_l1(i3, i7), t7 = red_l1(i11, i15);
+    const __m512 u0 = red_l2(t0, t1), u1 = red_l2(t2, t3), u2 = red_l2(t4, t5), u3 = red_l2(t6, t7);
+    return red_l3(red_l3(u0, u1), red_l3(u2, u3));
+}
+
+BF_INLINE __m512i load_k(const uint16_t *p, __mmask32 m, const int full)
+{
+    return full ? _mm512_loadu_si512((const void *)p) : _mm512_maskz_loadu_epi16(m, p);
+}
+
+/* One 32-wide step of k for the tile: w rows first, then each x row against them. */
+#define NT_ROW(i)                                                                                  \
+    if (mr > i) {                                                                                  \
+        const __m512i xv = load_k(x + i * ldx + k, km, full);                                      \
+        if (nr > 0)                                                                                \
+            a##i##0 = dp(a##i##0, xv, w0);                                                         \
+        if (nr > 1)                                                                                \
+            a##i##1 = dp(a##i##1, xv, w1);                                                         \
+        if (nr > 2)                                                                                \
+            a##i##2 = dp(a##i##2, xv, w2);                                                         \
+        if (nr > 3)                                                                                \
+            a##i##3 = dp(a##i##3, xv, w3);                                                         \
+        if (nr > 4)                                                                                \
+            a##i##4 = dp(a##i##4, xv, w4);                                                         \
+        if (nr > 5)                                                                                \
+            a##i##5 = dp(a##i##5, xv, w5);                                                         \
+    }
+#define NT_STEP()                                                                                  \
+    do {                                                                                           \
+        const __m512i z = _mm512_setzero_si512();                                                  \
+        const __m512i w0 = nr > 0 ? load_k(w + k, km, full) : z;                                   \
+        const __m512i w1 = nr > 1 ? load_k(w + ldw + k, km, full) : z;                             \
+        const __m512i w2 = nr > 2 ? load_k(w + 2 * ldw + k, km, full) : z;                         \
+        const __m512i w3 = nr > 3 ? load_k(w + 3 * ldw + k, km, full) : z;                         \
+        const __m512i w4 = nr > 4 ? load_k(w + 4 * ldw + k, km, full) : z;                         \
+        const __m512i w5 = nr > 5 ? load_k(w + 5 * ldw + k, km, full) : z;                         \
+        NT_ROW(0) NT_ROW(1) NT_ROW(2) NT_ROW(3)                                                    \
+    } while (0)
+
+/* y[0..mr) x [0..nr) (+)= x[0..mr) . w[0..nr)^T over K, mr <= 4, nr <= 6 (compile-time):
+ * up to 24 accumulators in named registers; the w rows (NT_COLS of them) stay in L1 while
+ * the x rows pass, so 4 x loads (from L2) and 6 w loads feed 24 vdpbf16ps. Output (i, j) is
+ * reduced in slot 6 i + j (reduce16 treats every slot alike). */
 BF_INLINE void nt_tile(const int mr, const int nr, int64_t K, const uint16_t *x, int64_t ldx,
                        const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
-    __m512 acc[32];
-    for (int i = 0; i < 32; i++)
-        acc[i] = _mm512_setzero_ps();
+    const __m512 zf = _mm512_setzero_ps();
+    __m512 a00 = zf, a01 = zf, a02 = zf, a03 = zf, a04 = zf, a05 = zf;
+    __m512 a10 = zf, a11 = zf, a12 = zf, a13 = zf, a14 = zf, a15 = zf;
+    __m512 a20 = zf, a21 = zf, a22 = zf, a23 = zf, a24 = zf, a25 = zf;
+    __m512 a30 = zf, a31 = zf, a32 = zf, a33 = zf, a34 = zf, a35 = zf;
     int64_t k = 0;
-    for (; k + 32 <= K; k += 32) {
-        __m512i wv[4];
-        for (int j = 0; j < nr; j++)
-            wv[j] = _mm512_loadu_si512((const void *)(w + j * ldw + k));
-        for (int i = 0; i < mr; i++) {
-            const __m512i xv = _mm512_loadu_si512((const void *)(x + i * ldx + k));
-            for (int j = 0; j < nr; j++)
-                acc[4 * i + j] = dp(acc[4 * i + j], xv, wv[j]);
-        }
+    {
+        const int full = 1;
+        const __mmask32 km = 0xffffffffu;
+        for (; k + 32 <= K; k += 32)
+            NT_STEP();
     }
     if (k < K) {
-        const __mmask32 m = (__mmask32)((1u << (K - k)) - 1u);
-        __m512i wv[4];
-        for (int j = 0; j < nr; j++)
-            wv[j] = _mm512_maskz_loadu_epi16(m, w + j * ldw + k);
-        for (int i = 0; i < mr; i++) {
-            const __m512i xv = _mm512_maskz_loadu_epi16(m, x + i * ldx + k);
-            for (int j = 0; j < nr; j++)
-                acc[4 * i + j] = dp(acc[4 * i + j], xv, wv[j]);
-        }
+        const int full = 0;
+        const __mmask32 km = (__mmask32)((1u << (K - k)) - 1u);
+        NT_STEP();
     }
     _Alignas(64) float s[32];
-    _mm512_store_ps(s, reduce16(acc));
-    if (mr > 4)
-        _mm512_store_ps(s + 16, reduce16(acc + 16));
+    _mm512_store_ps(s, reduce16(a00, a01, a02, a03, a04, a05, a10, a11, a12, a13, a14, a15, a20,
+                                a21, a22, a23));
+    if (mr > 2)
+        _mm512_store_ps(s + 16, reduce16(a24, a25, a30, a31, a32, a33, a34, a35, zf, zf, zf, zf, zf,
+                                         zf, zf, zf));
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) {
             float *o = y + i * ldy + j;
-            *o = accumulate ? *o + s[4 * i + j] : s[4 * i + j];
+            *o = accumulate ? *o + s[6 * i + j] : s[6 * i + j];
         }
 }
+#undef NT_STEP
+#undef NT_ROW
 
-typedef void (*nt_fn)(int64_t K, const uint16_t *x, int64_t ldx, const uint16_t *w,
-                      int64_t ldw, float *y, int64_t ldy, int accumulate);
+typedef void (*nt_fn)(int64_t K, const uint16_t *x, int64_t ldx, const uint16_t *w, int64_t ldw,
+                      float *y, int64_t ldy, int accumulate);
 
-#define NT_VARIANT(MR, NR)                                                                    \
-    BF_TARGET static void nt_##MR##x##NR(int64_t K, const uint16_t *x, int64_t ldx,           \
-                                         const uint16_t *w, int64_t ldw, float *y,            \
-                                         int64_t ldy, int accumulate)                         \
-    {                                                                                         \
-        nt_tile(MR, NR, K, x, ldx, w, ldw, y, ldy, accumulate);                               \
+#define NT_VARIANT(MR, NR)                                                                         \
+    BF_TARGET static void nt_##MR##x##NR(int64_t K, const uint16_t *x, int64_t ldx,                \
+                                         const uint16_t *w, int64_t ldw, float *y, int64_t ldy,    \
+                                         int accumulate)                                           \
+    {                                                                                              \
+        nt_tile(MR, NR, K, x, ldx, w, ldw, y, ldy, accumulate);                                    \
     }
-NT_VARIANT(6, 4)
-NT_VARIANT(6, 2)
-NT_VARIANT(6, 1)
+NT_VARIANT(4, 6)
 NT_VARIANT(4, 4)
 NT_VARIANT(4, 2)
 NT_VARIANT(4, 1)
+NT_VARIANT(2, 6)
 NT_VARIANT(2, 4)
 NT_VARIANT(2, 2)
 NT_VARIANT(2, 1)
+NT_VARIANT(1, 6)
 NT_VARIANT(1, 4)
 NT_VARIANT(1, 2)
 NT_VARIANT(1, 1)
 
-/* [row size index][col size index]; rows 6/4/2/1, columns 4/2/1 */
-static const nt_fn nt_table[4][3] = {{nt_6x4, nt_6x2, nt_6x1},
-                                     {nt_4x4, nt_4x2, nt_4x1},
-                                     {nt_2x4, nt_2x2, nt_2x1},
-                                     {nt_1x4, nt_1x2, nt_1x1}};
+/* [row size index][col size index]; rows 4/2/1, columns 6/4/2/1 */
+static const nt_fn nt_table[3][4] = {{nt_4x6, nt_4x4, nt_4x2, nt_4x1},
+                                     {nt_2x6, nt_2x4, nt_2x2, nt_2x1},
+                                     {nt_1x6, nt_1x4, nt_1x2, nt_1x1}};
 
-static int col_index(int64_t left, int *size)
+static int row_index(int64_t left, int *size)
 {
     if (left >= 4) {
         *size = 4;
@@ -151,21 +198,20 @@ static int col_index(int64_t left, int *size)
     return left >= 2 ? 1 : 2;
 }
 
-static int row_index(int64_t left, int *size)
+static int col_index(int64_t left, int *size)
 {
     if (left >= 6) {
         *size = 6;
         return 0;
     }
-    return 1 + col_index(left, size);
+    return 1 + row_index(left, size);
 }
 
-static void nt_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
-                      int64_t ldx, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
-                      int accumulate)
+static void nt_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
+                      const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
     int64_t mc = K > 0 ? NT_X_CHUNK_BYTES / (2 * K) : M;
-    mc = mc < 6 ? 6 : mc - mc % 6;
+    mc = mc < 4 ? 4 : mc & ~(int64_t)3;
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
         const int64_t m1 = M - m0 < mc ? M : m0 + mc;
         for (int64_t n = n0; n < n1;) {
@@ -290,35 +336,35 @@ BF_INLINE void pair_store(const int mr, __m512 acc[PAIR_MR][2], __mmask32 jm, fl
 }
 
 typedef void (*pair_fn)(int64_t np, int tail, const uint16_t *a, int64_t a_row, int64_t a_pair,
-                        const uint16_t *b, int64_t ldb, int packed, __mmask32 jm, float *accbuf, int first,
-                        int last, float *out, int64_t ldo, int mode, float scale);
+                        const uint16_t *b, int64_t ldb, int packed, __mmask32 jm, float *accbuf,
+                        int first, int last, float *out, int64_t ldo, int mode, float scale);
 
 /* One tile over one range of pairs: acc from zero (first) or accbuf, then to out (last) or
  * back to accbuf (mr x 32 floats), so a reduction split in chunks sums exactly as one. */
-#define PAIR_VARIANT(MR)                                                                      \
-    BF_TARGET static void pair_##MR(int64_t np, int tail, const uint16_t *a, int64_t a_row,   \
-                                    int64_t a_pair, const uint16_t *b, int64_t ldb,           \
-                                    int packed, __mmask32 jm, float *accbuf, int first,       \
-                                    int last,                                                 \
-                                    float *out, int64_t ldo, int mode, float scale)           \
-    {                                                                                         \
-        __m512 acc[PAIR_MR][2];                                                               \
-        for (int i = 0; i < MR; i++)                                                          \
-            for (int h = 0; h < 2; h++)                                                       \
-                acc[i][h] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(accbuf + 32 * i + 16 * h); \
-        if (packed)                                                                           \
-            pair_tile(MR, B_PACKED, np, tail, a, a_row, a_pair, b, ldb, jm, acc);             \
-        else if (jm == 0xffffffffu)                                                           \
-            pair_tile(MR, B_ROWS_FULL, np, tail, a, a_row, a_pair, b, ldb, jm, acc);          \
-        else                                                                                  \
-            pair_tile(MR, B_ROWS_MASKED, np, tail, a, a_row, a_pair, b, ldb, jm, acc);        \
-        if (last) {                                                                           \
-            pair_store(MR, acc, jm, out, ldo, mode, scale);                                   \
-        } else {                                                                              \
-            for (int i = 0; i < MR; i++)                                                      \
-                for (int h = 0; h < 2; h++)                                                   \
-                    _mm512_storeu_ps(accbuf + 32 * i + 16 * h, acc[i][h]);                    \
-        }                                                                                     \
+#define PAIR_VARIANT(MR)                                                                           \
+    BF_TARGET static void pair_##MR(int64_t np, int tail, const uint16_t *a, int64_t a_row,        \
+                                    int64_t a_pair, const uint16_t *b, int64_t ldb, int packed,    \
+                                    __mmask32 jm, float *accbuf, int first, int last, float *out,  \
+                                    int64_t ldo, int mode, float scale)                            \
+    {                                                                                              \
+        __m512 acc[PAIR_MR][2];                                                                    \
+        for (int i = 0; i < MR; i++)                                                               \
+            for (int h = 0; h < 2; h++)                                                            \
+                acc[i][h] =                                                                        \
+                    first ? _mm512_setzero_ps() : _mm512_loadu_ps(accbuf + 32 * i + 16 * h);       \
+        if (packed)                                                                                \
+            pair_tile(MR, B_PACKED, np, tail, a, a_row, a_pair, b, ldb, jm, acc);                  \
+        else if (jm == 0xffffffffu)                                                                \
+            pair_tile(MR, B_ROWS_FULL, np, tail, a, a_row, a_pair, b, ldb, jm, acc);               \
+        else                                                                                       \
+            pair_tile(MR, B_ROWS_MASKED, np, tail, a, a_row, a_pair, b, ldb, jm, acc);             \
+        if (last) {                                                                                \
+            pair_store(MR, acc, jm, out, ldo, mode, scale);                                        \
+        } else {                                                                                   \
+            for (int i = 0; i < MR; i++)                                                           \
+                for (int h = 0; h < 2; h++)                                                        \
+                    _mm512_storeu_ps(accbuf + 32 * i + 16 * h, acc[i][h]);                         \
+        }                                                                                          \
     }
 PAIR_VARIANT(12)
 PAIR_VARIANT(8)
@@ -347,14 +393,14 @@ static __mmask32 col_mask(int64_t left)
 /* NN: w's pairs of rows for one block of 32 columns are interleaved once into a stack buffer
  * (contiguous, where w's rows may be 4 KiB apart and collide in L1) and used by all row
  * tiles of a chunk of g; the reduction runs in chunks of NN_PAIRS pairs, the accumulators
- * carried between chunks in accbuf. A chunk of g (rows x N bf16) stays within about 256 KiB
+ * carried between chunks in accbuf. A chunk of g (rows x N bf16) stays within about 768 KiB
  * of L2 while the column blocks pass. */
-#define NN_PAIRS 128 /* x 128 B = 16 KiB */
+#define NN_PAIRS 128    /* x 128 B = 16 KiB */
 #define NN_ROWS_MAX 264 /* x 128 B of accumulators = 33 KiB */
 #define NN_G_CHUNK_BYTES (768 * 1024)
 
-BF_TARGET static void nn_pack_b(const uint16_t *w, int64_t ldw, int64_t N, int64_t p0,
-                                int64_t cnt, __mmask32 jm, uint16_t *bp)
+BF_TARGET static void nn_pack_b(const uint16_t *w, int64_t ldw, int64_t N, int64_t p0, int64_t cnt,
+                                __mmask32 jm, uint16_t *bp)
 {
     for (int64_t q = 0; q < cnt; q++) {
         const int64_t n = 2 * (p0 + q);
@@ -412,9 +458,8 @@ static void nn_small_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const 
     }
 }
 
-static void nn_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
-                      int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
-                      int accumulate)
+static void nn_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g, int64_t ldg,
+                      const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
     if (M < PAIR_MR) {
         nn_small_avx512(M, N, k0, k1, g, ldg, w, ldw, y, ldy, accumulate);
@@ -470,9 +515,8 @@ BF_TARGET static void tn_pack_a(int64_t M, int64_t p0, int64_t cnt, int mr, cons
 /* x rows x columns of a column group: within about 512 KiB of L2, reused by all row tiles. */
 #define TN_X_GROUP_BYTES (512 * 1024)
 
-static void tn_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
-                      int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
-                      float scale)
+static void tn_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g, int64_t ldg,
+                      const uint16_t *x, int64_t ldx, float *dw, int64_t lddw, float scale)
 {
     _Alignas(64) uint32_t apack[PAIR_MR * TN_PAIRS_PER_CHUNK];
     _Alignas(64) float accbuf[PAIR_MR * 32];
@@ -510,9 +554,8 @@ static void tn_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
 static int use_avx512(void) { return kt__cpu_has_avx512() && kt__cpu_has_avx512_bf16(); }
 #endif
 
-void kt__bf16_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
-                      int64_t ldx, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
-                      int accumulate)
+void kt__bf16_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
+                      const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
 #ifdef BF_HAVE_AVX512
     if (use_avx512()) {
@@ -523,9 +566,8 @@ void kt__bf16_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
     kt__bf16_gemm_nt_ref(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
 }
 
-void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
-                      int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
-                      int accumulate)
+void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g, int64_t ldg,
+                      const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
 #ifdef BF_HAVE_AVX512
     if (use_avx512()) {

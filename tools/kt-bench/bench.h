@@ -10,6 +10,7 @@ typedef struct bench_args {
     int repeats;    /* timed repetitions (median reported) */
     int warmup;
     int threads;
+    int threads_given, repeats_given; /* set on the command line (else each bench's default) */
 } bench_args;
 
 double bench_now_s(void);
@@ -19,5 +20,6 @@ double bench_median(double *v, int n);
 /* Subcommands: parse their own options from argv (after the subcommand name). */
 int bench_graph(int argc, char **argv, const bench_args *common);
 int bench_gemm(int argc, char **argv, const bench_args *common);
+int bench_moe(int argc, char **argv, const bench_args *common);
 
 #endif

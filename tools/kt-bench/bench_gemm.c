@@ -40,16 +40,43 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static float peak_loop(co
 {
     /* 16 named accumulators (an array of them may live in memory) */
 #define PK_DECL(i) __m512 c##i = _mm512_set1_ps(seed[i])
-    PK_DECL(0); PK_DECL(1); PK_DECL(2); PK_DECL(3); PK_DECL(4); PK_DECL(5); PK_DECL(6);
-    PK_DECL(7); PK_DECL(8); PK_DECL(9); PK_DECL(10); PK_DECL(11); PK_DECL(12); PK_DECL(13);
-    PK_DECL(14); PK_DECL(15);
+    PK_DECL(0);
+    PK_DECL(1);
+    PK_DECL(2);
+    PK_DECL(3);
+    PK_DECL(4);
+    PK_DECL(5);
+    PK_DECL(6);
+    PK_DECL(7);
+    PK_DECL(8);
+    PK_DECL(9);
+    PK_DECL(10);
+    PK_DECL(11);
+    PK_DECL(12);
+    PK_DECL(13);
+    PK_DECL(14);
+    PK_DECL(15);
 #undef PK_DECL
     const __m512bh a = (__m512bh)_mm512_castps_si512(_mm512_set1_ps(seed[16]));
     const __m512bh b = (__m512bh)_mm512_castps_si512(_mm512_set1_ps(seed[17]));
     for (int it = 0; it < PEAK_ITERS; it++) {
 #define PK(i) c##i = _mm512_dpbf16_ps(c##i, a, b)
-        PK(0); PK(1); PK(2); PK(3); PK(4); PK(5); PK(6); PK(7);
-        PK(8); PK(9); PK(10); PK(11); PK(12); PK(13); PK(14); PK(15);
+        PK(0);
+        PK(1);
+        PK(2);
+        PK(3);
+        PK(4);
+        PK(5);
+        PK(6);
+        PK(7);
+        PK(8);
+        PK(9);
+        PK(10);
+        PK(11);
+        PK(12);
+        PK(13);
+        PK(14);
+        PK(15);
 #undef PK
     }
     const __m512 s = _mm512_add_ps(
@@ -131,13 +158,16 @@ static void run_part(void *ctx, int64_t begin, int64_t end, int thread)
 }
 
 typedef struct buffers {
-    uint16_t *act;   /* the non-weight bf16 operands: x [M,K] / g [M,N] (and x for tn) */
+    uint16_t *act; /* the non-weight bf16 operands: x [M,K] / g [M,N] (and x for tn) */
     uint16_t *act2;
-    uint16_t *wts;   /* copies of the bf16 weight (nt, nn) */
-    float *out;      /* y (nt, nn) */
-    float *dws;      /* copies of dw (tn) */
+    uint16_t *wts; /* copies of the bf16 weight (nt, nn) */
+    float *out;    /* y (nt, nn) */
+    float *dws;    /* copies of dw (tn) */
     int copies;
 } buffers;
+
+/* 64-byte aligned (as a layer's weight buffers are): rows then start on cache lines. */
+static void *alloc64(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
 
 static void fill_bf16(uint16_t *p, size_t n, uint64_t seed)
 {
@@ -157,24 +187,25 @@ static int alloc_buffers(int kind, int64_t M, int64_t N, int64_t K, int hot, buf
     if (bu->copies > 256)
         bu->copies = 256;
     const size_t na = (size_t)(M * (kind == K_NT ? K : N)), na2 = (size_t)(M * K);
-    bu->act = malloc((na ? na : 1) * sizeof(uint16_t));
-    bu->act2 = malloc((na2 ? na2 : 1) * sizeof(uint16_t));
+    bu->act = alloc64((na ? na : 1) * sizeof(uint16_t));
+    bu->act2 = alloc64((na2 ? na2 : 1) * sizeof(uint16_t));
     if (bu->act == NULL || bu->act2 == NULL)
         return -1;
     fill_bf16(bu->act, na, 1);
     fill_bf16(bu->act2, na2, 2);
     if (kind == K_TN) {
         const size_t nd = (size_t)bu->copies * (size_t)(N * K);
-        bu->dws = malloc((nd + 1) * sizeof(float));
+        bu->dws = alloc64((nd + 1) * sizeof(float));
         if (bu->dws == NULL)
             return -1;
         for (size_t i = 0; i < nd; i++) /* touch every page before timing */
             bu->dws[i] = 0.0f;
     } else {
-        bu->wts = malloc(((size_t)bu->copies * (size_t)(N * K) + 1) * sizeof(uint16_t));
-        bu->out = calloc((size_t)(M * (kind == K_NT ? N : K)) + 1, sizeof(float));
+        bu->wts = alloc64(((size_t)bu->copies * (size_t)(N * K) + 1) * sizeof(uint16_t));
+        bu->out = alloc64(((size_t)(M * (kind == K_NT ? N : K)) + 1) * sizeof(float));
         if (bu->wts == NULL || bu->out == NULL)
             return -1;
+        memset(bu->out, 0, ((size_t)(M * (kind == K_NT ? N : K)) + 1) * sizeof(float));
         fill_bf16(bu->wts, (size_t)(N * K), 3);
         for (int c = 1; c < bu->copies; c++)
             memcpy(bu->wts + (size_t)c * (size_t)(N * K), bu->wts, (size_t)(N * K) * 2);
@@ -197,7 +228,7 @@ static gemm_run make_run(int kind, int64_t M, int64_t N, int64_t K, const buffer
     const size_t wsz = (size_t)(N * K);
     switch (kind) {
     case K_NT:
-        r.a = bu->act, r.b = bu->wts + (size_t)copy * wsz, r.c = bu->out, r.unit = 4;
+        r.a = bu->act, r.b = bu->wts + (size_t)copy * wsz, r.c = bu->out, r.unit = 6;
         break;
     case K_NN:
         r.a = bu->act, r.b = bu->wts + (size_t)copy * wsz, r.c = bu->out, r.unit = 32;
@@ -241,8 +272,7 @@ static timing time_kernel(int kind, int64_t M, int64_t N, int64_t K, const buffe
 }
 
 static void report(const bench_args *common, const char *model, const char *shape, int kind,
-                   int64_t M, int64_t N, int64_t K, int threads, timing t, double peak,
-                   int hot)
+                   int64_t M, int64_t N, int64_t K, int threads, timing t, double peak, int hot)
 {
     const double flop = 2.0 * (double)M * (double)N * (double)K;
     const double gf = flop / t.median_s * 1e-9, gf_best = flop / t.best_s * 1e-9;
@@ -253,14 +283,14 @@ static void report(const bench_args *common, const char *model, const char *shap
                "\"m\":%lld,\"n\":%lld,\"k\":%lld,\"threads\":%d,\"weights\":\"%s\","
                "\"median_ms\":%.4f,\"best_ms\":%.4f,\"gflops\":%.2f,\"gflops_best\":%.2f,"
                "\"peak_gflops\":%.2f,\"fraction_of_peak\":%.4f,\"weight_gbs\":%.2f}\n",
-               model, shape, kind_names[kind], (long long)M, (long long)N, (long long)K,
-               threads, hot ? "hot" : "cold", t.median_s * 1e3, t.best_s * 1e3, gf, gf_best,
-               peak, gf / peak, gbs);
+               model, shape, kind_names[kind], (long long)M, (long long)N, (long long)K, threads,
+               hot ? "hot" : "cold", t.median_s * 1e3, t.best_s * 1e3, gf, gf_best, peak, gf / peak,
+               gbs);
     } else {
         printf("%-9s %-3s %-2s m=%-5lld n=%-5lld k=%-5lld thr=%d  %9.3f ms  %7.1f GFLOP/s "
                "(best %7.1f)  fraction_of_peak %.3f  weights %6.1f GB/s\n",
-               model, shape, kind_names[kind], (long long)M, (long long)N, (long long)K,
-               threads, t.median_s * 1e3, gf, gf_best, gf / peak, gbs);
+               model, shape, kind_names[kind], (long long)M, (long long)N, (long long)K, threads,
+               t.median_s * 1e3, gf, gf_best, gf / peak, gbs);
     }
     fflush(stdout);
 }
@@ -365,8 +395,7 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                         break;
                     }
                     timing t1 = time_kernel(kd, M, N, K, &bu, NULL, common);
-                    report(common, mname, sname, kd, M, N, K, 1, t1, peak1 > 0 ? peak1 : 1,
-                           hot);
+                    report(common, mname, sname, kd, M, N, K, 1, t1, peak1 > 0 ? peak1 : 1, hot);
                     if (!single_only && threads > 1) {
                         timing tp = time_kernel(kd, M, N, K, &bu, pool, common);
                         report(common, mname, sname, kd, M, N, K, threads, tp,

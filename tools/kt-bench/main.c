@@ -38,6 +38,8 @@ static void usage(FILE *f)
                "          session against the same kernels called directly\n"
                "  gemm    the bf16 MoE GEMM kernels (nt, nn, tn) against the vdpbf16ps\n"
                "          register peak measured in the same run\n"
+               "  moe     the CPU MoE layer: forward and forward+backward against the\n"
+               "          vdpbf16ps peak / OpenBLAS sgemm, memory bandwidth and PyTorch\n"
                "\n"
                "common options:\n"
                "  --json         one JSON object per configuration\n"
@@ -69,10 +71,13 @@ int main(int argc, char **argv)
                 free(rest);
                 return 2;
             }
-            if (argv[i][2] == 'r')
+            if (argv[i][2] == 'r') {
                 common.repeats = v;
-            else
+                common.repeats_given = 1;
+            } else {
                 common.threads = v;
+                common.threads_given = 1;
+            }
             i++;
         } else {
             rest[n_rest++] = argv[i];
@@ -83,6 +88,8 @@ int main(int argc, char **argv)
         rc = bench_graph(n_rest, rest, &common);
     } else if (strcmp(argv[1], "gemm") == 0) {
         rc = bench_gemm(n_rest, rest, &common);
+    } else if (strcmp(argv[1], "moe") == 0) {
+        rc = bench_moe(n_rest, rest, &common);
     } else {
         fprintf(stderr, "kt-bench: unknown benchmark '%s'\n\n", argv[1]);
         usage(stderr);

@@ -1,0 +1,655 @@
+/* Bootstrap of the UCX communicator: rank, size and master from the options or the
+ * environment, and a TCP rendezvous at the master that exchanges UCX worker addresses.
+ *
+ * No MPI or PMIx: rank 0 listens on the master port, every other rank connects (retrying
+ * until the deadline, since it may start before rank 0), sends its worker address, and gets
+ * the table of all of them. Every socket operation polls against the same deadline, so a
+ * rank that never arrives, a dead master, or a port in use ends in an error naming the
+ * address, never in a hang. The sockets stay open until every rank has created its
+ * endpoints, so a failure on one rank is reported to all. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm_ucx/ucx_internal.h"
+#include "core/error.h"
+
+#define BOOT_MAGIC 0x4b544331u /* "KTC1" */
+#define BOOT_MAX_ADDR (1u << 20) /* a UCX worker address is a few hundred bytes */
+
+struct kt__ucx_boot {
+    kt__ucx_setup s;
+    int64_t deadline;
+    int *fds; /* master: one per rank (fds[0] unused); others: fds[0] = the master */
+    int n_fds;
+};
+
+int64_t kt__ucx_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- environment ---------------------------------------------------------------------- */
+
+static kt_status env_int(const char *name, long lo, long hi, int *out, int *found)
+{
+    const char *v = getenv(name);
+    *found = 0;
+    if (v == NULL || v[0] == '\0')
+        return KT_OK;
+    char *end = NULL;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi)
+        return kt__error(KT_EINVAL, "kt_comm_create_ucx: %s='%s' is not a number in %ld..%ld",
+                         name, v, lo, hi);
+    *out = (int)x;
+    *found = 1;
+    return KT_OK;
+}
+
+kt_status kt__ucx_resolve(const kt_comm_options *o, kt__ucx_setup *out)
+{
+    static const char *const pairs[][2] = {{"KT_RANK", "KT_WORLD_SIZE"},
+                                           {"RANK", "WORLD_SIZE"},
+                                           {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                           {"SLURM_PROCID", "SLURM_NTASKS"}};
+    const long max_ranks = 1l << KT__TAG_SRC_BITS;
+    kt__ucx_setup s = {.rank = -1, .size = 0};
+    int found_r, found_s;
+    if (o != NULL && o->world_size != 0) {
+        s.rank = o->rank;
+        s.size = o->world_size;
+    } else {
+        for (size_t i = 0; i < sizeof pairs / sizeof pairs[0] && s.size == 0; i++) {
+            int r = -1, n = 0;
+            KT__TRY(env_int(pairs[i][0], 0, max_ranks - 1, &r, &found_r));
+            KT__TRY(env_int(pairs[i][1], 1, max_ranks, &n, &found_s));
+            if (found_r && found_s) {
+                s.rank = r;
+                s.size = n;
+            }
+        }
+        if (s.size == 0)
+            return kt__error(KT_EINVAL,
+                             "kt_comm_create_ucx: no rank and world size: set KT_RANK and "
+                             "KT_WORLD_SIZE (or RANK/WORLD_SIZE, OMPI_COMM_WORLD_RANK/SIZE, "
+                             "SLURM_PROCID/SLURM_NTASKS), or pass them in the options");
+    }
+    if (s.size < 1 || s.size > max_ranks || s.rank < 0 || s.rank >= s.size)
+        return kt__error(KT_EINVAL, "kt_comm_create_ucx: rank %d of world size %d is invalid",
+                         s.rank, s.size);
+
+    const char *addr = o != NULL ? o->master_addr : NULL;
+    if (addr == NULL || addr[0] == '\0')
+        addr = getenv("KT_MASTER_ADDR");
+    if (addr == NULL || addr[0] == '\0')
+        addr = getenv("MASTER_ADDR");
+    if (addr == NULL || addr[0] == '\0')
+        addr = "127.0.0.1";
+    if (strlen(addr) >= sizeof s.master_addr)
+        return kt__error(KT_EINVAL, "kt_comm_create_ucx: master address '%.40s...' is too long",
+                         addr);
+    memcpy(s.master_addr, addr, strlen(addr) + 1);
+
+    s.master_port = o != NULL ? o->master_port : 0;
+    if (s.master_port == 0) {
+        KT__TRY(env_int("KT_MASTER_PORT", 1, 65535, &s.master_port, &found_r));
+        if (!found_r)
+            KT__TRY(env_int("MASTER_PORT", 1, 65535, &s.master_port, &found_r));
+        if (!found_r)
+            s.master_port = 29500; /* torchrun's default */
+    }
+    if (s.master_port < 1 || s.master_port > 65535)
+        return kt__error(KT_EINVAL, "kt_comm_create_ucx: master port %d is outside 1..65535",
+                         s.master_port);
+
+    s.transport = o != NULL ? o->transport : KT_COMM_TRANSPORT_DEFAULT;
+    if (s.transport == KT_COMM_TRANSPORT_DEFAULT) {
+        const char *t = getenv("KT_COMM_TRANSPORT");
+        if (t == NULL || t[0] == '\0' || strcmp(t, "default") == 0)
+            s.transport = KT_COMM_TRANSPORT_DEFAULT;
+        else if (strcmp(t, "shm") == 0)
+            s.transport = KT_COMM_TRANSPORT_SHM;
+        else if (strcmp(t, "tcp") == 0)
+            s.transport = KT_COMM_TRANSPORT_TCP;
+        else
+            return kt__error(KT_EINVAL,
+                             "kt_comm_create_ucx: KT_COMM_TRANSPORT='%s' (shm, tcp or default)", t);
+    } else if (s.transport != KT_COMM_TRANSPORT_SHM && s.transport != KT_COMM_TRANSPORT_TCP) {
+        return kt__error(KT_EINVAL, "kt_comm_create_ucx: unknown transport %d", (int)s.transport);
+    }
+
+    s.timeout_ms = o != NULL ? o->timeout_ms : 0;
+    if (s.timeout_ms < 0)
+        return kt__error(KT_EINVAL, "kt_comm_create_ucx: timeout %d ms is negative", s.timeout_ms);
+    if (s.timeout_ms == 0)
+        KT__TRY(kt__comm_env_timeout(&s.timeout_ms));
+    *out = s;
+    return KT_OK;
+}
+
+/* ---- sockets with deadlines ------------------------------------------------------------ */
+
+static int remaining(int64_t deadline)
+{
+    int64_t left = deadline - kt__ucx_now_ms();
+    return left <= 0 ? 0 : left > INT_MAX ? INT_MAX : (int)left;
+}
+
+/* 1 ready, 0 deadline passed, -1 error (errno) */
+static int wait_fd(int fd, short events, int64_t deadline)
+{
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = events};
+        int left = remaining(deadline);
+        int n = poll(&p, 1, left);
+        if (n > 0)
+            return 1;
+        if (n == 0)
+            return 0;
+        if (errno != EINTR)
+            return -1;
+    }
+}
+
+static int set_nonblocking(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+/* KT_OK, or a status with errno-based text in *why (left to the caller to name the peer). */
+static kt_status write_all(int fd, const void *buf, size_t n, int64_t deadline, const char **why)
+{
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k > 0) {
+            p += k;
+            n -= (size_t)k;
+            continue;
+        }
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int w = wait_fd(fd, POLLOUT, deadline);
+            if (w == 0) {
+                *why = "timed out sending";
+                return KT_ETIMEDOUT;
+            }
+            if (w > 0)
+                continue;
+        }
+        *why = strerror(errno);
+        return KT_EPEER;
+    }
+    return KT_OK;
+}
+
+static kt_status read_all(int fd, void *buf, size_t n, int64_t deadline, const char **why)
+{
+    char *p = buf;
+    while (n > 0) {
+        ssize_t k = recv(fd, p, n, 0);
+        if (k > 0) {
+            p += k;
+            n -= (size_t)k;
+            continue;
+        }
+        if (k == 0) {
+            *why = "the connection was closed";
+            return KT_EPEER;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            int w = wait_fd(fd, POLLIN, deadline);
+            if (w == 0) {
+                *why = "timed out waiting for data";
+                return KT_ETIMEDOUT;
+            }
+            if (w > 0)
+                continue;
+        }
+        *why = strerror(errno);
+        return KT_EPEER;
+    }
+    return KT_OK;
+}
+
+static kt_status put_u32s(int fd, const uint32_t *v, int n, int64_t deadline, const char **why)
+{
+    uint32_t be[4];
+    for (int i = 0; i < n; i++)
+        be[i] = htonl(v[i]);
+    return write_all(fd, be, (size_t)n * 4, deadline, why);
+}
+
+static kt_status get_u32s(int fd, uint32_t *v, int n, int64_t deadline, const char **why)
+{
+    uint32_t be[4];
+    kt_status st = read_all(fd, be, (size_t)n * 4, deadline, why);
+    for (int i = 0; st == KT_OK && i < n; i++)
+        v[i] = ntohl(be[i]);
+    return st;
+}
+
+static kt_status resolve_addr(const kt__ucx_setup *s, int passive, struct addrinfo **res_out)
+{
+    char port[16];
+    snprintf(port, sizeof port, "%d", s->master_port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = passive ? AI_PASSIVE : 0};
+    int rc = getaddrinfo(s->master_addr, port, &hints, res_out);
+    if (rc != 0)
+        return kt__error(KT_EINVAL, "rank %d: cannot resolve the master address %s:%d: %s",
+                         s->rank, s->master_addr, s->master_port, gai_strerror(rc));
+    return KT_OK;
+}
+
+/* ---- master side ------------------------------------------------------------------------- */
+
+static kt_status listen_master(const kt__ucx_setup *s, int *fd_out)
+{
+    struct addrinfo *res = NULL;
+    KT__TRY(resolve_addr(s, 1, &res));
+    int fd = -1, err = 0;
+    for (struct addrinfo *a = res; a != NULL && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) {
+            err = errno;
+            continue;
+        }
+        int one = 1;
+        /* A previous run's connections in TIME_WAIT must not block the port. */
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0 ||
+            set_nonblocking(fd) != 0) {
+            err = errno;
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(res);
+    if (fd < 0)
+        return kt__error(KT_EIO, "rank 0: cannot listen on the master address %s:%d: %s",
+                         s->master_addr, s->master_port, strerror(err));
+    *fd_out = fd;
+    return KT_OK;
+}
+
+/* Tells every connected rank why the rendezvous failed (best effort, short deadline). */
+static void master_report(kt__ucx_boot *b, kt_status status, const char *text)
+{
+    int64_t deadline = kt__ucx_now_ms() + 500;
+    size_t len = strlen(text);
+    for (int r = 1; r < b->n_fds; r++) {
+        const char *why;
+        if (b->fds[r] < 0)
+            continue;
+        uint32_t hdr[2] = {(uint32_t)(int32_t)status, (uint32_t)len};
+        if (put_u32s(b->fds[r], hdr, 2, deadline, &why) == KT_OK)
+            write_all(b->fds[r], text, len, deadline, &why);
+    }
+}
+
+static kt_status master_gather(kt__ucx_boot *b, int lfd, const void *addr, size_t addr_len,
+                               void **block, size_t *lens)
+{
+    const kt__ucx_setup *s = &b->s;
+    int joined = 1;
+    void **addrs = calloc((size_t)s->size, sizeof *addrs);
+    kt_status st = KT_OK;
+    const char *why = NULL;
+    if (addrs == NULL)
+        return kt__error(KT_ENOMEM, "rank 0: rendezvous: out of memory");
+    lens[0] = addr_len;
+    while (joined < s->size && st == KT_OK) {
+        int w = wait_fd(lfd, POLLIN, b->deadline);
+        if (w <= 0) {
+            char missing[256] = "";
+            size_t m = 0;
+            for (int r = 1; r < s->size && m + 12 < sizeof missing; r++)
+                if (b->fds[r] < 0)
+                    m += (size_t)snprintf(missing + m, sizeof missing - m, "%s%d", m ? ", " : "", r);
+            st = kt__error(KT_ETIMEDOUT,
+                           "rank 0: rank(s) %s did not join the rendezvous at %s:%d within %d ms",
+                           missing, s->master_addr, s->master_port, s->timeout_ms);
+            break;
+        }
+        int cfd = accept(lfd, NULL, NULL);
+        if (cfd < 0)
+            continue; /* the connecting process gave up, or EINTR: keep waiting */
+        uint32_t hdr[4];
+        int bad = set_nonblocking(cfd) != 0;
+        kt_status rs = bad ? KT_EIO : get_u32s(cfd, hdr, 4, b->deadline, &why);
+        if (rs != KT_OK || hdr[0] != BOOT_MAGIC || hdr[2] != (uint32_t)s->size ||
+            hdr[1] == 0 || hdr[1] >= (uint32_t)s->size || b->fds[hdr[1]] >= 0 ||
+            hdr[3] == 0 || hdr[3] > BOOT_MAX_ADDR) {
+            /* A stray connection (a port scanner, an old run) must not end the rendezvous,
+             * but a rank that disagrees about the world is an error. */
+            if (rs == KT_OK && hdr[0] == BOOT_MAGIC &&
+                (hdr[2] != (uint32_t)s->size || (hdr[1] < (uint32_t)s->size && hdr[1] > 0 &&
+                                                 b->fds[hdr[1]] >= 0))) {
+                st = kt__error(KT_EINVAL,
+                               "rank 0: a process claiming rank %u of world size %u joined the "
+                               "rendezvous at %s:%d (this world has size %d%s)",
+                               hdr[1], hdr[2], s->master_addr, s->master_port, s->size,
+                               hdr[2] == (uint32_t)s->size ? "; that rank already joined" : "");
+            }
+            close(cfd);
+            continue;
+        }
+        int r = (int)hdr[1];
+        addrs[r] = malloc(hdr[3]);
+        if (addrs[r] == NULL) {
+            close(cfd);
+            st = kt__error(KT_ENOMEM, "rank 0: rendezvous: out of memory");
+            break;
+        }
+        rs = read_all(cfd, addrs[r], hdr[3], b->deadline, &why);
+        if (rs != KT_OK) {
+            close(cfd);
+            free(addrs[r]);
+            addrs[r] = NULL;
+            st = kt__error(rs, "rank 0: reading rank %d's address at %s:%d: %s", r,
+                           s->master_addr, s->master_port, why);
+            break;
+        }
+        lens[r] = hdr[3];
+        b->fds[r] = cfd;
+        joined++;
+    }
+    size_t total = 0;
+    for (int r = 0; r < s->size && st == KT_OK; r++)
+        total += lens[r];
+    char *blk = st == KT_OK ? malloc(total) : NULL;
+    if (st == KT_OK && blk == NULL)
+        st = kt__error(KT_ENOMEM, "rank 0: rendezvous: out of memory");
+    if (st == KT_OK) {
+        size_t off = 0;
+        for (int r = 0; r < s->size; r++) {
+            memcpy(blk + off, r == 0 ? addr : addrs[r], lens[r]);
+            off += lens[r];
+        }
+        /* The table: status 0, size, the lengths, then the addresses in rank order. */
+        for (int r = 1; r < s->size && st == KT_OK; r++) {
+            uint32_t hdr[2] = {0, (uint32_t)s->size};
+            kt_status ws = put_u32s(b->fds[r], hdr, 2, b->deadline, &why);
+            for (int q = 0; q < s->size && ws == KT_OK; q++) {
+                uint32_t l = (uint32_t)lens[q];
+                ws = put_u32s(b->fds[r], &l, 1, b->deadline, &why);
+            }
+            if (ws == KT_OK)
+                ws = write_all(b->fds[r], blk, total, b->deadline, &why);
+            if (ws != KT_OK)
+                st = kt__error(ws, "rank 0: sending the address table to rank %d: %s", r, why);
+        }
+    }
+    if (st != KT_OK) {
+        master_report(b, st, kt_last_error());
+        free(blk);
+    } else {
+        *block = blk;
+    }
+    for (int r = 0; r < s->size; r++)
+        free(addrs[r]);
+    free(addrs);
+    return st;
+}
+
+/* ---- other ranks ------------------------------------------------------------------------- */
+
+static kt_status connect_master(kt__ucx_boot *b, int *fd_out)
+{
+    const kt__ucx_setup *s = &b->s;
+    int last_err = ECONNREFUSED;
+    for (;;) {
+        struct addrinfo *res = NULL;
+        KT__TRY(resolve_addr(s, 0, &res));
+        for (struct addrinfo *a = res; a != NULL; a = a->ai_next) {
+            int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+            if (fd < 0) {
+                last_err = errno;
+                continue;
+            }
+            if (set_nonblocking(fd) == 0) {
+                int rc = connect(fd, a->ai_addr, a->ai_addrlen);
+                if (rc != 0 && errno == EINPROGRESS && wait_fd(fd, POLLOUT, b->deadline) > 0) {
+                    int err = 0;
+                    socklen_t len = sizeof err;
+                    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+                    rc = err == 0 ? 0 : -1;
+                    errno = err;
+                } else if (rc != 0 && errno == EINPROGRESS) {
+                    errno = ETIMEDOUT;
+                }
+                if (rc == 0) {
+                    freeaddrinfo(res);
+                    *fd_out = fd;
+                    return KT_OK;
+                }
+            }
+            last_err = errno;
+            close(fd);
+        }
+        freeaddrinfo(res);
+        if (remaining(b->deadline) == 0)
+            break;
+        /* The master may not be listening yet: try again shortly. */
+        struct timespec ts = {0, 50 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return kt__error(KT_ETIMEDOUT,
+                     "rank %d: could not connect to the master at %s:%d within %d ms: %s", s->rank,
+                     s->master_addr, s->master_port, s->timeout_ms, strerror(last_err));
+}
+
+static kt_status client_exchange(kt__ucx_boot *b, const void *addr, size_t addr_len,
+                                 void **block, size_t *lens)
+{
+    const kt__ucx_setup *s = &b->s;
+    const char *why = NULL;
+    int fd = b->fds[0];
+    uint32_t hdr[4] = {BOOT_MAGIC, (uint32_t)s->rank, (uint32_t)s->size, (uint32_t)addr_len};
+    kt_status st = put_u32s(fd, hdr, 4, b->deadline, &why);
+    if (st == KT_OK)
+        st = write_all(fd, addr, addr_len, b->deadline, &why);
+    uint32_t reply[2] = {0, 0};
+    if (st == KT_OK)
+        st = get_u32s(fd, reply, 2, b->deadline, &why);
+    if (st != KT_OK)
+        return kt__error(st, "rank %d: rendezvous with the master at %s:%d: %s", s->rank,
+                         s->master_addr, s->master_port, why);
+    if ((int32_t)reply[0] != 0) {
+        char text[KT__COMM_MSG_MAX];
+        size_t n = reply[1] < sizeof text - 1 ? reply[1] : sizeof text - 1;
+        if (read_all(fd, text, n, b->deadline, &why) != KT_OK)
+            n = 0;
+        text[n] = '\0';
+        kt_status rs = (int32_t)reply[0] < 0 && (int32_t)reply[0] >= KT_EINTERNAL
+                           ? (kt_status)(int32_t)reply[0]
+                           : KT_EPEER;
+        return kt__error(rs, "rank %d: the rendezvous at %s:%d failed at the master: %s", s->rank,
+                         s->master_addr, s->master_port, n ? text : "(no reason given)");
+    }
+    if (reply[1] != (uint32_t)s->size)
+        return kt__error(KT_EFORMAT, "rank %d: the master at %s:%d sent a table of %u ranks, "
+                         "expected %d", s->rank, s->master_addr, s->master_port, reply[1], s->size);
+    size_t total = 0;
+    for (int r = 0; r < s->size && st == KT_OK; r++) {
+        uint32_t l;
+        st = get_u32s(fd, &l, 1, b->deadline, &why);
+        if (st == KT_OK && (l == 0 || l > BOOT_MAX_ADDR))
+            return kt__error(KT_EFORMAT, "rank %d: the master at %s:%d sent an address of %u "
+                             "bytes for rank %d", s->rank, s->master_addr, s->master_port, l, r);
+        lens[r] = l;
+        total += l;
+    }
+    char *blk = st == KT_OK ? malloc(total) : NULL;
+    if (st == KT_OK && blk == NULL)
+        return kt__error(KT_ENOMEM, "rank %d: rendezvous: out of memory", s->rank);
+    if (st == KT_OK)
+        st = read_all(fd, blk, total, b->deadline, &why);
+    if (st != KT_OK) {
+        free(blk);
+        return kt__error(st, "rank %d: receiving the address table from the master at %s:%d: %s",
+                         s->rank, s->master_addr, s->master_port, why);
+    }
+    *block = blk;
+    return KT_OK;
+}
+
+/* ---- entry points -------------------------------------------------------------------------- */
+
+void kt__ucx_boot_close(kt__ucx_boot *b)
+{
+    if (b == NULL)
+        return;
+    for (int i = 0; i < b->n_fds; i++)
+        if (b->fds[i] >= 0)
+            close(b->fds[i]);
+    free(b->fds);
+    free(b);
+}
+
+kt_status kt__ucx_rendezvous(const kt__ucx_setup *s, const void *addr, size_t addr_len,
+                             kt__ucx_boot **boot_out, void **block_out, const void ***addrs_out,
+                             size_t **lens_out)
+{
+    kt_status st = KT_OK;
+    void *block = NULL;
+    const void **addrs = calloc((size_t)s->size, sizeof *addrs);
+    size_t *lens = calloc((size_t)s->size, sizeof *lens);
+    kt__ucx_boot *b = calloc(1, sizeof *b);
+    int lfd = -1;
+    if (addrs == NULL || lens == NULL || b == NULL) {
+        st = kt__error(KT_ENOMEM, "rank %d: rendezvous: out of memory", s->rank);
+        goto done;
+    }
+    b->s = *s;
+    b->deadline = kt__ucx_now_ms() + s->timeout_ms;
+    b->n_fds = s->rank == 0 ? s->size : 1;
+    b->fds = malloc((size_t)b->n_fds * sizeof *b->fds);
+    if (b->fds == NULL) {
+        b->n_fds = 0;
+        st = kt__error(KT_ENOMEM, "rank %d: rendezvous: out of memory", s->rank);
+        goto done;
+    }
+    for (int i = 0; i < b->n_fds; i++)
+        b->fds[i] = -1;
+    if (s->rank == 0) {
+        st = listen_master(s, &lfd);
+        if (st == KT_OK)
+            st = master_gather(b, lfd, addr, addr_len, &block, lens);
+    } else {
+        st = connect_master(b, &b->fds[0]);
+        if (st == KT_OK)
+            st = client_exchange(b, addr, addr_len, &block, lens);
+    }
+    if (st == KT_OK) {
+        size_t off = 0;
+        for (int r = 0; r < s->size; r++) {
+            addrs[r] = (const char *)block + off;
+            off += lens[r];
+        }
+    }
+done:
+    if (lfd >= 0)
+        close(lfd); /* everyone joined (or failed): late connections are refused */
+    if (st != KT_OK) {
+        kt__ucx_boot_close(b);
+        free(addrs);
+        free(lens);
+        return st;
+    }
+    *boot_out = b;
+    *block_out = block;
+    *addrs_out = addrs;
+    *lens_out = lens;
+    return KT_OK;
+}
+
+kt_status kt__ucx_rendezvous_finish(kt__ucx_boot *b, kt_status local, const char *message)
+{
+    const kt__ucx_setup *s = &b->s;
+    const char *why = NULL;
+    b->deadline = kt__ucx_now_ms() + s->timeout_ms;
+    if (s->rank != 0) {
+        size_t len = local == KT_OK ? 0 : strnlen(message, KT__COMM_MSG_MAX - 1);
+        uint32_t hdr[2] = {(uint32_t)(int32_t)local, (uint32_t)len};
+        kt_status st = put_u32s(b->fds[0], hdr, 2, b->deadline, &why);
+        if (st == KT_OK)
+            st = write_all(b->fds[0], message, len, b->deadline, &why);
+        uint32_t reply[2];
+        if (st == KT_OK)
+            st = get_u32s(b->fds[0], reply, 2, b->deadline, &why);
+        if (st != KT_OK)
+            return local != KT_OK ? local
+                                  : kt__error(st, "rank %d: final handshake with the master at "
+                                              "%s:%d: %s", s->rank, s->master_addr,
+                                              s->master_port, why);
+        if ((int32_t)reply[0] == 0)
+            return local;
+        char text[KT__COMM_MSG_MAX];
+        size_t n = reply[1] < sizeof text - 1 ? reply[1] : sizeof text - 1;
+        if (read_all(b->fds[0], text, n, b->deadline, &why) != KT_OK)
+            n = 0;
+        text[n] = '\0';
+        if (local != KT_OK)
+            return local; /* keep this rank's own reason */
+        kt_status rs = (int32_t)reply[0] < 0 && (int32_t)reply[0] >= KT_EINTERNAL
+                           ? (kt_status)(int32_t)reply[0]
+                           : KT_EPEER;
+        return kt__error(rs, "rank %d: another rank failed to connect: %s", s->rank, text);
+    }
+    /* Master: collect every rank's result, answer with the first failure. */
+    kt_status first = local;
+    char text[KT__COMM_MSG_MAX];
+    snprintf(text, sizeof text, "rank 0: %s", local == KT_OK ? "" : message);
+    for (int r = 1; r < s->size; r++) {
+        uint32_t hdr[2];
+        kt_status st = get_u32s(b->fds[r], hdr, 2, b->deadline, &why);
+        char m[KT__COMM_MSG_MAX];
+        size_t n = 0;
+        if (st == KT_OK) {
+            n = hdr[1] < sizeof m - 1 ? hdr[1] : sizeof m - 1;
+            st = read_all(b->fds[r], m, n, b->deadline, &why);
+        }
+        m[st == KT_OK ? n : 0] = '\0';
+        if (first != KT_OK)
+            continue;
+        if (st != KT_OK) {
+            first = st;
+            snprintf(text, sizeof text, "rank %d did not finish connecting: %s", r, why);
+        } else if ((int32_t)hdr[0] != 0) {
+            first = (int32_t)hdr[0] < 0 && (int32_t)hdr[0] >= KT_EINTERNAL
+                        ? (kt_status)(int32_t)hdr[0]
+                        : KT_EPEER;
+            snprintf(text, sizeof text, "%s", m);
+        }
+    }
+    for (int r = 1; r < s->size; r++) {
+        size_t len = first == KT_OK ? 0 : strlen(text);
+        uint32_t hdr[2] = {(uint32_t)(int32_t)first, (uint32_t)len};
+        if (put_u32s(b->fds[r], hdr, 2, b->deadline, &why) == KT_OK)
+            write_all(b->fds[r], text, len, b->deadline, &why);
+    }
+    if (local != KT_OK || first == KT_OK)
+        return local;
+    return kt__error(first, "rank 0: another rank failed to connect: %s", text);
+}

@@ -1,0 +1,465 @@
+/* kt-bench moe: the CPU MoE layer against this machine's limits and PyTorch's usual loop.
+ *
+ * In one run: libkt's forward and forward+backward on random weights and a softmax-top-k
+ * routing (as the research baselines), the vdpbf16ps register peak, the memory read
+ * bandwidth, OpenBLAS sgemm on the same per-expert shapes (f32), and PyTorch's
+ * index_select / F.linear / index_add_ loop on the same inputs through moe_torch_peer.py
+ * (in bf16 and in f32) when /usr/bin/python3 has torch and safetensors. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <kt/kt.h>
+
+#include "bench.h"
+#include "limits.h"
+#include "ops/gemm.h"
+
+#ifndef KT_BENCH_PEER_SCRIPT
+#define KT_BENCH_PEER_SCRIPT "tools/kt-bench/moe_torch_peer.py"
+#endif
+
+typedef struct shape {
+    const char *name;
+    int64_t hidden, inter, experts, top_k;
+} shape;
+
+static const shape shapes[] = {{"small", 512, 256, 16, 2},
+                               {"dsv2lite", 2048, 1408, 64, 6},
+                               {"qwen3moe", 2048, 768, 128, 8}};
+
+typedef struct moe_args {
+    const shape *shape;
+    int64_t qlen;
+    kt_moe_mode mode;
+    kt_dtype dtype;
+    int peer;
+    const char *peer_script;
+} moe_args;
+
+typedef struct moe_inputs {
+    kt_tensor x, ids, w, gy, gx, gw, y;
+    int64_t active;   /* experts that receive at least one token */
+    int64_t *counts;  /* tokens per expert */
+} moe_inputs;
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+
+static double uniform(void)
+{
+    rng ^= rng >> 12;
+    rng ^= rng << 25;
+    rng ^= rng >> 27;
+    return (double)((rng * 0x2545F4914F6CDD1Dull) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static double normal(void)
+{
+    return sqrt(-2.0 * log(uniform() + 1e-300)) * cos(6.283185307179586 * uniform());
+}
+
+static kt_tensor alloc(kt_dtype dtype, int64_t a, int64_t b)
+{
+    kt_tensor t;
+    int64_t shape2[2] = {a, b};
+    kt_tensor_init(&t, NULL, dtype, 2, shape2);
+    t.data = calloc(1, kt_tensor_nbytes(&t) + 64);
+    return t;
+}
+
+static void set_f(kt_tensor *t, int64_t i, float v)
+{
+    if (t->dtype == KT_F32)
+        ((float *)t->data)[i] = v;
+    else
+        ((uint16_t *)t->data)[i] = kt_f32_to_bf16_1(v);
+}
+
+/* Routing as the baselines do it: softmax over random logits, the top k. */
+static void make_inputs(const moe_args *a, moe_inputs *in)
+{
+    const shape *s = a->shape;
+    int64_t T = a->qlen, E = s->experts, K = s->top_k, H = s->hidden;
+    in->x = alloc(KT_F32, T, H);
+    in->gy = alloc(KT_F32, T, H);
+    in->gx = alloc(KT_F32, T, H);
+    in->y = alloc(KT_F32, T, H);
+    in->ids = alloc(KT_I32, T, K);
+    in->w = alloc(KT_F32, T, K);
+    in->gw = alloc(KT_F32, T, K);
+    in->counts = calloc((size_t)E, sizeof *in->counts);
+    for (int64_t i = 0; i < T * H; i++) {
+        ((float *)in->x.data)[i] = (float)normal();
+        ((float *)in->gy.data)[i] = (float)normal() * 0.01f;
+    }
+    double *logits = malloc(sizeof *logits * (size_t)E);
+    for (int64_t t = 0; t < T; t++) {
+        double mx = -1e300, sum = 0;
+        for (int64_t e = 0; e < E; e++) {
+            logits[e] = normal();
+            mx = logits[e] > mx ? logits[e] : mx;
+        }
+        for (int64_t e = 0; e < E; e++)
+            sum += exp(logits[e] - mx);
+        for (int64_t k = 0; k < K; k++) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; e++)
+                if (logits[e] > -1e299 && (best < 0 || logits[e] > logits[best]))
+                    best = e;
+            ((int32_t *)in->ids.data)[t * K + k] = (int32_t)best;
+            ((float *)in->w.data)[t * K + k] = (float)(exp(logits[best] - mx) / sum);
+            in->counts[best]++;
+            logits[best] = -1e300;
+        }
+    }
+    free(logits);
+    in->active = 0;
+    for (int64_t e = 0; e < E; e++)
+        in->active += in->counts[e] > 0;
+}
+
+static void free_inputs(moe_inputs *in)
+{
+    kt_tensor *all[] = {&in->x, &in->ids, &in->w, &in->gy, &in->gx, &in->gw, &in->y};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        free(all[i]->data);
+    free(in->counts);
+}
+
+static int fill_weights(kt_moe *m, const moe_args *a)
+{
+    const shape *s = a->shape;
+    float scale_in = 1.0f / sqrtf((float)s->hidden), scale_mid = 1.0f / sqrtf((float)s->inter);
+    for (int64_t e = 0; e < s->experts; e++)
+        for (int p = 0; p < 3; p++) {
+            kt_tensor w;
+            if (kt_moe_weight(m, e, (kt_moe_proj)p, &w) != KT_OK)
+                return 1;
+            float sc = p == KT_MOE_DOWN ? scale_mid : scale_in;
+            for (int64_t i = 0; i < kt_tensor_numel(&w); i++)
+                set_f(&w, i, (float)(normal() * sc));
+        }
+    return 0;
+}
+
+/* FLOPs as the baselines count them: 3 GEMMs of 2*H*I per (token, expert) forward, 3 more for
+ * the input gradients, 3 more for the weight gradients (full). */
+static double flops(const moe_args *a, int backward)
+{
+    double pairs = (double)a->qlen * (double)a->shape->top_k;
+    double per = 2.0 * (double)a->shape->hidden * (double)a->shape->inter * 3.0;
+    if (!backward)
+        return pairs * per;
+    return pairs * per * (a->mode == KT_MOE_FULL ? 3.0 : 2.0);
+}
+
+/* OpenBLAS (kt__sgemm) on the same per-expert shapes, in the same order: the f32 limit. */
+static double sgemm_rate_gflops(const moe_args *a, const moe_inputs *in, kt_threadpool *pool)
+{
+    const shape *s = a->shape;
+    int64_t H = s->hidden, I = s->inter, maxm = 0;
+    for (int64_t e = 0; e < s->experts; e++)
+        maxm = in->counts[e] > maxm ? in->counts[e] : maxm;
+    float *x = calloc((size_t)(maxm * H + 16), sizeof *x), *y = calloc((size_t)(maxm * H + 16), 4);
+    float *w = calloc((size_t)(H * I + 16), sizeof *w), *h = calloc((size_t)(maxm * I + 16), 4);
+    double best = 1e300;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = bench_now_s();
+        for (int64_t e = 0; e < s->experts; e++) {
+            int64_t m = in->counts[e];
+            if (m == 0)
+                continue;
+            kt__sgemm(pool, 0, 1, m, I, H, 1.0f, x, H, w, H, 0.0f, h, I);
+            kt__sgemm(pool, 0, 1, m, I, H, 1.0f, x, H, w, H, 0.0f, h, I);
+            kt__sgemm(pool, 0, 1, m, H, I, 1.0f, h, I, w, I, 0.0f, y, H);
+        }
+        double dt = bench_now_s() - t0;
+        best = dt < best ? dt : best;
+    }
+    free(x), free(y), free(w), free(h);
+    return flops(a, 0) / best * 1e-9;
+}
+
+/* Writes the inputs as safetensors for the PyTorch peer. */
+static int write_peer_inputs(kt_moe *m, const moe_args *a, const moe_inputs *in,
+                             const char *path)
+{
+    const shape *s = a->shape;
+    int64_t E = s->experts, H = s->hidden, I = s->inter;
+    kt_dtype wd = a->dtype;
+    kt_tensor gate, up, down;
+    int64_t gshape[3] = {E, I, H}, dshape[3] = {E, H, I};
+    kt_tensor_init(&gate, NULL, wd, 3, gshape);
+    kt_tensor_init(&up, NULL, wd, 3, gshape);
+    kt_tensor_init(&down, NULL, wd, 3, dshape);
+    size_t per = (size_t)(H * I) * kt_dtype_size(wd);
+    gate.data = malloc(per * (size_t)E);
+    up.data = malloc(per * (size_t)E);
+    down.data = malloc(per * (size_t)E);
+    int rc = gate.data && up.data && down.data ? 0 : 1;
+    for (int64_t e = 0; e < E && rc == 0; e++) {
+        kt_tensor v;
+        kt_tensor *dst[3] = {&gate, &up, &down};
+        for (int p = 0; p < 3 && rc == 0; p++) {
+            if (kt_moe_weight(m, e, (kt_moe_proj)p, &v) != KT_OK)
+                rc = 1;
+            else
+                memcpy((char *)dst[p]->data + (size_t)e * per, v.data, per);
+        }
+    }
+    kt_st_item items[] = {{"gate", gate}, {"up", up}, {"down", down}, {"x", in->x},
+                          {"ids", in->ids}, {"w", in->w}, {"grad_y", in->gy}};
+    if (rc == 0 && kt_st_save(path, items, sizeof items / sizeof items[0], NULL) != KT_OK)
+        rc = 1;
+    free(gate.data), free(up.data), free(down.data);
+    return rc;
+}
+
+/* Runs the peer; returns 1 with its fwd/fwdbwd medians, 0 when it could not run. */
+static int run_peer(const moe_args *a, const char *inputs, const char *dtype, int threads,
+                    double *fwd_ms, double *fwdbwd_ms, char *note, size_t note_size)
+{
+    static const char *modes[] = {"frozen", "lora", "full"};
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 %s %s --mode %s --dtype %s --threads %d --repeats 5 "
+             "--warmup 2 2>&1",
+             a->peer_script, inputs, modes[a->mode], dtype, threads);
+    FILE *f = popen(cmd, "r");
+    if (f == NULL) {
+        snprintf(note, note_size, "could not start python3");
+        return 0;
+    }
+    char line[4096] = "", last[4096] = "";
+    while (fgets(line, sizeof line, f) != NULL)
+        snprintf(last, sizeof last, "%s", line);
+    int rc = pclose(f);
+    const char *fw = strstr(last, "\"fwd_ms\":"), *fb = strstr(last, "\"fwdbwd_ms\":");
+    if (rc != 0 || fw == NULL || fb == NULL) {
+        last[strcspn(last, "\n")] = '\0';
+        snprintf(note, note_size, "torch peer did not run: %.200s", last);
+        return 0;
+    }
+    *fwd_ms = atof(fw + 9);
+    *fwdbwd_ms = atof(fb + 12);
+    return 1;
+}
+
+static int parse(int argc, char **argv, moe_args *a)
+{
+    for (int i = 0; i < argc; i++) {
+        const char *s = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
+            printf("usage: kt-bench moe --shape small|dsv2lite|qwen3moe --qlen N\n"
+                   "                    --mode frozen|lora|full --dtype bf16|f32\n"
+                   "                    [--no-peer] [--peer-script PATH] [--threads N] [--json]\n"
+                   "Times the MoE layer forward and forward+backward; prints tokens/s,\n"
+                   "GFLOP/s, the fraction of the vdpbf16ps peak (bf16) or of OpenBLAS sgemm on\n"
+                   "the same per-expert shapes (f32), the fraction of memory bandwidth for\n"
+                   "qlen <= 16, and the ratio against PyTorch's loop in bf16 and f32.\n");
+            exit(0);
+        }
+        if (v == NULL && strcmp(s, "--no-peer") != 0) {
+            fprintf(stderr, "kt-bench moe: %s needs a value (see --help)\n", s);
+            return 2;
+        }
+        if (strcmp(s, "--shape") == 0) {
+            a->shape = NULL;
+            for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+                if (strcmp(v, shapes[k].name) == 0)
+                    a->shape = &shapes[k];
+            if (a->shape == NULL) {
+                fprintf(stderr, "kt-bench moe: unknown shape '%s'\n", v);
+                return 2;
+            }
+            i++;
+        } else if (strcmp(s, "--qlen") == 0) {
+            a->qlen = atoll(v);
+            i++;
+        } else if (strcmp(s, "--mode") == 0) {
+            a->mode = strcmp(v, "lora") == 0 ? KT_MOE_LORA
+                      : strcmp(v, "full") == 0 ? KT_MOE_FULL
+                                               : KT_MOE_FROZEN;
+            if (strcmp(v, "frozen") && strcmp(v, "lora") && strcmp(v, "full")) {
+                fprintf(stderr, "kt-bench moe: unknown mode '%s'\n", v);
+                return 2;
+            }
+            i++;
+        } else if (strcmp(s, "--dtype") == 0) {
+            if (strcmp(v, "bf16") != 0 && strcmp(v, "f32") != 0) {
+                fprintf(stderr, "kt-bench moe: --dtype is bf16 or f32, got '%s'\n", v);
+                return 2;
+            }
+            a->dtype = strcmp(v, "bf16") == 0 ? KT_BF16 : KT_F32;
+            i++;
+        } else if (strcmp(s, "--no-peer") == 0) {
+            a->peer = 0;
+        } else if (strcmp(s, "--peer-script") == 0) {
+            a->peer_script = v;
+            i++;
+        } else {
+            fprintf(stderr, "kt-bench moe: unknown option %s (see --help)\n", s);
+            return 2;
+        }
+    }
+    if (a->qlen < 1) {
+        fprintf(stderr, "kt-bench moe: --qlen must be positive\n");
+        return 2;
+    }
+    return 0;
+}
+
+static double time_median(kt_moe *m, moe_inputs *in, int backward, int warmup, int repeats)
+{
+    double *t = calloc((size_t)(warmup + repeats), sizeof *t);
+    for (int r = 0; r < warmup + repeats; r++) {
+        double t0 = bench_now_s();
+        if (kt_moe_forward(m, &in->x, &in->ids, &in->w, &in->y) != KT_OK ||
+            (backward && kt_moe_backward(m, &in->gy, &in->gx, &in->gw, 1.0f) != KT_OK)) {
+            fprintf(stderr, "kt-bench moe: %s\n", kt_last_error());
+            free(t);
+            return -1;
+        }
+        t[r] = bench_now_s() - t0;
+    }
+    double med = bench_median(t + warmup, repeats);
+    free(t);
+    return med;
+}
+
+int bench_moe(int argc, char **argv, const bench_args *common)
+{
+    moe_args a = {.shape = &shapes[0], .qlen = 128, .mode = KT_MOE_FROZEN, .dtype = KT_BF16,
+                  .peer = 1, .peer_script = KT_BENCH_PEER_SCRIPT};
+    int rc = parse(argc, argv, &a);
+    if (rc != 0)
+        return rc;
+    int threads = common->threads_given ? common->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    kt_threadpool *pool;
+    if (kt_threadpool_create(threads, &pool) != KT_OK) {
+        fprintf(stderr, "kt-bench moe: %s\n", kt_last_error());
+        return 1;
+    }
+    const shape *s = a.shape;
+    kt_moe_config cfg = {.n_experts = s->experts, .hidden = s->hidden, .intermediate = s->inter,
+                         .top_k = s->top_k, .max_tokens = a.qlen, .weight_dtype = a.dtype,
+                         .act_dtype = KT_F32, .mode = a.mode, .lora_rank = 8,
+                         .lora_alpha = 16.0f, .keep_activations = 1, .name = "bench",
+                         .numa_node = -1};
+    kt_moe *m;
+    if (kt_moe_create(&cfg, pool, &m) != KT_OK || fill_weights(m, &a) != 0) {
+        fprintf(stderr, "kt-bench moe: %s\n", kt_last_error());
+        kt_threadpool_destroy(pool);
+        return 1;
+    }
+    moe_inputs in;
+    make_inputs(&a, &in);
+    if (!common->json)
+        fprintf(stderr, "kt-bench moe: %s qlen=%lld %s %s, %d threads: measuring...\n", s->name,
+                (long long)a.qlen, a.mode == KT_MOE_FULL ? "full" : a.mode == KT_MOE_LORA ? "lora" : "frozen",
+                kt_dtype_name(a.dtype), threads);
+    int reps = common->repeats < 5 ? common->repeats : 5;
+    if (common->repeats_given)
+        reps = common->repeats;
+    double fwd = time_median(m, &in, 0, 2, reps), fwdbwd = time_median(m, &in, 1, 2, reps);
+    if (fwd < 0 || fwdbwd < 0)
+        return 1;
+    kt_moe_memory mem;
+    kt_moe_get_memory(m, &mem);
+
+    /* the limits, measured now */
+    double peak = a.dtype == KT_BF16 ? bench_bf16_peak_gflops(pool) : sgemm_rate_gflops(&a, &in, pool);
+    double bw = a.qlen <= 16 ? bench_read_bandwidth_gbs(pool, 256u << 20) : 0.0;
+    double touched = (double)in.active * 3.0 * (double)(s->hidden * s->inter) *
+                     (double)kt_dtype_size(a.dtype);
+
+    /* the PyTorch peer, on the same inputs, in bf16 and in f32 */
+    double t_fwd[2] = {0, 0}, t_fb[2] = {0, 0};
+    int have[2] = {0, 0};
+    char note[2][320] = {"", ""};
+    if (a.peer) {
+        char path[256];
+        snprintf(path, sizeof path, "/tmp/kt-bench-moe-%d.safetensors", (int)getpid());
+        if (write_peer_inputs(m, &a, &in, path) != 0) {
+            snprintf(note[0], sizeof note[0], "could not write the peer's inputs");
+        } else {
+            const char *dts[2] = {"bf16", "f32"};
+            for (int k = 0; k < 2; k++)
+                have[k] = run_peer(&a, path, dts[k], threads, &t_fwd[k], &t_fb[k], note[k],
+                                   sizeof note[k]);
+        }
+        unlink(path);
+    } else {
+        snprintf(note[0], sizeof note[0], "peer not run (--no-peer)");
+    }
+
+    static const char *mode_names[] = {"frozen", "lora", "full"};
+    for (int pass = 0; pass < 2; pass++) {
+        double t = pass ? fwdbwd : fwd;
+        double gf = flops(&a, pass) / t * 1e-9;
+        double frac_peak = peak > 0 ? gf / peak : 0.0;
+        double frac_bw = (!pass && bw > 0) ? touched / t * 1e-9 / bw : -1.0;
+        double ratio[2];
+        for (int k = 0; k < 2; k++)
+            ratio[k] = have[k] ? (pass ? t_fb[k] : t_fwd[k]) * 1e-3 / t : -1.0;
+        if (common->json) {
+            printf("{\"bench\":\"moe\",\"config\":{\"shape\":\"%s\",\"qlen\":%lld,\"mode\":\"%s\","
+                   "\"dtype\":\"%s\",\"pass\":\"%s\",\"threads\":%d},"
+                   "\"%s_ms\":%.4f,\"tokens_per_s\":%.1f,\"gflops\":%.2f,",
+                   s->name, (long long)a.qlen, mode_names[a.mode], kt_dtype_name(a.dtype),
+                   pass ? "fwdbwd" : "fwd", threads, pass ? "fwdbwd" : "fwd", t * 1e3,
+                   (double)a.qlen / t, gf);
+            printf("\"%s\":%.2f,\"fraction_of_peak\":%.3f,", a.dtype == KT_BF16 ? "peak_gflops"
+                   : "sgemm_gflops", peak, frac_peak);
+            if (frac_bw >= 0)
+                printf("\"bandwidth_gbs\":%.2f,\"fraction_of_bandwidth\":%.3f,", bw, frac_bw);
+            else
+                printf("\"fraction_of_bandwidth\":null,");
+            for (int k = 0; k < 2; k++) {
+                if (have[k])
+                    printf("\"ratio_vs_torch_%s\":%.3f,", k ? "f32" : "bf16", ratio[k]);
+                else
+                    printf("\"ratio_vs_torch_%s\":null,", k ? "f32" : "bf16");
+            }
+            printf("\"weight_bytes_ratio\":%.4f,\"backward_buffer_bytes\":%llu,"
+                   "\"saved_bytes_per_token\":%llu",
+                   (double)mem.weight_bytes / (double)mem.raw_weight_bytes,
+                   (unsigned long long)mem.backward_buffer_bytes,
+                   (unsigned long long)mem.saved_bytes_per_token);
+            if (note[0][0] || note[1][0])
+                printf(",\"note\":\"%s%s%s\"", note[0], note[0][0] && note[1][0] ? "; " : "",
+                       note[1]);
+            printf("}\n");
+        } else {
+            printf("moe %s qlen=%lld %s %s %s: %.3f ms, %.0f tokens/s, %.1f GFLOP/s, %.3f of the "
+                   "%s (%.1f GFLOP/s)", s->name, (long long)a.qlen, mode_names[a.mode],
+                   kt_dtype_name(a.dtype), pass ? "fwd+bwd" : "fwd", t * 1e3, (double)a.qlen / t,
+                   gf, frac_peak, a.dtype == KT_BF16 ? "vdpbf16ps peak" : "OpenBLAS sgemm rate",
+                   peak);
+            if (frac_bw >= 0)
+                printf(", %.3f of %.1f GB/s memory bandwidth", frac_bw, bw);
+            for (int k = 0; k < 2; k++)
+                if (have[k])
+                    printf(", %.2fx torch %s", ratio[k], k ? "f32" : "bf16");
+            printf("\n");
+        }
+    }
+    if (!common->json) {
+        printf("memory: experts %llu bytes held for %llu raw (%.3fx), backward buffer %llu, "
+               "saved %llu bytes per token\n",
+               (unsigned long long)mem.weight_bytes, (unsigned long long)mem.raw_weight_bytes,
+               (double)mem.weight_bytes / (double)mem.raw_weight_bytes,
+               (unsigned long long)mem.backward_buffer_bytes,
+               (unsigned long long)mem.saved_bytes_per_token);
+        for (int k = 0; k < 2; k++)
+            if (note[k][0])
+                printf("note: %s\n", note[k]);
+    }
+    free_inputs(&in);
+    kt_moe_destroy(m);
+    kt_threadpool_destroy(pool);
+    return 0;
+}
