@@ -21,5 +21,6 @@ double bench_median(double *v, int n);
 int bench_graph(int argc, char **argv, const bench_args *common);
 int bench_gemm(int argc, char **argv, const bench_args *common);
 int bench_moe(int argc, char **argv, const bench_args *common);
+int bench_checkpoint(int argc, char **argv, const bench_args *common);
 
 #endif

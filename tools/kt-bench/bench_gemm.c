@@ -7,7 +7,9 @@
  * together exceed 64 MiB (twice this machine's L3), so weights come from memory as in a MoE
  * layer that touches each expert once per step; --hot keeps one copy. The peak is a loop of
  * independent vdpbf16ps on 16 accumulators in registers, on 1 thread and on all pool threads
- * at once. GB/s counts the weight operand's bytes (bf16 w; f32 dw read and written).
+ * at once, measured at the start, right before each timed configuration (the fraction of
+ * peak uses that one, so a shared machine's load affects both alike) and at the end. GB/s
+ * counts the weight operand's bytes (bf16 w; f32 dw read and written).
  *
  * Without --m/--n/--k it runs the MoE table: dsv2lite (H=2048, I=1408) and qwen3moe (H=2048,
  * I=768), m = 1, 8, 64, 256, 1024 tokens per expert, for each kind the gate/up shape
@@ -394,12 +396,15 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                         rc = 1;
                         break;
                     }
+                    /* the peak again right before each run: the machine may be shared,
+                     * and the fraction should compare like with like */
+                    const double pk1 = have_peak ? measure_peak(NULL, 1, 5) : 1.0;
                     timing t1 = time_kernel(kd, M, N, K, &bu, NULL, common);
-                    report(common, mname, sname, kd, M, N, K, 1, t1, peak1 > 0 ? peak1 : 1, hot);
+                    report(common, mname, sname, kd, M, N, K, 1, t1, pk1, hot);
                     if (!single_only && threads > 1) {
+                        const double pkp = have_peak ? measure_peak(pool, threads, 5) : 1.0;
                         timing tp = time_kernel(kd, M, N, K, &bu, pool, common);
-                        report(common, mname, sname, kd, M, N, K, threads, tp,
-                               peakp > 0 ? peakp : 1, hot);
+                        report(common, mname, sname, kd, M, N, K, threads, tp, pkp, hot);
                     }
                     free_buffers(&bu);
                 }

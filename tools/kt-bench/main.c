@@ -40,6 +40,8 @@ static void usage(FILE *f)
                "          register peak measured in the same run\n"
                "  moe     the CPU MoE layer: forward and forward+backward against the\n"
                "          vdpbf16ps peak / OpenBLAS sgemm, memory bandwidth and PyTorch\n"
+               "  checkpoint  activation checkpointing policies on a conv + MoE stack:\n"
+               "          peaks, step times and recomputed FLOPs against none\n"
                "\n"
                "common options:\n"
                "  --json         one JSON object per configuration\n"
@@ -90,6 +92,8 @@ int main(int argc, char **argv)
         rc = bench_gemm(n_rest, rest, &common);
     } else if (strcmp(argv[1], "moe") == 0) {
         rc = bench_moe(n_rest, rest, &common);
+    } else if (strcmp(argv[1], "checkpoint") == 0) {
+        rc = bench_checkpoint(n_rest, rest, &common);
     } else {
         fprintf(stderr, "kt-bench: unknown benchmark '%s'\n\n", argv[1]);
         usage(stderr);

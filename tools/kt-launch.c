@@ -1,0 +1,418 @@
+/* kt-launch: starts N ranks of a program on this machine for the UCX communicator.
+ *
+ *   kt-launch -n N [--transport shm|tcp] [--port P] [--timeout-ms MS] [--grace-ms MS]
+ *             [--keep-going] -- program args...
+ *   kt-launch --print-env [-n RANKS_PER_HOST] [--port P] HOSTS...
+ *
+ * Each rank gets KT_RANK, KT_WORLD_SIZE, KT_MASTER_ADDR=127.0.0.1 and KT_MASTER_PORT (a free
+ * port unless --port), KT_COMM_TRANSPORT with --transport, KT_COMM_TIMEOUT_MS with
+ * --timeout-ms. Its stdout and stderr lines come out prefixed with "[rank r] ". SIGINT and
+ * SIGTERM are forwarded to the ranks. When a rank fails (non-zero exit or a signal) the
+ * others are stopped (SIGTERM, then SIGKILL after the grace period) and kt-launch exits with
+ * that rank's status (128 + signal for a signal); --keep-going lets the others finish (the
+ * fault tests, where one rank is meant to die). */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+typedef struct stream {
+    int fd;      /* -1 once closed */
+    FILE *out;
+    char buf[4096];
+    size_t len;
+} stream;
+
+typedef struct rank_proc {
+    pid_t pid;
+    int running;
+    int status; /* waitpid status */
+    stream streams[2];
+} rank_proc;
+
+static int sig_pipe[2] = {-1, -1};
+
+static void on_signal(int sig)
+{
+    unsigned char c = (unsigned char)sig;
+    int saved = errno;
+    if (write(sig_pipe[1], &c, 1) < 0) {
+        /* the pipe is full: the loop will wake up anyway */
+    }
+    errno = saved;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kt-launch -n N [options] -- program [args...]\n"
+            "       kt-launch --print-env [-n RANKS_PER_HOST] [--port P] [--transport T] HOSTS...\n"
+            "\n"
+            "Starts N ranks of program on this machine for libkt's UCX communicator, with\n"
+            "KT_RANK, KT_WORLD_SIZE, KT_MASTER_ADDR=127.0.0.1 and KT_MASTER_PORT set, and\n"
+            "prefixes their output lines with \"[rank r] \".\n"
+            "\n"
+            "options:\n"
+            "  -n N              number of ranks (with --print-env: ranks per host, default 1)\n"
+            "  --transport T     shm or tcp (sets KT_COMM_TRANSPORT; default: UCX's choice)\n"
+            "  --port P          rendezvous port (default: a free port; 29500 with --print-env)\n"
+            "  --timeout-ms MS   the communicator deadline (sets KT_COMM_TIMEOUT_MS)\n"
+            "  --grace-ms MS     after a failure, SIGTERM then SIGKILL after MS (default 3000)\n"
+            "  --keep-going      let the other ranks run on when one fails\n"
+            "  --print-env       print the environment each host needs for a multi-host run\n"
+            "                    (the first host is the master); starts nothing\n"
+            "  -h, --help        this text\n"
+            "\n"
+            "exit status: 0 when every rank exited 0; else the first failing rank's status\n"
+            "(128 + signal number when it was killed by a signal); 2 for a usage error.\n");
+}
+
+static int parse_int(const char *s, int lo, int hi, int *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+/* A port nobody listens on right now; rank 0 binds it again moments later. */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+static void emit_line(int rank, stream *s, const char *line, size_t n)
+{
+    fprintf(s->out, "[rank %d] %.*s\n", rank, (int)n, line);
+    fflush(s->out);
+}
+
+/* Reads what is there; prints whole lines; 0 at EOF. */
+static int drain(int rank, stream *s)
+{
+    ssize_t k = read(s->fd, s->buf + s->len, sizeof s->buf - s->len);
+    if (k < 0 && (errno == EINTR || errno == EAGAIN))
+        return 1;
+    if (k <= 0) {
+        if (s->len > 0)
+            emit_line(rank, s, s->buf, s->len);
+        s->len = 0;
+        close(s->fd);
+        s->fd = -1;
+        return 0;
+    }
+    s->len += (size_t)k;
+    size_t start = 0;
+    for (size_t i = 0; i < s->len; i++) {
+        if (s->buf[i] == '\n') {
+            emit_line(rank, s, s->buf + start, i - start);
+            start = i + 1;
+        }
+    }
+    if (start == 0 && s->len == sizeof s->buf) { /* a line longer than the buffer */
+        emit_line(rank, s, s->buf, s->len);
+        start = s->len;
+    }
+    memmove(s->buf, s->buf + start, s->len - start);
+    s->len -= start;
+    return 1;
+}
+
+static int print_env(int per_host, int port, const char *transport, int n_hosts, char **hosts)
+{
+    int world = per_host * n_hosts;
+    printf("# %d host(s) x %d rank(s); start each line's command on its host\n", n_hosts,
+           per_host);
+    for (int h = 0; h < n_hosts; h++)
+        for (int i = 0; i < per_host; i++) {
+            printf("%s: KT_RANK=%d KT_WORLD_SIZE=%d KT_MASTER_ADDR=%s KT_MASTER_PORT=%d", hosts[h],
+                   h * per_host + i, world, hosts[0], port);
+            if (transport != NULL)
+                printf(" KT_COMM_TRANSPORT=%s", transport);
+            printf("\n");
+        }
+    return 0;
+}
+
+static void signal_all(rank_proc *ranks, int n, int sig)
+{
+    for (int r = 0; r < n; r++)
+        if (ranks[r].running) {
+            kill(ranks[r].pid, sig);
+            if (sig == SIGTERM)
+                kill(ranks[r].pid, SIGCONT); /* a stopped rank must run to see SIGTERM */
+        }
+}
+
+static int exit_code(int status)
+{
+    if (WIFEXITED(status))
+        return WEXITSTATUS(status);
+    if (WIFSIGNALED(status))
+        return 128 + WTERMSIG(status);
+    return 1;
+}
+
+static pid_t spawn(int rank, int n, int port, const char *transport, const char *timeout,
+                   char **argv, int out_fd[2], int err_fd[2])
+{
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+#ifdef __linux__
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* no orphaned ranks if kt-launch itself is killed */
+#endif
+    setpgid(0, 0); /* signals reach a rank once, through kt-launch */
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGCHLD, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
+    dup2(out_fd[1], STDOUT_FILENO);
+    dup2(err_fd[1], STDERR_FILENO);
+    close(out_fd[0]);
+    close(out_fd[1]);
+    close(err_fd[0]);
+    close(err_fd[1]);
+    char v[32];
+    snprintf(v, sizeof v, "%d", rank);
+    setenv("KT_RANK", v, 1);
+    snprintf(v, sizeof v, "%d", n);
+    setenv("KT_WORLD_SIZE", v, 1);
+    setenv("KT_MASTER_ADDR", "127.0.0.1", 1);
+    snprintf(v, sizeof v, "%d", port);
+    setenv("KT_MASTER_PORT", v, 1);
+    if (transport != NULL)
+        setenv("KT_COMM_TRANSPORT", transport, 1);
+    if (timeout != NULL)
+        setenv("KT_COMM_TIMEOUT_MS", timeout, 1);
+    execvp(argv[0], argv);
+    fprintf(stderr, "kt-launch: cannot run %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+}
+
+int main(int argc, char **argv)
+{
+    int n = 0, port = 0, grace_ms = 3000, keep_going = 0, env_mode = 0, timeout_ms = 0;
+    const char *transport = NULL, *timeout = NULL;
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        int has = i + 1 < argc;
+        if (strcmp(a, "--") == 0) {
+            i++;
+            break;
+        } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(a, "-n") == 0 && has) {
+            if (parse_int(argv[++i], 1, 4096, &n) != 0) {
+                fprintf(stderr, "kt-launch: -n needs a number of ranks in 1..4096\n");
+                return 2;
+            }
+        } else if (strcmp(a, "--port") == 0 && has) {
+            if (parse_int(argv[++i], 1, 65535, &port) != 0) {
+                fprintf(stderr, "kt-launch: --port needs a port in 1..65535\n");
+                return 2;
+            }
+        } else if (strcmp(a, "--timeout-ms") == 0 && has) {
+            timeout = argv[++i];
+            if (parse_int(timeout, 1, 1 << 30, &timeout_ms) != 0) {
+                fprintf(stderr, "kt-launch: --timeout-ms needs a positive number\n");
+                return 2;
+            }
+        } else if (strcmp(a, "--grace-ms") == 0 && has) {
+            if (parse_int(argv[++i], 0, 1 << 30, &grace_ms) != 0) {
+                fprintf(stderr, "kt-launch: --grace-ms needs a number\n");
+                return 2;
+            }
+        } else if (strcmp(a, "--transport") == 0 && has) {
+            transport = argv[++i];
+            if (strcmp(transport, "shm") != 0 && strcmp(transport, "tcp") != 0) {
+                fprintf(stderr, "kt-launch: --transport is shm or tcp, not '%s'\n", transport);
+                return 2;
+            }
+        } else if (strcmp(a, "--keep-going") == 0) {
+            keep_going = 1;
+        } else if (strcmp(a, "--print-env") == 0) {
+            env_mode = 1;
+        } else if (a[0] == '-') {
+            fprintf(stderr, "kt-launch: unknown option '%s' (see --help)\n", a);
+            return 2;
+        } else {
+            break;
+        }
+    }
+    if (env_mode) {
+        if (i >= argc) {
+            fprintf(stderr, "kt-launch: --print-env needs at least one host\n");
+            return 2;
+        }
+        return print_env(n > 0 ? n : 1, port > 0 ? port : 29500, transport, argc - i, argv + i);
+    }
+    if (n <= 0 || i >= argc) {
+        usage(stderr);
+        return 2;
+    }
+    char **prog = argv + i;
+    if (port == 0 && (port = free_port()) < 0) {
+        fprintf(stderr, "kt-launch: cannot find a free port on 127.0.0.1: %s\n", strerror(errno));
+        return 1;
+    }
+
+    rank_proc *ranks = calloc((size_t)n, sizeof *ranks);
+    struct pollfd *pfd = calloc((size_t)(2 * n + 1), sizeof *pfd);
+    int *pfd_rank = calloc((size_t)(2 * n + 1), sizeof *pfd_rank);
+    if (ranks == NULL || pfd == NULL || pfd_rank == NULL || pipe(sig_pipe) != 0) {
+        fprintf(stderr, "kt-launch: out of resources\n");
+        return 1;
+    }
+    fcntl(sig_pipe[0], F_SETFL, O_NONBLOCK);
+    fcntl(sig_pipe[1], F_SETFL, O_NONBLOCK);
+    fcntl(sig_pipe[0], F_SETFD, FD_CLOEXEC);
+    fcntl(sig_pipe[1], F_SETFD, FD_CLOEXEC);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGCHLD, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    for (int r = 0; r < n; r++) {
+        int out_fd[2], err_fd[2];
+        if (pipe(out_fd) != 0 || pipe(err_fd) != 0) {
+            fprintf(stderr, "kt-launch: pipe: %s\n", strerror(errno));
+            signal_all(ranks, r, SIGKILL);
+            return 1;
+        }
+        fcntl(out_fd[0], F_SETFD, FD_CLOEXEC);
+        fcntl(err_fd[0], F_SETFD, FD_CLOEXEC);
+        pid_t pid = spawn(r, n, port, transport, timeout, prog, out_fd, err_fd);
+        close(out_fd[1]);
+        close(err_fd[1]);
+        if (pid < 0) {
+            fprintf(stderr, "kt-launch: fork: %s\n", strerror(errno));
+            signal_all(ranks, r, SIGKILL);
+            return 1;
+        }
+        ranks[r] = (rank_proc){.pid = pid, .running = 1};
+        ranks[r].streams[0] = (stream){.fd = out_fd[0], .out = stdout};
+        ranks[r].streams[1] = (stream){.fd = err_fd[0], .out = stderr};
+    }
+
+    int failed_rank = -1, result = 0, running = n, open_streams = 2 * n;
+    int64_t kill_at = -1; /* when the SIGKILL of the stragglers is due */
+    while (running > 0 || open_streams > 0) {
+        int np = 0;
+        pfd[np] = (struct pollfd){.fd = sig_pipe[0], .events = POLLIN};
+        pfd_rank[np++] = -1;
+        for (int r = 0; r < n; r++)
+            for (int k = 0; k < 2; k++)
+                if (ranks[r].streams[k].fd >= 0) {
+                    pfd[np] = (struct pollfd){.fd = ranks[r].streams[k].fd, .events = POLLIN};
+                    pfd_rank[np++] = r * 2 + k;
+                }
+        int wait = -1;
+        if (kill_at >= 0) {
+            int64_t left = kill_at - now_ms();
+            wait = left < 0 ? 0 : (int)left;
+        }
+        int k = poll(pfd, (nfds_t)np, wait);
+        if (k < 0 && errno != EINTR) {
+            fprintf(stderr, "kt-launch: poll: %s\n", strerror(errno));
+            signal_all(ranks, n, SIGKILL);
+            return 1;
+        }
+        for (int j = 1; k > 0 && j < np; j++)
+            if (pfd[j].revents != 0) {
+                int r = pfd_rank[j] / 2;
+                if (!drain(r, &ranks[r].streams[pfd_rank[j] % 2]))
+                    open_streams--;
+            }
+        if (k > 0 && pfd[0].revents != 0) {
+            unsigned char sigs[64];
+            ssize_t got = read(sig_pipe[0], sigs, sizeof sigs);
+            for (ssize_t s = 0; s < got; s++) {
+                if (sigs[s] == SIGINT || sigs[s] == SIGTERM) {
+                    /* Forward; a second one, or the grace period, escalates to SIGKILL. */
+                    signal_all(ranks, n, kill_at >= 0 ? SIGKILL : sigs[s]);
+                    if (kill_at < 0)
+                        kill_at = now_ms() + grace_ms;
+                    if (result == 0)
+                        result = 128 + sigs[s];
+                }
+            }
+        }
+        pid_t pid;
+        int status;
+        while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+            for (int r = 0; r < n; r++) {
+                if (ranks[r].pid != pid || !ranks[r].running)
+                    continue;
+                ranks[r].running = 0;
+                ranks[r].status = status;
+                running--;
+                int code = exit_code(status);
+                if (code != 0 && failed_rank < 0) {
+                    failed_rank = r;
+                    if (WIFSIGNALED(status))
+                        fprintf(stderr, "kt-launch: rank %d was killed by signal %d (%s)\n", r,
+                                WTERMSIG(status), strsignal(WTERMSIG(status)));
+                    else
+                        fprintf(stderr, "kt-launch: rank %d exited with status %d\n", r, code);
+                    if (result == 0 || result >= 128)
+                        result = code;
+                    if (!keep_going && running > 0) {
+                        fprintf(stderr, "kt-launch: stopping the other ranks\n");
+                        signal_all(ranks, n, SIGTERM);
+                        if (kill_at < 0)
+                            kill_at = now_ms() + grace_ms;
+                    }
+                }
+            }
+        }
+        if (kill_at >= 0 && now_ms() >= kill_at && running > 0) {
+            signal_all(ranks, n, SIGKILL);
+            kill_at = now_ms() + 60000; /* SIGKILL needs no second round */
+        }
+    }
+    free(ranks);
+    free(pfd);
+    free(pfd_rank);
+    return result;
+}
