@@ -3,38 +3,21 @@
 #include <stdio.h>
 
 #include "graph/program_internal.h"
+#include "graph/runtime/text.h"
 
-typedef struct text {
-    char *buf;
-    size_t size, len;
-} text;
-
-static void say(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void say(text *t, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    char *dst = t->len < t->size ? t->buf + t->len : NULL;
-    int n = vsnprintf(dst, dst ? t->size - t->len : 0, fmt, ap);
-    va_end(ap);
-    if (n > 0)
-        t->len += (size_t)n;
-}
-
-static void say_buf(text *t, const kt_program *p, int32_t id)
+static void say_buf(kt__text *t, const kt_program *p, int32_t id)
 {
     if (id < 0) {
-        say(t, " -");
+        kt__say(t, " -");
         return;
     }
     char d[96];
-    say(t, " b%d:%s", id, kt_tensor_describe(&p->bufs[id].meta, d, sizeof d));
+    kt__say(t, " b%d:%s", id, kt_tensor_describe(&p->bufs[id].meta, d, sizeof d));
 }
 
 size_t kt_program_describe(const kt_program *p, char *buf, size_t size)
 {
-    text t = {buf, size, 0};
+    kt__text t = {buf, size, 0};
     if (buf != NULL && size > 0)
         buf[0] = '\0';
     kt_program_stats st;
@@ -42,50 +25,50 @@ size_t kt_program_describe(const kt_program *p, char *buf, size_t size)
     static const char *const kinds[KT__STEP_KIND_COUNT] = {"fwd", "bwd", "fill", "accum"};
     static const char *const regions[KT__REGION_COUNT] = {"act", "param", "grad"};
 
-    say(&t, "schedule: %d forward + %d backward steps\n", st.n_forward_steps,
+    kt__say(&t, "schedule: %d forward + %d backward steps\n", st.n_forward_steps,
         st.n_backward_steps);
     for (int32_t at = 0; at < p->n_steps; at++) {
         const kt__pstep *s = &p->steps[at];
-        say(&t, "  %4d %-5s %-14s %-24s", at,
+        kt__say(&t, "  %4d %-5s %-14s %-24s", at,
             (s->flags & KT__STEP_RECOMPUTE) ? "recmp" : kinds[s->kind],
             s->kind <= KT__STEP_BACKWARD ? kt_op_name(s->op) : "",
             kt__strings_get(&p->strings, s->name));
-        say(&t, " in");
+        kt__say(&t, " in");
         for (int32_t i = 0; i < s->n_in; i++)
             say_buf(&t, p, s->in[i]);
-        say(&t, " | out");
+        kt__say(&t, " | out");
         for (int32_t o = 0; o < s->n_out; o++)
             say_buf(&t, p, s->out[o]);
         if (s->kind == KT__STEP_BACKWARD) {
-            say(&t, " | grad out");
+            kt__say(&t, " | grad out");
             for (int32_t o = 0; o < s->n_out; o++)
                 say_buf(&t, p, s->gout[o]);
-            say(&t, " | grad in");
+            kt__say(&t, " | grad in");
             for (int32_t i = 0; i < s->n_in; i++)
                 say_buf(&t, p, s->gin[i]);
         }
         if (s->scratch >= 0)
-            say(&t, " | scratch b%d", s->scratch);
-        say(&t, "\n");
+            kt__say(&t, " | scratch b%d", s->scratch);
+        kt__say(&t, "\n");
     }
-    say(&t, "buffers: %d\n", p->n_bufs);
+    kt__say(&t, "buffers: %d\n", p->n_bufs);
     for (int32_t b = 0; b < p->n_bufs; b++) {
         const kt__pbuf *pb = &p->bufs[b];
         char d[96];
-        say(&t, "  b%-5d %-5s offset %10llu  bytes %10llu  %-20s", b, regions[pb->region],
+        kt__say(&t, "  b%-5d %-5s offset %10llu  bytes %10llu  %-20s", b, regions[pb->region],
             (unsigned long long)pb->offset, (unsigned long long)pb->bytes,
             kt_tensor_describe(&pb->meta, d, sizeof d));
         if (pb->region == KT__REGION_ACT)
-            say(&t, "  live [%d, %d]%s", pb->first, pb->last,
+            kt__say(&t, "  live [%d, %d]%s", pb->first, pb->last,
                 pb->storage != b ? " (in place)" : "");
-        say(&t, "\n");
+        kt__say(&t, "\n");
     }
-    say(&t, "activation arena: planned peak %llu bytes, lower bound %llu bytes (%.3fx)\n",
+    kt__say(&t, "activation arena: planned peak %llu bytes, lower bound %llu bytes (%.3fx)\n",
         (unsigned long long)st.arena_bytes, (unsigned long long)st.lower_bound_bytes,
         st.lower_bound_bytes ? (double)st.arena_bytes / (double)st.lower_bound_bytes : 1.0);
-    say(&t, "parameters: %llu bytes, gradients: %llu bytes\n",
+    kt__say(&t, "parameters: %llu bytes, gradients: %llu bytes\n",
         (unsigned long long)st.param_bytes, (unsigned long long)st.grad_bytes);
-    say(&t, "flops: forward %.4g, backward %.4g, recompute %.4g (%d steps)\n",
+    kt__say(&t, "flops: forward %.4g, backward %.4g, recompute %.4g (%d steps)\n",
         st.forward_flops, st.backward_flops, st.recompute_flops, st.n_recompute_steps);
     return t.len;
 }

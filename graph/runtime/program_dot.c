@@ -6,35 +6,18 @@
 #include <stdio.h>
 
 #include "graph/program_internal.h"
-
-typedef struct text {
-    char *buf;
-    size_t size, len;
-} text;
-
-static void say(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void say(text *t, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    char *dst = t->len < t->size ? t->buf + t->len : NULL;
-    int n = vsnprintf(dst, dst ? t->size - t->len : 0, fmt, ap);
-    va_end(ap);
-    if (n > 0)
-        t->len += (size_t)n;
-}
+#include "graph/runtime/text.h"
 
 /* A name inside a double-quoted DOT string: quotes and backslashes escaped, control
  * characters dropped (names come from user files). */
-static void say_escaped(text *t, const char *s)
+static void say_escaped(kt__text *t, const char *s)
 {
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
         if (c == '"' || c == '\\')
-            say(t, "\\%c", c);
+            kt__say(t, "\\%c", c);
         else if (c >= 0x20)
-            say(t, "%c", c);
+            kt__say(t, "%c", c);
     }
 }
 
@@ -76,52 +59,52 @@ static const char *entry_name(const kt_program *p, int32_t buf, const char **rol
     return NULL;
 }
 
-static void edge_in(text *t, int32_t buf, int32_t step)
+static void edge_in(kt__text *t, int32_t buf, int32_t step)
 {
     if (buf >= 0)
-        say(t, "  b%d -> s%d;\n", buf, step);
+        kt__say(t, "  b%d -> s%d;\n", buf, step);
 }
 
-static void edge_out(text *t, int32_t step, int32_t buf)
+static void edge_out(kt__text *t, int32_t step, int32_t buf)
 {
     if (buf >= 0)
-        say(t, "  s%d -> b%d;\n", step, buf);
+        kt__say(t, "  s%d -> b%d;\n", step, buf);
 }
 
 size_t kt_program_dot(const kt_program *p, char *buf, size_t size)
 {
-    text t = {buf, size, 0};
+    kt__text t = {buf, size, 0};
     if (buf != NULL && size > 0)
         buf[0] = '\0';
     if (p == NULL)
         return 0;
     static const char *const kinds[KT__STEP_KIND_COUNT] = {"fwd", "bwd", "fill", "accum"};
     static const char *const shapes[KT__REGION_COUNT] = {"ellipse", "box3d", "note"};
-    say(&t, "digraph program {\n  rankdir=TB;\n  node [fontname=\"Helvetica\", fontsize=10];\n");
+    kt__say(&t, "digraph program {\n  rankdir=TB;\n  node [fontname=\"Helvetica\", fontsize=10];\n");
     for (int32_t b = 0; b < p->n_bufs; b++) {
         const kt__pbuf *pb = &p->bufs[b];
         char d[96];
         const char *role = NULL, *name = entry_name(p, b, &role);
-        say(&t, "  b%d [shape=%s, label=\"b%d %s", b,
+        kt__say(&t, "  b%d [shape=%s, label=\"b%d %s", b,
             (unsigned)pb->region < KT__REGION_COUNT ? shapes[pb->region] : "ellipse", b,
             kt_tensor_describe(&pb->meta, d, sizeof d));
         if (name != NULL) {
-            say(&t, "\\n%s ", role);
+            kt__say(&t, "\\n%s ", role);
             say_escaped(&t, name);
         }
-        say(&t, "\"];\n");
+        kt__say(&t, "\"];\n");
     }
     for (int32_t at = 0; at < p->n_steps; at++) {
         const kt__pstep *s = &p->steps[at];
         int known = (unsigned)s->kind < KT__STEP_KIND_COUNT;
-        say(&t, "  s%d [shape=box, style=filled, fillcolor=%s, label=\"%d %s %s", at,
+        kt__say(&t, "  s%d [shape=box, style=filled, fillcolor=%s, label=\"%d %s %s", at,
             step_colour(p, at), at, known ? kinds[s->kind] : "?",
             s->kind <= KT__STEP_BACKWARD ? kt_op_name(s->op) : "");
         if (s->name >= 0) {
-            say(&t, "\\n");
+            kt__say(&t, "\\n");
             say_escaped(&t, kt__strings_get(&p->strings, s->name));
         }
-        say(&t, "\"];\n");
+        kt__say(&t, "\"];\n");
         for (int32_t i = 0; i < s->n_in; i++)
             edge_in(&t, s->in[i], at);
         if (s->kind == KT__STEP_BACKWARD) {
@@ -136,8 +119,8 @@ size_t kt_program_dot(const kt_program *p, char *buf, size_t size)
                 edge_out(&t, at, s->out[o]);
         }
         if (s->scratch >= 0)
-            say(&t, "  s%d -> b%d [style=dotted];\n", at, s->scratch);
+            kt__say(&t, "  s%d -> b%d [style=dotted];\n", at, s->scratch);
     }
-    say(&t, "}\n");
+    kt__say(&t, "}\n");
     return t.len;
 }

@@ -274,36 +274,20 @@ static int64_t grain_for(int64_t work_per_item)
 
 /* ---- kernels ----------------------------------------------------------------------------- */
 
-static float *take(char **cursor, int64_t n)
-{
-    float *p = (float *)*cursor;
-    *cursor += kt__f32_scratch_bytes(n);
-    return p;
-}
-
-static const float *operand(const kt__op_call *c, const kt_tensor *t, char **cursor)
-{
-    if (t->dtype == KT_F32)
-        return t->data;
-    float *p = take(cursor, kt_tensor_numel(t));
-    kt__stage_f32(c->pool, p, t);
-    return p;
-}
-
 /* Where to compute a result of t's size: t itself for f32, else scratch (NULL t: none). */
 static float *result(kt_tensor *t, char **cursor)
 {
     if (t == NULL)
         return NULL;
-    return t->dtype == KT_F32 ? t->data : take(cursor, kt_tensor_numel(t));
+    return t->dtype == KT_F32 ? t->data : kt__scratch_take(cursor, kt_tensor_numel(t));
 }
 
 static kt_status fwd_conv1d(const kt__op_call *c)
 {
     const conv_geom g = geom_of(c->attrs, c->in);
     char *cursor = c->scratch;
-    const float *x = operand(c, &c->in[0], &cursor);
-    const float *w = operand(c, &c->in[1], &cursor);
+    const float *x = kt__stage_operand(c->pool, &c->in[0], &cursor);
+    const float *w = kt__stage_operand(c->pool, &c->in[1], &cursor);
     kt_tensor *yt = &c->out_w[0];
     float *y = result(yt, &cursor);
     if (g.depthwise) {
@@ -325,9 +309,9 @@ static kt_status bwd_conv1d(const kt__op_call *c)
     if (!dxt && !dwt)
         return KT_OK;
     char *cursor = c->scratch;
-    const float *x = operand(c, &c->in[0], &cursor);
-    const float *w = operand(c, &c->in[1], &cursor);
-    const float *gy = operand(c, &c->gout[0], &cursor);
+    const float *x = kt__stage_operand(c->pool, &c->in[0], &cursor);
+    const float *w = kt__stage_operand(c->pool, &c->in[1], &cursor);
+    const float *gy = kt__stage_operand(c->pool, &c->gout[0], &cursor);
     float *dx = result(dxt, &cursor);
     float *dw = result(dwt, &cursor);
     if (g.depthwise) {

@@ -396,3 +396,19 @@ void kt__unstage_f32(kt_threadpool *pool, kt_tensor *dst, const float *src)
     stage_job s = {.dst = dst, .cf32 = src};
     kt_parallel_for(pool, kt_tensor_numel(dst), 1 << 15, unstage_range, &s);
 }
+
+float *kt__scratch_take(char **cursor, int64_t n)
+{
+    float *p = (float *)*cursor;
+    *cursor += kt__f32_scratch_bytes(n);
+    return p;
+}
+
+const float *kt__stage_operand(kt_threadpool *pool, const kt_tensor *t, char **cursor)
+{
+    if (t->dtype == KT_F32)
+        return t->data;
+    float *p = kt__scratch_take(cursor, kt_tensor_numel(t));
+    kt__stage_f32(pool, p, t);
+    return p;
+}

@@ -41,5 +41,9 @@ size_t kt__f32_scratch_bytes(int64_t n);
 void kt__stage_f32(kt_threadpool *pool, float *dst, const kt_tensor *src);
 /* dst (contiguous, any float dtype) = src rounded to dst's dtype, split over the pool. */
 void kt__unstage_f32(kt_threadpool *pool, kt_tensor *dst, const float *src);
+/* Takes n floats off the front of a scratch cursor. */
+float *kt__scratch_take(char **cursor, int64_t n);
+/* t as f32: its own data when it is f32, else staged into scratch taken from the cursor. */
+const float *kt__stage_operand(kt_threadpool *pool, const kt_tensor *t, char **cursor);
 
 #endif

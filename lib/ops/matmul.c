@@ -79,33 +79,15 @@ static size_t scratch_bwd_matmul(const kt_op_attrs *at, const kt_tensor *in, int
            kt__f32_scratch_bytes(d.M * d.N) + kt__f32_scratch_bytes(grad);
 }
 
-/* Takes n floats off the front of the scratch cursor. */
-static float *take(char **cursor, int64_t n)
-{
-    float *p = (float *)*cursor;
-    *cursor += kt__f32_scratch_bytes(n);
-    return p;
-}
-
-/* The operand as f32: the tensor itself, or staged into scratch. */
-static const float *operand(const kt__op_call *c, const kt_tensor *t, char **cursor)
-{
-    if (t->dtype == KT_F32)
-        return t->data;
-    float *p = take(cursor, kt_tensor_numel(t));
-    kt__stage_f32(c->pool, p, t);
-    return p;
-}
-
 static kt_status fwd_matmul(const kt__op_call *c)
 {
     const int ta = c->attrs->trans_a, tb = c->attrs->trans_b;
     const mm_dims d = dims_of(c->attrs, c->in);
     char *cursor = c->scratch;
-    const float *a = operand(c, &c->in[0], &cursor);
-    const float *b = operand(c, &c->in[1], &cursor);
+    const float *a = kt__stage_operand(c->pool, &c->in[0], &cursor);
+    const float *b = kt__stage_operand(c->pool, &c->in[1], &cursor);
     kt_tensor *y = &c->out_w[0];
-    float *yf = y->dtype == KT_F32 ? y->data : take(&cursor, d.M * d.N);
+    float *yf = y->dtype == KT_F32 ? y->data : kt__scratch_take(&cursor, d.M * d.N);
     KT__TRY(kt__sgemm(c->pool, ta, tb, d.M, d.N, d.K, 1.0f, a, ta ? d.M : d.K, b,
                       tb ? d.K : d.N, 0.0f, yf, d.N));
     if (y->dtype != KT_F32)
@@ -127,9 +109,9 @@ static kt_status bwd_matmul(const kt__op_call *c)
         return KT_OK;
     const int64_t lda = ta ? d.M : d.K, ldb = tb ? d.K : d.N, ldg = d.N;
     char *cursor = c->scratch;
-    const float *a = operand(c, &c->in[0], &cursor);
-    const float *b = operand(c, &c->in[1], &cursor);
-    const float *g = operand(c, &c->gout[0], &cursor);
+    const float *a = kt__stage_operand(c->pool, &c->in[0], &cursor);
+    const float *b = kt__stage_operand(c->pool, &c->in[1], &cursor);
+    const float *g = kt__stage_operand(c->pool, &c->gout[0], &cursor);
     float *grad = (float *)cursor; /* da then db, when they need staging */
     if (ga) {
         float *out = ga->dtype == KT_F32 ? ga->data : grad;

@@ -202,7 +202,7 @@ int bench_checkpoint(int argc, char **argv, const bench_args *common)
         {"every_k", KT_CHECKPOINT_EVERY_K, 2, 0}, {"sqrtn", KT_CHECKPOINT_SQRTN, 0, 1},
         {"sqrtn", KT_CHECKPOINT_SQRTN, 0, 0},
     };
-    measured base;
+    measured base = {0};
     int rc = 0;
     if (!common->json)
         printf("checkpoint: %d conv+MoE layers, %d tokens, hidden %d, %d experts top-%d, "
