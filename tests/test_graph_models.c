@@ -42,22 +42,6 @@
 
 /* ---- building graphs ------------------------------------------------------------------- */
 
-static kt_value op1(kt_graph *g, const char *name, kt_op op, const kt_op_attrs *attrs,
-                    kt_value a)
-{
-    kt_value out;
-    OK(kt_graph_op(g, name, op, attrs, &a, 1, &out));
-    return out;
-}
-
-static kt_value op2(kt_graph *g, const char *name, kt_op op, const kt_op_attrs *attrs,
-                    kt_value a, kt_value b)
-{
-    kt_value in[2] = {a, b}, out;
-    OK(kt_graph_op(g, name, op, attrs, in, 2, &out));
-    return out;
-}
-
 static kt_program *compile(kt_graph *g)
 {
     kt_program *p;
@@ -289,12 +273,12 @@ static kt_graph *build_mlp(int n)
     OK(kt_graph_param(g, "w1", KT_F32, 2, TU_SHAPE(MD, MH), kt_init_normal(0.3f), &w1));
     OK(kt_graph_param(g, "b1", KT_F32, 1, TU_SHAPE(MH), kt_init_normal(0.1f), &b1));
     OK(kt_graph_param(g, "w2", KT_F32, 2, TU_SHAPE(MH, MC), kt_init_normal(0.3f), &w2));
-    h = op2(g, "fc1", KT_OP_MATMUL, NULL, x, w1);
-    h = op2(g, "bias1", KT_OP_ADD, NULL, h, b1);
-    h = op1(g, "act", KT_OP_SILU, NULL, h);
-    logits = op2(g, "fc2", KT_OP_MATMUL, NULL, h, w2);
+    h = tu_op2(g, "fc1", KT_OP_MATMUL, NULL, x, w1);
+    h = tu_op2(g, "bias1", KT_OP_ADD, NULL, h, b1);
+    h = tu_op1(g, "act", KT_OP_SILU, NULL, h);
+    logits = tu_op2(g, "fc2", KT_OP_MATMUL, NULL, h, w2);
     kt_op_attrs ce = {.ignore_index = IGNORE};
-    loss = op2(g, "loss", KT_OP_CROSS_ENTROPY, &ce, logits, y);
+    loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, &ce, logits, y);
     OK(kt_graph_output(g, logits, "logits"));
     OK(kt_graph_set_loss(g, loss));
     return g;
@@ -412,15 +396,15 @@ static kt_graph *build_conv(int t)
     OK(kt_graph_param(g, "w_dw", KT_F32, 2, TU_SHAPE(CC, 5), kt_init_normal(0.3f), &w_dw));
     OK(kt_graph_param(g, "gain", KT_F32, 1, TU_SHAPE(CC), kt_init_uniform(0.8f, 1.2f), &gain));
     OK(kt_graph_param(g, "w_out", KT_F32, 2, TU_SHAPE(CC, CK), kt_init_normal(0.3f), &w_out));
-    h = op2(g, "stem", KT_OP_MATMUL, NULL, x, w_in);
-    c1 = op2(g, "conv_causal", KT_OP_CONV1D, &conv_causal, h, w_c1);
-    a = op1(g, "act", KT_OP_SILU, NULL, c1);
-    c2 = op2(g, "conv_dw", KT_OP_CONV1D, &conv_dw_same, a, w_dw);
-    r = op2(g, "residual", KT_OP_ADD, NULL, c2, h);
-    n = op2(g, "norm", KT_OP_RMSNORM, &norm_attrs, r, gain);
-    logits = op2(g, "head", KT_OP_MATMUL, NULL, n, w_out);
+    h = tu_op2(g, "stem", KT_OP_MATMUL, NULL, x, w_in);
+    c1 = tu_op2(g, "conv_causal", KT_OP_CONV1D, &conv_causal, h, w_c1);
+    a = tu_op1(g, "act", KT_OP_SILU, NULL, c1);
+    c2 = tu_op2(g, "conv_dw", KT_OP_CONV1D, &conv_dw_same, a, w_dw);
+    r = tu_op2(g, "residual", KT_OP_ADD, NULL, c2, h);
+    n = tu_op2(g, "norm", KT_OP_RMSNORM, &norm_attrs, r, gain);
+    logits = tu_op2(g, "head", KT_OP_MATMUL, NULL, n, w_out);
     kt_op_attrs ce = {.ignore_index = IGNORE};
-    loss = op2(g, "loss", KT_OP_CROSS_ENTROPY, &ce, logits, y);
+    loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, &ce, logits, y);
     OK(kt_graph_output(g, logits, "logits"));
     OK(kt_graph_set_loss(g, loss));
     return g;
@@ -538,11 +522,11 @@ static kt_graph *build_lm(int n)
     OK(kt_graph_input(g, "targets", KT_I64, 1, TU_SHAPE(n), &tgt));
     OK(kt_graph_param(g, "embed", KT_F32, 2, TU_SHAPE(LV, LH), kt_init_normal(0.5f), &emb));
     OK(kt_graph_param(g, "unembed", KT_F32, 2, TU_SHAPE(LH, LV), kt_init_normal(0.3f), &w));
-    e = op2(g, "embed", KT_OP_EMBEDDING, NULL, emb, ids);
-    logits = op2(g, "unembed", KT_OP_MATMUL, NULL, e, w);
-    lsm = op1(g, "logprobs", KT_OP_LOG_SOFTMAX, NULL, logits);
+    e = tu_op2(g, "embed", KT_OP_EMBEDDING, NULL, emb, ids);
+    logits = tu_op2(g, "unembed", KT_OP_MATMUL, NULL, e, w);
+    lsm = tu_op1(g, "logprobs", KT_OP_LOG_SOFTMAX, NULL, logits);
     kt_op_attrs ce = {.ignore_index = LM_IGNORE};
-    loss = op2(g, "loss", KT_OP_CROSS_ENTROPY, &ce, logits, tgt);
+    loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, &ce, logits, tgt);
     OK(kt_graph_output(g, lsm, "logprobs"));
     OK(kt_graph_set_loss(g, loss));
     return g;
@@ -662,15 +646,15 @@ static kt_graph *build_tied(void)
     OK(kt_graph_input(g, "y", KT_I32, 1, TU_SHAPE(TN), &y));
     OK(kt_graph_param(g, "E", KT_F32, 2, TU_SHAPE(TV, TD), kt_init_normal(0.6f), &E));
     OK(kt_graph_param(g, "gain", KT_F32, 1, TU_SHAPE(TD), kt_init_uniform(0.5f, 1.5f), &gain));
-    e = op2(g, "embed", KT_OP_EMBEDDING, NULL, E, ids);
-    sv = op1(g, "silu", KT_OP_SILU, NULL, e);
-    m = op2(g, "gate", KT_OP_MUL, NULL, e, sv);
-    r = op2(g, "skip", KT_OP_ADD, NULL, m, e);
-    n = op2(g, "norm", KT_OP_RMSNORM, &norm_attrs, r, gain);
+    e = tu_op2(g, "embed", KT_OP_EMBEDDING, NULL, E, ids);
+    sv = tu_op1(g, "silu", KT_OP_SILU, NULL, e);
+    m = tu_op2(g, "gate", KT_OP_MUL, NULL, e, sv);
+    r = tu_op2(g, "skip", KT_OP_ADD, NULL, m, e);
+    n = tu_op2(g, "norm", KT_OP_RMSNORM, &norm_attrs, r, gain);
     kt_op_attrs tb = {.trans_b = 1};
-    logits = op2(g, "tied_head", KT_OP_MATMUL, &tb, n, E);
+    logits = tu_op2(g, "tied_head", KT_OP_MATMUL, &tb, n, E);
     kt_op_attrs ce = {.ignore_index = IGNORE};
-    loss = op2(g, "loss", KT_OP_CROSS_ENTROPY, &ce, logits, y);
+    loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, &ce, logits, y);
     OK(kt_graph_output(g, logits, "logits"));
     OK(kt_graph_set_loss(g, loss));
     return g;
@@ -1573,13 +1557,13 @@ static kt_graph *build_frozen(void)
     OK(kt_graph_param(g, "w1", KT_F32, 2, TU_SHAPE(FD, FH), kt_init_normal(0.4f), &w1));
     OK(kt_graph_const_param(g, "wf", KT_F32, 2, TU_SHAPE(FH, FC), kt_init_normal(0.5f), &wf));
     OK(kt_graph_const_param(g, "wb", KT_BF16, 2, TU_SHAPE(FD, FC), kt_init_normal(0.5f), &wb));
-    h = op1(g, "act", KT_OP_SILU, NULL, op2(g, "fc1", KT_OP_MATMUL, NULL, x, w1));
-    lg = op2(g, "frozen_head", KT_OP_MATMUL, NULL, h, wf);
-    lb = op2(g, "bf16_head", KT_OP_MATMUL, NULL, xb, wb);
+    h = tu_op1(g, "act", KT_OP_SILU, NULL, tu_op2(g, "fc1", KT_OP_MATMUL, NULL, x, w1));
+    lg = tu_op2(g, "frozen_head", KT_OP_MATMUL, NULL, h, wf);
+    lb = tu_op2(g, "bf16_head", KT_OP_MATMUL, NULL, xb, wb);
     kt_op_attrs ce = {.ignore_index = IGNORE};
-    la = op2(g, "loss_f32", KT_OP_CROSS_ENTROPY, &ce, lg, y);
-    l2 = op2(g, "loss_bf16", KT_OP_CROSS_ENTROPY, &ce, lb, y);
-    loss = op2(g, "loss", KT_OP_ADD, NULL, la, l2);
+    la = tu_op2(g, "loss_f32", KT_OP_CROSS_ENTROPY, &ce, lg, y);
+    l2 = tu_op2(g, "loss_bf16", KT_OP_CROSS_ENTROPY, &ce, lb, y);
+    loss = tu_op2(g, "loss", KT_OP_ADD, NULL, la, l2);
     OK(kt_graph_output(g, lb, "bf16_logits"));
     OK(kt_graph_set_loss(g, loss));
     return g;
@@ -1698,10 +1682,10 @@ static kt_graph *build_traced(void)
     OK(kt_graph_input(g, "y", KT_I32, 1, TU_SHAPE(MN), &y));
     OK(kt_graph_param(g, "w", KT_F32, 2, TU_SHAPE(MD, MC), kt_init_normal(0.3f), &w));
     OK(kt_graph_param(g, "b", KT_F32, 1, TU_SHAPE(MC), kt_init_zeros(), &b));
-    h = op2(g, ODD_NAME, KT_OP_MATMUL, NULL, x, w);
-    h = op2(g, "bias", KT_OP_ADD, NULL, h, b);
+    h = tu_op2(g, ODD_NAME, KT_OP_MATMUL, NULL, x, w);
+    h = tu_op2(g, "bias", KT_OP_ADD, NULL, h, b);
     kt_op_attrs ce = {.ignore_index = IGNORE};
-    loss = op2(g, "loss", KT_OP_CROSS_ENTROPY, &ce, h, y);
+    loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, &ce, h, y);
     OK(kt_graph_set_loss(g, loss));
     return g;
 }

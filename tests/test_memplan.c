@@ -239,22 +239,6 @@ static void test_greedy_edge_cases(void **state)
 
 /* ---- compiled models ------------------------------------------------------------------- */
 
-static kt_value op1(kt_graph *g, const char *name, kt_op op, const kt_op_attrs *attrs,
-                    kt_value a)
-{
-    kt_value out;
-    OK(kt_graph_op(g, name, op, attrs, &a, 1, &out));
-    return out;
-}
-
-static kt_value op2(kt_graph *g, const char *name, kt_op op, const kt_op_attrs *attrs,
-                    kt_value a, kt_value b)
-{
-    kt_value in[2] = {a, b}, out;
-    OK(kt_graph_op(g, name, op, attrs, in, 2, &out));
-    return out;
-}
-
 /* Fills every input: floats uniform in [-1, 1), integers (class targets) in [0, classes). */
 static void fill_inputs(kt_session *s, const kt_program *p, uint64_t seed, int classes)
 {
@@ -338,10 +322,10 @@ static kt_graph *random_dag(tu_rng *r, int n_nodes)
                                   &w[n_w]));
                 n_w++;
             }
-            out = op2(g, nm, KT_OP_MATMUL, NULL, a, w[rnd(r, (uint64_t)n_w)]);
+            out = tu_op2(g, nm, KT_OP_MATMUL, NULL, a, w[rnd(r, (uint64_t)n_w)]);
             break;
         case 1: /* residual */
-            out = op2(g, nm, KT_OP_ADD, NULL, a, c);
+            out = tu_op2(g, nm, KT_OP_ADD, NULL, a, c);
             break;
         case 2: /* broadcast bias */
             if (n_b == 0 || (n_b < 16 && rnd(r, 2))) {
@@ -350,22 +334,22 @@ static kt_graph *random_dag(tu_rng *r, int n_nodes)
                                   &b[n_b]));
                 n_b++;
             }
-            out = op2(g, nm, KT_OP_ADD, NULL, a, b[rnd(r, (uint64_t)n_b)]);
+            out = tu_op2(g, nm, KT_OP_ADD, NULL, a, b[rnd(r, (uint64_t)n_b)]);
             break;
         case 3:
-            out = op2(g, nm, KT_OP_MUL, NULL, a, c);
-            out = op1(g, NULL, KT_OP_SCALE, &(kt_op_attrs){.alpha = 0.5f}, out);
+            out = tu_op2(g, nm, KT_OP_MUL, NULL, a, c);
+            out = tu_op1(g, NULL, KT_OP_SCALE, &(kt_op_attrs){.alpha = 0.5f}, out);
             break;
         case 4:
-            out = op1(g, nm, KT_OP_SILU, NULL, a);
+            out = tu_op1(g, nm, KT_OP_SILU, NULL, a);
             break;
         case 5:
-            out = op1(g, nm, KT_OP_SCALE, &(kt_op_attrs){.alpha = rnd(r, 2) ? 0.75f : -1.25f},
+            out = tu_op1(g, nm, KT_OP_SCALE, &(kt_op_attrs){.alpha = rnd(r, 2) ? 0.75f : -1.25f},
                       a);
             break;
         default: /* the same value used twice by one node */
-            out = op2(g, nm, rnd(r, 2) ? KT_OP_ADD : KT_OP_MUL, NULL, a, a);
-            out = op1(g, NULL, KT_OP_SCALE, &(kt_op_attrs){.alpha = 0.5f}, out);
+            out = tu_op2(g, nm, rnd(r, 2) ? KT_OP_ADD : KT_OP_MUL, NULL, a, a);
+            out = tu_op1(g, NULL, KT_OP_SCALE, &(kt_op_attrs){.alpha = 0.5f}, out);
             break;
         }
         vals[nv++] = out;
@@ -376,9 +360,9 @@ static kt_graph *random_dag(tu_rng *r, int n_nodes)
     }
     kt_value head;
     OK(kt_graph_param(g, "head", KT_F32, 2, TU_SHAPE(RD, RC), kt_init_normal(0.25f), &head));
-    kt_value h = op2(g, "mix", KT_OP_ADD, NULL, vals[nv - 1], vals[rnd(r, (uint64_t)nv)]);
-    kt_value logits = op2(g, "logits", KT_OP_MATMUL, NULL, h, head);
-    kt_value loss = op2(g, "loss", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100},
+    kt_value h = tu_op2(g, "mix", KT_OP_ADD, NULL, vals[nv - 1], vals[rnd(r, (uint64_t)nv)]);
+    kt_value logits = tu_op2(g, "logits", KT_OP_MATMUL, NULL, h, head);
+    kt_value loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100},
                         logits, y);
     OK(kt_graph_output(g, logits, "logits"));
     OK(kt_graph_set_loss(g, loss));
@@ -470,11 +454,11 @@ static kt_graph *build_mlp(void)
     OK(kt_graph_param(g, "w1", KT_F32, 2, TU_SHAPE(16, 32), kt_init_normal(0.3f), &w1));
     OK(kt_graph_param(g, "b1", KT_F32, 1, TU_SHAPE(32), kt_init_normal(0.1f), &b1));
     OK(kt_graph_param(g, "w2", KT_F32, 2, TU_SHAPE(32, 5), kt_init_normal(0.3f), &w2));
-    h = op2(g, "fc1", KT_OP_MATMUL, NULL, x, w1);
-    h = op2(g, "bias1", KT_OP_ADD, NULL, h, b1);
-    h = op1(g, "act", KT_OP_SILU, NULL, h);
-    logits = op2(g, "fc2", KT_OP_MATMUL, NULL, h, w2);
-    loss = op2(g, "loss", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100}, logits, y);
+    h = tu_op2(g, "fc1", KT_OP_MATMUL, NULL, x, w1);
+    h = tu_op2(g, "bias1", KT_OP_ADD, NULL, h, b1);
+    h = tu_op1(g, "act", KT_OP_SILU, NULL, h);
+    logits = tu_op2(g, "fc2", KT_OP_MATMUL, NULL, h, w2);
+    loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100}, logits, y);
     OK(kt_graph_output(g, logits, "logits"));
     OK(kt_graph_set_loss(g, loss));
     return g;
@@ -493,15 +477,15 @@ static kt_graph *build_conv_stack(void)
     OK(kt_graph_param(g, "w2", KT_F32, 3, TU_SHAPE(16, 3, 16), kt_init_normal(0.15f), &w2));
     OK(kt_graph_param(g, "w3", KT_F32, 3, TU_SHAPE(5, 3, 16), kt_init_normal(0.15f), &w3));
     kt_op_attrs causal = {.conv_mode = KT_CONV_CAUSAL};
-    h = op2(g, "conv1", KT_OP_CONV1D, &causal, x, w1);
-    h = op1(g, "act1", KT_OP_SILU, NULL, h);
-    h2 = op2(g, "conv2", KT_OP_CONV1D, &causal, h, w2);
-    h = op2(g, "res", KT_OP_ADD, NULL, h2, h);
-    h = op1(g, "act2", KT_OP_SILU, NULL, h);
-    h = op2(g, "conv3", KT_OP_CONV1D, &causal, h, w3);
+    h = tu_op2(g, "conv1", KT_OP_CONV1D, &causal, x, w1);
+    h = tu_op1(g, "act1", KT_OP_SILU, NULL, h);
+    h2 = tu_op2(g, "conv2", KT_OP_CONV1D, &causal, h, w2);
+    h = tu_op2(g, "res", KT_OP_ADD, NULL, h2, h);
+    h = tu_op1(g, "act2", KT_OP_SILU, NULL, h);
+    h = tu_op2(g, "conv3", KT_OP_CONV1D, &causal, h, w3);
     kt_op_attrs rs = {.ndim = 2, .shape = {-1, 5}};
-    logits = op1(g, "flat", KT_OP_RESHAPE, &rs, h);
-    loss = op2(g, "loss", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100}, logits, y);
+    logits = tu_op1(g, "flat", KT_OP_RESHAPE, &rs, h);
+    loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100}, logits, y);
     OK(kt_graph_set_loss(g, loss));
     return g;
 }

@@ -106,22 +106,6 @@ void *aligned_alloc(size_t align, size_t size)
 
 /* ---- models ------------------------------------------------------------------------------ */
 
-static kt_value op1(kt_graph *g, const char *name, kt_op op, const kt_op_attrs *attrs,
-                    kt_value a)
-{
-    kt_value out;
-    OK(kt_graph_op(g, name, op, attrs, &a, 1, &out));
-    return out;
-}
-
-static kt_value op2(kt_graph *g, const char *name, kt_op op, const kt_op_attrs *attrs,
-                    kt_value a, kt_value b)
-{
-    kt_value in[2] = {a, b}, out;
-    OK(kt_graph_op(g, name, op, attrs, in, 2, &out));
-    return out;
-}
-
 enum { MN = 24, MD = 16, MH = 32, MC = 5 };
 
 /* MLP: loss = CE(silu(x W1 + b1) W2, y) */
@@ -135,11 +119,11 @@ static kt_graph *build_mlp(void)
     OK(kt_graph_param(g, "w1", KT_F32, 2, TU_SHAPE(MD, MH), kt_init_normal(0.3f), &w1));
     OK(kt_graph_param(g, "b1", KT_F32, 1, TU_SHAPE(MH), kt_init_normal(0.1f), &b1));
     OK(kt_graph_param(g, "w2", KT_F32, 2, TU_SHAPE(MH, MC), kt_init_normal(0.3f), &w2));
-    h = op2(g, "fc1", KT_OP_MATMUL, NULL, x, w1);
-    h = op2(g, "bias1", KT_OP_ADD, NULL, h, b1);
-    h = op1(g, "act", KT_OP_SILU, NULL, h);
-    logits = op2(g, "fc2", KT_OP_MATMUL, NULL, h, w2);
-    loss = op2(g, "loss", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100}, logits, y);
+    h = tu_op2(g, "fc1", KT_OP_MATMUL, NULL, x, w1);
+    h = tu_op2(g, "bias1", KT_OP_ADD, NULL, h, b1);
+    h = tu_op1(g, "act", KT_OP_SILU, NULL, h);
+    logits = tu_op2(g, "fc2", KT_OP_MATMUL, NULL, h, w2);
+    loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100}, logits, y);
     OK(kt_graph_output(g, logits, "logits"));
     OK(kt_graph_set_loss(g, loss));
     return g;
@@ -1018,7 +1002,7 @@ static void test_bad_builds(void **state)
     OK(kt_graph_input(g, "x", KT_F32, 2, TU_SHAPE(4, 8), &x));
     OK(kt_graph_input(g, "y", KT_I32, 1, TU_SHAPE(4), &y));
     OK(kt_graph_param(g, "w", KT_F32, 2, TU_SHAPE(8, 3), kt_init_normal(0.1f), &w));
-    h = op2(g, "proj", KT_OP_MATMUL, NULL, x, w); /* node 0 */
+    h = tu_op2(g, "proj", KT_OP_MATMUL, NULL, x, w); /* node 0 */
 
     /* wrong shapes: [4,8] x [4,8]; the message names the node index, op and name */
     kt_value in[2] = {x, x};
@@ -1125,13 +1109,13 @@ static void test_bad_builds(void **state)
     OK(kt_graph_input(g, "y", KT_I32, 1, TU_SHAPE(4), &y));
     OK(kt_graph_param(g, "w", KT_F32, 2, TU_SHAPE(8, 3), kt_init_normal(0.1f), &w));
     OK(kt_graph_param(g, "w_unused", KT_F32, 2, TU_SHAPE(8, 3), kt_init_normal(0.1f), &ci));
-    h = op2(g, "proj", KT_OP_MATMUL, NULL, x, w);
-    kt_value loss = op2(g, "ce", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100}, h,
+    h = tu_op2(g, "proj", KT_OP_MATMUL, NULL, x, w);
+    kt_value loss = tu_op2(g, "ce", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100}, h,
                         y);
     /* the loss of an input-only computation: CE(x[:, :3], y) */
     kt_op_attrs n3 = {.dim = 1, .start = 0, .length = 3};
-    kt_value x3 = op1(g, "x3", KT_OP_NARROW, &n3, x);
-    kt_value loss_x = op2(g, "ce_x", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100},
+    kt_value x3 = tu_op1(g, "x3", KT_OP_NARROW, &n3, x);
+    kt_value loss_x = tu_op2(g, "ce_x", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100},
                           x3, y);
     OK(kt_graph_set_loss(g, loss_x));
     TU_EXPECT_ERROR(kt_compile(g, NULL, &p), KT_EINVAL, "does not depend on any trainable");
@@ -1152,7 +1136,7 @@ static void test_bad_builds(void **state)
     /* no outputs and no loss */
     OK(kt_graph_create(&g));
     OK(kt_graph_input(g, "x", KT_F32, 2, TU_SHAPE(4, 8), &x));
-    (void)op1(g, "a", KT_OP_SILU, NULL, x);
+    (void)tu_op1(g, "a", KT_OP_SILU, NULL, x);
     kt_compile_options none = {.training = 0};
     TU_EXPECT_ERROR(kt_compile(g, &none, &p), KT_EINVAL, "no outputs and no loss");
     TU_EXPECT_ERROR(kt_compile(g, NULL, &p), KT_EINVAL, "no outputs and no loss");
@@ -1182,18 +1166,18 @@ static kt_graph *build_duplicates(void)
     OK(kt_graph_input(g, "y", KT_I32, 1, TU_SHAPE(8), &y));
     OK(kt_graph_param(g, "w", KT_F32, 2, TU_SHAPE(16, 16), kt_init_normal(0.2f), &w));
     OK(kt_graph_param(g, "v", KT_F32, 2, TU_SHAPE(16, 5), kt_init_normal(0.2f), &v));
-    a = op2(g, "mm_a", KT_OP_MATMUL, NULL, x, w);
-    b = op2(g, "mm_b", KT_OP_MATMUL, NULL, x, w);
-    s = op2(g, "sum", KT_OP_ADD, NULL, a, b);
-    kt_value s1 = op1(g, "half", KT_OP_SCALE, &(kt_op_attrs){.alpha = 0.5f}, s);
-    kt_value s2 = op1(g, "third", KT_OP_SCALE, &(kt_op_attrs){.alpha = 1.0f / 3}, s);
-    s = op2(g, "both", KT_OP_ADD, NULL, s1, s2);
+    a = tu_op2(g, "mm_a", KT_OP_MATMUL, NULL, x, w);
+    b = tu_op2(g, "mm_b", KT_OP_MATMUL, NULL, x, w);
+    s = tu_op2(g, "sum", KT_OP_ADD, NULL, a, b);
+    kt_value s1 = tu_op1(g, "half", KT_OP_SCALE, &(kt_op_attrs){.alpha = 0.5f}, s);
+    kt_value s2 = tu_op1(g, "third", KT_OP_SCALE, &(kt_op_attrs){.alpha = 1.0f / 3}, s);
+    s = tu_op2(g, "both", KT_OP_ADD, NULL, s1, s2);
     /* dead: feeds nothing that an output or the loss reads */
-    kt_value d = op1(g, "dead_silu", KT_OP_SILU, NULL, x_unused);
-    d = op2(g, "dead_mm", KT_OP_MATMUL, NULL, d, w);
+    kt_value d = tu_op1(g, "dead_silu", KT_OP_SILU, NULL, x_unused);
+    d = tu_op2(g, "dead_mm", KT_OP_MATMUL, NULL, d, w);
     (void)d;
-    logits = op2(g, "head", KT_OP_MATMUL, NULL, s, v);
-    loss = op2(g, "loss", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100}, logits, y);
+    logits = tu_op2(g, "head", KT_OP_MATMUL, NULL, s, v);
+    loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100}, logits, y);
     OK(kt_graph_output(g, logits, "logits"));
     OK(kt_graph_set_loss(g, loss));
     return g;

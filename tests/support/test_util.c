@@ -151,3 +151,20 @@ void tu_expect_error(kt_status got, kt_status expected, const char *first, ...)
             fail_msg("error message '%s' does not mention '%s'", kt_last_error(), s);
     va_end(ap);
 }
+
+kt_value tu_op1(kt_graph *g, const char *name, kt_op op, const kt_op_attrs *attrs, kt_value a)
+{
+    kt_value out;
+    if (kt_graph_op(g, name, op, attrs, &a, 1, &out) != KT_OK)
+        fail_msg("kt_graph_op(%s): %s", kt_op_name(op), kt_last_error());
+    return out;
+}
+
+kt_value tu_op2(kt_graph *g, const char *name, kt_op op, const kt_op_attrs *attrs, kt_value a,
+                kt_value b)
+{
+    kt_value in[2] = {a, b}, out;
+    if (kt_graph_op(g, name, op, attrs, in, 2, &out) != KT_OK)
+        fail_msg("kt_graph_op(%s): %s", kt_op_name(op), kt_last_error());
+    return out;
+}

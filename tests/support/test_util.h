@@ -41,6 +41,11 @@ double tu_rel_err(const kt_tensor *a, const kt_tensor *b, double floor);
 /* 1 when both tensors hold the same bytes. */
 int tu_bitwise_equal(const kt_tensor *a, const kt_tensor *b);
 
+/* Building graphs in tests: one op with one or two inputs, failing the test on error. */
+kt_value tu_op1(kt_graph *g, const char *name, kt_op op, const kt_op_attrs *attrs, kt_value a);
+kt_value tu_op2(kt_graph *g, const char *name, kt_op op, const kt_op_attrs *attrs, kt_value a,
+                kt_value b);
+
 /* Asserts that the status equals `expected` and that the last error message contains
  * every one of the given substrings (NULL-terminated). */
 void tu_expect_error(kt_status got, kt_status expected, const char *first, ...);

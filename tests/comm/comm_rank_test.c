@@ -1,0 +1,436 @@
+/* One rank of the multi-rank communicator tests (run_comm_tests.sh starts it through
+ * kt-launch). argv[1] names the scenario; every rank that ends the way the scenario expects
+ * prints "PASS rank r ..." and exits 0, otherwise "FAIL rank r: why" and exits 1.
+ *
+ * Correctness scenarios compare every result with what this rank computes locally from
+ * the same deterministic inputs (the single-rank result); fault scenarios check that the
+ * surviving ranks fail within the deadline with a message that names the faulty peer. */
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "kt/comm.h"
+#include "kt/tensor.h"
+
+static int g_rank = -1, g_size = 0;
+static const char *g_scenario = "?";
+static pid_t g_victim_pid = 0; /* a stopped rank the survivors must end, pass or fail */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("FAIL rank %d %s: ", g_rank, g_scenario);
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    fflush(stdout);
+    if (g_victim_pid > 0)
+        kill(g_victim_pid, SIGKILL);
+    exit(1);
+}
+
+#define CHECK(expr)                                                                            \
+    do {                                                                                       \
+        kt_status s_ = (expr);                                                                 \
+        if (s_ != KT_OK)                                                                       \
+            fail("%s: %s: %s", #expr, kt_status_str(s_), kt_last_error());                     \
+    } while (0)
+
+static unsigned char pattern(size_t i, int src, int dst, size_t salt)
+{
+    return (unsigned char)((i * 131u + (size_t)src * 7u + (size_t)dst * 13u + salt) & 0xffu);
+}
+
+static void fill(unsigned char *b, size_t n, int src, int dst, size_t salt)
+{
+    for (size_t i = 0; i < n; i++)
+        b[i] = pattern(i, src, dst, salt);
+}
+
+static void expect_bytes(const unsigned char *b, size_t n, int src, int dst, size_t salt,
+                         const char *what)
+{
+    for (size_t i = 0; i < n; i++)
+        if (b[i] != pattern(i, src, dst, salt))
+            fail("%s: byte %zu of %zu from rank %d differs", what, i, n, src);
+}
+
+static const size_t sizes[] = {0, 1, 8, 100, 4096, 65536, 1 << 20, 16 << 20};
+#define N_SIZES (sizeof sizes / sizeof sizes[0])
+
+/* ---- correctness ---------------------------------------------------------------------------- */
+
+static void scenario_p2p(kt_comm *c)
+{
+    unsigned char *buf = malloc(16 << 20);
+    if (buf == NULL)
+        fail("out of memory");
+    for (size_t k = 0; k < N_SIZES; k++) {
+        size_t n = sizes[k];
+        /* rank 0 <-> every other rank, both directions, blocking send/recv */
+        for (int p = 1; p < g_size; p++) {
+            if (g_rank == 0) {
+                fill(buf, n, 0, p, k);
+                CHECK(kt_comm_send(c, p, 5, buf, n));
+                memset(buf, 0xee, n);
+                CHECK(kt_comm_recv(c, p, 6, buf, n));
+                expect_bytes(buf, n, p, 0, k, "p2p reply");
+            } else if (g_rank == p) {
+                memset(buf, 0xee, n);
+                CHECK(kt_comm_recv(c, 0, 5, buf, n));
+                expect_bytes(buf, n, 0, p, k, "p2p");
+                fill(buf, n, p, 0, k);
+                CHECK(kt_comm_send(c, 0, 6, buf, n));
+            }
+        }
+    }
+    /* A receive larger than the message is an error, not silent garbage. */
+    if (g_size >= 2 && g_rank <= 1) {
+        unsigned char small[8] = {0};
+        kt_comm_set_timeout(c, 2000);
+        kt_status s = g_rank == 0 ? kt_comm_send(c, 1, 9, small, 4) : kt_comm_recv(c, 0, 9, small, 8);
+        if (g_rank == 1 && (s == KT_OK || strstr(kt_last_error(), "4 bytes, 8 expected") == NULL))
+            fail("a short message was not reported: %s", kt_last_error());
+        printf("ok: length mismatch reported: %s\n", g_rank == 1 ? kt_last_error() : "(sender)");
+    }
+    free(buf);
+}
+
+static void scenario_ring(kt_comm *c)
+{
+    unsigned char *out = malloc(16 << 20), *in = malloc(16 << 20);
+    if (out == NULL || in == NULL)
+        fail("out of memory");
+    int to = (g_rank + 1) % g_size, from = (g_rank + g_size - 1) % g_size;
+    for (int rep = 0; rep < 3; rep++)
+        for (size_t k = 0; k < N_SIZES; k++) {
+            size_t n = sizes[k];
+            fill(out, n, g_rank, to, k + (size_t)rep);
+            memset(in, 0xee, n);
+            CHECK(kt_comm_sendrecv(c, to, out, n, from, in, n, 100 + (int)k));
+            expect_bytes(in, n, from, g_rank, k + (size_t)rep, "ring");
+        }
+    /* the halo edges: a send only and a receive only */
+    if (g_size >= 2) {
+        unsigned char v = 0x5a, w = 0;
+        if (g_rank == 0)
+            CHECK(kt_comm_sendrecv(c, 1, &v, 1, -1, NULL, 0, 1));
+        if (g_rank == 1) {
+            CHECK(kt_comm_sendrecv(c, -1, NULL, 0, 0, &w, 1, 1));
+            if (w != 0x5a)
+                fail("one-sided sendrecv");
+        }
+    }
+    free(out);
+    free(in);
+}
+
+static float contrib_f32(int r, size_t i) { return (float)((int)((i * 37 + (size_t)r * 11) % 97) - 48) * 0.37f + (float)r * 0.001f; }
+
+static void check_all_reduce(kt_comm *c, size_t count, kt_dtype dt, kt_reduce_op op)
+{
+    size_t es = dt == KT_F32 ? 4 : 2;
+    void *buf = malloc(count * es + 1), *want = malloc(count * es + 1);
+    float *acc = malloc(count * sizeof(float) + 4), *tmp = malloc(count * sizeof(float) + 4);
+    if (!buf || !want || !acc || !tmp)
+        fail("out of memory");
+    /* the expected result: contributions added in rank order, in f32 */
+    for (int r = 0; r < g_size; r++) {
+        for (size_t i = 0; i < count; i++)
+            tmp[i] = contrib_f32(r, i);
+        if (dt == KT_BF16) { /* the contribution as bf16, widened again */
+            kt_f32_to_bf16((uint16_t *)want, tmp, count);
+            kt_bf16_to_f32(tmp, (uint16_t *)want, count);
+        }
+        if (r == g_rank) {
+            if (dt == KT_F32)
+                memcpy(buf, tmp, count * 4);
+            else
+                kt_f32_to_bf16(buf, tmp, count);
+        }
+        for (size_t i = 0; i < count; i++)
+            acc[i] = r == 0 ? tmp[i] : acc[i] + tmp[i];
+    }
+    if (op == KT_REDUCE_MEAN)
+        for (size_t i = 0; i < count; i++)
+            acc[i] /= (float)g_size;
+    if (dt == KT_F32)
+        memcpy(want, acc, count * 4);
+    else
+        kt_f32_to_bf16(want, acc, count);
+    CHECK(kt_comm_all_reduce(c, buf, count, dt, op));
+    if (count > 0 && memcmp(buf, want, count * es) != 0)
+        fail("all_reduce %s %s of %zu differs from the local result", kt_dtype_name(dt),
+             op == KT_REDUCE_SUM ? "sum" : "mean", count);
+    free(buf);
+    free(want);
+    free(acc);
+    free(tmp);
+}
+
+static void scenario_collectives(kt_comm *c)
+{
+    CHECK(kt_comm_barrier(c));
+    unsigned char *buf = malloc(4 << 20), *big = malloc((size_t)g_size * (1 << 20));
+    if (buf == NULL || big == NULL)
+        fail("out of memory");
+    static const size_t bsizes[] = {0, 1, 100, 70000, 1 << 20};
+    for (int root = 0; root < g_size; root++)
+        for (size_t k = 0; k < 5; k++) {
+            size_t n = bsizes[k];
+            if (g_rank == root)
+                fill(buf, n, root, -1, k);
+            else
+                memset(buf, 0xee, n);
+            CHECK(kt_comm_broadcast(c, buf, n, root));
+            expect_bytes(buf, n, root, -1, k, "broadcast");
+        }
+    static const size_t gsizes[] = {0, 3, 33, 65536, 1 << 20};
+    for (size_t k = 0; k < 5; k++) {
+        size_t n = gsizes[k];
+        fill(buf, n, g_rank, -2, k);
+        memset(big, 0xee, (size_t)g_size * n);
+        CHECK(kt_comm_all_gather(c, buf, n, big));
+        for (int r = 0; r < g_size; r++)
+            expect_bytes(big + (size_t)r * n, n, r, -2, k, "all_gather");
+    }
+    /* gatherv / scatterv: different counts per rank, rank 1 contributes nothing */
+    size_t counts[64], total = 0;
+    for (int r = 0; r < g_size; r++) {
+        counts[r] = r == 1 ? 0 : (size_t)(r * 3001 + 17) * (r == g_size - 1 ? 40 : 1);
+        total += counts[r];
+    }
+    for (int root = 0; root < g_size; root++) {
+        fill(buf, counts[g_rank], g_rank, root, 7);
+        memset(big, 0xee, total);
+        CHECK(kt_comm_gatherv(c, buf, counts, g_rank == root ? big : NULL, root));
+        if (g_rank == root) {
+            size_t off = 0;
+            for (int r = 0; r < g_size; r++) {
+                expect_bytes(big + off, counts[r], r, root, 7, "gatherv");
+                off += counts[r];
+            }
+        }
+        if (g_rank == root) {
+            size_t off = 0;
+            for (int r = 0; r < g_size; r++) {
+                fill(big + off, counts[r], root, r, 9);
+                off += counts[r];
+            }
+        }
+        memset(buf, 0xee, counts[g_rank]);
+        CHECK(kt_comm_scatterv(c, g_rank == root ? big : NULL, counts, buf, root));
+        expect_bytes(buf, counts[g_rank], root, g_rank, 9, "scatterv");
+    }
+    static const size_t rcounts[] = {1, 1000, 300001};
+    for (size_t k = 0; k < 3; k++)
+        for (int dt = 0; dt < 2; dt++)
+            for (int op = 0; op < 2; op++)
+                check_all_reduce(c, rcounts[k], dt ? KT_BF16 : KT_F32,
+                                 op ? KT_REDUCE_MEAN : KT_REDUCE_SUM);
+    /* a slow but live peer (late by a fraction of the deadline) is not an error */
+    kt_comm_set_timeout(c, 2000);
+    if (g_rank == g_size - 1)
+        nanosleep(&(struct timespec){0, 600 * 1000000L}, NULL);
+    double t0 = now_s();
+    CHECK(kt_comm_barrier(c));
+    printf("ok: barrier with a late peer took %.2f s\n", now_s() - t0);
+    /* many small collectives in a row: sequence numbers never confuse them */
+    for (int i = 0; i < 2000; i++) {
+        int v = g_rank == i % g_size ? i : -1;
+        CHECK(kt_comm_broadcast(c, &v, sizeof v, i % g_size));
+        if (v != i)
+            fail("broadcast #%d gave %d", i, v);
+    }
+    free(buf);
+    free(big);
+}
+
+static void scenario_agree(kt_comm *c)
+{
+    CHECK(kt_comm_agree(c, KT_OK));
+    /* rank 1 fails; every rank gets its message */
+    kt_status local = KT_OK;
+    if (g_rank == 1)
+        local = kt__error(KT_EIO, "rank-1-local-failure: the disk is on fire (%d)", 42);
+    kt_status s = kt_comm_agree(c, local);
+    const char *want = "rank 1: rank-1-local-failure: the disk is on fire (42)";
+    if (s != KT_EIO || strcmp(kt_last_error(), want) != 0)
+        fail("agree gave %s '%s', expected EIO '%s'", kt_status_str(s), kt_last_error(), want);
+    /* several fail with different messages: the lowest failing rank's wins */
+    local = KT_OK;
+    if (g_rank >= 1)
+        local = kt__error(g_rank == 1 ? KT_ERANGE : KT_EFORMAT, "failure of rank %d", g_rank);
+    s = kt_comm_agree(c, local);
+    if (s != KT_ERANGE || strcmp(kt_last_error(), "rank 1: failure of rank 1") != 0)
+        fail("agree of several failures gave %s '%s'", kt_status_str(s), kt_last_error());
+    /* a long message is carried whole (up to the error buffer) */
+    char longmsg[1000];
+    memset(longmsg, 'x', sizeof longmsg - 1);
+    longmsg[sizeof longmsg - 1] = '\0';
+    local = g_rank == g_size - 1 ? kt__error(KT_EINVAL, "%s", longmsg) : KT_OK;
+    s = kt_comm_agree(c, local);
+    char want_long[1100];
+    snprintf(want_long, sizeof want_long, "rank %d: %s", g_size - 1, longmsg);
+    if (s != KT_EINVAL || strcmp(kt_last_error(), want_long) != 0)
+        fail("agree with a long message gave %s (%zu chars)", kt_status_str(s),
+             strlen(kt_last_error()));
+    /* agreeing on a failure does not poison the communicator */
+    CHECK(kt_comm_barrier(c));
+    CHECK(kt_comm_agree(c, KT_OK));
+}
+
+/* ---- faults ------------------------------------------------------------------------------------ */
+
+/* The survivor's check: an error of the right kind, within the deadline (plus slack for the
+ * abort notices and the scheduler), naming `who`; then the communicator stays poisoned. */
+static void expect_failure(kt_comm *c, kt_status s, double elapsed, const char *who,
+                           double min_s)
+{
+    double limit = kt_comm_size(c) > 0 ? 2.5 + 2.0 : 0;
+    if (s == KT_OK)
+        fail("the operation succeeded; an error was expected");
+    if (elapsed > limit)
+        fail("the error came after %.2f s (limit %.1f s): %s", elapsed, limit, kt_last_error());
+    if (elapsed < min_s)
+        fail("the error came too early, after %.2f s: %s", elapsed, kt_last_error());
+    if (who != NULL && strstr(kt_last_error(), who) == NULL)
+        fail("the message does not name %s: %s", who, kt_last_error());
+    char first[1100];
+    snprintf(first, sizeof first, "%s", kt_last_error());
+    double t0 = now_s();
+    kt_status again = kt_comm_barrier(c);
+    if (again != s || strcmp(kt_last_error(), first) != 0 || now_s() - t0 > 0.1)
+        fail("the communicator is not poisoned with the first error: %s '%s'",
+             kt_status_str(again), kt_last_error());
+    if (kt_comm_status(c) != s)
+        fail("kt_comm_status does not report the poison");
+    printf("PASS rank %d %s after %.2f s: %s: %s\n", g_rank, g_scenario, elapsed,
+           kt_status_str(s), first);
+}
+
+/* Rank 1 dies (SIGKILL) or stops (SIGSTOP) itself in the middle of a run of all_reduces. */
+static void scenario_fault(kt_comm *c, int sig)
+{
+    const int victim = 1;
+    pid_t me = getpid(), *pids = malloc((size_t)g_size * sizeof *pids);
+    float *v = calloc(16384, sizeof *v);
+    if (pids == NULL || v == NULL)
+        fail("out of memory");
+    CHECK(kt_comm_all_gather(c, &me, sizeof me, pids));
+    if (sig == SIGSTOP && g_rank != victim)
+        g_victim_pid = pids[victim];
+    kt_status s = KT_OK;
+    double t0 = 0;
+    for (int it = 0; it < 20 && s == KT_OK; it++) {
+        if (it == 10 && g_rank == victim)
+            raise(sig);
+        t0 = now_s();
+        s = kt_comm_all_reduce(c, v, 16384, KT_F32, KT_REDUCE_SUM);
+    }
+    double elapsed = now_s() - t0;
+    if (g_rank == victim)
+        fail("the victim is still running");
+    char who[32];
+    snprintf(who, sizeof who, "peer %d", victim);
+    /* A stopped peer is seen only through the deadline: not much before it. */
+    expect_failure(c, s, elapsed, who, sig == SIGSTOP ? 2.5 * 0.5 : 0);
+    if (sig == SIGSTOP)
+        kill(pids[victim], SIGKILL); /* the stopped rank never ends by itself */
+    free(pids);
+    free(v);
+}
+
+/* Rank 0 calls broadcast while the others call barrier. */
+static void scenario_mismatch(kt_comm *c)
+{
+    double t0 = now_s();
+    kt_status s;
+    if (g_rank == 0) {
+        int v = 1;
+        s = kt_comm_broadcast(c, &v, sizeof v, 0);
+        /* the root only sends: it may finish before a peer sees the mismatch; then the
+         * peer's abort notice fails its next call */
+        if (s == KT_OK)
+            s = kt_comm_barrier(c);
+    } else {
+        s = kt_comm_barrier(c);
+    }
+    expect_failure(c, s, now_s() - t0, g_rank == 0 ? "mismatched" : "mismatched collectives", 0);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: comm_rank_test SCENARIO (run under kt-launch)\n");
+        return 2;
+    }
+    g_scenario = argv[1];
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const char *r = getenv("KT_RANK"), *n = getenv("KT_WORLD_SIZE");
+    g_rank = r ? atoi(r) : -1;
+    g_size = n ? atoi(n) : 0;
+    if (strcmp(g_scenario, "absent") == 0 && g_rank == g_size - 1)
+        return 0; /* never arrives */
+    kt_comm *c = NULL;
+    double t0 = now_s();
+    kt_status s = kt_comm_create_ucx(NULL, &c);
+    if (strcmp(g_scenario, "absent") == 0) {
+        char who[32];
+        snprintf(who, sizeof who, "rank(s) %d", g_size - 1);
+        double el = now_s() - t0;
+        if (s == KT_OK)
+            fail("the communicator was created without rank %d", g_size - 1);
+        if (s != KT_ETIMEDOUT && s != KT_EPEER)
+            fail("status %s: %s", kt_status_str(s), kt_last_error());
+        if (el > 2.5 + 2.0 || strstr(kt_last_error(), who) == NULL)
+            fail("after %.2f s: %s", el, kt_last_error());
+        printf("PASS rank %d absent after %.2f s: %s: %s\n", g_rank, el, kt_status_str(s),
+               kt_last_error());
+        return 0;
+    }
+    if (s != KT_OK)
+        fail("kt_comm_create_ucx: %s: %s", kt_status_str(s), kt_last_error());
+    if (kt_comm_rank(c) != g_rank || kt_comm_size(c) != g_size)
+        fail("rank/size %d/%d", kt_comm_rank(c), kt_comm_size(c));
+    t0 = now_s();
+    if (strcmp(g_scenario, "p2p") == 0)
+        scenario_p2p(c);
+    else if (strcmp(g_scenario, "ring") == 0)
+        scenario_ring(c);
+    else if (strcmp(g_scenario, "collectives") == 0)
+        scenario_collectives(c);
+    else if (strcmp(g_scenario, "agree") == 0)
+        scenario_agree(c);
+    else if (strcmp(g_scenario, "mismatch") == 0)
+        scenario_mismatch(c);
+    else if (strcmp(g_scenario, "kill") == 0)
+        scenario_fault(c, SIGKILL);
+    else if (strcmp(g_scenario, "stop") == 0)
+        scenario_fault(c, SIGSTOP);
+    else
+        fail("unknown scenario");
+    int faulty = strcmp(g_scenario, "mismatch") == 0 || strcmp(g_scenario, "kill") == 0 ||
+                 strcmp(g_scenario, "stop") == 0;
+    if (!faulty)
+        printf("PASS rank %d %s in %.2f s\n", g_rank, g_scenario, now_s() - t0);
+    double td = now_s();
+    kt_comm_destroy(c);
+    if (now_s() - td > 5.0)
+        fail("destroy took %.2f s", now_s() - td);
+    return 0;
+}

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The multi-rank communicator suite: comm_rank_test scenarios through kt-launch with 2, 3
+# and 4 ranks, over shared memory and over TCP (loopback only). Correctness scenarios must
+# end with kt-launch exiting 0 and every rank printing PASS; fault scenarios (a rank killed,
+# stopped, absent, or calling a different collective) need a PASS from every other rank:
+# each checks its own error, its deadline and that the message names the faulty peer.
+#
+# usage: run_comm_tests.sh KT_LAUNCH COMM_RANK_TEST
+set -uo pipefail
+launch=$1 rank_test=$2
+timeout_ms=2500
+failures=0
+t_suite=$(date +%s.%N)
+
+run() { # run TRANSPORT N SCENARIO EXPECTED_PASSES MUST_EXIT_0
+  local tr=$1 n=$2 sc=$3 want=$4 exit0=$5 out rc passes t0 t1
+  t0=$(date +%s.%N)
+  out=$(timeout 60 "$launch" -n "$n" --transport "$tr" --timeout-ms "$timeout_ms" --keep-going \
+        -- "$rank_test" "$sc" 2>&1)
+  rc=$?
+  t1=$(date +%s.%N)
+  passes=$(grep -c "PASS rank" <<< "$out")
+  local secs
+  secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
+  if [ "$rc" -eq 124 ] || [ "$passes" -ne "$want" ] || grep -q "FAIL rank" <<< "$out" ||
+     { [ "$exit0" = 1 ] && [ "$rc" -ne 0 ]; }; then
+    echo "FAIL: $tr n=$n $sc (exit $rc, $passes of $want PASS, ${secs} s)"
+    sed 's/^/    /' <<< "$out"
+    failures=$((failures + 1))
+  else
+    echo "ok: $tr n=$n $sc (${secs} s)"
+  fi
+}
+
+for tr in shm tcp; do
+  if [ "$tr" = tcp ]; then export UCX_NET_DEVICES=lo; else unset UCX_NET_DEVICES; fi
+  for n in 2 3 4; do
+    for sc in p2p ring collectives agree; do
+      run "$tr" "$n" "$sc" "$n" 1
+    done
+    run "$tr" "$n" mismatch "$n" 0
+    run "$tr" "$n" kill $((n - 1)) 0
+    run "$tr" "$n" stop $((n - 1)) 0
+  done
+  run "$tr" 3 absent 2 0
+done
+unset UCX_NET_DEVICES
+
+# kt-launch itself: a failing rank stops the others and its status is kt-launch's.
+t0=$(date +%s)
+"$launch" -n 3 --grace-ms 500 -- sh -c 'if [ "$KT_RANK" = 1 ]; then exit 7; fi; sleep 30' \
+  > /dev/null 2>&1
+rc=$?
+if [ "$rc" -ne 7 ] || [ $(($(date +%s) - t0)) -gt 10 ]; then
+  echo "FAIL: kt-launch did not stop the ranks and exit 7 (exit $rc)"
+  failures=$((failures + 1))
+else
+  echo "ok: kt-launch exits with the failing rank's status and stops the others"
+fi
+out=$("$launch" -n 2 -- sh -c 'echo "hello $KT_RANK of $KT_WORLD_SIZE at $KT_MASTER_ADDR"')
+if ! grep -q '^\[rank 1\] hello 1 of 2 at 127.0.0.1$' <<< "$out"; then
+  echo "FAIL: kt-launch output prefix: $out"
+  failures=$((failures + 1))
+fi
+out=$("$launch" --print-env -n 2 --port 4000 hostA hostB)
+if ! grep -q '^hostB: KT_RANK=3 KT_WORLD_SIZE=4 KT_MASTER_ADDR=hostA KT_MASTER_PORT=4000$' \
+     <<< "$out"; then
+  echo "FAIL: kt-launch --print-env: $out"
+  failures=$((failures + 1))
+fi
+
+echo "comm suite: $failures failure(s) in $(awk -v a="$t_suite" -v b="$(date +%s.%N)" \
+  'BEGIN { printf "%.1f", b - a }') s"
+[ "$failures" -eq 0 ]
