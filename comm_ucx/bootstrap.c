@@ -470,8 +470,10 @@ static kt_status client_exchange(kt__ucx_boot *b, const void *addr, size_t addr_
     if (st == KT_OK)
         st = write_all(fd, addr, addr_len, b->deadline, &why);
     uint32_t reply[2] = {0, 0};
+    /* The master's deadline decides the rendezvous; it may have started later than this
+     * rank, so its answer (the table, or which rank never came) gets a little longer. */
     if (st == KT_OK)
-        st = get_u32s(fd, reply, 2, b->deadline, &why);
+        st = get_u32s(fd, reply, 2, b->deadline + 1000 + s->timeout_ms / 4, &why);
     if (st != KT_OK)
         return kt__error(st, "rank %d: rendezvous with the master at %s:%d: %s", s->rank,
                          s->master_addr, s->master_port, why);

@@ -17,6 +17,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <ucs/config/global_opts.h>
+
 #include "comm_ucx/ucx_internal.h"
 #include "core/error.h"
 
@@ -148,10 +150,12 @@ static kt_status check_recv(kt__ucx_comm *c, const kt__ucx_op *op, const kt__ucx
     const char *name = kt__ucx_kind_name(op->kind);
     int rank = c->base.rank;
     if (s == UCS_ERR_MESSAGE_TRUNCATED)
-        return kt__error(KT_ESTATE, "rank %d: the message from peer %d for %s #%u is larger than "
-                         "the %zu bytes expected (collectives called in a different order, or "
-                         "different counts on different ranks)", rank, r->peer, name, op->seq,
-                         r->bytes);
+        return kt__error(op->kind == KT__KIND_P2P ? KT_EINVAL : KT_ESTATE,
+                         "rank %d: %s: the message from peer %d for %s #%u is larger than the "
+                         "%zu bytes expected", rank,
+                         op->kind == KT__KIND_P2P ? "message too long"
+                                                  : "mismatched collectives or counts",
+                         r->peer, name, op->seq, r->bytes);
     if (s != UCS_OK)
         return kt__error(KT_EPEER, "rank %d: receiving %s #%u from peer %d failed: %s", rank,
                          name, op->seq, r->peer, ucs_status_string(s));
@@ -170,29 +174,85 @@ static kt_status check_recv(kt__ucx_comm *c, const kt__ucx_op *op, const kt__ucx
     return KT_OK;
 }
 
-/* An abort notice from a peer ends the wait with the peer's reason. */
-static int abort_arrived(kt__ucx_comm *c, kt_status *st)
+static kt_status post_abort_recv(kt__ucx_comm *c)
 {
-    if (c->abort_req == NULL)
-        return 0;
-    ucp_tag_recv_info_t info;
-    ucs_status_t s = ucp_tag_recv_request_test(c->abort_req, &info);
-    if (s == UCS_INPROGRESS)
-        return 0;
-    ucp_request_free(c->abort_req);
-    c->abort_req = NULL;
-    if (s != UCS_OK && s != UCS_ERR_MESSAGE_TRUNCATED)
-        return 0;
-    int src = (int)((info.sender_tag >> 16) & ((1u << KT__TAG_SRC_BITS) - 1));
-    size_t n = info.length > offsetof(kt__ucx_abort_msg, text)
-                   ? info.length - offsetof(kt__ucx_abort_msg, text)
-                   : 0;
-    if (n >= sizeof c->abort_in.text)
-        n = sizeof c->abort_in.text - 1;
-    c->abort_in.text[n] = '\0';
-    *st = kt__error(KT_EPEER, "rank %d: peer %d failed: %s", c->base.rank, src,
-                    n ? c->abort_in.text : "(no reason given)");
-    return 1;
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL};
+    ucs_status_ptr_t p = ucp_tag_recv_nbx(c->worker, &c->abort_in, sizeof c->abort_in,
+                                          kt__tag_make(KT__TAG_CLASS_ABORT, 0, 0, 0, 0),
+                                          KT__TAG_MASK_CLASS, &prm);
+    if (UCS_PTR_IS_ERR(p))
+        return kt__error(KT_EINTERNAL, "rank %d: posting the abort receive failed: %s",
+                         c->base.rank, ucs_status_string(UCS_PTR_STATUS(p)));
+    c->abort_req = p;
+    return KT_OK;
+}
+
+/* Checks for an abort notice from a peer. Returns 1 with *src_out and the text in
+ * c->abort_in when one arrived that this rank must act on. A peer's death or a protocol
+ * error always counts; a peer's timeout counts only when this rank waits for that peer
+ * (reqs[0..n) pending): a bystander that timed out waiting for the same stuck rank, or a
+ * peer that waited for this rank, says nothing about who is at fault, and this rank's own
+ * deadline comes soon. Ignored notices are dropped and the receive posted again. */
+static int abort_arrived(kt__ucx_comm *c, const kt__ucx_req *reqs, int n, int *src_out)
+{
+    while (c->abort_req != NULL) {
+        ucp_tag_recv_info_t info;
+        ucs_status_t s = ucp_tag_recv_request_test(c->abort_req, &info);
+        if (s == UCS_INPROGRESS)
+            return 0;
+        ucp_request_free(c->abort_req);
+        c->abort_req = NULL;
+        if (s != UCS_OK && s != UCS_ERR_MESSAGE_TRUNCATED)
+            return 0;
+        int src = (int)((info.sender_tag >> 16) & ((1u << KT__TAG_SRC_BITS) - 1));
+        size_t head = offsetof(kt__ucx_abort_msg, text);
+        size_t len = info.length > head ? info.length - head : 0;
+        if (len >= sizeof c->abort_in.text)
+            len = sizeof c->abort_in.text - 1;
+        c->abort_in.text[len] = '\0';
+        int relevant = info.length < head || c->abort_in.status != KT_ETIMEDOUT;
+        for (int i = 0; i < n && !relevant; i++)
+            relevant = reqs[i].req != NULL && reqs[i].peer == src &&
+                       c->abort_in.blame != c->base.rank;
+        if (!relevant) {
+            if (post_abort_recv(c) != KT_OK)
+                return 0;
+            continue;
+        }
+        *src_out = src;
+        return 1;
+    }
+    return 0;
+}
+
+/* Tells every live peer why this rank stops, so they fail now instead of at their deadline.
+ * Bounded: a stopped peer never takes the message, and the send is left behind. */
+static void send_notices(kt__ucx_comm *c, kt_status status, const char *message)
+{
+    int n = c->base.size;
+    if (c->notified || c->eps_closed)
+        return;
+    c->notified = 1;
+    kt__ucx_abort_msg *msg = malloc(sizeof *msg);
+    void **reqs = calloc((size_t)n, sizeof *reqs);
+    if (msg != NULL && reqs != NULL) {
+        msg->status = (int32_t)status;
+        msg->blame = (int32_t)c->blame;
+        snprintf(msg->text, sizeof msg->text, "%s", message);
+        size_t len = offsetof(kt__ucx_abort_msg, text) + strlen(msg->text) + 1;
+        ucp_tag_t tag = kt__tag_make(KT__TAG_CLASS_ABORT, 0, 0, c->base.rank, 0);
+        ucp_request_param_t prm = {.op_attr_mask = 0};
+        for (int p = 0; p < n; p++) {
+            if (p == c->base.rank || c->peers[p].failed != UCS_OK)
+                continue;
+            ucs_status_ptr_t r = ucp_tag_send_nbx(c->peers[p].ep, msg, len, tag, &prm);
+            if (UCS_PTR_IS_PTR(r))
+                reqs[p] = r;
+        }
+        progress_until_done(c, reqs, n, ABORT_GRACE_MS);
+    }
+    free(reqs);
+    free(msg);
 }
 
 /* Sleeping when idle matters here: ranks oversubscribe the cores (4 ranks on 2 CPUs), and a
@@ -245,8 +305,13 @@ kt_status kt__ucx_wait(kt__ucx_comm *c, const kt__ucx_op *op, kt__ucx_req *reqs,
             break;
         if (!pending)
             return KT_OK;
-        if (abort_arrived(c, &st))
+        int src;
+        if (abort_arrived(c, reqs, n, &src)) {
+            c->blame = src;
+            st = kt__error(KT_EPEER, "rank %d: peer %d failed: %s", c->base.rank, src,
+                           c->abort_in.text[0] ? c->abort_in.text : "(no reason given)");
             break;
+        }
         /* A failed peer: name the one this wait needs, else any (the collective cannot
          * finish without every member). */
         int failed = -1;
@@ -257,6 +322,7 @@ kt_status kt__ucx_wait(kt__ucx_comm *c, const kt__ucx_op *op, kt__ucx_req *reqs,
             if (c->peers[p].failed != UCS_OK)
                 failed = p;
         if (failed >= 0) {
+            c->blame = failed;
             st = peer_failed_error(c, op, failed);
             break;
         }
@@ -265,14 +331,31 @@ kt_status kt__ucx_wait(kt__ucx_comm *c, const kt__ucx_op *op, kt__ucx_req *reqs,
             for (int i = 0; i < n && r == NULL; i++)
                 if (reqs[i].req != NULL)
                     r = &reqs[i];
+            char mine[KT__COMM_MSG_MAX];
             if (r->is_recv)
-                st = kt__error(KT_ETIMEDOUT, "rank %d timed out after %d ms waiting for %s #%u "
-                               "from peer %d", c->base.rank, c->base.timeout_ms,
-                               kt__ucx_kind_name(op->kind), op->seq, r->peer);
+                snprintf(mine, sizeof mine, "rank %d timed out after %d ms waiting for %s #%u "
+                         "from peer %d", c->base.rank, c->base.timeout_ms,
+                         kt__ucx_kind_name(op->kind), op->seq, r->peer);
             else
-                st = kt__error(KT_ETIMEDOUT, "rank %d timed out after %d ms waiting for peer %d "
-                               "to take %s #%u", c->base.rank, c->base.timeout_ms, r->peer,
-                               kt__ucx_kind_name(op->kind), op->seq);
+                snprintf(mine, sizeof mine, "rank %d timed out after %d ms waiting for peer %d "
+                         "to take %s #%u", c->base.rank, c->base.timeout_ms, r->peer,
+                         kt__ucx_kind_name(op->kind), op->seq);
+            c->blame = r->peer;
+            send_notices(c, KT_ETIMEDOUT, mine);
+            /* The peer may itself be waiting for another rank and time out moments later;
+             * its notice names the rank at the end of the chain. A short grace for it. */
+            int grace = c->base.timeout_ms / 4 < 1000 ? c->base.timeout_ms / 4 : 1000;
+            int64_t until = kt__ucx_now_ms() + grace;
+            int got = 0;
+            while (!(got = abort_arrived(c, reqs, n, &src)) && kt__ucx_now_ms() < until) {
+                if (ucp_worker_progress(c->worker) == 0)
+                    idle(&spins);
+            }
+            if (got)
+                st = kt__error(KT_ETIMEDOUT, "%s; peer %d reports: %s", mine, src,
+                               c->abort_in.text);
+            else
+                st = kt__error(KT_ETIMEDOUT, "%s", mine);
             break;
         }
         idle(&spins);
@@ -340,29 +423,39 @@ static void close_endpoints(kt__ucx_comm *c, int force)
 static void ucx_abort(kt_comm *comm, kt_status status, const char *message)
 {
     kt__ucx_comm *c = (kt__ucx_comm *)comm;
-    int n = comm->size;
-    kt__ucx_abort_msg *msg = malloc(sizeof *msg);
-    void **reqs = calloc((size_t)n, sizeof *reqs);
-    if (msg != NULL && reqs != NULL && !c->eps_closed) {
-        msg->status = (int32_t)status;
-        snprintf(msg->text, sizeof msg->text, "%s", message);
-        size_t len = offsetof(kt__ucx_abort_msg, text) + strlen(msg->text) + 1;
-        ucp_tag_t tag = kt__tag_make(KT__TAG_CLASS_ABORT, 0, 0, comm->rank, 0);
-        ucp_request_param_t prm = {.op_attr_mask = 0};
-        for (int p = 0; p < n; p++) {
-            if (p == comm->rank || c->peers[p].failed != UCS_OK)
-                continue;
-            ucs_status_ptr_t r = ucp_tag_send_nbx(c->peers[p].ep, msg, len, tag, &prm);
-            if (UCS_PTR_IS_PTR(r))
-                reqs[p] = r;
-        }
-        progress_until_done(c, reqs, n, ABORT_GRACE_MS);
-    }
-    free(reqs);
-    free(msg);
+    send_notices(c, status, message);
     /* Outstanding sends of the failed operation still point at the caller's buffers; force
      * closing completes them, so nothing is written or read after this returns. */
     close_endpoints(c, 1);
+}
+
+/* Messages nobody will receive (after a failure, or a peer's abort notice) are taken off
+ * the worker: UCX would otherwise print a warning for each at destroy. */
+static void drain_unexpected(kt__ucx_comm *c)
+{
+    int64_t end = kt__ucx_now_ms() + ABORT_GRACE_MS;
+    for (;;) {
+        ucp_worker_progress(c->worker);
+        ucp_tag_recv_info_t info;
+        ucp_tag_message_h msg = ucp_tag_probe_nb(c->worker, 0, 0, 1, &info);
+        if (msg == NULL || kt__ucx_now_ms() >= end)
+            return;
+        void *buf = malloc(info.length ? info.length : 1);
+        if (buf == NULL)
+            return;
+        ucp_request_param_t prm = {.op_attr_mask = 0};
+        void *req = ucp_tag_msg_recv_nbx(c->worker, buf, info.length, msg, &prm);
+        int done = !UCS_PTR_IS_PTR(req);
+        while (!done && kt__ucx_now_ms() < end) {
+            ucp_worker_progress(c->worker);
+            done = ucp_request_check_status(req) != UCS_INPROGRESS;
+        }
+        if (UCS_PTR_IS_PTR(req))
+            ucp_request_free(req);
+        if (!done)
+            return; /* UCX may still write into buf: leave it allocated (a bounded leak) */
+        free(buf);
+    }
 }
 
 static void ucx_destroy(kt_comm *comm)
@@ -387,6 +480,7 @@ static void ucx_destroy(kt_comm *comm)
             progress_until_done(c, &c->abort_req, 1, ABORT_GRACE_MS);
             c->abort_req = NULL;
         }
+        drain_unexpected(c);
         ucp_worker_destroy(c->worker);
     }
     if (c->context != NULL)
@@ -428,6 +522,12 @@ static kt_status init_context(kt__ucx_comm *c, const kt__ucx_setup *s)
         setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
     }
     setenv("UCX_KEEPALIVE_INTERVAL", "1s", 0);
+
+    /* Expected failures (a peer's death, a peer that went away while we attached to its
+     * shared memory) make UCX log errors to stderr; libkt reports them through kt_status and
+     * never prints, so UCX's log is limited to fatal errors unless the user chose a level. */
+    if (getenv("UCX_LOG_LEVEL") == NULL)
+        ucs_global_opts_set_value("LOG_LEVEL", "fatal");
 
     ucp_config_t *cfg = NULL;
     ucs_status_t us = ucp_config_read("KT", NULL, &cfg);
@@ -507,6 +607,7 @@ kt_status kt_comm_create_ucx(const kt_comm_options *options, kt_comm **comm_out)
     if (c == NULL)
         return kt__error(KT_ENOMEM, "kt_comm_create_ucx: out of memory");
     kt__comm_init(&c->base, &ucx_ops, s.rank, s.size, s.timeout_ms);
+    c->blame = -1;
     c->eps_closed = 1; /* until they exist */
     c->peers = calloc((size_t)s.size, sizeof *c->peers);
     if (c->peers == NULL) {
@@ -526,17 +627,8 @@ kt_status kt_comm_create_ucx(const kt_comm_options *options, kt_comm **comm_out)
         goto fail;
     c->eps_closed = 0;
     st = create_endpoints(c, &s, addrs);
-    if (st == KT_OK) {
-        /* Posted for the communicator's lifetime; abort notices match on class only. */
-        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL};
-        ucs_status_ptr_t p = ucp_tag_recv_nbx(c->worker, &c->abort_in, sizeof c->abort_in,
-                                              kt__tag_make(KT__TAG_CLASS_ABORT, 0, 0, 0, 0),
-                                              KT__TAG_MASK_CLASS, &prm);
-        if (UCS_PTR_IS_ERR(p))
-            st = ucx_error(&s, "posting the abort receive", UCS_PTR_STATUS(p));
-        else
-            c->abort_req = p;
-    }
+    if (st == KT_OK)
+        st = post_abort_recv(c); /* posted for the communicator's lifetime */
     /* Every rank learns whether all of them got this far. */
     st = kt__ucx_rendezvous_finish(boot, st, kt_last_error());
     if (st != KT_OK)

@@ -57,9 +57,13 @@ static inline uint32_t kt__tag_seq(ucp_tag_t t)
     return (uint32_t)((t >> 36) & ((1u << KT__TAG_SEQ_BITS) - 1));
 }
 
-/* The abort notice: a failing rank sends it to every peer so they stop waiting. */
+/* The abort notice: a failing rank sends it to every peer so they stop waiting. `blame` is
+ * the peer it was waiting for when it timed out (or that failed), -1 if none: a rank that
+ * learns a peer was only waiting for it keeps waiting, so the message that finally comes
+ * out names the rank at the end of the chain (the stopped one), not a bystander. */
 typedef struct kt__ucx_abort_msg {
     int32_t status;
+    int32_t blame;
     char text[KT__COMM_MSG_MAX];
 } kt__ucx_abort_msg;
 
@@ -80,6 +84,8 @@ struct kt__ucx_comm {
     int eps_closed;
     uint32_t seq; /* the next collective's sequence number */
     void *abort_req; /* the posted receive of abort notices from any peer */
+    int blame;       /* the peer the last failed wait names, for the abort notice */
+    int notified;    /* the abort notices went out already */
     kt__ucx_abort_msg abort_in;
     void *scratch; /* all_reduce's buffer at the root, kept between calls */
     size_t scratch_bytes;

@@ -200,6 +200,10 @@ static void build_cases(void)
     CASE(KT_OP_CONCAT, "i32", A(.dim = 1), T(I32, 0, 100, 2, 3), T(I32, 0, 100, 2, 2));
 
     CASE(KT_OP_NARROW, "dim1", A(.dim = 1, .start = 2, .length = 3), T(F32, -1, 1, 4, 6));
+    /* one rank (no communicator): the halos are zeros */
+    CASE(KT_OP_HALO, "causal", A(.dim = 0, .halo_left = 2), T(F32, -1, 1, 7, 3));
+    CASE(KT_OP_HALO, "both sides, time dim 1", A(.dim = 1, .halo_left = 1, .halo_right = 2),
+         T(BF16, -1, 1, 2, 6, 4));
     CASE(KT_OP_NARROW, "dim0 3d", A(.dim = 0, .start = 1, .length = 2),
          T(F32, -1, 1, 4, 3, 2));
     CASE(KT_OP_NARROW, "whole", A(.dim = 1, .start = 0, .length = 5), T(BF16, -1, 1, 2, 5));

@@ -336,8 +336,8 @@ enum {
     B_FIRST = 60, B_LAST = 64, B_STORAGE = 68, B_SIZE = 72,
     /* a step record: kind, op name length, op name, then (from the end of the name) */
     S_KIND = 0, S_OPLEN = 4, S_OPNAME = 8,
-    S_ATTRS = 0, S_N_IN = 108, S_N_OUT = 112, S_IN = 116, S_OUT = 148, S_GOUT = 156,
-    S_GIN = 164, S_SCRATCH = 196, S_NAME = 200, S_FLAGS = 204, S_FLOPS = 208, S_TAIL = 216,
+    S_ATTRS = 0, S_N_IN = 128, S_N_OUT = 132, S_IN = 136, S_OUT = 168, S_GOUT = 176,
+    S_GIN = 184, S_SCRATCH = 216, S_NAME = 220, S_FLAGS = 224, S_FLOPS = 228, S_TAIL = 236,
     /* an entry record */
     E_NAME = 0, E_BUF = 4, E_GRAD = 8, E_INIT = 12, E_A = 16, E_B = 20, E_SIZE = 24,
     MAX_STEPS = 64
@@ -735,7 +735,8 @@ static int list_fields(const unsigned char *b0, const layout *L, int core_only, 
         ADD(b + B_LAST, 4);
         ADD(b + B_STORAGE, 4);
     }
-    static const int attr_width[] = {4, 4, 4, 4, 8, 4, 4, 4, 4, 4, 8, 8, 4, 4, 4, 8, 8, 8, 8, 4};
+    static const int attr_width[] = {4, 4, 4, 4, 8, 4, 4, 4, 4, 4, 8, 8, 4, 4, 4, 8, 8, 8, 8, 4,
+                                     8, 8, 4};
     for (int32_t i = 0; i < L->n_steps && core_only; i++) {
         size_t base = L->fields[i];
         int32_t n_in = rd_i32(b0, base + S_N_IN), n_out = rd_i32(b0, base + S_N_OUT);

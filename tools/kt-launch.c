@@ -172,8 +172,11 @@ static void signal_all(rank_proc *ranks, int n, int sig)
 {
     for (int r = 0; r < n; r++)
         if (ranks[r].running) {
-            kill(ranks[r].pid, sig);
-            if (sig == SIGTERM)
+            /* The rank's process group: a shell's children must go too, or they keep the
+             * output pipes open. */
+            if (kill(-ranks[r].pid, sig) != 0)
+                kill(ranks[r].pid, sig);
+            if (sig == SIGTERM && kill(-ranks[r].pid, SIGCONT) != 0)
                 kill(ranks[r].pid, SIGCONT); /* a stopped rank must run to see SIGTERM */
         }
 }
@@ -325,6 +328,8 @@ int main(int argc, char **argv)
         pid_t pid = spawn(r, n, port, transport, timeout, prog, out_fd, err_fd);
         close(out_fd[1]);
         close(err_fd[1]);
+        if (pid > 0)
+            setpgid(pid, pid); /* also here: a signal may come before the child ran */
         if (pid < 0) {
             fprintf(stderr, "kt-launch: fork: %s\n", strerror(errno));
             signal_all(ranks, r, SIGKILL);

@@ -18,7 +18,8 @@ static int attrs_equal(const kt_op_attrs *a, const kt_op_attrs *b)
         a->norm_topk != b->norm_topk || a->depthwise != b->depthwise ||
         a->conv_mode != b->conv_mode || a->dim != b->dim || a->start != b->start ||
         a->length != b->length || a->dim0 != b->dim0 || a->dim1 != b->dim1 ||
-        a->ndim != b->ndim || a->binding != b->binding)
+        a->ndim != b->ndim || a->binding != b->binding || a->halo_left != b->halo_left ||
+        a->halo_right != b->halo_right || a->halo_mode != b->halo_mode)
         return 0;
     for (int d = 0; d < KT_MAX_DIMS; d++)
         if (a->shape[d] != b->shape[d])

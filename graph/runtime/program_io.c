@@ -45,6 +45,9 @@ static void put_attrs(kt__writer *w, const kt_op_attrs *a)
     for (int d = 0; d < KT_MAX_DIMS; d++)
         kt__put_i64(w, a->shape[d]);
     kt__put_i32(w, a->binding);
+    kt__put_i64(w, a->halo_left);
+    kt__put_i64(w, a->halo_right);
+    kt__put_i32(w, (int32_t)a->halo_mode);
 }
 
 static void get_attrs(kt__reader *r, kt_op_attrs *a)
@@ -68,6 +71,9 @@ static void get_attrs(kt__reader *r, kt_op_attrs *a)
     for (int d = 0; d < KT_MAX_DIMS; d++)
         a->shape[d] = kt__get_i64(r);
     a->binding = kt__get_i32(r);
+    a->halo_left = kt__get_i64(r);
+    a->halo_right = kt__get_i64(r);
+    a->halo_mode = (kt_halo_mode)kt__get_i32(r);
 }
 
 static void put_body(kt__writer *w, const kt_program *p)

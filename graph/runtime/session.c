@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/numa_internal.h"
 #include "graph/runtime/session_internal.h"
+#include "kt/comm.h"
 #include "kt/moe.h"
 
 static const char *const category_names[KT__STEP_KIND_COUNT] = {"forward", "backward", "fill",
@@ -63,6 +64,42 @@ static void bind_step(kt_session *s, int32_t at, kt_tensor **cursor)
     }
     e->call.bindings = (void *const *)s->opt.moe_layers;
     e->call.n_bindings = s->opt.n_moe_layers;
+    e->call.comm = s->opt.comm;
+    if (s->comm_scratch != NULL && s->comm_scratch[at] != NULL) {
+        e->call.comm_scratch = s->comm_scratch[at];
+        e->call.comm_scratch_bytes =
+            d->comm_scratch(&ps->attrs, in, ps->n_in, kt_comm_size(s->opt.comm));
+    }
+}
+
+/* Message buffers of the steps that talk to other ranks, sized for this world. */
+static kt_status alloc_comm_scratch(kt_session *s)
+{
+    const kt_program *p = s->p;
+    int world = s->opt.comm ? kt_comm_size(s->opt.comm) : 1;
+    s->comm_scratch = calloc((size_t)p->n_steps + 1, sizeof *s->comm_scratch);
+    if (s->comm_scratch == NULL)
+        return kt__error(KT_ENOMEM, "session: out of memory");
+    for (int32_t at = 0; at < p->n_steps; at++) {
+        const kt__pstep *ps = &p->steps[at];
+        if (ps->kind != KT__STEP_FORWARD && ps->kind != KT__STEP_BACKWARD)
+            continue;
+        const kt__op_desc *d = kt__op_get(ps->op);
+        if (d->comm_scratch == NULL || s->opt.comm == NULL)
+            continue;
+        kt_tensor in[KT_OP_MAX_IN];
+        for (int32_t i = 0; i < ps->n_in; i++)
+            in[i] = p->bufs[ps->in[i]].meta;
+        size_t bytes = d->comm_scratch(&ps->attrs, in, ps->n_in, world);
+        if (bytes == 0)
+            continue;
+        if (posix_memalign(&s->comm_scratch[at], 64, bytes) != 0) {
+            s->comm_scratch[at] = NULL;
+            return kt__error(KT_ENOMEM, "session: cannot allocate %zu bytes of message buffers "
+                             "for step %d", bytes, at);
+        }
+    }
+    return KT_OK;
 }
 
 /* Every moe step has a layer that fits it, and each layer serves one moe node. */
@@ -75,6 +112,8 @@ static kt_status check_moe_bindings(const kt_session *s)
             continue;
         int b = ps->attrs.binding;
         const char *node = kt__strings_get(&p->strings, ps->name);
+        if (s->opt.comm != NULL && kt_comm_rank(s->opt.comm) != 0)
+            continue; /* with several ranks, rank 0 owns the experts */
         if (b >= s->opt.n_moe_layers || s->opt.moe_layers == NULL || s->opt.moe_layers[b] == NULL)
             return kt__error(KT_EINVAL, "session: moe node '%s' runs MoE layer %d, but %d "
                              "layer%s given (kt_session_options.moe_layers)", node, b,
@@ -87,8 +126,9 @@ static kt_status check_moe_bindings(const kt_session *s)
                                  kt__strings_get(&p->strings, p->steps[other].name), node, b);
         const kt_moe_config *cfg = kt_moe_get_config(s->opt.moe_layers[b]);
         const kt_tensor *x = &p->bufs[ps->in[0]].meta, *ids = &p->bufs[ps->in[1]].meta;
+        int64_t world = s->opt.comm ? kt_comm_size(s->opt.comm) : 1;
         if (cfg->hidden != x->shape[1] || cfg->top_k != ids->shape[1] ||
-            cfg->max_tokens < x->shape[0] || cfg->act_dtype != x->dtype)
+            cfg->max_tokens < x->shape[0] * world || cfg->act_dtype != x->dtype)
             return kt__error(KT_EINVAL, "session: moe node '%s' (x %s[%lld,%lld], k=%lld) does "
                              "not fit MoE layer %d (H=%lld, k=%lld, max_tokens=%lld, act %s)",
                              node, kt_dtype_name(x->dtype), (long long)x->shape[0],
@@ -160,7 +200,8 @@ kt_status kt_session_create(const kt_program *p, const kt_session_options *optio
         if ((status = alloc_zeroed(p->region_bytes[KT__REGION_GRAD],
                                    (unsigned char **)&s->opt_state[k])) != KT_OK)
             goto fail;
-    if ((status = check_moe_bindings(s)) != KT_OK || (status = bind(s)) != KT_OK ||
+    if ((status = check_moe_bindings(s)) != KT_OK || (status = alloc_comm_scratch(s)) != KT_OK ||
+        (status = bind(s)) != KT_OK ||
         (status = kt_session_init_params(s, s->opt.seed)) != KT_OK)
         goto fail;
     *session_out = s;
@@ -183,6 +224,9 @@ void kt_session_destroy(kt_session *s)
     free(s->tensors);
     free(s->call_tensors);
     free(s->exec);
+    for (int32_t at = 0; s->comm_scratch != NULL && at < s->p->n_steps; at++)
+        free(s->comm_scratch[at]);
+    free(s->comm_scratch);
     free(s);
 }
 

@@ -28,6 +28,7 @@ struct kt_session {
     float loss, grad_norm, lr;
     size_t trace_count;
     int32_t inject_at; /* tests: the step that fails next (once), or -1 */
+    void **comm_scratch; /* per step: message buffers for this world size, or NULL */
 };
 
 /* Tests: makes step `step` fail the next time it runs (fault injection). */

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "graph/runtime/session_internal.h"
+#include "kt/comm.h"
 #include "optim/optim.h"
 
 static float scheduled_lr(const kt_session *s)
@@ -40,6 +41,24 @@ kt_status kt_session_step(kt_session *s)
     const int32_t n_params = s->p->n_entries[KT_ROLE_PARAM];
     float *param, *grad, *st0, *st1;
     int64_t n;
+
+    /* several ranks: every rank gets the mean gradient (and loss) of all ranks, so the
+     * replicated parameters stay identical everywhere */
+    if (s->opt.comm != NULL && kt_comm_size(s->opt.comm) > 1) {
+        for (int32_t i = 0; i < n_params; i++) {
+            if (!param_arrays(s, i, &param, &grad, &st0, &st1, &n))
+                continue;
+            kt_status st = kt_comm_all_reduce(s->opt.comm, grad, (size_t)n, KT_F32,
+                                              KT_REDUCE_MEAN);
+            if (st != KT_OK)
+                return kt__error_context(st, "step: averaging the gradient of '%s' over ranks",
+                                         kt__strings_get(&s->p->strings,
+                                                         s->p->entries[KT_ROLE_PARAM][i].name));
+        }
+        float loss = s->loss;
+        KT__TRY(kt_comm_all_reduce(s->opt.comm, &loss, 1, KT_F32, KT_REDUCE_MEAN));
+        s->loss = loss;
+    }
 
     /* average over micro-batches, then the global norm in a fixed parameter order */
     float average = 1.0f / (float)s->micro;

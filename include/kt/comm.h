@@ -42,7 +42,7 @@ typedef struct kt_comm_options {
     int rank, world_size; /* world_size 0: from the environment */
     const char *master_addr;
     int master_port;
-    kt_comm_transport transport;
+    kt_comm_transport transport; /* DEFAULT: KT_COMM_TRANSPORT (shm|tcp), else UCX's choice */
     int timeout_ms; /* 0: KT_COMM_TIMEOUT_MS or 60000 */
 } kt_comm_options;
 

@@ -41,6 +41,13 @@
  *                 MoE layer (kt/moe.h) the session binds as layer `binding`; it keeps what
  *                 its backward needs itself. It runs only inside a session (direct calls
  *                 fail: there is no layer to run), and is on the checkpoint save-list.
+ *                 With a communicator of several ranks, rank 0 owns the experts: every
+ *                 rank's rows are gathered to it, computed there and scattered back.
+ *   halo          x (sharded along `dim` over the context-parallel ranks) -> x with
+ *                 halo_left frames of rank r-1 before it and halo_right frames of rank r+1
+ *                 after it along `dim` (zeros at the ends of the sequence); backward sends
+ *                 the halo gradients back and adds them in. Without a communicator (or with
+ *                 one rank) the halos are zeros.
  */
 #ifndef KT_OPS_H
 #define KT_OPS_H
@@ -71,7 +78,8 @@ extern "C" {
     X(NARROW, narrow)                 \
     X(TRANSPOSE, transpose)           \
     X(RESHAPE, reshape)               \
-    X(MOE, moe)
+    X(MOE, moe)                       \
+    X(HALO, halo)
 
 typedef enum kt_op {
 #define KT__OP_ENUM(upper, lower) KT_OP_##upper,
@@ -88,6 +96,11 @@ typedef enum kt_conv_mode {
     KT_CONV_SAME = 1,
     KT_CONV_VALID = 2
 } kt_conv_mode;
+
+typedef enum kt_halo_mode {
+    KT_HALO_P2P = 0,      /* tag messages with the two neighbours */
+    KT_HALO_ALLGATHER = 1 /* every rank joins the same all-gathers: deterministic pattern */
+} kt_halo_mode;
 
 /* Attributes of all ops in one plain struct; each op reads only its own fields and a
  * zeroed struct is a valid default where the op has one. */
@@ -106,6 +119,8 @@ typedef struct kt_op_attrs {
     int ndim;                   /* reshape */
     int64_t shape[KT_MAX_DIMS]; /* reshape */
     int binding;                /* moe: which of the session's MoE layers (kt/moe.h) runs it */
+    int64_t halo_left, halo_right; /* halo: frames from the previous / next rank */
+    kt_halo_mode halo_mode;        /* halo */
 } kt_op_attrs;
 
 /* How kernels run: the pool (NULL: the caller's thread only) and scratch memory of at least

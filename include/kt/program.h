@@ -131,6 +131,11 @@ typedef struct kt_session_options {
      * array. Not owned; each layer serves one moe node. */
     struct kt_moe *const *moe_layers;
     int n_moe_layers;
+    /* Several ranks (kt/comm.h; not owned): halo ops trade with the neighbouring ranks, moe
+     * ops run on rank 0's layers (only rank 0 binds them), and kt_session_step averages the
+     * gradients and the loss over the ranks before the optimizer (context and data
+     * parallelism: every rank holds the same parameters). NULL: one rank. */
+    struct kt_comm *comm;
 } kt_session_options;
 
 kt_status kt_session_create(const kt_program *p, const kt_session_options *options,
@@ -156,7 +161,8 @@ kt_status kt_session_backward(kt_session *s);
  * starts a new accumulation. */
 kt_status kt_session_step(kt_session *s);
 
-/* The loss of the last forward (NaN before the first). */
+/* The loss of the last forward (NaN before the first); after kt_session_step with several
+ * ranks, the mean over the ranks. */
 float kt_session_loss(const kt_session *s);
 /* Global L2 norm of the gradients before clipping, at the last step. */
 float kt_session_grad_norm(const kt_session *s);

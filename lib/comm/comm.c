@@ -232,7 +232,7 @@ kt_status kt_comm_gatherv(kt_comm *comm, const void *send, const size_t *counts,
                           int root)
 {
     static const char fn[] = "kt_comm_gatherv";
-    size_t total;
+    size_t total = 0;
     KT__TRY(usable(comm, fn));
     KT__TRY(check_root(comm, fn, root));
     KT__TRY(sum_counts(comm, fn, counts, &total));
@@ -251,7 +251,7 @@ kt_status kt_comm_scatterv(kt_comm *comm, const void *send, const size_t *counts
                            int root)
 {
     static const char fn[] = "kt_comm_scatterv";
-    size_t total;
+    size_t total = 0;
     KT__TRY(usable(comm, fn));
     KT__TRY(check_root(comm, fn, root));
     KT__TRY(sum_counts(comm, fn, counts, &total));

@@ -1,6 +1,9 @@
 /* moe: the CPU MoE layer as a graph op. The layer object (kt/moe.h) holds the expert
  * weights and what its backward needs, so the op only checks shapes and hands the tensors
  * to the layer the session bound as `attrs.binding`. */
+#include <string.h>
+
+#include "kt/comm.h"
 #include "kt/moe.h"
 #include "ops/op_desc.h"
 #include "ops/op_util.h"
@@ -41,8 +44,131 @@ static kt_status layer_of(const kt__op_call *c, kt_moe **out)
     return KT_OK;
 }
 
+/* ---- several ranks: rank 0 owns the experts ------------------------------------------------
+ * Every rank runs the same program, so every rank has the same token count T: rank 0
+ * gathers the W*T rows in rank order, runs the layer on them as one batch (the result equals
+ * one rank running the concatenated batch), agrees on the status with everyone before the
+ * scatter (so a failure on rank 0 reaches every rank instead of leaving them waiting), and
+ * scatters the rows back. Weight gradients are scaled by 1/W, matching data-parallel
+ * averaging. */
+
+typedef struct dist {
+    int world, rank;
+    size_t *counts;
+    kt_tensor x, ids, w, y, gy, gx, gw; /* [W*T, ...] on rank 0 */
+} dist;
+
+static size_t row_bytes(const kt_tensor *t) { return kt_tensor_nbytes(t) / (size_t)t->shape[0]; }
+
+static size_t comm_scratch_moe(const kt_op_attrs *at, const kt_tensor *in, int n, int world)
+{
+    (void)at, (void)n;
+    if (world <= 1)
+        return 0;
+    size_t rows = (size_t)in[0].shape[0] * (size_t)world, a = 64;
+    size_t bytes = ((sizeof(size_t) * (size_t)world + a - 1) / a) * a;
+    size_t per_row = 4 * row_bytes(&in[0]) + row_bytes(&in[1]) + 2 * row_bytes(&in[2]);
+    return bytes + rows * per_row + 8 * a;
+}
+
+static char *carve(char **cursor, size_t bytes)
+{
+    char *p = *cursor;
+    *cursor += (bytes + 63) / 64 * 64;
+    return p;
+}
+
+static kt_tensor rows_like(const kt_tensor *t, int world, char **cursor)
+{
+    kt_tensor r = *t;
+    r.shape[0] *= world;
+    (void)kt_tensor_init(&r, NULL, t->dtype, t->ndim, r.shape);
+    r.data = carve(cursor, kt_tensor_nbytes(&r));
+    return r;
+}
+
+static kt_status dist_setup(const kt__op_call *c, dist *d)
+{
+    d->world = kt_comm_size(c->comm);
+    d->rank = kt_comm_rank(c->comm);
+    if (c->comm_scratch == NULL)
+        return kt__error(KT_EINVAL, "moe: no message buffers (run it in a session)");
+    char *cursor = c->comm_scratch;
+    d->counts = (size_t *)(void *)carve(&cursor, sizeof(size_t) * (size_t)d->world);
+    d->x = rows_like(&c->in[0], d->world, &cursor);
+    d->y = rows_like(&c->in[0], d->world, &cursor);
+    d->gy = rows_like(&c->in[0], d->world, &cursor);
+    d->gx = rows_like(&c->in[0], d->world, &cursor);
+    d->ids = rows_like(&c->in[1], d->world, &cursor);
+    d->w = rows_like(&c->in[2], d->world, &cursor);
+    d->gw = rows_like(&c->in[2], d->world, &cursor);
+    return KT_OK;
+}
+
+static kt_status gather_rows(const kt__op_call *c, dist *d, const kt_tensor *local, kt_tensor *all)
+{
+    for (int r = 0; r < d->world; r++)
+        d->counts[r] = kt_tensor_nbytes(local);
+    return kt_comm_gatherv(c->comm, local->data, d->counts, all->data, 0);
+}
+
+static kt_status scatter_rows(const kt__op_call *c, dist *d, const kt_tensor *all, kt_tensor *local)
+{
+    for (int r = 0; r < d->world; r++)
+        d->counts[r] = kt_tensor_nbytes(local);
+    return kt_comm_scatterv(c->comm, all->data, d->counts, local->data, 0);
+}
+
+static kt_status fwd_moe_dist(const kt__op_call *c)
+{
+    dist d;
+    KT__TRY(dist_setup(c, &d));
+    KT__TRY(gather_rows(c, &d, &c->in[0], &d.x));
+    KT__TRY(gather_rows(c, &d, &c->in[1], &d.ids));
+    KT__TRY(gather_rows(c, &d, &c->in[2], &d.w));
+    kt_status st = KT_OK;
+    if (d.rank == 0) {
+        kt_moe *m = NULL;
+        st = layer_of(c, &m);
+        if (st == KT_OK)
+            st = kt_moe_forward(m, &d.x, &d.ids, &d.w, &d.y);
+    }
+    KT__TRY(kt_comm_agree(c->comm, st));
+    return scatter_rows(c, &d, &d.y, &c->out_w[0]);
+}
+
+static kt_status bwd_moe_dist(const kt__op_call *c)
+{
+    dist d;
+    KT__TRY(dist_setup(c, &d));
+    KT__TRY(gather_rows(c, &d, &c->gout[0], &d.gy));
+    kt_status st = KT_OK;
+    int want_x = c->gin[0].data != NULL, want_w = c->gin[2].data != NULL;
+    if (d.rank == 0) {
+        kt_moe *m = NULL;
+        kt_tensor gx = d.gx, gw = d.gw;
+        if (!want_x)
+            gx.data = NULL;
+        if (!want_w)
+            gw.data = NULL;
+        st = layer_of(c, &m);
+        if (st == KT_OK)
+            st = kt_moe_backward(m, &d.gy, &gx, &gw, 1.0f / (float)d.world);
+    }
+    KT__TRY(kt_comm_agree(c->comm, st));
+    if (want_x)
+        KT__TRY(scatter_rows(c, &d, &d.gx, &c->gin[0]));
+    if (want_w)
+        KT__TRY(scatter_rows(c, &d, &d.gw, &c->gin[2]));
+    return KT_OK;
+}
+
+static int distributed(const kt__op_call *c) { return c->comm != NULL && kt_comm_size(c->comm) > 1; }
+
 static kt_status fwd_moe(const kt__op_call *c)
 {
+    if (distributed(c))
+        return fwd_moe_dist(c);
     kt_moe *m = NULL;
     KT__TRY(layer_of(c, &m));
     return kt_moe_forward(m, &c->in[0], &c->in[1], &c->in[2], &c->out_w[0]);
@@ -50,6 +176,8 @@ static kt_status fwd_moe(const kt__op_call *c)
 
 static kt_status bwd_moe(const kt__op_call *c)
 {
+    if (distributed(c))
+        return bwd_moe_dist(c);
     kt_moe *m = NULL;
     KT__TRY(layer_of(c, &m));
     return kt_moe_backward(m, &c->gout[0], &c->gin[0], &c->gin[2], 1.0f);
@@ -57,4 +185,5 @@ static kt_status bwd_moe(const kt__op_call *c)
 
 const kt__op_desc kt__op_moe = {
     .name = "moe", .min_in = 3, .max_in = 3, .n_out = 1, .no_grad_in = 2u, .must_save = 1,
-    .infer = infer_moe, .flops = flops_moe, .forward = fwd_moe, .backward = bwd_moe};
+    .infer = infer_moe, .flops = flops_moe, .comm_scratch = comm_scratch_moe,
+    .forward = fwd_moe, .backward = bwd_moe};

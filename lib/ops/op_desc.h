@@ -26,6 +26,11 @@ typedef struct kt__op_call {
     /* Objects the session binds to ops that keep state outside the graph (MoE layers). */
     void *const *bindings;
     int n_bindings;
+    /* The session's communicator (NULL: one rank) and the step's buffer for messages, of
+     * the op's comm_scratch bytes for this world size. */
+    struct kt_comm *comm;
+    void *comm_scratch;
+    size_t comm_scratch_bytes;
 } kt__op_call;
 
 typedef kt_status (*kt__op_infer_fn)(const kt_op_attrs *attrs, const kt_tensor *in, int n_in,
@@ -33,6 +38,9 @@ typedef kt_status (*kt__op_infer_fn)(const kt_op_attrs *attrs, const kt_tensor *
 typedef size_t (*kt__op_scratch_fn)(const kt_op_attrs *attrs, const kt_tensor *in, int n_in);
 typedef double (*kt__op_flops_fn)(const kt_op_attrs *attrs, const kt_tensor *in, int n_in);
 typedef kt_status (*kt__op_kernel_fn)(const kt__op_call *call);
+/* Message buffers an op needs for a given world size (known only when a session runs). */
+typedef size_t (*kt__op_comm_scratch_fn)(const kt_op_attrs *attrs, const kt_tensor *in, int n_in,
+                                         int world);
 
 typedef struct kt__op_desc {
     const char *name;
@@ -51,6 +59,7 @@ typedef struct kt__op_desc {
     kt__op_infer_fn infer;
     kt__op_scratch_fn scratch_fwd, scratch_bwd; /* NULL: none */
     kt__op_flops_fn flops;                      /* NULL: 0 */
+    kt__op_comm_scratch_fn comm_scratch;        /* NULL: none */
     kt__op_kernel_fn forward, backward;
 } kt__op_desc;
 

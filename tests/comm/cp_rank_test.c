@@ -1,0 +1,293 @@
+/* Multi-rank graph ops, run as one rank under kt-launch: every rank builds the same model on
+ * its shard and compares with the single-rank result on the whole sequence (or batch), which
+ * it computes itself on a one-rank session.
+ *
+ *   cp_rank_test halo MODE   causal conv on a sequence sharded over the ranks: outputs,
+ *                            loss and gradients equal the unsharded ones (kernel 1..5,
+ *                            left-only and both sides); MODE is p2p or allgather
+ *   cp_rank_test moe         distributed MoE: rank 0 owns the experts; outputs and gradients
+ *                            equal one rank running the concatenated batch
+ *
+ * Prints "PASS rank r" or "FAIL rank r: why" and exits 0/1. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <kt/kt.h>
+
+static int rank_id = -1;
+
+static void fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("FAIL rank %d: ", rank_id);
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    fflush(stdout);
+    exit(1);
+}
+
+#define OK(expr)                                                                              \
+    do {                                                                                      \
+        kt_status s_ = (expr);                                                                \
+        if (s_ != KT_OK)                                                                      \
+            fail("%s: %s", #expr, kt_last_error());                                           \
+    } while (0)
+
+static float value_at(uint64_t seed, int64_t i)
+{
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + (uint64_t)i * 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 31;
+    x *= 0x94D049BB133111EBull;
+    x ^= x >> 29;
+    return (float)((double)(x >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static void fill(kt_tensor *t, uint64_t seed, int64_t offset)
+{
+    for (int64_t i = 0; i < kt_tensor_numel(t); i++)
+        ((float *)t->data)[i] = value_at(seed, i + offset);
+}
+
+static double rel_err(const float *a, const float *b, int64_t n)
+{
+    double scale = 1e-12, err = 0;
+    for (int64_t i = 0; i < n; i++)
+        scale = fmax(scale, fabs((double)b[i]));
+    for (int64_t i = 0; i < n; i++)
+        err = fmax(err, fabs((double)a[i] - (double)b[i]));
+    return err / scale;
+}
+
+/* ---- halo: x -> mul(x, s) -> halo -> conv1d valid -> cross-entropy ---------------------- */
+
+enum { SHARD_T = 12, C = 6, CLASSES = 6 };
+
+static kt_program *halo_model(int64_t t, int kernel, int64_t left, int64_t right, int sharded,
+                              kt_halo_mode mode)
+{
+    kt_graph *g;
+    kt_value x, y, s, w, h, out, loss;
+    OK(kt_graph_create(&g));
+    OK(kt_graph_input(g, "x", KT_F32, 2, (int64_t[]){t, C}, &x));
+    OK(kt_graph_input(g, "y", KT_I32, 1, (int64_t[]){t}, &y));
+    OK(kt_graph_param(g, "s", KT_F32, 1, (int64_t[]){C}, kt_init_zeros(), &s));
+    OK(kt_graph_param(g, "w", KT_F32, 3, (int64_t[]){C, kernel, C}, kt_init_zeros(), &w));
+    OK(kt_graph_op(g, "scale", KT_OP_MUL, NULL, (kt_value[]){x, s}, 2, &h));
+    if (sharded) {
+        kt_op_attrs ha = {.dim = 0, .halo_left = left, .halo_right = right, .halo_mode = mode};
+        OK(kt_graph_op(g, "halo", KT_OP_HALO, &ha, &h, 1, &h));
+        kt_op_attrs ca = {.conv_mode = KT_CONV_VALID};
+        OK(kt_graph_op(g, "conv", KT_OP_CONV1D, &ca, (kt_value[]){h, w}, 2, &out));
+    } else {
+        /* the unsharded reference pads the whole sequence the same way */
+        kt_op_attrs ca = {.conv_mode = right == 0 ? KT_CONV_CAUSAL : KT_CONV_SAME};
+        OK(kt_graph_op(g, "conv", KT_OP_CONV1D, &ca, (kt_value[]){h, w}, 2, &out));
+    }
+    kt_op_attrs ce = {.ignore_index = -100};
+    OK(kt_graph_op(g, "loss", KT_OP_CROSS_ENTROPY, &ce, (kt_value[]){out, y}, 2, &loss));
+    OK(kt_graph_output(g, out, "out"));
+    OK(kt_graph_set_loss(g, loss));
+    kt_program *p;
+    OK(kt_compile(g, NULL, &p));
+    kt_graph_destroy(g);
+    return p;
+}
+
+typedef struct result {
+    float *out, *gs, *gw;
+    float loss;
+} result;
+
+static void run_halo(kt_program *p, kt_comm *comm, int64_t t, int64_t offset, int kernel,
+                     result *r)
+{
+    kt_session *s;
+    kt_session_options so = {.threads = 1, .comm = comm, .optimizer = {.lr = 0.0f}};
+    OK(kt_session_create(p, &so, &s));
+    kt_tensor x, y, ps, pw, out, gs, gw;
+    OK(kt_session_tensor(s, KT_ROLE_INPUT, "x", &x));
+    OK(kt_session_tensor(s, KT_ROLE_INPUT, "y", &y));
+    OK(kt_session_tensor(s, KT_ROLE_PARAM, "s", &ps));
+    OK(kt_session_tensor(s, KT_ROLE_PARAM, "w", &pw));
+    fill(&x, 1, offset * C);
+    for (int64_t i = 0; i < t; i++)
+        ((int32_t *)y.data)[i] = (int32_t)((i + offset) * 7 % CLASSES);
+    fill(&ps, 2, 0);
+    fill(&pw, 3 + (uint64_t)kernel, 0);
+    OK(kt_session_forward(s));
+    OK(kt_session_backward(s));
+    OK(kt_session_step(s)); /* lr 0: only averages gradients and the loss over the ranks */
+    OK(kt_session_tensor(s, KT_ROLE_OUTPUT, "out", &out));
+    OK(kt_session_tensor(s, KT_ROLE_GRAD, "s", &gs));
+    OK(kt_session_tensor(s, KT_ROLE_GRAD, "w", &gw));
+    r->out = malloc(kt_tensor_nbytes(&out));
+    r->gs = malloc(kt_tensor_nbytes(&gs));
+    r->gw = malloc(kt_tensor_nbytes(&gw));
+    memcpy(r->out, out.data, kt_tensor_nbytes(&out));
+    memcpy(r->gs, gs.data, kt_tensor_nbytes(&gs));
+    memcpy(r->gw, gw.data, kt_tensor_nbytes(&gw));
+    r->loss = kt_session_loss(s);
+    kt_session_destroy(s);
+}
+
+static void result_free(result *r) { free(r->out), free(r->gs), free(r->gw); }
+
+static void scenario_halo(kt_comm *comm, kt_halo_mode mode)
+{
+    int world = kt_comm_size(comm), rank = kt_comm_rank(comm);
+    int cases = 0;
+    for (int kernel = 1; kernel <= 5; kernel++) {
+        for (int both = 0; both <= 1; both++) {
+            int64_t left = both ? kernel / 2 : kernel - 1, right = both ? kernel - 1 - kernel / 2 : 0;
+            kt_program *sharded = halo_model(SHARD_T, kernel, left, right, 1, mode);
+            kt_program *whole = halo_model(SHARD_T * world, kernel, left, right, 0, mode);
+            result a, b;
+            run_halo(sharded, comm, SHARD_T, (int64_t)rank * SHARD_T, kernel, &a);
+            run_halo(whole, NULL, SHARD_T * world, 0, kernel, &b);
+            /* this rank's rows of the whole sequence's output */
+            double e_out = rel_err(a.out, b.out + (int64_t)rank * SHARD_T * CLASSES,
+                                   SHARD_T * CLASSES);
+            double e_s = rel_err(a.gs, b.gs, C), e_w = rel_err(a.gw, b.gw, C * kernel * C);
+            double e_l = fabs((double)a.loss - (double)b.loss) / fmax(fabs((double)b.loss), 1e-12);
+            if (e_out > 1e-5 || e_s > 1e-5 || e_w > 1e-5 || e_l > 1e-5)
+                fail("halo %s K=%d %s: relative errors out %.3g, grad s %.3g, grad w %.3g, "
+                     "loss %.3g (bound 1e-5)", mode == KT_HALO_P2P ? "p2p" : "allgather", kernel,
+                     both ? "both sides" : "causal", e_out, e_s, e_w, e_l);
+            result_free(&a);
+            result_free(&b);
+            kt_program_destroy(sharded);
+            kt_program_destroy(whole);
+            cases++;
+        }
+    }
+    printf("PASS rank %d: halo %s, %d cases over %d ranks\n", rank,
+           mode == KT_HALO_P2P ? "p2p" : "allgather", cases, world);
+}
+
+/* ---- distributed MoE ---------------------------------------------------------------------- */
+
+enum { MT = 5, MH = 16, MI = 12, ME = 6, MK = 2 };
+
+static kt_moe *make_layer(int64_t max_tokens)
+{
+    kt_moe_config c = {.n_experts = ME, .hidden = MH, .intermediate = MI, .top_k = MK,
+                       .max_tokens = max_tokens, .weight_dtype = KT_F32, .act_dtype = KT_F32,
+                       .mode = KT_MOE_FULL, .keep_activations = 1, .name = "dist"};
+    kt_moe *m;
+    OK(kt_moe_create(&c, NULL, &m));
+    for (int64_t e = 0; e < ME; e++)
+        for (int p = 0; p < 3; p++) {
+            kt_tensor w;
+            OK(kt_moe_weight(m, e, (kt_moe_proj)p, &w));
+            fill(&w, 100 + (uint64_t)(e * 3 + p), 0);
+        }
+    return m;
+}
+
+static kt_program *moe_model(int64_t t)
+{
+    kt_graph *g;
+    kt_value x, y, r, logits, out[2], m, loss;
+    OK(kt_graph_create(&g));
+    OK(kt_graph_input(g, "x", KT_F32, 2, (int64_t[]){t, MH}, &x));
+    OK(kt_graph_input(g, "y", KT_I32, 1, (int64_t[]){t}, &y));
+    OK(kt_graph_param(g, "router", KT_F32, 2, (int64_t[]){MH, ME}, kt_init_zeros(), &r));
+    OK(kt_graph_op(g, "route", KT_OP_MATMUL, NULL, (kt_value[]){x, r}, 2, &logits));
+    kt_op_attrs ra = {.k = MK, .norm_topk = 1};
+    OK(kt_graph_op(g, "topk", KT_OP_TOPK_ROUTER, &ra, &logits, 1, out));
+    OK(kt_graph_op(g, "moe", KT_OP_MOE, NULL, (kt_value[]){x, out[0], out[1]}, 3, &m));
+    kt_op_attrs ce = {.ignore_index = -100};
+    OK(kt_graph_op(g, "loss", KT_OP_CROSS_ENTROPY, &ce, (kt_value[]){m, y}, 2, &loss));
+    OK(kt_graph_output(g, m, "m"));
+    OK(kt_graph_set_loss(g, loss));
+    kt_program *p;
+    OK(kt_compile(g, NULL, &p));
+    kt_graph_destroy(g);
+    return p;
+}
+
+static void run_moe(kt_program *p, kt_comm *comm, kt_moe *layer, int64_t t, int64_t offset,
+                    float *out, float *grad_router, float *loss)
+{
+    kt_session *s;
+    kt_session_options so = {.threads = 1, .comm = comm, .moe_layers = layer ? &layer : NULL,
+                             .n_moe_layers = layer ? 1 : 0, .optimizer = {.lr = 0.0f}};
+    OK(kt_session_create(p, &so, &s));
+    kt_tensor x, y, r, m, gr;
+    OK(kt_session_tensor(s, KT_ROLE_INPUT, "x", &x));
+    OK(kt_session_tensor(s, KT_ROLE_INPUT, "y", &y));
+    OK(kt_session_tensor(s, KT_ROLE_PARAM, "router", &r));
+    fill(&x, 7, offset * MH);
+    for (int64_t i = 0; i < t; i++)
+        ((int32_t *)y.data)[i] = (int32_t)((i + offset) * 5 % MH);
+    fill(&r, 8, 0);
+    OK(kt_session_forward(s));
+    OK(kt_session_backward(s));
+    OK(kt_session_step(s));
+    OK(kt_session_tensor(s, KT_ROLE_OUTPUT, "m", &m));
+    OK(kt_session_tensor(s, KT_ROLE_GRAD, "router", &gr));
+    memcpy(out, m.data, kt_tensor_nbytes(&m));
+    memcpy(grad_router, gr.data, kt_tensor_nbytes(&gr));
+    *loss = kt_session_loss(s);
+    kt_session_destroy(s);
+}
+
+static void scenario_moe(kt_comm *comm)
+{
+    int world = kt_comm_size(comm), rank = kt_comm_rank(comm);
+    kt_moe *layer = rank == 0 ? make_layer(MT * world) : NULL, *whole_layer = make_layer(MT * world);
+    kt_program *p = moe_model(MT), *whole = moe_model(MT * world);
+    float *out = malloc(sizeof(float) * MT * MH), *ref = malloc(sizeof(float) * MT * world * MH);
+    float gr[MH * ME], gref[MH * ME], loss, lref;
+    run_moe(p, comm, layer, MT, (int64_t)rank * MT, out, gr, &loss);
+    run_moe(whole, NULL, whole_layer, MT * world, 0, ref, gref, &lref);
+    double e_out = rel_err(out, ref + (int64_t)rank * MT * MH, MT * MH);
+    double e_g = rel_err(gr, gref, MH * ME);
+    double e_l = fabs((double)loss - (double)lref) / fmax(fabs((double)lref), 1e-12);
+    if (e_out > 1e-5 || e_g > 1e-5 || e_l > 1e-5)
+        fail("distributed moe: relative errors out %.3g, grad router %.3g, loss %.3g", e_out,
+             e_g, e_l);
+    if (rank == 0) {
+        /* the experts' weight gradients: scaled by 1/world on the concatenated batch, and
+         * the single-rank layer saw the same batch at scale 1 */
+        kt_tensor a, b;
+        OK(kt_moe_weight_grad(layer, 0, KT_MOE_UP, &a));
+        OK(kt_moe_weight_grad(whole_layer, 0, KT_MOE_UP, &b));
+        for (int64_t i = 0; i < kt_tensor_numel(&a); i++)
+            ((float *)b.data)[i] /= (float)world;
+        double e_w = rel_err(a.data, b.data, kt_tensor_numel(&a));
+        if (e_w > 1e-5)
+            fail("distributed moe: expert weight gradient differs by %.3g", e_w);
+    }
+    free(out), free(ref);
+    kt_program_destroy(p), kt_program_destroy(whole);
+    kt_moe_destroy(layer), kt_moe_destroy(whole_layer);
+    printf("PASS rank %d: distributed moe over %d ranks\n", rank, world);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: cp_rank_test halo p2p|allgather | moe\n");
+        return 2;
+    }
+    kt_comm *comm;
+    kt_status s = kt_comm_create_ucx(NULL, &comm);
+    if (s != KT_OK)
+        fail("kt_comm_create_ucx: %s", kt_last_error());
+    rank_id = kt_comm_rank(comm);
+    if (strcmp(argv[1], "halo") == 0 && argc > 2)
+        scenario_halo(comm, strcmp(argv[2], "allgather") == 0 ? KT_HALO_ALLGATHER : KT_HALO_P2P);
+    else if (strcmp(argv[1], "moe") == 0)
+        scenario_moe(comm);
+    else
+        fail("unknown scenario %s", argv[1]);
+    fflush(stdout);
+    kt_comm_destroy(comm);
+    return 0;
+}
