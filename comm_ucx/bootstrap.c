@@ -494,7 +494,7 @@ static kt_status client_exchange(kt__ucx_boot *b, const void *addr, size_t addr_
                          "expected %d", s->rank, s->master_addr, s->master_port, reply[1], s->size);
     size_t total = 0;
     for (int r = 0; r < s->size && st == KT_OK; r++) {
-        uint32_t l;
+        uint32_t l = 0;
         st = get_u32s(fd, &l, 1, b->deadline, &why);
         if (st == KT_OK && (l == 0 || l > BOOT_MAX_ADDR))
             return kt__error(KT_EFORMAT, "rank %d: the master at %s:%d sent an address of %u "

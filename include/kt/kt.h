@@ -15,6 +15,7 @@
 /* One comparable number: (major << 16) | (minor << 8) | patch. */
 #define KT_VERSION_HEX ((KT_VERSION_MAJOR << 16) | (KT_VERSION_MINOR << 8) | KT_VERSION_PATCH)
 
+#include "comm.h"
 #include "graph.h"
 #include "io.h"
 #include "moe.h"

@@ -132,9 +132,9 @@ static kt_status fwd_halo(const kt__op_call *c)
     char *buf = c->comm_scratch;
     char *send_next = buf, *send_prev = buf + L * frame, *from_prev = send_prev + R * frame;
     char *from_next = from_prev + L * frame, *gather = from_next + R * frame;
-    if (c->comm != NULL && kt_comm_size(c->comm) > 1 && buf == NULL)
+    if (L + R > 0 && c->comm != NULL && kt_comm_size(c->comm) > 1 && buf == NULL)
         return kt__error(KT_EINVAL, "halo: no message buffer (run it in a session)");
-    if (buf == NULL) { /* one rank: zeros around the shard */
+    if (buf == NULL || L + R == 0) { /* one rank, or nothing to trade */
         for (int64_t o = 0; o < gy.outer; o++) {
             char *row = (char *)c->out_w[0].data + o * gy.frames * gy.inner;
             memset(row, 0, (size_t)(L * gy.inner));
@@ -192,8 +192,8 @@ static kt_status bwd_halo(const kt__op_call *c)
                (const char *)c->gout[0].data + (o * sy.frames + L) * sy.inner,
                (size_t)(T * sx.inner));
     char *buf = c->comm_scratch;
-    if (buf == NULL)
-        return KT_OK; /* one rank: the halos were zeros, their gradients go nowhere */
+    if (buf == NULL || L + R == 0)
+        return KT_OK; /* one rank (the halos were zeros) or no halo: nothing goes anywhere */
     size_t frame = (size_t)(sx.outer * sx.inner);
     /* the left halo's gradient goes back to the previous rank (its last L frames), the
      * right halo's to the next rank (its first R frames) */
