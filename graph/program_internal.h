@@ -60,6 +60,7 @@ typedef struct kt__pentry {
     int32_t buf;
     int32_t grad_buf; /* parameters: the KT__REGION_GRAD buffer, or -1 (frozen) */
     kt_init init;
+    int32_t shard_dim; /* inputs: the dimension split over context-parallel ranks, or -1 */
 } kt__pentry;
 
 struct kt_program {

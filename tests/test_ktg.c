@@ -450,6 +450,22 @@ static void test_annotations(void **state)
     assert_non_null(g->shard_dim);
     assert_int_equal(g->shard_dim[0], 1);
     assert_true(g->nodes[2].attrs.alpha == -0.5f);
+    /* the shard survives compilation and a .ktp round trip */
+    kt_compile_options fo = {.training = 0};
+    kt_program *p, *q;
+    assert_int_equal(kt_compile(g, &fo, &p), KT_OK);
+    size_t n_bytes;
+    assert_int_equal(kt_program_serialized_size(p, &n_bytes), KT_OK);
+    void *bytes = malloc(n_bytes);
+    assert_int_equal(kt_program_serialize(p, bytes, n_bytes), KT_OK);
+    assert_int_equal(kt_program_load_memory(bytes, n_bytes, &q), KT_OK);
+    int dim = -2;
+    assert_int_equal(kt_program_shard_dim(q, "x", &dim), KT_OK);
+    assert_int_equal(dim, 1);
+    TU_EXPECT_ERROR(kt_program_shard_dim(q, "nope", &dim), KT_EINVAL, "no input named 'nope'");
+    free(bytes);
+    kt_program_destroy(p);
+    kt_program_destroy(q);
     kt_graph_destroy(g);
 
     const char *policies[] = {"none", "segments", "sqrtn", "budget(1 << 0)", "budget(4096)"};

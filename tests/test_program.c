@@ -339,7 +339,7 @@ enum {
     S_ATTRS = 0, S_N_IN = 128, S_N_OUT = 132, S_IN = 136, S_OUT = 168, S_GOUT = 176,
     S_GIN = 184, S_SCRATCH = 216, S_NAME = 220, S_FLAGS = 224, S_FLOPS = 228, S_TAIL = 236,
     /* an entry record */
-    E_NAME = 0, E_BUF = 4, E_GRAD = 8, E_INIT = 12, E_A = 16, E_B = 20, E_SIZE = 24,
+    E_NAME = 0, E_BUF = 4, E_GRAD = 8, E_INIT = 12, E_A = 16, E_B = 20, E_SHARD = 24, E_SIZE = 28,
     MAX_STEPS = 64
 };
 

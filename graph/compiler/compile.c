@@ -154,12 +154,14 @@ static kt_status make_entries(kt__compiler *c, kt_program *p)
         e->buf = c->value_buf[v];
         e->grad_buf = c->grad_buf[v];
         e->init = gv->init;
+        e->shard_dim = g->shard_dim != NULL && v < g->cap_shard ? g->shard_dim[v] : -1;
     }
     for (int32_t o = 0; o < g->n_outputs; o++) {
         kt__pentry *e = &p->entries[KT_ROLE_OUTPUT][p->n_entries[KT_ROLE_OUTPUT]++];
         KT__TRY(kt__compiler_name(c, g->outputs[o].name, &e->name));
         e->buf = c->value_buf[c->remap[g->outputs[o].value]];
         e->grad_buf = -1;
+        e->shard_dim = -1;
     }
     return KT_OK;
 }

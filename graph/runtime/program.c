@@ -216,6 +216,10 @@ static kt_status check_entries(const kt_program *p)
                 return kt__error(KT_EFORMAT, "%s %d: invalid gradient buffer", role_names[r], i);
             if ((unsigned)e->init.kind > KT_INIT_LOADED)
                 return kt__error(KT_EFORMAT, "%s %d: invalid initialiser", role_names[r], i);
+            if (e->shard_dim != -1 &&
+                (r != KT_ROLE_INPUT || e->shard_dim < 0 || e->shard_dim >= p->bufs[e->buf].meta.ndim))
+                return kt__error(KT_EFORMAT, "%s %d: invalid shard dimension %d", role_names[r], i,
+                                 e->shard_dim);
         }
     }
     return KT_OK;
@@ -337,4 +341,18 @@ kt_status kt_program_tensor_info(const kt_program *p, kt_tensor_role role, int i
     if (meta_out)
         *meta_out = p->bufs[role == KT_ROLE_GRAD ? e->grad_buf : e->buf].meta;
     return KT_OK;
+}
+
+kt_status kt_program_shard_dim(const kt_program *p, const char *input, int *dim_out)
+{
+    if (p == NULL || input == NULL || dim_out == NULL)
+        return kt__error(KT_EINVAL, "kt_program_shard_dim: NULL argument");
+    for (int32_t i = 0; i < p->n_entries[KT_ROLE_INPUT]; i++) {
+        const kt__pentry *e = &p->entries[KT_ROLE_INPUT][i];
+        if (strcmp(kt__strings_get(&p->strings, e->name), input) == 0) {
+            *dim_out = e->shard_dim;
+            return KT_OK;
+        }
+    }
+    return kt__error(KT_EINVAL, "kt_program_shard_dim: no input named '%s'", input);
 }

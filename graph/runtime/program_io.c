@@ -23,7 +23,7 @@
 /* Smallest encoded record sizes, to bound counts before allocating. */
 #define BUF_RECORD (4 + 4 + 8 * KT_MAX_DIMS + 4 + 8 + 8 + 4 + 4 + 4)
 #define STEP_MIN_RECORD 64
-#define ENTRY_RECORD (4 + 4 + 4 + 4 + 4 + 4)
+#define ENTRY_RECORD (4 + 4 + 4 + 4 + 4 + 4 + 4)
 
 static void put_attrs(kt__writer *w, const kt_op_attrs *a)
 {
@@ -133,6 +133,7 @@ static void put_body(kt__writer *w, const kt_program *p)
             kt__put_i32(w, (int32_t)e->init.kind);
             kt__put_f32(w, e->init.a);
             kt__put_f32(w, e->init.b);
+            kt__put_i32(w, e->shard_dim);
         }
     }
     kt__put_bytes(w, p->strings.data, p->strings.len);
@@ -293,6 +294,7 @@ static kt_status read_tables(kt__reader *r, kt_program *p)
             e->init.kind = (kt_init_kind)kt__get_i32(r);
             e->init.a = kt__get_f32(r);
             e->init.b = kt__get_f32(r);
+            e->shard_dim = kt__get_i32(r);
         }
     }
     return r->bad ? kt__error(KT_EFORMAT, "program file: truncated tables") : KT_OK;

@@ -75,6 +75,11 @@ int kt_program_count(const kt_program *p, kt_tensor_role role);
 kt_status kt_program_tensor_info(const kt_program *p, kt_tensor_role role, int i,
                                  const char **name_out, kt_tensor *meta_out);
 
+/* The dimension of an input split over the context-parallel ranks (the .ktg `shard` line,
+ * kt_graph_shard_input), or -1 when the input is not sharded: each rank then feeds its own
+ * slice of that dimension. */
+kt_status kt_program_shard_dim(const kt_program *p, const char *input, int *dim_out);
+
 /* A human-readable listing: steps, each buffer's offset and lifetime, the peak against the
  * lower bound, FLOPs. Writes at most size bytes (NUL-terminated); returns the length the
  * full text needs (like snprintf). */
