@@ -357,6 +357,85 @@ static void test_bindings(void **state)
     kt_moe_destroy(narrow);
 }
 
+/* A LoRA layer trains through the session's optimizer: after one SGD step every adapter
+ * value moved by exactly -lr * its gradient; bf16 experts in full mode are refused. */
+static void test_moe_lora_trains(void **state)
+{
+    (void)state;
+    kt_moe_config c = {.n_experts = E, .hidden = H, .intermediate = I, .top_k = K,
+                       .max_tokens = T, .weight_dtype = KT_BF16, .act_dtype = KT_F32,
+                       .mode = KT_MOE_LORA, .lora_rank = 4, .lora_alpha = 8.0f,
+                       .keep_activations = 1, .name = "lora"};
+    kt_moe *m;
+    OK(kt_moe_create(&c, NULL, &m));
+    tu_rng rng;
+    tu_rng_seed(&rng, 77);
+    for (int64_t e = 0; e < E; e++)
+        for (int p = 0; p < 3; p++) {
+            kt_tensor w;
+            OK(kt_moe_weight(m, e, (kt_moe_proj)p, &w));
+            tu_fill_uniform(&w, &rng, -0.3, 0.3);
+            /* B starts at zero (as PEFT): give it values so A gets a gradient too */
+            kt_tensor b;
+            OK(kt_moe_lora(m, e, (kt_moe_proj)p, 1, &b));
+            tu_fill_uniform(&b, &rng, -0.1, 0.1);
+        }
+    kt_graph *g = build(1, 0);
+    kt_program *p;
+    OK(kt_compile(g, NULL, &p));
+    const float lr = 0.05f;
+    kt_session_options so = {.threads = 2, .seed = 3, .moe_layers = &m, .n_moe_layers = 1,
+                             .optimizer = {.kind = KT_OPTIM_SGD, .lr = lr}};
+    kt_session *s;
+    OK(kt_session_create(p, &so, &s));
+    kt_tensor x, y;
+    OK(kt_session_tensor(s, KT_ROLE_INPUT, "x", &x));
+    OK(kt_session_tensor(s, KT_ROLE_INPUT, "y", &y));
+    tu_fill_uniform(&x, &rng, -1, 1);
+    tu_fill_uniform(&y, &rng, 0, V);
+    OK(kt_session_forward(s));
+    OK(kt_session_backward(s));
+    kt_tensor a, ga, b, gb;
+    OK(kt_moe_lora(m, 2, KT_MOE_UP, 0, &a));
+    OK(kt_moe_lora_grad(m, 2, KT_MOE_UP, 0, &ga));
+    OK(kt_moe_lora(m, 2, KT_MOE_DOWN, 1, &b));
+    OK(kt_moe_lora_grad(m, 2, KT_MOE_DOWN, 1, &gb));
+    kt_tensor a0 = tu_clone(&a), ga0 = tu_clone(&ga), b0 = tu_clone(&b), gb0 = tu_clone(&gb);
+    double moved = 0;
+    for (int64_t i = 0; i < kt_tensor_numel(&ga0); i++)
+        moved += fabs(tu_get(&ga0, i));
+    assert_true(moved > 0); /* the adapters of a used expert have gradients */
+    OK(kt_session_step(s));
+    for (int64_t i = 0; i < kt_tensor_numel(&a); i++)
+        assert_float_equal(tu_get(&a, i), tu_get(&a0, i) - lr * tu_get(&ga0, i), 1e-7);
+    for (int64_t i = 0; i < kt_tensor_numel(&b); i++)
+        assert_float_equal(tu_get(&b, i), tu_get(&b0, i) - lr * tu_get(&gb0, i), 1e-7);
+    /* a few more steps lower the loss */
+    float first = kt_session_loss(s), last = first;
+    for (int k = 0; k < 8; k++) {
+        OK(kt_session_forward(s));
+        last = kt_session_loss(s);
+        OK(kt_session_backward(s));
+        OK(kt_session_step(s));
+    }
+    assert_true(last < first);
+    tu_free(&a0), tu_free(&ga0), tu_free(&b0), tu_free(&gb0);
+    kt_session_destroy(s);
+
+    /* bf16 experts trained in full mode have no f32 master copy to update */
+    kt_moe_config f = c;
+    f.mode = KT_MOE_FULL;
+    kt_moe *full;
+    OK(kt_moe_create(&f, NULL, &full));
+    so.moe_layers = &full;
+    TU_EXPECT_ERROR(kt_session_create(p, &so, &s), KT_EUNSUPPORTED, "bf16 expert weights",
+                    "LoRA");
+    kt_moe_destroy(full);
+    kt_program_destroy(p);
+    kt_graph_destroy(g);
+    kt_moe_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -364,6 +443,7 @@ int main(void)
         cmocka_unit_test(test_checkpoint_with_moe),
         cmocka_unit_test(test_failure_injection),
         cmocka_unit_test(test_bindings),
+        cmocka_unit_test(test_moe_lora_trains),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

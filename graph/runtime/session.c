@@ -9,6 +9,7 @@
 #include "graph/runtime/session_internal.h"
 #include "kt/comm.h"
 #include "kt/moe.h"
+#include "moe/trainable.h"
 
 static const char *const category_names[KT__STEP_KIND_COUNT] = {"forward", "backward", "fill",
                                                                  "accumulate"};
@@ -70,6 +71,41 @@ static void bind_step(kt_session *s, int32_t at, kt_tensor **cursor)
         e->call.comm_scratch_bytes =
             d->comm_scratch(&ps->attrs, in, ps->n_in, kt_comm_size(s->opt.comm));
     }
+}
+
+/* Optimizer state for what the bound MoE layers train. */
+static kt_status alloc_moe_training(kt_session *s)
+{
+    for (int32_t at = 0; at < s->p->n_steps; at++)
+        s->has_moe_ops |= s->p->steps[at].kind <= KT__STEP_BACKWARD &&
+                          s->p->steps[at].op == KT_OP_MOE;
+    if (s->opt.n_moe_layers <= 0 || s->opt.moe_layers == NULL)
+        return KT_OK;
+    s->moe_train = calloc((size_t)s->opt.n_moe_layers, sizeof *s->moe_train);
+    if (s->moe_train == NULL)
+        return kt__error(KT_ENOMEM, "session: out of memory");
+    int states = s->opt.optimizer.kind == KT_OPTIM_ADAMW ? 2 : s->opt.optimizer.momentum != 0;
+    for (int i = 0; i < s->opt.n_moe_layers; i++) {
+        kt_moe *m = s->opt.moe_layers[i];
+        if (m == NULL)
+            continue;
+        kt__moe_train *t = &s->moe_train[s->n_moe_train];
+        t->n = kt__moe_trainable(m, &t->param, &t->grad);
+        if (t->n < 0)
+            return kt__error(KT_EUNSUPPORTED, "session: MoE layer %d ('%s') trains bf16 expert "
+                             "weights, which need f32 master copies: use f32 weights or LoRA",
+                             i, kt_moe_get_config(m)->name ? kt_moe_get_config(m)->name : "");
+        if (t->n == 0)
+            continue;
+        s->n_moe_train++; /* counted first: destroy frees what was allocated */
+        for (int k = 0; k < states; k++) {
+            t->state[k] = calloc((size_t)t->n, sizeof(float));
+            if (t->state[k] == NULL)
+                return kt__error(KT_ENOMEM, "session: out of memory for the optimizer state of "
+                                 "MoE layer %d", i);
+        }
+    }
+    return KT_OK;
 }
 
 /* Message buffers of the steps that talk to other ranks, sized for this world. */
@@ -201,6 +237,7 @@ kt_status kt_session_create(const kt_program *p, const kt_session_options *optio
                                    (unsigned char **)&s->opt_state[k])) != KT_OK)
             goto fail;
     if ((status = check_moe_bindings(s)) != KT_OK || (status = alloc_comm_scratch(s)) != KT_OK ||
+        (status = alloc_moe_training(s)) != KT_OK ||
         (status = bind(s)) != KT_OK ||
         (status = kt_session_init_params(s, s->opt.seed)) != KT_OK)
         goto fail;
@@ -227,6 +264,9 @@ void kt_session_destroy(kt_session *s)
     for (int32_t at = 0; s->comm_scratch != NULL && at < s->p->n_steps; at++)
         free(s->comm_scratch[at]);
     free(s->comm_scratch);
+    for (int i = 0; i < s->n_moe_train; i++)
+        free(s->moe_train[i].state[0]), free(s->moe_train[i].state[1]);
+    free(s->moe_train);
     free(s);
 }
 

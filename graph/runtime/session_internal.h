@@ -29,7 +29,17 @@ struct kt_session {
     size_t trace_count;
     int32_t inject_at; /* tests: the step that fails next (once), or -1 */
     void **comm_scratch; /* per step: message buffers for this world size, or NULL */
+    /* the bound MoE layers' trainable values (LoRA adapters, f32 expert weights), which the
+     * optimizer step updates with the graph's parameters */
+    struct kt__moe_train *moe_train;
+    int n_moe_train;
+    int has_moe_ops; /* the program runs MoE layers (every rank knows: the same program) */
 };
+
+typedef struct kt__moe_train {
+    float *param, *grad, *state[2];
+    int64_t n;
+} kt__moe_train;
 
 /* Tests: makes step `step` fail the next time it runs (fault injection). */
 void kt__session_inject_failure(kt_session *s, int32_t step);

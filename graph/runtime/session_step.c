@@ -30,6 +30,47 @@ static int param_arrays(const kt_session *s, int32_t i, float **param, float **g
     return 1;
 }
 
+/* One optimizer update of a flat array of n values. */
+static void update(kt_session *s, float *param, float *grad, float *st0, float *st1, int64_t n)
+{
+    const kt_optimizer_config *o = &s->opt.optimizer;
+    if (o->kind == KT_OPTIM_ADAMW) {
+        kt__adamw_params hp = {.lr = s->lr,
+                               .beta1 = o->beta1 > 0 ? o->beta1 : 0.9f,
+                               .beta2 = o->beta2 > 0 ? o->beta2 : 0.999f,
+                               .eps = o->eps > 0 ? o->eps : 1e-8f,
+                               .weight_decay = o->weight_decay,
+                               .step = s->steps_done + 1};
+        kt__adamw_update(s->pool, param, grad, st0, st1, n, &hp);
+    } else {
+        kt__sgd_params hp = {.lr = s->lr, .momentum = o->momentum, .dampening = o->dampening,
+                             .weight_decay = o->weight_decay, .nesterov = o->nesterov};
+        kt__sgd_update(s->pool, param, grad, st0, n, &hp, s->steps_done == 0);
+    }
+}
+
+/* Several ranks: every rank gets the mean gradient (and loss) of all ranks, so the
+ * replicated parameters stay identical everywhere. */
+static kt_status average_over_ranks(kt_session *s)
+{
+    const int32_t n_params = s->p->n_entries[KT_ROLE_PARAM];
+    float *param, *grad, *st0, *st1;
+    int64_t n;
+    for (int32_t i = 0; i < n_params; i++) {
+        if (!param_arrays(s, i, &param, &grad, &st0, &st1, &n))
+            continue;
+        kt_status st = kt_comm_all_reduce(s->opt.comm, grad, (size_t)n, KT_F32, KT_REDUCE_MEAN);
+        if (st != KT_OK)
+            return kt__error_context(st, "step: averaging the gradient of '%s' over ranks",
+                                     kt__strings_get(&s->p->strings,
+                                                     s->p->entries[KT_ROLE_PARAM][i].name));
+    }
+    float loss = s->loss;
+    KT__TRY(kt_comm_all_reduce(s->opt.comm, &loss, 1, KT_F32, KT_REDUCE_MEAN));
+    s->loss = loss;
+    return KT_OK;
+}
+
 kt_status kt_session_step(kt_session *s)
 {
     if (s == NULL)
@@ -39,30 +80,17 @@ kt_status kt_session_step(kt_session *s)
     const kt_optimizer_config *o = &s->opt.optimizer;
     uint64_t t0 = s->opt.trace ? kt__now_ns() : 0;
     const int32_t n_params = s->p->n_entries[KT_ROLE_PARAM];
+    const int distributed = s->opt.comm != NULL && kt_comm_size(s->opt.comm) > 1;
     float *param, *grad, *st0, *st1;
     int64_t n;
+    if (distributed)
+        KT__TRY(average_over_ranks(s));
 
-    /* several ranks: every rank gets the mean gradient (and loss) of all ranks, so the
-     * replicated parameters stay identical everywhere */
-    if (s->opt.comm != NULL && kt_comm_size(s->opt.comm) > 1) {
-        for (int32_t i = 0; i < n_params; i++) {
-            if (!param_arrays(s, i, &param, &grad, &st0, &st1, &n))
-                continue;
-            kt_status st = kt_comm_all_reduce(s->opt.comm, grad, (size_t)n, KT_F32,
-                                              KT_REDUCE_MEAN);
-            if (st != KT_OK)
-                return kt__error_context(st, "step: averaging the gradient of '%s' over ranks",
-                                         kt__strings_get(&s->p->strings,
-                                                         s->p->entries[KT_ROLE_PARAM][i].name));
-        }
-        float loss = s->loss;
-        KT__TRY(kt_comm_all_reduce(s->opt.comm, &loss, 1, KT_F32, KT_REDUCE_MEAN));
-        s->loss = loss;
-    }
-
-    /* average over micro-batches, then the global norm in a fixed parameter order */
+    /* average over micro-batches, then the global norm in a fixed order: the graph's
+     * parameters, then the MoE layers' trainable values (the layers scale their own
+     * gradients by 1/world; rank 0 holds them, so their part of the norm is shared) */
     float average = 1.0f / (float)s->micro;
-    double sum_sq = 0.0;
+    double sum_sq = 0.0, moe_sq = 0.0;
     for (int32_t i = 0; i < n_params; i++) {
         if (!param_arrays(s, i, &param, &grad, &st0, &st1, &n))
             continue;
@@ -70,7 +98,18 @@ kt_status kt_session_step(kt_session *s)
             kt__scale_inplace(s->pool, grad, n, average);
         sum_sq += kt__sum_squares(s->pool, grad, n);
     }
-    s->grad_norm = (float)sqrt(sum_sq);
+    for (int i = 0; i < s->n_moe_train; i++) {
+        kt__moe_train *t = &s->moe_train[i];
+        if (s->micro > 1)
+            kt__scale_inplace(s->pool, t->grad, t->n, average);
+        moe_sq += kt__sum_squares(s->pool, t->grad, t->n);
+    }
+    if (distributed && s->has_moe_ops) { /* every rank joins: rank 0 brings the value */
+        float part = (float)moe_sq;
+        KT__TRY(kt_comm_all_reduce(s->opt.comm, &part, 1, KT_F32, KT_REDUCE_SUM));
+        moe_sq = part;
+    }
+    s->grad_norm = (float)sqrt(sum_sq + moe_sq);
     if (!isfinite(s->grad_norm)) {
         s->micro = 0;
         return kt__error(KT_ERANGE, "step %lld: the gradient norm is %g; parameters left "
@@ -86,19 +125,13 @@ kt_status kt_session_step(kt_session *s)
             continue;
         if (clip != 1.0f)
             kt__scale_inplace(s->pool, grad, n, clip);
-        if (o->kind == KT_OPTIM_ADAMW) {
-            kt__adamw_params hp = {.lr = s->lr,
-                                   .beta1 = o->beta1 > 0 ? o->beta1 : 0.9f,
-                                   .beta2 = o->beta2 > 0 ? o->beta2 : 0.999f,
-                                   .eps = o->eps > 0 ? o->eps : 1e-8f,
-                                   .weight_decay = o->weight_decay,
-                                   .step = s->steps_done + 1};
-            kt__adamw_update(s->pool, param, grad, st0, st1, n, &hp);
-        } else {
-            kt__sgd_params hp = {.lr = s->lr, .momentum = o->momentum, .dampening = o->dampening,
-                                 .weight_decay = o->weight_decay, .nesterov = o->nesterov};
-            kt__sgd_update(s->pool, param, grad, st0, n, &hp, s->steps_done == 0);
-        }
+        update(s, param, grad, st0, st1, n);
+    }
+    for (int i = 0; i < s->n_moe_train; i++) {
+        kt__moe_train *t = &s->moe_train[i];
+        if (clip != 1.0f)
+            kt__scale_inplace(s->pool, t->grad, t->n, clip);
+        update(s, t->param, t->grad, t->state[0], t->state[1], t->n);
     }
     s->steps_done++;
     s->micro = 0;

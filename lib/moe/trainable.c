@@ -1,0 +1,22 @@
+/* The flat views of a layer's trainable values (see trainable.h). */
+#include "moe/moe_internal.h"
+#include "moe/trainable.h"
+
+int64_t kt__moe_trainable(kt_moe *m, float **param_out, float **grad_out)
+{
+    switch (m->cfg.mode) {
+    case KT_MOE_LORA:
+        *param_out = m->lora;
+        *grad_out = m->lora_grad;
+        return m->E * 3 * m->R * (m->H + m->I);
+    case KT_MOE_FULL:
+        if (m->bf16)
+            return -1;
+        /* the store is [E][gate, up, down] of H*I each, as the gradients are */
+        *param_out = (float *)(void *)m->weights;
+        *grad_out = m->wgrad;
+        return m->E * 3 * m->H * m->I;
+    default:
+        return 0;
+    }
+}
