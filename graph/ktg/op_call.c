@@ -7,7 +7,7 @@
 
 #include "graph/ktg/ktg_internal.h"
 
-typedef enum attr_type { A_BOOL, A_INT, A_I64, A_FLOAT, A_MODE, A_SHAPE } attr_type;
+typedef enum attr_type { A_BOOL, A_INT, A_I64, A_FLOAT, A_MODE, A_HALO_MODE, A_SHAPE } attr_type;
 
 typedef struct attr_desc {
     kt_op op;
@@ -34,11 +34,15 @@ static const attr_desc attr_table[] = {
     {KT_OP_TRANSPOSE, "dim1", A_INT, offsetof(kt_op_attrs, dim1)},
     {KT_OP_RESHAPE, "shape", A_SHAPE, offsetof(kt_op_attrs, shape)},
     {KT_OP_MOE, "layer", A_INT, offsetof(kt_op_attrs, binding)},
+    {KT_OP_HALO, "dim", A_INT, offsetof(kt_op_attrs, dim)},
+    {KT_OP_HALO, "left", A_I64, offsetof(kt_op_attrs, halo_left)},
+    {KT_OP_HALO, "right", A_I64, offsetof(kt_op_attrs, halo_right)},
+    {KT_OP_HALO, "mode", A_HALO_MODE, offsetof(kt_op_attrs, halo_mode)},
 };
 enum { N_ATTRS = sizeof attr_table / sizeof attr_table[0] };
 
 static const char *const mode_names[] = {"causal", "same", "valid"};
-static const kt_conv_mode modes[] = {KT_CONV_CAUSAL, KT_CONV_SAME, KT_CONV_VALID};
+static const char *const halo_mode_names[] = {"p2p", "allgather"};
 
 /* "trans_a or trans_b", "dim, start or length" */
 static void allowed_list(kt_op op, const char **names, int *n, char *buf, size_t size)
@@ -91,24 +95,25 @@ static int int_value(kt__ktg_parser *p, const attr_desc *d, int64_t lo, int64_t 
     return 1;
 }
 
-static int mode_value(kt__ktg_parser *p, kt_conv_mode *mode)
+/* A word naming one of an enum's values (its index in names). */
+static int word_value(kt__ktg_parser *p, const char *const *names, int n, const char *what,
+                      const char *expected, int *index)
 {
-    const char *expected = "causal, same or valid";
     if (p->tok.kind != KT__KTG_IDENT)
         return kt__ktg_expected(p, expected);
     char word[64];
     kt__ktg_text(p, &p->tok, word, sizeof word);
-    for (int i = 0; i < 3; i++)
-        if (p->tok.at.len == strlen(mode_names[i]) && strcmp(word, mode_names[i]) == 0) {
-            *mode = modes[i];
+    for (int i = 0; i < n; i++)
+        if (p->tok.at.len == strlen(names[i]) && strcmp(word, names[i]) == 0) {
+            *index = i;
             kt__ktg_advance(p);
             return 1;
         }
-    const char *near = kt__ktg_suggest(word, mode_names, 3);
+    const char *near = kt__ktg_suggest(word, names, n);
     if (near != NULL)
-        return kt__ktg_error(p, p->tok.at, "unknown conv1d mode '%s' (did you mean '%s'?), "
-                             "expected %s", word, near, expected);
-    return kt__ktg_error(p, p->tok.at, "unknown conv1d mode '%s', expected %s", word, expected);
+        return kt__ktg_error(p, p->tok.at, "unknown %s '%s' (did you mean '%s'?), expected %s",
+                             what, word, near, expected);
+    return kt__ktg_error(p, p->tok.at, "unknown %s '%s', expected %s", what, word, expected);
 }
 
 /* IDENT "=" value, with the current token at IDENT. */
@@ -152,8 +157,20 @@ static int attribute(kt__ktg_parser *p, kt_op op, kt_op_attrs *attrs, unsigned *
             return 0;
         *(float *)(void *)field = (float)f;
         return 1;
-    case A_MODE:
-        return mode_value(p, &attrs->conv_mode);
+    case A_MODE: {
+        int i;
+        if (!word_value(p, mode_names, 3, "conv1d mode", "causal, same or valid", &i))
+            return 0;
+        attrs->conv_mode = (kt_conv_mode)i; /* the enum's values are the names' order */
+        return 1;
+    }
+    case A_HALO_MODE: {
+        int i;
+        if (!word_value(p, halo_mode_names, 2, "halo mode", "p2p or allgather", &i))
+            return 0;
+        attrs->halo_mode = (kt_halo_mode)i;
+        return 1;
+    }
     case A_SHAPE: {
         int ndim;
         if (!kt__ktg_dims(p, attrs->shape, &ndim, 0))
