@@ -18,48 +18,70 @@ typedef struct bwd_ctx {
     float scale;
 } bwd_ctx;
 
-/* Per token: the routing-weight gradients and the weighted output gradient of each slot. */
+/* Row pieces of this many f32 values go through stack buffers (16 KiB). */
+#define ROW_CHUNK 4096
+
+static void *cdt_at(const kt_moe *m, void *base, int64_t i)
+{
+    return (unsigned char *)base + (size_t)i * m->cs;
+}
+
+/* Per token: the routing-weight gradients and the weighted output gradient of each slot. A
+ * bf16 gy row is widened piece by piece (once per token when H fits one piece). */
 static void gd_part(void *vctx, int64_t t0, int64_t t1, int thread)
 {
     (void)thread;
     bwd_ctx *c = vctx;
     kt_moe *m = c->m;
     int gbf = m->cfg.act_dtype == KT_BF16;
-    for (int64_t t = t0; t < t1; t++)
+    _Alignas(64) float buf[ROW_CHUNK];
+    for (int64_t t = t0; t < t1; t++) {
+        const uint16_t *gyb = (const uint16_t *)c->gy->data + t * m->H;
+        const float *gyf = (const float *)c->gy->data + t * m->H;
+        if (gbf && m->H <= ROW_CHUNK)
+            kt_bf16_to_f32(buf, gyb, (size_t)m->H);
         for (int64_t j = 0; j < m->K; j++) {
             int64_t s = t * m->K + j, r = m->slot_row[s];
-            const float *d = m->d + r * m->H;
-            float w = m->slot_w[s];
             double acc = 0.0;
-            for (int64_t h = 0; h < m->H; h++) {
-                float g = kt__moe_ld(c->gy->data, gbf, t * m->H + h);
-                acc += (double)g * (double)d[h];
-                kt__moe_st(m->gdc, m->bf16, r * m->H + h, w * g);
+            for (int64_t h0 = 0; h0 < m->H; h0 += ROW_CHUNK) {
+                const int64_t n = m->H - h0 < ROW_CHUNK ? m->H - h0 : ROW_CHUNK;
+                if (gbf && m->H > ROW_CHUNK)
+                    kt_bf16_to_f32(buf, gyb + h0, (size_t)n);
+                acc += kt__moe_scale_dot(n, gbf ? buf : gyf + h0, m->slot_w[s],
+                                         m->d + r * m->H + h0, cdt_at(m, m->gdc, r * m->H + h0),
+                                         m->bf16);
             }
             m->gw[s] = (float)acc;
         }
+    }
 }
+
+/* Columns of ga per step before the SiLU derivative reads them back (L2-resident); the
+ * decode-sized kernel (under 12 rows) walks wide column groups, so it gets whole tasks. */
+#define GA_SUB_COLS 128
 
 static void ga_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
     (void)thread;
     kt_moe *m = ((bwd_ctx *)vctx)->m;
-    for (int64_t i = b; i < end; i++) {
+    for (int64_t i = m->part[b]; i < m->part[end]; i++) {
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
-        if (m->bf16)
-            kt__bf16_gemm_nn(me, m->H, t->c0, t->c1, (const uint16_t *)m->gdc + off * m->H,
-                             m->H, kt__moe_weight_ptr(m, t->e, KT_MOE_DOWN), m->I,
-                             m->ga + off * m->I, m->I, 0);
-        if (m->cfg.mode == KT_MOE_LORA)
-            kt__moe_lora_gin_add(m, KT_MOE_DOWN, t, m->ga);
-        for (int64_t r = off; r < off + me; r++)
-            for (int64_t n = t->c0; n < t->c1; n++) {
-                int64_t k = r * m->I + n;
-                float g = m->g[k], sig = 1.0f / (1.0f + expf(-g)), ga = m->ga[k];
-                kt__moe_st(m->ggc, m->bf16, k, ga * m->u[k] * (sig * (1.0f + g * (1.0f - sig))));
-                kt__moe_st(m->guc, m->bf16, k, ga * (g * sig));
+        const int64_t sub = me < 12 ? t->c1 - t->c0 : GA_SUB_COLS;
+        for (int64_t c0 = t->c0; c0 < t->c1; c0 += sub) {
+            const kt__moe_task st = {t->e, c0, t->c1 - c0 < sub ? t->c1 : c0 + sub};
+            if (m->bf16)
+                kt__bf16_gemm_nn(me, m->H, st.c0, st.c1, (const uint16_t *)m->gdc + off * m->H,
+                                 m->H, kt__moe_weight_ptr(m, t->e, KT_MOE_DOWN), m->I,
+                                 m->ga + off * m->I, m->I, 0);
+            if (m->cfg.mode == KT_MOE_LORA)
+                kt__moe_lora_gin_add(m, KT_MOE_DOWN, &st, m->ga);
+            for (int64_t r = off; r < off + me; r++) {
+                const int64_t k = r * m->I + st.c0;
+                kt__moe_act_bwd(st.c1 - st.c0, m->g + k, m->u + k, m->ga + k,
+                                cdt_at(m, m->ggc, k), cdt_at(m, m->guc, k), m->bf16);
             }
+        }
     }
 }
 
@@ -67,7 +89,7 @@ static void gx_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
     (void)thread;
     kt_moe *m = ((bwd_ctx *)vctx)->m;
-    for (int64_t i = b; i < end; i++) {
+    for (int64_t i = m->part[b]; i < m->part[end]; i++) {
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
         if (m->bf16) {
@@ -91,7 +113,7 @@ static void dwd_tasks(void *vctx, int64_t b, int64_t end, int thread)
     (void)thread;
     bwd_ctx *c = vctx;
     kt_moe *m = c->m;
-    for (int64_t i = b; i < end; i++) {
+    for (int64_t i = m->part[b]; i < m->part[end]; i++) {
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
         float *dw = m->wgrad + (t->e * 3 + KT_MOE_DOWN) * m->H * m->I;
@@ -106,7 +128,7 @@ static void dwgu_tasks(void *vctx, int64_t b, int64_t end, int thread)
     (void)thread;
     bwd_ctx *c = vctx;
     kt_moe *m = c->m;
-    for (int64_t i = b; i < end; i++) {
+    for (int64_t i = m->part[b]; i < m->part[end]; i++) {
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
         const uint16_t *x = (const uint16_t *)m->xc + off * m->H;
@@ -119,18 +141,27 @@ static void dwgu_tasks(void *vctx, int64_t b, int64_t end, int thread)
     }
 }
 
+/* grad_x[t] = sum_j gx_(t,j), slots in order, a row piece at a time. */
 static void gx_combine_part(void *vctx, int64_t t0, int64_t t1, int thread)
 {
     (void)thread;
     bwd_ctx *c = vctx;
     kt_moe *m = c->m;
     int xbf = m->cfg.act_dtype == KT_BF16;
+    _Alignas(64) float buf[ROW_CHUNK];
     for (int64_t t = t0; t < t1; t++)
-        for (int64_t h = 0; h < m->H; h++) {
-            float s = 0.0f;
-            for (int64_t j = 0; j < m->K; j++)
-                s += m->gx[(int64_t)m->slot_row[t * m->K + j] * m->H + h];
-            kt__moe_st(c->gxo->data, xbf, t * m->H + h, s);
+        for (int64_t h0 = 0; h0 < m->H; h0 += ROW_CHUNK) {
+            const int64_t n = m->H - h0 < ROW_CHUNK ? m->H - h0 : ROW_CHUNK;
+            float *s = xbf ? buf : (float *)c->gxo->data + t * m->H + h0;
+            for (int64_t h = 0; h < n; h++)
+                s[h] = 0.0f;
+            for (int64_t j = 0; j < m->K; j++) {
+                const float *g = m->gx + (int64_t)m->slot_row[t * m->K + j] * m->H + h0;
+                for (int64_t h = 0; h < n; h++)
+                    s[h] += g[h];
+            }
+            if (xbf)
+                kt_f32_to_bf16((uint16_t *)c->gxo->data + t * m->H + h0, buf, (size_t)n);
         }
 }
 
@@ -177,7 +208,7 @@ kt_status kt__moe_backward_exec(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo,
 {
     bwd_ctx c = {m, gy, gxo, scale};
     int lora = m->cfg.mode == KT_MOE_LORA, full = m->cfg.mode == KT_MOE_FULL;
-    int64_t rows = m->off[m->E], n;
+    int64_t rows = m->off[m->E];
     kt__moe_gather(m, NULL, 0);
     /* Without kept activations this reruns the GEMMs; with them, only ac and the LoRA z. */
     KT__TRY(kt__moe_compute(m, !m->cfg.keep_activations));
@@ -191,16 +222,16 @@ kt_status kt__moe_backward_exec(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo,
     }
     if (full) {
         if (m->bf16) {
-            n = kt__moe_plan(m, m->H);
-            kt_parallel_for(m->pool, n, 1, dwd_tasks, &c);
+            kt__moe_plan_parts(m, m->H);
+            kt__moe_run_parts(m, dwd_tasks, &c);
         } else {
             KT__TRY(sgemm_dw(m, KT_MOE_DOWN, m->gdc, m->H, m->ac, m->I, scale));
         }
     }
     if (!m->bf16)
         KT__TRY(sgemm_nn(m, KT_MOE_DOWN, m->gdc, m->H, m->ga, m->I, 0.0f));
-    n = kt__moe_plan(m, m->I);
-    kt_parallel_for(m->pool, n, 1, ga_tasks, &c);
+    kt__moe_plan_parts(m, m->I);
+    kt__moe_run_parts(m, ga_tasks, &c);
 
     if (lora) {
         kt__moe_lora_gz(m, KT_MOE_GATE, m->ggc);
@@ -210,8 +241,8 @@ kt_status kt__moe_backward_exec(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo,
     }
     if (full) {
         if (m->bf16) {
-            n = kt__moe_plan(m, m->I);
-            kt_parallel_for(m->pool, n, 1, dwgu_tasks, &c);
+            kt__moe_plan_parts(m, m->I);
+            kt__moe_run_parts(m, dwgu_tasks, &c);
         } else {
             KT__TRY(sgemm_dw(m, KT_MOE_GATE, m->ggc, m->I, m->xc, m->H, scale));
             KT__TRY(sgemm_dw(m, KT_MOE_UP, m->guc, m->I, m->xc, m->H, scale));
@@ -223,8 +254,8 @@ kt_status kt__moe_backward_exec(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo,
         KT__TRY(sgemm_nn(m, KT_MOE_UP, m->guc, m->I, m->gx, m->H, 1.0f));
     }
     if (m->bf16 || lora) {
-        n = kt__moe_plan(m, m->H);
-        kt_parallel_for(m->pool, n, 1, gx_tasks, &c);
+        kt__moe_plan_parts(m, m->H);
+        kt__moe_run_parts(m, gx_tasks, &c);
     }
     m->flops += (uint64_t)(6 * rows * m->H * m->I);
 

@@ -34,9 +34,11 @@
  * one column block down many rows it prefetches the next block into L2 (NN) or along the
  * row (NN small M, TN). The kernels are fastest with 64-byte aligned operands and leading
  * dimensions that are multiples of 32 elements (rows then start on cache lines). */
+#include <math.h>
 #include <string.h>
 
 #include "core/cpu_internal.h"
+#include "kt/tensor.h"
 #include "moe/bf16_gemm.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -112,6 +114,9 @@ BF_INLINE __m512i load_k(const uint16_t *p, __mmask32 m, const int full)
 #define NT_STEP()                                                                                  \
     do {                                                                                           \
         const __m512i z = _mm512_setzero_si512();                                                  \
+        if (pf)                                                                                    \
+            for (int p_ = 0; p_ < 6; p_++)                                                         \
+                _mm_prefetch((const char *)(w + (6 + p_) * ldw + k), _MM_HINT_T0);               \
         const __m512i w0 = nr > 0 ? load_k(w + k, km, full) : z;                                   \
         const __m512i w1 = nr > 1 ? load_k(w + ldw + k, km, full) : z;                             \
         const __m512i w2 = nr > 2 ? load_k(w + 2 * ldw + k, km, full) : z;                         \
@@ -125,7 +130,7 @@ BF_INLINE __m512i load_k(const uint16_t *p, __mmask32 m, const int full)
  * up to 24 accumulators in named registers; the w rows (NT_COLS of them) stay in L1 while
  * the x rows pass, so 4 x loads (from L2) and 6 w loads feed 24 vdpbf16ps. Output (i, j) is
  * reduced in slot 6 i + j (reduce16 treats every slot alike). */
-BF_INLINE void nt_tile(const int mr, const int nr, int64_t K, const uint16_t *x, int64_t ldx,
+BF_INLINE void nt_tile(const int mr, const int nr, const int pf, int64_t K, const uint16_t *x, int64_t ldx,
                        const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
     const __m512 zf = _mm512_setzero_ps();
@@ -168,7 +173,7 @@ typedef void (*nt_fn)(int64_t K, const uint16_t *x, int64_t ldx, const uint16_t 
                                          const uint16_t *w, int64_t ldw, float *y, int64_t ldy,    \
                                          int accumulate)                                           \
     {                                                                                              \
-        nt_tile(MR, NR, K, x, ldx, w, ldw, y, ldy, accumulate);                                    \
+        nt_tile(MR, NR, 0, K, x, ldx, w, ldw, y, ldy, accumulate);                                 \
     }
 NT_VARIANT(4, 6)
 NT_VARIANT(4, 4)
@@ -183,7 +188,32 @@ NT_VARIANT(1, 4)
 NT_VARIANT(1, 2)
 NT_VARIANT(1, 1)
 
-/* [row size index][col size index]; rows 4/2/1, columns 6/4/2/1 */
+/* [row size index][col size index]; rows 4/2/1, columns 6/4/2/1. clang (14) spills some of
+ * the 24 accumulators of the 4 x 6 tile, so there the widest tile is 4 x 4. */
+#ifndef NT_WIDE
+#ifdef __clang__
+#define NT_WIDE 0
+#else
+#define NT_WIDE 1
+#endif
+#endif
+/* The first row tile over a block of 6 w rows at small M: it also prefetches the next 6 rows
+ * at the same k, so the next block is on its way while this one is used (the tile is then
+ * memory-bound, and 6 streams 4 KiB apart are more than the hardware prefetchers follow
+ * well). Addresses past the last row are only prefetched, never loaded. */
+#define NT_PF_MAX_M 32
+#define NT_VARIANT_PF(MR)                                                                          \
+    BF_TARGET static void nt_##MR##x6pf(int64_t K, const uint16_t *x, int64_t ldx,                 \
+                                        const uint16_t *w, int64_t ldw, float *y, int64_t ldy,     \
+                                        int accumulate)                                            \
+    {                                                                                              \
+        nt_tile(MR, 6, 1, K, x, ldx, w, ldw, y, ldy, accumulate);                                  \
+    }
+NT_VARIANT_PF(4)
+NT_VARIANT_PF(2)
+NT_VARIANT_PF(1)
+static const nt_fn nt_table_pf[3] = {nt_4x6pf, nt_2x6pf, nt_1x6pf};
+
 static const nt_fn nt_table[3][4] = {{nt_4x6, nt_4x4, nt_4x2, nt_4x1},
                                      {nt_2x6, nt_2x4, nt_2x2, nt_2x1},
                                      {nt_1x6, nt_1x4, nt_1x2, nt_1x1}};
@@ -200,7 +230,7 @@ static int row_index(int64_t left, int *size)
 
 static int col_index(int64_t left, int *size)
 {
-    if (left >= 6) {
+    if (left >= 6 && NT_WIDE) {
         *size = 6;
         return 0;
     }
@@ -220,8 +250,9 @@ static void nt_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
             for (int64_t m = m0; m < m1;) {
                 int mr;
                 const int ri = row_index(m1 - m, &mr);
-                nt_table[ri][ci](K, x + m * ldx, ldx, w + n * ldw, ldw, y + m * ldy + n, ldy,
-                                 accumulate);
+                const nt_fn fn = ci == 0 && m == m0 && M <= NT_PF_MAX_M ? nt_table_pf[ri]
+                                                                        : nt_table[ri][ci];
+                fn(K, x + m * ldx, ldx, w + n * ldw, ldw, y + m * ldy + n, ldy, accumulate);
                 m += mr;
             }
             n += nr;
@@ -245,10 +276,8 @@ enum { OUT_STORE = 0, OUT_ADD = 1, OUT_SCALE_ADD = 2 };
 /* where the B pairs come from: two rows of b (all 32 columns, or masked), or a buffer of
  * interleaved pairs (64 bf16 a pair: the unpacklo half, then the unpackhi half) */
 enum { B_ROWS_MASKED = 0, B_ROWS_FULL = 1, B_PACKED = 2 };
-#ifndef B_PREFETCH
-#define B_PREFETCH 128 /* elements ahead along a row */
-#define B_PREFETCH_HINT _MM_HINT_T0
-#endif
+#define B_PREFETCH 128  /* elements ahead along a row of b (4 cache lines) */
+#define OUT_PREFETCH 32 /* floats ahead along an output row (read-modify-write kinds) */
 
 /* acc[i][0..1] += sum over the pairs p < np (and the tail, a pair with a zero partner) of
  * A(i, p) . interleave(b row 2p, b row 2p+1), for 32 columns of b (masked by jm).
@@ -271,8 +300,8 @@ BF_INLINE void pair_tile(const int mr, const int bmode, int64_t np, int tail, co
             if (bmode == B_ROWS_FULL) {
                 /* the next column blocks of these rows: callers walk the columns of a pair
                  * of rows block after block, and the rows may be 4 KiB apart */
-                _mm_prefetch((const char *)(b0 + B_PREFETCH), B_PREFETCH_HINT);
-                _mm_prefetch((const char *)(b0 + ldb + B_PREFETCH), B_PREFETCH_HINT);
+                _mm_prefetch((const char *)(b0 + B_PREFETCH), _MM_HINT_T0);
+                _mm_prefetch((const char *)(b0 + ldb + B_PREFETCH), _MM_HINT_T0);
                 r0 = _mm512_loadu_si512((const void *)b0);
                 r1 = _mm512_loadu_si512((const void *)(b0 + ldb));
             } else {
@@ -327,6 +356,10 @@ BF_INLINE void pair_store(const int mr, __m512 acc[PAIR_MR][2], __mmask32 jm, fl
             s1 = _mm512_mul_ps(vs, s1);
         }
         if (mode != OUT_STORE) {
+            /* callers walk the column blocks of these rows in order: the next block's lines
+             * (without this, read-modify-write rows 8 KiB apart stream at half speed) */
+            _mm_prefetch((const char *)(o + OUT_PREFETCH), _MM_HINT_T0);
+            _mm_prefetch((const char *)(o + OUT_PREFETCH + 16), _MM_HINT_T0);
             s0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, o), s0);
             s1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, o + 16), s1);
         }
@@ -422,10 +455,11 @@ BF_TARGET static void nn_pack_b(const uint16_t *w, int64_t ldw, int64_t N, int64
  * are walked together across a wide group of columns (so each row is read in long runs and
  * few lines share an L1 set at a time), the accumulators of the whole group carried between
  * chunks in accbuf: the same operations per element as the tiled path. */
-#ifndef NN_SMALL_PAIRS
 #define NN_SMALL_PAIRS 8
-#endif
 #define NN_SMALL_ACC_FLOATS 4096 /* 16 KiB */
+/* Below one full tile of rows NN reads w in place; from there packing wins (measured at 16
+ * rows: packed 0.76 of peak, the in-place walk 0.31). */
+#define NN_SMALL_MAX_M PAIR_MR
 
 static void nn_small_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
                             int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
@@ -461,7 +495,7 @@ static void nn_small_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const 
 static void nn_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g, int64_t ldg,
                       const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
-    if (M < PAIR_MR) {
+    if (M < NN_SMALL_MAX_M) {
         nn_small_avx512(M, N, k0, k1, g, ldg, w, ldw, y, ldy, accumulate);
         return;
     }
@@ -551,8 +585,159 @@ static void tn_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
     }
 }
 
+/* ---- elementwise epilogues of the layer -------------------------------------------------- */
+
+/* f32 -> bf16 exactly as kt_f32_to_bf16_1: round to nearest even, NaN quieted. */
+BF_INLINE __m256i cvt_bf16(__m512 v)
+{
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i one = _mm512_set1_epi32(1);
+    __m512i r = _mm512_add_epi32(
+        u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+    r = _mm512_srli_epi32(r, 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+        _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+/* Stores 16 (or the masked first of them) values in the compute dtype. */
+BF_INLINE void st_cdt(void *p, int64_t i, __m512 v, int bf16, __mmask16 km)
+{
+    if (bf16)
+        _mm512_mask_storeu_epi16((uint16_t *)p + i, (__mmask32)km,
+                                 _mm512_castsi256_si512(cvt_bf16(v)));
+    else
+        _mm512_mask_storeu_ps((float *)p + i, km, v);
+}
+
+/* exp(x): x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its degree-7 Taylor polynomial (error
+ * below 1e-8 relative there), times 2^n by scalef, which gives inf / 0 past the float range
+ * without any clamping (a clamp by min/max would turn NaN into a number). */
+BF_INLINE __m512 exp_ps(__m512 x)
+{
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* sigmoid(g) = 1 / (1 + exp(-g)) */
+BF_INLINE __m512 sigmoid_ps(__m512 g)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    return _mm512_div_ps(one, _mm512_add_ps(one, exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+}
+
+BF_TARGET static void act_fwd_avx512(int64_t n, const float *g, const float *u, void *ac, int bf16)
+{
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 km = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        const __m512 gv = _mm512_maskz_loadu_ps(km, g + i), uv = _mm512_maskz_loadu_ps(km, u + i);
+        st_cdt(ac, i, _mm512_mul_ps(_mm512_mul_ps(gv, sigmoid_ps(gv)), uv), bf16, km);
+    }
+}
+
+BF_TARGET static void act_bwd_avx512(int64_t n, const float *g, const float *u, const float *ga,
+                                     void *ggc, void *guc, int bf16)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 km = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        const __m512 gv = _mm512_maskz_loadu_ps(km, g + i), uv = _mm512_maskz_loadu_ps(km, u + i);
+        const __m512 av = _mm512_maskz_loadu_ps(km, ga + i), sig = sigmoid_ps(gv);
+        const __m512 dsilu =
+            _mm512_mul_ps(sig, _mm512_fmadd_ps(gv, _mm512_sub_ps(one, sig), one));
+        st_cdt(ggc, i, _mm512_mul_ps(_mm512_mul_ps(av, uv), dsilu), bf16, km);
+        st_cdt(guc, i, _mm512_mul_ps(av, _mm512_mul_ps(gv, sig)), bf16, km);
+    }
+}
+
+/* dst = s * src; returns sum src * d in double, 16 lanes then a fixed tree. */
+BF_TARGET static double scale_dot_avx512(int64_t n, const float *src, float s, const float *d,
+                                        void *dst, int bf16)
+{
+    __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+    const __m512 vs = _mm512_set1_ps(s);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 km = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        const __m512 v = _mm512_maskz_loadu_ps(km, src + i);
+        const __m512 dv = _mm512_maskz_loadu_ps(km, d + i);
+        st_cdt(dst, i, _mm512_mul_ps(vs, v), bf16, km);
+        a0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)),
+                             _mm512_cvtps_pd(_mm512_castps512_ps256(dv)), a0);
+        a1 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(
+                                 _mm512_castps_pd(v), 1))),
+                             _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(
+                                 _mm512_castps_pd(dv), 1))),
+                             a1);
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+}
+
 static int use_avx512(void) { return kt__cpu_has_avx512() && kt__cpu_has_avx512_bf16(); }
 #endif
+
+static float silu_sig(float g) { return 1.0f / (1.0f + expf(-g)); }
+
+static void st1(void *p, int bf16, int64_t i, float v)
+{
+    if (bf16)
+        ((uint16_t *)p)[i] = kt_f32_to_bf16_1(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+void kt__moe_act_fwd(int64_t n, const float *g, const float *u, void *ac, int bf16)
+{
+#ifdef BF_HAVE_AVX512
+    if (use_avx512()) {
+        act_fwd_avx512(n, g, u, ac, bf16);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++)
+        st1(ac, bf16, i, g[i] * silu_sig(g[i]) * u[i]);
+}
+
+void kt__moe_act_bwd(int64_t n, const float *g, const float *u, const float *ga, void *ggc,
+                     void *guc, int bf16)
+{
+#ifdef BF_HAVE_AVX512
+    if (use_avx512()) {
+        act_bwd_avx512(n, g, u, ga, ggc, guc, bf16);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++) {
+        const float sig = silu_sig(g[i]);
+        st1(ggc, bf16, i, ga[i] * u[i] * (sig * (1.0f + g[i] * (1.0f - sig))));
+        st1(guc, bf16, i, ga[i] * (g[i] * sig));
+    }
+}
+
+double kt__moe_scale_dot(int64_t n, const float *src, float s, const float *d, void *dst, int bf16)
+{
+#ifdef BF_HAVE_AVX512
+    if (use_avx512())
+        return scale_dot_avx512(n, src, s, d, dst, bf16);
+#endif
+    double acc = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        acc += (double)src[i] * (double)d[i];
+        st1(dst, bf16, i, s * src[i]);
+    }
+    return acc;
+}
 
 void kt__bf16_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
                       const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)

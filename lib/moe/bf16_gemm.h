@@ -46,4 +46,16 @@ void kt__bf16_gemm_tn_acc_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, cons
                               int64_t ldg, const uint16_t *x, int64_t ldx, float *dw,
                               int64_t lddw, float scale);
 
+/* Elementwise steps of the layer on n contiguous f32 values, the results stored in the compute
+ * dtype (bf16 when bf16, else f32); vectorised where the GEMMs are, the same operations for
+ * every element whatever n, so any split of a buffer gives the same bytes.
+ *   act_fwd:   ac = silu(g) * u
+ *   act_bwd:   gg = ga * u * silu'(g),  gu = ga * silu(g)
+ *   scale_dot: dst = s * src, and returns sum src * d (accumulated in double) */
+void kt__moe_act_fwd(int64_t n, const float *g, const float *u, void *ac, int bf16);
+void kt__moe_act_bwd(int64_t n, const float *g, const float *u, const float *ga, void *ggc,
+                     void *guc, int bf16);
+double kt__moe_scale_dot(int64_t n, const float *src, float s, const float *d, void *dst,
+                         int bf16);
+
 #endif

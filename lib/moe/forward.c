@@ -68,7 +68,15 @@ void kt__moe_gather(kt_moe *m, const kt__moe_job *job, int load_x)
     kt_parallel_for(m->pool, m->qlen, 1, gather_part, &c);
 }
 
-static float silu(float g) { return g / (1.0f + expf(-g)); }
+/* Columns of gate/up computed together before their SiLU product: the g and u blocks of an
+ * expert (rows x 96 f32 each) are still in L2 when the product reads them, where a whole
+ * expert's [rows, I] pair would already be on its way out. 96 = 16 tiles of 6 columns. */
+#define GU_SUB_COLS 96
+
+static void *cdt_at(const kt_moe *m, void *base, int64_t i)
+{
+    return (unsigned char *)base + (size_t)i * m->cs;
+}
 
 static void gate_up_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
@@ -76,27 +84,29 @@ static void gate_up_tasks(void *vctx, int64_t b, int64_t end, int thread)
     fwd_ctx *c = vctx;
     kt_moe *m = c->m;
     int lora = m->cfg.mode == KT_MOE_LORA;
-    for (int64_t i = b; i < end; i++) {
+    for (int64_t i = m->part[b]; i < m->part[end]; i++) {
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
-        if (c->run_gemms && m->bf16) {
-            const uint16_t *x = (const uint16_t *)m->xc + off * m->H;
-            kt__bf16_gemm_nt(me, t->c0, t->c1, m->H, x, m->H,
-                             kt__moe_weight_ptr(m, t->e, KT_MOE_GATE), m->H, m->g + off * m->I,
-                             m->I, 0);
-            kt__bf16_gemm_nt(me, t->c0, t->c1, m->H, x, m->H,
-                             kt__moe_weight_ptr(m, t->e, KT_MOE_UP), m->H, m->u + off * m->I,
-                             m->I, 0);
-        }
-        if (c->run_gemms && lora) {
-            kt__moe_lora_add(m, KT_MOE_GATE, t, m->g);
-            kt__moe_lora_add(m, KT_MOE_UP, t, m->u);
-        }
-        for (int64_t r = off; r < off + me; r++)
-            for (int64_t n = t->c0; n < t->c1; n++) {
-                int64_t k = r * m->I + n;
-                kt__moe_st(m->ac, m->bf16, k, silu(m->g[k]) * m->u[k]);
+        const uint16_t *x = (const uint16_t *)m->xc + off * m->H;
+        for (int64_t c0 = t->c0; c0 < t->c1; c0 += GU_SUB_COLS) {
+            const kt__moe_task st = {t->e, c0, t->c1 - c0 < GU_SUB_COLS ? t->c1 : c0 + GU_SUB_COLS};
+            if (c->run_gemms && m->bf16) {
+                kt__bf16_gemm_nt(me, st.c0, st.c1, m->H, x, m->H,
+                                 kt__moe_weight_ptr(m, t->e, KT_MOE_GATE), m->H,
+                                 m->g + off * m->I, m->I, 0);
+                kt__bf16_gemm_nt(me, st.c0, st.c1, m->H, x, m->H,
+                                 kt__moe_weight_ptr(m, t->e, KT_MOE_UP), m->H,
+                                 m->u + off * m->I, m->I, 0);
             }
+            if (c->run_gemms && lora) {
+                kt__moe_lora_add(m, KT_MOE_GATE, &st, m->g);
+                kt__moe_lora_add(m, KT_MOE_UP, &st, m->u);
+            }
+            for (int64_t r = off; r < off + me; r++) {
+                const int64_t k = r * m->I + st.c0;
+                kt__moe_act_fwd(st.c1 - st.c0, m->g + k, m->u + k, cdt_at(m, m->ac, k), m->bf16);
+            }
+        }
     }
 }
 
@@ -105,7 +115,7 @@ static void down_tasks(void *vctx, int64_t b, int64_t end, int thread)
     (void)thread;
     fwd_ctx *c = vctx;
     kt_moe *m = c->m;
-    for (int64_t i = b; i < end; i++) {
+    for (int64_t i = m->part[b]; i < m->part[end]; i++) {
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
         if (m->bf16)
@@ -147,16 +157,16 @@ kt_status kt__moe_compute(kt_moe *m, int run_gemms)
         KT__TRY(sgemm_experts(m, KT_MOE_GATE, m->xc, m->H, m->g, m->I));
         KT__TRY(sgemm_experts(m, KT_MOE_UP, m->xc, m->H, m->u, m->I));
     }
-    int64_t n = kt__moe_plan(m, m->I);
-    kt_parallel_for(m->pool, n, 1, gate_up_tasks, &c);
+    kt__moe_plan_parts(m, m->I);
+    kt__moe_run_parts(m, gate_up_tasks, &c);
     if (lora)
         kt__moe_lora_z(m, KT_MOE_DOWN, m->ac);
     if (run_gemms) {
         if (!m->bf16)
             KT__TRY(sgemm_experts(m, KT_MOE_DOWN, m->ac, m->I, m->d, m->H));
         if (m->bf16 || lora) {
-            n = kt__moe_plan(m, m->H);
-            kt_parallel_for(m->pool, n, 1, down_tasks, &c);
+            kt__moe_plan_parts(m, m->H);
+            kt__moe_run_parts(m, down_tasks, &c);
         }
         m->flops += (uint64_t)(6 * rows * m->H * m->I);
     }

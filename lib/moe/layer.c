@@ -119,6 +119,7 @@ static kt_status alloc_work(kt_moe *m)
     SPEC(m->off, ((size_t)m->E + 1) * 8);
     SPEC(m->cursor, (size_t)m->E * 8);
     SPEC(m->tasks, (size_t)m->max_tasks * sizeof(kt__moe_task));
+    SPEC(m->part, ((size_t)m->n_threads + 1) * 8);
     SPEC(m->xt, T * H * cs);
     SPEC(m->xc, N * H * cs);
     SPEC(m->g, N * I * 4);
@@ -187,11 +188,13 @@ static kt_status alloc_params(kt_moe *m)
     return KT_OK;
 }
 
-/* Tasks of one phase: at most ceil(cols / 16) per expert, over the widest phase. */
+/* Tasks of one phase: at most ceil(cols / 16) per expert, over the widest phase (the
+ * per-thread shares of kt__moe_plan_parts need at most E + n_threads). */
 static int64_t max_tasks_for(const kt_moe *m)
 {
     int64_t cols = m->H > m->I ? m->H : m->I;
-    return m->E * ((cols + KT__MOE_COL_ALIGN - 1) / KT__MOE_COL_ALIGN);
+    int64_t a = m->E * ((cols + KT__MOE_COL_ALIGN - 1) / KT__MOE_COL_ALIGN);
+    return a > m->E + m->n_threads ? a : m->E + m->n_threads;
 }
 
 kt_status kt_moe_create(const kt_moe_config *config, kt_threadpool *pool, kt_moe **moe_out)

@@ -71,6 +71,8 @@ struct kt_moe {
     int64_t *cursor;      /* [E] scratch for the counting sort */
     kt__moe_task *tasks;
     int64_t max_tasks;
+    int64_t *part; /* [n_threads + 1]: thread p's tasks of kt__moe_plan_parts are
+                    * [part[p], part[p + 1]) */
 
     /* activations; "saved" ones survive from forward to backward */
     void *xt;   /* [T,H] cdt: the input, saved */
@@ -130,6 +132,10 @@ kt_status kt__moe_check_backward(kt_moe *m, const kt_tensor *gy, const kt_tensor
 void kt__moe_route(kt_moe *m, const kt__moe_job *job);
 /* Fills m->tasks for a phase over `cols` output columns; returns the task count. */
 int64_t kt__moe_plan(kt_moe *m, int64_t cols);
+/* Fills m->tasks and m->part with one equal share of the phase per thread; returns the task
+ * count. kt__moe_run_parts runs fn(ctx, p0, p1, thread) over the shares (not the tasks). */
+int64_t kt__moe_plan_parts(kt_moe *m, int64_t cols);
+void kt__moe_run_parts(kt_moe *m, kt_range_fn fn, void *ctx);
 int64_t kt__moe_get_id(const kt_tensor *ids, int64_t i);
 
 /* forward.c */

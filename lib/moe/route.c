@@ -141,6 +141,65 @@ int64_t kt__moe_plan(kt_moe *m, int64_t cols)
     return n;
 }
 
+/* One contiguous share of the phase's cost (rows * columns) per thread, exactly balanced up to
+ * the 16-column rounding of the split points: thread p owns the cost range
+ * [p C / P, (p + 1) C / P), walked in (expert, column) order, where expert e's column c sits at
+ * off[e] * cols + me * c. A share becomes one task per expert it touches, so a thread streams
+ * each weight block it needs once, in long runs (one token: a few experts cut into P slices;
+ * a thousand tokens: P runs of whole experts), and no thread waits on another's leftovers.
+ * Each output element is still computed whole by one task, in a fixed order. */
+int64_t kt__moe_plan_parts(kt_moe *m, int64_t cols)
+{
+    const int64_t P = m->n_threads, rows = m->off[m->E];
+    int64_t n = 0, e = 0, c = 0;
+    m->part[0] = 0;
+    for (int64_t p = 0; p < P; p++) {
+        /* the split point ending share p, as (e1, c1): column c1 of expert e1 */
+        int64_t e1 = m->E, c1 = 0;
+        if (p + 1 < P && rows > 0) {
+            const int64_t b = (p + 1) * rows / P * cols + ((p + 1) * rows % P) * cols / P;
+            e1 = 0;
+            while (e1 < m->E && m->off[e1 + 1] * cols <= b)
+                e1++;
+            if (e1 < m->E) {
+                const int64_t me = m->off[e1 + 1] - m->off[e1];
+                c1 = (b - m->off[e1] * cols + me / 2) / me;
+                c1 = (c1 + KT__MOE_COL_ALIGN / 2) / KT__MOE_COL_ALIGN * KT__MOE_COL_ALIGN;
+                if (c1 >= cols) {
+                    e1++;
+                    c1 = 0;
+                }
+            }
+            /* never behind the previous split */
+            if (e1 < e || (e1 == e && c1 < c)) {
+                e1 = e;
+                c1 = c;
+            }
+        }
+        for (; e < e1 || (e == e1 && c < c1); e++, c = 0) {
+            const int64_t end = e == e1 ? c1 : cols;
+            if (m->off[e + 1] == m->off[e] || end <= c)
+                continue;
+            m->tasks[n].e = e;
+            m->tasks[n].c0 = c;
+            m->tasks[n].c1 = end;
+            n++;
+            if (e == e1)
+                break;
+        }
+        e = e1;
+        c = c1;
+        m->part[p + 1] = n;
+    }
+    return n;
+}
+
+void kt__moe_run_parts(kt_moe *m, kt_range_fn fn, void *ctx)
+{
+    if (m->part[m->n_threads] > 0)
+        kt_parallel_for(m->pool, m->n_threads, 1, fn, ctx);
+}
+
 kt_status kt__moe_check_backward(kt_moe *m, const kt_tensor *gy, const kt_tensor *gx,
                                  const kt_tensor *gw, float scale)
 {
