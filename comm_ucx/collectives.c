@@ -231,10 +231,13 @@ kt_status kt__ucx_all_reduce(kt_comm *comm, void *buf, size_t count, kt_dtype dt
     if (comm->rank == 0) {
         /* Contributions of ranks 1..size-1, then (bf16) the f32 accumulator. */
         size_t in_bytes = (size_t)(size - 1) * bytes;
+        /* the f32 accumulator after the contributions, aligned for floats: the bf16
+         * contributions may end at any even offset */
+        size_t acc_at = (in_bytes + 63) / 64 * 64;
         size_t acc_bytes = dtype == KT_BF16 ? count * sizeof(float) : 0;
-        st = in_bytes > SIZE_MAX - acc_bytes
+        st = acc_at < in_bytes || acc_at > SIZE_MAX - acc_bytes
                  ? kt__error(KT_ERANGE, "rank 0: all_reduce of %zu elements is too large", count)
-                 : grow_scratch(c, in_bytes + acc_bytes);
+                 : grow_scratch(c, acc_at + acc_bytes);
         if (st == KT_OK) {
             char *in = c->scratch;
             for (int p = 1; p < size; p++)
@@ -243,7 +246,7 @@ kt_status kt__ucx_all_reduce(kt_comm *comm, void *buf, size_t count, kt_dtype dt
         }
         if (st == KT_OK) {
             char *in = c->scratch;
-            float *acc = dtype == KT_F32 ? (float *)buf : (float *)(void *)(in + in_bytes);
+            float *acc = dtype == KT_F32 ? (float *)buf : (float *)(void *)(in + acc_at);
             if (dtype == KT_BF16)
                 kt_bf16_to_f32(acc, buf, count);
             for (int p = 1; p < size; p++)

@@ -94,8 +94,10 @@ kt_status kt__ucx_post_send(kt__ucx_comm *c, const kt__ucx_op *op, unsigned low,
     if (c->peers[peer].failed != UCS_OK)
         return peer_failed_error(c, op, peer);
     /* FAST_CMPL: every send is waited for at once, and it keeps messages up to UCX's local
-     * threshold on the eager path (64 KiB exchange 2.7 instead of 6.2 us, note 2.6). */
-    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FLAG_FAST_CMPL};
+     * threshold on the eager path (64 KiB exchange 2.7 instead of 6.2 us, note 2.6). Not
+     * over TCP, where that eager path is the slow one (kt-bench comm --transport tcp: 16 KiB
+     * one-way 14 us with the flag, 5 without; 64 KiB 40 and 23). */
+    ucp_request_param_t prm = {.op_attr_mask = c->send_flags};
     ucs_status_ptr_t p = ucp_tag_send_nbx(c->peers[peer].ep, bytes ? buf : &empty, bytes,
                                           op_tag(op, low, c->base.rank), &prm);
     if (UCS_PTR_IS_ERR(p))
@@ -608,6 +610,7 @@ kt_status kt_comm_create_ucx(const kt_comm_options *options, kt_comm **comm_out)
         return kt__error(KT_ENOMEM, "kt_comm_create_ucx: out of memory");
     kt__comm_init(&c->base, &ucx_ops, s.rank, s.size, s.timeout_ms);
     c->blame = -1;
+    c->send_flags = s.transport == KT_COMM_TRANSPORT_TCP ? 0 : UCP_OP_ATTR_FLAG_FAST_CMPL;
     c->eps_closed = 1; /* until they exist */
     c->peers = calloc((size_t)s.size, sizeof *c->peers);
     if (c->peers == NULL) {

@@ -86,6 +86,7 @@ struct kt__ucx_comm {
     void *abort_req; /* the posted receive of abort notices from any peer */
     int blame;       /* the peer the last failed wait names, for the abort notice */
     int notified;    /* the abort notices went out already */
+    uint32_t send_flags; /* ucp_tag_send_nbx op_attr_mask for data (FAST_CMPL or not) */
     kt__ucx_abort_msg abort_in;
     void *scratch; /* all_reduce's buffer at the root, kept between calls */
     size_t scratch_bytes;

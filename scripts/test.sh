@@ -28,5 +28,6 @@ cmake --build "$dir" -j "$jobs"
 echo "== built in $(( $(date +%s) - start )) s; libkt.a is $(stat -c %s "$dir/libkt.a") bytes"
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 ctest --test-dir "$dir" --output-on-failure -j "$jobs"

@@ -2,6 +2,7 @@
 #ifndef KT_TOOLS_BENCH_H
 #define KT_TOOLS_BENCH_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -22,5 +23,32 @@ int bench_graph(int argc, char **argv, const bench_args *common);
 int bench_gemm(int argc, char **argv, const bench_args *common);
 int bench_moe(int argc, char **argv, const bench_args *common);
 int bench_checkpoint(int argc, char **argv, const bench_args *common);
+int bench_comm(int argc, char **argv, const bench_args *common);
+int bench_halo(int argc, char **argv, const bench_args *common);
+
+/* Multi-rank benchmarks (bench_comm.c). kt-bench starts its ranks itself: fork + exec of its
+ * own binary as "kt-bench __rank ARGS..." with the rank environment (KT_RANK, KT_WORLD_SIZE,
+ * KT_MASTER_ADDR, KT_MASTER_PORT, KT_COMM_TRANSPORT). Rank 0 writes text lines to the stream
+ * bench_result_stream() gives it; the parent hands each line to on_line. Returns 0 when every
+ * rank exited 0. */
+typedef void (*bench_line_fn)(void *ctx, const char *line);
+int bench_spawn_ranks(int n, const char *transport, char *const *args, int n_args,
+                      bench_line_fn on_line, void *ctx);
+int bench_rank(int argc, char **argv);               /* the "__rank" entry */
+int bench_halo_rank(int argc, char **argv);          /* bench_halo.c */
+FILE *bench_result_stream(void);                     /* rank 0: NULL elsewhere */
+struct kt_comm *bench_rank_comm(const char *who);    /* the UCX communicator from the env */
+int bench_have_ucx(void);
+int bench_cpu(int idx); /* the idx-th usable CPU (mod their count), -1 if unknown */
+int bench_no_ucx(const char *bench, int json);       /* the no-UCX line; returns 0 */
+const char *bench_comm_peer_script(void);
+/* "8,64,1k,4M" -> bytes; the count, or -1 on a malformed list */
+int bench_parse_sizes(const char *s, size_t *out, int max);
+/* Runs a peer command; its stdout lines starting with '{' go into buf. 0 + note on failure. */
+int bench_run_peer(const char *cmd, char *buf, size_t size, char *note, size_t note_size);
+double bench_peer_value(const char *buf, const char *match1, const char *match2,
+                        const char *key);
+void bench_print_ratio(const char *key, double v, int have);
+void bench_print_json_text(const char *s);
 
 #endif

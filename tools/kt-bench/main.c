@@ -42,6 +42,10 @@ static void usage(FILE *f)
                "          vdpbf16ps peak / OpenBLAS sgemm, memory bandwidth and PyTorch\n"
                "  checkpoint  activation checkpointing policies on a conv + MoE stack:\n"
                "          peaks, step times and recomputed FLOPs against none\n"
+               "  comm    the UCX communicator on 2 local ranks: latency and bandwidth\n"
+               "          against raw UCX (ucx_perftest) and torch.distributed gloo\n"
+               "  halo    the context-parallel halo exchange forward (p2p and all-gather)\n"
+               "          on 2 (or 4) local ranks against gloo\n"
                "\n"
                "common options:\n"
                "  --json         one JSON object per configuration\n"
@@ -56,6 +60,8 @@ int main(int argc, char **argv)
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    if (strcmp(argv[1], "__rank") == 0) /* a rank kt-bench comm / halo started */
+        return bench_rank(argc - 2, argv + 2);
     bench_args common = {.json = 0, .repeats = 15, .warmup = 3, .threads = 1};
     /* common options may appear anywhere after the subcommand; the rest go to it */
     char **rest = calloc((size_t)argc + 1, sizeof *rest);
@@ -94,6 +100,10 @@ int main(int argc, char **argv)
         rc = bench_moe(n_rest, rest, &common);
     } else if (strcmp(argv[1], "checkpoint") == 0) {
         rc = bench_checkpoint(n_rest, rest, &common);
+    } else if (strcmp(argv[1], "comm") == 0) {
+        rc = bench_comm(n_rest, rest, &common);
+    } else if (strcmp(argv[1], "halo") == 0) {
+        rc = bench_halo(n_rest, rest, &common);
     } else {
         fprintf(stderr, "kt-bench: unknown benchmark '%s'\n\n", argv[1]);
         usage(stderr);
