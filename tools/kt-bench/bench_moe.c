@@ -36,6 +36,7 @@ typedef struct moe_args {
     kt_moe_mode mode;
     kt_dtype dtype;
     int peer;
+    unsigned peer_dtypes; /* bit 0: bf16, bit 1: f32 */
     const char *peer_script;
 } moe_args;
 
@@ -256,7 +257,8 @@ static int parse(int argc, char **argv, moe_args *a)
         if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
             printf("usage: kt-bench moe --shape small|dsv2lite|qwen3moe --qlen N\n"
                    "                    --mode frozen|lora|full --dtype bf16|f32\n"
-                   "                    [--no-peer] [--peer-script PATH] [--threads N] [--json]\n"
+                   "                    [--no-peer] [--peer-dtype bf16|f32|both] [--peer-script PATH]\n"
+                   "                    [--threads N] [--json]\n"
                    "Times the MoE layer forward and forward+backward; prints tokens/s,\n"
                    "GFLOP/s, the fraction of the vdpbf16ps peak (bf16) or of OpenBLAS sgemm on\n"
                    "the same per-expert shapes (f32), the fraction of memory bandwidth for\n"
@@ -298,6 +300,13 @@ static int parse(int argc, char **argv, moe_args *a)
             i++;
         } else if (strcmp(s, "--no-peer") == 0) {
             a->peer = 0;
+        } else if (strcmp(s, "--peer-dtype") == 0) {
+            a->peer_dtypes = strcmp(v, "bf16") == 0 ? 1u : strcmp(v, "f32") == 0 ? 2u : 3u;
+            if (strcmp(v, "bf16") && strcmp(v, "f32") && strcmp(v, "both")) {
+                fprintf(stderr, "kt-bench moe: --peer-dtype is bf16, f32 or both\n");
+                return 2;
+            }
+            i++;
         } else if (strcmp(s, "--peer-script") == 0) {
             a->peer_script = v;
             i++;
@@ -334,7 +343,7 @@ static double time_median(kt_moe *m, moe_inputs *in, int backward, int warmup, i
 int bench_moe(int argc, char **argv, const bench_args *common)
 {
     moe_args a = {.shape = &shapes[0], .qlen = 128, .mode = KT_MOE_FROZEN, .dtype = KT_BF16,
-                  .peer = 1, .peer_script = KT_BENCH_PEER_SCRIPT};
+                  .peer = 1, .peer_dtypes = 3u, .peer_script = KT_BENCH_PEER_SCRIPT};
     int rc = parse(argc, argv, &a);
     if (rc != 0)
         return rc;
@@ -388,9 +397,15 @@ int bench_moe(int argc, char **argv, const bench_args *common)
             snprintf(note[0], sizeof note[0], "could not write the peer's inputs");
         } else {
             const char *dts[2] = {"bf16", "f32"};
-            for (int k = 0; k < 2; k++)
+            for (int k = 0; k < 2; k++) {
+                if (!(a.peer_dtypes & (1u << k))) {
+                    snprintf(note[k], sizeof note[k], "torch %s peer not run (--peer-dtype)",
+                             dts[k]);
+                    continue;
+                }
                 have[k] = run_peer(&a, path, dts[k], threads, &t_fwd[k], &t_fb[k], note[k],
                                    sizeof note[k]);
+            }
         }
         unlink(path);
     } else {
