@@ -15,7 +15,7 @@ static int check_new(kt__ktg_parser *p, const char *name, kt__ktg_span at)
     if (s == NULL || s->kind == KT__KTG_SYM_NONE)
         return 1;
     static const char *const what[] = {"", "a constant", "a loop variable", "a tensor",
-                                       "a tensor"};
+                                       "a tensor", "a tensor"}; /* by kt__ktg_sym_kind */
     return kt__ktg_error(p, at, "redefinition of '%s' (%s defined at line %d, column %d), "
                          "expected a new name", name, what[s->kind], s->line, s->col);
 }

@@ -7,6 +7,9 @@
  *                            left-only and both sides); MODE is p2p or allgather
  *   cp_rank_test moe         distributed MoE: rank 0 owns the experts; outputs and gradients
  *                            equal one rank running the concatenated batch
+ *   cp_rank_test moe_fail    rank 0's layer fails inside the forward (NaN in an expert with
+ *                            check_finite): every rank returns the error, with rank 0's message,
+ *                            within the deadline, instead of waiting for the scatter
  *
  * Prints "PASS rank r" or "FAIL rank r: why" and exits 0/1. */
 #include <math.h>
@@ -270,6 +273,52 @@ static void scenario_moe(kt_comm *comm)
     printf("PASS rank %d: distributed moe over %d ranks\n", rank, world);
 }
 
+/* Rank 0's layer fails (a NaN weight, check_finite on): every rank gets rank 0's error. */
+static void scenario_moe_fail(kt_comm *comm)
+{
+    int world = kt_comm_size(comm), rank = kt_comm_rank(comm);
+    kt_moe *layer = NULL;
+    if (rank == 0) {
+        kt_moe_config c = {.n_experts = ME, .hidden = MH, .intermediate = MI, .top_k = MK,
+                           .max_tokens = MT * world, .weight_dtype = KT_F32,
+                           .act_dtype = KT_F32, .mode = KT_MOE_FROZEN, .keep_activations = 1,
+                           .check_finite = 1, .name = "poisoned"};
+        OK(kt_moe_create(&c, NULL, &layer));
+        for (int64_t e = 0; e < ME; e++)
+            for (int p = 0; p < 3; p++) {
+                kt_tensor w;
+                OK(kt_moe_weight(layer, e, (kt_moe_proj)p, &w));
+                fill(&w, 100 + (uint64_t)(e * 3 + p), 0);
+                if (p == KT_MOE_DOWN)
+                    ((float *)w.data)[0] = NAN; /* every expert's output turns NaN */
+            }
+        OK(kt_moe_cache_enable(layer, 1));
+    }
+    kt_program *p = moe_model(MT);
+    kt_session *s;
+    kt_session_options so = {.threads = 1, .comm = comm, .moe_layers = layer ? &layer : NULL,
+                             .n_moe_layers = layer ? 1 : 0};
+    OK(kt_session_create(p, &so, &s));
+    kt_tensor x, y, r;
+    OK(kt_session_tensor(s, KT_ROLE_INPUT, "x", &x));
+    OK(kt_session_tensor(s, KT_ROLE_INPUT, "y", &y));
+    OK(kt_session_tensor(s, KT_ROLE_PARAM, "router", &r));
+    fill(&x, 7, (int64_t)rank * MT * MH);
+    fill(&r, 8, 0);
+    kt_status st = kt_session_forward(s);
+    if (st == KT_OK)
+        fail("the forward succeeded although rank 0's layer produced NaN");
+    if (strstr(kt_last_error(), "rank 0") == NULL || strstr(kt_last_error(), "poisoned") == NULL)
+        fail("error '%s' does not carry rank 0's message about layer 'poisoned'",
+             kt_last_error());
+    if (rank == 0 && kt_moe_cache_get_state(layer) != KT_MOE_CACHE_POISONED)
+        fail("rank 0's forward cache is not poisoned after the failure");
+    printf("PASS rank %d: rank 0's MoE failure reached every rank: %s\n", rank, kt_last_error());
+    kt_session_destroy(s);
+    kt_program_destroy(p);
+    kt_moe_destroy(layer);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -285,6 +334,8 @@ int main(int argc, char **argv)
         scenario_halo(comm, strcmp(argv[2], "allgather") == 0 ? KT_HALO_ALLGATHER : KT_HALO_P2P);
     else if (strcmp(argv[1], "moe") == 0)
         scenario_moe(comm);
+    else if (strcmp(argv[1], "moe_fail") == 0)
+        scenario_moe_fail(comm);
     else
         fail("unknown scenario %s", argv[1]);
     fflush(stdout);
