@@ -566,6 +566,15 @@ static void test_alias_and_no_cascade(void **state)
         "unknown op 'matmull'", "did you mean 'matmul'?");
     /* two names from a plain name is an error */
     ERR("a, b = x\n", KT_EFORMAT, "a plain name gives one value");
+    /* a name a failed statement bound, declared again (a fuzzer found this reading past a
+     * table): reported as a redefinition */
+    int n = -1;
+    kt_graph *bad = NULL;
+    char src[256];
+    snprintf(src, sizeof src, "%sh = matmull(x, w)\nparam h: f32[2] = zeros\n", prelude);
+    assert_int_equal(parse_d(src, NULL, 0, &bad, &n), KT_EFORMAT);
+    assert_int_equal(n, 2);
+    assert_non_null(strstr(diag, "redefinition of 'h' (a tensor"));
 }
 
 static void parse_any(const char *buf, size_t len)
