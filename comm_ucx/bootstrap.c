@@ -480,7 +480,10 @@ static kt_status client_exchange(kt__ucx_boot *b, const void *addr, size_t addr_
     if ((int32_t)reply[0] != 0) {
         char text[KT__COMM_MSG_MAX];
         size_t n = reply[1] < sizeof text - 1 ? reply[1] : sizeof text - 1;
-        if (read_all(fd, text, n, b->deadline, &why) != KT_OK)
+        /* the reason follows the header at once; this rank's own deadline has usually
+         * passed by now (the master waited for the same deadline), so give it the same
+         * grace as the header */
+        if (read_all(fd, text, n, b->deadline + 1000 + s->timeout_ms / 4, &why) != KT_OK)
             n = 0;
         text[n] = '\0';
         kt_status rs = (int32_t)reply[0] < 0 && (int32_t)reply[0] >= KT_EINTERNAL
