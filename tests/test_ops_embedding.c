@@ -69,62 +69,12 @@ static void ref_router(const kt_op_attrs *at, const gc_dt *in, int n_in, gc_dt *
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-static int is_float(kt_dtype d) { return d == KT_F32 || d == KT_BF16 || d == KT_F16; }
-
-/* Forward + backward with `threads` threads; random grads for float outputs only. */
-static void run_fb(kt_op op, const kt_op_attrs *at, const kt_tensor *in, int n_in,
-                   int threads, kt_tensor *out, kt_tensor *gin)
-{
-    int n_out;
-    assert_int_equal(kt_op_arity(op, NULL, NULL, &n_out), KT_OK);
-    assert_int_equal(kt_op_infer(op, at, in, n_in, out, n_out), KT_OK);
-    kt_tensor gout[2] = {{0}, {0}};
-    tu_rng rng;
-    tu_rng_seed(&rng, 99);
-    for (int i = 0; i < n_out; i++) {
-        out[i] = tu_alloc(out[i].dtype, out[i].ndim, out[i].shape);
-        if (is_float(out[i].dtype)) {
-            gout[i] = tu_alloc(out[i].dtype, out[i].ndim, out[i].shape);
-            tu_fill_uniform(&gout[i], &rng, -1, 1);
-        }
-    }
-    for (int i = 0; i < n_in; i++)
-        gin[i] = is_float(in[i].dtype) ? tu_alloc(in[i].dtype, in[i].ndim, in[i].shape)
-                                       : (kt_tensor){0};
-    kt_threadpool *pool = NULL;
-    if (threads > 0)
-        assert_int_equal(kt_threadpool_create(threads, &pool), KT_OK);
-    size_t f = kt_op_scratch_bytes(op, at, in, n_in, 0);
-    size_t b = kt_op_scratch_bytes(op, at, in, n_in, 1);
-    kt_exec ex = {.pool = pool, .scratch_bytes = f > b ? f : b};
-    if (ex.scratch_bytes)
-        assert_int_equal(posix_memalign(&ex.scratch, 64, ex.scratch_bytes), 0);
-    assert_int_equal(kt_op_forward(op, at, in, n_in, out, n_out, &ex), KT_OK);
-    assert_int_equal(kt_op_backward(op, at, in, n_in, out, n_out, gout, gin, &ex), KT_OK);
-    free(ex.scratch);
-    kt_threadpool_destroy(pool);
-    tu_free(&gout[0]), tu_free(&gout[1]);
-}
-
-/* Outputs and gradients must be bitwise equal with t1 and t2 threads. */
+/* Forward + backward with t1 and t2 threads: bitwise the same. */
 static void check_thread_invariant(kt_op op, const kt_op_attrs *at, const kt_tensor *in,
                                    int n_in, int t1, int t2)
 {
-    kt_tensor o1[2] = {{0}, {0}}, o2[2] = {{0}, {0}}, g1[2], g2[2];
-    run_fb(op, at, in, n_in, t1, o1, g1);
-    run_fb(op, at, in, n_in, t2, o2, g2);
-    for (int i = 0; i < 2; i++) {
-        if (o1[i].data && !tu_bitwise_equal(&o1[i], &o2[i]))
-            fail_msg("%s: output %d differs between %d and %d threads", kt_op_name(op), i, t1,
-                     t2);
-        if (i < n_in && g1[i].data && !tu_bitwise_equal(&g1[i], &g2[i]))
-            fail_msg("%s: gradient %d differs between %d and %d threads", kt_op_name(op), i,
-                     t1, t2);
-    }
-    for (int i = 0; i < 2; i++)
-        tu_free(&o1[i]), tu_free(&o2[i]);
-    for (int i = 0; i < n_in; i++)
-        tu_free(&g1[i]), tu_free(&g2[i]);
+    gc_case c = {.op = op, .attrs = *at, .in = in, .n_in = n_in, .seed = 99};
+    gc_check_thread_invariant(&c, t1, t2);
 }
 
 /* ---- embedding ------------------------------------------------------------------------------ */

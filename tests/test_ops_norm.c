@@ -71,49 +71,12 @@ static void ref_log_softmax(const kt_op_attrs *at, const gc_dt *in, int n_in, gc
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-/* Forward + backward with `threads` threads (0: no pool), grad_out from a fixed seed. */
-static void run_fb(kt_op op, const kt_op_attrs *at, const kt_tensor *in, int n_in,
-                   int threads, kt_tensor *out, kt_tensor *gin)
-{
-    assert_int_equal(kt_op_infer(op, at, in, n_in, out, 1), KT_OK);
-    out[0] = tu_alloc(out[0].dtype, out[0].ndim, out[0].shape);
-    kt_tensor gout = tu_alloc(out[0].dtype, out[0].ndim, out[0].shape);
-    tu_rng rng;
-    tu_rng_seed(&rng, 99);
-    tu_fill_uniform(&gout, &rng, -1, 1);
-    for (int i = 0; i < n_in; i++)
-        gin[i] = tu_alloc(in[i].dtype, in[i].ndim, in[i].shape);
-    kt_threadpool *pool = NULL;
-    if (threads > 0)
-        assert_int_equal(kt_threadpool_create(threads, &pool), KT_OK);
-    size_t f = kt_op_scratch_bytes(op, at, in, n_in, 0);
-    size_t b = kt_op_scratch_bytes(op, at, in, n_in, 1);
-    kt_exec ex = {.pool = pool, .scratch_bytes = f > b ? f : b};
-    if (ex.scratch_bytes)
-        assert_int_equal(posix_memalign(&ex.scratch, 64, ex.scratch_bytes), 0);
-    assert_int_equal(kt_op_forward(op, at, in, n_in, out, 1, &ex), KT_OK);
-    assert_int_equal(kt_op_backward(op, at, in, n_in, out, 1, &gout, gin, &ex), KT_OK);
-    free(ex.scratch);
-    kt_threadpool_destroy(pool);
-    tu_free(&gout);
-}
-
-/* Results must be bitwise equal with t1 and t2 threads. */
+/* Forward + backward with t1 and t2 threads: bitwise the same. */
 static void check_thread_invariant(kt_op op, const kt_op_attrs *at, const kt_tensor *in,
                                    int n_in, int t1, int t2)
 {
-    kt_tensor o1, o2, g1[2], g2[2];
-    run_fb(op, at, in, n_in, t1, &o1, g1);
-    run_fb(op, at, in, n_in, t2, &o2, g2);
-    if (!tu_bitwise_equal(&o1, &o2))
-        fail_msg("%s: output differs between %d and %d threads", kt_op_name(op), t1, t2);
-    for (int i = 0; i < n_in; i++)
-        if (!tu_bitwise_equal(&g1[i], &g2[i]))
-            fail_msg("%s: gradient %d differs between %d and %d threads", kt_op_name(op), i,
-                     t1, t2);
-    tu_free(&o1), tu_free(&o2);
-    for (int i = 0; i < n_in; i++)
-        tu_free(&g1[i]), tu_free(&g2[i]);
+    gc_case c = {.op = op, .attrs = *at, .in = in, .n_in = n_in, .seed = 99};
+    gc_check_thread_invariant(&c, t1, t2);
 }
 
 /* The forward into its own input must give what it gives into a separate output. */

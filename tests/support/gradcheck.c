@@ -94,7 +94,8 @@ static void run_op(const gc_case *c, const kt_tensor *in, kt_tensor *gout, int t
     kt_threadpool_destroy(pool);
 }
 
-/* grad_out: random normal for float outputs, absent for integer ones. */
+/* grad_out: random normal for float outputs (in the output's dtype), absent for integer
+ * ones. */
 static void make_gout(const gc_case *c, kt_tensor *gout, tu_rng *rng)
 {
     int n_out;
@@ -109,7 +110,7 @@ static void make_gout(const gc_case *c, kt_tensor *gout, tu_rng *rng)
             memcpy(gout[i].shape, shapes[i].shape, sizeof gout[i].shape);
             continue;
         }
-        gout[i] = tu_alloc(KT_F32, shapes[i].ndim, shapes[i].shape);
+        gout[i] = tu_alloc(shapes[i].dtype, shapes[i].ndim, shapes[i].shape);
         for (int64_t k = 0; k < kt_tensor_numel(&gout[i]); k++)
             tu_set(&gout[i], k, tu_rng_normal(rng));
     }
@@ -260,25 +261,30 @@ void gc_check_lowp(const gc_case *c, kt_dtype dtype, double tol)
     result_free(&rlp, c->n_in);
 }
 
-void gc_check_deterministic(const gc_case *c, int threads)
+/* Forward + backward with t1 and then t2 threads: bitwise the same results. */
+static void check_same_bits(const gc_case *c, int t1, int t2)
 {
     tu_rng rng;
     tu_rng_seed(&rng, c->seed + 31);
     kt_tensor gout[KT_OP_MAX_OUT];
     make_gout(c, gout, &rng);
     run_result a, b;
-    run_op(c, c->in, gout, threads, &a);
-    run_op(c, c->in, gout, threads, &b);
+    run_op(c, c->in, gout, t1, &a);
+    run_op(c, c->in, gout, t2, &b);
     for (int i = 0; i < a.n_out; i++)
         if (!tu_bitwise_equal(&a.out[i], &b.out[i]))
-            fail_msg("%s: output %d differs between two runs with %d threads",
-                     kt_op_name(c->op), i, threads);
+            fail_msg("%s: output %d differs between runs with %d and %d threads",
+                     kt_op_name(c->op), i, t1, t2);
     for (int i = 0; i < c->n_in; i++)
         if (a.gin[i].data && !tu_bitwise_equal(&a.gin[i], &b.gin[i]))
-            fail_msg("%s: gradient of input %d differs between two runs with %d threads",
-                     kt_op_name(c->op), i, threads);
+            fail_msg("%s: gradient of input %d differs between runs with %d and %d threads",
+                     kt_op_name(c->op), i, t1, t2);
     for (int i = 0; i < a.n_out; i++)
         tu_free(&gout[i]);
     result_free(&a, c->n_in);
     result_free(&b, c->n_in);
 }
+
+void gc_check_deterministic(const gc_case *c, int threads) { check_same_bits(c, threads, threads); }
+
+void gc_check_thread_invariant(const gc_case *c, int t1, int t2) { check_same_bits(c, t1, t2); }

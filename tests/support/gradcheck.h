@@ -46,5 +46,8 @@ void gc_check_lowp(const gc_case *c, kt_dtype dtype, double tol);
 
 /* Forward + backward twice with the same thread count: bitwise identical results. */
 void gc_check_deterministic(const gc_case *c, int threads);
+/* The same with t1 and with t2 threads (0: no pool), for kernels whose partition does not
+ * change their summation order. */
+void gc_check_thread_invariant(const gc_case *c, int t1, int t2);
 
 #endif
