@@ -25,6 +25,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "common/free_port.h"
 #ifdef __linux__
 #include <sys/prctl.h>
 #endif
@@ -96,23 +98,6 @@ static int parse_int(const char *s, int lo, int hi, int *out)
         return -1;
     *out = (int)v;
     return 0;
-}
-
-/* A port nobody listens on right now; rank 0 binds it again moments later. */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0)
-        return -1;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
 }
 
 static void emit_line(int rank, stream *s, const char *line, size_t n)
@@ -291,7 +276,7 @@ int main(int argc, char **argv)
         return 2;
     }
     char **prog = argv + i;
-    if (port == 0 && (port = free_port()) < 0) {
+    if (port == 0 && (port = kt_tool_free_port()) < 0) {
         fprintf(stderr, "kt-launch: cannot find a free port on 127.0.0.1: %s\n", strerror(errno));
         return 1;
     }

@@ -33,6 +33,7 @@
 #include <kt/kt.h>
 
 #include "bench.h"
+#include "common/free_port.h"
 
 #ifndef KT_BENCH_COMM_PEER_SCRIPT
 #define KT_BENCH_COMM_PEER_SCRIPT "tools/kt-bench/comm_gloo_peer.py"
@@ -90,22 +91,6 @@ static void pin_to(int cpu)
     }
 }
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0)
-        return -1;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
-
 int bench_spawn_ranks(int n, const char *transport, char *const *args, int n_args,
                       bench_line_fn on_line, void *ctx)
 {
@@ -117,7 +102,7 @@ int bench_spawn_ranks(int n, const char *transport, char *const *args, int n_arg
         return 1;
     }
     self[len] = '\0';
-    int port = free_port(), fds[2];
+    int port = kt_tool_free_port(), fds[2];
     if (port < 0 || pipe(fds) != 0) {
         fprintf(stderr, "kt-bench: cannot set up the ranks: %s\n", strerror(errno));
         return 1;
@@ -432,7 +417,7 @@ static double perftest(const result *r, const char *transport, char *note, size_
     }
     double best = -1;
     for (int attempt = 0; attempt < 3 && best < 0; attempt++) {
-        int port = free_port();
+        int port = kt_tool_free_port();
         char server[512], client[512];
         snprintf(server, sizeof server,
                  "timeout 120 env %s ucx_perftest -p %d %s -e -f >/dev/null 2>&1", env, port,
