@@ -293,7 +293,7 @@ static void test_failure_injection(void **state)
     tu_fill_uniform(&x, &rng, -1, 1);
     tu_fill_uniform(&y, &rng, 0, V);
     OK(kt_session_forward(s));
-    kt__session_inject_failure(s, recompute_step);
+    OK(kt__session_inject_failure(s, recompute_step));
     TU_EXPECT_ERROR(kt_session_backward(s), KT_EINTERNAL, "injected failure", "recompute");
     int poisoned = 0;
     for (int l = 0; l < MAX_LAYERS; l++)

@@ -42,17 +42,26 @@ static void fill(kt_tensor *t, float value)
         p[i] = h;
 }
 
-void kt__session_inject_failure(kt_session *s, int32_t step)
+static kt_status injected_failure(const kt__op_call *call)
 {
+    (void)call;
+    return kt__error(KT_EINTERNAL, "injected failure (a test hook)");
+}
+
+/* The step's kernel is swapped for one that fails, and swapped back when it has failed:
+ * the run loop pays nothing for the hook. */
+kt_status kt__session_inject_failure(kt_session *s, int32_t step)
+{
+    if (step < 0 || step >= s->p->n_steps || s->exec[step].kernel == NULL)
+        return kt__error(KT_EINVAL, "inject: step %d runs no kernel", step);
     s->inject_at = step;
+    s->injected_kernel = s->exec[step].kernel;
+    s->exec[step].kernel = injected_failure;
+    return KT_OK;
 }
 
 static kt_status run_step(kt_session *s, int32_t at)
 {
-    if (at == s->inject_at) {
-        s->inject_at = -1; /* once */
-        return kt__error(KT_EINTERNAL, "injected failure (a test hook)");
-    }
     const kt__pstep *ps = &s->p->steps[at];
     kt__exec_step *e = &s->exec[at];
     switch (ps->kind) {
@@ -80,6 +89,10 @@ kt_status kt__session_run(kt_session *s, int32_t begin, int32_t end)
         uint64_t t0 = tracing ? kt__now_ns() : 0;
         kt_status status = run_step(s, at);
         if (status != KT_OK) {
+            if (at == s->inject_at) { /* the hook fires once */
+                s->exec[at].kernel = s->injected_kernel;
+                s->inject_at = -1;
+            }
             const kt__pstep *ps = &s->p->steps[at];
             return kt__error_context(status, "step %d (%s of %s '%s')", at, s->exec[at].category,
                                      ps->kind <= KT__STEP_BACKWARD ? kt_op_name(ps->op) : "-",

@@ -28,6 +28,7 @@ struct kt_session {
     float loss, grad_norm, lr;
     size_t trace_count;
     int32_t inject_at; /* tests: the step that fails next (once), or -1 */
+    kt__op_kernel_fn injected_kernel; /* its own kernel, restored when it has failed */
     void **comm_scratch; /* per step: message buffers for this world size, or NULL */
     /* the bound MoE layers' trainable values (LoRA adapters, f32 expert weights), which the
      * optimizer step updates with the graph's parameters */
@@ -41,8 +42,8 @@ typedef struct kt__moe_train {
     int64_t n;
 } kt__moe_train;
 
-/* Tests: makes step `step` fail the next time it runs (fault injection). */
-void kt__session_inject_failure(kt_session *s, int32_t step);
+/* Tests: makes step `step` (one that runs an op kernel) fail the next time it runs. */
+kt_status kt__session_inject_failure(kt_session *s, int32_t step);
 
 /* Runs steps [begin, end); on failure names the step in the message. */
 kt_status kt__session_run(kt_session *s, int32_t begin, int32_t end);

@@ -22,105 +22,13 @@
 #include <kt/kt.h>
 
 #include "bench.h"
+#include "limits.h"
 #include "core/cpu_internal.h"
 #include "moe/bf16_gemm.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define GB_HAVE_PEAK 1
-#endif
 
 enum { K_NT = 0, K_NN = 1, K_TN = 2 };
 static const char *const kind_names[3] = {"nt", "nn", "tn"};
-
-/* ---- register peak ---------------------------------------------------------------------- */
-
-#define PEAK_ITERS (1 << 21) /* x 16 instructions x 64 flop */
-
-#ifdef GB_HAVE_PEAK
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) static float peak_loop(const float *seed)
-{
-    /* 16 named accumulators (an array of them may live in memory) */
-#define PK_DECL(i) __m512 c##i = _mm512_set1_ps(seed[i])
-    PK_DECL(0);
-    PK_DECL(1);
-    PK_DECL(2);
-    PK_DECL(3);
-    PK_DECL(4);
-    PK_DECL(5);
-    PK_DECL(6);
-    PK_DECL(7);
-    PK_DECL(8);
-    PK_DECL(9);
-    PK_DECL(10);
-    PK_DECL(11);
-    PK_DECL(12);
-    PK_DECL(13);
-    PK_DECL(14);
-    PK_DECL(15);
-#undef PK_DECL
-    const __m512bh a = (__m512bh)_mm512_castps_si512(_mm512_set1_ps(seed[16]));
-    const __m512bh b = (__m512bh)_mm512_castps_si512(_mm512_set1_ps(seed[17]));
-    for (int it = 0; it < PEAK_ITERS; it++) {
-#define PK(i) c##i = _mm512_dpbf16_ps(c##i, a, b)
-        PK(0);
-        PK(1);
-        PK(2);
-        PK(3);
-        PK(4);
-        PK(5);
-        PK(6);
-        PK(7);
-        PK(8);
-        PK(9);
-        PK(10);
-        PK(11);
-        PK(12);
-        PK(13);
-        PK(14);
-        PK(15);
-#undef PK
-    }
-    const __m512 s = _mm512_add_ps(
-        _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)),
-                      _mm512_add_ps(_mm512_add_ps(c4, c5), _mm512_add_ps(c6, c7))),
-        _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c8, c9), _mm512_add_ps(c10, c11)),
-                      _mm512_add_ps(_mm512_add_ps(c12, c13), _mm512_add_ps(c14, c15))));
-    return _mm512_reduce_add_ps(s);
-}
-#endif
-
-static volatile float peak_sink;
-
-static void peak_part(void *ctx, int64_t begin, int64_t end, int thread)
-{
-    (void)ctx, (void)thread;
-#ifdef GB_HAVE_PEAK
-    float seed[18];
-    for (int i = 0; i < 18; i++)
-        seed[i] = 1e-6f * (float)(i + 1);
-    for (int64_t i = begin; i < end; i++)
-        peak_sink = peak_loop(seed);
-#else
-    (void)begin, (void)end;
-#endif
-}
-
-/* GFLOP/s of vdpbf16ps on `threads` threads (the pool's, NULL: the caller's), median. */
-static double measure_peak(kt_threadpool *pool, int threads, int repeats)
-{
-    double t[64];
-    if (repeats > 64)
-        repeats = 64;
-    peak_part(NULL, 0, 1, 0); /* warm-up (clock ramp) */
-    for (int r = 0; r < repeats; r++) {
-        const double t0 = bench_now_s();
-        kt_parallel_for(pool, threads, 1, peak_part, NULL);
-        t[r] = bench_now_s() - t0;
-    }
-    const double flops = (double)threads * PEAK_ITERS * 16.0 * 64.0;
-    return flops / bench_median(t, repeats) * 1e-9;
-}
 
 /* ---- kernel runs -------------------------------------------------------------------------- */
 
@@ -348,19 +256,15 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
         return 2;
     }
     const int vec = kt__cpu_has_avx512() && kt__cpu_has_avx512_bf16();
-#ifndef GB_HAVE_PEAK
-    const int have_peak = 0;
-#else
-    const int have_peak = vec;
-#endif
+    const int have_peak = vec; /* bench_bf16_peak_gflops gives 0 where it cannot measure */
     kt_threadpool *pool = NULL;
     if (kt_threadpool_create(common->threads > 1 ? common->threads : 0, &pool) != KT_OK) {
         fprintf(stderr, "kt-bench gemm: %s\n", kt_last_error());
         return 1;
     }
     const int threads = kt_threadpool_size(pool);
-    const double peak1 = have_peak ? measure_peak(NULL, 1, 7) : 0.0;
-    const double peakp = have_peak ? measure_peak(pool, threads, 7) : 0.0;
+    const double peak1 = have_peak ? bench_bf16_peak_gflops(NULL, 1, 7) : 0.0;
+    const double peakp = have_peak ? bench_bf16_peak_gflops(pool, threads, 7) : 0.0;
     if (common->json)
         printf("{\"bench\":\"gemm_peak\",\"path\":\"%s\",\"peak_gflops_1\":%.2f,"
                "\"peak_gflops_pool\":%.2f,\"threads\":%d}\n",
@@ -398,11 +302,11 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                     }
                     /* the peak again right before each run: the machine may be shared,
                      * and the fraction should compare like with like */
-                    const double pk1 = have_peak ? measure_peak(NULL, 1, 5) : 1.0;
+                    const double pk1 = have_peak ? bench_bf16_peak_gflops(NULL, 1, 5) : 1.0;
                     timing t1 = time_kernel(kd, M, N, K, &bu, NULL, common);
                     report(common, mname, sname, kd, M, N, K, 1, t1, pk1, hot);
                     if (!single_only && threads > 1) {
-                        const double pkp = have_peak ? measure_peak(pool, threads, 5) : 1.0;
+                        const double pkp = have_peak ? bench_bf16_peak_gflops(pool, threads, 5) : 1.0;
                         timing tp = time_kernel(kd, M, N, K, &bu, pool, common);
                         report(common, mname, sname, kd, M, N, K, threads, tp, pkp, hot);
                     }
@@ -411,7 +315,7 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
             }
     if (have_peak && !common->json)
         printf("vdpbf16ps register peak at the end: %.1f GFLOP/s on 1 thread, %.1f on %d\n",
-               measure_peak(NULL, 1, 7), measure_peak(pool, threads, 7), threads);
+               bench_bf16_peak_gflops(NULL, 1, 7), bench_bf16_peak_gflops(pool, threads, 7), threads);
     kt_threadpool_destroy(pool);
     return rc;
 }

@@ -381,7 +381,7 @@ int bench_moe(int argc, char **argv, const bench_args *common)
     kt_moe_get_memory(m, &mem);
 
     /* the limits, measured now */
-    double peak = a.dtype == KT_BF16 ? bench_bf16_peak_gflops(pool) : sgemm_rate_gflops(&a, &in, pool);
+    double peak = a.dtype == KT_BF16 ? bench_bf16_peak_gflops(pool, kt_threadpool_size(pool), 5) : sgemm_rate_gflops(&a, &in, pool);
     double bw = a.qlen <= 16 ? bench_read_bandwidth_gbs(pool, 256u << 20) : 0.0;
     double touched = (double)in.active * 3.0 * (double)(s->hidden * s->inter) *
                      (double)kt_dtype_size(a.dtype);

@@ -7,8 +7,9 @@
 
 #include "limits.h"
 
-#if defined(__x86_64__)
+#if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+#define LIMITS_HAVE_PEAK 1
 #endif
 
 typedef struct read_job {
@@ -66,43 +67,92 @@ double bench_read_bandwidth_gbs(kt_threadpool *pool, size_t bytes)
     return best * 1e-9;
 }
 
-#define PEAK_ITERS 200000
+/* ---- register peak ---------------------------------------------------------------------- */
 
-__attribute__((target("avx512f,avx512bf16"))) static void peak_range(void *ctx, int64_t b,
-                                                                      int64_t e, int thread)
+#define PEAK_ITERS (1 << 21) /* x 16 instructions x 64 flop */
+
+#ifdef LIMITS_HAVE_PEAK
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static float peak_loop(const float *seed)
 {
-    (void)thread;
-    double *flops = ctx;
-    __m512 acc[12];
-    for (int k = 0; k < 12; k++)
-        acc[k] = _mm512_set1_ps((float)k);
-    __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), c = (__m512bh)_mm512_set1_epi16(0x3c00);
-    for (int64_t r = b; r < e; r++)
-        for (int it = 0; it < PEAK_ITERS; it++)
-            for (int k = 0; k < 12; k++)
-                acc[k] = _mm512_dpbf16_ps(acc[k], a, c);
-    __m512 s = acc[0];
-    for (int k = 1; k < 12; k++)
-        s = _mm512_add_ps(s, acc[k]);
-    volatile float sink = _mm512_reduce_add_ps(s);
-    (void)sink;
-    flops[0] = 0; /* written by the caller */
+    /* 16 named accumulators (an array of them may live in memory) */
+#define PK_DECL(i) __m512 c##i = _mm512_set1_ps(seed[i])
+    PK_DECL(0);
+    PK_DECL(1);
+    PK_DECL(2);
+    PK_DECL(3);
+    PK_DECL(4);
+    PK_DECL(5);
+    PK_DECL(6);
+    PK_DECL(7);
+    PK_DECL(8);
+    PK_DECL(9);
+    PK_DECL(10);
+    PK_DECL(11);
+    PK_DECL(12);
+    PK_DECL(13);
+    PK_DECL(14);
+    PK_DECL(15);
+#undef PK_DECL
+    const __m512bh a = (__m512bh)_mm512_castps_si512(_mm512_set1_ps(seed[16]));
+    const __m512bh b = (__m512bh)_mm512_castps_si512(_mm512_set1_ps(seed[17]));
+    for (int it = 0; it < PEAK_ITERS; it++) {
+#define PK(i) c##i = _mm512_dpbf16_ps(c##i, a, b)
+        PK(0);
+        PK(1);
+        PK(2);
+        PK(3);
+        PK(4);
+        PK(5);
+        PK(6);
+        PK(7);
+        PK(8);
+        PK(9);
+        PK(10);
+        PK(11);
+        PK(12);
+        PK(13);
+        PK(14);
+        PK(15);
+#undef PK
+    }
+    const __m512 s = _mm512_add_ps(
+        _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)),
+                      _mm512_add_ps(_mm512_add_ps(c4, c5), _mm512_add_ps(c6, c7))),
+        _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c8, c9), _mm512_add_ps(c10, c11)),
+                      _mm512_add_ps(_mm512_add_ps(c12, c13), _mm512_add_ps(c14, c15))));
+    return _mm512_reduce_add_ps(s);
+}
+#endif
+
+static volatile float peak_sink;
+
+static void peak_part(void *ctx, int64_t begin, int64_t end, int thread)
+{
+    (void)ctx, (void)thread;
+#ifdef LIMITS_HAVE_PEAK
+    float seed[18];
+    for (int i = 0; i < 18; i++)
+        seed[i] = 1e-6f * (float)(i + 1);
+    for (int64_t i = begin; i < end; i++)
+        peak_sink = peak_loop(seed);
+#else
+    (void)begin, (void)end;
+#endif
 }
 
-double bench_bf16_peak_gflops(kt_threadpool *pool)
+double bench_bf16_peak_gflops(kt_threadpool *pool, int threads, int repeats)
 {
     if (!kt_cpu_get_features()->avx512_bf16)
         return 0.0;
-    int threads = kt_threadpool_size(pool);
-    double unused = 0, best = 0;
-    for (int rep = 0; rep < 3; rep++) {
-        double t0 = bench_now_s();
-        kt_parallel_for(pool, threads, 1, peak_range, &unused);
-        double dt = bench_now_s() - t0;
-        /* each vdpbf16ps on zmm: 16 lanes x 2 products x 2 flops */
-        double flops = (double)threads * PEAK_ITERS * 12.0 * 64.0;
-        if (flops / dt > best)
-            best = flops / dt;
+    double t[64];
+    if (repeats > 64)
+        repeats = 64;
+    peak_part(NULL, 0, 1, 0); /* warm-up (clock ramp) */
+    for (int r = 0; r < repeats; r++) {
+        const double t0 = bench_now_s();
+        kt_parallel_for(pool, threads, 1, peak_part, NULL);
+        t[r] = bench_now_s() - t0;
     }
-    return best * 1e-9;
+    const double flops = (double)threads * PEAK_ITERS * 16.0 * 64.0;
+    return flops / bench_median(t, repeats) * 1e-9;
 }
