@@ -19,13 +19,27 @@ static kt__ucx_op next_op(kt__ucx_comm *c, kt__ucx_kind kind)
     return op;
 }
 
+/* Request slots for one collective (at most 2 * size), from an array allocated on first
+ * use, so steady-state collectives allocate nothing. release_reqs gives them back. */
 static kt_status alloc_reqs(kt__ucx_comm *c, int n, kt__ucx_req **out)
 {
-    *out = calloc((size_t)(n > 0 ? n : 1), sizeof **out);
-    if (*out == NULL)
-        return kt__error(KT_ENOMEM, "rank %d: out of memory", c->base.rank);
+    int per = 2 * (c->base.size > 0 ? c->base.size : 1);
+    if (c->reqs == NULL) {
+        c->reqs = calloc((size_t)per * 2, sizeof *c->reqs);
+        if (c->reqs == NULL)
+            return kt__error(KT_ENOMEM, "rank %d: out of memory", c->base.rank);
+        c->reqs_per_level = per;
+    }
+    if (n > c->reqs_per_level || c->reqs_depth >= 2)
+        return kt__error(KT_EINTERNAL, "rank %d: collective request slots exhausted (%d wanted, "
+                         "depth %d)", c->base.rank, n, c->reqs_depth);
+    *out = c->reqs + (size_t)c->reqs_depth * (size_t)c->reqs_per_level;
+    memset(*out, 0, (size_t)c->reqs_per_level * sizeof **out);
+    c->reqs_depth++;
     return KT_OK;
 }
+
+static void release_reqs(kt__ucx_comm *c) { c->reqs_depth--; }
 
 /* Posts, waits, and releases in one exit path; post errors release what was posted. */
 typedef struct batch {
@@ -76,7 +90,7 @@ static kt_status bcast_step(kt__ucx_comm *c, const kt__ucx_op *op, unsigned step
         b_recv(&b, step, root, buf, bytes);
     }
     kt_status st = b_wait(&b);
-    free(reqs);
+    release_reqs(c);
     return st;
 }
 
@@ -99,7 +113,7 @@ static kt_status gather_all_step(kt__ucx_comm *c, const kt__ucx_op *op, unsigned
     for (int i = 1; i < size; i++)
         b_send(&b, step, (rank + i) % size, out + (size_t)rank * bytes, bytes);
     kt_status st = b_wait(&b);
-    free(reqs);
+    release_reqs(c);
     return st;
 }
 
@@ -125,7 +139,7 @@ kt_status kt__ucx_barrier(kt_comm *comm)
         b_send(&b, 0, 0, NULL, 0);
         st = b_wait(&b);
     }
-    free(reqs);
+    release_reqs(c);
     return st;
 }
 
@@ -170,7 +184,7 @@ kt_status kt__ucx_gatherv(kt_comm *comm, const void *send, const size_t *counts,
         b_send(&b, 0, root, send, counts[rank]);
     }
     kt_status st = b_wait(&b);
-    free(reqs);
+    release_reqs(c);
     return st;
 }
 
@@ -199,7 +213,7 @@ kt_status kt__ucx_scatterv(kt_comm *comm, const void *send, const size_t *counts
         b_recv(&b, 0, root, recv, counts[rank]);
     }
     kt_status st = b_wait(&b);
-    free(reqs);
+    release_reqs(c);
     return st;
 }
 
@@ -265,7 +279,7 @@ kt_status kt__ucx_all_reduce(kt_comm *comm, void *buf, size_t count, kt_dtype dt
         if (st == KT_OK)
             st = bcast_step(c, &op, 1, buf, bytes, 0);
     }
-    free(reqs);
+    release_reqs(c);
     return st;
 }
 

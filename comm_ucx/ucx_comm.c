@@ -489,6 +489,7 @@ static void ucx_destroy(kt_comm *comm)
         ucp_cleanup(c->context);
     free(c->peers);
     free(c->scratch);
+    free(c->reqs);
     free(c);
 }
 

@@ -90,6 +90,10 @@ struct kt__ucx_comm {
     kt__ucx_abort_msg abort_in;
     void *scratch; /* all_reduce's buffer at the root, kept between calls */
     size_t scratch_bytes;
+    /* request slots of the collectives, allocated once: two levels, because all_reduce
+     * runs a broadcast step while its own requests are held */
+    struct kt__ucx_req *reqs;
+    int reqs_per_level, reqs_depth;
 };
 
 /* One outstanding operation of a collective or point-to-point call. */

@@ -212,6 +212,7 @@ static kt_status check_entries(const kt_program *p)
             if (e->grad_buf != -1 &&
                 (r != KT_ROLE_PARAM || e->grad_buf < 0 || e->grad_buf >= p->n_bufs ||
                  p->bufs[e->grad_buf].region != KT__REGION_GRAD ||
+                 p->bufs[e->grad_buf].meta.dtype != KT_F32 || /* the optimizer reads f32 */
                  !same_meta(&p->bufs[e->grad_buf].meta, &p->bufs[e->buf].meta)))
                 return kt__error(KT_EFORMAT, "%s %d: invalid gradient buffer", role_names[r], i);
             if ((unsigned)e->init.kind > KT_INIT_LOADED)

@@ -58,7 +58,10 @@ typedef struct dist {
     kt_tensor x, ids, w, y, gy, gx, gw; /* [W*T, ...] on rank 0 */
 } dist;
 
-static size_t row_bytes(const kt_tensor *t) { return kt_tensor_nbytes(t) / (size_t)t->shape[0]; }
+static size_t row_bytes(const kt_tensor *t)
+{
+    return (size_t)kt__dims_product(t, 1, t->ndim) * kt_dtype_size(t->dtype); /* T may be 0 */
+}
 
 static size_t comm_scratch_moe(const kt_op_attrs *at, const kt_tensor *in, int n, int world)
 {

@@ -17,6 +17,7 @@ typedef struct read_job {
     double *partial; /* one per thread */
 } read_job;
 
+#ifdef LIMITS_HAVE_PEAK
 __attribute__((target("avx512f"))) static void read_range_avx512(void *ctx, int64_t b,
                                                                   int64_t e, int thread)
 {
@@ -34,6 +35,7 @@ __attribute__((target("avx512f"))) static void read_range_avx512(void *ctx, int6
         s += j->data[i];
     j->partial[thread] += s;
 }
+#endif
 
 static void read_range(void *ctx, int64_t b, int64_t e, int thread)
 {
@@ -54,7 +56,11 @@ double bench_read_bandwidth_gbs(kt_threadpool *pool, size_t bytes)
         data[i] = (float)(i & 7);
     double partial[1024] = {0};
     read_job j = {data, partial};
-    kt_range_fn fn = kt_cpu_get_features()->avx512f ? read_range_avx512 : read_range;
+    kt_range_fn fn = read_range;
+#ifdef LIMITS_HAVE_PEAK
+    if (kt_cpu_get_features()->avx512f)
+        fn = read_range_avx512;
+#endif
     double best = 0.0;
     for (int rep = 0; rep < 6; rep++) {
         double t0 = bench_now_s();
