@@ -167,7 +167,7 @@ static kt_status append(kt__pstep **steps, int32_t *n, int32_t *cap, const kt__p
 static kt_status apply(kt__compiler *c, const range *segs, int32_t n_segs)
 {
     kt_status status = KT_OK;
-    int32_t n_bufs0 = c->n_bufs, cap_steps = 0, n_steps = 0;
+    int32_t cap_steps = 0, n_steps = 0;
     int32_t *producer = malloc(sizeof *producer * ((size_t)c->n_bufs + 1));
     int32_t *insert_at = malloc(sizeof *insert_at * ((size_t)n_segs + 1));
     kt__pstep **clones = calloc((size_t)n_segs + 1, sizeof *clones);
@@ -207,7 +207,6 @@ static kt_status apply(kt__compiler *c, const range *segs, int32_t n_segs)
         if (status != KT_OK)
             goto out;
     }
-    (void)n_bufs0;
     for (int32_t at = 0; at <= c->n_steps; at++) {
         for (int32_t k = 0; k < n_segs; k++) {
             if (insert_at[k] != at)

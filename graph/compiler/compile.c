@@ -178,9 +178,8 @@ static kt_status plan_memory(kt__compiler *c, kt_program *p)
         status = kt__error(KT_ENOMEM, "compile: out of memory");
         goto out;
     }
-    /* one item per storage root: its lifetime is the union of the buffers sharing it */
-    for (int32_t i = 0; i < n; i++)
-        items[i] = (kt__plan_item){0, 0, 0};
+    /* one item per storage root (calloc'ed to zero): its lifetime is the union of the
+     * buffers sharing it */
     for (int32_t i = 0; i < n; i++) {
         const kt__cbuf *b = &c->bufs[i];
         if (b->region != KT__REGION_ACT)

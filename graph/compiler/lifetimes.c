@@ -10,6 +10,8 @@
  * In place: a forward step's output may take its input's memory when the op's row allows
  * it, the input dies at that step, and the input is neither a graph input nor pinned (a
  * saved, cached or output buffer is never overwritten). */
+#include <stdlib.h>
+
 #include "core/error.h"
 #include "graph/compiler/compiler.h"
 #include "ops/op_desc.h"
@@ -54,18 +56,15 @@ static int32_t storage_root(const kt__compiler *c, int32_t b)
     return b;
 }
 
-/* The last step at which any buffer sharing root's storage is alive. */
-static int32_t storage_last(const kt__compiler *c, int32_t root)
+static kt_status share_in_place(kt__compiler *c)
 {
-    int32_t last = -1;
-    for (int32_t i = 0; i < c->n_bufs; i++)
-        if (storage_root(c, i) == root && c->bufs[i].last > last)
-            last = c->bufs[i].last;
-    return last;
-}
-
-static void share_in_place(kt__compiler *c)
-{
+    /* per storage root: the last step at which any buffer sharing it is alive (a buffer
+     * shares directly with its root, so this is kept up to date as buffers join) */
+    int32_t *root_last = malloc(sizeof *root_last * ((size_t)c->n_bufs + 1));
+    if (root_last == NULL)
+        return kt__error(KT_ENOMEM, "compile: out of memory");
+    for (int32_t b = 0; b < c->n_bufs; b++)
+        root_last[b] = c->bufs[b].last;
     for (int32_t at = 0; at < c->n_steps; at++) {
         const kt__pstep *s = &c->steps[at];
         if (s->kind != KT__STEP_FORWARD)
@@ -81,7 +80,7 @@ static void share_in_place(kt__compiler *c)
                 bi->bytes != bo->bytes || bi->bytes == 0)
                 continue;
             int32_t root = storage_root(c, in);
-            if (c->bufs[root].is_input || c->bufs[root].pinned || storage_last(c, root) != at)
+            if (c->bufs[root].is_input || c->bufs[root].pinned || root_last[root] != at)
                 continue;
             /* the same input may appear twice (add(x, x)): it must die here either way */
             int used_twice = 0;
@@ -90,9 +89,13 @@ static void share_in_place(kt__compiler *c)
             if (used_twice)
                 continue;
             c->bufs[out].storage = root;
+            if (bo->last > root_last[root])
+                root_last[root] = bo->last;
             break;
         }
     }
+    free(root_last);
+    return KT_OK;
 }
 
 kt_status kt__pass_lifetimes(kt__compiler *c)
@@ -130,6 +133,6 @@ kt_status kt__pass_lifetimes(kt__compiler *c)
             buf->first = buf->last = 0;
     }
     if (!c->opt.no_inplace)
-        share_in_place(c);
+        return share_in_place(c);
     return KT_OK;
 }

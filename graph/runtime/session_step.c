@@ -53,17 +53,14 @@ static void update(kt_session *s, float *param, float *grad, float *st0, float *
  * replicated parameters stay identical everywhere. */
 static kt_status average_over_ranks(kt_session *s)
 {
-    const int32_t n_params = s->p->n_entries[KT_ROLE_PARAM];
-    float *param, *grad, *st0, *st1;
-    int64_t n;
-    for (int32_t i = 0; i < n_params; i++) {
-        if (!param_arrays(s, i, &param, &grad, &st0, &st1, &n))
-            continue;
-        kt_status st = kt_comm_all_reduce(s->opt.comm, grad, (size_t)n, KT_F32, KT_REDUCE_MEAN);
+    /* the gradient region holds only f32 gradients at 64-byte offsets, its padding zero:
+     * one collective averages all of them (the padding stays zero) */
+    size_t n = (size_t)(s->p->region_bytes[KT__REGION_GRAD] / sizeof(float));
+    if (n > 0) {
+        kt_status st = kt_comm_all_reduce(s->opt.comm, s->region[KT__REGION_GRAD], n, KT_F32,
+                                          KT_REDUCE_MEAN);
         if (st != KT_OK)
-            return kt__error_context(st, "step: averaging the gradient of '%s' over ranks",
-                                     kt__strings_get(&s->p->strings,
-                                                     s->p->entries[KT_ROLE_PARAM][i].name));
+            return kt__error_context(st, "step: averaging the gradients over ranks");
     }
     float loss = s->loss;
     KT__TRY(kt_comm_all_reduce(s->opt.comm, &loss, 1, KT_F32, KT_REDUCE_MEAN));

@@ -15,14 +15,7 @@
 #include "ops/op_desc.h"
 #include "ops/op_util.h"
 
-#define GRAIN_ELEMS 16384
-/* Row blocks of the forward's sum; their partial sums live on the stack. */
 #define LOSS_BLOCKS 512
-
-static int64_t rows_grain(int64_t row_len)
-{
-    return row_len > 0 && row_len < GRAIN_ELEMS ? GRAIN_ELEMS / row_len : 1;
-}
 
 static kt_status infer_ce(const kt_op_attrs *at, const kt_tensor *in, int n, kt_tensor *out)
 {
@@ -133,7 +126,7 @@ static kt_status fwd_ce(const kt__op_call *c)
     j.block_rows = (j.n + LOSS_BLOCKS - 1) / LOSS_BLOCKS;
     const int64_t blocks = (j.n + j.block_rows - 1) / j.block_rows;
     const int64_t block_elems = j.block_rows * (j.v > 0 ? j.v : 1);
-    kt_parallel_for(c->pool, blocks, block_elems < GRAIN_ELEMS ? GRAIN_ELEMS / block_elems : 1,
+    kt_parallel_for(c->pool, blocks, block_elems < KT__GRAIN_ELEMS ? KT__GRAIN_ELEMS / block_elems : 1,
                     fwd_blocks, &j);
     double sum = 0.0;
     for (int64_t b = 0; b < blocks; b++)
@@ -183,7 +176,7 @@ static kt_status bwd_ce(const kt__op_call *c)
     KT__TRY(check_targets(logits, j.targets, j.ignore, &count));
     /* no counted token: the loss is the constant 0 and every row's gradient is zero */
     j.scale = count > 0 ? *(const float *)c->gout[0].data / (float)count : 0.0f;
-    kt_parallel_for(c->pool, logits->shape[0], rows_grain(j.v), bwd_rows, &j);
+    kt_parallel_for(c->pool, logits->shape[0], kt__rows_grain(j.v), bwd_rows, &j);
     return KT_OK;
 }
 

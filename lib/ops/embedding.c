@@ -14,13 +14,6 @@
 #include "ops/op_desc.h"
 #include "ops/op_util.h"
 
-#define GRAIN_ELEMS 16384
-
-static int64_t rows_grain(int64_t row_len)
-{
-    return row_len > 0 && row_len < GRAIN_ELEMS ? GRAIN_ELEMS / row_len : 1;
-}
-
 static kt_status infer_embedding(const kt_op_attrs *at, const kt_tensor *in, int n,
                                  kt_tensor *out)
 {
@@ -83,7 +76,7 @@ static kt_status fwd_embedding(const kt__op_call *c)
     KT__TRY(check_ids(ids, table->shape[0]));
     embed_job j = {.table = table, .ids = ids, .out = &c->out_w[0], .h = table->shape[1],
                    .row_bytes = (size_t)table->shape[1] * kt_dtype_size(table->dtype)};
-    kt_parallel_for(c->pool, kt_tensor_numel(ids), rows_grain(j.h), fwd_tokens, &j);
+    kt_parallel_for(c->pool, kt_tensor_numel(ids), kt__rows_grain(j.h), fwd_tokens, &j);
     return KT_OK;
 }
 
@@ -141,7 +134,7 @@ static kt_status bwd_embedding(const kt__op_call *c)
     embed_job j = {.ids = ids, .g = &c->gout[0], .out = &c->gin[0], .start = start,
                    .order = order, .h = table->shape[1],
                    .row_bytes = (size_t)table->shape[1] * kt_dtype_size(table->dtype)};
-    kt_parallel_for(c->pool, v, rows_grain(j.h), bwd_rows, &j);
+    kt_parallel_for(c->pool, v, kt__rows_grain(j.h), bwd_rows, &j);
     return KT_OK;
 }
 

@@ -7,7 +7,6 @@
 #include "ops/map.h"
 #include "ops/op_util.h"
 
-#define KT__MAP_GRAIN 16384
 
 typedef struct map_job {
     kt_tensor *o;
@@ -36,7 +35,7 @@ void kt__map1(kt_threadpool *pool, kt_tensor *o, const kt_tensor *a, kt__map1_fn
               const kt_op_attrs *attrs)
 {
     map_job j = {.o = o, .a = a, .f1 = fn, .attrs = attrs};
-    kt_parallel_for(pool, kt_tensor_numel(a), KT__MAP_GRAIN, map1_range, &j);
+    kt_parallel_for(pool, kt_tensor_numel(a), KT__GRAIN_ELEMS, map1_range, &j);
 }
 
 static void map2_range(void *ctx, int64_t begin, int64_t end, int thread)
@@ -67,7 +66,7 @@ void kt__map2(kt_threadpool *pool, kt_tensor *o, const kt_tensor *a, const kt_te
     if (inner == 0)
         return;
     map_job j = {.o = o, .a = a, .b = b, .inner = inner, .f2 = fn, .attrs = attrs};
-    kt_parallel_for(pool, kt_tensor_numel(a), KT__MAP_GRAIN, map2_range, &j);
+    kt_parallel_for(pool, kt_tensor_numel(a), KT__GRAIN_ELEMS, map2_range, &j);
 }
 
 typedef struct reduce_job {
@@ -112,6 +111,6 @@ void kt__reduce_rows(kt_threadpool *pool, kt_tensor *db, const kt_tensor *g,
     reduce_job j = {.db = db, .g = g, .a = a, .inner = inner,
                     .rows = kt_tensor_numel(g) / inner, .fn = fn, .attrs = attrs};
     /* grain in columns: enough rows x columns per part to pay for a wake-up */
-    int64_t grain = KT__MAP_GRAIN / (j.rows > 0 ? j.rows : 1);
+    int64_t grain = KT__GRAIN_ELEMS / (j.rows > 0 ? j.rows : 1);
     kt_parallel_for(pool, inner, grain < 16 ? 16 : grain, reduce_range, &j);
 }

@@ -201,7 +201,9 @@ kt_status kt_op_backward(kt_op op, const kt_op_attrs *attrs, const kt_tensor *in
     for (int i = 0; i < n_in; i++) {
         if (grad_in[i].data == NULL)
             continue;
-        if (d->no_grad_in & (1u << i))
+        /* ids and targets never take one; nor does any integer tensor (layout ops accept
+         * them, and their backward has no output gradient to give) */
+        if ((d->no_grad_in & (1u << i)) || in[i].dtype == KT_I32 || in[i].dtype == KT_I64)
             return kt__error(KT_EINVAL, "%s backward: input %d (%s) takes no gradient", d->name,
                              i, kt_dtype_name(in[i].dtype));
         KT__TRY(check_against(d->name, "input gradient", i, &grad_in[i], &in[i]));

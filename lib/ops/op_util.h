@@ -12,6 +12,15 @@
 /* Elements processed per chunk by the chunked helpers (a stack buffer of floats). */
 #define KT__CHUNK 512
 
+/* Elements a part of a parallel loop should hold at least, to pay for waking a thread. */
+#define KT__GRAIN_ELEMS 16384
+
+/* The grain, in rows, of a loop over rows of row_len elements. */
+static inline int64_t kt__rows_grain(int64_t row_len)
+{
+    return row_len > 0 && row_len < KT__GRAIN_ELEMS ? KT__GRAIN_ELEMS / row_len : 1;
+}
+
 /* ---- checks (each returns KT_EINVAL with "<op>: <arg> ..." on failure) ---------------- */
 kt_status kt__check_rank(const char *op, const char *arg, const kt_tensor *t, int min_ndim,
                          int max_ndim);

@@ -9,14 +9,6 @@
 #include "ops/op_desc.h"
 #include "ops/op_util.h"
 
-/* Enough elements per part to pay for waking a thread. */
-#define GRAIN_ELEMS 16384
-
-static int64_t rows_grain(int64_t row_len)
-{
-    return row_len > 0 && row_len < GRAIN_ELEMS ? GRAIN_ELEMS / row_len : 1;
-}
-
 static float eps_of(const kt_op_attrs *at) { return at->eps == 0.0f ? 1e-6f : at->eps; }
 
 static kt_status infer_rmsnorm(const kt_op_attrs *at, const kt_tensor *in, int n,
@@ -98,7 +90,7 @@ static kt_status fwd_rmsnorm(const kt__op_call *c)
     norm_job j = {.x = &c->in[0], .w = &c->in[1], .y = &c->out_w[0],
                   .h = kt__row_len(&c->in[0]), .rows = kt__rows(&c->in[0]),
                   .eps = eps_of(c->attrs)};
-    kt_parallel_for(c->pool, j.rows, rows_grain(j.h), fwd_rows, &j);
+    kt_parallel_for(c->pool, j.rows, kt__rows_grain(j.h), fwd_rows, &j);
     return KT_OK;
 }
 
@@ -173,9 +165,9 @@ static kt_status bwd_rmsnorm(const kt__op_call *c)
     norm_job j = {.x = &c->in[0], .w = &c->in[1], .g = &c->gout[0], .dx = dx, .dw = dw,
                   .rstd = c->scratch, .h = kt__row_len(&c->in[0]), .rows = kt__rows(&c->in[0]),
                   .eps = eps_of(c->attrs)};
-    kt_parallel_for(c->pool, j.rows, rows_grain(j.h), bwd_rows, &j);
+    kt_parallel_for(c->pool, j.rows, kt__rows_grain(j.h), bwd_rows, &j);
     if (dw) {
-        int64_t grain = GRAIN_ELEMS / (j.rows > 0 ? j.rows : 1);
+        int64_t grain = KT__GRAIN_ELEMS / (j.rows > 0 ? j.rows : 1);
         kt_parallel_for(c->pool, j.h, grain < 16 ? 16 : grain, dw_cols, &j);
     }
     return KT_OK;

@@ -16,13 +16,6 @@
 #include "ops/op_desc.h"
 #include "ops/op_util.h"
 
-#define GRAIN_ELEMS 16384
-
-static int64_t rows_grain(int64_t row_len)
-{
-    return row_len > 0 && row_len < GRAIN_ELEMS ? GRAIN_ELEMS / row_len : 1;
-}
-
 static kt_status infer_router(const kt_op_attrs *at, const kt_tensor *in, int n,
                               kt_tensor *out)
 {
@@ -134,7 +127,7 @@ static kt_status fwd_router(const kt__op_call *c)
     KT__TRY(check_finite(logits));
     router_job j = {.x = logits->data, .ids_w = c->out_w[0].data, .w = c->out_w[1].data,
                     .e = logits->shape[1], .k = c->attrs->k, .norm = c->attrs->norm_topk != 0};
-    kt_parallel_for(c->pool, logits->shape[0], rows_grain(j.e), fwd_rows, &j);
+    kt_parallel_for(c->pool, logits->shape[0], kt__rows_grain(j.e), fwd_rows, &j);
     return KT_OK;
 }
 
@@ -180,7 +173,7 @@ static kt_status bwd_router(const kt__op_call *c)
     router_job j = {.x = logits->data, .gw = c->gout[1].data, .ids = ids->data,
                     .dx = c->gin[0].data, .e = e, .k = c->attrs->k,
                     .norm = c->attrs->norm_topk != 0};
-    kt_parallel_for(c->pool, logits->shape[0], rows_grain(e), bwd_rows, &j);
+    kt_parallel_for(c->pool, logits->shape[0], kt__rows_grain(e), bwd_rows, &j);
     return KT_OK;
 }
 

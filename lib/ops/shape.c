@@ -14,8 +14,6 @@
  * more than the copy. */
 #define KT__COPY_GRAIN ((int64_t)1 << 17)
 
-static int is_integer(kt_dtype d) { return d == KT_I32 || d == KT_I64; }
-
 /* ---- block copy --------------------------------------------------------------------------- */
 
 /* dst[r * dst_stride + c] = src[r * src_stride + c] (or 0 when src is NULL) for r < rows,
@@ -74,19 +72,6 @@ static int64_t inner_bytes(const kt_tensor *t, int dim)
     return kt__dims_product(t, dim + 1, t->ndim) * (int64_t)kt_dtype_size(t->dtype);
 }
 
-/* The backward of an integer tensor has no gradient to give (the executor passes no output
- * gradient for it), so asking for one is an error rather than a read of NULL. */
-static kt_status check_grad_wanted(const char *op, const kt__op_call *c)
-{
-    if (!is_integer(c->in[0].dtype))
-        return KT_OK;
-    for (int i = 0; i < c->n_in; i++)
-        if (c->gin[i].data != NULL)
-            return kt__error(KT_EINVAL, "%s backward: input %d is %s and takes no gradient", op,
-                             i, kt_dtype_name(c->in[i].dtype));
-    return KT_OK;
-}
-
 /* ---- concat -------------------------------------------------------------------------------- */
 
 static kt_status infer_concat(const kt_op_attrs *at, const kt_tensor *in, int n_in,
@@ -132,7 +117,6 @@ static kt_status fwd_concat(const kt__op_call *c)
 
 static kt_status bwd_concat(const kt__op_call *c)
 {
-    KT__TRY(check_grad_wanted("concat", c));
     const kt_tensor *g = &c->gout[0];
     int dim = c->attrs->dim;
     int64_t outer = kt__dims_product(g, 0, dim), slab = inner_bytes(g, dim);
@@ -176,7 +160,6 @@ static kt_status fwd_narrow(const kt__op_call *c)
 /* Only the parts of each row outside the slice are zeroed, so no byte is written twice. */
 static kt_status bwd_narrow(const kt__op_call *c)
 {
-    KT__TRY(check_grad_wanted("narrow", c));
     kt_tensor *gx = &c->gin[0];
     if (gx->data == NULL)
         return KT_OK;
@@ -291,7 +274,6 @@ static kt_status fwd_transpose(const kt__op_call *c)
 
 static kt_status bwd_transpose(const kt__op_call *c)
 {
-    KT__TRY(check_grad_wanted("transpose", c));
     if (c->gin[0].data != NULL)
         transpose_copy(c->pool, &c->gin[0], &c->gout[0], c->attrs->dim0, c->attrs->dim1);
     return KT_OK;
@@ -319,7 +301,6 @@ static kt_status fwd_reshape(const kt__op_call *c)
 
 static kt_status bwd_reshape(const kt__op_call *c)
 {
-    KT__TRY(check_grad_wanted("reshape", c));
     if (c->gin[0].data != NULL)
         copy_all(c->pool, c->gin[0].data, c->gout[0].data, kt_tensor_nbytes(&c->in[0]));
     return KT_OK;

@@ -11,13 +11,6 @@
 #include "ops/op_desc.h"
 #include "ops/op_util.h"
 
-#define GRAIN_ELEMS 16384
-
-static int64_t rows_grain(int64_t row_len)
-{
-    return row_len > 0 && row_len < GRAIN_ELEMS ? GRAIN_ELEMS / row_len : 1;
-}
-
 static kt_status infer_rowwise(const char *op, const kt_tensor *in, kt_tensor *out)
 {
     KT__TRY(kt__check_float(op, "x", &in[0]));
@@ -134,7 +127,7 @@ static kt_status run_fwd(const kt__op_call *c, int log)
 {
     softmax_job j = {.x = &c->in[0], .o = &c->out_w[0], .v = kt__row_len(&c->in[0]),
                      .log = log};
-    kt_parallel_for(c->pool, kt__rows(&c->in[0]), rows_grain(j.v), fwd_rows, &j);
+    kt_parallel_for(c->pool, kt__rows(&c->in[0]), kt__rows_grain(j.v), fwd_rows, &j);
     return KT_OK;
 }
 
@@ -144,7 +137,7 @@ static kt_status run_bwd(const kt__op_call *c, int log)
         return KT_OK;
     softmax_job j = {.y = &c->out[0], .g = &c->gout[0], .o = &c->gin[0],
                      .v = kt__row_len(&c->in[0]), .log = log};
-    kt_parallel_for(c->pool, kt__rows(&c->in[0]), rows_grain(j.v), bwd_rows, &j);
+    kt_parallel_for(c->pool, kt__rows(&c->in[0]), kt__rows_grain(j.v), bwd_rows, &j);
     return KT_OK;
 }
 
