@@ -14,14 +14,6 @@ float kt__moe_ld(const void *p, int bf16, int64_t i)
     return bf16 ? kt_bf16_to_f32_1(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
-void kt__moe_st(void *p, int bf16, int64_t i, float v)
-{
-    if (bf16)
-        ((uint16_t *)p)[i] = kt_f32_to_bf16_1(v);
-    else
-        ((float *)p)[i] = v;
-}
-
 typedef struct fwd_ctx {
     kt_moe *m;
     const kt__moe_job *job;

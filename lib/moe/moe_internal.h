@@ -144,7 +144,6 @@ void kt__moe_gather(kt_moe *m, const kt__moe_job *job, int load_x);
 kt_status kt__moe_compute(kt_moe *m, int run_gemms);
 kt_status kt__moe_forward_exec(kt_moe *m, kt__moe_job *job);
 float kt__moe_ld(const void *p, int bf16, int64_t i);
-void kt__moe_st(void *p, int bf16, int64_t i, float v);
 
 /* lora.c: each runs over the pool; see there */
 void kt__moe_lora_z(kt_moe *m, int proj, const void *in_c);
