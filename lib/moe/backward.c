@@ -16,6 +16,9 @@ typedef struct bwd_ctx {
     const kt_tensor *gy;
     kt_tensor *gxo;
     float scale;
+    /* full mode, first micro-batch of a step: the weight-gradient GEMMs store instead of
+     * adding (experts without tokens are zeroed instead) */
+    int dw_overwrite;
 } bwd_ctx;
 
 /* Row pieces of this many f32 values go through stack buffers (16 KiB). */
@@ -117,9 +120,9 @@ static void dwd_tasks(void *vctx, int64_t b, int64_t end, int thread)
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
         float *dw = m->wgrad + (t->e * 3 + KT_MOE_DOWN) * m->H * m->I;
-        kt__bf16_gemm_tn_acc(me, t->c0, t->c1, m->I, (const uint16_t *)m->gdc + off * m->H,
-                             m->H, (const uint16_t *)m->ac + off * m->I, m->I, dw, m->I,
-                             c->scale);
+        kt__bf16_gemm_tn(me, t->c0, t->c1, m->I, (const uint16_t *)m->gdc + off * m->H, m->H,
+                         (const uint16_t *)m->ac + off * m->I, m->I, dw, m->I, c->scale,
+                         !c->dw_overwrite);
     }
 }
 
@@ -134,10 +137,10 @@ static void dwgu_tasks(void *vctx, int64_t b, int64_t end, int thread)
         const uint16_t *x = (const uint16_t *)m->xc + off * m->H;
         float *dwg = m->wgrad + (t->e * 3 + KT_MOE_GATE) * m->H * m->I;
         float *dwu = m->wgrad + (t->e * 3 + KT_MOE_UP) * m->H * m->I;
-        kt__bf16_gemm_tn_acc(me, t->c0, t->c1, m->H, (const uint16_t *)m->ggc + off * m->I,
-                             m->I, x, m->H, dwg, m->H, c->scale);
-        kt__bf16_gemm_tn_acc(me, t->c0, t->c1, m->H, (const uint16_t *)m->guc + off * m->I,
-                             m->I, x, m->H, dwu, m->H, c->scale);
+        kt__bf16_gemm_tn(me, t->c0, t->c1, m->H, (const uint16_t *)m->ggc + off * m->I, m->I, x,
+                         m->H, dwg, m->H, c->scale, !c->dw_overwrite);
+        kt__bf16_gemm_tn(me, t->c0, t->c1, m->H, (const uint16_t *)m->guc + off * m->I, m->I, x,
+                         m->H, dwu, m->H, c->scale, !c->dw_overwrite);
     }
 }
 
@@ -165,18 +168,23 @@ static void gx_combine_part(void *vctx, int64_t t0, int64_t t1, int thread)
         }
 }
 
+/* Experts [b, end): their gradients zeroed, except (dw_overwrite) those with tokens, whose
+ * GEMMs store every element anyway. */
 static void zero_part(void *vctx, int64_t b, int64_t end, int thread)
 {
     (void)thread;
-    kt_moe *m = ((bwd_ctx *)vctx)->m;
+    const bwd_ctx *c = vctx;
+    kt_moe *m = c->m;
     float *base = m->wgrad ? m->wgrad : m->lora_grad;
     int64_t per = m->wgrad ? 3 * m->H * m->I : 3 * m->R * (m->H + m->I);
-    memset(base + b * per, 0, (size_t)((end - b) * per) * sizeof(float));
+    for (int64_t e = b; e < end; e++)
+        if (!c->dw_overwrite || m->off[e + 1] == m->off[e])
+            memset(base + e * per, 0, (size_t)per * sizeof(float));
 }
 
-/* f32 weights, full mode: dW_e += scale * g^T in, one kt__sgemm per active expert. */
+/* f32 weights, full mode: dW_e (+)= scale * g^T in, one kt__sgemm per active expert. */
 static kt_status sgemm_dw(kt_moe *m, int proj, const float *g, int64_t gw, const float *in,
-                          int64_t inw, float scale)
+                          int64_t inw, float scale, int overwrite)
 {
     for (int64_t e = 0; e < m->E; e++) {
         int64_t off = m->off[e], me = m->off[e + 1] - off;
@@ -184,7 +192,7 @@ static kt_status sgemm_dw(kt_moe *m, int proj, const float *g, int64_t gw, const
             continue;
         float *dw = m->wgrad + (e * 3 + proj) * m->H * m->I;
         KT__TRY(kt__sgemm(m->gemm_pool, 1, 0, gw, inw, me, scale, g + off * gw, gw,
-                          in + off * inw, inw, 1.0f, dw, inw));
+                          in + off * inw, inw, overwrite ? 0.0f : 1.0f, dw, inw));
     }
     return KT_OK;
 }
@@ -206,8 +214,8 @@ static kt_status sgemm_nn(kt_moe *m, int proj, const float *g, int64_t gw, float
 kt_status kt__moe_backward_exec(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo,
                                 kt_tensor *gwo, float scale)
 {
-    bwd_ctx c = {m, gy, gxo, scale};
     int lora = m->cfg.mode == KT_MOE_LORA, full = m->cfg.mode == KT_MOE_FULL;
+    bwd_ctx c = {m, gy, gxo, scale, full && m->grad_overwrite};
     int64_t rows = m->off[m->E];
     kt__moe_gather(m, NULL, 0);
     /* Without kept activations this reruns the GEMMs; with them, only ac and the LoRA z. */
@@ -225,7 +233,7 @@ kt_status kt__moe_backward_exec(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo,
             kt__moe_plan_parts(m, m->H);
             kt__moe_run_parts(m, dwd_tasks, &c);
         } else {
-            KT__TRY(sgemm_dw(m, KT_MOE_DOWN, m->gdc, m->H, m->ac, m->I, scale));
+            KT__TRY(sgemm_dw(m, KT_MOE_DOWN, m->gdc, m->H, m->ac, m->I, scale, c.dw_overwrite));
         }
     }
     if (!m->bf16)
@@ -244,8 +252,8 @@ kt_status kt__moe_backward_exec(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo,
             kt__moe_plan_parts(m, m->I);
             kt__moe_run_parts(m, dwgu_tasks, &c);
         } else {
-            KT__TRY(sgemm_dw(m, KT_MOE_GATE, m->ggc, m->I, m->xc, m->H, scale));
-            KT__TRY(sgemm_dw(m, KT_MOE_UP, m->guc, m->I, m->xc, m->H, scale));
+            KT__TRY(sgemm_dw(m, KT_MOE_GATE, m->ggc, m->I, m->xc, m->H, scale, c.dw_overwrite));
+            KT__TRY(sgemm_dw(m, KT_MOE_UP, m->guc, m->I, m->xc, m->H, scale, c.dw_overwrite));
         }
         m->flops += (uint64_t)(6 * rows * m->H * m->I);
     }

@@ -50,8 +50,9 @@
 
 /* ---- NT ------------------------------------------------------------------------------------ */
 
-/* x rows per chunk: a chunk of x (rows x K bf16) stays within about 256 KiB of L2. */
-#define NT_X_CHUNK_BYTES (256 * 1024)
+/* x rows per chunk: a chunk of x (rows x K bf16) stays within about 640 KiB of the 1 MiB L2
+ * (the w block being read and the next one being prefetched take the rest). */
+#define NT_X_CHUNK_BYTES (640 * 1024)
 
 BF_INLINE __m512 dp(__m512 acc, __m512i a, __m512i b)
 {
@@ -117,6 +118,8 @@ BF_INLINE __m512i load_k(const uint16_t *p, __mmask32 m, const int full)
         if (pf)                                                                                    \
             for (int p_ = 0; p_ < 6; p_++)                                                         \
                 _mm_prefetch((const char *)(w + (6 + p_) * ldw + k), _MM_HINT_T0);               \
+        if (pfrow)                                                                                 \
+            _mm_prefetch((const char *)(pfrow + k), _MM_HINT_T1);                                  \
         const __m512i w0 = nr > 0 ? load_k(w + k, km, full) : z;                                   \
         const __m512i w1 = nr > 1 ? load_k(w + ldw + k, km, full) : z;                             \
         const __m512i w2 = nr > 2 ? load_k(w + 2 * ldw + k, km, full) : z;                         \
@@ -130,8 +133,9 @@ BF_INLINE __m512i load_k(const uint16_t *p, __mmask32 m, const int full)
  * up to 24 accumulators in named registers; the w rows (NT_COLS of them) stay in L1 while
  * the x rows pass, so 4 x loads (from L2) and 6 w loads feed 24 vdpbf16ps. Output (i, j) is
  * reduced in slot 6 i + j (reduce16 treats every slot alike). */
-BF_INLINE void nt_tile(const int mr, const int nr, const int pf, int64_t K, const uint16_t *x, int64_t ldx,
-                       const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
+BF_INLINE void nt_tile(const int mr, const int nr, const int pf, int64_t K, const uint16_t *x,
+                       int64_t ldx, const uint16_t *w, int64_t ldw, const uint16_t *pfrow, float *y,
+                       int64_t ldy, int accumulate)
 {
     const __m512 zf = _mm512_setzero_ps();
     __m512 a00 = zf, a01 = zf, a02 = zf, a03 = zf, a04 = zf, a05 = zf;
@@ -165,15 +169,16 @@ BF_INLINE void nt_tile(const int mr, const int nr, const int pf, int64_t K, cons
 #undef NT_STEP
 #undef NT_ROW
 
+/* pfrow: a row of w to prefetch into L2 along k while the tile runs (NULL: none) */
 typedef void (*nt_fn)(int64_t K, const uint16_t *x, int64_t ldx, const uint16_t *w, int64_t ldw,
-                      float *y, int64_t ldy, int accumulate);
+                      const uint16_t *pfrow, float *y, int64_t ldy, int accumulate);
 
 #define NT_VARIANT(MR, NR)                                                                         \
     BF_TARGET static void nt_##MR##x##NR(int64_t K, const uint16_t *x, int64_t ldx,                \
-                                         const uint16_t *w, int64_t ldw, float *y, int64_t ldy,    \
-                                         int accumulate)                                           \
+                                         const uint16_t *w, int64_t ldw, const uint16_t *pfrow,    \
+                                         float *y, int64_t ldy, int accumulate)                    \
     {                                                                                              \
-        nt_tile(MR, NR, 0, K, x, ldx, w, ldw, y, ldy, accumulate);                                 \
+        nt_tile(MR, NR, 0, K, x, ldx, w, ldw, pfrow, y, ldy, accumulate);                          \
     }
 NT_VARIANT(4, 6)
 NT_VARIANT(4, 4)
@@ -204,10 +209,10 @@ NT_VARIANT(1, 1)
 #define NT_PF_MAX_M 32
 #define NT_VARIANT_PF(MR)                                                                          \
     BF_TARGET static void nt_##MR##x6pf(int64_t K, const uint16_t *x, int64_t ldx,                 \
-                                        const uint16_t *w, int64_t ldw, float *y, int64_t ldy,     \
-                                        int accumulate)                                            \
+                                        const uint16_t *w, int64_t ldw, const uint16_t *pfrow,     \
+                                        float *y, int64_t ldy, int accumulate)                     \
     {                                                                                              \
-        nt_tile(MR, 6, 1, K, x, ldx, w, ldw, y, ldy, accumulate);                                  \
+        nt_tile(MR, 6, 1, K, x, ldx, w, ldw, pfrow, y, ldy, accumulate);                           \
     }
 NT_VARIANT_PF(4)
 NT_VARIANT_PF(2)
@@ -240,19 +245,32 @@ static int col_index(int64_t left, int *size)
 static void nt_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
                       const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
+    /* x in as few row chunks of equal size as fit NT_X_CHUNK_BYTES: each chunk streams all
+     * of w once more, so splitting 96 rows as 64 + 32 would read w twice for nothing */
     int64_t mc = K > 0 ? NT_X_CHUNK_BYTES / (2 * K) : M;
-    mc = mc < 4 ? 4 : mc & ~(int64_t)3;
+    mc = mc < 4 ? 4 : mc;
+    const int64_t nchunks = (M + mc - 1) / mc;
+    mc = (M + nchunks - 1) / nchunks;
+    mc = (mc + 3) & ~(int64_t)3;
+    const int small = M <= NT_PF_MAX_M;
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
         const int64_t m1 = M - m0 < mc ? M : m0 + mc;
         for (int64_t n = n0; n < n1;) {
             int nr;
             const int ci = col_index(n1 - n, &nr);
-            for (int64_t m = m0; m < m1;) {
+            int64_t t = 0;
+            for (int64_t m = m0; m < m1; t++) {
                 int mr;
                 const int ri = row_index(m1 - m, &mr);
-                const nt_fn fn = ci == 0 && m == m0 && M <= NT_PF_MAX_M ? nt_table_pf[ri]
-                                                                        : nt_table[ri][ci];
-                fn(K, x + m * ldx, ldx, w + n * ldw, ldw, y + m * ldy + n, ldy, accumulate);
+                const nt_fn fn = ci == 0 && m == m0 && small ? nt_table_pf[ri] : nt_table[ri][ci];
+                /* At larger M the next 6 rows of w come into L2 one row per row tile, a line
+                 * per k step, spread over the block's compute (rows 4 KiB apart defeat the
+                 * hardware prefetchers). They are the rows after this block even past n1: a
+                 * caller walking w in column blocks (the MoE layer's gate/up sub-blocks)
+                 * calls for them next, and rows past the end of w are only prefetched. */
+                const uint16_t *pfrow = !small && t < 6 ? w + (n + nr + t) * ldw : NULL;
+                fn(K, x + m * ldx, ldx, w + n * ldw, ldw, pfrow, y + m * ldy + n, ldy,
+                   accumulate);
                 m += mr;
             }
             n += nr;
@@ -272,7 +290,10 @@ static uint32_t ld32(const uint16_t *p)
     return v;
 }
 
-enum { OUT_STORE = 0, OUT_ADD = 1, OUT_SCALE_ADD = 2 };
+/* OUT_SCALE_STREAM: scale, then store bypassing the caches where a block is whole and aligned
+ * (weight gradients: megabytes per expert written once and next read by the optimizer; a
+ * plain store would first read every line in) */
+enum { OUT_STORE = 0, OUT_ADD = 1, OUT_SCALE_ADD = 2, OUT_SCALE_STREAM = 3 };
 /* where the B pairs come from: two rows of b (all 32 columns, or masked), or a buffer of
  * interleaved pairs (64 bf16 a pair: the unpacklo half, then the unpackhi half) */
 enum { B_ROWS_MASKED = 0, B_ROWS_FULL = 1, B_PACKED = 2 };
@@ -351,11 +372,16 @@ BF_INLINE void pair_store(const int mr, __m512 acc[PAIR_MR][2], __mmask32 jm, fl
         __m512 s0 = _mm512_permutex2var_ps(acc[i][0], idx0, acc[i][1]);
         __m512 s1 = _mm512_permutex2var_ps(acc[i][0], idx1, acc[i][1]);
         float *o = out + i * ldo;
-        if (mode == OUT_SCALE_ADD) {
+        if (mode == OUT_SCALE_ADD || mode == OUT_SCALE_STREAM) {
             s0 = _mm512_mul_ps(vs, s0);
             s1 = _mm512_mul_ps(vs, s1);
         }
-        if (mode != OUT_STORE) {
+        if (mode == OUT_SCALE_STREAM && jm == 0xffffffffu && ((uintptr_t)o & 63) == 0) {
+            _mm512_stream_ps(o, s0);
+            _mm512_stream_ps(o + 16, s1);
+            continue;
+        }
+        if (mode == OUT_ADD || mode == OUT_SCALE_ADD) {
             /* callers walk the column blocks of these rows in order: the next block's lines
              * (without this, read-modify-write rows 8 KiB apart stream at half speed) */
             _mm_prefetch((const char *)(o + OUT_PREFETCH), _MM_HINT_T0);
@@ -550,8 +576,10 @@ BF_TARGET static void tn_pack_a(int64_t M, int64_t p0, int64_t cnt, int mr, cons
 #define TN_X_GROUP_BYTES (512 * 1024)
 
 static void tn_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g, int64_t ldg,
-                      const uint16_t *x, int64_t ldx, float *dw, int64_t lddw, float scale)
+                      const uint16_t *x, int64_t ldx, float *dw, int64_t lddw, float scale,
+                      int accumulate)
 {
+    const int mode = accumulate ? OUT_SCALE_ADD : OUT_SCALE_STREAM;
     _Alignas(64) uint32_t apack[PAIR_MR * TN_PAIRS_PER_CHUNK];
     _Alignas(64) float accbuf[PAIR_MR * 32];
     const int64_t pairs = (M + 1) / 2; /* with the tail */
@@ -577,7 +605,7 @@ static void tn_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
                         tn_pack_a(M, p0, cnt, mr, g + n, ldg, apack);
                     fn(cnt - tail, tail, (const uint16_t *)apack, 2, 2 * (int64_t)mr,
                        x + 2 * p0 * ldx + jb, ldx, 0, jm, accbuf, c == 0, last, dw + n * lddw + jb,
-                       lddw, OUT_SCALE_ADD, scale);
+                       lddw, mode, scale);
                 }
             }
             n += mr;
@@ -763,15 +791,24 @@ void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16
     kt__bf16_gemm_nn_ref(M, N, k0, k1, g, ldg, w, ldw, y, ldy, accumulate);
 }
 
+void kt__bf16_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g, int64_t ldg,
+                      const uint16_t *x, int64_t ldx, float *dw, int64_t lddw, float scale,
+                      int accumulate)
+{
+#ifdef BF_HAVE_AVX512
+    if (use_avx512()) {
+        tn_avx512(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
+        if (!accumulate)
+            _mm_sfence(); /* the streamed rows are visible to whichever thread reads them next */
+        return;
+    }
+#endif
+    kt__bf16_gemm_tn_ref(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
+}
+
 void kt__bf16_gemm_tn_acc(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
                           int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
                           float scale)
 {
-#ifdef BF_HAVE_AVX512
-    if (use_avx512()) {
-        tn_avx512(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale);
-        return;
-    }
-#endif
-    kt__bf16_gemm_tn_acc_ref(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale);
+    kt__bf16_gemm_tn(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, 1);
 }

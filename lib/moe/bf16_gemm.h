@@ -27,9 +27,14 @@ void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16
                       int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
                       int accumulate);
 
-/* Weight gradients ("TN"), always accumulating: for rows n in [n0, n1) and all k in [0, K),
- *   dw[n, k] += scale * sum_m g[m, n] * x[m, k]
- * g [M, N], x [M, K], dw [N, K] f32. */
+/* Weight gradients ("TN"): for rows n in [n0, n1) and all k in [0, K),
+ *   dw[n, k] = (accumulate ? dw[n, k] : 0) + scale * sum_m g[m, n] * x[m, k]
+ * g [M, N], x [M, K], dw [N, K] f32. Overwriting never reads dw, and stores whole aligned
+ * blocks past the caches (the first micro-batch of a step writes every expert's gradient:
+ * gigabytes, read next by the optimizer, not by this layer). tn_acc is tn with accumulate. */
+void kt__bf16_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                      int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
+                      float scale, int accumulate);
 void kt__bf16_gemm_tn_acc(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
                           int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
                           float scale);
@@ -42,6 +47,9 @@ void kt__bf16_gemm_nt_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const ui
 void kt__bf16_gemm_nn_ref(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
                           int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
                           int accumulate);
+void kt__bf16_gemm_tn_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                          int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
+                          float scale, int accumulate);
 void kt__bf16_gemm_tn_acc_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
                               int64_t ldg, const uint16_t *x, int64_t ldx, float *dw,
                               int64_t lddw, float scale);

@@ -31,15 +31,22 @@ void kt__bf16_gemm_nn_ref(int64_t M, int64_t N, int64_t k0, int64_t k1, const ui
         }
 }
 
-void kt__bf16_gemm_tn_acc_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
-                              int64_t ldg, const uint16_t *x, int64_t ldx, float *dw,
-                              int64_t lddw, float scale)
+void kt__bf16_gemm_tn_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                          int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
+                          float scale, int accumulate)
 {
     for (int64_t n = n0; n < n1; n++)
         for (int64_t k = 0; k < K; k++) {
             float s = 0.0f;
             for (int64_t m = 0; m < M; m++)
                 s += bf(g[m * ldg + n]) * bf(x[m * ldx + k]);
-            dw[n * lddw + k] += scale * s;
+            dw[n * lddw + k] = accumulate ? dw[n * lddw + k] + scale * s : scale * s;
         }
+}
+
+void kt__bf16_gemm_tn_acc_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                              int64_t ldg, const uint16_t *x, int64_t ldx, float *dw,
+                              int64_t lddw, float scale)
+{
+    kt__bf16_gemm_tn_ref(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, 1);
 }

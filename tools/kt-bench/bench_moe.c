@@ -326,6 +326,10 @@ static double time_median(kt_moe *m, moe_inputs *in, int backward, int warmup, i
 {
     double *t = calloc((size_t)(warmup + repeats), sizeof *t);
     for (int r = 0; r < warmup + repeats; r++) {
+        /* each fwd+bwd is a training step of one micro-batch, as the peer's zero_grad(set_to_
+         * none): the weight/LoRA gradients are overwritten, not added to */
+        if (backward)
+            kt_moe_zero_grad(m);
         double t0 = bench_now_s();
         if (kt_moe_forward(m, &in->x, &in->ids, &in->w, &in->y) != KT_OK ||
             (backward && kt_moe_backward(m, &in->gy, &in->gx, &in->gw, 1.0f) != KT_OK)) {
