@@ -116,7 +116,9 @@ kt_status kt_moe_sync(kt_moe *moe);
  * and by mode the LoRA or expert-weight gradients (each scaled by weight_grad_scale, e.g.
  * 1/world for data-parallel averaging). grad_x or grad_weights may have data NULL to skip.
  * KT_ESTATE without a successful forward. It does not consume the forward: calling it again
- * recomputes the same gradients (and adds them to the weight gradients). */
+ * recomputes the same gradients (and adds them to the weight gradients). With check_finite, a
+ * NaN/Inf in grad_x or grad_weights is KT_ERANGE naming the token and the expert (grad_x and
+ * grad_weights are left unchanged; the weight gradients of this call are not meaningful). */
 kt_status kt_moe_backward(kt_moe *moe, const kt_tensor *grad_y, kt_tensor *grad_x,
                           kt_tensor *grad_weights, float weight_grad_scale);
 

@@ -211,6 +211,29 @@ static kt_status sgemm_nn(kt_moe *m, int proj, const float *g, int64_t gw, float
     return KT_OK;
 }
 
+/* With check_finite: names the first non-finite input gradient by token, slot and the expert
+ * whose rows brought it (grad_x per row, before the slots are summed), or the first
+ * non-finite routing-weight gradient. */
+static kt_status check_finite_grads(const kt_moe *m)
+{
+    for (int64_t t = 0; t < m->qlen; t++)
+        for (int64_t j = 0; j < m->K; j++) {
+            const int64_t slot = t * m->K + j;
+            const float *gx = m->gx + (int64_t)m->slot_row[slot] * m->H;
+            int64_t h = 0;
+            while (h < m->H && isfinite(gx[h]))
+                h++;
+            const char *what = h < m->H ? "grad_x" : !isfinite(m->gw[slot]) ? "grad_weights" : NULL;
+            if (what != NULL)
+                return kt__error(KT_ERANGE,
+                                 "moe '%s': non-finite %s in backward at token %lld (expert %lld, "
+                                 "slot %lld)",
+                                 m->name, what, (long long)t,
+                                 (long long)m->slot_expert[slot], (long long)j);
+        }
+    return KT_OK;
+}
+
 kt_status kt__moe_backward_exec(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo,
                                 kt_tensor *gwo, float scale)
 {
@@ -266,6 +289,8 @@ kt_status kt__moe_backward_exec(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo,
         kt__moe_run_parts(m, gx_tasks, &c);
     }
     m->flops += (uint64_t)(6 * rows * m->H * m->I);
+    if (m->cfg.check_finite)
+        KT__TRY(check_finite_grads(m));
 
     if (gxo != NULL && gxo->data != NULL)
         kt_parallel_for(m->pool, m->qlen, 1, gx_combine_part, &c);

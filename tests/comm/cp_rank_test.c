@@ -10,6 +10,7 @@
  *   cp_rank_test moe_fail    rank 0's layer fails inside the forward (NaN in an expert with
  *                            check_finite): every rank returns the error, with rank 0's message,
  *                            within the deadline, instead of waiting for the scatter
+ *   cp_rank_test moe_fail_bwd  the same with the failure inside the backward
  *
  * Prints "PASS rank r" or "FAIL rank r: why" and exits 0/1. */
 #include <math.h>
@@ -273,8 +274,10 @@ static void scenario_moe(kt_comm *comm)
     printf("PASS rank %d: distributed moe over %d ranks\n", rank, world);
 }
 
-/* Rank 0's layer fails (a NaN weight, check_finite on): every rank gets rank 0's error. */
-static void scenario_moe_fail(kt_comm *comm)
+/* Rank 0's layer fails (a NaN weight, check_finite on), inside the forward (a NaN down weight
+ * from the start) or inside the backward (a NaN gate weight set after a good forward): every
+ * rank gets rank 0's error, within the deadline, instead of waiting for the scatter. */
+static void scenario_moe_fail(kt_comm *comm, int in_backward)
 {
     int world = kt_comm_size(comm), rank = kt_comm_rank(comm);
     kt_moe *layer = NULL;
@@ -289,7 +292,7 @@ static void scenario_moe_fail(kt_comm *comm)
                 kt_tensor w;
                 OK(kt_moe_weight(layer, e, (kt_moe_proj)p, &w));
                 fill(&w, 100 + (uint64_t)(e * 3 + p), 0);
-                if (p == KT_MOE_DOWN)
+                if (p == KT_MOE_DOWN && !in_backward)
                     ((float *)w.data)[0] = NAN; /* every expert's output turns NaN */
             }
         OK(kt_moe_cache_enable(layer, 1));
@@ -304,16 +307,33 @@ static void scenario_moe_fail(kt_comm *comm)
     OK(kt_session_tensor(s, KT_ROLE_INPUT, "y", &y));
     OK(kt_session_tensor(s, KT_ROLE_PARAM, "router", &r));
     fill(&x, 7, (int64_t)rank * MT * MH);
+    for (int64_t i = 0; i < MT; i++)
+        ((int32_t *)y.data)[i] = (int32_t)(i * 5 % MH);
     fill(&r, 8, 0);
     kt_status st = kt_session_forward(s);
+    const char *where = "forward";
+    if (in_backward) {
+        if (st != KT_OK)
+            fail("the forward failed before the injected backward failure: %s", kt_last_error());
+        if (rank == 0)
+            for (int64_t e = 0; e < ME; e++) {
+                kt_tensor w;
+                OK(kt_moe_weight(layer, e, KT_MOE_GATE, &w));
+                for (int64_t i = 0; i < MI * MH; i++)
+                    ((float *)w.data)[i] = NAN; /* every input gradient turns NaN */
+            }
+        st = kt_session_backward(s);
+        where = "backward";
+    }
     if (st == KT_OK)
-        fail("the forward succeeded although rank 0's layer produced NaN");
+        fail("the %s succeeded although rank 0's layer produced NaN", where);
     if (strstr(kt_last_error(), "rank 0") == NULL || strstr(kt_last_error(), "poisoned") == NULL)
         fail("error '%s' does not carry rank 0's message about layer 'poisoned'",
              kt_last_error());
     if (rank == 0 && kt_moe_cache_get_state(layer) != KT_MOE_CACHE_POISONED)
         fail("rank 0's forward cache is not poisoned after the failure");
-    printf("PASS rank %d: rank 0's MoE failure reached every rank: %s\n", rank, kt_last_error());
+    printf("PASS rank %d: rank 0's MoE %s failure reached every rank: %s\n", rank, where,
+           kt_last_error());
     kt_session_destroy(s);
     kt_program_destroy(p);
     kt_moe_destroy(layer);
@@ -322,7 +342,7 @@ static void scenario_moe_fail(kt_comm *comm)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: cp_rank_test halo p2p|allgather | moe\n");
+        fprintf(stderr, "usage: cp_rank_test halo p2p|allgather | moe | moe_fail | moe_fail_bwd\n");
         return 2;
     }
     kt_comm *comm;
@@ -335,7 +355,9 @@ int main(int argc, char **argv)
     else if (strcmp(argv[1], "moe") == 0)
         scenario_moe(comm);
     else if (strcmp(argv[1], "moe_fail") == 0)
-        scenario_moe_fail(comm);
+        scenario_moe_fail(comm, 0);
+    else if (strcmp(argv[1], "moe_fail_bwd") == 0)
+        scenario_moe_fail(comm, 1);
     else
         fail("unknown scenario %s", argv[1]);
     fflush(stdout);

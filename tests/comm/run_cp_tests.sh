@@ -10,7 +10,7 @@ failures=0
 for tr in shm tcp; do
   if [ "$tr" = tcp ]; then export UCX_NET_DEVICES=lo; else unset UCX_NET_DEVICES; fi
   for n in 2 3 4; do
-    for sc in "halo p2p" "halo allgather" "moe" "moe_fail"; do
+    for sc in "halo p2p" "halo allgather" "moe" "moe_fail" "moe_fail_bwd"; do
       # shellcheck disable=SC2086
       out=$(timeout 120 "$launch" -n "$n" --transport "$tr" --timeout-ms 20000 -- \
             "$rank_test" $sc 2>&1)
@@ -26,6 +26,6 @@ for tr in shm tcp; do
     done
   done
 done
-total=24
+total=30
 echo "$((total - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]
