@@ -450,11 +450,29 @@ static void blob_add(blob *b, const void *data, size_t n)
     b->n += n;
 }
 
-static blob run_blob(kt_moe_config cfg, int threads, int64_t qlen)
+/* Every task of a phase plan runs on a thread of its expert's node group. */
+static void expect_node_local_plan(kt_moe *m, int64_t cols)
+{
+    kt__moe_plan_parts(m, cols);
+    for (int g = 0; g < m->n_groups; g++)
+        for (int64_t t = m->group_t[g]; t < m->group_t[g + 1]; t++)
+            for (int64_t i = m->part[t]; i < m->part[t + 1]; i++)
+                if (m->tasks[i].e < m->group_e[g] || m->tasks[i].e >= m->group_e[g + 1])
+                    fail_msg("thread %lld (group %d) was given expert %lld", (long long)t, g,
+                             (long long)m->tasks[i].e);
+}
+
+/* numa_split: the layer splits its experts over the nodes of a kt_threadpool_create_numa
+ * pool (the caller sets KT_NUMA_FAKE_NODES on a one-node machine). */
+static blob run_blob_on(kt_moe_config cfg, int threads, int64_t qlen, int numa_split)
 {
     kt_threadpool *pool = NULL;
-    if (threads > 1)
+    if (numa_split) {
+        OK(kt_threadpool_create_numa(threads, &pool));
+        cfg.numa_node = KT_MOE_NUMA_SPLIT;
+    } else if (threads > 1) {
         OK(kt_threadpool_create(threads, &pool));
+    }
     kt_moe *m = NULL;
     OK(kt_moe_create(&cfg, pool, &m));
     fill_params(m, 77);
@@ -464,6 +482,12 @@ static blob run_blob(kt_moe_config cfg, int threads, int64_t qlen)
     for (int rep = 0; rep < 2; rep++) { /* the second accumulates */
         OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
         OK(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 0.75f));
+    }
+    if (numa_split) {
+        assert_int_equal(m->n_groups, kt_numa_node_count() < threads ? kt_numa_node_count()
+                                                                       : threads);
+        expect_node_local_plan(m, cfg.hidden);
+        expect_node_local_plan(m, cfg.intermediate);
     }
     blob_add(&b, in.y.data, kt_tensor_nbytes(&in.y));
     blob_add(&b, in.gx.data, kt_tensor_nbytes(&in.gx));
@@ -479,6 +503,11 @@ static blob run_blob(kt_moe_config cfg, int threads, int64_t qlen)
     kt_moe_destroy(m);
     kt_threadpool_destroy(pool);
     return b;
+}
+
+static blob run_blob(kt_moe_config cfg, int threads, int64_t qlen)
+{
+    return run_blob_on(cfg, threads, qlen, 0);
 }
 
 static void expect_same(blob a, blob b, const char *what)
@@ -518,6 +547,47 @@ static void test_threads_bitwise(void **state)
             expect_same(one, two, "1 vs 2 threads");
             expect_same(copy, three, "1 vs 3 threads");
         }
+}
+
+/* KT_MOE_NUMA_SPLIT on 2 and 3 (fake) nodes: each node's threads run only its experts, and
+ * the results are bitwise those of an ordinary pool of the same size. */
+static void test_numa_split_bitwise(void **state)
+{
+    (void)state;
+    const char *env = getenv("KT_NUMA_FAKE_NODES");
+    char *fake = env ? strdup(env) : NULL;
+    unsetenv("KT_NUMA_FAKE_NODES");
+    const int real = kt_numa_node_count();
+    for (int nodes = 2; nodes <= 3; nodes++) {
+        char v[8];
+        snprintf(v, sizeof v, "%d", nodes);
+        if (real < nodes) /* stand-in nodes (each the real node 0, with every CPU) */
+            setenv("KT_NUMA_FAKE_NODES", v, 1);
+        else
+            print_message("%d real NUMA nodes: the split runs on them\n", real);
+        for (int mode = 0; mode < 3; mode++) {
+            kt_moe_config c = make_cfg(KT_BF16, KT_F32, (kt_moe_mode)mode, 48, 40, 7, 2, 11);
+            blob plain = run_blob_on(c, 4, 11, 0);
+            blob split = run_blob_on(c, 4, 11, 1);
+            expect_same(plain, split, "NUMA split vs one pool");
+        }
+    }
+    if (fake != NULL)
+        setenv("KT_NUMA_FAKE_NODES", fake, 1);
+    else
+        unsetenv("KT_NUMA_FAKE_NODES");
+    free(fake);
+
+    /* the split needs a NUMA-placed pool */
+    kt_threadpool *pool = NULL;
+    OK(kt_threadpool_create(2, &pool));
+    kt_moe_config c = make_cfg(KT_BF16, KT_F32, KT_MOE_FROZEN, 16, 16, 4, 2, 3);
+    c.numa_node = KT_MOE_NUMA_SPLIT;
+    kt_moe *m = NULL;
+    TU_EXPECT_ERROR(kt_moe_create(&c, pool, &m), KT_EINVAL, "kt_threadpool_create_numa");
+    c.numa_node = -3;
+    TU_EXPECT_ERROR(kt_moe_create(&c, pool, &m), KT_EINVAL, "numa_node -3");
+    kt_threadpool_destroy(pool);
 }
 
 /* ---- validation ------------------------------------------------------------------------------ */
@@ -902,6 +972,7 @@ int main(void)
         cmocka_unit_test(test_submit_sync),
         cmocka_unit_test(test_load_save),
         cmocka_unit_test(test_lora_init),
+        cmocka_unit_test(test_numa_split_bitwise),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

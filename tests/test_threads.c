@@ -272,10 +272,8 @@ static void sum_fn(void *ctx, int64_t begin, int64_t end, int thread)
     j->partial[thread] += s;
 }
 
-static void stress(int threads, int calls)
+static void stress_pool(kt_threadpool *pool, int threads, int calls)
 {
-    kt_threadpool *pool = NULL;
-    assert_int_equal(kt_threadpool_create(threads, &pool), KT_OK);
     for (int c = 0; c < calls; c++) {
         int64_t n = 1 + c % 97;
         sum_job j;
@@ -288,6 +286,13 @@ static void stress(int threads, int calls)
             fail_msg("%d threads, call %d: sum %lld, expected %lld", threads, c,
                      (long long)total, (long long)(n * (n - 1) / 2));
     }
+}
+
+static void stress(int threads, int calls)
+{
+    kt_threadpool *pool = NULL;
+    assert_int_equal(kt_threadpool_create(threads, &pool), KT_OK);
+    stress_pool(pool, threads, calls);
     kt_threadpool_destroy(pool);
 }
 
@@ -296,6 +301,72 @@ static void test_stress(void **state)
     (void)state;
     stress(2, 20000);
     stress(4, 20000);
+}
+
+/* Two threads submitting to one pool at once: the submission lock keeps the jobs apart, so
+ * every job still sees each item exactly once. */
+typedef struct submitter {
+    kt_threadpool *pool;
+    int calls;
+    int bad;
+} submitter;
+
+static void *submit_main(void *arg)
+{
+    submitter *sb = arg;
+    for (int c = 0; c < sb->calls; c++) {
+        int64_t n = 1 + c % 89;
+        sum_job j;
+        memset(&j, 0, sizeof j);
+        kt_parallel_for(sb->pool, n, 1, sum_fn, &j);
+        int64_t total = 0;
+        for (int t = 0; t < MAX_PARTS; t++)
+            total += j.partial[t];
+        sb->bad += total != n * (n - 1) / 2;
+    }
+    return NULL;
+}
+
+static void test_concurrent_submitters(void **state)
+{
+    (void)state;
+    kt_threadpool *pool = NULL;
+    assert_int_equal(kt_threadpool_create(3, &pool), KT_OK);
+    submitter sb[2] = {{pool, 5000, 0}, {pool, 5000, 0}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, submit_main, &sb[i]), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    assert_int_equal(sb[0].bad + sb[1].bad, 0);
+    kt_threadpool_destroy(pool);
+}
+
+/* Placement: contiguous blocks of threads per node (stand-in nodes here when the machine has
+ * fewer), and -1 for ordinary pools. */
+static void test_numa_pool(void **state)
+{
+    (void)state;
+    const char *env = getenv("KT_NUMA_FAKE_NODES");
+    char *saved = env ? strdup(env) : NULL;
+    setenv("KT_NUMA_FAKE_NODES", "2", 1);
+    kt_threadpool *pool = NULL;
+    assert_int_equal(kt_threadpool_create_numa(5, &pool), KT_OK);
+    const int want[5] = {0, 0, 0, 1, 1}; /* t * 2 / 5 */
+    for (int t = 0; t < 5; t++)
+        assert_int_equal(kt_threadpool_thread_node(pool, t), want[t]);
+    assert_int_equal(kt_threadpool_thread_node(pool, 5), -1);
+    stress_pool(pool, 5, 2000);
+    kt_threadpool_destroy(pool);
+    if (saved)
+        setenv("KT_NUMA_FAKE_NODES", saved, 1);
+    else
+        unsetenv("KT_NUMA_FAKE_NODES");
+    free(saved);
+    assert_int_equal(kt_threadpool_create(2, &pool), KT_OK);
+    assert_int_equal(kt_threadpool_thread_node(pool, 0), -1);
+    assert_int_equal(kt_threadpool_thread_node(NULL, 0), -1);
+    kt_threadpool_destroy(pool);
 }
 
 static void test_create_destroy(void **state)
@@ -336,6 +407,7 @@ int main(void)
         cmocka_unit_test(test_static_partition), cmocka_unit_test(test_null_pool),
         cmocka_unit_test(test_env_thread_count), cmocka_unit_test(test_stress),
         cmocka_unit_test(test_create_destroy),  cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_concurrent_submitters), cmocka_unit_test(test_numa_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -38,6 +38,8 @@ typedef enum kt_moe_mode {
     KT_MOE_FULL = 2
 } kt_moe_mode;
 
+#define KT_MOE_NUMA_SPLIT (-2)
+
 typedef struct kt_moe_config {
     int64_t n_experts;     /* E */
     int64_t hidden;        /* H */
@@ -54,7 +56,12 @@ typedef struct kt_moe_config {
     int keep_activations;
     int check_finite;      /* check the output for NaN/Inf and fail naming token and expert */
     const char *name;      /* the layer's name in messages (copied); may be NULL */
-    int numa_node;         /* bind the expert weights to this node; -1: no binding */
+    /* >= 0: the expert weights (and every buffer) on this node; -1: no binding;
+     * KT_MOE_NUMA_SPLIT: the experts split in contiguous ranges over the nodes of the pool's
+     * threads (a pool from kt_threadpool_create_numa), each range's weights and full-mode
+     * gradients on its node and its GEMMs run by that node's threads only. Results are
+     * bitwise the same as without the split. */
+    int numa_node;
 } kt_moe_config;
 
 /* Creates the layer: validates the configuration, allocates the weight store (zeroed) and

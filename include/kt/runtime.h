@@ -53,7 +53,9 @@ int kt_threadpool_size(const kt_threadpool *pool); /* 1 for a NULL pool */
 /* Runs fn over [0, n). The range is cut into at most size(pool) contiguous parts of at least
  * `grain` items, part t going to thread t: a fixed, static partition, so a fixed thread count
  * gives bitwise identical results. A NULL pool runs everything on the caller's thread.
- * Calls do not nest: fn must not call kt_parallel_for on the same pool. */
+ * Calls from several threads at once are serialised (one submission lock per pool), so two
+ * jobs never interleave. Calls do not nest: fn must not call kt_parallel_for on the same pool
+ * (it would wait for itself). */
 typedef void (*kt_range_fn)(void *ctx, int64_t begin, int64_t end, int thread);
 void kt_parallel_for(kt_threadpool *pool, int64_t n, int64_t grain, kt_range_fn fn,
                      void *ctx);
@@ -81,8 +83,18 @@ const char *kt_cpu_describe(void);
 
 /* 1 when libkt was built with libnuma and the system reports NUMA support. */
 int kt_numa_available(void);
-/* Number of configured nodes (1 without libnuma). */
+/* Number of configured nodes (1 without libnuma). KT_NUMA_FAKE_NODES=N (tests) reports N
+ * nodes, node j standing for the real node j mod the real count, each with every CPU. */
 int kt_numa_node_count(void);
+
+/* A pool whose threads are spread over the NUMA nodes in contiguous blocks (thread t on node
+ * t * nodes / n_threads) and pinned to their node's CPUs; the caller stays thread 0 and is
+ * not pinned (pin it to node 0 for full locality). One node, or a build without libnuma:
+ * an ordinary pool whose threads all report node 0. */
+kt_status kt_threadpool_create_numa(int n_threads, kt_threadpool **pool_out);
+/* The node thread t of the pool was placed on, or -1 for a pool not made by
+ * kt_threadpool_create_numa (or a NULL pool, or t out of range). */
+int kt_threadpool_thread_node(const kt_threadpool *pool, int thread);
 
 /* ---- CUDA ---------------------------------------------------------------------------------- */
 

@@ -1,7 +1,9 @@
 /* NUMA placement. With libnuma, memory is bound to a node with numa_alloc_onnode; without it
  * there is one node (0) and memory comes from the ordinary allocator. */
+#define _GNU_SOURCE /* cpu_set_t */
 #include <stdint.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "core/numa_internal.h"
@@ -22,7 +24,7 @@ int kt_numa_available(void)
 #endif
 }
 
-int kt_numa_node_count(void)
+static int real_node_count(void)
 {
 #ifdef KT_HAVE_NUMA
     if (numa_available() >= 0)
@@ -30,6 +32,72 @@ int kt_numa_node_count(void)
 #endif
     return 1;
 }
+
+/* KT_NUMA_FAKE_NODES=N: a test hook that lets the NUMA code paths (expert split, per-node
+ * threads) run on a machine with one node. 0 when unset or invalid. */
+static int fake_node_count(void)
+{
+    const char *env = getenv("KT_NUMA_FAKE_NODES");
+    if (env == NULL || *env == '\0')
+        return 0;
+    char *end = NULL;
+    long v = strtol(env, &end, 10);
+    return end != env && *end == '\0' && v >= 1 && v <= 64 ? (int)v : 0;
+}
+
+int kt_numa_node_count(void)
+{
+    int fake = fake_node_count();
+    return fake ? fake : real_node_count();
+}
+
+int kt__numa_real_node(int node) { return node < 0 ? node : node % real_node_count(); }
+
+kt_status kt__numa_bind_range(void *ptr, size_t size, int node)
+{
+    if (node < 0 || node >= kt_numa_node_count())
+        return kt__error(KT_EINVAL, "NUMA node %d does not exist (%d node%s)", node,
+                         kt_numa_node_count(), kt_numa_node_count() == 1 ? "" : "s");
+    const uintptr_t page = KT__PAGE_ALIGN;
+    uintptr_t b = ((uintptr_t)ptr + page - 1) / page * page;
+    uintptr_t e = ((uintptr_t)ptr + size) / page * page;
+    if (e <= b)
+        return KT_OK;
+#ifdef KT_HAVE_NUMA
+    if (kt_numa_available()) {
+        numa_tonode_memory((void *)b, (size_t)(e - b), kt__numa_real_node(node));
+        return KT_OK;
+    }
+#endif
+    return KT_OK; /* one node: nothing to bind */
+}
+
+#ifdef __linux__
+kt_status kt__numa_node_cpus(int node, cpu_set_t *set)
+{
+    CPU_ZERO(set);
+#ifdef KT_HAVE_NUMA
+    if (kt_numa_available() && !fake_node_count()) {
+        struct bitmask *bm = numa_allocate_cpumask();
+        if (bm == NULL)
+            return kt__error(KT_ENOMEM, "NUMA: out of memory for a CPU mask");
+        int rc = numa_node_to_cpus(node, bm);
+        for (unsigned i = 0; rc == 0 && i < bm->size && i < CPU_SETSIZE; i++)
+            if (numa_bitmask_isbitset(bm, i))
+                CPU_SET(i, set);
+        numa_free_cpumask(bm);
+        if (rc != 0 || CPU_COUNT(set) == 0)
+            return kt__error(KT_EINVAL, "NUMA node %d has no CPUs", node);
+        return KT_OK;
+    }
+#endif
+    (void)node;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    for (long i = 0; i < cpus && i < CPU_SETSIZE; i++)
+        CPU_SET((int)i, set);
+    return KT_OK;
+}
+#endif
 
 static kt_status plain_alloc(size_t size, void **ptr_out)
 {
@@ -55,7 +123,7 @@ kt_status kt__numa_alloc(size_t size, int node, void **ptr_out)
                          nodes, nodes == 1 ? "" : "s");
 #ifdef KT_HAVE_NUMA
     if (kt_numa_available()) {
-        void *p = numa_alloc_onnode(size ? size : 1, node);
+        void *p = numa_alloc_onnode(size ? size : 1, kt__numa_real_node(node));
         if (p == NULL)
             return kt__error(KT_ENOMEM, "arena: cannot allocate %zu bytes on NUMA node %d",
                              size, node);

@@ -9,5 +9,17 @@
 /* Allocates `size` bytes (page aligned) on `node`, or anywhere for node -1. */
 kt_status kt__numa_alloc(size_t size, int node, void **ptr_out);
 void kt__numa_free(void *ptr, size_t size, int node);
+/* Binds the whole pages inside [ptr, ptr + size) to `node` (before they are first touched);
+ * a no-op for node 0 without libnuma. */
+kt_status kt__numa_bind_range(void *ptr, size_t size, int node);
+/* The real node a (possibly fake, see kt_numa_node_count) node stands for. */
+int kt__numa_real_node(int node);
+
+#if defined(__linux__) && defined(_GNU_SOURCE)
+#include <sched.h>
+/* The CPUs of `node` (every CPU for a fake node, or without libnuma). Needs _GNU_SOURCE
+ * defined before the first system header. */
+kt_status kt__numa_node_cpus(int node, cpu_set_t *set);
+#endif
 
 #endif

@@ -5,6 +5,7 @@
  * thread count. Workers spin briefly after a job (kernels come in quick succession during a
  * step) and then sleep on a condition variable.
  */
+#define _GNU_SOURCE /* pthread_setaffinity_np, cpu_set_t */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/numa_internal.h"
 #include "kt/runtime.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -30,6 +32,8 @@
 
 struct kt_threadpool {
     int n_threads;
+    int *node; /* [n_threads]: the node of each thread (kt_threadpool_create_numa), or NULL */
+    pthread_mutex_t submit_mu; /* held for a whole kt_parallel_for: jobs never interleave */
     pthread_t *workers;
     int n_started;
     pthread_mutex_t mu;
@@ -125,6 +129,7 @@ kt_status kt_threadpool_create(int n_threads, kt_threadpool **pool_out)
     if (p == NULL)
         return kt__error(KT_ENOMEM, "kt_threadpool_create: out of memory");
     p->n_threads = n_threads;
+    pthread_mutex_init(&p->submit_mu, NULL);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     pthread_cond_init(&p->done, NULL);
@@ -177,15 +182,15 @@ void kt_threadpool_destroy(kt_threadpool *pool)
     pthread_cond_destroy(&pool->done);
     pthread_cond_destroy(&pool->wake);
     pthread_mutex_destroy(&pool->mu);
+    pthread_mutex_destroy(&pool->submit_mu);
+    free(pool->node);
     free(pool);
 }
 
 int kt_threadpool_size(const kt_threadpool *pool) { return pool ? pool->n_threads : 1; }
 
-void kt_parallel_for(kt_threadpool *pool, int64_t n, int64_t grain, kt_range_fn fn, void *ctx)
+static void parallel_run(kt_threadpool *pool, int64_t n, int64_t grain, kt_range_fn fn, void *ctx)
 {
-    if (n <= 0)
-        return;
     if (grain < 1)
         grain = 1;
     /* Rounded down, so every part gets at least `grain` items as documented. */
@@ -220,4 +225,56 @@ void kt_parallel_for(kt_threadpool *pool, int64_t n, int64_t grain, kt_range_fn 
     while (atomic_load_explicit(&pool->pending, memory_order_acquire) != 0)
         pthread_cond_wait(&pool->done, &pool->mu);
     pthread_mutex_unlock(&pool->mu);
+}
+
+void kt_parallel_for(kt_threadpool *pool, int64_t n, int64_t grain, kt_range_fn fn, void *ctx)
+{
+    if (n <= 0)
+        return;
+    if (pool == NULL) {
+        parallel_run(pool, n, grain, fn, ctx);
+        return;
+    }
+    pthread_mutex_lock(&pool->submit_mu);
+    parallel_run(pool, n, grain, fn, ctx);
+    pthread_mutex_unlock(&pool->submit_mu);
+}
+
+int kt_threadpool_thread_node(const kt_threadpool *pool, int thread)
+{
+    if (pool == NULL || pool->node == NULL || thread < 0 || thread >= pool->n_threads)
+        return -1;
+    return pool->node[thread];
+}
+
+kt_status kt_threadpool_create_numa(int n_threads, kt_threadpool **pool_out)
+{
+    KT__TRY(kt_threadpool_create(n_threads, pool_out));
+    kt_threadpool *p = *pool_out;
+    const int nodes = kt_numa_node_count();
+    p->node = calloc((size_t)p->n_threads, sizeof *p->node);
+    if (p->node == NULL) {
+        kt_threadpool_destroy(p);
+        *pool_out = NULL;
+        return kt__error(KT_ENOMEM, "kt_threadpool_create_numa: out of memory");
+    }
+    for (int t = 0; t < p->n_threads; t++)
+        p->node[t] = (int)((int64_t)t * nodes / p->n_threads);
+#ifdef __linux__
+    /* pinning only matters with several nodes; a failure to pin is not fatal to the results,
+     * but it is to the promise of locality, so it is reported */
+    for (int t = 1; nodes > 1 && t < p->n_threads; t++) {
+        cpu_set_t set;
+        kt_status st = kt__numa_node_cpus(p->node[t], &set);
+        if (st == KT_OK && pthread_setaffinity_np(p->workers[t - 1], sizeof set, &set) != 0)
+            st = kt__error(KT_EINVAL, "kt_threadpool_create_numa: cannot pin thread %d to the "
+                           "CPUs of node %d", t, p->node[t]);
+        if (st != KT_OK) {
+            kt_threadpool_destroy(p);
+            *pool_out = NULL;
+            return st;
+        }
+    }
+#endif
+    return KT_OK;
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/numa_internal.h"
 #include "moe/moe_internal.h"
 #include "ops/gemm.h"
 
@@ -77,9 +78,57 @@ static kt_status check_config(const kt_moe_config *c)
     }
     if (c->keep_activations != 0 && c->keep_activations != 1)
         return kt__error(KT_EINVAL, "moe '%s': keep_activations must be 0 or 1", name);
-    if (c->numa_node < -1)
+    if (c->numa_node < KT_MOE_NUMA_SPLIT)
         return kt__error(KT_EINVAL, "moe '%s': numa_node %d is invalid", name, c->numa_node);
     return KT_OK;
+}
+
+/* Node groups from the pool's thread placement (contiguous blocks of threads per node), the
+ * experts cut into as many contiguous ranges; one group of everything without the split. */
+static kt_status plan_groups(kt_moe *m, kt_threadpool *pool)
+{
+    m->n_groups = 1;
+    m->group_node[0] = m->cfg.numa_node;
+    m->group_e[0] = 0, m->group_e[1] = m->E;
+    m->group_t[0] = 0, m->group_t[1] = m->n_threads;
+    if (m->cfg.numa_node != KT_MOE_NUMA_SPLIT)
+        return KT_OK;
+    if (kt_threadpool_thread_node(pool, 0) < 0)
+        return kt__error(KT_EINVAL, "moe '%s': KT_MOE_NUMA_SPLIT needs a pool from "
+                         "kt_threadpool_create_numa", m->name);
+    int g = 0;
+    m->group_node[0] = kt_threadpool_thread_node(pool, 0);
+    for (int t = 1; t < m->n_threads; t++) {
+        int node = kt_threadpool_thread_node(pool, t);
+        if (node == m->group_node[g])
+            continue;
+        if (++g >= KT__MOE_MAX_GROUPS)
+            return kt__error(KT_EINVAL, "moe '%s': more than %d NUMA nodes", m->name,
+                             KT__MOE_MAX_GROUPS);
+        m->group_node[g] = node;
+        m->group_t[g] = t;
+    }
+    m->n_groups = g + 1;
+    m->group_t[m->n_groups] = m->n_threads;
+    for (int i = 0; i <= m->n_groups; i++)
+        m->group_e[i] = m->E * i / m->n_groups;
+    return KT_OK;
+}
+
+/* Each group's rows of a per-expert array (bytes_per_expert each) onto its node. */
+static kt_status bind_groups(const kt_moe *m, void *base, size_t bytes_per_expert)
+{
+    for (int g = 0; m->cfg.numa_node == KT_MOE_NUMA_SPLIT && g < m->n_groups; g++)
+        KT__TRY(kt__numa_bind_range((unsigned char *)base + (size_t)m->group_e[g] * bytes_per_expert,
+                                    (size_t)(m->group_e[g + 1] - m->group_e[g]) * bytes_per_expert,
+                                    m->group_node[g]));
+    return KT_OK;
+}
+
+/* The node of the layer's own buffers: none with the split (every node's threads use them). */
+static int buffer_node(const kt_moe *m)
+{
+    return m->cfg.numa_node == KT_MOE_NUMA_SPLIT ? -1 : m->cfg.numa_node;
 }
 
 typedef struct buf_spec {
@@ -140,7 +189,7 @@ static kt_status alloc_work(kt_moe *m)
         }
 #undef SPEC
     size_t total = 0;
-    KT__TRY(carve(&m->work, s, n, m->cfg.numa_node, &total));
+    KT__TRY(carve(&m->work, s, n, buffer_node(m), &total));
     m->workspace_bytes = total;
     /* Kept from forward to backward: the routing (5 x 4 bytes per slot), the input in the
      * compute dtype, and with keep_activations the f32 gate/up pre-activations and the
@@ -168,7 +217,9 @@ static kt_status alloc_params(kt_moe *m)
     if (wg)
         s[n++] = (buf_spec){(void **)&m->wgrad, wg};
     size_t total = 0;
-    KT__TRY(carve(&m->params, s, n, m->cfg.numa_node, &total));
+    KT__TRY(carve(&m->params, s, n, buffer_node(m), &total));
+    if (wg)
+        KT__TRY(bind_groups(m, m->wgrad, (size_t)(3 * m->H * m->I) * sizeof(float)));
     m->grad_bytes = n ? total : 0;
     memset(m->params.base, 0, m->params.size);
     if (per) {
@@ -231,9 +282,15 @@ kt_status kt_moe_create(const kt_moe_config *config, kt_threadpool *pool, kt_moe
     pthread_mutex_init(&m->mu, NULL);
     pthread_cond_init(&m->cv, NULL);
 
-    /* The store is exactly the raw weights: no padding, no transposed copy. */
+    st = plan_groups(m, pool);
+    if (st != KT_OK)
+        goto fail;
+    /* The store is exactly the raw weights: no padding, no transposed copy. Pages are bound
+     * to their group's node before the zeroing first touches them. */
     size_t wbytes = (size_t)(m->E * 3 * m->H * m->I) * m->cs;
-    st = kt_arena_create(&m->store, wbytes, config->numa_node);
+    st = kt_arena_create(&m->store, wbytes, buffer_node(m));
+    if (st == KT_OK)
+        st = bind_groups(m, m->store.base, (size_t)(3 * m->H * m->I) * m->cs);
     if (st != KT_OK)
         goto fail;
     m->weights = m->store.base;

@@ -27,6 +27,7 @@
 #define KT__MOE_MSG_MAX 512
 /* Column blocks are multiples of this (the kernels' natural tile width). */
 #define KT__MOE_COL_ALIGN 16
+#define KT__MOE_MAX_GROUPS 64 /* NUMA node groups (KT_NUMA_FAKE_NODES allows up to 64) */
 
 typedef struct kt__moe_task {
     int64_t e;
@@ -73,6 +74,13 @@ struct kt_moe {
     int64_t max_tasks;
     int64_t *part; /* [n_threads + 1]: thread p's tasks of kt__moe_plan_parts are
                     * [part[p], part[p + 1]) */
+    /* Node groups (one group without KT_MOE_NUMA_SPLIT): group g's experts
+     * [group_e[g], group_e[g + 1]) have their weights (and full-mode gradients) on node
+     * group_node[g] and run on threads [group_t[g], group_t[g + 1]). */
+    int n_groups;
+    int group_node[KT__MOE_MAX_GROUPS];
+    int64_t group_e[KT__MOE_MAX_GROUPS + 1];
+    int64_t group_t[KT__MOE_MAX_GROUPS + 1];
 
     /* activations; "saved" ones survive from forward to backward */
     void *xt;   /* [T,H] cdt: the input, saved */

@@ -148,49 +148,62 @@ int64_t kt__moe_plan(kt_moe *m, int64_t cols)
  * each weight block it needs once, in long runs (one token: a few experts cut into P slices;
  * a thousand tokens: P runs of whole experts), and no thread waits on another's leftovers.
  * Each output element is still computed whole by one task, in a fixed order. */
-int64_t kt__moe_plan_parts(kt_moe *m, int64_t cols)
+/* The shares of threads [p0, p1) over experts [e0, e1), tasks appended from index n;
+ * returns the new task count. */
+static int64_t plan_range(kt_moe *m, int64_t cols, int64_t e0, int64_t e1, int64_t p0,
+                          int64_t p1, int64_t n)
 {
-    const int64_t P = m->n_threads, rows = m->off[m->E];
-    int64_t n = 0, e = 0, c = 0;
-    m->part[0] = 0;
+    const int64_t P = p1 - p0, base = m->off[e0], rows = m->off[e1] - base;
+    int64_t e = e0, c = 0;
     for (int64_t p = 0; p < P; p++) {
-        /* the split point ending share p, as (e1, c1): column c1 of expert e1 */
-        int64_t e1 = m->E, c1 = 0;
+        /* the split point ending share p, as (es, cs): column cs of expert es */
+        int64_t es = e1, cs = 0;
         if (p + 1 < P && rows > 0) {
             const int64_t b = (p + 1) * rows / P * cols + ((p + 1) * rows % P) * cols / P;
-            e1 = 0;
-            while (e1 < m->E && m->off[e1 + 1] * cols <= b)
-                e1++;
-            if (e1 < m->E) {
-                const int64_t me = m->off[e1 + 1] - m->off[e1];
-                c1 = (b - m->off[e1] * cols + me / 2) / me;
-                c1 = (c1 + KT__MOE_COL_ALIGN / 2) / KT__MOE_COL_ALIGN * KT__MOE_COL_ALIGN;
-                if (c1 >= cols) {
-                    e1++;
-                    c1 = 0;
+            es = e0;
+            while (es < e1 && (m->off[es + 1] - base) * cols <= b)
+                es++;
+            if (es < e1) {
+                const int64_t me = m->off[es + 1] - m->off[es];
+                cs = (b - (m->off[es] - base) * cols + me / 2) / me;
+                cs = (cs + KT__MOE_COL_ALIGN / 2) / KT__MOE_COL_ALIGN * KT__MOE_COL_ALIGN;
+                if (cs >= cols) {
+                    es++;
+                    cs = 0;
                 }
             }
             /* never behind the previous split */
-            if (e1 < e || (e1 == e && c1 < c)) {
-                e1 = e;
-                c1 = c;
+            if (es < e || (es == e && cs < c)) {
+                es = e;
+                cs = c;
             }
         }
-        for (; e < e1 || (e == e1 && c < c1); e++, c = 0) {
-            const int64_t end = e == e1 ? c1 : cols;
+        for (; e < es || (e == es && c < cs); e++, c = 0) {
+            const int64_t end = e == es ? cs : cols;
             if (m->off[e + 1] == m->off[e] || end <= c)
                 continue;
             m->tasks[n].e = e;
             m->tasks[n].c0 = c;
             m->tasks[n].c1 = end;
             n++;
-            if (e == e1)
+            if (e == es)
                 break;
         }
-        e = e1;
-        c = c1;
-        m->part[p + 1] = n;
+        e = es;
+        c = cs;
+        m->part[p0 + p + 1] = n;
     }
+    return n;
+}
+
+int64_t kt__moe_plan_parts(kt_moe *m, int64_t cols)
+{
+    /* NUMA split: each node group's experts go to that group's threads only */
+    int64_t n = 0;
+    m->part[0] = 0;
+    for (int g = 0; g < m->n_groups; g++)
+        n = plan_range(m, cols, m->group_e[g], m->group_e[g + 1], m->group_t[g],
+                       m->group_t[g + 1], n);
     return n;
 }
 
