@@ -3,6 +3,7 @@
 #define _GNU_SOURCE /* cpu_set_t */
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -99,14 +100,32 @@ kt_status kt__numa_node_cpus(int node, cpu_set_t *set)
 }
 #endif
 
+/* Arenas this large ask for transparent huge pages: the MoE kernels walk weight matrices
+ * down their columns, one 4 KiB-apart row after another, and with 4 KiB pages every row is a
+ * TLB miss. */
+#define KT__HUGE_MIN (8u << 20)
+#define KT__HUGE_ALIGN (2u << 20)
+
+static void advise_huge(void *p, size_t size)
+{
+#ifdef MADV_HUGEPAGE
+    if (size >= KT__HUGE_MIN)
+        (void)madvise(p, size, MADV_HUGEPAGE); /* a hint: refused or unsupported is fine */
+#else
+    (void)p, (void)size;
+#endif
+}
+
 static kt_status plain_alloc(size_t size, void **ptr_out)
 {
     void *p = NULL;
-    if (size > SIZE_MAX - KT__PAGE_ALIGN) /* rounding up would wrap to a tiny block */
+    if (size > SIZE_MAX - KT__HUGE_ALIGN) /* rounding up would wrap to a tiny block */
         return kt__error(KT_ENOMEM, "arena: cannot allocate %zu bytes", size);
-    size_t rounded = (size + KT__PAGE_ALIGN - 1) / KT__PAGE_ALIGN * KT__PAGE_ALIGN;
-    if (posix_memalign(&p, KT__PAGE_ALIGN, rounded ? rounded : KT__PAGE_ALIGN) != 0)
+    size_t align = size >= KT__HUGE_MIN ? KT__HUGE_ALIGN : KT__PAGE_ALIGN;
+    size_t rounded = (size + align - 1) / align * align;
+    if (posix_memalign(&p, align, rounded ? rounded : align) != 0)
         return kt__error(KT_ENOMEM, "arena: cannot allocate %zu bytes", size);
+    advise_huge(p, rounded);
     *ptr_out = p;
     return KT_OK;
 }
@@ -127,6 +146,7 @@ kt_status kt__numa_alloc(size_t size, int node, void **ptr_out)
         if (p == NULL)
             return kt__error(KT_ENOMEM, "arena: cannot allocate %zu bytes on NUMA node %d",
                              size, node);
+        advise_huge(p, size);
         *ptr_out = p;
         return KT_OK;
     }

@@ -39,6 +39,7 @@
 
 #include "core/cpu_internal.h"
 #include "kt/tensor.h"
+#include "moe/amx_gemm.h"
 #include "moe/bf16_gemm.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -767,9 +768,21 @@ double kt__moe_scale_dot(int64_t n, const float *src, float s, const float *d, v
     return acc;
 }
 
+/* AMX where the CPU has it, for products with at least one full tile of rows (M is the rows
+ * of the product, the same for every block and thread of it: AMX and AVX-512 sum in different
+ * orders, so the choice must never depend on the block a call computes). Below that the tiles
+ * would be mostly padding and the AVX-512 kernels stream the weights as fast. */
+#define AMX_MIN_M 16
+
+static int use_amx(int64_t M) { return M >= AMX_MIN_M && kt__amx_usable(); }
+
 void kt__bf16_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
                       const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
+    if (use_amx(M)) {
+        kt__amx_gemm_nt(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+        return;
+    }
 #ifdef BF_HAVE_AVX512
     if (use_avx512()) {
         nt_avx512(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
@@ -782,6 +795,10 @@ void kt__bf16_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
 void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g, int64_t ldg,
                       const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
+    if (use_amx(M)) {
+        kt__amx_gemm_nn(M, N, k0, k1, g, ldg, w, ldw, y, ldy, accumulate);
+        return;
+    }
 #ifdef BF_HAVE_AVX512
     if (use_avx512()) {
         nn_avx512(M, N, k0, k1, g, ldg, w, ldw, y, ldy, accumulate);
@@ -795,6 +812,12 @@ void kt__bf16_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
                       const uint16_t *x, int64_t ldx, float *dw, int64_t lddw, float scale,
                       int accumulate)
 {
+    if (use_amx(M)) { /* the AMX kernel always adds: overwriting adds to zeros */
+        for (int64_t n = n0; !accumulate && n < n1; n++)
+            memset(dw + n * lddw, 0, (size_t)K * sizeof *dw);
+        kt__amx_gemm_tn_acc(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale);
+        return;
+    }
 #ifdef BF_HAVE_AVX512
     if (use_avx512()) {
         tn_avx512(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
