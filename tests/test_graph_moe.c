@@ -357,6 +357,70 @@ static void test_bindings(void **state)
     kt_moe_destroy(narrow);
 }
 
+/* What a trainer reads off a program to create its MoE layers and check its token ids:
+ * each moe op's binding and shapes, E from the router that chose the ids (unknown when the
+ * ids are an input), and the vocabulary of the integer inputs (embedding rows, classes). */
+static void test_program_queries(void **state)
+{
+    (void)state;
+    kt_graph *g = build(2, 1);
+    kt_program *p;
+    OK(kt_compile(g, NULL, &p));
+    assert_int_equal(kt_program_moe_count(p), 2);
+    for (int l = 0; l < 2; l++) {
+        kt_program_moe info;
+        char name[16];
+        OK(kt_program_moe_info(p, l, &info));
+        snprintf(name, sizeof name, "moe%d", l);
+        assert_string_equal(info.name, name);
+        assert_int_equal(info.binding, l);
+        assert_int_equal(info.tokens, T);
+        assert_int_equal(info.hidden, H);
+        assert_int_equal(info.top_k, K);
+        assert_int_equal(info.n_experts, E);
+        assert_int_equal(info.act_dtype, KT_F32);
+    }
+    kt_program_moe info;
+    TU_EXPECT_ERROR(kt_program_moe_info(p, 2, &info), KT_EINVAL, "index 2", "2 moe ops");
+    int64_t bound;
+    OK(kt_program_index_bound(p, "y", &bound));
+    assert_int_equal(bound, V); /* cross_entropy's classes */
+    OK(kt_program_index_bound(p, "x", &bound));
+    assert_int_equal(bound, -1);
+    TU_EXPECT_ERROR(kt_program_index_bound(p, "z", &bound), KT_EINVAL, "no input named 'z'");
+    kt_program_destroy(p);
+    kt_graph_destroy(g);
+
+    /* tokens -> embedding [7, H] -> moe with the routing as inputs -> head [H, 9] -> loss */
+    kt_value tok, ids, w, y, table, head, h, m, logits, loss;
+    OK(kt_graph_create(&g));
+    OK(kt_graph_input(g, "tokens", KT_I32, 1, TU_SHAPE(T), &tok));
+    OK(kt_graph_input(g, "ids", KT_I32, 2, TU_SHAPE(T, K), &ids));
+    OK(kt_graph_input(g, "w", KT_F32, 2, TU_SHAPE(T, K), &w));
+    OK(kt_graph_input(g, "y", KT_I32, 1, TU_SHAPE(T), &y));
+    OK(kt_graph_param(g, "table", KT_F32, 2, TU_SHAPE(7, H), kt_init_normal(0.3f), &table));
+    OK(kt_graph_param(g, "head", KT_F32, 2, TU_SHAPE(H, 9), kt_init_normal(0.3f), &head));
+    h = tu_op2(g, "embed", KT_OP_EMBEDDING, NULL, table, tok);
+    OK(kt_graph_op(g, "moe", KT_OP_MOE, &(kt_op_attrs){.binding = 3}, (kt_value[]){h, ids, w},
+                   3, &m));
+    logits = tu_op2(g, "logits", KT_OP_MATMUL, NULL, m, head);
+    loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100}, logits,
+                  y);
+    OK(kt_graph_set_loss(g, loss));
+    OK(kt_compile(g, NULL, &p));
+    OK(kt_program_moe_info(p, 0, &info));
+    assert_int_equal(info.binding, 3);
+    assert_int_equal(info.n_experts, 0);
+    OK(kt_program_index_bound(p, "tokens", &bound));
+    assert_int_equal(bound, 7);
+    OK(kt_program_index_bound(p, "y", &bound));
+    assert_int_equal(bound, 9);
+    OK(kt_program_index_bound(p, "ids", &bound));
+    assert_int_equal(bound, -1);
+    kt_program_destroy(p);
+    kt_graph_destroy(g);
+}
+
 /* A LoRA layer trains through the session's optimizer: after one SGD step every adapter
  * value moved by exactly -lr * its gradient; bf16 experts in full mode are refused. */
 static void test_moe_lora_trains(void **state)
@@ -444,6 +508,7 @@ int main(void)
         cmocka_unit_test(test_failure_injection),
         cmocka_unit_test(test_bindings),
         cmocka_unit_test(test_moe_lora_trains),
+        cmocka_unit_test(test_program_queries),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -80,6 +80,28 @@ kt_status kt_program_tensor_info(const kt_program *p, kt_tensor_role role, int i
  * slice of that dimension. */
 kt_status kt_program_shard_dim(const kt_program *p, const char *input, int *dim_out);
 
+/* The CPU MoE layers a program runs, so that a trainer can create them (kt/moe.h) without
+ * knowing the model: one entry per moe op, in schedule order. */
+typedef struct kt_program_moe {
+    const char *name;   /* the moe node's name (valid while the program lives) */
+    int binding;        /* its index in kt_session_options.moe_layers (the .ktg `layer`) */
+    int64_t tokens;     /* rows per call on one rank: x's first dimension */
+    int64_t hidden;     /* H: x's second dimension */
+    int64_t top_k;      /* k: the ids' second dimension */
+    int64_t n_experts;  /* E: the width of the logits of the topk_router op that chose the
+                         * ids; 0 when the ids come from elsewhere (an input, another op) */
+    kt_dtype act_dtype; /* x's dtype, the layer's act_dtype */
+} kt_program_moe;
+
+int kt_program_moe_count(const kt_program *p);
+kt_status kt_program_moe_info(const kt_program *p, int i, kt_program_moe *info_out);
+
+/* The values an integer input may hold: [0, bound), bound the smallest limit set by the ops
+ * that read the input directly (embedding ids: the table's rows; cross_entropy targets: the
+ * classes, ignore_index aside). -1 when none of them sets one. A data loader checks its
+ * token ids with it, so that a bad file is reported by its offset rather than by the op. */
+kt_status kt_program_index_bound(const kt_program *p, const char *input, int64_t *bound_out);
+
 /* A human-readable listing: steps, each buffer's offset and lifetime, the peak against the
  * lower bound, FLOPs. Writes at most size bytes (NUL-terminated); returns the length the
  * full text needs (like snprintf). */

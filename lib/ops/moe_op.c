@@ -49,8 +49,8 @@ static kt_status layer_of(const kt__op_call *c, kt_moe **out)
  * gathers the W*T rows in rank order, runs the layer on them as one batch (the result equals
  * one rank running the concatenated batch), agrees on the status with everyone before the
  * scatter (so a failure on rank 0 reaches every rank instead of leaving them waiting), and
- * scatters the rows back. Weight gradients are scaled by 1/W, matching data-parallel
- * averaging. */
+ * scatters the rows back. Weight gradients are the mean over the ranks, matching
+ * data-parallel averaging. */
 
 typedef struct dist {
     int world, rank;
@@ -140,6 +140,33 @@ static kt_status fwd_moe_dist(const kt__op_call *c)
     return scatter_rows(c, &d, &d.y, &c->out_w[0]);
 }
 
+/* t *= s in place, in t's dtype (arithmetic in f32).
+ *
+ * Each rank's loss is the mean over its own T tokens, so the output gradients gathered on
+ * rank 0 are W times those of the mean loss over all W*T tokens, and the ranks' backward
+ * expects input gradients of the same scale. Linear algebra does not care where the 1/W is
+ * applied, but rounding does: a layer with bf16 weights rounds the output gradients to bf16,
+ * and W*g rounds differently from g unless W is a power of two (with 3 ranks and bf16
+ * experts, the first step's parameter gradients differed from one rank's by 6x more than
+ * with this scaling; what remains comes from x itself rounding to bf16 after f32-level
+ * differences upstream). So rank 0 divides the
+ * gathered gradients by W, runs the layer's backward exactly as one rank would (weight
+ * gradient scale 1: the mean over the ranks), and multiplies the input gradients it returns
+ * by W, in f32. */
+static void scale_rows(kt_tensor *t, float s)
+{
+    float buf[KT__CHUNK];
+    int64_t n = kt_tensor_numel(t);
+    for (int64_t i = 0; i < n; i += KT__CHUNK) {
+        int64_t m = n - i < KT__CHUNK ? n - i : KT__CHUNK;
+        const float *in = kt__load_f32(t, i, m, buf);
+        float *out = kt__store_ptr(t, i, buf);
+        for (int64_t k = 0; k < m; k++)
+            out[k] = in[k] * s;
+        kt__store_commit(t, i, m, buf);
+    }
+}
+
 static kt_status bwd_moe_dist(const kt__op_call *c)
 {
     dist d;
@@ -155,8 +182,17 @@ static kt_status bwd_moe_dist(const kt__op_call *c)
         if (!want_w)
             gw.data = NULL;
         st = layer_of(c, &m);
-        if (st == KT_OK)
-            st = kt_moe_backward(m, &d.gy, &gx, &gw, 1.0f / (float)d.world);
+        if (st == KT_OK) {
+            /* the layer runs on the gradient of the mean loss over all ranks, the one a
+             * single rank would see; see scale_rows */
+            float w = (float)d.world;
+            scale_rows(&d.gy, 1.0f / w);
+            st = kt_moe_backward(m, &d.gy, &gx, &gw, 1.0f);
+            if (st == KT_OK && want_x)
+                scale_rows(&gx, w);
+            if (st == KT_OK && want_w)
+                scale_rows(&gw, w);
+        }
     }
     KT__TRY(kt_comm_agree(c->comm, st));
     if (want_x)

@@ -1,0 +1,91 @@
+/* What a data loader and a trainer need to know about a program beyond its tensor tables:
+ * the MoE layers its moe ops run, and the range of its integer inputs. Both are read off the
+ * forward schedule, so they work on any loaded .ktp file. */
+#include <string.h>
+
+#include "core/error.h"
+#include "graph/program_internal.h"
+
+/* The forward moe steps in schedule order (recompute clones live in the backward part). */
+static const kt__pstep *moe_step(const kt_program *p, int i)
+{
+    for (int32_t at = 0, seen = 0; at < p->n_forward; at++) {
+        const kt__pstep *ps = &p->steps[at];
+        if (ps->kind == KT__STEP_FORWARD && ps->op == KT_OP_MOE && seen++ == i)
+            return ps;
+    }
+    return NULL;
+}
+
+int kt_program_moe_count(const kt_program *p)
+{
+    int n = 0;
+    while (p != NULL && moe_step(p, n) != NULL)
+        n++;
+    return n;
+}
+
+/* E is not an attribute of the moe op: it is the width of the router logits that the ids
+ * were chosen from, when a topk_router op chose them. */
+static int64_t experts_of(const kt_program *p, int32_t ids_buf)
+{
+    for (int32_t at = 0; at < p->n_forward; at++) {
+        const kt__pstep *ps = &p->steps[at];
+        if (ps->kind == KT__STEP_FORWARD && ps->op == KT_OP_TOPK_ROUTER && ps->out[0] == ids_buf)
+            return p->bufs[ps->in[0]].meta.shape[1];
+    }
+    return 0;
+}
+
+kt_status kt_program_moe_info(const kt_program *p, int i, kt_program_moe *info_out)
+{
+    if (p == NULL || info_out == NULL)
+        return kt__error(KT_EINVAL, "kt_program_moe_info: NULL argument");
+    const kt__pstep *ps = i >= 0 ? moe_step(p, i) : NULL;
+    if (ps == NULL)
+        return kt__error(KT_EINVAL, "kt_program_moe_info: index %d out of range (the program "
+                         "has %d moe ops)", i, kt_program_moe_count(p));
+    const kt_tensor *x = &p->bufs[ps->in[0]].meta, *ids = &p->bufs[ps->in[1]].meta;
+    /* validation has checked the moe step's shapes: x [T,H], ids [T,k] */
+    *info_out = (kt_program_moe){.name = ps->name >= 0 ? kt__strings_get(&p->strings, ps->name)
+                                                       : "",
+                                 .binding = ps->attrs.binding,
+                                 .tokens = x->shape[0],
+                                 .hidden = x->shape[1],
+                                 .top_k = ids->shape[1],
+                                 .n_experts = experts_of(p, ps->in[1]),
+                                 .act_dtype = x->dtype};
+    return KT_OK;
+}
+
+/* The limit one forward step sets on buffer b when it reads it as indices, or -1. */
+static int64_t bound_from(const kt_program *p, const kt__pstep *ps, int32_t b)
+{
+    if (ps->kind != KT__STEP_FORWARD || ps->n_in < 2 || ps->in[1] != b)
+        return -1;
+    if (ps->op == KT_OP_EMBEDDING)
+        return p->bufs[ps->in[0]].meta.shape[0]; /* table [V, H] */
+    if (ps->op == KT_OP_CROSS_ENTROPY)
+        return p->bufs[ps->in[0]].meta.shape[1]; /* logits [N, V] */
+    return -1;
+}
+
+kt_status kt_program_index_bound(const kt_program *p, const char *input, int64_t *bound_out)
+{
+    if (p == NULL || input == NULL || bound_out == NULL)
+        return kt__error(KT_EINVAL, "kt_program_index_bound: NULL argument");
+    const kt__pentry *e = NULL;
+    for (int32_t i = 0; i < p->n_entries[KT_ROLE_INPUT] && e == NULL; i++)
+        if (strcmp(kt__strings_get(&p->strings, p->entries[KT_ROLE_INPUT][i].name), input) == 0)
+            e = &p->entries[KT_ROLE_INPUT][i];
+    if (e == NULL)
+        return kt__error(KT_EINVAL, "kt_program_index_bound: no input named '%s'", input);
+    int64_t bound = -1;
+    for (int32_t at = 0; at < p->n_forward; at++) {
+        int64_t b = bound_from(p, &p->steps[at], e->buf);
+        if (b >= 0 && (bound < 0 || b < bound))
+            bound = b;
+    }
+    *bound_out = bound;
+    return KT_OK;
+}

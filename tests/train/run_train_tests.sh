@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# kt-train end to end: context-parallel training of examples/lm.ktg (embedding, causal conv
+# with halo, router + CPU MoE, sharded along time) equals training on one rank.
+#
+# The model is compiled once for the whole window (T=48 tokens, one rank) and once per rank
+# for W = 2 and 3 (T = 24, 16). Then:
+#   - one rank, and W ranks under kt-launch over shm and over tcp (loopback): with SGD every
+#     step's loss equals the one-rank loss within 1e-4 relative, and the saved parameters and
+#     experts equal the one-rank ones within 1e-5 of each tensor's largest magnitude (the sums
+#     are reordered across ranks, so not bitwise; seen: <= 1e-6). With AdamW the losses are
+#     compared (1e-4): Adam divides each gradient by its own running magnitude, so on
+#     near-zero gradient elements it turns rounding-level differences into visible parameter
+#     differences (seen: 4e-5 on 3 ranks) that say nothing about correctness.
+#     And once with LoRA experts on 3 ranks over shm.
+#   - 30 steps on a repeating token pattern: the last loss is below half the first
+#   - a token id outside the vocabulary: exit 1 and a message naming its offset
+# Without UCX (KT_LAUNCH "none") the multi-rank runs are skipped.
+#
+# usage: run_train_tests.sh KT_GRAPHC KT_TRAIN TRAIN_CHECK KT_LAUNCH|none WORKDIR
+set -uo pipefail
+abs() { case $1 in /* | none) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+graphc=$(abs "$1") train=$(abs "$2") check=$(abs "$3") launch=$(abs "$4") work=$5
+src=$(cd "$(dirname "$0")/../.." && pwd)
+mkdir -p "$work" && cd "$work" || exit 1
+rm -f ./*.txt ./*.safetensors ./*.ktp ./*.bin ./*.log
+
+failures=0 checks=0
+ok() { checks=$((checks + 1)); echo "ok: $*"; }
+fail() { checks=$((checks + 1)); failures=$((failures + 1)); echo "FAIL: $*"; }
+# expect WHAT COMMAND...: the command (a checker) exits 0
+expect() {
+  local what=$1 out
+  shift
+  if out=$("$@" 2>&1); then ok "$what: ${out#ok: }"; else fail "$what: $out"; fi
+}
+
+# ---- the programs and the data ---------------------------------------------------------------
+sizes=(-D H=32 -D VOCAB=64 -D E=4 -D L=2 -D K=4 -D TOPK=2)
+for w in 1 2 3; do
+  if ! "$graphc" "$src/examples/lm.ktg" -o "lm$w.ktp" -D T=$((48 / w)) "${sizes[@]}" > /dev/null
+  then
+    echo "FAIL: kt-graphc examples/lm.ktg (T=$((48 / w)))"
+    exit 1
+  fi
+done
+if ! { "$check" tokens markov.bin 4096 64 markov && "$check" tokens repeat.bin 4096 64 repeat &&
+       "$check" tokens bad.bin 4096 64 markov 77; }; then
+  echo "FAIL: writing the token files"
+  exit 1
+fi
+
+common=(--data markov.bin --steps 5 --threads 1 --log-every 5)
+sgd=(--optimizer sgd --lr 0.5)
+adamw=(--optimizer adamw --lr 0.01)
+
+# train NAME RANKS TRANSPORT ARGS...: one run; its output goes to NAME.log
+train() {
+  local name=$1 n=$2 tr=$3
+  shift 3
+  if [ "$n" -eq 1 ]; then
+    "$train" "$@" > "$name.log" 2>&1
+  else
+    timeout 120 "$launch" -n "$n" --transport "$tr" --timeout-ms 20000 -- "$train" "$@" \
+      > "$name.log" 2>&1
+  fi
+  local rc=$?
+  [ "$rc" -eq 0 ] || { fail "$name: kt-train exited with $rc"; sed 's/^/    /' "$name.log"; }
+  return "$rc"
+}
+
+# ---- one rank: the reference runs -----------------------------------------------------------
+train ref_sgd 1 - lm1.ktp "${common[@]}" "${sgd[@]}" --losses ref_sgd.txt \
+  --save ref_sgd.safetensors || exit 1
+train ref_adamw 1 - lm1.ktp "${common[@]}" "${adamw[@]}" --losses ref_adamw.txt || exit 1
+train ref_lora 1 - lm1.ktp "${common[@]}" "${sgd[@]}" --moe-mode lora --losses ref_lora.txt \
+  --save ref_lora.safetensors || exit 1
+ok "one rank: $(grep -h "^step 5/5" ref_sgd.log) (sgd)"
+
+# ---- W ranks against one ----------------------------------------------------------------------
+if [ "$launch" = none ]; then
+  echo "skipped: the multi-rank runs (this libkt is built without UCX)"
+else
+  for tr in shm tcp; do
+    if [ "$tr" = tcp ]; then export UCX_NET_DEVICES=lo; else unset UCX_NET_DEVICES; fi
+    for n in 2 3; do
+      run="${tr}_$n"
+      if train "${run}_sgd" "$n" "$tr" "lm$n.ktp" "${common[@]}" "${sgd[@]}" \
+           --losses "${run}_sgd.txt" --save "${run}_sgd.safetensors"; then
+        expect "$run sgd losses" "$check" losses "${run}_sgd.txt" ref_sgd.txt 1e-4
+        expect "$run sgd parameters" "$check" params "${run}_sgd.safetensors" \
+          ref_sgd.safetensors 1e-5
+        expect "$run sgd experts" "$check" params "${run}_sgd.experts.safetensors" \
+          ref_sgd.experts.safetensors 1e-5
+      fi
+      if train "${run}_adamw" "$n" "$tr" "lm$n.ktp" "${common[@]}" "${adamw[@]}" \
+           --losses "${run}_adamw.txt"; then
+        expect "$run adamw losses" "$check" losses "${run}_adamw.txt" ref_adamw.txt 1e-4
+      fi
+    done
+  done
+  unset UCX_NET_DEVICES
+  # LoRA experts: rank 0 trains the adapters with the session's optimizer
+  if train shm_3_lora 3 shm lm3.ktp "${common[@]}" "${sgd[@]}" --moe-mode lora \
+       --losses shm_3_lora.txt --save shm_3_lora.safetensors; then
+    expect "shm_3 lora losses" "$check" losses shm_3_lora.txt ref_lora.txt 1e-4
+    expect "shm_3 lora parameters" "$check" params shm_3_lora.safetensors ref_lora.safetensors \
+      1e-5
+    expect "shm_3 lora adapters" "$check" params shm_3_lora.experts.safetensors \
+      ref_lora.experts.safetensors 1e-5
+  fi
+fi
+
+# ---- the loss goes down ---------------------------------------------------------------------
+if train decrease 1 - lm1.ktp --data repeat.bin --steps 30 --threads 1 --log-every 10 \
+     "${adamw[@]}" --losses decrease.txt; then
+  expect "30 steps on a repeating pattern" "$check" decrease decrease.txt 0.5
+fi
+
+# ---- a token id outside the vocabulary -------------------------------------------------------
+"$train" lm1.ktp --data bad.bin --steps 5 --threads 1 > bad.log 2>&1
+rc=$?
+if [ "$rc" -eq 1 ] && grep -q "bad.bin: token 77 (byte offset 154) is 64, outside" bad.log; then
+  ok "bad token id: exit 1, $(grep -h "token 77" bad.log)"
+else
+  fail "bad token id: exit $rc (want 1 and a message naming token 77, byte offset 154)"
+  sed 's/^/    /' bad.log
+fi
+
+echo "$((checks - failures)) passed, $failures failed"
+[ "$failures" -eq 0 ]

@@ -1,0 +1,272 @@
+/* The training data: a flat binary file of token ids (u8, u16 or i32, little-endian, as
+ * llm.c writes them; u8 makes any text file a byte-level corpus).
+ *
+ * Step s reads the window of T + 1 tokens starting at token s * T, wrapping around the end
+ * of the file, where T is the number of tokens one step consumes over all ranks. The tokens
+ * input gets the first T, the targets input the same window shifted by one. Each input is
+ * filled as if it held the whole window (row-major in its global shape, the shard dimension
+ * W times longer) and every rank keeps its own slice along the shard dimension: for the 1-D
+ * token inputs of examples/lm.ktg, rank r gets tokens [r T/W, (r+1) T/W). Every rank reads
+ * and checks the whole window, so a bad token id stops every rank at the same step with the
+ * same message. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "train.h"
+
+/* ---- the program side: which inputs get tokens, and their shapes over all ranks ---------- */
+
+static int find_input(const kt_program *p, const char *name)
+{
+    for (int i = 0; i < kt_program_count(p, KT_ROLE_INPUT); i++) {
+        const char *n;
+        if (kt_program_tensor_info(p, KT_ROLE_INPUT, i, &n, NULL) == KT_OK && strcmp(n, name) == 0)
+            return i;
+    }
+    return -1;
+}
+
+static int bind_feed(feed *f, const char *name, int shift, const kt_program *p, kt_session *s,
+                     const ranks *r)
+{
+    f->name = name;
+    f->shift = shift;
+    if (kt_session_tensor(s, KT_ROLE_INPUT, name, &f->view) != KT_OK ||
+        kt_program_shard_dim(p, name, &f->shard_dim) != KT_OK)
+        return train_fail("cannot bind a program input", kt_last_error());
+    if (f->view.dtype != KT_I32 && f->view.dtype != KT_I64) {
+        fprintf(stderr, "kt-train: program input '%s' is %s; token ids need i32 or i64\n", name,
+                kt_dtype_name(f->view.dtype));
+        return 1;
+    }
+    if (f->shard_dim >= f->view.ndim) {
+        fprintf(stderr, "kt-train: program input '%s' is sharded along dimension %d, but has %d\n",
+                name, f->shard_dim, f->view.ndim);
+        return 1;
+    }
+    for (int k = 0; k < f->view.ndim; k++)
+        f->global[k] = f->view.shape[k] * (k == f->shard_dim ? r->world : 1);
+    return 0;
+}
+
+static int64_t global_numel(const feed *f)
+{
+    int64_t n = 1;
+    for (int k = 0; k < f->view.ndim; k++)
+        n *= f->global[k];
+    return n;
+}
+
+/* Every program input is a token input kt-train feeds: no other data source exists. */
+static int check_inputs_fed(const token_data *d, const train_args *a, const kt_program *p)
+{
+    for (int i = 0; i < kt_program_count(p, KT_ROLE_INPUT); i++) {
+        const char *name;
+        kt_program_tensor_info(p, KT_ROLE_INPUT, i, &name, NULL);
+        int fed = 0;
+        for (int k = 0; k < d->n_feeds; k++)
+            fed |= strcmp(d->feeds[k].name, name) == 0;
+        if (!fed) {
+            fprintf(stderr, "kt-train: the program takes input '%s', which kt-train cannot feed: "
+                    "it feeds token ids to '%s' and the next tokens to '%s' (see "
+                    "--input-tokens, --input-targets)\n", name, a->tokens_input,
+                    a->targets_input);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int bind_inputs(token_data *d, const train_args *a, const kt_program *p, kt_session *s,
+                       const ranks *r)
+{
+    if (find_input(p, a->tokens_input) < 0) {
+        fprintf(stderr, "kt-train: %s has no input named '%s' (the token ids; see "
+                "--input-tokens)\n", a->program, a->tokens_input);
+        return 1;
+    }
+    if (bind_feed(&d->feeds[0], a->tokens_input, 0, p, s, r) != 0)
+        return 1;
+    d->n_feeds = 1;
+    if (find_input(p, a->targets_input) >= 0) {
+        if (bind_feed(&d->feeds[1], a->targets_input, 1, p, s, r) != 0)
+            return 1;
+        d->n_feeds = 2;
+    }
+    if (check_inputs_fed(d, a, p) != 0)
+        return 1;
+    d->window = global_numel(&d->feeds[0]);
+    if (d->n_feeds == 2 && global_numel(&d->feeds[1]) != d->window) {
+        fprintf(stderr, "kt-train: input '%s' takes %lld tokens per step over %d rank%s, but "
+                "'%s' takes %lld: they must be the same window\n", d->feeds[1].name,
+                (long long)global_numel(&d->feeds[1]), r->world, r->world == 1 ? "" : "s",
+                d->feeds[0].name, (long long)d->window);
+        return 1;
+    }
+    /* the ids must fit every op that reads them as indices */
+    d->bound = -1;
+    for (int k = 0; k < d->n_feeds; k++) {
+        int64_t b;
+        if (kt_program_index_bound(p, d->feeds[k].name, &b) != KT_OK)
+            return train_fail("cannot read the program's vocabulary", kt_last_error());
+        if (b >= 0 && (d->bound < 0 || b < d->bound))
+            d->bound = b;
+    }
+    return 0;
+}
+
+/* ---- the file side ------------------------------------------------------------------------ */
+
+static int open_file(token_data *d, const train_args *a)
+{
+    d->path = a->data;
+    d->token_bytes = a->token_bytes;
+    d->header = a->data_header;
+    d->file = fopen(a->data, "rb");
+    struct stat st;
+    if (d->file == NULL || fstat(fileno(d->file), &st) != 0) {
+        fprintf(stderr, "kt-train: cannot open the data file %s: %s\n", a->data, strerror(errno));
+        return 1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        fprintf(stderr, "kt-train: the data file %s is not a regular file\n", a->data);
+        return 1;
+    }
+    int64_t payload = (int64_t)st.st_size - d->header;
+    if (payload < 0 || payload % d->token_bytes != 0) {
+        fprintf(stderr, "kt-train: %s: %lld bytes%s are not a whole number of %d-byte tokens "
+                "(wrong --data-format?)\n", a->data, (long long)payload,
+                d->header ? " after the header" : "", d->token_bytes);
+        return 1;
+    }
+    d->n_tokens = payload / d->token_bytes;
+    if (d->n_tokens < d->window + 1) {
+        fprintf(stderr, "kt-train: %s holds %lld tokens; one step needs %lld (a window of %lld "
+                "tokens and the next one for the targets)\n", a->data, (long long)d->n_tokens,
+                (long long)d->window + 1, (long long)d->window);
+        return 1;
+    }
+    return 0;
+}
+
+int data_open(token_data *d, const train_args *a, const kt_program *p, kt_session *s,
+              const ranks *r)
+{
+    memset(d, 0, sizeof *d);
+    if (bind_inputs(d, a, p, s, r) != 0 || open_file(d, a) != 0)
+        return 1;
+    d->buf = malloc(sizeof *d->buf * (size_t)(d->window + 1));
+    if (d->buf == NULL)
+        return train_fail("out of memory for the token window", NULL);
+    return 0;
+}
+
+void data_close(token_data *d)
+{
+    if (d->file != NULL)
+        fclose(d->file);
+    free(d->buf);
+    memset(d, 0, sizeof *d);
+}
+
+/* Little-endian token `i` of a raw block. */
+static int64_t token_at(const unsigned char *raw, int bytes, int64_t i)
+{
+    const unsigned char *b = raw + i * bytes;
+    if (bytes == 1)
+        return b[0];
+    if (bytes == 2)
+        return (int64_t)b[0] | (int64_t)b[1] << 8;
+    uint32_t u = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    return (int32_t)u; /* i32: negative ids are read as such, and refused below */
+}
+
+/* n tokens from token position `first` (no wrap) into out. */
+static int read_run(token_data *d, int64_t first, int64_t n, int64_t *out)
+{
+    unsigned char chunk[4096];
+    int64_t per = (int64_t)sizeof chunk / d->token_bytes;
+    if (fseeko(d->file, (off_t)(d->header + first * d->token_bytes), SEEK_SET) != 0)
+        goto io_error;
+    for (int64_t done = 0; done < n;) {
+        int64_t m = n - done < per ? n - done : per;
+        if (fread(chunk, (size_t)d->token_bytes, (size_t)m, d->file) != (size_t)m)
+            goto io_error;
+        for (int64_t i = 0; i < m; i++)
+            out[done + i] = token_at(chunk, d->token_bytes, i);
+        done += m;
+    }
+    return 0;
+io_error:
+    fprintf(stderr, "kt-train: cannot read %s at token %lld: %s\n", d->path, (long long)first,
+            ferror(d->file) ? strerror(errno) : "the file is shorter than it was");
+    return 1;
+}
+
+static int check_ids(const token_data *d, int64_t start)
+{
+    for (int64_t i = 0; i <= d->window; i++) {
+        int64_t v = d->buf[i];
+        if (v >= 0 && (d->bound < 0 || v < d->bound))
+            continue;
+        int64_t at = (start + i) % d->n_tokens;
+        char range[64] = "";
+        if (d->bound >= 0)
+            snprintf(range, sizeof range, ", outside the model's vocabulary [0, %lld)",
+                     (long long)d->bound);
+        fprintf(stderr, "kt-train: %s: token %lld (byte offset %lld) is %lld%s\n", d->path,
+                (long long)at, (long long)(d->header + at * d->token_bytes), (long long)v,
+                d->bound >= 0 ? range : ", a negative id");
+        return 1;
+    }
+    return 0;
+}
+
+/* This rank's elements of one input, taken from the window as if the input held it whole. */
+static void fill_feed(const feed *f, const int64_t *window, const ranks *r)
+{
+    const kt_tensor *t = &f->view;
+    int64_t n = kt_tensor_numel(t), idx[KT_MAX_DIMS] = {0};
+    for (int64_t i = 0; i < n; i++) {
+        int64_t g = 0; /* the flat index in the global shape */
+        for (int k = 0; k < t->ndim; k++) {
+            int64_t at = idx[k] + (k == f->shard_dim ? (int64_t)r->rank * t->shape[k] : 0);
+            g = g * f->global[k] + at;
+        }
+        int64_t v = window[f->shift + g];
+        if (t->dtype == KT_I32)
+            ((int32_t *)t->data)[i] = (int32_t)v;
+        else
+            ((int64_t *)t->data)[i] = v;
+        for (int k = t->ndim - 1; k >= 0 && ++idx[k] == t->shape[k]; k--)
+            idx[k] = 0; /* the next row-major index */
+    }
+}
+
+/* a * b mod m without overflow, for any step count and file size */
+static int64_t mul_mod(int64_t a, int64_t b, int64_t m)
+{
+    uint64_t r = 0, x = (uint64_t)(a % m), y = (uint64_t)(b % m), um = (uint64_t)m;
+    for (; y > 0; y >>= 1) {
+        if (y & 1)
+            r = r >= um - x ? r - (um - x) : r + x;
+        x = x >= um - x ? x - (um - x) : x + x;
+    }
+    return (int64_t)r;
+}
+
+int data_load_step(token_data *d, int64_t step, const ranks *r)
+{
+    int64_t start = mul_mod(step, d->window, d->n_tokens);
+    int64_t need = d->window + 1, first = d->n_tokens - start < need ? d->n_tokens - start : need;
+    if (read_run(d, start, first, d->buf) != 0 ||
+        (first < need && read_run(d, 0, need - first, d->buf + first) != 0))
+        return 1;
+    if (check_ids(d, start) != 0)
+        return 1;
+    for (int k = 0; k < d->n_feeds; k++)
+        fill_feed(&d->feeds[k], d->buf, r);
+    return 0;
+}

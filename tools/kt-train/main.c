@@ -1,0 +1,371 @@
+/* kt-train: trains a compiled program (.ktp) on a token file, on one rank or, under a
+ * launcher, context-parallel over several (docs/parallel.md).
+ *
+ *   kt-train model.ktp --data TOKENS --steps N [options]
+ *
+ * Exit status: 0 success, 1 error (one line "kt-train: ..." naming what and where), 2 usage
+ * error. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: kt-train model.ktp --data TOKENS --steps N [options]\n"
+        "\n"
+        "Trains a compiled libkt program on a file of token ids: each step feeds a window of\n"
+        "the file to the program's token input (and the window shifted by one token to its\n"
+        "targets input), runs forward and backward, and applies the optimizer. Under a\n"
+        "launcher (kt-launch -n W, torchrun, mpirun, srun) the W ranks train one model\n"
+        "context-parallel: the window is W times the program's token count, each rank feeds\n"
+        "its slice along the inputs' shard dimension (.ktg 'shard'), rank 0 runs the MoE\n"
+        "experts, and gradients and the loss are averaged over the ranks. Compile the program\n"
+        "with the per-rank token count (kt-graphc -D T=...).\n"
+        "\n"
+        "data:\n"
+        "  --data FILE           flat binary token ids; step s reads T+1 tokens from token\n"
+        "                        s*T on (T: tokens per step over all ranks), wrapping around\n"
+        "                        the end; ids outside the model's vocabulary are an error\n"
+        "  --data-format F       u8 (any file as bytes), u16 or i32, little-endian (default\n"
+        "                        u16)\n"
+        "  --data-header BYTES   skip a header (1024 for llm.c's .bin files; default 0)\n"
+        "  --input-tokens NAME   the program input that gets the tokens (default tokens)\n"
+        "  --input-targets NAME  the one that gets the next tokens (default targets; not fed\n"
+        "                        when the program has no such input)\n"
+        "\n"
+        "training:\n"
+        "  --steps N             optimizer steps (required)\n"
+        "  --optimizer O         adamw (default) or sgd\n"
+        "  --lr X                learning rate (default 1e-3 for adamw, 0.1 for sgd)\n"
+        "  --seed S              parameter and expert initialisation (default 1); the same\n"
+        "                        on every rank\n"
+        "  --params FILE         start from these parameters (safetensors, every one of the\n"
+        "                        program's) instead of the seed's\n"
+        "  --threads N           threads per rank (default: KT_NUM_THREADS or the CPU count)\n"
+        "\n"
+        "MoE layers (one per moe op; E and k from the program's router, H from its input):\n"
+        "  --moe-inter I         expert intermediate size (default 2*H)\n"
+        "  --moe-dtype D         expert weights f32 (default) or bf16\n"
+        "  --moe-mode M          full (default: train every expert weight; needs f32), lora\n"
+        "                        (rank-8 adapters, alpha 16) or frozen\n"
+        "  --experts FILE        start from these expert weights (as --save writes them)\n"
+        "\n"
+        "output:\n"
+        "  --log-every K         progress line every K steps (default 1), on rank 0:\n"
+        "                        'step 3/20 loss 6.2145 (123 ms, 2100 tokens/s)'\n"
+        "  --losses FILE         one loss per line (%%.9g), the mean over the ranks\n"
+        "  --save FILE           the parameters at the end (safetensors, by name), on rank\n"
+        "                        0; the experts (and LoRA adapters) of every MoE layer go\n"
+        "                        to out.experts.safetensors for --save out.safetensors, as\n"
+        "                        moe.<layer>.experts.<e>.<proj>.weight (kt_moe_save's names)\n"
+        "  -h, --help            this text\n"
+        "\n"
+        "Exit status: 0 success, 1 error, 2 usage error.\n");
+}
+
+static int usage_error(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "kt-train: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(see kt-train --help)\n");
+    return 2;
+}
+
+int train_fail(const char *what, const char *detail)
+{
+    fprintf(stderr, "kt-train: %s%s%s\n", what, detail && *detail ? ": " : "",
+            detail ? detail : "");
+    return 1;
+}
+
+/* ---- options ------------------------------------------------------------------------------ */
+
+static int parse_i64(const char *opt, const char *v, int64_t lo, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (*v == '\0' || *end != '\0' || errno != 0 || x < lo) {
+        fprintf(stderr, "kt-train: %s needs a whole number >= %lld, not '%s'\n(see kt-train "
+                "--help)\n", opt, (long long)lo, v);
+        return 2;
+    }
+    *out = x;
+    return 0;
+}
+
+static int parse_choice(const char *opt, const char *v, const char *const *names, int n,
+                        int *out)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(v, names[i]) == 0) {
+            *out = i;
+            return 0;
+        }
+    fprintf(stderr, "kt-train: %s: unknown value '%s'\n(see kt-train --help)\n", opt, v);
+    return 2;
+}
+
+/* Options that take a value; 0 done, 2 usage error. */
+static int parse_value(train_args *a, const char *opt, const char *v)
+{
+    static const char *const formats[] = {"u8", "u16", "i32"};
+    static const char *const optimizers[] = {"sgd", "adamw"};   /* kt_optimizer_kind order */
+    static const char *const modes[] = {"frozen", "lora", "full"}; /* kt_moe_mode order */
+    static const char *const dtypes[] = {"f32", "bf16"};
+    int64_t x;
+    int c, rc = 0;
+    const char **file = strcmp(opt, "--data") == 0            ? &a->data
+                      : strcmp(opt, "--params") == 0          ? &a->params
+                      : strcmp(opt, "--experts") == 0         ? &a->experts
+                      : strcmp(opt, "--save") == 0            ? &a->save
+                      : strcmp(opt, "--losses") == 0          ? &a->losses
+                      : strcmp(opt, "--input-tokens") == 0    ? &a->tokens_input
+                      : strcmp(opt, "--input-targets") == 0   ? &a->targets_input
+                                                              : NULL;
+    if (file != NULL) {
+        *file = v;
+    } else if (strcmp(opt, "--data-format") == 0) {
+        if ((rc = parse_choice(opt, v, formats, 3, &c)) == 0)
+            a->token_bytes = c == 0 ? 1 : c == 1 ? 2 : 4;
+    } else if (strcmp(opt, "--data-header") == 0) {
+        rc = parse_i64(opt, v, 0, &a->data_header);
+    } else if (strcmp(opt, "--steps") == 0) {
+        rc = parse_i64(opt, v, 1, &a->steps);
+    } else if (strcmp(opt, "--log-every") == 0) {
+        rc = parse_i64(opt, v, 1, &a->log_every);
+    } else if (strcmp(opt, "--seed") == 0) {
+        if ((rc = parse_i64(opt, v, 0, &x)) == 0)
+            a->seed = (uint64_t)x;
+    } else if (strcmp(opt, "--moe-inter") == 0) {
+        rc = parse_i64(opt, v, 1, &a->moe_inter);
+    } else if (strcmp(opt, "--threads") == 0) {
+        if ((rc = parse_i64(opt, v, 1, &x)) == 0 && x > 4096)
+            rc = usage_error("--threads %s is more than 4096", v);
+        if (rc == 0)
+            a->threads = (int)x;
+    } else if (strcmp(opt, "--optimizer") == 0) {
+        if ((rc = parse_choice(opt, v, optimizers, 2, &c)) == 0)
+            a->optimizer = (kt_optimizer_kind)c;
+    } else if (strcmp(opt, "--moe-mode") == 0) {
+        if ((rc = parse_choice(opt, v, modes, 3, &c)) == 0)
+            a->moe_mode = (kt_moe_mode)c;
+    } else if (strcmp(opt, "--moe-dtype") == 0) {
+        if ((rc = parse_choice(opt, v, dtypes, 2, &c)) == 0)
+            a->moe_dtype = c == 0 ? KT_F32 : KT_BF16;
+    } else if (strcmp(opt, "--lr") == 0) {
+        char *end;
+        a->lr = strtof(v, &end);
+        if (*v == '\0' || *end != '\0' || !(a->lr > 0) || a->lr > 1e6f)
+            rc = usage_error("--lr needs a positive number, not '%s'", v);
+    } else {
+        rc = usage_error("unknown option '%s'", opt);
+    }
+    return rc;
+}
+
+static int takes_value(const char *opt)
+{
+    static const char *const opts[] = {
+        "--data", "--data-format", "--data-header", "--input-tokens", "--input-targets",
+        "--steps", "--optimizer", "--lr", "--seed", "--params", "--threads", "--moe-inter",
+        "--moe-dtype", "--moe-mode", "--experts", "--log-every", "--losses", "--save"};
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
+        if (strcmp(opt, opts[i]) == 0)
+            return 1;
+    return 0;
+}
+
+/* 0 on success, 2 (usage error), or -1 after --help. */
+static int parse_args(int argc, char **argv, train_args *a)
+{
+    *a = (train_args){.tokens_input = "tokens", .targets_input = "targets", .token_bytes = 2,
+                      .log_every = 1, .lr = -1.0f, .optimizer = KT_OPTIM_ADAMW, .seed = 1,
+                      .moe_dtype = KT_F32, .moe_mode = KT_MOE_FULL};
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        int rc = 0;
+        if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
+            usage(stdout);
+            return -1;
+        } else if (arg[0] == '-' && arg[1] != '\0') {
+            if (!takes_value(arg))
+                rc = usage_error("unknown option '%s'", arg);
+            else if (i + 1 >= argc)
+                rc = usage_error("%s needs a value", arg);
+            else
+                rc = parse_value(a, arg, argv[++i]);
+        } else if (a->program == NULL) {
+            a->program = arg;
+        } else {
+            rc = usage_error("unexpected argument '%s' (one program file only)", arg);
+        }
+        if (rc != 0)
+            return rc;
+    }
+    if (a->program == NULL)
+        return usage_error("%s", "no program file given");
+    if (a->data == NULL)
+        return usage_error("%s", "--data is required");
+    if (a->steps <= 0)
+        return usage_error("%s", "--steps is required");
+    if (a->moe_mode == KT_MOE_FULL && a->moe_dtype == KT_BF16)
+        return usage_error("%s", "--moe-mode full trains f32 expert weights: use --moe-dtype "
+                           "f32, or --moe-mode lora or frozen with bf16");
+    if (a->lr < 0)
+        a->lr = a->optimizer == KT_OPTIM_SGD ? 0.1f : 1e-3f;
+    return 0;
+}
+
+/* ---- setup and teardown ------------------------------------------------------------------ */
+
+typedef struct trainer {
+    ranks r;
+    kt_program *p;
+    kt_threadpool *pool;
+    moe_layers moe;
+    kt_session *s;
+    token_data data;
+} trainer;
+
+static int load_program(trainer *t, const train_args *a)
+{
+    if (kt_program_load(a->program, &t->p) != KT_OK)
+        return train_fail("cannot load the program", kt_last_error());
+    kt_program_stats st;
+    kt_program_get_stats(t->p, &st);
+    if (st.n_backward_steps == 0) {
+        fprintf(stderr, "kt-train: %s has no loss (or was compiled with --forward-only): "
+                "there is nothing to train\n", a->program);
+        return 1;
+    }
+    return 0;
+}
+
+static int create_session(trainer *t, const train_args *a)
+{
+    kt_session_options so = {.pool = t->pool,
+                             .seed = a->seed,
+                             .optimizer = {.kind = a->optimizer, .lr = a->lr},
+                             .moe_layers = t->moe.layers,
+                             .n_moe_layers = t->moe.n,
+                             .comm = t->r.comm};
+    if (kt_session_create(t->p, &so, &t->s) != KT_OK)
+        return train_fail("cannot create the session", kt_last_error());
+    if (a->params != NULL && kt_session_load(t->s, a->params, 0) != KT_OK)
+        return train_fail("cannot load the parameters", kt_last_error());
+    return 0;
+}
+
+static void print_summary(const trainer *t, const train_args *a)
+{
+    kt_program_stats st;
+    kt_program_get_stats(t->p, &st);
+    int64_t per_rank = t->data.window / t->r.world;
+    printf("kt-train: %s: %d rank%s, %lld tokens per step (%lld per rank), %lld parameter "
+           "bytes, %s lr %g\n", a->program, t->r.world, t->r.world == 1 ? "" : "s",
+           (long long)t->data.window, (long long)per_rank, (long long)st.param_bytes,
+           a->optimizer == KT_OPTIM_ADAMW ? "adamw" : "sgd", (double)a->lr);
+    if (t->moe.n_ops > 0) {
+        static const char *const modes[] = {"frozen", "lora", "full"};
+        const kt_moe_config *c = &t->moe.first;
+        printf("kt-train: %d MoE layer%s (E=%lld, k=%lld, H=%lld, I=%lld, %s, %s)%s\n",
+               t->moe.n_ops, t->moe.n_ops == 1 ? "" : "s", (long long)c->n_experts,
+               (long long)c->top_k, (long long)c->hidden, (long long)c->intermediate,
+               kt_dtype_name(c->weight_dtype), modes[c->mode],
+               t->r.world > 1 ? ", experts on rank 0" : "");
+    }
+    printf("kt-train: data %s: %lld tokens\n", a->data, (long long)t->data.n_tokens);
+    fflush(stdout);
+}
+
+/* Everything before the first step. The parts that differ between ranks (rank 0's MoE
+ * layers and the sessions that bind them) are agreed on, so that no rank starts training
+ * while another has failed; the rest fails the same way on every rank. */
+static int setup(trainer *t, const train_args *a)
+{
+    if (ranks_open(&t->r) != 0 || load_program(t, a) != 0)
+        return 1;
+    if (kt_threadpool_create(a->threads, &t->pool) != KT_OK)
+        return train_fail("cannot start the thread pool", kt_last_error());
+    int rc = moe_setup(&t->moe, a, t->p, &t->r, t->pool);
+    if (rc == 0)
+        rc = create_session(t, a);
+    if (ranks_agree(&t->r, rc == 0 ? KT_OK : KT_EINVAL) != KT_OK) {
+        if (rc == 0) /* another rank failed and has said why; say where this one stopped */
+            fprintf(stderr, "kt-train: rank %d: stopping: %s\n", t->r.rank, kt_last_error());
+        return 1;
+    }
+    if (data_open(&t->data, a, t->p, t->s, &t->r) != 0)
+        return 1;
+    if (t->r.rank == 0)
+        print_summary(t, a);
+    return 0;
+}
+
+/* "out.safetensors" -> "out.experts.safetensors"; other names get ".experts.safetensors". */
+static char *experts_path(const char *save)
+{
+    static const char ext[] = ".safetensors";
+    size_t n = strlen(save), e = sizeof ext - 1;
+    size_t stem = n >= e && strcmp(save + n - e, ext) == 0 ? n - e : n;
+    char *path = malloc(stem + sizeof ".experts" + e);
+    if (path != NULL)
+        snprintf(path, stem + sizeof ".experts" + e, "%.*s.experts%s", (int)stem, save, ext);
+    return path;
+}
+
+static int save(trainer *t, const train_args *a)
+{
+    if (kt_session_save(t->s, a->save, 0) != KT_OK)
+        return train_fail("cannot save the parameters", kt_last_error());
+    printf("kt-train: saved the parameters to %s\n", a->save);
+    if (t->moe.n_ops == 0)
+        return 0;
+    char *path = experts_path(a->save);
+    int rc = path == NULL ? train_fail("out of memory", NULL) : moe_save(&t->moe, path);
+    if (rc == 0)
+        printf("kt-train: saved the experts to %s\n", path);
+    free(path);
+    return rc;
+}
+
+static void teardown(trainer *t)
+{
+    data_close(&t->data);
+    kt_session_destroy(t->s);
+    moe_free(&t->moe);
+    kt_threadpool_destroy(t->pool);
+    kt_program_destroy(t->p);
+    ranks_close(&t->r); /* last: it waits for every rank */
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    train_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc != 0)
+        return rc < 0 ? 0 : rc;
+    trainer t;
+    memset(&t, 0, sizeof t);
+    rc = setup(&t, &a);
+    if (rc == 0)
+        rc = train_loop(&a, t.s, &t.data, &t.r);
+    if (rc == 0) {
+        /* rank 0 writes the files; the others wait for it and learn whether it could */
+        kt_status saved = KT_OK;
+        if (a.save != NULL && t.r.rank == 0 && save(&t, &a) != 0)
+            saved = KT_EIO;
+        if (ranks_agree(&t.r, saved) != KT_OK)
+            rc = t.r.rank == 0 ? 1 : train_fail("rank 0 could not save", kt_last_error());
+    }
+    teardown(&t);
+    return rc;
+}

@@ -1,0 +1,218 @@
+/* The CPU MoE layers. The program says how many moe ops there are and their shapes
+ * (kt_program_moe_info: H and k from the op's inputs, E from the router that chose the ids);
+ * the options say the rest (I, weight dtype, training mode). With several ranks only rank 0
+ * creates them: the session's moe op gathers every rank's rows to rank 0 and runs its layers
+ * on the whole batch, so rank 0 sizes them for W times the per-rank token count.
+ *
+ * Initial weights are drawn from the seed alone (not from the rank or the world size), like
+ * nn.Linear's: uniform in +-1/sqrt(fan_in). So a run on W ranks starts from exactly the
+ * weights of the same run on one rank. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train.h"
+
+#define LORA_RANK 8
+#define LORA_ALPHA 16.0f
+
+static const char *const proj_names[3] = {"gate_proj", "up_proj", "down_proj"};
+
+/* splitmix64 */
+static uint64_t mix(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* One independent stream per (layer, expert, projection), so that the weights do not depend
+ * on the order the layers are created in. */
+static void init_weight(kt_tensor *w, uint64_t seed, int layer, int64_t expert, int proj)
+{
+    uint64_t state = mix(mix(mix(seed ^ 0x6d6f65ull) ^ (uint64_t)layer) ^ (uint64_t)expert);
+    state = mix(state ^ (uint64_t)proj);
+    double limit = 1.0 / sqrt((double)w->shape[1]); /* [out, in] */
+    for (int64_t i = 0; i < kt_tensor_numel(w); i++) {
+        state = mix(state);
+        float v = (float)(limit * (2.0 * (double)(state >> 11) / 9007199254740992.0 - 1.0));
+        if (w->dtype == KT_BF16)
+            ((uint16_t *)w->data)[i] = kt_f32_to_bf16_1(v);
+        else
+            ((float *)w->data)[i] = v;
+    }
+}
+
+static int init_layer(kt_moe *m, const train_args *a, int layer)
+{
+    const kt_moe_config *c = kt_moe_get_config(m);
+    for (int64_t e = 0; e < c->n_experts; e++)
+        for (int p = 0; p < 3; p++) {
+            kt_tensor w;
+            if (kt_moe_weight(m, e, (kt_moe_proj)p, &w) != KT_OK)
+                return train_fail("cannot initialise the experts", kt_last_error());
+            init_weight(&w, a->seed, layer, e, p);
+        }
+    return 0;
+}
+
+/* The layer configuration of moe op `i`; 0 or 1 after printing why it cannot be made. */
+static int layer_config(const train_args *a, const kt_program_moe *info, const ranks *r,
+                        kt_moe_config *c, char *name, size_t name_size)
+{
+    if (info->n_experts <= 0) {
+        fprintf(stderr, "kt-train: moe node '%s': its expert ids do not come from a topk_router "
+                "op, so the number of experts is unknown\n", info->name);
+        return 1;
+    }
+    snprintf(name, name_size, "moe.%d", info->binding);
+    *c = (kt_moe_config){.n_experts = info->n_experts,
+                         .hidden = info->hidden,
+                         .intermediate = a->moe_inter > 0 ? a->moe_inter : 2 * info->hidden,
+                         .top_k = info->top_k,
+                         .max_tokens = info->tokens * r->world,
+                         .weight_dtype = a->moe_dtype,
+                         .act_dtype = info->act_dtype,
+                         .mode = a->moe_mode,
+                         .lora_rank = a->moe_mode == KT_MOE_LORA ? LORA_RANK : 0,
+                         .lora_alpha = LORA_ALPHA,
+                         .keep_activations = 1,
+                         .name = name,
+                         .numa_node = -1};
+    return 0;
+}
+
+/* The slots array covers every binding the program uses. */
+static int alloc_slots(moe_layers *m, const kt_program *p)
+{
+    int max_binding = -1;
+    for (int i = 0; i < m->n_ops; i++) {
+        kt_program_moe info;
+        if (kt_program_moe_info(p, i, &info) != KT_OK)
+            return train_fail("cannot read the program's moe ops", kt_last_error());
+        if (info.binding > max_binding)
+            max_binding = info.binding;
+    }
+    m->n = max_binding + 1;
+    m->layers = calloc((size_t)(m->n > 0 ? m->n : 1), sizeof *m->layers);
+    return m->layers == NULL ? train_fail("out of memory", NULL) : 0;
+}
+
+static int load_experts(moe_layers *m, const char *path)
+{
+    kt_st_file *f;
+    if (kt_st_open(path, &f) != KT_OK)
+        return train_fail("cannot read the experts", kt_last_error());
+    int rc = 0;
+    for (int b = 0; b < m->n && rc == 0; b++) {
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "moe.%d.", b);
+        if (m->layers[b] != NULL && kt_moe_load(m->layers[b], f, prefix) != KT_OK)
+            rc = train_fail("cannot load the experts", kt_last_error());
+    }
+    kt_st_close(f);
+    return rc;
+}
+
+int moe_setup(moe_layers *m, const train_args *a, const kt_program *p, const ranks *r,
+              kt_threadpool *pool)
+{
+    memset(m, 0, sizeof *m);
+    m->n_ops = kt_program_moe_count(p);
+    if (m->n_ops == 0)
+        return 0;
+    if (alloc_slots(m, p) != 0)
+        return 1;
+    for (int i = 0; i < m->n_ops; i++) {
+        kt_program_moe info;
+        kt_moe_config c;
+        char name[32];
+        kt_program_moe_info(p, i, &info);
+        if (layer_config(a, &info, r, &c, name, sizeof name) != 0)
+            return 1;
+        if (i == 0)
+            m->first = c, m->first.name = NULL;
+        if (r->rank != 0 || m->layers[info.binding] != NULL)
+            continue; /* rank 0 owns the experts; a binding used twice: the session says so */
+        if (kt_moe_create(&c, pool, &m->layers[info.binding]) != KT_OK) {
+            fprintf(stderr, "kt-train: cannot create MoE layer %d for moe node '%s': %s\n",
+                    info.binding, info.name, kt_last_error());
+            return 1;
+        }
+        if (a->experts == NULL && init_layer(m->layers[info.binding], a, info.binding) != 0)
+            return 1;
+    }
+    if (a->experts != NULL && r->rank == 0)
+        return load_experts(m, a->experts);
+    return 0;
+}
+
+/* ---- saving: one file for all layers ------------------------------------------------------- */
+
+typedef struct item_list {
+    kt_st_item *items;
+    char (*names)[96];
+    size_t n;
+} item_list;
+
+static void add_item(item_list *l, int layer, int64_t e, int p, const char *kind,
+                     const kt_tensor *t)
+{
+    snprintf(l->names[l->n], sizeof l->names[0], "moe.%d.experts.%lld.%s.%s", layer,
+             (long long)e, proj_names[p], kind);
+    l->items[l->n].name = l->names[l->n];
+    l->items[l->n].tensor = *t;
+    l->n++;
+}
+
+/* The names kt_moe_save writes ("<prefix>experts.<e>.<proj>.weight", LoRA "lora_A.weight"
+ * and "lora_B.weight"), with prefix "moe.<layer>.", so kt_moe_load reads each layer back. */
+static int add_layer(item_list *l, kt_moe *moe, int layer)
+{
+    const kt_moe_config *c = kt_moe_get_config(moe);
+    for (int64_t e = 0; e < c->n_experts; e++)
+        for (int p = 0; p < 3; p++) {
+            kt_tensor t;
+            if (kt_moe_weight(moe, e, (kt_moe_proj)p, &t) != KT_OK)
+                return 1;
+            add_item(l, layer, e, p, "weight", &t);
+            if (c->mode != KT_MOE_LORA)
+                continue;
+            for (int b = 0; b < 2; b++) {
+                if (kt_moe_lora(moe, e, (kt_moe_proj)p, b, &t) != KT_OK)
+                    return 1;
+                add_item(l, layer, e, p, b ? "lora_B.weight" : "lora_A.weight", &t);
+            }
+        }
+    return 0;
+}
+
+int moe_save(const moe_layers *m, const char *path)
+{
+    size_t cap = 0;
+    for (int b = 0; b < m->n; b++)
+        if (m->layers[b] != NULL)
+            cap += (size_t)kt_moe_get_config(m->layers[b])->n_experts * 3 * 3;
+    item_list l = {.items = calloc(cap + 1, sizeof *l.items),
+                   .names = calloc(cap + 1, sizeof *l.names)};
+    int rc = 0;
+    if (l.items == NULL || l.names == NULL)
+        rc = train_fail("out of memory", NULL);
+    for (int b = 0; b < m->n && rc == 0; b++)
+        if (m->layers[b] != NULL && add_layer(&l, m->layers[b], b) != 0)
+            rc = train_fail("cannot read the experts", kt_last_error());
+    if (rc == 0 && kt_st_save(path, l.items, l.n, NULL) != KT_OK)
+        rc = train_fail("cannot write the experts", kt_last_error());
+    free(l.items);
+    free(l.names);
+    return rc;
+}
+
+void moe_free(moe_layers *m)
+{
+    for (int b = 0; b < m->n; b++)
+        kt_moe_destroy(m->layers[b]);
+    free(m->layers);
+    memset(m, 0, sizeof *m);
+}

@@ -1,0 +1,104 @@
+/* kt-train: the parts of the trainer, one file per job.
+ *
+ *   main.c       options, setup, exit codes
+ *   ranks.c      the communicator from the launcher's environment (or one rank)
+ *   data.c       the token file and the per-rank slices of each step's window
+ *   moe_setup.c  the CPU MoE layers the program's moe ops run: created, initialised, saved
+ *   loop.c       the training loop: forward, backward, step, progress and the loss file
+ *
+ * Every function that can fail prints one line "kt-train: ..." naming what and where, and
+ * returns nonzero; main turns that into exit status 1. */
+#ifndef KT_TRAIN_H
+#define KT_TRAIN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kt/kt.h"
+
+typedef struct train_args {
+    const char *program, *data, *params, *experts, *save, *losses;
+    const char *tokens_input, *targets_input; /* program input names */
+    int token_bytes;                          /* --data-format: 1 (u8), 2 (u16), 4 (i32) */
+    int64_t data_header;                      /* bytes skipped at the start of the file */
+    int64_t steps, log_every;
+    float lr;                                 /* < 0: the optimizer's default */
+    kt_optimizer_kind optimizer;
+    uint64_t seed;
+    int64_t moe_inter;                        /* 0: 2 * H */
+    kt_dtype moe_dtype;
+    kt_moe_mode moe_mode;
+    int threads;                              /* 0: KT_NUM_THREADS or the CPU count */
+} train_args;
+
+int train_fail(const char *what, const char *detail);
+
+/* ---- ranks.c ----------------------------------------------------------------------------- */
+
+typedef struct ranks {
+    kt_comm *comm; /* NULL with one rank */
+    int rank, world;
+} ranks;
+
+/* Joins the other ranks when the environment names a world of more than one (kt-launch,
+ * torchrun, mpirun, srun); otherwise one rank without a communicator. */
+int ranks_open(ranks *r);
+void ranks_close(ranks *r);
+/* Every rank learns whether any rank failed (local != KT_OK), with the lowest failing rank's
+ * message in kt_last_error(); a no-op with one rank. */
+kt_status ranks_agree(const ranks *r, kt_status local);
+
+/* ---- data.c ------------------------------------------------------------------------------ */
+
+typedef struct feed {
+    const char *name; /* the program input */
+    int shift;        /* 0: the window's tokens; 1: the next tokens (targets) */
+    int shard_dim;    /* -1: the whole window */
+    kt_tensor view;   /* the session's input tensor (this rank's part) */
+    int64_t global[KT_MAX_DIMS]; /* the input's shape over all ranks */
+} feed;
+
+typedef struct token_data {
+    const char *path;
+    FILE *file;
+    int token_bytes;
+    int64_t header, n_tokens;
+    int64_t window;   /* tokens per step over all ranks (T) */
+    int64_t bound;    /* token ids must be in [0, bound); -1: no check here */
+    int64_t *buf;     /* window + 1 tokens */
+    feed feeds[2];
+    int n_feeds;
+} token_data;
+
+/* Finds the program's token inputs, checks the file against them and binds the session's
+ * input tensors. */
+int data_open(token_data *d, const train_args *a, const kt_program *p, kt_session *s,
+              const ranks *r);
+/* Writes step `step`'s window (tokens and targets) into the session's inputs: this rank's
+ * slice along each input's shard dimension. */
+int data_load_step(token_data *d, int64_t step, const ranks *r);
+void data_close(token_data *d);
+
+/* ---- moe_setup.c ------------------------------------------------------------------------- */
+
+typedef struct moe_layers {
+    kt_moe **layers; /* indexed by the moe ops' `layer` binding; NULL slots on ranks > 0 */
+    int n;
+    int n_ops;       /* moe ops in the program */
+    kt_moe_config first; /* the first op's configuration, for the summary line */
+} moe_layers;
+
+/* Creates a layer for each moe op of the program (on rank 0 only when there are several
+ * ranks: rank 0 owns the experts), initialised from the seed, or loaded from --experts. */
+int moe_setup(moe_layers *m, const train_args *a, const kt_program *p, const ranks *r,
+              kt_threadpool *pool);
+/* Writes every layer's experts (and LoRA adapters) to one safetensors file, layer l under
+ * "moe.<l>.experts.<e>.<proj>.weight". */
+int moe_save(const moe_layers *m, const char *path);
+void moe_free(moe_layers *m);
+
+/* ---- loop.c ------------------------------------------------------------------------------ */
+
+int train_loop(const train_args *a, kt_session *s, token_data *d, const ranks *r);
+
+#endif
