@@ -240,9 +240,13 @@ kt_status kt__moe_backward_exec(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo,
     int lora = m->cfg.mode == KT_MOE_LORA, full = m->cfg.mode == KT_MOE_FULL;
     bwd_ctx c = {m, gy, gxo, scale, full && m->grad_overwrite};
     int64_t rows = m->off[m->E];
-    kt__moe_gather(m, NULL, 0);
-    /* Without kept activations this reruns the GEMMs; with them, only ac and the LoRA z. */
-    KT__TRY(kt__moe_compute(m, !m->cfg.keep_activations));
+    /* Without kept activations this reruns the GEMMs (from the gathered input); with them,
+     * only ac and the LoRA z, which the weight/adapter gradients need and frozen mode does
+     * not (its backward reads only the kept g, u and d). */
+    if (lora || full || !m->cfg.keep_activations) {
+        kt__moe_gather(m, NULL, 0);
+        KT__TRY(kt__moe_compute(m, !m->cfg.keep_activations));
+    }
     kt_parallel_for(m->pool, m->qlen, 1, gd_part, &c);
     if ((lora || full) && m->grad_overwrite)
         kt_parallel_for(m->pool, m->E, 1, zero_part, &c);

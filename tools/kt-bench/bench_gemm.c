@@ -13,7 +13,11 @@
  *
  * Without --m/--n/--k it runs the MoE table: dsv2lite (H=2048, I=1408) and qwen3moe (H=2048,
  * I=768), m = 1, 8, 64, 256, 1024 tokens per expert, for each kind the gate/up shape
- * ("gu": M=m, N=I, K=H) and the down shape ("dn": M=m, N=H, K=I). */
+ * ("gu": M=m, N=I, K=H) and the down shape ("dn": M=m, N=H, K=I).
+ *
+ * The library peer: oneDNN's bf16 GEMM (the one PyTorch's bf16 matmuls use here) on the same
+ * operands and thread count, where libdnnl.so.2 is installed (onednn_peer.c); each line then
+ * carries ratio_vs_onednn = oneDNN's median time / libkt's. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +29,7 @@
 #include "limits.h"
 #include "core/cpu_internal.h"
 #include "moe/bf16_gemm.h"
+#include "onednn_peer.h"
 
 
 enum { K_NT = 0, K_NN = 1, K_TN = 2 };
@@ -150,12 +155,39 @@ static gemm_run make_run(int kind, int64_t M, int64_t N, int64_t K, const buffer
     return r;
 }
 
+/* oneDNN computes the same product as libkt (same operands, copy 0): the largest difference
+ * relative to the largest magnitude, so a mis-specified peer call cannot pass for a fast one. */
+static double peer_difference(int kind, int64_t M, int64_t N, int64_t K, const buffers *bu)
+{
+    gemm_run r = make_run(kind, M, N, K, bu, 0);
+    const size_t n = (size_t)(kind == K_NT ? M * N : kind == K_NN ? M * K : N * K);
+    float *mine = malloc(n * sizeof *mine);
+    if (mine == NULL)
+        return -1.0;
+    if (kind == K_TN)
+        memset(r.c, 0, n * sizeof *r.c);
+    run_block(&r, 0, split_dim(&r));
+    memcpy(mine, r.c, n * sizeof *mine);
+    if (kind == K_TN)
+        memset(r.c, 0, n * sizeof *r.c);
+    onednn_peer_gemm(kind, M, N, K, r.a, r.b, r.c, 1);
+    double big = 0.0, diff = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double a = mine[i], d = a - (double)r.c[i];
+        big = a > big ? a : -a > big ? -a : big;
+        diff = d > diff ? d : -d > diff ? -d : diff;
+    }
+    free(mine);
+    return big > 0 ? diff / big : diff;
+}
+
 typedef struct timing {
     double median_s, best_s;
 } timing;
 
+/* onednn_threads > 0: time oneDNN's GEMM on that many threads instead of libkt's kernels. */
 static timing time_kernel(int kind, int64_t M, int64_t N, int64_t K, const buffers *bu,
-                          kt_threadpool *pool, const bench_args *common)
+                          kt_threadpool *pool, const bench_args *common, int onednn_threads)
 {
     const int total = common->warmup + common->repeats;
     double *ts = calloc((size_t)total, sizeof *ts);
@@ -166,7 +198,9 @@ static timing time_kernel(int kind, int64_t M, int64_t N, int64_t K, const buffe
         gemm_run r = make_run(kind, M, N, K, bu, i % bu->copies);
         const int64_t units = (split_dim(&r) + r.unit - 1) / r.unit;
         const double t0 = bench_now_s();
-        if (pool == NULL)
+        if (onednn_threads > 0)
+            onednn_peer_gemm(kind, M, N, K, r.a, r.b, r.c, onednn_threads);
+        else if (pool == NULL)
             run_block(&r, 0, split_dim(&r));
         else
             kt_parallel_for(pool, units, 1, run_part, &r);
@@ -181,9 +215,12 @@ static timing time_kernel(int kind, int64_t M, int64_t N, int64_t K, const buffe
     return out;
 }
 
+/* peer: oneDNN's timing on the same configuration (median_s 0: not measured) */
 static void report(const bench_args *common, const char *model, const char *shape, int kind,
-                   int64_t M, int64_t N, int64_t K, int threads, timing t, double peak, int hot)
+                   int64_t M, int64_t N, int64_t K, int threads, timing t, double peak, int hot,
+                   timing peer)
 {
+    const double vs = peer.median_s > 0 ? peer.median_s / t.median_s : 0.0;
     const double flop = 2.0 * (double)M * (double)N * (double)K;
     const double gf = flop / t.median_s * 1e-9, gf_best = flop / t.best_s * 1e-9;
     const double wbytes = (double)N * (double)K * (kind == K_TN ? 8.0 : 2.0);
@@ -192,15 +229,24 @@ static void report(const bench_args *common, const char *model, const char *shap
         printf("{\"bench\":\"gemm\",\"model\":\"%s\",\"shape\":\"%s\",\"kind\":\"%s\","
                "\"m\":%lld,\"n\":%lld,\"k\":%lld,\"threads\":%d,\"weights\":\"%s\","
                "\"median_ms\":%.4f,\"best_ms\":%.4f,\"gflops\":%.2f,\"gflops_best\":%.2f,"
-               "\"peak_gflops\":%.2f,\"fraction_of_peak\":%.4f,\"weight_gbs\":%.2f}\n",
+               "\"peak_gflops\":%.2f,\"fraction_of_peak\":%.4f,\"weight_gbs\":%.2f,"
+               "\"onednn_ms\":",
                model, shape, kind_names[kind], (long long)M, (long long)N, (long long)K, threads,
                hot ? "hot" : "cold", t.median_s * 1e3, t.best_s * 1e3, gf, gf_best, peak, gf / peak,
                gbs);
+        if (vs > 0)
+            printf("%.4f,\"ratio_vs_onednn\":%.3f}\n", peer.median_s * 1e3, vs);
+        else
+            printf("null,\"ratio_vs_onednn\":null}\n");
     } else {
         printf("%-9s %-3s %-2s m=%-5lld n=%-5lld k=%-5lld thr=%d  %9.3f ms  %7.1f GFLOP/s "
-               "(best %7.1f)  fraction_of_peak %.3f  weights %6.1f GB/s\n",
+               "(best %7.1f)  fraction_of_peak %.3f  weights %6.1f GB/s",
                model, shape, kind_names[kind], (long long)M, (long long)N, (long long)K, threads,
                t.median_s * 1e3, gf, gf_best, gf / peak, gbs);
+        if (vs > 0)
+            printf("  onednn %7.1f GFLOP/s: %.2fx\n", flop / peer.median_s * 1e-9, vs);
+        else
+            printf("\n");
     }
     fflush(stdout);
 }
@@ -216,7 +262,7 @@ static int parse_kind(const char *s)
 int bench_gemm(int argc, char **argv, const bench_args *common)
 {
     int64_t m = -1, n = -1, k = -1;
-    int kind = -1, hot = 0, single_only = 0;
+    int kind = -1, hot = 0, single_only = 0, no_peer = 0;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             printf("usage: kt-bench gemm [--m M] [--n N] [--k K] [--kind nt|nn|tn] [--hot]\n"
@@ -227,7 +273,9 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                    "for m = 1, 8, 64, 256, 1024. Kernel sizes: nt y[M,N] = x[M,K] w[N,K]^T,\n"
                    "nn y[M,K] = g[M,N] w[N,K], tn dw[N,K] += g[M,N]^T x[M,K].\n"
                    "--hot: one weight copy (default: copies over 64 MiB, from memory);\n"
-                   "--single: skip the pool runs.\n");
+                   "--single: skip the pool runs. Beside each line: oneDNN's bf16 GEMM on\n"
+                   "the same operands and threads (libdnnl.so.2, loaded if installed) and\n"
+                   "its time over libkt's (> 1: libkt faster); --no-peer skips it.\n");
             return 0;
         } else if (strcmp(argv[i], "--m") == 0 && i + 1 < argc) {
             m = atoll(argv[++i]);
@@ -245,6 +293,8 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
             hot = 1;
         } else if (strcmp(argv[i], "--single") == 0) {
             single_only = 1;
+        } else if (strcmp(argv[i], "--no-peer") == 0) {
+            no_peer = 1;
         } else {
             fprintf(stderr, "kt-bench gemm: unknown option %s (see --help)\n", argv[i]);
             return 2;
@@ -281,6 +331,10 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
     static const model models[] = {{"dsv2lite", 2048, 1408}, {"qwen3moe", 2048, 768}};
     static const int64_t ms[] = {1, 8, 64, 256, 1024};
     const int n_models = custom ? 1 : 2, n_ms = custom ? 1 : 5;
+    const int peer = !no_peer && onednn_peer_available();
+    const timing none = {0, 0};
+    if (!no_peer && !peer && !common->json)
+        printf("note: oneDNN (libdnnl.so.2) not found: no library peer\n");
     int rc = 0;
     for (int mi = 0; mi < n_models && rc == 0; mi++)
         for (int si = 0; si < n_ms && rc == 0; si++)
@@ -303,12 +357,19 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                     /* the peak again right before each run: the machine may be shared,
                      * and the fraction should compare like with like */
                     const double pk1 = have_peak ? bench_bf16_peak_gflops(NULL, 1, 5) : 1.0;
-                    timing t1 = time_kernel(kd, M, N, K, &bu, NULL, common);
-                    report(common, mname, sname, kd, M, N, K, 1, t1, pk1, hot);
+                    timing t1 = time_kernel(kd, M, N, K, &bu, NULL, common, 0);
+                    const double pd = peer ? peer_difference(kd, M, N, K, &bu) : 0.0;
+                    if (pd < 0 || pd > 1e-3)
+                        fprintf(stderr, "kt-bench gemm: oneDNN's result differs from libkt's "
+                                        "(%.3g relative): its timing is not comparable\n", pd);
+                    timing p1 = peer ? time_kernel(kd, M, N, K, &bu, NULL, common, 1) : none;
+                    report(common, mname, sname, kd, M, N, K, 1, t1, pk1, hot, p1);
                     if (!single_only && threads > 1) {
                         const double pkp = have_peak ? bench_bf16_peak_gflops(pool, threads, 5) : 1.0;
-                        timing tp = time_kernel(kd, M, N, K, &bu, pool, common);
-                        report(common, mname, sname, kd, M, N, K, threads, tp, pkp, hot);
+                        timing tp = time_kernel(kd, M, N, K, &bu, pool, common, 0);
+                        timing pp =
+                            peer ? time_kernel(kd, M, N, K, &bu, NULL, common, threads) : none;
+                        report(common, mname, sname, kd, M, N, K, threads, tp, pkp, hot, pp);
                     }
                     free_buffers(&bu);
                 }
