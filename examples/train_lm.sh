@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The main job: trains the example language model (examples/lm.ktg: embedding, causal-conv
+# blocks with a CPU MoE each, next-token cross-entropy) on this repository's own text, read
+# as bytes, with kt-train; prints the loss as it falls and saves the trained parameters.
+#
+# usage: examples/train_lm.sh [BUILD_DIR] [STEPS] [RANKS]
+#   BUILD_DIR  where kt-graphc/kt-train were built (default: build)
+#   STEPS      optimizer steps (default 200: about 15 s on 2 cores)
+#   RANKS      1 (default), or context-parallel over that many local ranks with kt-launch
+#              (the 256-token window split along the sequence; needs the UCX build)
+# Output goes to BUILD_DIR/lm/: the program, the text, losses.txt, lm.safetensors and
+# lm.experts.safetensors.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-build} steps=${2:-200} ranks=${3:-1}
+case "$build" in /*) ;; *) build="$root/$build" ;; esac
+out="$build/lm"
+mkdir -p "$out"
+tokens=256
+if [ $((tokens % ranks)) -ne 0 ]; then
+  echo "train_lm.sh: $ranks ranks do not divide the $tokens-token window" >&2
+  exit 2
+fi
+
+# the model, compiled for one rank's slice of the window
+"$build/tools/kt-graphc" "$root/examples/lm.ktg" -o "$out/lm.ktp" -D T=$((tokens / ranks))
+# the data: the repository's documentation and model files, as bytes (vocabulary 512 > 256)
+cat "$root"/README.md "$root"/docs/*.md "$root"/examples/*.ktg > "$out/text.bin"
+echo "training on $(wc -c < "$out/text.bin") bytes of text, $steps steps, $ranks rank(s)"
+
+train=("$build/tools/kt-train" "$out/lm.ktp" --data "$out/text.bin" --data-format u8
+       --steps "$steps" --log-every 20 --losses "$out/losses.txt" --save "$out/lm.safetensors")
+if [ "$ranks" -gt 1 ]; then
+  "$build/tools/kt-launch" -n "$ranks" -- "${train[@]}"
+else
+  "${train[@]}"
+fi
+first=$(head -1 "$out/losses.txt") last=$(tail -1 "$out/losses.txt")
+echo "loss: first step $first, last step $last (a model that knew nothing: ln 512 = 6.24)"
