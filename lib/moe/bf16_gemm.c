@@ -576,11 +576,56 @@ BF_TARGET static void tn_pack_a(int64_t M, int64_t p0, int64_t cnt, int mr, cons
 /* x rows x columns of a column group: within about 512 KiB of L2, reused by all row tiles. */
 #define TN_X_GROUP_BYTES (512 * 1024)
 
+/* TN with at most this many row pairs of x (the usual tokens per expert): x's pairs for one
+ * block of 32 columns are interleaved once (nn_pack_b, 32 KiB at most) and used by a group of
+ * row tiles of dw whose A panels were packed up front (48 KiB), where the general path reads
+ * and interleaves x's rows in place for every tile (rows 4 KiB apart, all in one L1 set).
+ * Same operations per element as the general path, so the same bits. */
+#define TN_PACKED_MAX_PAIRS 256
+#define TN_APACK_WORDS (PAIR_MR * TN_PAIRS_PER_CHUNK)
+#define TN_GROUP_MAX 64
+
+static void tn_packed_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                             int64_t ldg, const uint16_t *x, int64_t ldx, float *dw,
+                             int64_t lddw, float scale, int mode)
+{
+    _Alignas(64) uint32_t apack[TN_APACK_WORDS];
+    _Alignas(64) uint16_t xpack[TN_PACKED_MAX_PAIRS * 64];
+    const int64_t pairs = (M + 1) / 2;
+    const int tail = (int)(M & 1);
+    const int64_t per_tile = PAIR_MR * pairs;
+    int64_t group = per_tile > 0 ? TN_APACK_WORDS / per_tile : TN_GROUP_MAX;
+    group = group > TN_GROUP_MAX ? TN_GROUP_MAX : group;
+    for (int64_t n = n0; n < n1;) {
+        pair_fn fn[TN_GROUP_MAX];
+        int mr[TN_GROUP_MAX];
+        int64_t row[TN_GROUP_MAX], tiles = 0;
+        for (; tiles < group && n < n1; tiles++) {
+            fn[tiles] = pair_pick(n1 - n, &mr[tiles]);
+            row[tiles] = n;
+            tn_pack_a(M, 0, pairs, mr[tiles], g + n, ldg, apack + tiles * per_tile);
+            n += mr[tiles];
+        }
+        for (int64_t jb = 0; jb < K; jb += 32) {
+            const __mmask32 jm = col_mask(K - jb);
+            nn_pack_b(x + jb, ldx, M, 0, pairs, jm, xpack);
+            for (int64_t t = 0; t < tiles; t++)
+                fn[t](pairs - tail, tail, (const uint16_t *)(apack + t * per_tile), 2,
+                      2 * (int64_t)mr[t], xpack, 0, 1, jm, NULL, 1, 1, dw + row[t] * lddw + jb,
+                      lddw, mode, scale);
+        }
+    }
+}
+
 static void tn_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g, int64_t ldg,
                       const uint16_t *x, int64_t ldx, float *dw, int64_t lddw, float scale,
                       int accumulate)
 {
     const int mode = accumulate ? OUT_SCALE_ADD : OUT_SCALE_STREAM;
+    if ((M + 1) / 2 <= TN_PACKED_MAX_PAIRS) {
+        tn_packed_avx512(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, mode);
+        return;
+    }
     _Alignas(64) uint32_t apack[PAIR_MR * TN_PAIRS_PER_CHUNK];
     _Alignas(64) float accbuf[PAIR_MR * 32];
     const int64_t pairs = (M + 1) / 2; /* with the tail */
