@@ -55,6 +55,61 @@ static const _Alignas(64) amxk_tilecfg amxk_cfg = {
 
 static inline int64_t AMXK_FN(min)(int64_t a, int64_t b) { return a < b ? a : b; }
 
+/* The C tiles of a block (nat row tiles x nbt column tiles; tile (i, j) at cp + 16 i ld + 16 j,
+ * rows ld floats apart): zeroed at the start of a reduction, else reloaded from the partial
+ * sums. */
+static inline AMXK_TARGET void AMXK_FN(c_begin)(int zero, float *cp, int64_t ld, int nat, int nbt)
+{
+    if (zero) {
+        AMXK_ZERO(0);
+        if (nbt > 1)
+            AMXK_ZERO(1);
+        if (nat > 1) {
+            AMXK_ZERO(2);
+            if (nbt > 1)
+                AMXK_ZERO(3);
+        }
+        return;
+    }
+    AMXK_LOAD(0, cp, 4 * ld);
+    if (nbt > 1)
+        AMXK_LOAD(1, cp + 16, 4 * ld);
+    if (nat > 1) {
+        AMXK_LOAD(2, cp + 16 * ld, 4 * ld);
+        if (nbt > 1)
+            AMXK_LOAD(3, cp + 16 * ld + 16, 4 * ld);
+    }
+}
+
+/* The C tiles back to the partial sums (the layout of c_begin). */
+static inline AMXK_TARGET void AMXK_FN(c_end)(float *cp, int64_t ld, int nat, int nbt)
+{
+    AMXK_STORE(0, cp, 4 * ld);
+    if (nbt > 1)
+        AMXK_STORE(1, cp + 16, 4 * ld);
+    if (nat > 1) {
+        AMXK_STORE(2, cp + 16 * ld, 4 * ld);
+        if (nbt > 1)
+            AMXK_STORE(3, cp + 16 * ld + 16, 4 * ld);
+    }
+}
+
+/* One step: with the A tiles in tmm4 (and tmm5 when nat > 1), the B tiles of the step at bp
+ * into tmm6 (and tmm7), and the 4 products. */
+static inline AMXK_TARGET void AMXK_FN(c_step)(const uint16_t *bp, int nat, int nbt)
+{
+    AMXK_LOAD(6, bp, 64);
+    AMXK_DP(0, 4, 6);
+    if (nat > 1)
+        AMXK_DP(2, 5, 6);
+    if (nbt > 1) {
+        AMXK_LOAD(7, bp + AMXK_TE, 64);
+        AMXK_DP(1, 4, 7);
+        if (nat > 1)
+            AMXK_DP(3, 5, 7);
+    }
+}
+
 static inline __mmask16 AMXK_FN(mask16)(int64_t n)
 {
     return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
@@ -126,25 +181,7 @@ AMXK_TARGET static void AMXK_FN(gemm_ab)(const int nt, int64_t M, int64_t c0, in
                     const int64_t r0 = AMXK_FN(min)(16, M - m), r1 = AMXK_FN(min)(16, M - m - 16);
                     const int nat = r1 > 0 ? 2 : 1;
                     float *cp = part + (m - mc) * 32; /* rows 128 bytes apart */
-                    if (l == 0) {
-                        AMXK_ZERO(0);
-                        if (nbt > 1)
-                            AMXK_ZERO(1);
-                        if (nat > 1) {
-                            AMXK_ZERO(2);
-                            if (nbt > 1)
-                                AMXK_ZERO(3);
-                        }
-                    } else {
-                        AMXK_LOAD(0, cp, 128);
-                        if (nbt > 1)
-                            AMXK_LOAD(1, cp + 16, 128);
-                        if (nat > 1) {
-                            AMXK_LOAD(2, cp + 16 * 32, 128);
-                            if (nbt > 1)
-                                AMXK_LOAD(3, cp + 16 * 32 + 16, 128);
-                        }
-                    }
+                    AMXK_FN(c_begin)(l == 0, cp, 32, nat, nbt);
                     for (int64_t s = 0; s < steps; s++) {
                         const int64_t k = l + 32 * s;
                         const int kfull = k + 32 <= L;
@@ -163,26 +200,9 @@ AMXK_TARGET static void AMXK_FN(gemm_ab)(const int nt, int64_t M, int64_t c0, in
                                 AMXK_LOAD(5, aedge + AMXK_TE, 64);
                             }
                         }
-                        const uint16_t *bp = bpan + s * nbt * AMXK_TE;
-                        AMXK_LOAD(6, bp, 64);
-                        AMXK_DP(0, 4, 6);
-                        if (nat > 1)
-                            AMXK_DP(2, 5, 6);
-                        if (nbt > 1) {
-                            AMXK_LOAD(7, bp + AMXK_TE, 64);
-                            AMXK_DP(1, 4, 7);
-                            if (nat > 1)
-                                AMXK_DP(3, 5, 7);
-                        }
+                        AMXK_FN(c_step)(bpan + s * nbt * AMXK_TE, nat, nbt);
                     }
-                    AMXK_STORE(0, cp, 128);
-                    if (nbt > 1)
-                        AMXK_STORE(1, cp + 16, 128);
-                    if (nat > 1) {
-                        AMXK_STORE(2, cp + 16 * 32, 128);
-                        if (nbt > 1)
-                            AMXK_STORE(3, cp + 16 * 32 + 16, 128);
-                    }
+                    AMXK_FN(c_end)(cp, 32, nat, nbt);
                 }
             }
             AMXK_FN(store_ab)(part, mr, nc, y + mc * ldy + c, ldy, accumulate);
@@ -204,7 +224,6 @@ AMXK_TARGET static void AMXK_FN(gemm_tn)(int64_t M, int64_t n0, int64_t n1, int6
     _Alignas(64) uint16_t apan[AMXK_TN_RED / 32 * 4 * AMXK_TE];
     _Alignas(64) uint16_t bpan[AMXK_TN_RED / 32 * 2 * AMXK_TE];
     _Alignas(64) float part[AMXK_TN_ROWS * AMXK_TN_COLS];
-    const int64_t pstride = AMXK_TN_COLS * (int64_t)sizeof(float);
     AMXK_CFG(&amxk_cfg);
     for (int64_t n = n0; n < n1; n += AMXK_TN_ROWS) {
         const int64_t nr = AMXK_FN(min)(AMXK_TN_ROWS, n1 - n);
@@ -225,50 +244,15 @@ AMXK_TARGET static void AMXK_FN(gemm_tn)(int64_t M, int64_t n0, int64_t n1, int6
                     for (int i = 0; i < ant; i += 2) {
                         const int nat = ant - i > 1 ? 2 : 1;
                         float *cp = part + (int64_t)i * 16 * AMXK_TN_COLS + (k - kg);
-                        if (mc == 0) {
-                            AMXK_ZERO(0);
-                            if (nbt > 1)
-                                AMXK_ZERO(1);
-                            if (nat > 1) {
-                                AMXK_ZERO(2);
-                                if (nbt > 1)
-                                    AMXK_ZERO(3);
-                            }
-                        } else {
-                            AMXK_LOAD(0, cp, pstride);
-                            if (nbt > 1)
-                                AMXK_LOAD(1, cp + 16, pstride);
-                            if (nat > 1) {
-                                AMXK_LOAD(2, cp + 16 * AMXK_TN_COLS, pstride);
-                                if (nbt > 1)
-                                    AMXK_LOAD(3, cp + 16 * AMXK_TN_COLS + 16, pstride);
-                            }
-                        }
+                        AMXK_FN(c_begin)(mc == 0, cp, AMXK_TN_COLS, nat, nbt);
                         for (int64_t s = 0; s < steps; s++) {
                             const uint16_t *ap = apan + (s * ant + i) * AMXK_TE;
-                            const uint16_t *bp = bpan + s * nbt * AMXK_TE;
                             AMXK_LOAD(4, ap, 64);
                             if (nat > 1)
                                 AMXK_LOAD(5, ap + AMXK_TE, 64);
-                            AMXK_LOAD(6, bp, 64);
-                            AMXK_DP(0, 4, 6);
-                            if (nat > 1)
-                                AMXK_DP(2, 5, 6);
-                            if (nbt > 1) {
-                                AMXK_LOAD(7, bp + AMXK_TE, 64);
-                                AMXK_DP(1, 4, 7);
-                                if (nat > 1)
-                                    AMXK_DP(3, 5, 7);
-                            }
+                            AMXK_FN(c_step)(bpan + s * nbt * AMXK_TE, nat, nbt);
                         }
-                        AMXK_STORE(0, cp, pstride);
-                        if (nbt > 1)
-                            AMXK_STORE(1, cp + 16, pstride);
-                        if (nat > 1) {
-                            AMXK_STORE(2, cp + 16 * AMXK_TN_COLS, pstride);
-                            if (nbt > 1)
-                                AMXK_STORE(3, cp + 16 * AMXK_TN_COLS + 16, pstride);
-                        }
+                        AMXK_FN(c_end)(cp, AMXK_TN_COLS, nat, nbt);
                     }
                 }
             }
