@@ -1,8 +1,10 @@
 /* NUMA placement. With libnuma, memory is bound to a node with numa_alloc_onnode; without it
  * there is one node (0) and memory comes from the ordinary allocator. */
 #define _GNU_SOURCE /* cpu_set_t */
+#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -12,6 +14,7 @@
 
 #ifdef KT_HAVE_NUMA
 #include <numa.h>
+#include <numaif.h>
 #endif
 
 #define KT__PAGE_ALIGN 4096
@@ -66,7 +69,18 @@ kt_status kt__numa_bind_range(void *ptr, size_t size, int node)
         return KT_OK;
 #ifdef KT_HAVE_NUMA
     if (kt_numa_available()) {
-        numa_tonode_memory((void *)b, (size_t)(e - b), kt__numa_real_node(node));
+        /* mbind itself rather than numa_tonode_memory: its failure is returned (libnuma
+         * would print it), and MPOL_MF_MOVE moves pages someone already touched */
+        const int real = kt__numa_real_node(node);
+        unsigned long mask[16] = {0};
+        if (real >= (int)(sizeof mask * 8))
+            return kt__error(KT_EINVAL, "NUMA node %d is beyond the %zu nodes a binding can name",
+                             real, sizeof mask * 8);
+        mask[real / (8 * sizeof mask[0])] |= 1ul << (real % (8 * sizeof mask[0]));
+        if (mbind((void *)b, (unsigned long)(e - b), MPOL_BIND, mask, sizeof mask * 8 + 1,
+                  MPOL_MF_MOVE) != 0)
+            return kt__error(KT_EINVAL, "cannot bind %zu bytes to NUMA node %d: %s",
+                             (size_t)(e - b), real, strerror(errno));
         return KT_OK;
     }
 #endif
@@ -116,16 +130,42 @@ static void advise_huge(void *p, size_t size)
 #endif
 }
 
+/* Large arenas come straight from mmap, aligned to 2 MiB: fresh pages that no one has
+ * touched, so that a NUMA binding of their ranges (kt__numa_bind_range) decides where they
+ * land (heap pages from malloc may already be placed), and whole huge pages. */
+static size_t mapped_size(size_t size)
+{
+    return (size + KT__HUGE_ALIGN - 1) / KT__HUGE_ALIGN * KT__HUGE_ALIGN;
+}
+
+static kt_status map_alloc(size_t size, void **ptr_out)
+{
+    const size_t rounded = mapped_size(size), span = rounded + KT__HUGE_ALIGN;
+    unsigned char *p = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return kt__error(KT_ENOMEM, "arena: cannot map %zu bytes", size);
+    /* keep the 2 MiB-aligned part, give back the ends */
+    unsigned char *a = (unsigned char *)(((uintptr_t)p + KT__HUGE_ALIGN - 1) &
+                                         ~(uintptr_t)(KT__HUGE_ALIGN - 1));
+    if (a > p)
+        munmap(p, (size_t)(a - p));
+    if (p + span > a + rounded)
+        munmap(a + rounded, (size_t)(p + span - (a + rounded)));
+    advise_huge(a, rounded);
+    *ptr_out = a;
+    return KT_OK;
+}
+
 static kt_status plain_alloc(size_t size, void **ptr_out)
 {
     void *p = NULL;
-    if (size > SIZE_MAX - KT__HUGE_ALIGN) /* rounding up would wrap to a tiny block */
+    if (size > SIZE_MAX / 2) /* rounding up would wrap to a tiny block */
         return kt__error(KT_ENOMEM, "arena: cannot allocate %zu bytes", size);
-    size_t align = size >= KT__HUGE_MIN ? KT__HUGE_ALIGN : KT__PAGE_ALIGN;
-    size_t rounded = (size + align - 1) / align * align;
-    if (posix_memalign(&p, align, rounded ? rounded : align) != 0)
+    if (size >= KT__HUGE_MIN)
+        return map_alloc(size, ptr_out);
+    size_t rounded = (size + KT__PAGE_ALIGN - 1) / KT__PAGE_ALIGN * KT__PAGE_ALIGN;
+    if (posix_memalign(&p, KT__PAGE_ALIGN, rounded ? rounded : KT__PAGE_ALIGN) != 0)
         return kt__error(KT_ENOMEM, "arena: cannot allocate %zu bytes", size);
-    advise_huge(p, rounded);
     *ptr_out = p;
     return KT_OK;
 }
@@ -163,9 +203,10 @@ void kt__numa_free(void *ptr, size_t size, int node)
         numa_free(ptr, size ? size : 1);
         return;
     }
-#else
-    (void)size;
 #endif
     (void)node;
-    free(ptr);
+    if (size >= KT__HUGE_MIN)
+        munmap(ptr, mapped_size(size));
+    else
+        free(ptr);
 }

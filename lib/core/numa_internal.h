@@ -9,8 +9,8 @@
 /* Allocates `size` bytes (page aligned) on `node`, or anywhere for node -1. */
 kt_status kt__numa_alloc(size_t size, int node, void **ptr_out);
 void kt__numa_free(void *ptr, size_t size, int node);
-/* Binds the whole pages inside [ptr, ptr + size) to `node` (before they are first touched);
- * a no-op for node 0 without libnuma. */
+/* Binds the whole pages inside [ptr, ptr + size) to `node` (pages already touched are
+ * moved); a no-op without libnuma (one node). */
 kt_status kt__numa_bind_range(void *ptr, size_t size, int node);
 /* The real node a (possibly fake, see kt_numa_node_count) node stands for. */
 int kt__numa_real_node(int node);

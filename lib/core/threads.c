@@ -29,6 +29,7 @@
  * scheduler time slice (about 1 ms) instead of microseconds. */
 #define KT__SPIN_YIELD_MASK 63
 #define KT__MAX_THREADS 1024
+#define KT__MAX_NODES 64
 
 struct kt_threadpool {
     int n_threads;
@@ -251,28 +252,38 @@ kt_status kt_threadpool_create_numa(int n_threads, kt_threadpool **pool_out)
 {
     KT__TRY(kt_threadpool_create(n_threads, pool_out));
     kt_threadpool *p = *pool_out;
-    const int nodes = kt_numa_node_count();
     p->node = calloc((size_t)p->n_threads, sizeof *p->node);
     if (p->node == NULL) {
         kt_threadpool_destroy(p);
         *pool_out = NULL;
         return kt__error(KT_ENOMEM, "kt_threadpool_create_numa: out of memory");
     }
-    for (int t = 0; t < p->n_threads; t++)
-        p->node[t] = (int)((int64_t)t * nodes / p->n_threads);
 #ifdef __linux__
-    /* pinning only matters with several nodes; a failure to pin is not fatal to the results,
-     * but it is to the promise of locality, so it is reported */
-    for (int t = 1; nodes > 1 && t < p->n_threads; t++) {
+    /* The nodes this process may run on: those with CPUs inside its affinity mask (a
+     * cpuset or taskset is respected; memory-only nodes get no threads). */
+    cpu_set_t allowed, sets[KT__MAX_NODES];
+    int usable[KT__MAX_NODES], n_usable = 0;
+    const int nodes = kt_numa_node_count();
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0)
+        CPU_ZERO(&allowed);
+    for (int n = 0; nodes > 1 && n < nodes && n < KT__MAX_NODES; n++) {
         cpu_set_t set;
-        kt_status st = kt__numa_node_cpus(p->node[t], &set);
-        if (st == KT_OK && pthread_setaffinity_np(p->workers[t - 1], sizeof set, &set) != 0)
-            st = kt__error(KT_EINVAL, "kt_threadpool_create_numa: cannot pin thread %d to the "
-                           "CPUs of node %d", t, p->node[t]);
-        if (st != KT_OK) {
+        if (kt__numa_node_cpus(n, &set) != KT_OK)
+            continue;
+        CPU_AND(&sets[n_usable], &set, &allowed);
+        if (CPU_COUNT(&sets[n_usable]) > 0)
+            usable[n_usable++] = n;
+    }
+    for (int t = 0; t < p->n_threads; t++) {
+        const int u = (int)((int64_t)t * (n_usable ? n_usable : 1) / p->n_threads);
+        p->node[t] = n_usable ? usable[u] : 0;
+        /* thread 0 is the caller's thread, left where it is */
+        if (t > 0 && n_usable > 1 &&
+            pthread_setaffinity_np(p->workers[t - 1], sizeof sets[u], &sets[u]) != 0) {
             kt_threadpool_destroy(p);
             *pool_out = NULL;
-            return st;
+            return kt__error(KT_EINVAL, "kt_threadpool_create_numa: cannot pin thread %d to "
+                             "the CPUs of node %d", t, usable[u]);
         }
     }
 #endif

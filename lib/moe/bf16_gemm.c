@@ -824,6 +824,8 @@ static int use_amx(int64_t M) { return M >= AMX_MIN_M && kt__amx_usable(); }
 void kt__bf16_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
                       const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
+    if (M <= 0)
+        return; /* no rows */
     if (use_amx(M)) {
         kt__amx_gemm_nt(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
         return;
@@ -840,6 +842,8 @@ void kt__bf16_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
 void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g, int64_t ldg,
                       const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
+    if (M <= 0)
+        return; /* no rows */
     if (use_amx(M)) {
         kt__amx_gemm_nn(M, N, k0, k1, g, ldg, w, ldw, y, ldy, accumulate);
         return;

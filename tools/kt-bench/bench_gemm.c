@@ -18,6 +18,7 @@
  * The library peer: oneDNN's bf16 GEMM (the one PyTorch's bf16 matmuls use here) on the same
  * operands and thread count, where libdnnl.so.2 is installed (onednn_peer.c); each line then
  * carries ratio_vs_onednn = oneDNN's median time / libkt's. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,17 +169,20 @@ static double peer_difference(int kind, int64_t M, int64_t N, int64_t K, const b
         memset(r.c, 0, n * sizeof *r.c);
     run_block(&r, 0, split_dim(&r));
     memcpy(mine, r.c, n * sizeof *mine);
-    if (kind == K_TN)
-        memset(r.c, 0, n * sizeof *r.c);
-    onednn_peer_gemm(kind, M, N, K, r.a, r.b, r.c, 1);
+    /* tn adds to its output (zeros); nt/nn must overwrite a poisoned one */
+    for (size_t i = 0; i < n; i++)
+        r.c[i] = kind == K_TN ? 0.0f : NAN;
+    const int status = onednn_peer_gemm(kind, M, N, K, r.a, r.b, r.c, 1);
     double big = 0.0, diff = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        const double a = mine[i], d = a - (double)r.c[i];
-        big = a > big ? a : -a > big ? -a : big;
-        diff = d > diff ? d : -d > diff ? -d : diff;
+    int bad = status != 0;
+    for (size_t i = 0; i < n && !bad; i++) {
+        const double a = mine[i], d = fabs(a - (double)r.c[i]);
+        bad = !(d == d); /* NaN: not written */
+        big = fabs(a) > big ? fabs(a) : big;
+        diff = d > diff ? d : diff;
     }
     free(mine);
-    return big > 0 ? diff / big : diff;
+    return bad ? -1.0 : big > 0 ? diff / big : diff;
 }
 
 typedef struct timing {
