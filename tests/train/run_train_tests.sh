@@ -14,6 +14,9 @@
 #     And once with LoRA experts on 3 ranks over shm.
 #   - 30 steps on a repeating token pattern: the last loss is below half the first
 #   - a token id outside the vocabulary: exit 1 and a message naming its offset
+#   - a 100-token file read across its end (one rank, and 2 ranks against it)
+#   - a header larger than the file, a world size that is not a number, and rank 0 unable to
+#     create its losses file under 2 ranks: exit 1 with the reason, no rank left waiting
 # Without UCX (KT_LAUNCH "none") the multi-rank runs are skipped.
 #
 # usage: run_train_tests.sh KT_GRAPHC KT_TRAIN TRAIN_CHECK KT_LAUNCH|none WORKDIR
@@ -124,6 +127,45 @@ if [ "$rc" -eq 1 ] && grep -q "bad.bin: token 77 (byte offset 154) is 64, outsid
 else
   fail "bad token id: exit $rc (want 1 and a message naming token 77, byte offset 154)"
   sed 's/^/    /' bad.log
+fi
+
+# ---- the window wraps around the end of a short file -------------------------------------------
+# 100 tokens, 5 steps of 48 (+1): steps 3-5 read across the end; W ranks must slice the
+# wrapped window exactly as one rank does
+if "$check" tokens short.bin 100 64 markov &&
+   train wrap_1 1 - lm1.ktp --data short.bin --steps 5 --threads 1 "${sgd[@]}" \
+     --losses wrap_1.txt; then
+  ok "a 100-token file read over 5 steps of 48 tokens (wrapping)"
+  if [ "$launch" != none ] &&
+     train wrap_2 2 shm lm2.ktp --data short.bin --steps 5 --threads 1 "${sgd[@]}" \
+       --losses wrap_2.txt; then
+    expect "wrapping, 2 ranks" "$check" losses wrap_2.txt wrap_1.txt 1e-4
+  fi
+fi
+
+# ---- errors: each a clear message and exit 1, on every rank, without waiting --------------------
+# expect_error NAME PATTERN COMMAND...
+expect_error() {
+  local name=$1 pattern=$2
+  shift 2
+  timeout 60 "$@" > "$name.log" 2>&1
+  local rc=$?
+  if [ "$rc" -eq 1 ] && grep -q -- "$pattern" "$name.log"; then
+    ok "$name: exit 1, $(grep -h -m1 -- "$pattern" "$name.log")"
+  else
+    fail "$name: exit $rc (want 1 and '$pattern')"
+    sed 's/^/    /' "$name.log"
+  fi
+}
+expect_error header "is larger than markov.bin" \
+  "$train" lm1.ktp --data markov.bin --data-header 99999 --steps 1 --threads 1
+expect_error world_size "KT_WORLD_SIZE=abc is not a world size" \
+  env KT_RANK=0 KT_WORLD_SIZE=abc "$train" lm1.ktp --data markov.bin --steps 1 --threads 1
+if [ "$launch" != none ]; then
+  # rank 0 cannot create its losses file: rank 1 must not sit in the first step's collectives
+  expect_error losses_2_ranks "cannot create the losses file" \
+    "$launch" -n 2 --timeout-ms 20000 -- "$train" lm2.ktp --data markov.bin --steps 3 \
+    --threads 1 --losses /nonexistent-dir/losses.txt
 fi
 
 echo "$((checks - failures)) passed, $failures failed"

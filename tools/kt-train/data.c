@@ -135,7 +135,12 @@ static int open_file(token_data *d, const train_args *a)
         return 1;
     }
     int64_t payload = (int64_t)st.st_size - d->header;
-    if (payload < 0 || payload % d->token_bytes != 0) {
+    if (payload < 0) {
+        fprintf(stderr, "kt-train: --data-header %lld is larger than %s (%lld bytes)\n",
+                (long long)d->header, a->data, (long long)st.st_size);
+        return 1;
+    }
+    if (payload % d->token_bytes != 0) {
         fprintf(stderr, "kt-train: %s: %lld bytes%s are not a whole number of %d-byte tokens "
                 "(wrong --data-format?)\n", a->data, (long long)payload,
                 d->header ? " after the header" : "", d->token_bytes);

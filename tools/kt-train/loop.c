@@ -35,25 +35,25 @@ static int run_step(kt_session *s, token_data *d, int64_t step, const ranks *r)
     return 0;
 }
 
-static int log_loss(FILE *losses, const char *path, float loss)
+/* A failed write stops the logging, not the training: rank 0 alone stopping would leave the
+ * other ranks waiting in the next step's collectives. The failure is the run's exit status. */
+static int log_loss(FILE **losses, const char *path, float loss)
 {
-    if (losses == NULL)
+    if (*losses == NULL)
         return 0;
-    if (fprintf(losses, "%.9g\n", (double)loss) < 0 || fflush(losses) != 0) {
-        fprintf(stderr, "kt-train: cannot write the losses to %s: %s\n", path, strerror(errno));
+    if (fprintf(*losses, "%.9g\n", (double)loss) < 0 || fflush(*losses) != 0) {
+        fprintf(stderr, "kt-train: cannot write the losses to %s: %s (training goes on)\n",
+                path, strerror(errno));
+        fclose(*losses);
+        *losses = NULL;
         return 1;
     }
     return 0;
 }
 
-int train_loop(const train_args *a, kt_session *s, token_data *d, const ranks *r)
+int train_loop(const train_args *a, kt_session *s, token_data *d, const ranks *r, FILE *losses)
 {
-    FILE *losses = NULL;
-    if (r->rank == 0 && a->losses != NULL && (losses = fopen(a->losses, "w")) == NULL) {
-        fprintf(stderr, "kt-train: cannot create %s: %s\n", a->losses, strerror(errno));
-        return 1;
-    }
-    int rc = 0;
+    int rc = 0, log_failed = 0;
     double since = now_s();
     int64_t logged = 0; /* steps since the last progress line */
     for (int64_t step = 0; step < a->steps && rc == 0; step++) {
@@ -65,7 +65,7 @@ int train_loop(const train_args *a, kt_session *s, token_data *d, const ranks *r
         logged++;
         if (r->rank != 0)
             continue;
-        rc = log_loss(losses, a->losses, loss);
+        log_failed |= log_loss(&losses, a->losses, loss);
         if (!isfinite(loss))
             fprintf(stderr, "kt-train: warning: step %lld: the loss is %g\n",
                     (long long)step + 1, (double)loss);
@@ -81,5 +81,5 @@ int train_loop(const train_args *a, kt_session *s, token_data *d, const ranks *r
     }
     if (losses != NULL && fclose(losses) != 0 && rc == 0)
         rc = train_fail("cannot write the losses", strerror(errno));
-    return rc;
+    return rc != 0 ? rc : log_failed;
 }

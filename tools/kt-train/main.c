@@ -143,8 +143,8 @@ static int parse_value(train_args *a, const char *opt, const char *v)
     } else if (strcmp(opt, "--moe-inter") == 0) {
         rc = parse_i64(opt, v, 1, &a->moe_inter);
     } else if (strcmp(opt, "--threads") == 0) {
-        if ((rc = parse_i64(opt, v, 1, &x)) == 0 && x > 4096)
-            rc = usage_error("--threads %s is more than 4096", v);
+        if ((rc = parse_i64(opt, v, 1, &x)) == 0 && x > 1024)
+            rc = usage_error("--threads %s is more than 1024 (libkt's pool limit)", v);
         if (rc == 0)
             a->threads = (int)x;
     } else if (strcmp(opt, "--optimizer") == 0) {
@@ -229,6 +229,7 @@ typedef struct trainer {
     moe_layers moe;
     kt_session *s;
     token_data data;
+    FILE *losses; /* rank 0's --losses file, opened before the first step */
 } trainer;
 
 static int load_program(trainer *t, const train_args *a)
@@ -294,13 +295,16 @@ static int setup(trainer *t, const train_args *a)
     int rc = moe_setup(&t->moe, a, t->p, &t->r, t->pool);
     if (rc == 0)
         rc = create_session(t, a);
+    if (rc == 0)
+        rc = data_open(&t->data, a, t->p, t->s, &t->r);
+    if (rc == 0 && t->r.rank == 0 && a->losses != NULL &&
+        (t->losses = fopen(a->losses, "w")) == NULL)
+        rc = train_fail("cannot create the losses file", strerror(errno));
     if (ranks_agree(&t->r, rc == 0 ? KT_OK : KT_EINVAL) != KT_OK) {
         if (rc == 0) /* another rank failed and has said why; say where this one stopped */
             fprintf(stderr, "kt-train: rank %d: stopping: %s\n", t->r.rank, kt_last_error());
         return 1;
     }
-    if (data_open(&t->data, a, t->p, t->s, &t->r) != 0)
-        return 1;
     if (t->r.rank == 0)
         print_summary(t, a);
     return 0;
@@ -357,7 +361,9 @@ int main(int argc, char **argv)
     memset(&t, 0, sizeof t);
     rc = setup(&t, &a);
     if (rc == 0)
-        rc = train_loop(&a, t.s, &t.data, &t.r);
+        rc = train_loop(&a, t.s, &t.data, &t.r, t.losses);
+    else if (t.losses != NULL)
+        fclose(t.losses);
     if (rc == 0) {
         /* rank 0 writes the files; the others wait for it and learn whether it could */
         kt_status saved = KT_OK;

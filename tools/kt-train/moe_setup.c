@@ -91,6 +91,11 @@ static int alloc_slots(moe_layers *m, const kt_program *p)
         kt_program_moe info;
         if (kt_program_moe_info(p, i, &info) != KT_OK)
             return train_fail("cannot read the program's moe ops", kt_last_error());
+        if (info.binding < 0 || info.binding >= KT_TRAIN_MAX_LAYERS) {
+            fprintf(stderr, "kt-train: moe node '%s' runs layer %d: kt-train creates layers 0 to "
+                    "%d\n", info.name, info.binding, KT_TRAIN_MAX_LAYERS - 1);
+            return 1;
+        }
         if (info.binding > max_binding)
             max_binding = info.binding;
     }

@@ -11,6 +11,9 @@
 #ifndef KT_TRAIN_H
 #define KT_TRAIN_H
 
+/* MoE layer bindings (the .ktg `layer`) kt-train creates layers for: 0 to this - 1 */
+#define KT_TRAIN_MAX_LAYERS 4096
+
 #include <stdint.h>
 #include <stdio.h>
 
@@ -99,6 +102,7 @@ void moe_free(moe_layers *m);
 
 /* ---- loop.c ------------------------------------------------------------------------------ */
 
-int train_loop(const train_args *a, kt_session *s, token_data *d, const ranks *r);
+/* losses: the open --losses file on rank 0 (else NULL); closed by the loop */
+int train_loop(const train_args *a, kt_session *s, token_data *d, const ranks *r, FILE *losses);
 
 #endif
