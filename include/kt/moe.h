@@ -107,8 +107,9 @@ kt_status kt_moe_forward(kt_moe *moe, const kt_tensor *x, const kt_tensor *ids,
  * MoE pool; sync waits and returns the result's status. x, ids, weights and y must stay
  * valid until sync. One forward or backward may be in flight at a time: a second submit, a
  * forward or a backward before sync fail with KT_ESTATE (and change nothing); sync without a
- * submit is KT_ESTATE too. Until sync, the caller must not use the MoE pool nor change the
- * layer (weights, gradients, cache). kt_moe_destroy waits for a job in flight.
+ * submit is KT_ESTATE too. Until sync, the caller must not change the layer (weights,
+ * gradients, cache); work it submits to the MoE pool meanwhile is safe but waits for the
+ * job's phases (one submission lock per pool), so keep other work on another pool. kt_moe_destroy waits for a job in flight.
  *
  * Errors (each message names the layer, and the token/expert where one is at fault): wrong
  * dtypes or shapes KT_EINVAL; qlen > max_tokens KT_ERANGE; an expert id outside [0, E)

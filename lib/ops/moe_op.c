@@ -152,7 +152,8 @@ static kt_status fwd_moe_dist(const kt__op_call *c)
  * differences upstream). So rank 0 divides the
  * gathered gradients by W, runs the layer's backward exactly as one rank would (weight
  * gradient scale 1: the mean over the ranks), and multiplies the input gradients it returns
- * by W, in f32. */
+ * by W (in f32 arithmetic, stored in the activation dtype: a bf16 grad_x is rounded once by
+ * the layer and once more here). */
 static void scale_rows(kt_tensor *t, float s)
 {
     float buf[KT__CHUNK];
