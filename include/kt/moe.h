@@ -49,7 +49,7 @@ typedef struct kt_moe_config {
     kt_dtype weight_dtype; /* KT_BF16 or KT_F32 */
     kt_dtype act_dtype;    /* x, y and their gradients: KT_F32 or KT_BF16 */
     kt_moe_mode mode;
-    int64_t lora_rank;     /* LoRA: r */
+    int64_t lora_rank;     /* LoRA: r, 1 to min(H, I, 256) */
     float lora_alpha;      /* LoRA: the adapter output is scaled by alpha / r */
     /* 1: forward keeps the intermediate activations backward needs; 0: keep nothing and
      * recompute them inside backward (less memory, one more forward's worth of GEMMs). */

@@ -70,9 +70,11 @@ static kt_status check_config(const kt_moe_config *c)
     if (c->mode != KT_MOE_FROZEN && c->mode != KT_MOE_LORA && c->mode != KT_MOE_FULL)
         return kt__error(KT_EINVAL, "moe '%s': unknown mode %d", name, (int)c->mode);
     if (c->mode == KT_MOE_LORA) {
-        if (c->lora_rank < 1 || c->lora_rank > c->hidden || c->lora_rank > c->intermediate)
-            return kt__error(KT_EINVAL, "moe '%s': lora_rank %lld must be in [1, min(H, I)]",
-                             name, (long long)c->lora_rank);
+        if (c->lora_rank < 1 || c->lora_rank > c->hidden || c->lora_rank > c->intermediate ||
+            c->lora_rank > KT__MOE_LORA_MAX_RANK)
+            return kt__error(KT_EINVAL,
+                             "moe '%s': lora_rank %lld must be in [1, min(H, I, %d)]", name,
+                             (long long)c->lora_rank, KT__MOE_LORA_MAX_RANK);
         if (!isfinite(c->lora_alpha))
             return kt__error(KT_EINVAL, "moe '%s': lora_alpha is not finite", name);
     }

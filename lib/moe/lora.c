@@ -1,12 +1,19 @@
 /* LoRA adapters on each expert projection: W_eff = W + s * B A, s = alpha / r, A [r, in],
- * B [out, r] (f32). The rank is small, so the adapter products are plain f32 loops with a
- * fixed summation order; they read the compute-dtype activations the GEMMs read.
+ * B [out, r] (f32). The rank is small (at most KT__MOE_LORA_MAX_RANK), so each adapter
+ * product is r dot products or r axpys over the long dimension (moe/vec.h, AVX-512 where the
+ * CPU has it), in a fixed order that does not depend on the thread split; they read the
+ * compute-dtype activations the GEMMs read, widened to f32 a row piece at a time.
  *
  *   forward:  z = x A^T [rows, r];         out += s * z B^T
  *   backward: gz = s * gout B [rows, r];    gin += gz A
  *             dB += scale * s * gout^T z;   dA += scale * gz^T x
- */
+ *
+ * Long rows are cut into pieces of at most LORA_W columns; the stack buffers hold one piece
+ * of a row and r pieces of accumulators or of B transposed (r + 2 pieces: under 64 KiB). */
 #include "moe/moe_internal.h"
+#include "moe/vec.h"
+
+#define LORA_BUF 16384 /* floats of stack per call */
 
 typedef struct lora_ctx {
     kt_moe *m;
@@ -16,20 +23,33 @@ typedef struct lora_ctx {
     float scale;
 } lora_ctx;
 
+/* Columns per piece for rank R: R + 2 pieces fit LORA_BUF, a multiple of 16. */
+static int64_t piece(int64_t R) { return LORA_BUF / (R + 2) / 16 * 16; }
+
+static const void *cdt_row(const kt_moe *m, const void *base, int64_t r, int64_t w, int64_t c0)
+{
+    return (const unsigned char *)base + (size_t)(r * w + c0) * m->cs;
+}
+
+/* z[r] = x[r] A^T: r dot products over `in`, piece by piece (each piece's sum added in
+ * order). */
 static void z_part(void *vctx, int64_t r0, int64_t r1, int thread)
 {
     (void)thread;
     lora_ctx *c = vctx;
     kt_moe *m = c->m;
-    int64_t in = kt__moe_proj_in(m, c->proj), R = m->R;
+    const int64_t in = kt__moe_proj_in(m, c->proj), R = m->R, W = piece(R);
+    float xb[LORA_BUF];
     float *z = m->z[c->proj];
     for (int64_t r = r0; r < r1; r++) {
         const float *A = kt__moe_lora_ptr(m, m->lora, m->row_expert[r], c->proj, 0);
-        for (int64_t q = 0; q < R; q++) {
-            float s = 0.0f;
-            for (int64_t i = 0; i < in; i++)
-                s += kt__moe_ld(c->a, m->bf16, r * in + i) * A[q * in + i];
-            z[r * R + q] = s;
+        for (int64_t q = 0; q < R; q++)
+            z[r * R + q] = 0.0f;
+        for (int64_t k0 = 0; k0 < in; k0 += W) {
+            const int64_t w = in - k0 < W ? in - k0 : W;
+            kt__vec_load_cdt(xb, cdt_row(m, c->a, r, in, k0), m->bf16, w);
+            for (int64_t q = 0; q < R; q++)
+                z[r * R + q] += kt__vec_dot(w, xb, A + q * in + k0);
         }
     }
 }
@@ -40,35 +60,63 @@ void kt__moe_lora_z(kt_moe *m, int proj, const void *in_c)
     kt_parallel_for(m->pool, m->off[m->E], 1, z_part, &c);
 }
 
+/* out[r, c0..c1) += s * sum_q z[r, q] B[n, q] for the task's expert: B's columns transposed
+ * once per piece into bt[q][n], then per row r axpys into a row buffer added to out. */
 void kt__moe_lora_add(kt_moe *m, int proj, const kt__moe_task *t, float *out)
 {
-    int64_t outw = kt__moe_proj_out(m, proj), R = m->R;
+    const int64_t outw = kt__moe_proj_out(m, proj), R = m->R, W = piece(R);
     const float *B = kt__moe_lora_ptr(m, m->lora, t->e, proj, 1);
     const float *z = m->z[proj];
-    for (int64_t r = m->off[t->e]; r < m->off[t->e + 1]; r++)
-        for (int64_t n = t->c0; n < t->c1; n++) {
-            float s = 0.0f;
+    float buf[LORA_BUF];
+    float *acc = buf, *bt = buf + W;
+    for (int64_t n0 = t->c0; n0 < t->c1; n0 += W) {
+        const int64_t w = t->c1 - n0 < W ? t->c1 - n0 : W;
+        for (int64_t q = 0; q < R; q++)
+            for (int64_t n = 0; n < w; n++)
+                bt[q * W + n] = B[(n0 + n) * R + q];
+        for (int64_t r = m->off[t->e]; r < m->off[t->e + 1]; r++) {
+            for (int64_t n = 0; n < w; n++)
+                acc[n] = 0.0f;
             for (int64_t q = 0; q < R; q++)
-                s += z[r * R + q] * B[n * R + q];
-            out[r * outw + n] += m->lora_scale * s;
+                kt__vec_axpy(w, z[r * R + q], bt + q * W, acc);
+            kt__vec_axpy(w, m->lora_scale, acc, out + r * outw + n0);
         }
+    }
 }
 
+/* gz[r] = s * gout[r] B: rows [r0, r1) taken an expert's run at a time; for each piece of
+ * `out`, B's piece is transposed once (bt[q][n]) and each row adds r dot products. */
 static void gz_part(void *vctx, int64_t r0, int64_t r1, int thread)
 {
     (void)thread;
     lora_ctx *c = vctx;
     kt_moe *m = c->m;
-    int64_t outw = kt__moe_proj_out(m, c->proj), R = m->R;
+    const int64_t outw = kt__moe_proj_out(m, c->proj), R = m->R, W = piece(R);
+    float buf[LORA_BUF];
+    float *gb = buf, *bt = buf + W;
     float *gz = m->gz[c->proj];
-    for (int64_t r = r0; r < r1; r++) {
-        const float *B = kt__moe_lora_ptr(m, m->lora, m->row_expert[r], c->proj, 1);
-        for (int64_t q = 0; q < R; q++) {
-            float s = 0.0f;
-            for (int64_t n = 0; n < outw; n++)
-                s += kt__moe_ld(c->a, m->bf16, r * outw + n) * B[n * R + q];
-            gz[r * R + q] = m->lora_scale * s;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t q = 0; q < R; q++)
+            gz[r * R + q] = 0.0f;
+    for (int64_t s0 = r0; s0 < r1;) {
+        const int64_t e = m->row_expert[s0];
+        const int64_t s1 = m->off[e + 1] < r1 ? m->off[e + 1] : r1; /* this expert's rows */
+        const float *B = kt__moe_lora_ptr(m, m->lora, e, c->proj, 1);
+        for (int64_t n0 = 0; n0 < outw; n0 += W) {
+            const int64_t w = outw - n0 < W ? outw - n0 : W;
+            for (int64_t q = 0; q < R; q++)
+                for (int64_t n = 0; n < w; n++)
+                    bt[q * W + n] = B[(n0 + n) * R + q];
+            for (int64_t r = s0; r < s1; r++) {
+                kt__vec_load_cdt(gb, cdt_row(m, c->a, r, outw, n0), m->bf16, w);
+                for (int64_t q = 0; q < R; q++)
+                    gz[r * R + q] += kt__vec_dot(w, gb, bt + q * W);
+            }
         }
+        for (int64_t r = s0; r < s1; r++)
+            for (int64_t q = 0; q < R; q++)
+                gz[r * R + q] *= m->lora_scale;
+        s0 = s1;
     }
 }
 
@@ -78,45 +126,62 @@ void kt__moe_lora_gz(kt_moe *m, int proj, const void *gout_c)
     kt_parallel_for(m->pool, m->off[m->E], 1, gz_part, &c);
 }
 
-/* dB rows [c0, c1) of each task's expert: a = gout, over the expert's rows. */
+/* dB rows [c0, c1) of each task's expert (a = gout): accumulated transposed, acc[q][n] +=
+ * z[r, q] gout[r, n] over the expert's rows in order, then added to dB. */
 static void db_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
     (void)thread;
     lora_ctx *c = vctx;
     kt_moe *m = c->m;
-    int64_t outw = kt__moe_proj_out(m, c->proj), R = m->R;
+    const int64_t outw = kt__moe_proj_out(m, c->proj), R = m->R, W = piece(R);
     const float *z = m->z[c->proj];
+    float buf[LORA_BUF];
+    float *gb = buf, *acc = buf + W;
     for (int64_t i = b; i < end; i++) {
         const kt__moe_task *t = &m->tasks[i];
         float *dB = kt__moe_lora_ptr(m, m->lora_grad, t->e, c->proj, 1);
-        for (int64_t n = t->c0; n < t->c1; n++)
-            for (int64_t q = 0; q < R; q++) {
-                float s = 0.0f;
-                for (int64_t r = m->off[t->e]; r < m->off[t->e + 1]; r++)
-                    s += kt__moe_ld(c->a, m->bf16, r * outw + n) * z[r * R + q];
-                dB[n * R + q] += c->scale * (m->lora_scale * s);
+        for (int64_t n0 = t->c0; n0 < t->c1; n0 += W) {
+            const int64_t w = t->c1 - n0 < W ? t->c1 - n0 : W;
+            for (int64_t j = 0; j < R * W; j++)
+                acc[j] = 0.0f;
+            for (int64_t r = m->off[t->e]; r < m->off[t->e + 1]; r++) {
+                kt__vec_load_cdt(gb, cdt_row(m, c->a, r, outw, n0), m->bf16, w);
+                for (int64_t q = 0; q < R; q++)
+                    kt__vec_axpy(w, z[r * R + q], gb, acc + q * W);
             }
+            for (int64_t n = 0; n < w; n++)
+                for (int64_t q = 0; q < R; q++)
+                    dB[(n0 + n) * R + q] += c->scale * (m->lora_scale * acc[q * W + n]);
+        }
     }
 }
 
-/* dA columns [c0, c1) of each task's expert: b = the projection's input rows. */
+/* dA columns [c0, c1) of each task's expert (b = the projection's input rows): acc[q][k] +=
+ * gz[r, q] x[r, k] over the expert's rows in order, then added to dA. */
 static void da_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
     (void)thread;
     lora_ctx *c = vctx;
     kt_moe *m = c->m;
-    int64_t in = kt__moe_proj_in(m, c->proj), R = m->R;
+    const int64_t in = kt__moe_proj_in(m, c->proj), R = m->R, W = piece(R);
     const float *gz = m->gz[c->proj];
+    float buf[LORA_BUF];
+    float *xb = buf, *acc = buf + W;
     for (int64_t i = b; i < end; i++) {
         const kt__moe_task *t = &m->tasks[i];
         float *dA = kt__moe_lora_ptr(m, m->lora_grad, t->e, c->proj, 0);
-        for (int64_t q = 0; q < R; q++)
-            for (int64_t k = t->c0; k < t->c1; k++) {
-                float s = 0.0f;
-                for (int64_t r = m->off[t->e]; r < m->off[t->e + 1]; r++)
-                    s += gz[r * R + q] * kt__moe_ld(c->b, m->bf16, r * in + k);
-                dA[q * in + k] += c->scale * s;
+        for (int64_t k0 = t->c0; k0 < t->c1; k0 += W) {
+            const int64_t w = t->c1 - k0 < W ? t->c1 - k0 : W;
+            for (int64_t j = 0; j < R * W; j++)
+                acc[j] = 0.0f;
+            for (int64_t r = m->off[t->e]; r < m->off[t->e + 1]; r++) {
+                kt__vec_load_cdt(xb, cdt_row(m, c->b, r, in, k0), m->bf16, w);
+                for (int64_t q = 0; q < R; q++)
+                    kt__vec_axpy(w, gz[r * R + q], xb, acc + q * W);
             }
+            for (int64_t q = 0; q < R; q++)
+                kt__vec_axpy(w, c->scale, acc + q * W, dA + q * in + k0);
+        }
     }
 }
 
@@ -130,16 +195,21 @@ void kt__moe_lora_grads(kt_moe *m, int proj, const void *gout_c, const void *in_
     kt_parallel_for(m->pool, n, 1, da_tasks, &c);
 }
 
+/* gin[r, c0..c1) += gz[r] A for the task's expert: axpys of A's rows into a row buffer. */
 void kt__moe_lora_gin_add(kt_moe *m, int proj, const kt__moe_task *t, float *gin)
 {
-    int64_t in = kt__moe_proj_in(m, proj), R = m->R;
+    const int64_t in = kt__moe_proj_in(m, proj), R = m->R, W = piece(R);
     const float *A = kt__moe_lora_ptr(m, m->lora, t->e, proj, 0);
     const float *gz = m->gz[proj];
-    for (int64_t r = m->off[t->e]; r < m->off[t->e + 1]; r++)
-        for (int64_t k = t->c0; k < t->c1; k++) {
-            float s = 0.0f;
+    float acc[LORA_BUF];
+    for (int64_t k0 = t->c0; k0 < t->c1; k0 += W) {
+        const int64_t w = t->c1 - k0 < W ? t->c1 - k0 : W;
+        for (int64_t r = m->off[t->e]; r < m->off[t->e + 1]; r++) {
+            for (int64_t k = 0; k < w; k++)
+                acc[k] = 0.0f;
             for (int64_t q = 0; q < R; q++)
-                s += gz[r * R + q] * A[q * in + k];
-            gin[r * in + k] += s;
+                kt__vec_axpy(w, gz[r * R + q], A + q * in + k0, acc);
+            kt__vec_axpy(w, 1.0f, acc, gin + r * in + k0);
         }
+    }
 }

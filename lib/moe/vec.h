@@ -1,0 +1,17 @@
+/* Small f32 vector kernels for the LoRA adapters (rank r is small, so the adapter products are
+ * dot products and axpys over the long dimension): AVX-512 where the CPU has it, else plain
+ * loops with the same 16-lane order, so a given build and CPU gives the same bits for any
+ * thread count. */
+#ifndef KT_MOE_VEC_H
+#define KT_MOE_VEC_H
+
+#include <stdint.h>
+
+/* sum a[i] b[i]: 16 lane sums over i = 16c + l in order, then a fixed tree. */
+float kt__vec_dot(int64_t n, const float *a, const float *b);
+/* y[i] += alpha x[i] */
+void kt__vec_axpy(int64_t n, float alpha, const float *x, float *y);
+/* dst[i] = f32 of n compute-dtype values (bf16 or f32) */
+void kt__vec_load_cdt(float *dst, const void *src, int bf16, int64_t n);
+
+#endif
