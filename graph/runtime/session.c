@@ -14,11 +14,15 @@
 static const char *const category_names[KT__STEP_KIND_COUNT] = {"forward", "backward", "fill",
                                                                  "accumulate"};
 
+/* The allocation size of a region of `bytes` (kt__numa_free needs the same size back: large
+ * ones are mappings, small ones heap blocks). */
+static size_t region_alloc_size(uint64_t bytes) { return (size_t)(bytes ? bytes : 64); }
+
 static kt_status alloc_zeroed(uint64_t bytes, unsigned char **out)
 {
     void *p = NULL;
-    KT__TRY(kt__numa_alloc((size_t)(bytes ? bytes : 64), -1, &p));
-    memset(p, 0, (size_t)(bytes ? bytes : 64));
+    KT__TRY(kt__numa_alloc(region_alloc_size(bytes), -1, &p));
+    memset(p, 0, region_alloc_size(bytes));
     *out = p;
     return KT_OK;
 }
@@ -253,9 +257,10 @@ void kt_session_destroy(kt_session *s)
     if (s == NULL)
         return;
     for (int r = 0; r < KT__REGION_COUNT; r++)
-        kt__numa_free(s->region[r], 0, -1);
+        kt__numa_free(s->region[r], region_alloc_size(s->p->region_bytes[r]), -1);
     for (int k = 0; k < 2; k++)
-        kt__numa_free(s->opt_state[k], 0, -1);
+        kt__numa_free(s->opt_state[k], region_alloc_size(s->p->region_bytes[KT__REGION_GRAD]),
+                      -1);
     if (s->own_pool)
         kt_threadpool_destroy(s->pool);
     free(s->tensors);

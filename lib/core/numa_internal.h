@@ -8,6 +8,7 @@
 
 /* Allocates `size` bytes (page aligned) on `node`, or anywhere for node -1. */
 kt_status kt__numa_alloc(size_t size, int node, void **ptr_out);
+/* size and node: exactly those given to kt__numa_alloc (large blocks are mappings). */
 void kt__numa_free(void *ptr, size_t size, int node);
 /* Binds the whole pages inside [ptr, ptr + size) to `node` (pages already touched are
  * moved); a no-op without libnuma (one node). */
