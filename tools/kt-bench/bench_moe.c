@@ -38,6 +38,7 @@ typedef struct moe_args {
     int peer;
     unsigned peer_dtypes; /* bit 0: bf16, bit 1: f32 */
     const char *peer_script;
+    int numa_split; /* --numa-split: experts split over the NUMA nodes */
 } moe_args;
 
 typedef struct moe_inputs {
@@ -258,14 +259,16 @@ static int parse(int argc, char **argv, moe_args *a)
             printf("usage: kt-bench moe --shape small|dsv2lite|qwen3moe --qlen N\n"
                    "                    --mode frozen|lora|full --dtype bf16|f32\n"
                    "                    [--no-peer] [--peer-dtype bf16|f32|both] [--peer-script PATH]\n"
-                   "                    [--threads N] [--json]\n"
+                   "                    [--threads N] [--numa-split] [--json]\n"
                    "Times the MoE layer forward and forward+backward; prints tokens/s,\n"
                    "GFLOP/s, the fraction of the vdpbf16ps peak (bf16) or of OpenBLAS sgemm on\n"
                    "the same per-expert shapes (f32), the fraction of memory bandwidth for\n"
-                   "qlen <= 16, and the ratio against PyTorch's loop in bf16 and f32.\n");
+                   "qlen <= 16, and the ratio against PyTorch's loop in bf16 and f32.\n"
+                   "--numa-split: a NUMA-placed pool and the experts split over the nodes\n"
+                   "(KT_MOE_NUMA_SPLIT; the same as without on a one-node machine).\n");
             exit(0);
         }
-        if (v == NULL && strcmp(s, "--no-peer") != 0) {
+        if (v == NULL && strcmp(s, "--no-peer") != 0 && strcmp(s, "--numa-split") != 0) {
             fprintf(stderr, "kt-bench moe: %s needs a value (see --help)\n", s);
             return 2;
         }
@@ -300,6 +303,8 @@ static int parse(int argc, char **argv, moe_args *a)
             i++;
         } else if (strcmp(s, "--no-peer") == 0) {
             a->peer = 0;
+        } else if (strcmp(s, "--numa-split") == 0) {
+            a->numa_split = 1;
         } else if (strcmp(s, "--peer-dtype") == 0) {
             a->peer_dtypes = strcmp(v, "bf16") == 0 ? 1u : strcmp(v, "f32") == 0 ? 2u : 3u;
             if (strcmp(v, "bf16") && strcmp(v, "f32") && strcmp(v, "both")) {
@@ -353,7 +358,8 @@ int bench_moe(int argc, char **argv, const bench_args *common)
         return rc;
     int threads = common->threads_given ? common->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     kt_threadpool *pool;
-    if (kt_threadpool_create(threads, &pool) != KT_OK) {
+    if ((a.numa_split ? kt_threadpool_create_numa(threads, &pool)
+                      : kt_threadpool_create(threads, &pool)) != KT_OK) {
         fprintf(stderr, "kt-bench moe: %s\n", kt_last_error());
         return 1;
     }
@@ -362,7 +368,7 @@ int bench_moe(int argc, char **argv, const bench_args *common)
                          .top_k = s->top_k, .max_tokens = a.qlen, .weight_dtype = a.dtype,
                          .act_dtype = KT_F32, .mode = a.mode, .lora_rank = 8,
                          .lora_alpha = 16.0f, .keep_activations = 1, .name = "bench",
-                         .numa_node = -1};
+                         .numa_node = a.numa_split ? KT_MOE_NUMA_SPLIT : -1};
     kt_moe *m;
     if (kt_moe_create(&cfg, pool, &m) != KT_OK || fill_weights(m, &a) != 0) {
         fprintf(stderr, "kt-bench moe: %s\n", kt_last_error());
