@@ -212,6 +212,9 @@ static int have_avx512_packers(void)
 
 static int have_amx(void)
 {
+    if (kt__amx_state() < 0)
+        fail_msg("this CPU has AMX, but the AMX kernels failed their self-test against the "
+                 "scalar reference (kt__amx_selftest), so libkt does not use them");
     if (kt__amx_usable())
         return 1;
 #ifdef KT_AMX_COMPILED
@@ -778,6 +781,39 @@ static void run_empty(const impl *f)
 
 /* ---- 2. the kernels on emulated tiles ------------------------------------------------------ */
 
+/* The start-up self-test accepts correct kernels (the reference itself, the emulated tiles)
+ * and refuses a kernel that is off in one element. */
+static void nt_off_by_one(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
+                          int64_t ldx, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
+                          int accumulate)
+{
+    kt__bf16_gemm_nt_ref(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+    y[(M - 1) * ldy + n1 - 1] += 1.0f; /* the last corner: an edge-tile slip */
+}
+
+static void tn_dropped_scale(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                             int64_t ldg, const uint16_t *x, int64_t ldx, float *dw,
+                             int64_t lddw, float scale)
+{
+    (void)scale;
+    kt__bf16_gemm_tn_acc_ref(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, 1.0f);
+}
+
+static void test_selftest(void **state)
+{
+    (void)state;
+    assert_int_equal(kt__amx_selftest(kt__bf16_gemm_nt_ref, kt__bf16_gemm_nn_ref,
+                                      kt__bf16_gemm_tn_acc_ref), 1);
+    assert_int_equal(kt__amx_selftest(nt_off_by_one, kt__bf16_gemm_nn_ref,
+                                      kt__bf16_gemm_tn_acc_ref), 0);
+    assert_int_equal(kt__amx_selftest(kt__bf16_gemm_nt_ref, kt__bf16_gemm_nn_ref,
+                                      tn_dropped_scale), 0);
+#ifdef KT_AMX_COMPILED
+    if (have_avx512_packers())
+        assert_int_equal(kt__amx_selftest(emu_nt, emu_nn, emu_tn), 1);
+#endif
+}
+
 #ifdef KT_AMX_COMPILED
 static void test_emu_nt(void **state)
 {
@@ -877,7 +913,7 @@ int main(void)
         cmocka_unit_test(test_emu_tn),    cmocka_unit_test(test_emu_big),
         cmocka_unit_test(test_amx_nt),    cmocka_unit_test(test_amx_nn),
         cmocka_unit_test(test_amx_tn),    cmocka_unit_test(test_amx_big),
-        cmocka_unit_test(test_report),
+        cmocka_unit_test(test_selftest), cmocka_unit_test(test_report),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

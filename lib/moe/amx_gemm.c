@@ -57,13 +57,17 @@ static void amx_detect(void)
     const kt_cpu_features *f = kt_cpu_get_features();
     amx_ok = f->amx_usable && f->amx_tile && f->amx_bf16 && f->avx512f && f->avx512bw &&
              f->avx512_bf16 && palette_ok();
+    if (amx_ok && !kt__amx_selftest(kt__amx_gemm_nt, kt__amx_gemm_nn, kt__amx_gemm_tn_acc))
+        amx_ok = -1; /* present, but the kernels disagree with the reference here */
 }
 
-int kt__amx_usable(void)
+int kt__amx_state(void)
 {
     pthread_once(&amx_once, amx_detect);
     return amx_ok;
 }
+
+int kt__amx_usable(void) { return kt__amx_state() == 1; }
 
 /* ---- packing ------------------------------------------------------------------------------ */
 
@@ -231,6 +235,7 @@ void kt__amx_gemm_tn_acc(int64_t M, int64_t n0, int64_t n1, int64_t K, const uin
 #else /* !KT_AMX_COMPILED: no AMX on this target; the names run the scalar reference */
 
 int kt__amx_usable(void) { return 0; }
+int kt__amx_state(void) { return 0; }
 
 void kt__amx_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
                      int64_t ldx, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,

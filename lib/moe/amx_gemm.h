@@ -82,10 +82,27 @@
 #endif
 
 /* 1 when the AMX kernels are compiled in, the CPU has AMX-TILE, AMX-BF16 and AVX-512
- * F/BW/BF16, palette 1 offers 8 tiles of 16 rows x 64 bytes, and Linux granted this process
- * the tile data state (the arch_prctl request made by kt_cpu_get_features()). 0 with
- * KT_CPU=portable. Cached after the first call. */
+ * F/BW/BF16, palette 1 offers 8 tiles of 16 rows x 64 bytes, Linux granted this process
+ * the tile data state (the arch_prctl request made by kt_cpu_get_features()), and the
+ * kernels pass kt__amx_selftest on this CPU. 0 with KT_CPU=portable. Cached after the first
+ * call. */
 int kt__amx_usable(void);
+/* 1 usable; 0 not there (or not compiled, or KT_CPU=portable); -1 there but the kernels
+ * failed kt__amx_selftest on this CPU (so they are not used). */
+int kt__amx_state(void);
+
+/* The three products on a fixed small problem with ragged edges (every kind of edge tile),
+ * accumulate on and off, against the scalar reference: 1 when all agree within 1e-3 of the
+ * largest magnitude. The AMX kernels must pass it before they are used (they were written
+ * and checked on an emulator, not on AMX hardware): a CPU on which they go wrong gets the
+ * AVX-512 kernels instead of wrong numbers. */
+typedef void (*kt__gemm_nt_fn)(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
+                               int64_t ldx, const uint16_t *w, int64_t ldw, float *y,
+                               int64_t ldy, int accumulate);
+typedef void (*kt__gemm_tn_fn)(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                               int64_t ldg, const uint16_t *x, int64_t ldx, float *dw,
+                               int64_t lddw, float scale);
+int kt__amx_selftest(kt__gemm_nt_fn nt, kt__gemm_nt_fn nn, kt__gemm_tn_fn tn);
 
 void kt__amx_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
                      int64_t ldx, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
