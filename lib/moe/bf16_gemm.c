@@ -477,41 +477,70 @@ BF_TARGET static void nn_pack_b(const uint16_t *w, int64_t ldw, int64_t N, int64
     }
 }
 
-/* NN with fewer rows than a tile (decode-sized M): packing would not pay, and w must stream
- * at memory speed. The reduction runs in chunks of NN_SMALL_PAIRS row pairs; a chunk's rows
- * are walked together across a wide group of columns (so each row is read in long runs and
- * few lines share an L1 set at a time), the accumulators of the whole group carried between
- * chunks in accbuf: the same operations per element as the tiled path. */
-#define NN_SMALL_PAIRS 8
-#define NN_SMALL_ACC_FLOATS 4096 /* 16 KiB */
-/* Below one full tile of rows NN reads w in place; from there packing wins (measured at 16
- * rows: packed 0.76 of peak, the in-place walk 0.31). */
-#define NN_SMALL_MAX_M PAIR_MR
+/* NN with few rows (decode- and small-batch-sized M, where w must stream at memory speed):
+ * the reduction runs in chunks of NN_SMALL_PAIRS row pairs, and a chunk's pairs are packed
+ * for a whole group of columns at once, each row of w read as one contiguous run of the
+ * group's width (nn_pack_rows), where walking a 32-column block down the rows (4 KiB apart)
+ * streamed at half the bandwidth; the accumulators of the group are carried between chunks
+ * in accbuf. The same operations per element as the large-M path. */
+#define NN_SMALL_PAIRS 32
+#define NN_SMALL_WIDTH 256                       /* columns per group, at most */
+#define NN_SMALL_MAX_M 24                        /* below this, the small path */
+#define NN_SMALL_ACC_FLOATS (NN_SMALL_MAX_M * NN_SMALL_WIDTH) /* 48 KiB */
+
+/* Pairs [p0, p0 + cnt) of w's rows over columns [0, cols) (cols <= NN_SMALL_WIDTH), row by
+ * row: block b's pair q at bp + (b NN_SMALL_PAIRS + q) 64. */
+BF_TARGET static void nn_pack_rows(const uint16_t *w, int64_t ldw, int64_t N, int64_t p0,
+                                   int64_t cnt, int64_t cols, uint16_t *bp)
+{
+    for (int64_t q = 0; q < cnt; q++) {
+        const int64_t n = 2 * (p0 + q);
+        const uint16_t *r0p = w + n * ldw, *r1p = w + (n + 1) * ldw;
+        /* the same rows of the next chunk: memory latency, not bandwidth, bounds a pack
+         * that waits for each line (rows past the end of w are only prefetched) */
+        const uint16_t *nx = w + (n + 2 * NN_SMALL_PAIRS) * ldw;
+        for (int64_t b = 0; b * 32 < cols; b++) {
+            const __mmask32 jm = col_mask(cols - b * 32);
+            _mm_prefetch((const char *)(nx + 32 * b), _MM_HINT_T1);
+            _mm_prefetch((const char *)(nx + ldw + 32 * b), _MM_HINT_T1);
+            const __m512i r0 = _mm512_maskz_loadu_epi16(jm, r0p + 32 * b);
+            const __m512i r1 =
+                n + 1 < N ? _mm512_maskz_loadu_epi16(jm, r1p + 32 * b) : _mm512_setzero_si512();
+            uint16_t *o = bp + 64 * (b * NN_SMALL_PAIRS + q);
+            _mm512_store_si512((void *)o, _mm512_unpacklo_epi16(r0, r1));
+            _mm512_store_si512((void *)(o + 32), _mm512_unpackhi_epi16(r0, r1));
+        }
+    }
+}
 
 static void nn_small_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
                             int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
                             int accumulate)
 {
     _Alignas(64) float accbuf[NN_SMALL_ACC_FLOATS];
+    _Alignas(64) uint16_t bpack[NN_SMALL_WIDTH / 32 * NN_SMALL_PAIRS * 64];
     const int64_t pairs = (N + 1) / 2;
     const int64_t chunks = (pairs + NN_SMALL_PAIRS - 1) / NN_SMALL_PAIRS;
-    const int64_t width = (NN_SMALL_ACC_FLOATS / M) & ~(int64_t)31; /* M < 12: >= 32 */
+    int64_t width = (NN_SMALL_ACC_FLOATS / M) & ~(int64_t)31;
+    width = width > NN_SMALL_WIDTH ? NN_SMALL_WIDTH : width;
     const int mode = accumulate ? OUT_ADD : OUT_STORE;
     for (int64_t j0 = k0; j0 < k1; j0 += width) {
-        const int64_t j1 = k1 - j0 < width ? k1 : j0 + width;
+        const int64_t cols = k1 - j0 < width ? k1 - j0 : width;
         for (int64_t c = 0; c < chunks || c == 0; c++) {
             const int64_t p0 = c * NN_SMALL_PAIRS;
             const int64_t cnt = pairs - p0 < NN_SMALL_PAIRS ? pairs - p0 : NN_SMALL_PAIRS;
             const int last = c + 1 >= chunks;
             const int tail = last && (N & 1);
-            for (int64_t jb = j0; jb < j1; jb += 32) {
-                const __mmask32 jm = col_mask(j1 - jb);
-                float *acc = accbuf + (jb - j0) * M;
+            nn_pack_rows(w + j0, ldw, N, p0, cnt, cols, bpack);
+            for (int64_t b = 0; b * 32 < cols; b++) {
+                const __mmask32 jm = col_mask(cols - b * 32);
+                float *acc = accbuf + b * 32 * M;
                 for (int64_t m = 0; m < M;) {
                     int mr;
                     const pair_fn fn = pair_pick(M - m, &mr);
-                    fn(cnt - tail, tail, g + m * ldg + 2 * p0, ldg, 2, w + 2 * p0 * ldw + jb, ldw,
-                       0, jm, acc + m * 32, c == 0, last, y + m * ldy + jb, ldy, mode, 1.0f);
+                    fn(cnt - tail, tail, g + m * ldg + 2 * p0, ldg, 2,
+                       bpack + 64 * b * NN_SMALL_PAIRS, 0, 1, jm, acc + m * 32, c == 0, last,
+                       y + m * ldy + j0 + 32 * b, ldy, mode, 1.0f);
                     m += mr;
                 }
             }
