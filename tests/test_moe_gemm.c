@@ -341,6 +341,32 @@ static void test_big_shapes(void **state)
     }
 }
 
+/* NN with w's rows exactly 4 KiB apart (2048 bf16) takes the rows path up to 512 rows: its
+ * narrower column groups (width 128 down to 32) against the reference, and split. */
+static void test_nn_rows_path(void **state)
+{
+    (void)state;
+    static const int64_t Ms[] = {24, 96, 300, 512};
+    for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
+        prob p;
+        uint64_t seed = 31;
+        do { /* a draw without row padding, so that ldb is 2048 */
+            tu_rng rng;
+            tu_rng_seed(&rng, seed++);
+            prob_init(&p, NN, Ms[i], 37, 2048, &rng);
+            if (p.ldb != 2048) {
+                prob_free(&p);
+                continue;
+            }
+            check_prob(&p, &rng);
+            check_split(&p, &rng);
+            prob_free(&p);
+            break;
+        } while (seed < 100);
+        assert_true(seed < 100);
+    }
+}
+
 /* tn with more than 2048 rows: the reduction runs in chunks of 1024 packed pairs. */
 static void test_tn_long_reduction(void **state)
 {
@@ -405,6 +431,7 @@ int main(void)
         cmocka_unit_test(test_tn_small),
         cmocka_unit_test(test_big_shapes),
         cmocka_unit_test(test_tn_long_reduction),
+        cmocka_unit_test(test_nn_rows_path),
         cmocka_unit_test(test_empty),
         cmocka_unit_test(test_report),
     };

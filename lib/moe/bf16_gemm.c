@@ -477,19 +477,26 @@ BF_TARGET static void nn_pack_b(const uint16_t *w, int64_t ldw, int64_t N, int64
     }
 }
 
-/* NN with few rows (decode- and small-batch-sized M, where w must stream at memory speed):
- * the reduction runs in chunks of NN_SMALL_PAIRS row pairs, and a chunk's pairs are packed
- * for a whole group of columns at once, each row of w read as one contiguous run of the
- * group's width (nn_pack_rows), where walking a 32-column block down the rows (4 KiB apart)
- * streamed at half the bandwidth; the accumulators of the group are carried between chunks
- * in accbuf. The same operations per element as the large-M path. */
-#define NN_SMALL_PAIRS 32
-#define NN_SMALL_WIDTH 256                       /* columns per group, at most */
-#define NN_SMALL_MAX_M 24                        /* below this, the small path */
-#define NN_SMALL_ACC_FLOATS (NN_SMALL_MAX_M * NN_SMALL_WIDTH) /* 48 KiB */
+/* NN "by rows": the reduction runs in chunks of NN_ROWS_PAIRS row pairs, and a chunk's pairs
+ * are packed for a whole group of columns at once, each row of w read as one contiguous run
+ * of the group's width with the next chunk's rows prefetched (nn_pack_rows); the group's
+ * accumulators are carried between chunks in accbuf. The large-M path instead walks one
+ * 32-column block down all the rows; that streams at half the bandwidth at small M, and at
+ * any M when w's rows are 4 KiB apart (every row of a walk then lands in one L1 set). Both
+ * paths run the same operations per element, so they give the same bits. */
+#define NN_ROWS_PAIRS 64
+#define NN_ROWS_WIDTH 128        /* columns per group, at most */
+#define NN_ROWS_ACC_FLOATS 16384 /* 64 KiB: M x width accumulators */
+#define NN_SMALL_MAX_M 24        /* below this every shape takes the rows path */
+#define NN_ROWS_MAX_M (NN_ROWS_ACC_FLOATS / 32)
 
-/* Pairs [p0, p0 + cnt) of w's rows over columns [0, cols) (cols <= NN_SMALL_WIDTH), row by
- * row: block b's pair q at bp + (b NN_SMALL_PAIRS + q) 64. */
+static int nn_use_rows(int64_t M, int64_t ldw)
+{
+    return M < NN_SMALL_MAX_M || (M <= NN_ROWS_MAX_M && ldw % 2048 == 0);
+}
+
+/* Pairs [p0, p0 + cnt) of w's rows over columns [0, cols) (cols <= NN_ROWS_WIDTH), row by
+ * row: block b's pair q at bp + (b NN_ROWS_PAIRS + q) 64. */
 BF_TARGET static void nn_pack_rows(const uint16_t *w, int64_t ldw, int64_t N, int64_t p0,
                                    int64_t cnt, int64_t cols, uint16_t *bp)
 {
@@ -498,7 +505,7 @@ BF_TARGET static void nn_pack_rows(const uint16_t *w, int64_t ldw, int64_t N, in
         const uint16_t *r0p = w + n * ldw, *r1p = w + (n + 1) * ldw;
         /* the same rows of the next chunk: memory latency, not bandwidth, bounds a pack
          * that waits for each line (rows past the end of w are only prefetched) */
-        const uint16_t *nx = w + (n + 2 * NN_SMALL_PAIRS) * ldw;
+        const uint16_t *nx = w + (n + 2 * NN_ROWS_PAIRS) * ldw;
         for (int64_t b = 0; b * 32 < cols; b++) {
             const __mmask32 jm = col_mask(cols - b * 32);
             _mm_prefetch((const char *)(nx + 32 * b), _MM_HINT_T1);
@@ -506,29 +513,29 @@ BF_TARGET static void nn_pack_rows(const uint16_t *w, int64_t ldw, int64_t N, in
             const __m512i r0 = _mm512_maskz_loadu_epi16(jm, r0p + 32 * b);
             const __m512i r1 =
                 n + 1 < N ? _mm512_maskz_loadu_epi16(jm, r1p + 32 * b) : _mm512_setzero_si512();
-            uint16_t *o = bp + 64 * (b * NN_SMALL_PAIRS + q);
+            uint16_t *o = bp + 64 * (b * NN_ROWS_PAIRS + q);
             _mm512_store_si512((void *)o, _mm512_unpacklo_epi16(r0, r1));
             _mm512_store_si512((void *)(o + 32), _mm512_unpackhi_epi16(r0, r1));
         }
     }
 }
 
-static void nn_small_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
-                            int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
-                            int accumulate)
+static void nn_rows_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
+                           int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
+                           int accumulate)
 {
-    _Alignas(64) float accbuf[NN_SMALL_ACC_FLOATS];
-    _Alignas(64) uint16_t bpack[NN_SMALL_WIDTH / 32 * NN_SMALL_PAIRS * 64];
+    _Alignas(64) float accbuf[NN_ROWS_ACC_FLOATS];
+    _Alignas(64) uint16_t bpack[NN_ROWS_WIDTH / 32 * NN_ROWS_PAIRS * 64];
     const int64_t pairs = (N + 1) / 2;
-    const int64_t chunks = (pairs + NN_SMALL_PAIRS - 1) / NN_SMALL_PAIRS;
-    int64_t width = (NN_SMALL_ACC_FLOATS / M) & ~(int64_t)31;
-    width = width > NN_SMALL_WIDTH ? NN_SMALL_WIDTH : width;
+    const int64_t chunks = (pairs + NN_ROWS_PAIRS - 1) / NN_ROWS_PAIRS;
+    int64_t width = (NN_ROWS_ACC_FLOATS / M) & ~(int64_t)31; /* M <= NN_ROWS_MAX_M: >= 32 */
+    width = width > NN_ROWS_WIDTH ? NN_ROWS_WIDTH : width;
     const int mode = accumulate ? OUT_ADD : OUT_STORE;
     for (int64_t j0 = k0; j0 < k1; j0 += width) {
         const int64_t cols = k1 - j0 < width ? k1 - j0 : width;
         for (int64_t c = 0; c < chunks || c == 0; c++) {
-            const int64_t p0 = c * NN_SMALL_PAIRS;
-            const int64_t cnt = pairs - p0 < NN_SMALL_PAIRS ? pairs - p0 : NN_SMALL_PAIRS;
+            const int64_t p0 = c * NN_ROWS_PAIRS;
+            const int64_t cnt = pairs - p0 < NN_ROWS_PAIRS ? pairs - p0 : NN_ROWS_PAIRS;
             const int last = c + 1 >= chunks;
             const int tail = last && (N & 1);
             nn_pack_rows(w + j0, ldw, N, p0, cnt, cols, bpack);
@@ -539,7 +546,7 @@ static void nn_small_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const 
                     int mr;
                     const pair_fn fn = pair_pick(M - m, &mr);
                     fn(cnt - tail, tail, g + m * ldg + 2 * p0, ldg, 2,
-                       bpack + 64 * b * NN_SMALL_PAIRS, 0, 1, jm, acc + m * 32, c == 0, last,
+                       bpack + 64 * b * NN_ROWS_PAIRS, 0, 1, jm, acc + m * 32, c == 0, last,
                        y + m * ldy + j0 + 32 * b, ldy, mode, 1.0f);
                     m += mr;
                 }
@@ -551,8 +558,8 @@ static void nn_small_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const 
 static void nn_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g, int64_t ldg,
                       const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
-    if (M < NN_SMALL_MAX_M) {
-        nn_small_avx512(M, N, k0, k1, g, ldg, w, ldw, y, ldy, accumulate);
+    if (nn_use_rows(M, ldw)) {
+        nn_rows_avx512(M, N, k0, k1, g, ldg, w, ldw, y, ldy, accumulate);
         return;
     }
     _Alignas(64) uint16_t bpack[NN_PAIRS * 64];
