@@ -450,6 +450,21 @@ static void blob_add(blob *b, const void *data, size_t n)
     b->n += n;
 }
 
+/* The outputs, input gradients and (by mode) the weight or LoRA gradients of the last call. */
+static void add_results(blob *b, kt_moe *m, const inputs *in, const kt_moe_config *cfg)
+{
+    blob_add(b, in->y.data, kt_tensor_nbytes(&in->y));
+    blob_add(b, in->gx.data, kt_tensor_nbytes(&in->gx));
+    blob_add(b, in->gw.data, kt_tensor_nbytes(&in->gw));
+    if (cfg->mode != KT_MOE_FROZEN) {
+        double *g = collect_grads(m, cfg->mode == KT_MOE_LORA);
+        int64_t n = cfg->mode == KT_MOE_LORA ? lora_size(cfg)
+                                              : cfg->n_experts * 3 * cfg->hidden * cfg->intermediate;
+        blob_add(b, g, (size_t)n * sizeof(double));
+        free(g);
+    }
+}
+
 /* Every task of a phase plan runs on a thread of its expert's node group. */
 static void expect_node_local_plan(kt_moe *m, int64_t cols)
 {
@@ -489,16 +504,7 @@ static blob run_blob_on(kt_moe_config cfg, int threads, int64_t qlen, int numa_s
         expect_node_local_plan(m, cfg.hidden);
         expect_node_local_plan(m, cfg.intermediate);
     }
-    blob_add(&b, in.y.data, kt_tensor_nbytes(&in.y));
-    blob_add(&b, in.gx.data, kt_tensor_nbytes(&in.gx));
-    blob_add(&b, in.gw.data, kt_tensor_nbytes(&in.gw));
-    if (cfg.mode != KT_MOE_FROZEN) {
-        double *g = collect_grads(m, cfg.mode == KT_MOE_LORA);
-        int64_t n = cfg.mode == KT_MOE_LORA ? lora_size(&cfg)
-                                             : cfg.n_experts * 3 * cfg.hidden * cfg.intermediate;
-        blob_add(&b, g, (size_t)n * sizeof(double));
-        free(g);
-    }
+    add_results(&b, m, &in, &cfg);
     free_inputs(&in);
     kt_moe_destroy(m);
     kt_threadpool_destroy(pool);
@@ -588,6 +594,68 @@ static void test_numa_split_bitwise(void **state)
     c.numa_node = -3;
     TU_EXPECT_ERROR(kt_moe_create(&c, pool, &m), KT_EINVAL, "numa_node -3");
     kt_threadpool_destroy(pool);
+}
+
+/* Two layers of different sizes and modes on one kt_moe_scratch, their calls interleaved
+ * (A forward, B forward, B backward, A backward, ...; B created after A's first call, so the
+ * scratch grows): each gives bitwise what it gives with its own scratch, the shared scratch
+ * holds the larger need once, and the layers hold only what forward keeps. */
+static void test_shared_scratch(void **state)
+{
+    (void)state;
+    for (int keep = 0; keep < 2; keep++) {
+        kt_moe_config ca = make_cfg(KT_BF16, KT_F32, KT_MOE_FULL, 40, 24, 6, 2, 9);
+        kt_moe_config cb = make_cfg(KT_BF16, KT_F32, KT_MOE_LORA, 48, 40, 7, 2, 11);
+        ca.keep_activations = cb.keep_activations = keep;
+        blob want_a = run_blob(ca, 2, 9), want_b = run_blob(cb, 2, 11);
+
+        kt_threadpool *pool = NULL;
+        OK(kt_threadpool_create(2, &pool));
+        kt_moe_scratch *sc = NULL;
+        OK(kt_moe_scratch_create(-1, &sc));
+        assert_int_equal(kt_moe_scratch_bytes(sc), 0);
+        ca.scratch = cb.scratch = sc;
+        kt_moe *a = NULL, *b = NULL;
+        OK(kt_moe_create(&ca, pool, &a));
+        fill_params(a, 77);
+        inputs ia, ib;
+        make_inputs(&ia, &ca, 9, KT_I32, 78);
+        make_inputs(&ib, &cb, 11, KT_I32, 78);
+        OK(kt_moe_forward(a, &ia.x, &ia.ids, &ia.w, &ia.y));
+        kt_moe_memory ma, mb;
+        kt_moe_get_memory(a, &ma);
+        assert_int_equal(kt_moe_scratch_bytes(sc), ma.scratch_bytes);
+        OK(kt_moe_create(&cb, pool, &b));
+        fill_params(b, 77);
+        kt_moe_get_memory(b, &mb);
+        assert_true(mb.scratch_bytes > ma.scratch_bytes);
+        OK(kt_moe_forward(b, &ib.x, &ib.ids, &ib.w, &ib.y));
+        assert_int_equal(kt_moe_scratch_bytes(sc), mb.scratch_bytes); /* grown */
+        OK(kt_moe_backward(b, &ib.gy, &ib.gx, &ib.gw, 0.75f));
+        OK(kt_moe_backward(a, &ia.gy, &ia.gx, &ia.gw, 0.75f));
+        OK(kt_moe_forward(b, &ib.x, &ib.ids, &ib.w, &ib.y));
+        OK(kt_moe_forward(a, &ia.x, &ia.ids, &ia.w, &ia.y));
+        OK(kt_moe_backward(a, &ia.gy, &ia.gx, &ia.gw, 0.75f));
+        OK(kt_moe_backward(b, &ib.gy, &ib.gx, &ib.gw, 0.75f));
+        blob got_a = {NULL, 0}, got_b = {NULL, 0};
+        add_results(&got_a, a, &ia, &ca);
+        add_results(&got_b, b, &ib, &cb);
+        expect_same(want_a, got_a, "layer A: shared vs own scratch");
+        expect_same(want_b, got_b, "layer B: shared vs own scratch");
+        /* a layer on shared scratch holds only its kept buffers */
+        kt_moe_config own = cb;
+        own.scratch = NULL;
+        kt_moe *c = NULL;
+        OK(kt_moe_create(&own, pool, &c));
+        kt_moe_memory mc;
+        kt_moe_get_memory(c, &mc);
+        assert_int_equal(mc.workspace_bytes, mb.workspace_bytes + mb.scratch_bytes);
+        kt_moe_destroy(c);
+        free_inputs(&ia), free_inputs(&ib);
+        kt_moe_destroy(a), kt_moe_destroy(b);
+        kt_moe_scratch_destroy(sc);
+        kt_threadpool_destroy(pool);
+    }
 }
 
 /* ---- validation ------------------------------------------------------------------------------ */
@@ -973,6 +1041,7 @@ int main(void)
         cmocka_unit_test(test_load_save),
         cmocka_unit_test(test_lora_init),
         cmocka_unit_test(test_numa_split_bitwise),
+        cmocka_unit_test(test_shared_scratch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

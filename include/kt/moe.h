@@ -40,6 +40,21 @@ typedef enum kt_moe_mode {
 
 #define KT_MOE_NUMA_SPLIT (-2)
 
+/* Scratch buffers shared by several layers. A layer's buffers are of two kinds: what forward
+ * keeps for backward (the routing, the input, the kept activations, the cached output), which
+ * is the layer's own, and scratch that lives only during one call (the rows gathered per
+ * expert, the activations and gradients between its GEMMs: for dsv2lite at 1024 tokens about
+ * 180 MB). The layers of a model run one at a time, so they can share one scratch: it grows
+ * to the largest need of the layers created with it (allocated at the first call after a
+ * layer raised it), and each call holds its lock, so layers sharing it never run at once.
+ * Destroy it after the last of its layers. */
+typedef struct kt_moe_scratch kt_moe_scratch;
+/* numa_node: as kt_arena_create (-1: anywhere). */
+kt_status kt_moe_scratch_create(int numa_node, kt_moe_scratch **scratch_out);
+void kt_moe_scratch_destroy(kt_moe_scratch *scratch);
+/* Bytes it holds now (0 before the first call). */
+uint64_t kt_moe_scratch_bytes(const kt_moe_scratch *scratch);
+
 typedef struct kt_moe_config {
     int64_t n_experts;     /* E */
     int64_t hidden;        /* H */
@@ -62,6 +77,7 @@ typedef struct kt_moe_config {
      * gradients on its node and its GEMMs run by that node's threads only. Results are
      * bitwise the same as without the split. */
     int numa_node;
+    kt_moe_scratch *scratch; /* shared scratch (not owned); NULL: the layer has its own */
 } kt_moe_config;
 
 /* Creates the layer: validates the configuration, allocates the weight store (zeroed) and
@@ -160,7 +176,10 @@ typedef struct kt_moe_memory {
                                      * (20 bytes per slot), x in the weight dtype, and with
                                      * keep_activations the f32 gate and up pre-activations
                                      * and the f32 expert outputs (k * (2I + H) * 4 bytes) */
-    uint64_t workspace_bytes;       /* all working buffers */
+    uint64_t workspace_bytes;       /* working buffers the layer holds itself */
+    uint64_t scratch_bytes;         /* the per-call scratch it needs: held by the layer, or
+                                     * by its shared kt_moe_scratch (then not counted in
+                                     * workspace_bytes) */
     uint64_t grad_bytes;            /* LoRA adapters and their gradients, full-mode weight
                                      * gradients (f32) */
 } kt_moe_memory;

@@ -234,8 +234,20 @@ static kt_status check_finite_grads(const kt_moe *m)
     return KT_OK;
 }
 
+static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, kt_tensor *gwo,
+                               float scale);
+
 kt_status kt__moe_backward_exec(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo,
                                 kt_tensor *gwo, float scale)
+{
+    KT__TRY(kt__moe_scratch_acquire(m));
+    kt_status st = backward_body(m, gy, gxo, gwo, scale);
+    kt__moe_scratch_release(m);
+    return st;
+}
+
+static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, kt_tensor *gwo,
+                               float scale)
 {
     int lora = m->cfg.mode == KT_MOE_LORA, full = m->cfg.mode == KT_MOE_FULL;
     bwd_ctx c = {m, gy, gxo, scale, full && m->grad_overwrite};

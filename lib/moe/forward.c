@@ -228,7 +228,21 @@ static kt_status check_finite(kt_moe *m)
     return KT_OK;
 }
 
+static kt_status forward_body(kt_moe *m, kt__moe_job *job);
+
 kt_status kt__moe_forward_exec(kt_moe *m, kt__moe_job *job)
+{
+    kt_status st = kt__moe_scratch_acquire(m);
+    if (st != KT_OK) {
+        kt__moe_poison(m);
+        return st;
+    }
+    st = forward_body(m, job);
+    kt__moe_scratch_release(m);
+    return st;
+}
+
+static kt_status forward_body(kt_moe *m, kt__moe_job *job)
 {
     fwd_ctx c = {m, job, 1, 1};
     kt_status st = KT_OK;

@@ -155,12 +155,46 @@ static kt_status carve(kt_arena *arena, const buf_spec *specs, int n, int numa_n
     return KT_OK;
 }
 
+/* Places a layer's per-call scratch buffers at offsets of one block (its own arena, or the
+ * shared scratch); returns the block's size. */
+static size_t plan_scratch(kt_moe *m)
+{
+    size_t N = (size_t)m->N, H = (size_t)m->H, I = (size_t)m->I, cs = m->cs, R = (size_t)m->R;
+    size_t total = 0;
+    m->n_scratch = 0;
+#define SCRATCH(p, b)                                                                              \
+    (m->scratch_ptr[m->n_scratch] = (void **)&(p), m->scratch_off[m->n_scratch++] = total,        \
+     total += round_up(b))
+    SCRATCH(m->cursor, (size_t)m->E * 8);
+    SCRATCH(m->tasks, (size_t)m->max_tasks * sizeof(kt__moe_task));
+    SCRATCH(m->part, ((size_t)m->n_threads + 1) * 8);
+    SCRATCH(m->xc, N * H * cs);
+    SCRATCH(m->ac, N * I * cs);
+    SCRATCH(m->gdc, N * H * cs);
+    SCRATCH(m->ga, N * I * 4);
+    SCRATCH(m->ggc, N * I * cs);
+    SCRATCH(m->guc, N * I * cs);
+    SCRATCH(m->gx, N * H * 4);
+    SCRATCH(m->gw, N * 4);
+    if (!m->cfg.keep_activations) { /* recomputed in backward: nothing to keep */
+        SCRATCH(m->g, N * I * 4);
+        SCRATCH(m->u, N * I * 4);
+        SCRATCH(m->d, N * H * 4);
+    }
+    if (m->cfg.mode == KT_MOE_LORA)
+        for (int p = 0; p < 3; p++) {
+            SCRATCH(m->z[p], N * R * 4);
+            SCRATCH(m->gz[p], N * R * 4);
+        }
+#undef SCRATCH
+    return total ? total : ALIGN;
+}
+
 static kt_status alloc_work(kt_moe *m)
 {
     size_t N = (size_t)m->N, T = (size_t)m->T, H = (size_t)m->H, I = (size_t)m->I;
-    size_t cs = m->cs, R = (size_t)m->R;
-    int lora = m->cfg.mode == KT_MOE_LORA;
-    buf_spec s[32];
+    size_t cs = m->cs;
+    buf_spec s[16];
     int n = 0;
 #define SPEC(p, b) (s[n].ptr = (void **)&(p), s[n].bytes = (b), n++)
     SPEC(m->slot_expert, N * 4);
@@ -168,30 +202,25 @@ static kt_status alloc_work(kt_moe *m)
     SPEC(m->slot_row, N * 4);
     SPEC(m->row_expert, N * 4);
     SPEC(m->off, ((size_t)m->E + 1) * 8);
-    SPEC(m->cursor, (size_t)m->E * 8);
-    SPEC(m->tasks, (size_t)m->max_tasks * sizeof(kt__moe_task));
-    SPEC(m->part, ((size_t)m->n_threads + 1) * 8);
     SPEC(m->xt, T * H * cs);
-    SPEC(m->xc, N * H * cs);
-    SPEC(m->g, N * I * 4);
-    SPEC(m->u, N * I * 4);
-    SPEC(m->ac, N * I * cs);
-    SPEC(m->d, N * H * 4);
     SPEC(m->y, T * H * 4);
-    SPEC(m->gdc, N * H * cs);
-    SPEC(m->ga, N * I * 4);
-    SPEC(m->ggc, N * I * cs);
-    SPEC(m->guc, N * I * cs);
-    SPEC(m->gx, N * H * 4);
-    SPEC(m->gw, N * 4);
-    if (lora)
-        for (int p = 0; p < 3; p++) {
-            SPEC(m->z[p], N * R * 4);
-            SPEC(m->gz[p], N * R * 4);
-        }
+    if (m->cfg.keep_activations) {
+        SPEC(m->g, N * I * 4);
+        SPEC(m->u, N * I * 4);
+        SPEC(m->d, N * H * 4);
+    }
 #undef SPEC
     size_t total = 0;
     KT__TRY(carve(&m->work, s, n, buffer_node(m), &total));
+    m->scratch_need = plan_scratch(m);
+    if (m->cfg.scratch != NULL) {
+        KT__TRY(kt__moe_scratch_register(m->cfg.scratch, m->scratch_need));
+    } else {
+        KT__TRY(kt_arena_create(&m->scratch_own, m->scratch_need, buffer_node(m)));
+        for (int i = 0; i < m->n_scratch; i++)
+            *m->scratch_ptr[i] = (unsigned char *)m->scratch_own.base + m->scratch_off[i];
+        total += m->scratch_need;
+    }
     m->workspace_bytes = total;
     /* Kept from forward to backward: the routing (5 x 4 bytes per slot), the input in the
      * compute dtype, and with keep_activations the f32 gate/up pre-activations and the
@@ -326,6 +355,7 @@ void kt_moe_destroy(kt_moe *moe)
     pthread_cond_destroy(&moe->cv);
     pthread_mutex_destroy(&moe->mu);
     kt_arena_destroy(&moe->work);
+    kt_arena_destroy(&moe->scratch_own);
     kt_arena_destroy(&moe->params);
     kt_arena_destroy(&moe->store);
     free(moe);
@@ -347,5 +377,6 @@ void kt_moe_get_memory(const kt_moe *moe, kt_moe_memory *memory_out)
     memory_out->backward_buffer_bytes = 0; /* the nn kernel reads the original layout */
     memory_out->saved_bytes_per_token = moe->saved_bytes_per_token;
     memory_out->workspace_bytes = moe->workspace_bytes;
+    memory_out->scratch_bytes = moe->scratch_need;
     memory_out->grad_bytes = moe->grad_bytes;
 }

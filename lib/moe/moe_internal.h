@@ -59,7 +59,14 @@ struct kt_moe {
 
     kt_arena store;  /* expert weights: [E][gate, up, down], each [I,H] / [I,H] / [H,I] */
     kt_arena params; /* LoRA adapters + their grads, full-mode weight grads */
-    kt_arena work;   /* everything a call uses */
+    kt_arena work;   /* what forward keeps for backward (and the cached output) */
+    kt_arena scratch_own; /* the per-call scratch, without a shared kt_moe_scratch */
+    /* the scratch buffers' places: pointer and offset from the scratch base, bound at create
+     * (own scratch) or at each call (shared, whose base may move as it grows) */
+    int n_scratch;
+    void **scratch_ptr[32];
+    size_t scratch_off[32];
+    size_t scratch_need;
     unsigned char *weights;
     float *lora, *lora_grad; /* [E][3][A r*in | B out*r] */
     float *wgrad;            /* [E][3][H*I] f32, full mode */
@@ -162,6 +169,13 @@ void kt__moe_lora_gz(kt_moe *m, int proj, const void *gout_c);
 void kt__moe_lora_grads(kt_moe *m, int proj, const void *gout_c, const void *in_c,
                         float scale);
 void kt__moe_lora_gin_add(kt_moe *m, int proj, const kt__moe_task *t, float *gin);
+
+/* scratch.c: around each forward/backward exec: takes a shared scratch's lock, grows it if
+ * a layer needs more, and points the layer's scratch buffers into it (release undoes the
+ * lock; both are no-ops for a layer with its own scratch). */
+kt_status kt__moe_scratch_register(kt_moe_scratch *s, size_t need);
+kt_status kt__moe_scratch_acquire(kt_moe *m);
+void kt__moe_scratch_release(kt_moe *m);
 
 /* cache.c */
 void kt__moe_poison(kt_moe *m);

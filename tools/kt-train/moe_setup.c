@@ -129,6 +129,8 @@ int moe_setup(moe_layers *m, const train_args *a, const kt_program *p, const ran
         return 0;
     if (alloc_slots(m, p) != 0)
         return 1;
+    if (r->rank == 0 && kt_moe_scratch_create(-1, &m->scratch) != KT_OK)
+        return train_fail("cannot create the MoE scratch", kt_last_error());
     for (int i = 0; i < m->n_ops; i++) {
         kt_program_moe info;
         kt_moe_config c;
@@ -136,6 +138,7 @@ int moe_setup(moe_layers *m, const train_args *a, const kt_program *p, const ran
         kt_program_moe_info(p, i, &info);
         if (layer_config(a, &info, r, &c, name, sizeof name) != 0)
             return 1;
+        c.scratch = m->scratch;
         if (i == 0)
             m->first = c, m->first.name = NULL;
         if (r->rank != 0 || m->layers[info.binding] != NULL)
@@ -218,6 +221,7 @@ void moe_free(moe_layers *m)
 {
     for (int b = 0; b < m->n; b++)
         kt_moe_destroy(m->layers[b]);
+    kt_moe_scratch_destroy(m->scratch); /* after its layers */
     free(m->layers);
     memset(m, 0, sizeof *m);
 }

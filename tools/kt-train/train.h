@@ -89,6 +89,7 @@ typedef struct moe_layers {
     int n;
     int n_ops;       /* moe ops in the program */
     kt_moe_config first; /* the first op's configuration, for the summary line */
+    kt_moe_scratch *scratch; /* one per-call scratch for all layers (they run one at a time) */
 } moe_layers;
 
 /* Creates a layer for each moe op of the program (on rank 0 only when there are several
