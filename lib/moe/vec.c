@@ -5,6 +5,17 @@
 #include "kt/tensor.h"
 #include "moe/vec.h"
 
+/* The 16 lane sums added by a fixed tree: l + l[8..], then halves, then pairs. */
+static float fold16(const float l[16])
+{
+    float s8[8];
+    for (int j = 0; j < 8; j++)
+        s8[j] = l[j] + l[j + 8];
+    for (int j = 0; j < 4; j++)
+        s8[j] += s8[j + 4];
+    return (s8[0] + s8[2]) + (s8[1] + s8[3]);
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define VEC_AVX512 1
@@ -23,12 +34,7 @@ VEC_TARGET static float dot_avx512(int64_t n, const float *a, const float *b)
     }
     _Alignas(64) float l[16];
     _mm512_store_ps(l, acc);
-    float s8[8];
-    for (int j = 0; j < 8; j++)
-        s8[j] = l[j] + l[j + 8];
-    for (int j = 0; j < 4; j++)
-        s8[j] += s8[j + 4];
-    return (s8[0] + s8[2]) + (s8[1] + s8[3]);
+    return fold16(l);
 }
 
 VEC_TARGET static void axpy_avx512(int64_t n, float alpha, const float *x, float *y)
@@ -53,12 +59,7 @@ static float dot_plain(int64_t n, const float *a, const float *b)
     float l[16] = {0};
     for (int64_t i = 0; i < n; i++)
         l[i & 15] += a[i] * b[i];
-    float s8[8];
-    for (int j = 0; j < 8; j++)
-        s8[j] = l[j] + l[j + 8];
-    for (int j = 0; j < 4; j++)
-        s8[j] += s8[j + 4];
-    return (s8[0] + s8[2]) + (s8[1] + s8[3]);
+    return fold16(l);
 }
 
 float kt__vec_dot(int64_t n, const float *a, const float *b)
