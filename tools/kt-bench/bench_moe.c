@@ -475,11 +475,13 @@ int bench_moe(int argc, char **argv, const bench_args *common)
     }
     if (!common->json) {
         printf("memory: experts %llu bytes held for %llu raw (%.3fx), backward buffer %llu, "
-               "saved %llu bytes per token\n",
+               "saved %llu bytes per token, per-call scratch %llu bytes (shareable across "
+               "layers)\n",
                (unsigned long long)mem.weight_bytes, (unsigned long long)mem.raw_weight_bytes,
                (double)mem.weight_bytes / (double)mem.raw_weight_bytes,
                (unsigned long long)mem.backward_buffer_bytes,
-               (unsigned long long)mem.saved_bytes_per_token);
+               (unsigned long long)mem.saved_bytes_per_token,
+               (unsigned long long)mem.scratch_bytes);
         for (int k = 0; k < 2; k++)
             if (note[k][0])
                 printf("note: %s\n", note[k]);
