@@ -126,61 +126,60 @@ void kt__moe_lora_gz(kt_moe *m, int proj, const void *gout_c)
     kt_parallel_for(m->pool, m->off[m->E], 1, gz_part, &c);
 }
 
-/* dB rows [c0, c1) of each task's expert (a = gout): accumulated transposed, acc[q][n] +=
- * z[r, q] gout[r, n] over the expert's rows in order, then added to dB. */
+/* acc[q][j] = sum over the expert's rows r in order of coef[r, q] * rows[r, c0 + j], for j < w
+ * (acc rows W apart; buf: a row piece): the rank-r sums of both adapter gradients. */
+static void accumulate_rows(const kt_moe *m, int64_t e, const void *rows, int64_t ld, int64_t c0,
+                            int64_t w, const float *coef, float *buf, float *acc)
+{
+    const int64_t R = m->R, W = piece(R);
+    for (int64_t j = 0; j < R * W; j++)
+        acc[j] = 0.0f;
+    for (int64_t r = m->off[e]; r < m->off[e + 1]; r++) {
+        kt__vec_load_cdt(buf, cdt_row(m, rows, r, ld, c0), m->bf16, w);
+        for (int64_t q = 0; q < R; q++)
+            kt__vec_axpy(w, coef[r * R + q], buf, acc + q * W);
+    }
+}
+
+/* dB rows [c0, c1) of each task's expert (a = gout): acc[q][n] = sum_r z[r, q] gout[r, n],
+ * then added to dB (transposed). */
 static void db_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
     (void)thread;
     lora_ctx *c = vctx;
     kt_moe *m = c->m;
     const int64_t outw = kt__moe_proj_out(m, c->proj), R = m->R, W = piece(R);
-    const float *z = m->z[c->proj];
     float buf[LORA_BUF];
-    float *gb = buf, *acc = buf + W;
     for (int64_t i = b; i < end; i++) {
         const kt__moe_task *t = &m->tasks[i];
         float *dB = kt__moe_lora_ptr(m, m->lora_grad, t->e, c->proj, 1);
         for (int64_t n0 = t->c0; n0 < t->c1; n0 += W) {
             const int64_t w = t->c1 - n0 < W ? t->c1 - n0 : W;
-            for (int64_t j = 0; j < R * W; j++)
-                acc[j] = 0.0f;
-            for (int64_t r = m->off[t->e]; r < m->off[t->e + 1]; r++) {
-                kt__vec_load_cdt(gb, cdt_row(m, c->a, r, outw, n0), m->bf16, w);
-                for (int64_t q = 0; q < R; q++)
-                    kt__vec_axpy(w, z[r * R + q], gb, acc + q * W);
-            }
+            accumulate_rows(m, t->e, c->a, outw, n0, w, m->z[c->proj], buf, buf + W);
             for (int64_t n = 0; n < w; n++)
                 for (int64_t q = 0; q < R; q++)
-                    dB[(n0 + n) * R + q] += c->scale * (m->lora_scale * acc[q * W + n]);
+                    dB[(n0 + n) * R + q] += c->scale * (m->lora_scale * buf[W + q * W + n]);
         }
     }
 }
 
-/* dA columns [c0, c1) of each task's expert (b = the projection's input rows): acc[q][k] +=
- * gz[r, q] x[r, k] over the expert's rows in order, then added to dA. */
+/* dA columns [c0, c1) of each task's expert (b = the projection's input rows): acc[q][k] =
+ * sum_r gz[r, q] x[r, k], then added to dA. */
 static void da_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
     (void)thread;
     lora_ctx *c = vctx;
     kt_moe *m = c->m;
     const int64_t in = kt__moe_proj_in(m, c->proj), R = m->R, W = piece(R);
-    const float *gz = m->gz[c->proj];
     float buf[LORA_BUF];
-    float *xb = buf, *acc = buf + W;
     for (int64_t i = b; i < end; i++) {
         const kt__moe_task *t = &m->tasks[i];
         float *dA = kt__moe_lora_ptr(m, m->lora_grad, t->e, c->proj, 0);
         for (int64_t k0 = t->c0; k0 < t->c1; k0 += W) {
             const int64_t w = t->c1 - k0 < W ? t->c1 - k0 : W;
-            for (int64_t j = 0; j < R * W; j++)
-                acc[j] = 0.0f;
-            for (int64_t r = m->off[t->e]; r < m->off[t->e + 1]; r++) {
-                kt__vec_load_cdt(xb, cdt_row(m, c->b, r, in, k0), m->bf16, w);
-                for (int64_t q = 0; q < R; q++)
-                    kt__vec_axpy(w, gz[r * R + q], xb, acc + q * W);
-            }
+            accumulate_rows(m, t->e, c->b, in, k0, w, m->gz[c->proj], buf, buf + W);
             for (int64_t q = 0; q < R; q++)
-                kt__vec_axpy(w, c->scale, acc + q * W, dA + q * in + k0);
+                kt__vec_axpy(w, c->scale, buf + W + q * W, dA + q * in + k0);
         }
     }
 }
