@@ -59,7 +59,9 @@ struct kt_graph {
     int32_t cap_shard;
 };
 
-/* "node 12 (matmul 'proj')" or "node 12 (matmul)" into buf. */
-const char *kt__graph_node_label(const kt_graph *g, int32_t node, char *buf, size_t size);
+/* Grows *array (elements of elem bytes, capacity *cap, doubling from 64) to hold one more
+ * than count; `what` names the owner in the error ("graph", "compile", ...). */
+kt_status kt__grow_array(void **array, int32_t *cap, int32_t count, size_t elem,
+                         const char *what);
 
 #endif

@@ -300,31 +300,31 @@ static void test_lr_schedules(void **state)
     const int64_t warm = 10, total = 110;
     /* constant ignores everything but base */
     for (int64_t s = 0; s < 300; s += 37)
-        assert_true(kt__lr_at(KT__LR_CONSTANT, base, lo, warm, total, s) == base);
+        assert_true(kt__lr_at(KT_LR_CONSTANT, base, lo, warm, total, s) == base);
     /* warm-up: step 0 gives base/warm, step warm-1 reaches base, linear in between */
-    expect_lr(kt__lr_at(KT__LR_COSINE, base, lo, warm, total, 0), (double)base / 10);
-    expect_lr(kt__lr_at(KT__LR_COSINE, base, lo, warm, total, 4), (double)base * 5 / 10);
-    assert_true(kt__lr_at(KT__LR_COSINE, base, lo, warm, total, warm - 1) == base);
+    expect_lr(kt__lr_at(KT_LR_COSINE, base, lo, warm, total, 0), (double)base / 10);
+    expect_lr(kt__lr_at(KT_LR_COSINE, base, lo, warm, total, 4), (double)base * 5 / 10);
+    assert_true(kt__lr_at(KT_LR_COSINE, base, lo, warm, total, warm - 1) == base);
     /* the cosine starts at base, passes (base+min)/2 halfway, and ends at min */
-    assert_true(kt__lr_at(KT__LR_COSINE, base, lo, warm, total, warm) == base);
-    expect_lr(kt__lr_at(KT__LR_COSINE, base, lo, warm, total, warm + (total - warm) / 2),
+    assert_true(kt__lr_at(KT_LR_COSINE, base, lo, warm, total, warm) == base);
+    expect_lr(kt__lr_at(KT_LR_COSINE, base, lo, warm, total, warm + (total - warm) / 2),
               ((double)base + (double)lo) / 2);
-    expect_lr(kt__lr_at(KT__LR_COSINE, base, lo, warm, total, warm + (total - warm) / 4),
+    expect_lr(kt__lr_at(KT_LR_COSINE, base, lo, warm, total, warm + (total - warm) / 4),
               (double)lo + ((double)base - lo) * 0.5 * (1 + cos(3.14159265358979323846 / 4)));
     float prev = base;
     for (int64_t s = warm + 1; s < total; s++) {
-        float lr = kt__lr_at(KT__LR_COSINE, base, lo, warm, total, s);
+        float lr = kt__lr_at(KT_LR_COSINE, base, lo, warm, total, s);
         assert_true(lr <= prev && lr > lo);
         prev = lr;
     }
-    assert_true(kt__lr_at(KT__LR_COSINE, base, lo, warm, total, total) == lo);
-    assert_true(kt__lr_at(KT__LR_COSINE, base, lo, warm, total, total + 1000) == lo);
+    assert_true(kt__lr_at(KT_LR_COSINE, base, lo, warm, total, total) == lo);
+    assert_true(kt__lr_at(KT_LR_COSINE, base, lo, warm, total, total + 1000) == lo);
     /* no warm-up: the cosine starts at step 0 */
-    assert_true(kt__lr_at(KT__LR_COSINE, base, lo, 0, 100, 0) == base);
-    expect_lr(kt__lr_at(KT__LR_COSINE, base, lo, 0, 100, 50), ((double)base + lo) / 2);
-    assert_true(kt__lr_at(KT__LR_COSINE, base, lo, 0, 100, 100) == lo);
+    assert_true(kt__lr_at(KT_LR_COSINE, base, lo, 0, 100, 0) == base);
+    expect_lr(kt__lr_at(KT_LR_COSINE, base, lo, 0, 100, 50), ((double)base + lo) / 2);
+    assert_true(kt__lr_at(KT_LR_COSINE, base, lo, 0, 100, 100) == lo);
     /* min 0 decays to exactly 0 */
-    assert_true(kt__lr_at(KT__LR_COSINE, base, 0.0f, 0, 100, 100) == 0.0f);
+    assert_true(kt__lr_at(KT_LR_COSINE, base, 0.0f, 0, 100, 100) == 0.0f);
 }
 
 /* ---- accumulate and scale ------------------------------------------------------------------ */

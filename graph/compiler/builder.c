@@ -35,31 +35,25 @@ void kt_graph_destroy(kt_graph *g)
     free(g);
 }
 
-/* Grows an array to hold one more element. */
-static kt_status reserve(void **array, int32_t *cap, int32_t count, size_t elem)
+kt_status kt__grow_array(void **array, int32_t *cap, int32_t count, size_t elem,
+                         const char *what)
 {
     if (count < *cap)
         return KT_OK;
     if (*cap >= INT32_MAX / 2)
-        return kt__error(KT_ENOMEM, "graph too large");
+        return kt__error(KT_ENOMEM, "%s: too large", what);
     int32_t ncap = *cap ? *cap * 2 : 64;
     void *p = realloc(*array, (size_t)ncap * elem);
     if (p == NULL)
-        return kt__error(KT_ENOMEM, "graph: out of memory");
+        return kt__error(KT_ENOMEM, "%s: out of memory", what);
     *array = p;
     *cap = ncap;
     return KT_OK;
 }
 
-const char *kt__graph_node_label(const kt_graph *g, int32_t node, char *buf, size_t size)
+static kt_status reserve(void **array, int32_t *cap, int32_t count, size_t elem)
 {
-    const kt__gnode *n = &g->nodes[node];
-    if (n->name >= 0)
-        snprintf(buf, size, "node %d (%s '%s')", node, kt_op_name(n->op),
-                 kt__strings_get(&g->strings, n->name));
-    else
-        snprintf(buf, size, "node %d (%s)", node, kt_op_name(n->op));
-    return buf;
+    return kt__grow_array(array, cap, count, elem, "graph");
 }
 
 static kt_status check_name(const char *what, const char *name)

@@ -151,14 +151,7 @@ static int32_t redirect_backward(rewrite *rw, range seg)
 /* Appends a step as it is (its scratch buffer already exists). */
 static kt_status append(kt__pstep **steps, int32_t *n, int32_t *cap, const kt__pstep *s)
 {
-    if (*n == *cap) {
-        int32_t ncap = *cap ? *cap * 2 : 64;
-        kt__pstep *p = realloc(*steps, (size_t)ncap * sizeof *p);
-        if (p == NULL)
-            return kt__error(KT_ENOMEM, "checkpoint: out of memory");
-        *steps = p;
-        *cap = ncap;
-    }
+    KT__TRY(kt__grow_array((void **)steps, cap, *n, sizeof **steps, "checkpoint"));
     (*steps)[(*n)++] = *s;
     return KT_OK;
 }

@@ -13,17 +13,7 @@
 
 static kt_status grow(void **array, int32_t *cap, int32_t count, size_t elem)
 {
-    if (count < *cap)
-        return KT_OK;
-    if (*cap >= INT32_MAX / 2)
-        return kt__error(KT_ENOMEM, "compile: program too large");
-    int32_t ncap = *cap ? *cap * 2 : 64;
-    void *p = realloc(*array, (size_t)ncap * elem);
-    if (p == NULL)
-        return kt__error(KT_ENOMEM, "compile: out of memory");
-    *array = p;
-    *cap = ncap;
-    return KT_OK;
+    return kt__grow_array(array, cap, count, elem, "compile");
 }
 
 kt_status kt__compiler_add_buf(kt__compiler *c, const kt_tensor *meta, int32_t region,

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/mix.h"
 #include "core/error.h"
 #include "core/numa_internal.h"
 #include "graph/runtime/session_internal.h"
@@ -298,18 +299,10 @@ kt_status kt_session_tensor(kt_session *s, kt_tensor_role role, const char *name
     return kt__error(KT_EINVAL, "kt_session_tensor: no %s named '%s'", role_names[role], name);
 }
 
-/* splitmix64: one independent stream per parameter, from the seed and the name */
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
 
 static double uniform01(uint64_t *state)
 {
-    *state = mix(*state);
+    *state = kt__splitmix64(*state);
     return (double)(*state >> 11) * (1.0 / 9007199254740992.0);
 }
 
@@ -339,7 +332,7 @@ kt_status kt_session_init_params(kt_session *s, uint64_t seed)
             continue;
         uint64_t state = seed;
         for (const char *c = kt__strings_get(&s->p->strings, e->name); *c; c++)
-            state = mix(state ^ (uint8_t)*c);
+            state = kt__splitmix64(state ^ (uint8_t)*c); /* a stream per name */
         kt_tensor *t = &s->tensors[e->buf];
         int64_t n = kt_tensor_numel(t);
         if (e->init.kind == KT_INIT_ZEROS) {

@@ -10,8 +10,8 @@
 static float scheduled_lr(const kt_session *s)
 {
     const kt_optimizer_config *o = &s->opt.optimizer;
-    return kt__lr_at(o->schedule == KT_LR_COSINE ? KT__LR_COSINE : KT__LR_CONSTANT, o->lr,
-                     o->min_lr, o->warmup_steps, o->total_steps, s->steps_done);
+    return kt__lr_at(o->schedule, o->lr, o->min_lr, o->warmup_steps, o->total_steps,
+                     s->steps_done);
 }
 
 /* The gradient and optimizer-state arrays of parameter entry i, or 0 if it is frozen. */

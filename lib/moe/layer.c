@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/mix.h"
 #include "core/numa_internal.h"
 #include "moe/moe_internal.h"
 #include "ops/gemm.h"
@@ -17,13 +18,6 @@
  * seed and its (expert, projection, index), so the init does not depend on creation order. */
 #define LORA_SEED 0x6b742d6d6f652d41ull
 
-static uint64_t splitmix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
 int64_t kt__moe_proj_in(const kt_moe *m, int proj) { return proj == KT_MOE_DOWN ? m->I : m->H; }
 int64_t kt__moe_proj_out(const kt_moe *m, int proj) { return proj == KT_MOE_DOWN ? m->H : m->I; }
@@ -260,7 +254,7 @@ static kt_status alloc_params(kt_moe *m)
                 int64_t in = kt__moe_proj_in(m, p), cnt = m->R * in;
                 float bound = 1.0f / sqrtf((float)in);
                 for (int64_t i = 0; i < cnt; i++) {
-                    uint64_t r = splitmix64(LORA_SEED ^ splitmix64((uint64_t)(e * 3 + p)) ^
+                    uint64_t r = kt__splitmix64(LORA_SEED ^ kt__splitmix64((uint64_t)(e * 3 + p)) ^
                                             (uint64_t)i * 0x100000001b3ull);
                     double u01 = (double)(r >> 11) * (1.0 / 9007199254740992.0);
                     a[i] = (float)((2.0 * u01 - 1.0) * bound);

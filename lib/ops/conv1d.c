@@ -265,13 +265,6 @@ static void dw_backward_w_channels(void *ctx, int64_t c0, int64_t c1, int thread
     }
 }
 
-/* about 16 Ki multiply-adds per part before a thread is worth waking */
-static int64_t grain_for(int64_t work_per_item)
-{
-    const int64_t g = (int64_t)16384 / (work_per_item > 0 ? work_per_item : 1);
-    return g > 1 ? g : 1;
-}
-
 /* ---- kernels ----------------------------------------------------------------------------- */
 
 /* Where to compute a result of t's size: t itself for f32, else scratch (NULL t: none). */
@@ -292,7 +285,7 @@ static kt_status fwd_conv1d(const kt__op_call *c)
     float *y = result(yt, &cursor);
     if (g.depthwise) {
         dw_job J = {.g = &g, .x = x, .w = w, .y = y};
-        kt_parallel_for(c->pool, g.B * g.Tout, grain_for(g.Cin * g.K), dw_forward_rows, &J);
+        kt_parallel_for(c->pool, g.B * g.Tout, kt__rows_grain(g.Cin * g.K), dw_forward_rows, &J);
     } else {
         KT__TRY(full_forward(c->pool, &g, x, w, y));
     }
@@ -317,9 +310,9 @@ static kt_status bwd_conv1d(const kt__op_call *c)
     if (g.depthwise) {
         dw_job J = {.g = &g, .x = x, .w = w, .gy = gy, .dx = dx, .dw = dw};
         if (dx)
-            kt_parallel_for(c->pool, g.B * g.T, grain_for(g.Cin * g.K), dw_backward_x_rows, &J);
+            kt_parallel_for(c->pool, g.B * g.T, kt__rows_grain(g.Cin * g.K), dw_backward_x_rows, &J);
         if (dw)
-            kt_parallel_for(c->pool, g.Cin, grain_for(g.B * g.Tout * g.K),
+            kt_parallel_for(c->pool, g.Cin, kt__rows_grain(g.B * g.Tout * g.K),
                             dw_backward_w_channels, &J);
     } else {
         KT__TRY(full_backward(c->pool, &g, x, w, gy, dx, dw));

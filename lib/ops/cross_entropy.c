@@ -126,8 +126,7 @@ static kt_status fwd_ce(const kt__op_call *c)
     j.block_rows = (j.n + LOSS_BLOCKS - 1) / LOSS_BLOCKS;
     const int64_t blocks = (j.n + j.block_rows - 1) / j.block_rows;
     const int64_t block_elems = j.block_rows * (j.v > 0 ? j.v : 1);
-    kt_parallel_for(c->pool, blocks, block_elems < KT__GRAIN_ELEMS ? KT__GRAIN_ELEMS / block_elems : 1,
-                    fwd_blocks, &j);
+    kt_parallel_for(c->pool, blocks, kt__rows_grain(block_elems), fwd_blocks, &j);
     double sum = 0.0;
     for (int64_t b = 0; b < blocks; b++)
         sum += block_sum[b];

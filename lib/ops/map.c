@@ -110,7 +110,5 @@ void kt__reduce_rows(kt_threadpool *pool, kt_tensor *db, const kt_tensor *g,
         return;
     reduce_job j = {.db = db, .g = g, .a = a, .inner = inner,
                     .rows = kt_tensor_numel(g) / inner, .fn = fn, .attrs = attrs};
-    /* grain in columns: enough rows x columns per part to pay for a wake-up */
-    int64_t grain = KT__GRAIN_ELEMS / (j.rows > 0 ? j.rows : 1);
-    kt_parallel_for(pool, inner, grain < 16 ? 16 : grain, reduce_range, &j);
+    kt_parallel_for(pool, inner, kt__cols_grain(j.rows), reduce_range, &j);
 }

@@ -21,6 +21,14 @@ static inline int64_t kt__rows_grain(int64_t row_len)
     return row_len > 0 && row_len < KT__GRAIN_ELEMS ? KT__GRAIN_ELEMS / row_len : 1;
 }
 
+/* The grain, in columns, of a loop over the columns of `rows` rows (at least 16 columns: a
+ * part's columns are contiguous in each row). */
+static inline int64_t kt__cols_grain(int64_t rows)
+{
+    const int64_t g = KT__GRAIN_ELEMS / (rows > 0 ? rows : 1);
+    return g < 16 ? 16 : g;
+}
+
 /* ---- checks (each returns KT_EINVAL with "<op>: <arg> ..." on failure) ---------------- */
 kt_status kt__check_rank(const char *op, const char *arg, const kt_tensor *t, int min_ndim,
                          int max_ndim);

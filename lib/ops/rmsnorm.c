@@ -166,10 +166,8 @@ static kt_status bwd_rmsnorm(const kt__op_call *c)
                   .rstd = c->scratch, .h = kt__row_len(&c->in[0]), .rows = kt__rows(&c->in[0]),
                   .eps = eps_of(c->attrs)};
     kt_parallel_for(c->pool, j.rows, kt__rows_grain(j.h), bwd_rows, &j);
-    if (dw) {
-        int64_t grain = KT__GRAIN_ELEMS / (j.rows > 0 ? j.rows : 1);
-        kt_parallel_for(c->pool, j.h, grain < 16 ? 16 : grain, dw_cols, &j);
-    }
+    if (dw)
+        kt_parallel_for(c->pool, j.h, kt__cols_grain(j.rows), dw_cols, &j);
     return KT_OK;
 }
 

@@ -100,34 +100,35 @@ static kt_status infer_concat(const kt_op_attrs *at, const kt_tensor *in, int n_
     return KT_OK;
 }
 
-/* Each input is a block of outer rows placed at its running offset in the output's rows. */
-static kt_status fwd_concat(const kt__op_call *c)
+/* Each input is a block of outer rows at its running offset in the output's rows: forward
+ * copies the inputs into the output (`whole` = the output), backward the output gradient's
+ * blocks back into the input gradients that exist (`whole` = the output gradient). */
+static void concat_blocks(const kt__op_call *c, const kt_tensor *whole, int backward)
 {
-    const kt_tensor *o = &c->out_w[0];
     int dim = c->attrs->dim;
-    int64_t outer = kt__dims_product(o, 0, dim), slab = inner_bytes(o, dim);
-    int64_t out_row = o->shape[dim] * slab, offset = 0;
+    int64_t outer = kt__dims_product(whole, 0, dim), slab = inner_bytes(whole, dim);
+    int64_t out_row = whole->shape[dim] * slab, offset = 0;
     for (int i = 0; i < c->n_in; i++) {
         int64_t in_row = c->in[i].shape[dim] * slab;
-        copy_block(c->pool, o->data, offset, out_row, c->in[i].data, 0, in_row, outer, in_row);
+        if (!backward)
+            copy_block(c->pool, whole->data, offset, out_row, c->in[i].data, 0, in_row, outer,
+                       in_row);
+        else if (c->gin[i].data != NULL)
+            copy_block(c->pool, c->gin[i].data, 0, in_row, whole->data, offset, out_row, outer,
+                       in_row);
         offset += in_row;
     }
+}
+
+static kt_status fwd_concat(const kt__op_call *c)
+{
+    concat_blocks(c, &c->out_w[0], 0);
     return KT_OK;
 }
 
 static kt_status bwd_concat(const kt__op_call *c)
 {
-    const kt_tensor *g = &c->gout[0];
-    int dim = c->attrs->dim;
-    int64_t outer = kt__dims_product(g, 0, dim), slab = inner_bytes(g, dim);
-    int64_t out_row = g->shape[dim] * slab, offset = 0;
-    for (int i = 0; i < c->n_in; i++) {
-        int64_t in_row = c->in[i].shape[dim] * slab;
-        if (c->gin[i].data != NULL)
-            copy_block(c->pool, c->gin[i].data, 0, in_row, g->data, offset, out_row, outer,
-                       in_row);
-        offset += in_row;
-    }
+    concat_blocks(c, &c->gout[0], 1);
     return KT_OK;
 }
 

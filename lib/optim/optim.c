@@ -234,10 +234,10 @@ void kt__accumulate(kt_threadpool *pool, float *dst, const float *src, int64_t n
 
 /* ---- learning-rate schedules ------------------------------------------------------------------ */
 
-float kt__lr_at(kt__lr_kind kind, float base_lr, float min_lr, int64_t warmup_steps,
+float kt__lr_at(kt_lr_schedule_kind kind, float base_lr, float min_lr, int64_t warmup_steps,
                 int64_t total_steps, int64_t step)
 {
-    if (kind != KT__LR_COSINE)
+    if (kind != KT_LR_COSINE)
         return base_lr;
     if (step < 0)
         step = 0;
