@@ -43,8 +43,8 @@ typedef enum kt_moe_mode {
 /* Scratch buffers shared by several layers. A layer's buffers are of two kinds: what forward
  * keeps for backward (the routing, the input, the kept activations, the cached output), which
  * is the layer's own, and scratch that lives only during one call (the rows gathered per
- * expert, the activations and gradients between its GEMMs: for dsv2lite at 1024 tokens about
- * 180 MB). The layers of a model run one at a time, so they can share one scratch: it grows
+ * expert, the activations and gradients between its GEMMs: for dsv2lite at 1024 tokens
+ * 187 MB). The layers of a model run one at a time, so they can share one scratch: it grows
  * to the largest need of the layers created with it (allocated at the first call after a
  * layer raised it), and each call holds its lock, so layers sharing it never run at once.
  * Destroy it after the last of its layers. */
