@@ -477,17 +477,18 @@ BF_TARGET static void nn_pack_b(const uint16_t *w, int64_t ldw, int64_t N, int64
     }
 }
 
-/* NN "by rows": the reduction runs in chunks of NN_ROWS_PAIRS row pairs, and a chunk's pairs
+/* NN "by rows": the reduction runs in chunks of row pairs, and a chunk's pairs
  * are packed for a whole group of columns at once, each row of w read as one contiguous run
  * of the group's width with the next chunk's rows prefetched (nn_pack_rows); the group's
  * accumulators are carried between chunks in accbuf. The large-M path instead walks one
  * 32-column block down all the rows; that streams at half the bandwidth at small M, and at
  * any M when w's rows are 4 KiB apart (every row of a walk then lands in one L1 set). Both
  * paths run the same operations per element, so they give the same bits. */
-#define NN_ROWS_PAIRS 64
+#define NN_ROWS_PAIRS 128        /* row pairs per chunk (half that below NN_SHORT_M rows) */
+#define NN_SHORT_M 24            /* weight-streaming sizes: shorter chunks */
 #define NN_ROWS_WIDTH 128        /* columns per group, at most */
 #define NN_ROWS_ACC_FLOATS 16384 /* 64 KiB: M x width accumulators */
-#define NN_SMALL_MAX_M 24        /* below this every shape takes the rows path */
+#define NN_SMALL_MAX_M 64        /* below this every shape takes the rows path */
 #define NN_ROWS_MAX_M (NN_ROWS_ACC_FLOATS / 32)
 
 static int nn_use_rows(int64_t M, int64_t ldw)
@@ -496,16 +497,17 @@ static int nn_use_rows(int64_t M, int64_t ldw)
 }
 
 /* Pairs [p0, p0 + cnt) of w's rows over columns [0, cols) (cols <= NN_ROWS_WIDTH), row by
- * row: block b's pair q at bp + (b NN_ROWS_PAIRS + q) 64. */
+ * row: block b's pair q at bp + (b NN_ROWS_PAIRS + q) 64; the rows `ahead` pairs further on
+ * (the next chunk's) are prefetched. */
 BF_TARGET static void nn_pack_rows(const uint16_t *w, int64_t ldw, int64_t N, int64_t p0,
-                                   int64_t cnt, int64_t cols, uint16_t *bp)
+                                   int64_t cnt, int64_t ahead, int64_t cols, uint16_t *bp)
 {
     for (int64_t q = 0; q < cnt; q++) {
         const int64_t n = 2 * (p0 + q);
         const uint16_t *r0p = w + n * ldw, *r1p = w + (n + 1) * ldw;
         /* the same rows of the next chunk: memory latency, not bandwidth, bounds a pack
          * that waits for each line (rows past the end of w are only prefetched) */
-        const uint16_t *nx = w + (n + 2 * NN_ROWS_PAIRS) * ldw;
+        const uint16_t *nx = w + (n + 2 * ahead) * ldw;
         for (int64_t b = 0; b * 32 < cols; b++) {
             const __mmask32 jm = col_mask(cols - b * 32);
             _mm_prefetch((const char *)(nx + 32 * b), _MM_HINT_T1);
@@ -527,18 +529,19 @@ static void nn_rows_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const u
     _Alignas(64) float accbuf[NN_ROWS_ACC_FLOATS];
     _Alignas(64) uint16_t bpack[NN_ROWS_WIDTH / 32 * NN_ROWS_PAIRS * 64];
     const int64_t pairs = (N + 1) / 2;
-    const int64_t chunks = (pairs + NN_ROWS_PAIRS - 1) / NN_ROWS_PAIRS;
+    const int64_t chunk_pairs = M < NN_SHORT_M ? NN_ROWS_PAIRS / 2 : NN_ROWS_PAIRS;
+    const int64_t chunks = (pairs + chunk_pairs - 1) / chunk_pairs;
     int64_t width = (NN_ROWS_ACC_FLOATS / M) & ~(int64_t)31; /* M <= NN_ROWS_MAX_M: >= 32 */
     width = width > NN_ROWS_WIDTH ? NN_ROWS_WIDTH : width;
     const int mode = accumulate ? OUT_ADD : OUT_STORE;
     for (int64_t j0 = k0; j0 < k1; j0 += width) {
         const int64_t cols = k1 - j0 < width ? k1 - j0 : width;
         for (int64_t c = 0; c < chunks || c == 0; c++) {
-            const int64_t p0 = c * NN_ROWS_PAIRS;
-            const int64_t cnt = pairs - p0 < NN_ROWS_PAIRS ? pairs - p0 : NN_ROWS_PAIRS;
+            const int64_t p0 = c * chunk_pairs;
+            const int64_t cnt = pairs - p0 < chunk_pairs ? pairs - p0 : chunk_pairs;
             const int last = c + 1 >= chunks;
             const int tail = last && (N & 1);
-            nn_pack_rows(w + j0, ldw, N, p0, cnt, cols, bpack);
+            nn_pack_rows(w + j0, ldw, N, p0, cnt, chunk_pairs, cols, bpack);
             for (int64_t b = 0; b * 32 < cols; b++) {
                 const __mmask32 jm = col_mask(cols - b * 32);
                 float *acc = accbuf + b * 32 * M;
