@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# kt-bench stays runnable and its JSON keeps the fields the benchmarks are read by: --help on
+# every subcommand, the MoE layer (every mode, bf16 and f32) and the GEMM kernels at tiny sizes
+# without peers, each line checked as JSON with its keys and sane values; bad arguments exit 2
+# naming the problem. (Speed is not judged here: that is the benchmarks' own job.)
+#
+# usage: test_kt_bench.sh KT_BENCH
+set -uo pipefail
+bench=$1
+failures=0
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+
+for what in "" graph gemm moe checkpoint comm halo; do
+  out=$("$bench" $what --help 2>&1) || fail "kt-bench $what --help exited $?"
+  grep -q "usage: kt-bench" <<<"$out" || fail "kt-bench $what --help printed no usage"
+done
+
+# check_json KIND: every stdin line a JSON object with the keys of KIND
+check_json() {
+  if ! command -v python3 >/dev/null; then
+    echo "python3 not found: JSON lines checked by their keys only" >&2
+    grep -q '"fraction_of_peak"' || return 1
+    return 0
+  fi
+  python3 -c '
+import json, math, sys
+kind = sys.argv[1]
+lines = [l for l in sys.stdin.read().splitlines() if l.strip()]
+assert lines, "no output"
+for l in lines:
+    o = json.loads(l)
+    if kind == "moe":
+        c = o["config"]
+        for k in ("shape", "qlen", "mode", "dtype", "pass", "threads"):
+            assert k in c, "config lacks " + k
+        for k in ("ratio_vs_torch_bf16", "ratio_vs_torch_f32", "fraction_of_peak",
+                  "fraction_of_bandwidth", "saved_bytes_per_token", "weight_bytes_ratio"):
+            assert k in o, "lacks " + k
+        ms = o.get("fwd_ms", o.get("fwdbwd_ms"))
+        assert ms is not None and ms > 0 and math.isfinite(ms), "time %r" % ms
+        assert o["fraction_of_peak"] >= 0, "fraction_of_peak %r" % o["fraction_of_peak"]
+        assert abs(o["weight_bytes_ratio"] - 1.0) < 0.05, "weights held %r" % o["weight_bytes_ratio"]
+    elif o.get("bench") == "gemm":
+        assert o["median_ms"] > 0 and o["gflops"] > 0, l
+' "$1"
+}
+
+for dtype in bf16 f32; do
+  for mode in frozen lora full; do
+    out=$("$bench" moe --shape small --qlen 8 --mode $mode --dtype $dtype --no-peer --json \
+            --repeats 2 2>&1) || { fail "moe $mode $dtype exited $?: $out"; continue; }
+    [ "$(grep -c '"pass":"fwd' <<<"$out")" = 2 ] || fail "moe $mode $dtype: not fwd and fwdbwd"
+    check_json moe <<<"$out" || fail "moe $mode $dtype JSON: $out"
+  done
+done
+
+for kind in nt nn tn; do
+  out=$("$bench" gemm --m 13 --n 70 --k 96 --kind $kind --single --no-peer --json --repeats 2 \
+          2>&1) || { fail "gemm $kind exited $?"; continue; }
+  check_json gemm <<<"$out" || fail "gemm $kind JSON: $out"
+done
+
+expect_usage_error() {
+  local want=$1
+  shift
+  out=$("$bench" "$@" 2>&1)
+  rc=$?
+  [ $rc = 2 ] || fail "kt-bench $* exited $rc, want 2"
+  grep -q -- "$want" <<<"$out" || fail "kt-bench $*: no '$want' in: $out"
+}
+expect_usage_error "unknown shape 'nosuch'" moe --shape nosuch --qlen 8 --mode frozen --dtype bf16
+expect_usage_error "qlen must be positive" moe --shape small --qlen -3 --mode frozen --dtype bf16
+expect_usage_error "unknown benchmark 'bogus'" bogus
+
+if [ $failures -gt 0 ]; then
+  echo "$failures failure(s)" >&2
+  exit 1
+fi
+echo "kt-bench: --help on 7 commands, moe 6 configurations, gemm 3 kinds, 3 usage errors: ok"
