@@ -59,13 +59,24 @@ static void gd_part(void *vctx, int64_t t0, int64_t t1, int thread)
     }
 }
 
-/* Columns of ga per step before the SiLU derivative reads them back (L2-resident); the
- * decode-sized kernel (under 12 rows) walks wide column groups, so it gets whole tasks. */
+/* Columns of ga per step before the SiLU derivative reads them back; the decode-sized kernel
+ * (under 12 rows) walks wide column groups, so it gets whole tasks. With bf16 weights ga never
+ * leaves its step: each thread has one block of rows x GA_SUB_COLS (row stride the step's
+ * width) that stays in L2, instead of an [N, I] array whose lines would be fetched from
+ * memory only to be overwritten, then written back, then read once. */
 #define GA_SUB_COLS 128
+#define GA_SMALL_M 12
 /* The derivative's rows this far ahead have their pieces of the kept g and u (read) and of
  * gg and gu (written) fetched early: pieces of a few hundred bytes out of rows kilobytes
  * apart, from memory, which the hardware prefetchers do not follow. */
 #define ACT_PREFETCH_ROWS 4
+
+size_t kt__moe_ga_floats(const kt_moe *m)
+{
+    /* an expert has at most T rows (ids never repeat within a token) */
+    const size_t wide = (size_t)m->T * GA_SUB_COLS, small = (size_t)(GA_SMALL_M - 1) * m->I;
+    return wide > small ? wide : small;
+}
 
 static void prefetch_lines(const void *p, size_t bytes, int write)
 {
@@ -78,8 +89,10 @@ static void prefetch_lines(const void *p, size_t bytes, int write)
     }
 }
 
-/* ggc, guc = the SiLU derivative of rows [r0, r1) over columns [c0, c1) */
-static void act_bwd_rows(kt_moe *m, int64_t r0, int64_t r1, int64_t c0, int64_t c1)
+/* ggc, guc = the SiLU derivative of rows [r0, r1) over columns [c0, c1), ga's row r at
+ * ga + (r - r0) * ldga */
+static void act_bwd_rows(kt_moe *m, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                         const float *ga, int64_t ldga)
 {
     const size_t n = (size_t)(c1 - c0);
     for (int64_t r = r0; r < r1; r++) {
@@ -91,28 +104,31 @@ static void act_bwd_rows(kt_moe *m, int64_t r0, int64_t r1, int64_t c0, int64_t 
             prefetch_lines(cdt_at(m, m->guc, k), n * m->cs, 1);
         }
         const int64_t k = r * m->I + c0;
-        kt__moe_act_bwd(c1 - c0, m->g + k, m->u + k, m->ga + k, cdt_at(m, m->ggc, k),
+        kt__moe_act_bwd(c1 - c0, m->g + k, m->u + k, ga + (r - r0) * ldga, cdt_at(m, m->ggc, k),
                         cdt_at(m, m->guc, k), m->bf16);
     }
 }
 
 static void ga_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
-    (void)thread;
     kt_moe *m = ((bwd_ctx *)vctx)->m;
+    float *own = m->bf16 ? m->ga + (size_t)thread * kt__moe_ga_floats(m) : NULL;
     for (int64_t i = m->part[b]; i < m->part[end]; i++) {
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
-        const int64_t sub = me < 12 ? t->c1 - t->c0 : GA_SUB_COLS;
+        const int64_t sub = me < GA_SMALL_M ? t->c1 - t->c0 : GA_SUB_COLS;
         for (int64_t c0 = t->c0; c0 < t->c1; c0 += sub) {
             const kt__moe_task st = {t->e, c0, t->c1 - c0 < sub ? t->c1 : c0 + sub};
-            if (m->bf16)
-                kt__bf16_gemm_nn(me, m->H, st.c0, st.c1, (const uint16_t *)m->gdc + off * m->H,
-                                 m->H, kt__moe_weight_ptr(m, t->e, KT_MOE_DOWN), m->I,
-                                 m->ga + off * m->I, m->I, 0);
+            /* f32 weights: ga is whole, computed before by sgemm */
+            float *ga = own ? own : m->ga + off * m->I + c0;
+            const int64_t ldga = own ? st.c1 - st.c0 : m->I;
+            if (m->bf16) /* the weights from column c0 on, so that ga starts at column 0 */
+                kt__bf16_gemm_nn(me, m->H, 0, st.c1 - st.c0, (const uint16_t *)m->gdc + off * m->H,
+                                 m->H, (const uint16_t *)kt__moe_weight_ptr(m, t->e, KT_MOE_DOWN) + st.c0, m->I,
+                                 ga, ldga, 0);
             if (m->cfg.mode == KT_MOE_LORA)
-                kt__moe_lora_gin_add(m, KT_MOE_DOWN, &st, m->ga);
-            act_bwd_rows(m, off, off + me, st.c0, st.c1);
+                kt__moe_lora_gin_add(m, KT_MOE_DOWN, &st, ga, ldga, off);
+            act_bwd_rows(m, off, off + me, st.c0, st.c1, ga, ldga);
         }
     }
 }
@@ -133,8 +149,8 @@ static void gx_tasks(void *vctx, int64_t b, int64_t end, int thread)
                              m->gx + off * m->H, m->H, 1);
         }
         if (m->cfg.mode == KT_MOE_LORA) {
-            kt__moe_lora_gin_add(m, KT_MOE_GATE, t, m->gx);
-            kt__moe_lora_gin_add(m, KT_MOE_UP, t, m->gx);
+            kt__moe_lora_gin_add(m, KT_MOE_GATE, t, m->gx + t->c0, m->H, 0);
+            kt__moe_lora_gin_add(m, KT_MOE_UP, t, m->gx + t->c0, m->H, 0);
         }
     }
 }

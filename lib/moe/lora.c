@@ -194,8 +194,10 @@ void kt__moe_lora_grads(kt_moe *m, int proj, const void *gout_c, const void *in_
     kt_parallel_for(m->pool, n, 1, da_tasks, &c);
 }
 
-/* gin[r, c0..c1) += gz[r] A for the task's expert: axpys of A's rows into a row buffer. */
-void kt__moe_lora_gin_add(kt_moe *m, int proj, const kt__moe_task *t, float *gin)
+/* gin[r - row0, c - t->c0] (row stride ldg) += (gz[r] A)[c] for the task's expert's rows r and
+ * the task's columns c: axpys of A's rows into a row buffer. */
+void kt__moe_lora_gin_add(kt_moe *m, int proj, const kt__moe_task *t, float *gin, int64_t ldg,
+                          int64_t row0)
 {
     const int64_t in = kt__moe_proj_in(m, proj), R = m->R, W = piece(R);
     const float *A = kt__moe_lora_ptr(m, m->lora, t->e, proj, 0);
@@ -208,7 +210,7 @@ void kt__moe_lora_gin_add(kt_moe *m, int proj, const kt__moe_task *t, float *gin
                 acc[k] = 0.0f;
             for (int64_t q = 0; q < R; q++)
                 kt__vec_axpy(w, gz[r * R + q], A + q * in + k0, acc);
-            kt__vec_axpy(w, 1.0f, acc, gin + r * in + k0);
+            kt__vec_axpy(w, 1.0f, acc, gin + (r - row0) * ldg + (k0 - t->c0));
         }
     }
 }

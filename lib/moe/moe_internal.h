@@ -101,7 +101,7 @@ struct kt_moe {
     float *y;   /* [T,H] combined output in f32; also the forward cache's stored output */
     /* backward */
     void *gdc;  /* [N,H] cdt: w * grad_y per row */
-    float *ga;  /* [N,I] */
+    float *ga;  /* f32 weights: [N,I]; bf16: per thread, kt__moe_ga_floats each (backward.c) */
     void *ggc;  /* [N,I] cdt */
     void *guc;  /* [N,I] cdt */
     float *gx;  /* [N,H] input gradient per row */
@@ -168,7 +168,10 @@ void kt__moe_lora_add(kt_moe *m, int proj, const kt__moe_task *t, float *out);
 void kt__moe_lora_gz(kt_moe *m, int proj, const void *gout_c);
 void kt__moe_lora_grads(kt_moe *m, int proj, const void *gout_c, const void *in_c,
                         float scale);
-void kt__moe_lora_gin_add(kt_moe *m, int proj, const kt__moe_task *t, float *gin);
+void kt__moe_lora_gin_add(kt_moe *m, int proj, const kt__moe_task *t, float *gin, int64_t ldg,
+                          int64_t row0);
+/* backward.c: floats of each thread's ga block with bf16 weights */
+size_t kt__moe_ga_floats(const kt_moe *m);
 
 /* scratch.c: around each forward/backward exec: takes a shared scratch's lock, grows it if
  * a layer needs more, and points the layer's scratch buffers into it (release undoes the
