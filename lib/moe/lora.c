@@ -43,13 +43,15 @@ static void z_part(void *vctx, int64_t r0, int64_t r1, int thread)
     float *z = m->z[c->proj];
     for (int64_t r = r0; r < r1; r++) {
         const float *A = kt__moe_lora_ptr(m, m->lora, m->row_expert[r], c->proj, 0);
+        float part[KT__MOE_LORA_MAX_RANK];
         for (int64_t q = 0; q < R; q++)
             z[r * R + q] = 0.0f;
         for (int64_t k0 = 0; k0 < in; k0 += W) {
             const int64_t w = in - k0 < W ? in - k0 : W;
             kt__vec_load_cdt(xb, cdt_row(m, c->a, r, in, k0), m->bf16, w);
+            kt__vec_dots(w, xb, A + k0, in, R, part);
             for (int64_t q = 0; q < R; q++)
-                z[r * R + q] += kt__vec_dot(w, xb, A + q * in + k0);
+                z[r * R + q] += part[q];
         }
     }
 }
@@ -77,8 +79,7 @@ void kt__moe_lora_add(kt_moe *m, int proj, const kt__moe_task *t, float *out)
         for (int64_t r = m->off[t->e]; r < m->off[t->e + 1]; r++) {
             for (int64_t n = 0; n < w; n++)
                 acc[n] = 0.0f;
-            for (int64_t q = 0; q < R; q++)
-                kt__vec_axpy(w, z[r * R + q], bt + q * W, acc);
+            kt__vec_axpys(w, z + r * R, bt, W, R, acc);
             kt__vec_axpy(w, m->lora_scale, acc, out + r * outw + n0);
         }
     }
@@ -108,9 +109,11 @@ static void gz_part(void *vctx, int64_t r0, int64_t r1, int thread)
                 for (int64_t n = 0; n < w; n++)
                     bt[q * W + n] = B[(n0 + n) * R + q];
             for (int64_t r = s0; r < s1; r++) {
+                float part[KT__MOE_LORA_MAX_RANK];
                 kt__vec_load_cdt(gb, cdt_row(m, c->a, r, outw, n0), m->bf16, w);
+                kt__vec_dots(w, gb, bt, W, R, part);
                 for (int64_t q = 0; q < R; q++)
-                    gz[r * R + q] += kt__vec_dot(w, gb, bt + q * W);
+                    gz[r * R + q] += part[q];
             }
         }
         for (int64_t r = s0; r < s1; r++)
@@ -208,8 +211,7 @@ void kt__moe_lora_gin_add(kt_moe *m, int proj, const kt__moe_task *t, float *gin
         for (int64_t r = m->off[t->e]; r < m->off[t->e + 1]; r++) {
             for (int64_t k = 0; k < w; k++)
                 acc[k] = 0.0f;
-            for (int64_t q = 0; q < R; q++)
-                kt__vec_axpy(w, gz[r * R + q], A + q * in + k0, acc);
+            kt__vec_axpys(w, gz + r * R, A + k0, in, R, acc);
             kt__vec_axpy(w, 1.0f, acc, gin + (r - row0) * ldg + (k0 - t->c0));
         }
     }

@@ -27,9 +27,9 @@
 #define KT__MOE_MSG_MAX 512
 /* Column blocks are multiples of this (the kernels' natural tile width). */
 #define KT__MOE_COL_ALIGN 16
-#define KT__MOE_MAX_GROUPS 64
+#define KT__MOE_MAX_GROUPS 64 /* NUMA node groups (KT_NUMA_FAKE_NODES allows up to 64) */
 /* LoRA ranks the adapter kernels take (lora.c keeps r pieces of a row on the stack) */
-#define KT__MOE_LORA_MAX_RANK 256 /* NUMA node groups (KT_NUMA_FAKE_NODES allows up to 64) */
+#define KT__MOE_LORA_MAX_RANK 256
 
 typedef struct kt__moe_task {
     int64_t e;

@@ -11,6 +11,12 @@
 float kt__vec_dot(int64_t n, const float *a, const float *b);
 /* y[i] += alpha x[i] */
 void kt__vec_axpy(int64_t n, float alpha, const float *x, float *y);
+/* out[q] = kt__vec_dot(n, x, a + q lda) for q < R (the same bits), x read once per piece */
+void kt__vec_dots(int64_t n, const float *x, const float *a, int64_t lda, int64_t R, float *out);
+/* y[i] += alpha[q] x[q ldx + i] for q = 0 .. R-1 in order: the bits of R kt__vec_axpy calls,
+ * y read and written once */
+void kt__vec_axpys(int64_t n, const float *alpha, const float *x, int64_t ldx, int64_t R,
+                   float *y);
 /* dst[i] = f32 of n compute-dtype values (bf16 or f32) */
 void kt__vec_load_cdt(float *dst, const void *src, int bf16, int64_t n);
 
