@@ -555,6 +555,35 @@ static void test_threads_bitwise(void **state)
         }
 }
 
+/* I = 330 with hundreds of rows per expert: the backward's per-thread blocks for the down
+ * projection's input gradient (several column steps, a ragged last one, LoRA's offsets into
+ * them), against the reference and bitwise over 1, 2 and 3 threads; a few tokens (under 12
+ * rows per expert, one step per task) in the same layer. */
+static void test_wide_intermediate(void **state)
+{
+    (void)state;
+    kt_threadpool *pool = NULL;
+    OK(kt_threadpool_create(2, &pool));
+    const int64_t q[] = {320, 5};
+    run_modes(KT_BF16, KT_F32, 64, 330, 3, 2, q, 2, KT_I32, pool);
+    kt_moe_config c = make_cfg(KT_BF16, KT_F32, KT_MOE_FROZEN, 64, 330, 3, 2, 320);
+    kt_moe *m = NULL;
+    OK(kt_moe_create(&c, pool, &m));
+    assert_true(kt__moe_ga_per_thread(m)); /* the path this test is for */
+    kt_moe_destroy(m);
+    kt_threadpool_destroy(pool);
+    for (int mode = 0; mode < 3; mode++) {
+        c = make_cfg(KT_BF16, KT_F32, (kt_moe_mode)mode, 64, 330, 3, 2, 320);
+        blob one = run_blob(c, 1, 320);
+        blob two = run_blob(c, 2, 320);
+        blob three = run_blob(c, 3, 320);
+        blob copy = {malloc(one.n + 1), one.n};
+        memcpy(copy.p, one.p, one.n);
+        expect_same(one, two, "I 330: 1 vs 2 threads");
+        expect_same(copy, three, "I 330: 1 vs 3 threads");
+    }
+}
+
 /* KT_MOE_NUMA_SPLIT on 2 and 3 (fake) nodes: each node's threads run only its experts, and
  * the results are bitwise those of an ordinary pool of the same size. */
 static void test_numa_split_bitwise(void **state)
@@ -1033,6 +1062,7 @@ int main(void)
         cmocka_unit_test(test_accumulate),
         cmocka_unit_test(test_keep_activations_bitwise),
         cmocka_unit_test(test_threads_bitwise),
+        cmocka_unit_test(test_wide_intermediate),
         cmocka_unit_test(test_create_errors),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_memory),

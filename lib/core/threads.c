@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "core/numa_internal.h"
+#include "core/thread_internal.h"
 #include "kt/runtime.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -117,6 +118,19 @@ static int default_thread_count(void)
     return cpus > 0 ? (int)(cpus > KT__MAX_THREADS ? KT__MAX_THREADS : cpus) : 1;
 }
 
+int kt__thread_start(pthread_t *thread, void *(*fn)(void *), void *arg)
+{
+    pthread_attr_t attr;
+    int rc = pthread_attr_init(&attr);
+    if (rc != 0)
+        return rc;
+    rc = pthread_attr_setstacksize(&attr, KT__THREAD_STACK_BYTES);
+    if (rc == 0)
+        rc = pthread_create(thread, &attr, fn, arg);
+    pthread_attr_destroy(&attr);
+    return rc;
+}
+
 kt_status kt_threadpool_create(int n_threads, kt_threadpool **pool_out)
 {
     if (pool_out == NULL)
@@ -152,7 +166,7 @@ kt_status kt_threadpool_create(int n_threads, kt_threadpool **pool_out)
             }
             wa->pool = p;
             wa->id = i;
-            if (pthread_create(&p->workers[i - 1], NULL, worker_main, wa) != 0) {
+            if (kt__thread_start(&p->workers[i - 1], worker_main, wa) != 0) {
                 free(wa);
                 status = kt__error(KT_ENOMEM, "kt_threadpool_create: cannot start thread %d of "
                                    "%d", i, n_threads);

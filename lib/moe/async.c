@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/thread_internal.h"
 #include "moe/moe_internal.h"
 
 static kt_status refuse_busy(const kt_moe *m, const char *what)
@@ -101,7 +102,7 @@ kt_status kt_moe_submit_forward(kt_moe *moe, const kt_tensor *x, const kt_tensor
     kt__moe_job job;
     KT__TRY(prepare(moe, x, ids, weights, y, &job));
     if (!moe->driver_started) {
-        if (pthread_create(&moe->driver, NULL, driver_main, moe) != 0)
+        if (kt__thread_start(&moe->driver, driver_main, moe) != 0)
             return kt__error(KT_ENOMEM, "moe '%s': cannot start the driver thread", moe->name);
         moe->driver_started = 1;
     }

@@ -4,6 +4,7 @@
  *   gx = gg Wg + gu Wu  (+ LoRA),  grad_x[t] = sum_j gx_(t,j) in slot order
  * and by mode the LoRA gradients or dWd += s gd^T a, dWg += s gg^T x, dWu += s gu^T x. */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -59,33 +60,56 @@ static void gd_part(void *vctx, int64_t t0, int64_t t1, int thread)
     }
 }
 
-/* Columns of ga per step before the SiLU derivative reads them back; the decode-sized kernel
- * (under 12 rows) walks wide column groups, so it gets whole tasks. With bf16 weights ga never
- * leaves its step: each thread has one block of rows x GA_SUB_COLS (row stride the step's
- * width) that stays in L2, instead of an [N, I] array whose lines would be fetched from
- * memory only to be overwritten, then written back, then read once. */
+/* ga (the down projection's input gradient) is read back by the SiLU derivative a step of
+ * columns at a time. With bf16 weights and few enough threads, ga never leaves its step: each
+ * thread has one block of rows x step columns (the step's width as row stride), at most
+ * GA_BLOCK_FLOATS, that stays in L2, instead of an [N, I] array whose lines would be fetched
+ * from memory only to be overwritten, then written back, then read once (with f32 weights
+ * sgemm computes all of ga first, and with many threads the blocks would outgrow the array,
+ * so those keep it). Under GA_SMALL_M rows a task's columns go in one step. */
 #define GA_SUB_COLS 128
 #define GA_SMALL_M 12
+#define GA_BLOCK_FLOATS 65536 /* 256 KiB */
 /* The derivative's rows this far ahead have their pieces of the kept g and u (read) and of
  * gg and gu (written) fetched early: pieces of a few hundred bytes out of rows kilobytes
  * apart, from memory, which the hardware prefetchers do not follow. */
 #define ACT_PREFETCH_ROWS 4
 
-size_t kt__moe_ga_floats(const kt_moe *m)
+/* Columns per step for an expert of me rows. The NN kernel's results do not depend on how
+ * the columns are cut, so neither do the gradients. */
+static int64_t ga_step(int64_t me, int64_t task_cols)
 {
-    /* an expert has at most T rows (ids never repeat within a token) */
-    const size_t wide = (size_t)m->T * GA_SUB_COLS, small = (size_t)(GA_SMALL_M - 1) * m->I;
-    return wide > small ? wide : small;
+    if (me < GA_SMALL_M)
+        return task_cols;
+    int64_t cols = GA_BLOCK_FLOATS / me / 16 * 16;
+    return cols < 16 ? 16 : cols > GA_SUB_COLS ? GA_SUB_COLS : cols;
 }
 
+size_t kt__moe_ga_floats(const kt_moe *m)
+{
+    /* an expert has at most T rows (kt__moe_route refuses more) */
+    size_t f = GA_BLOCK_FLOATS;
+    if ((size_t)m->T * 16 > f)
+        f = (size_t)m->T * 16;
+    if ((size_t)(GA_SMALL_M - 1) * (size_t)m->I > f)
+        f = (size_t)(GA_SMALL_M - 1) * (size_t)m->I;
+    return (f + 15) / 16 * 16; /* whole cache lines: no block shares one with the next */
+}
+
+int kt__moe_ga_per_thread(const kt_moe *m)
+{
+    return m->bf16 && (size_t)m->n_threads * kt__moe_ga_floats(m) < (size_t)m->N * (size_t)m->I;
+}
+
+/* The lines of [p, p + bytes) */
 static void prefetch_lines(const void *p, size_t bytes, int write)
 {
-    const char *c = p;
-    for (size_t i = 0; i < bytes; i += 64) {
+    const uintptr_t first = (uintptr_t)p & ~(uintptr_t)63, end = (uintptr_t)p + bytes;
+    for (uintptr_t a = first; a < end; a += 64) {
         if (write)
-            __builtin_prefetch(c + i, 1, 3);
+            __builtin_prefetch((const void *)a, 1, 3);
         else
-            __builtin_prefetch(c + i, 0, 3);
+            __builtin_prefetch((const void *)a, 0, 3);
     }
 }
 
@@ -112,20 +136,20 @@ static void act_bwd_rows(kt_moe *m, int64_t r0, int64_t r1, int64_t c0, int64_t 
 static void ga_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
     kt_moe *m = ((bwd_ctx *)vctx)->m;
-    float *own = m->bf16 ? m->ga + (size_t)thread * kt__moe_ga_floats(m) : NULL;
+    float *own = kt__moe_ga_per_thread(m) ? m->ga + (size_t)thread * kt__moe_ga_floats(m) : NULL;
     for (int64_t i = m->part[b]; i < m->part[end]; i++) {
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
-        const int64_t sub = me < GA_SMALL_M ? t->c1 - t->c0 : GA_SUB_COLS;
+        const int64_t sub = ga_step(me, t->c1 - t->c0);
         for (int64_t c0 = t->c0; c0 < t->c1; c0 += sub) {
             const kt__moe_task st = {t->e, c0, t->c1 - c0 < sub ? t->c1 : c0 + sub};
-            /* f32 weights: ga is whole, computed before by sgemm */
             float *ga = own ? own : m->ga + off * m->I + c0;
             const int64_t ldga = own ? st.c1 - st.c0 : m->I;
-            if (m->bf16) /* the weights from column c0 on, so that ga starts at column 0 */
+            if (m->bf16) { /* the weights from column c0 on, so that ga starts at column 0 */
+                const uint16_t *wd = kt__moe_weight_ptr(m, t->e, KT_MOE_DOWN);
                 kt__bf16_gemm_nn(me, m->H, 0, st.c1 - st.c0, (const uint16_t *)m->gdc + off * m->H,
-                                 m->H, (const uint16_t *)kt__moe_weight_ptr(m, t->e, KT_MOE_DOWN) + st.c0, m->I,
-                                 ga, ldga, 0);
+                                 m->H, wd + st.c0, m->I, ga, ldga, 0);
+            }
             if (m->cfg.mode == KT_MOE_LORA)
                 kt__moe_lora_gin_add(m, KT_MOE_DOWN, &st, ga, ldga, off);
             act_bwd_rows(m, off, off + me, st.c0, st.c1, ga, ldga);

@@ -24,16 +24,19 @@
  *  - NN y = g w: the B operand pairs rows n, n+1 of w (unpacklo/hi_epi16, which leaves the
  *    32 columns of a block permuted within the two accumulators; undone at the store), the
  *    A operand is the 32-bit pair (g[m,n], g[m,n+1]) broadcast; up to 12 rows of g x 32
- *    columns per tile (24 accumulators). For M >= 12 the pairs of a column block are
- *    interleaved once into a stack buffer (16 KiB) and used by all row tiles of a chunk of g,
- *    the reduction in chunks with the accumulators carried in a stack buffer; below that the
- *    rows of w are read in place, walked across a wide column group.
- *  - TN dw += scale g^T x: the same tile with x's row pairs as B (read in place) and the
- *    pairs (g[m,n], g[m+1,n]) as A, packed per tile of 12 rows n into a stack buffer.
+ *    columns per tile (24 accumulators). w's row pairs are interleaved into a stack buffer
+ *    once per chunk of the reduction and used by every row tile; the accumulators are
+ *    carried between chunks in a stack buffer. Below 64 rows (and up to 512 where w's rows
+ *    are a multiple of 4 KiB apart) a chunk covers a group of up to 128 columns, each row of
+ *    w read as one run ("rows" path, nn_rows_avx512); else one 32-column block at a time.
+ *  - TN dw += scale g^T x: the same tile with x's row pairs as B and the pairs (g[m,n],
+ *    g[m+1,n]) as A, packed per tile of 12 rows n into a stack buffer (x's pairs are also
+ *    packed once per column block, shared by up to 64 row tiles, for up to 512 rows of x).
  * Rows of w (and x for TN) that are 4 KiB apart all fall in one L1 set; where a kernel walks
- * one column block down many rows it prefetches the next block into L2 (NN) or along the
- * row (NN small M, TN). The kernels are fastest with 64-byte aligned operands and leading
- * dimensions that are multiples of 32 elements (rows then start on cache lines). */
+ * a column block down many rows it prefetches what comes next into L2 (the next chunk's
+ * rows, or along the row). The kernels use up to 128 KiB of stack (the NN rows path). They
+ * are fastest with 64-byte aligned operands and leading dimensions that are multiples of 32
+ * elements (rows then start on cache lines). */
 #include <math.h>
 #include <string.h>
 

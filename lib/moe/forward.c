@@ -251,7 +251,9 @@ static kt_status forward_body(kt_moe *m, kt__moe_job *job)
         return KT_OK;
     }
     m->fwd_valid = 0;
-    kt__moe_route(m, job);
+    st = kt__moe_route(m, job);
+    if (st != KT_OK)
+        goto fail;
     kt__moe_gather(m, job, 1);
     st = kt__moe_compute(m, 1);
     if (st != KT_OK)

@@ -165,7 +165,8 @@ static size_t plan_scratch(kt_moe *m)
     SCRATCH(m->xc, N * H * cs);
     SCRATCH(m->ac, N * I * cs);
     SCRATCH(m->gdc, N * H * cs);
-    SCRATCH(m->ga, m->bf16 ? (size_t)m->n_threads * kt__moe_ga_floats(m) * 4 : N * I * 4);
+    SCRATCH(m->ga, kt__moe_ga_per_thread(m) ? (size_t)m->n_threads * kt__moe_ga_floats(m) * 4
+                                             : N * I * 4);
     SCRATCH(m->ggc, N * I * cs);
     SCRATCH(m->guc, N * I * cs);
     SCRATCH(m->gx, N * H * 4);

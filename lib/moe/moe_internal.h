@@ -101,7 +101,7 @@ struct kt_moe {
     float *y;   /* [T,H] combined output in f32; also the forward cache's stored output */
     /* backward */
     void *gdc;  /* [N,H] cdt: w * grad_y per row */
-    float *ga;  /* f32 weights: [N,I]; bf16: per thread, kt__moe_ga_floats each (backward.c) */
+    float *ga;  /* [N,I], or per thread kt__moe_ga_floats each (kt__moe_ga_per_thread) */
     void *ggc;  /* [N,I] cdt */
     void *guc;  /* [N,I] cdt */
     float *gx;  /* [N,H] input gradient per row */
@@ -146,7 +146,7 @@ kt_status kt__moe_check_forward(kt_moe *m, const kt_tensor *x, const kt_tensor *
                                 const kt_tensor *w, const kt_tensor *y, kt__moe_job *job);
 kt_status kt__moe_check_backward(kt_moe *m, const kt_tensor *gy, const kt_tensor *gx,
                                  const kt_tensor *gw, float scale);
-void kt__moe_route(kt_moe *m, const kt__moe_job *job);
+kt_status kt__moe_route(kt_moe *m, const kt__moe_job *job);
 /* Fills m->tasks for a phase over `cols` output columns; returns the task count. */
 int64_t kt__moe_plan(kt_moe *m, int64_t cols);
 /* Fills m->tasks and m->part with one equal share of the phase per thread; returns the task
@@ -170,7 +170,8 @@ void kt__moe_lora_grads(kt_moe *m, int proj, const void *gout_c, const void *in_
                         float scale);
 void kt__moe_lora_gin_add(kt_moe *m, int proj, const kt__moe_task *t, float *gin, int64_t ldg,
                           int64_t row0);
-/* backward.c: floats of each thread's ga block with bf16 weights */
+/* backward.c: whether each thread has its own ga block (else ga is [N,I]), and its floats */
+int kt__moe_ga_per_thread(const kt_moe *m);
 size_t kt__moe_ga_floats(const kt_moe *m);
 
 /* scratch.c: around each forward/backward exec: takes a shared scratch's lock, grows it if

@@ -85,14 +85,21 @@ kt_status kt__moe_check_forward(kt_moe *m, const kt_tensor *x, const kt_tensor *
 }
 
 /* Counting sort of the (token, slot) pairs by expert; stable, so an expert's rows are in
- * token order whatever the thread count. */
-void kt__moe_route(kt_moe *m, const kt__moe_job *job)
+ * token order whatever the thread count. The ids were validated at submit, but they are the
+ * caller's memory, read again here on the driver thread: ids changed in between are refused
+ * rather than trusted (the buffers are sized for at most one row per token and expert). */
+kt_status kt__moe_route(kt_moe *m, const kt__moe_job *job)
 {
     int64_t n = job->qlen * m->K;
     const float *w = job->w->data;
     memset(m->off, 0, (size_t)(m->E + 1) * sizeof *m->off);
     for (int64_t s = 0; s < n; s++) {
         int64_t e = kt__moe_get_id(job->ids, s);
+        if (e < 0 || e >= m->E || m->off[e + 1] == job->qlen)
+            return kt__error(KT_EINVAL,
+                             "moe '%s': token %lld slot %lld: expert id %lld is out of range or "
+                             "repeated (ids changed after they were submitted?)",
+                             m->name, (long long)(s / m->K), (long long)(s % m->K), (long long)e);
         m->slot_expert[s] = (int32_t)e;
         m->slot_w[s] = w[s];
         m->off[e + 1]++;
@@ -108,6 +115,7 @@ void kt__moe_route(kt_moe *m, const kt__moe_job *job)
         m->row_expert[r] = (int32_t)e;
     }
     m->qlen = job->qlen;
+    return KT_OK;
 }
 
 static int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
