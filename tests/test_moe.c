@@ -584,6 +584,34 @@ static void test_wide_intermediate(void **state)
     }
 }
 
+/* The driver routes from the caller's ids again after submit validated them: ids changed in
+ * between (out of range, or one expert named by more slots than there are tokens, which the
+ * per-row buffers are not sized for) are refused with a message, not followed. */
+static void test_route_rechecks_ids(void **state)
+{
+    (void)state;
+    kt_moe_config c = make_cfg(KT_BF16, KT_F32, KT_MOE_FROZEN, 32, 16, 4, 2, 6);
+    kt_moe *m = NULL;
+    OK(kt_moe_create(&c, NULL, &m));
+    inputs in;
+    make_inputs(&in, &c, 6, KT_I32, 5);
+    kt__moe_job job;
+    memset(&job, 0, sizeof job);
+    job.x = &in.x, job.ids = &in.ids, job.w = &in.w, job.y = &in.y, job.qlen = 6;
+    OK(kt__moe_route(m, &job));
+    for (int64_t s = 0; s < 12; s++) /* every slot names expert 1: 12 rows for 6 tokens */
+        tu_set(&in.ids, s, 1.0);
+    assert_int_equal(kt__moe_route(m, &job), KT_EINVAL);
+    assert_non_null(strstr(kt_last_error(), "changed after"));
+    free_inputs(&in);
+    make_inputs(&in, &c, 6, KT_I32, 5);
+    tu_set(&in.ids, 7, 9.0); /* token 3 slot 1 */
+    assert_int_equal(kt__moe_route(m, &job), KT_EINVAL);
+    assert_non_null(strstr(kt_last_error(), "token 3 slot 1: expert id 9"));
+    free_inputs(&in);
+    kt_moe_destroy(m);
+}
+
 /* KT_MOE_NUMA_SPLIT on 2 and 3 (fake) nodes: each node's threads run only its experts, and
  * the results are bitwise those of an ordinary pool of the same size. */
 static void test_numa_split_bitwise(void **state)
@@ -1063,6 +1091,7 @@ int main(void)
         cmocka_unit_test(test_keep_activations_bitwise),
         cmocka_unit_test(test_threads_bitwise),
         cmocka_unit_test(test_wide_intermediate),
+        cmocka_unit_test(test_route_rechecks_ids),
         cmocka_unit_test(test_create_errors),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_memory),
