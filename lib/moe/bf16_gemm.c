@@ -430,22 +430,31 @@ typedef void (*pair_fn)(int64_t np, int tail, const uint16_t *a, int64_t a_row, 
         }                                                                                          \
     }
 PAIR_VARIANT(12)
+PAIR_VARIANT(11)
+PAIR_VARIANT(10)
+PAIR_VARIANT(9)
 PAIR_VARIANT(8)
+PAIR_VARIANT(7)
+PAIR_VARIANT(6)
+PAIR_VARIANT(5)
 PAIR_VARIANT(4)
+PAIR_VARIANT(3)
 PAIR_VARIANT(2)
 PAIR_VARIANT(1)
 
-static pair_fn pair_pick(int64_t left, int *mr)
+static const pair_fn pair_fns[PAIR_MR + 1] = {NULL,    pair_1, pair_2, pair_3,  pair_4,
+                                              pair_5,  pair_6, pair_7, pair_8,  pair_9,
+                                              pair_10, pair_11, pair_12};
+
+/* Tile i of `rows` rows: as many tiles as 12-row tiles need, their heights as equal as
+ * possible (90 rows: 6 x 11 + 2 x 12, not 7 x 12 + 4 + 2), since a short tile has too few
+ * independent accumulators to keep vdpbf16ps busy. Heights never change an element's
+ * operations, so the bits are those of any other tiling. */
+static pair_fn pair_tile_at(int64_t rows, int64_t i, int *mr)
 {
-    if (left >= 12)
-        return *mr = 12, pair_12;
-    if (left >= 8)
-        return *mr = 8, pair_8;
-    if (left >= 4)
-        return *mr = 4, pair_4;
-    if (left >= 2)
-        return *mr = 2, pair_2;
-    return *mr = 1, pair_1;
+    const int64_t tiles = (rows + PAIR_MR - 1) / PAIR_MR;
+    *mr = (int)(rows / tiles + (i < rows % tiles));
+    return pair_fns[*mr];
 }
 
 static __mmask32 col_mask(int64_t left)
@@ -548,9 +557,9 @@ static void nn_rows_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const u
             for (int64_t b = 0; b * 32 < cols; b++) {
                 const __mmask32 jm = col_mask(cols - b * 32);
                 float *acc = accbuf + b * 32 * M;
-                for (int64_t m = 0; m < M;) {
+                for (int64_t m = 0, i = 0; m < M; i++) {
                     int mr;
-                    const pair_fn fn = pair_pick(M - m, &mr);
+                    const pair_fn fn = pair_tile_at(M, i, &mr);
                     fn(cnt - tail, tail, g + m * ldg + 2 * p0, ldg, 2,
                        bpack + 64 * b * NN_ROWS_PAIRS, 0, 1, jm, acc + m * 32, c == 0, last,
                        y + m * ldy + j0 + 32 * b, ldy, mode, 1.0f);
@@ -585,9 +594,9 @@ static void nn_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16
                 const int last = c + 1 >= chunks;
                 const int tail = last && (N & 1);
                 nn_pack_b(w + kb, ldw, N, p0, cnt, jm, bpack);
-                for (int64_t m = m0; m < m1;) {
+                for (int64_t m = m0, i = 0; m < m1; i++) {
                     int mr;
-                    const pair_fn fn = pair_pick(m1 - m, &mr);
+                    const pair_fn fn = pair_tile_at(m1 - m0, i, &mr);
                     fn(cnt - tail, tail, g + m * ldg + 2 * p0, ldg, 2, bpack, 0, 1, jm,
                        accbuf + (m - m0) * 32, c == 0, last, y + m * ldy + kb, ldy, mode, 1.0f);
                     m += mr;
@@ -638,12 +647,13 @@ static void tn_packed_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const
     const int64_t per_tile = PAIR_MR * pairs;
     int64_t group = per_tile > 0 ? TN_APACK_WORDS / per_tile : TN_GROUP_MAX;
     group = group > TN_GROUP_MAX ? TN_GROUP_MAX : group;
+    int64_t tile = 0;
     for (int64_t n = n0; n < n1;) {
         pair_fn fn[TN_GROUP_MAX];
         int mr[TN_GROUP_MAX];
         int64_t row[TN_GROUP_MAX], tiles = 0;
         for (; tiles < group && n < n1; tiles++) {
-            fn[tiles] = pair_pick(n1 - n, &mr[tiles]);
+            fn[tiles] = pair_tile_at(n1 - n0, tile++, &mr[tiles]);
             row[tiles] = n;
             tn_pack_a(M, 0, pairs, mr[tiles], g + n, ldg, apack + tiles * per_tile);
             n += mr[tiles];
@@ -676,9 +686,9 @@ static void tn_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
     js = js < 32 ? 32 : js - js % 32;
     for (int64_t j0 = 0; j0 < K; j0 += js) {
         const int64_t j1 = K - j0 < js ? K : j0 + js;
-        for (int64_t n = n0; n < n1;) {
+        for (int64_t n = n0, i = 0; n < n1; i++) {
             int mr;
-            const pair_fn fn = pair_pick(n1 - n, &mr);
+            const pair_fn fn = pair_tile_at(n1 - n0, i, &mr);
             if (chunks == 1)
                 tn_pack_a(M, 0, pairs, mr, g + n, ldg, apack);
             for (int64_t jb = j0; jb < j1; jb += 32) {
