@@ -538,21 +538,29 @@ static void test_keep_activations_bitwise(void **state)
         }
 }
 
+/* The results of 1, 2 and 3 threads, bitwise the same. */
+static void expect_same_over_threads(kt_moe_config c, int64_t qlen, const char *what)
+{
+    blob one = run_blob(c, 1, qlen);
+    blob two = run_blob(c, 2, qlen);
+    blob three = run_blob(c, 3, qlen);
+    blob copy = {malloc(one.n + 1), one.n};
+    memcpy(copy.p, one.p, one.n);
+    char msg[96];
+    snprintf(msg, sizeof msg, "%s: 1 vs 2 threads", what);
+    expect_same(one, two, msg);
+    snprintf(msg, sizeof msg, "%s: 1 vs 3 threads", what);
+    expect_same(copy, three, msg);
+}
+
 static void test_threads_bitwise(void **state)
 {
     (void)state;
     for (int wdi = 0; wdi < 2; wdi++)
-        for (int mode = 0; mode < 3; mode++) {
-            kt_moe_config c = make_cfg(wdi ? KT_BF16 : KT_F32, KT_F32, (kt_moe_mode)mode, 48, 40,
-                                       6, 2, 11);
-            blob one = run_blob(c, 1, 11);
-            blob two = run_blob(c, 2, 11);
-            blob three = run_blob(c, 3, 11);
-            blob copy = {malloc(one.n + 1), one.n};
-            memcpy(copy.p, one.p, one.n);
-            expect_same(one, two, "1 vs 2 threads");
-            expect_same(copy, three, "1 vs 3 threads");
-        }
+        for (int mode = 0; mode < 3; mode++)
+            expect_same_over_threads(make_cfg(wdi ? KT_BF16 : KT_F32, KT_F32, (kt_moe_mode)mode,
+                                              48, 40, 6, 2, 11),
+                                     11, "H 48 I 40");
 }
 
 /* I = 330 with hundreds of rows per expert: the backward's per-thread blocks for the down
@@ -566,22 +574,15 @@ static void test_wide_intermediate(void **state)
     OK(kt_threadpool_create(2, &pool));
     const int64_t q[] = {320, 5};
     run_modes(KT_BF16, KT_F32, 64, 330, 3, 2, q, 2, KT_I32, pool);
-    kt_moe_config c = make_cfg(KT_BF16, KT_F32, KT_MOE_FROZEN, 64, 330, 3, 2, 320);
+    const kt_moe_config c = make_cfg(KT_BF16, KT_F32, KT_MOE_FROZEN, 64, 330, 3, 2, 320);
     kt_moe *m = NULL;
     OK(kt_moe_create(&c, pool, &m));
     assert_true(kt__moe_ga_per_thread(m)); /* the path this test is for */
     kt_moe_destroy(m);
     kt_threadpool_destroy(pool);
-    for (int mode = 0; mode < 3; mode++) {
-        c = make_cfg(KT_BF16, KT_F32, (kt_moe_mode)mode, 64, 330, 3, 2, 320);
-        blob one = run_blob(c, 1, 320);
-        blob two = run_blob(c, 2, 320);
-        blob three = run_blob(c, 3, 320);
-        blob copy = {malloc(one.n + 1), one.n};
-        memcpy(copy.p, one.p, one.n);
-        expect_same(one, two, "I 330: 1 vs 2 threads");
-        expect_same(copy, three, "I 330: 1 vs 3 threads");
-    }
+    for (int mode = 0; mode < 3; mode++)
+        expect_same_over_threads(make_cfg(KT_BF16, KT_F32, (kt_moe_mode)mode, 64, 330, 3, 2, 320),
+                                 320, "I 330");
 }
 
 /* The driver routes from the caller's ids again after submit validated them: ids changed in
