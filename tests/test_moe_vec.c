@@ -11,6 +11,7 @@
 
 #include <cmocka.h>
 
+#include "kt/tensor.h"
 #include "moe/vec.h"
 #include "test_util.h"
 
@@ -96,12 +97,56 @@ static void test_axpys_bitwise(void **state)
         }
 }
 
+/* rank_update against zeroing, then per row: widen, R axpys; bf16 and f32 rows */
+static void test_rank_update_bitwise(void **state)
+{
+    (void)state;
+    tu_rng rng;
+    tu_rng_seed(&rng, 8);
+    static const int64_t row_counts[] = {0, 1, 5, 96};
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (size_t l = 0; l < sizeof lengths / sizeof lengths[0]; l++)
+            for (size_t k = 0; k < 5; k++) /* ranks up to 9 */
+                for (size_t h = 0; h < sizeof row_counts / sizeof row_counts[0]; h++) {
+                    const int64_t n = lengths[l], R = ranks[k], rows = row_counts[h];
+                    const int64_t ldx = n + 7, lda = n + 2;
+                    float *xf = random_floats(&rng, rows * ldx + 1);
+                    uint16_t *xb = malloc((size_t)(rows * ldx + 1) * sizeof *xb);
+                    float *coef = random_floats(&rng, rows * R + 1);
+                    float *got = malloc((size_t)(R * lda) * sizeof *got);
+                    float *want = calloc((size_t)(R * lda), sizeof *want);
+                    float *row = malloc((size_t)(n + 1) * sizeof *row);
+                    assert_true(xb && got && want && row);
+                    for (int64_t i = 0; i < rows * ldx; i++)
+                        xb[i] = kt_f32_to_bf16_1(xf[i]);
+                    const void *x = bf16 ? (const void *)xb : (const void *)xf;
+                    for (int64_t i = 0; i < R * lda; i++)
+                        got[i] = 7.0f; /* every written element overwritten */
+                    for (int64_t q = 0; q < R; q++)
+                        for (int64_t i = n; i < lda; i++)
+                            want[q * lda + i] = 7.0f; /* the gaps left alone */
+                    for (int64_t r = 0; r < rows; r++) {
+                        kt__vec_load_cdt(row, bf16 ? (const void *)(xb + r * ldx)
+                                                   : (const void *)(xf + r * ldx),
+                                         bf16, n);
+                        for (int64_t q = 0; q < R; q++)
+                            kt__vec_axpy(n, coef[r * R + q], row, want + q * lda);
+                    }
+                    kt__vec_rank_update(n, rows, x, ldx, bf16, coef, R, got, lda);
+                    if (memcmp(got, want, (size_t)(R * lda) * sizeof *got) != 0)
+                        fail_msg("rank_update bf16=%d n=%lld R=%lld rows=%lld differs", bf16,
+                                 (long long)n, (long long)R, (long long)rows);
+                    free(xf), free(xb), free(coef), free(got), free(want), free(row);
+                }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dot_reference),
         cmocka_unit_test(test_dots_bitwise),
         cmocka_unit_test(test_axpys_bitwise),
+        cmocka_unit_test(test_rank_update_bitwise),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

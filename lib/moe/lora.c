@@ -130,18 +130,13 @@ void kt__moe_lora_gz(kt_moe *m, int proj, const void *gout_c)
 }
 
 /* acc[q][j] = sum over the expert's rows r in order of coef[r, q] * rows[r, c0 + j], for j < w
- * (acc rows W apart; buf: a row piece): the rank-r sums of both adapter gradients. */
+ * (acc rows W apart): the rank-r sums of both adapter gradients. */
 static void accumulate_rows(const kt_moe *m, int64_t e, const void *rows, int64_t ld, int64_t c0,
-                            int64_t w, const float *coef, float *buf, float *acc)
+                            int64_t w, const float *coef, float *acc)
 {
-    const int64_t R = m->R, W = piece(R);
-    for (int64_t j = 0; j < R * W; j++)
-        acc[j] = 0.0f;
-    for (int64_t r = m->off[e]; r < m->off[e + 1]; r++) {
-        kt__vec_load_cdt(buf, cdt_row(m, rows, r, ld, c0), m->bf16, w);
-        for (int64_t q = 0; q < R; q++)
-            kt__vec_axpy(w, coef[r * R + q], buf, acc + q * W);
-    }
+    const int64_t r0 = m->off[e];
+    kt__vec_rank_update(w, m->off[e + 1] - r0, cdt_row(m, rows, r0, ld, c0), ld, m->bf16,
+                        coef + r0 * m->R, m->R, acc, piece(m->R));
 }
 
 /* dB rows [c0, c1) of each task's expert (a = gout): acc[q][n] = sum_r z[r, q] gout[r, n],
@@ -158,10 +153,10 @@ static void db_tasks(void *vctx, int64_t b, int64_t end, int thread)
         float *dB = kt__moe_lora_ptr(m, m->lora_grad, t->e, c->proj, 1);
         for (int64_t n0 = t->c0; n0 < t->c1; n0 += W) {
             const int64_t w = t->c1 - n0 < W ? t->c1 - n0 : W;
-            accumulate_rows(m, t->e, c->a, outw, n0, w, m->z[c->proj], buf, buf + W);
+            accumulate_rows(m, t->e, c->a, outw, n0, w, m->z[c->proj], buf);
             for (int64_t n = 0; n < w; n++)
                 for (int64_t q = 0; q < R; q++)
-                    dB[(n0 + n) * R + q] += c->scale * (m->lora_scale * buf[W + q * W + n]);
+                    dB[(n0 + n) * R + q] += c->scale * (m->lora_scale * buf[q * W + n]);
         }
     }
 }
@@ -180,9 +175,9 @@ static void da_tasks(void *vctx, int64_t b, int64_t end, int thread)
         float *dA = kt__moe_lora_ptr(m, m->lora_grad, t->e, c->proj, 0);
         for (int64_t k0 = t->c0; k0 < t->c1; k0 += W) {
             const int64_t w = t->c1 - k0 < W ? t->c1 - k0 : W;
-            accumulate_rows(m, t->e, c->b, in, k0, w, m->gz[c->proj], buf, buf + W);
+            accumulate_rows(m, t->e, c->b, in, k0, w, m->gz[c->proj], buf);
             for (int64_t q = 0; q < R; q++)
-                kt__vec_axpy(w, c->scale, buf + W + q * W, dA + q * in + k0);
+                kt__vec_axpy(w, c->scale, buf + q * W, dA + q * in + k0);
         }
     }
 }

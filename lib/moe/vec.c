@@ -83,6 +83,51 @@ VEC_TARGET static void dots_avx512(int64_t n, const float *x, const float *a, in
     }
 }
 
+/* 16 columns by up to RANK_BLOCK ranks of accumulators at a time, down all the rows */
+#define RANK_BLOCK 8
+
+/* 16 values (the first `left` of them, the rest zero) widened to f32 (AVX-512F only) */
+VEC_TARGET static __m512 load_row16(const void *x, int bf16, int64_t i, int64_t left)
+{
+    if (bf16) {
+        __m256i h;
+        if (left >= 16) {
+            h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + i));
+        } else {
+            uint16_t t[16] = {0};
+            memcpy(t, (const uint16_t *)x + i, (size_t)left * sizeof *t);
+            h = _mm256_loadu_si256((const __m256i *)t);
+        }
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    const __mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+    return _mm512_maskz_loadu_ps(k, (const float *)x + i);
+}
+
+VEC_TARGET static void rank_update_avx512(int64_t n, int64_t nrows, const void *x, int64_t ldx, int bf16,
+                   const float *coef, int64_t R, float *acc, int64_t lda)
+{
+    const size_t es = bf16 ? 2 : 4;
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        for (int64_t q0 = 0; q0 < R; q0 += RANK_BLOCK) {
+            const int nq = R - q0 < RANK_BLOCK ? (int)(R - q0) : RANK_BLOCK;
+            __m512 a[RANK_BLOCK];
+            for (int q = 0; q < RANK_BLOCK; q++)
+                a[q] = _mm512_setzero_ps();
+            for (int64_t r = 0; r < nrows; r++) {
+                const void *row = (const unsigned char *)x + (size_t)(r * ldx) * es;
+                const __m512 xv = load_row16(row, bf16, i, n - i);
+                const float *c = coef + r * R + q0;
+                for (int q = 0; q < nq; q++)
+                    a[q] = _mm512_fmadd_ps(_mm512_set1_ps(c[q]), xv, a[q]);
+            }
+            for (int q = 0; q < nq; q++)
+                _mm512_mask_storeu_ps(acc + (q0 + q) * lda + i, k, a[q]);
+        }
+    }
+}
+
 VEC_TARGET static void axpys_avx512(int64_t n, const float *alpha, const float *x, int64_t ldx,
                                     int64_t R, float *y)
 {
@@ -159,6 +204,28 @@ void kt__vec_axpys(int64_t n, const float *alpha, const float *x, int64_t ldx, i
     for (int64_t q = 0; q < R; q++)
         for (int64_t i = 0; i < n; i++)
             y[i] += alpha[q] * x[q * ldx + i];
+}
+
+void kt__vec_rank_update(int64_t n, int64_t nrows, const void *x, int64_t ldx, int bf16,
+                         const float *coef, int64_t R, float *acc, int64_t lda)
+{
+#ifdef VEC_AVX512
+    if (kt__cpu_has_avx512()) {
+        rank_update_avx512(n, nrows, x, ldx, bf16, coef, R, acc, lda);
+        return;
+    }
+#endif
+    for (int64_t q = 0; q < R; q++)
+        for (int64_t i = 0; i < n; i++)
+            acc[q * lda + i] = 0.0f;
+    for (int64_t r = 0; r < nrows; r++)
+        for (int64_t q = 0; q < R; q++)
+            for (int64_t i = 0; i < n; i++) {
+                const size_t at = (size_t)(r * ldx + i);
+                const float v = bf16 ? kt_bf16_to_f32_1(((const uint16_t *)x)[at])
+                                     : ((const float *)x)[at];
+                acc[q * lda + i] += coef[r * R + q] * v;
+            }
 }
 
 void kt__vec_load_cdt(float *dst, const void *src, int bf16, int64_t n)

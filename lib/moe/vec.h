@@ -17,6 +17,12 @@ void kt__vec_dots(int64_t n, const float *x, const float *a, int64_t lda, int64_
  * y read and written once */
 void kt__vec_axpys(int64_t n, const float *alpha, const float *x, int64_t ldx, int64_t R,
                    float *y);
+/* acc[q lda + i] = sum over rows r < nrows in order of coef[r R + q] x[r][i], for q < R and
+ * i < n, x's rows ldx elements apart in the compute dtype (bf16 when bf16, else f32): the bits
+ * of zeroing acc and then, row by row, R kt__vec_axpy calls on the widened row; acc is
+ * written once. */
+void kt__vec_rank_update(int64_t n, int64_t nrows, const void *x, int64_t ldx, int bf16,
+                         const float *coef, int64_t R, float *acc, int64_t lda);
 /* dst[i] = f32 of n compute-dtype values (bf16 or f32) */
 void kt__vec_load_cdt(float *dst, const void *src, int bf16, int64_t n);
 
