@@ -414,6 +414,17 @@ static kt_status master_gather(kt__ucx_boot *b, int lfd, const void *addr, size_
 
 /* ---- other ranks ------------------------------------------------------------------------- */
 
+/* A TCP socket whose local and peer addresses are the same (a "self-connect"). */
+static int connected_to_self(int fd)
+{
+    struct sockaddr_storage local, peer;
+    socklen_t ll = sizeof local, pl = sizeof peer;
+    if (getsockname(fd, (struct sockaddr *)&local, &ll) != 0 ||
+        getpeername(fd, (struct sockaddr *)&peer, &pl) != 0)
+        return 0;
+    return ll == pl && memcmp(&local, &peer, ll) == 0;
+}
+
 static kt_status connect_master(kt__ucx_boot *b, int *fd_out)
 {
     const kt__ucx_setup *s = &b->s;
@@ -437,6 +448,13 @@ static kt_status connect_master(kt__ucx_boot *b, int *fd_out)
                     errno = err;
                 } else if (rc != 0 && errno == EINPROGRESS) {
                     errno = ETIMEDOUT;
+                }
+                if (rc == 0 && connected_to_self(fd)) {
+                    /* Before the master listens, Linux may give this socket the master's own
+                     * port as its local port (both in the ephemeral range) and connect it to
+                     * itself; that also keeps the master from binding. Drop it, retry. */
+                    rc = -1;
+                    errno = ECONNREFUSED;
                 }
                 if (rc == 0) {
                     freeaddrinfo(res);
