@@ -187,11 +187,18 @@ static void emu_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t 
     assert_false(emu.configured);
 }
 
+static void emu_tn_mode(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                        int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
+                        float scale, int accumulate)
+{
+    emu_k_gemm_tn(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
+    assert_false(emu.configured);
+}
+
 static void emu_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g, int64_t ldg,
                    const uint16_t *x, int64_t ldx, float *dw, int64_t lddw, float scale)
 {
-    emu_k_gemm_tn(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale);
-    assert_false(emu.configured);
+    emu_tn_mode(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, 1);
 }
 #endif /* KT_AMX_COMPILED */
 
@@ -331,58 +338,23 @@ static void test_pack_a(void **state)
 static const int64_t pack_nreds[] = {0, 1, 2, 3, 30, 31, 32, 33, 63, 64, 65, 100};
 #define N_PACK_NREDS ((int)(sizeof pack_nreds / sizeof pack_nreds[0]))
 
-static void test_pack_b_nt(void **state)
+/* pack_b_nt (w [ncols, nred], the reduction along a row) and pack_b_pairs (src [nred, ncols],
+ * the reduction down the rows) build the same panels from transposed layouts: element (i, col)
+ * of the reduction i and column col sits at i * si + col * sc. */
+static void sweep_pack_b(int pairs, uint64_t seed)
 {
-    (void)state;
-    REQUIRE(have_avx512_packers());
     tu_rng rng;
-    tu_rng_seed(&rng, 12);
+    tu_rng_seed(&rng, seed);
     static const int64_t ncolss[] = {1, 2, 7, 15, 16, 17, 31, 32};
     for (size_t ci = 0; ci < sizeof ncolss / sizeof ncolss[0]; ci++)
         for (int ri = 0; ri < N_PACK_NREDS; ri++)
             for (int extra = 0; extra < 2; extra++)
                 for (int tiles = ncolss[ci] > 16 ? 2 : 1; tiles <= 2; tiles++) {
                     const int64_t ncols = ncolss[ci], nred = pack_nreds[ri];
-                    const int64_t steps = (nred + 31) / 32 + extra, ldw = nred + 5;
-                    const size_t n = nred ? (size_t)((ncols - 1) * ldw + nred) : 0;
-                    guarded gd;
-                    uint16_t *w = rand_bf16(&gd, n, &rng);
-                    const int64_t total = steps * tiles;
-                    uint16_t *got = panel_alloc(total), *want = panel_alloc(total);
-                    for (int64_t s = 0; s < steps; s++)
-                        for (int t = 0; t < tiles; t++)
-                            for (int p = 0; p < 16; p++)
-                                for (int c = 0; c < 16; c++)
-                                    for (int h = 0; h < 2; h++) {
-                                        const int64_t i = 32 * s + 2 * p + h, col = 16 * t + c;
-                                        want[(s * tiles + t) * TE + p * 32 + 2 * c + h] =
-                                            col < ncols && i < nred ? w[col * ldw + i] : 0;
-                                    }
-                    kt__amx_pack_b_nt(w, ldw, ncols, nred, steps, tiles, got);
-                    char what[128];
-                    snprintf(what, sizeof what, "pack_b_nt ncols=%lld nred=%lld steps=%lld tiles=%d",
-                             (long long)ncols, (long long)nred, (long long)steps, tiles);
-                    panel_check(got, want, total, what);
-                    guarded_free(&gd);
-                    free(got);
-                    free(want);
-                }
-}
-
-static void test_pack_b_pairs(void **state)
-{
-    (void)state;
-    REQUIRE(have_avx512_packers());
-    tu_rng rng;
-    tu_rng_seed(&rng, 13);
-    static const int64_t ncolss[] = {1, 2, 7, 15, 16, 17, 31, 32};
-    for (size_t ci = 0; ci < sizeof ncolss / sizeof ncolss[0]; ci++)
-        for (int ri = 0; ri < N_PACK_NREDS; ri++)
-            for (int extra = 0; extra < 2; extra++)
-                for (int tiles = ncolss[ci] > 16 ? 2 : 1; tiles <= 2; tiles++) {
-                    const int64_t ncols = ncolss[ci], nred = pack_nreds[ri];
-                    const int64_t steps = (nred + 31) / 32 + extra, ld = ncols + 3;
-                    const size_t n = nred ? (size_t)((nred - 1) * ld + ncols) : 0;
+                    const int64_t steps = (nred + 31) / 32 + extra;
+                    const int64_t ld = pairs ? ncols + 3 : nred + 5;
+                    const int64_t si = pairs ? ld : 1, sc = pairs ? 1 : ld;
+                    const size_t n = nred ? (size_t)((nred - 1) * si + (ncols - 1) * sc + 1) : 0;
                     guarded gd;
                     uint16_t *src = rand_bf16(&gd, n, &rng);
                     const int64_t total = steps * tiles;
@@ -394,18 +366,35 @@ static void test_pack_b_pairs(void **state)
                                     for (int h = 0; h < 2; h++) {
                                         const int64_t i = 32 * s + 2 * p + h, col = 16 * t + c;
                                         want[(s * tiles + t) * TE + p * 32 + 2 * c + h] =
-                                            i < nred && col < ncols ? src[i * ld + col] : 0;
+                                            i < nred && col < ncols ? src[i * si + col * sc] : 0;
                                     }
-                    kt__amx_pack_b_pairs(src, ld, nred, ncols, steps, tiles, got);
+                    if (pairs)
+                        kt__amx_pack_b_pairs(src, ld, nred, ncols, steps, tiles, got);
+                    else
+                        kt__amx_pack_b_nt(src, ld, ncols, nred, steps, tiles, got);
                     char what[128];
-                    snprintf(what, sizeof what,
-                             "pack_b_pairs ncols=%lld nred=%lld steps=%lld tiles=%d",
-                             (long long)ncols, (long long)nred, (long long)steps, tiles);
+                    snprintf(what, sizeof what, "%s ncols=%lld nred=%lld steps=%lld tiles=%d",
+                             pairs ? "pack_b_pairs" : "pack_b_nt", (long long)ncols,
+                             (long long)nred, (long long)steps, tiles);
                     panel_check(got, want, total, what);
                     guarded_free(&gd);
                     free(got);
                     free(want);
                 }
+}
+
+static void test_pack_b_nt(void **state)
+{
+    (void)state;
+    REQUIRE(have_avx512_packers());
+    sweep_pack_b(0, 12);
+}
+
+static void test_pack_b_pairs(void **state)
+{
+    (void)state;
+    REQUIRE(have_avx512_packers());
+    sweep_pack_b(1, 13);
 }
 
 static void test_pack_a_tn(void **state)
@@ -791,26 +780,47 @@ static void nt_off_by_one(int64_t M, int64_t n0, int64_t n1, int64_t K, const ui
     y[(M - 1) * ldy + n1 - 1] += 1.0f; /* the last corner: an edge-tile slip */
 }
 
+/* ... and one that adds to y when told to overwrite it */
+static void nn_always_adds(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
+                           int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
+                           int accumulate)
+{
+    (void)accumulate;
+    kt__bf16_gemm_nn_ref(M, N, k0, k1, g, ldg, w, ldw, y, ldy, 1);
+}
+
 static void tn_dropped_scale(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
                              int64_t ldg, const uint16_t *x, int64_t ldx, float *dw,
-                             int64_t lddw, float scale)
+                             int64_t lddw, float scale, int accumulate)
 {
     (void)scale;
-    kt__bf16_gemm_tn_acc_ref(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, 1.0f);
+    kt__bf16_gemm_tn_ref(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, 1.0f, accumulate);
+}
+
+static void tn_always_adds(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                           int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
+                           float scale, int accumulate)
+{
+    (void)accumulate;
+    kt__bf16_gemm_tn_ref(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, 1);
 }
 
 static void test_selftest(void **state)
 {
     (void)state;
     assert_int_equal(kt__amx_selftest(kt__bf16_gemm_nt_ref, kt__bf16_gemm_nn_ref,
-                                      kt__bf16_gemm_tn_acc_ref), 1);
+                                      kt__bf16_gemm_tn_ref), 1);
     assert_int_equal(kt__amx_selftest(nt_off_by_one, kt__bf16_gemm_nn_ref,
-                                      kt__bf16_gemm_tn_acc_ref), 0);
+                                      kt__bf16_gemm_tn_ref), 0);
     assert_int_equal(kt__amx_selftest(kt__bf16_gemm_nt_ref, kt__bf16_gemm_nn_ref,
                                       tn_dropped_scale), 0);
+    assert_int_equal(kt__amx_selftest(kt__bf16_gemm_nt_ref, nn_always_adds,
+                                      kt__bf16_gemm_tn_ref), 0);
+    assert_int_equal(kt__amx_selftest(kt__bf16_gemm_nt_ref, kt__bf16_gemm_nn_ref,
+                                      tn_always_adds), 0);
 #ifdef KT_AMX_COMPILED
     if (have_avx512_packers())
-        assert_int_equal(kt__amx_selftest(emu_nt, emu_nn, emu_tn), 1);
+        assert_int_equal(kt__amx_selftest(emu_nt, emu_nn, emu_tn_mode), 1);
 #endif
 }
 

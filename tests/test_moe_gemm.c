@@ -348,6 +348,8 @@ static void test_nn_rows_path(void **state)
     (void)state;
     static const int64_t Ms[] = {24, 96, 300, 512};
     for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
+        if (vector_path()) /* the path this test is for */
+            assert_true(kt__bf16_gemm_nn_rows_path(Ms[i], 2048));
         prob p;
         uint64_t seed = 31;
         do { /* a draw without row padding, so that ldb is 2048 */

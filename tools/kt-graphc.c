@@ -12,6 +12,7 @@
 
 #include "kt/kt.h"
 #include "kt/program.h"
+#include "common/usage.h"
 
 #define MAX_DEFINES 64
 #define DIAG_BYTES (256u * 1024u)
@@ -49,12 +50,9 @@ static void usage(FILE *f)
             "exit status: 0 compiled, 1 errors in the model or its compilation, 2 usage\n");
 }
 
-static int usage_error(const char *fmt, const char *what)
+static int usage_error(const char *fmt, const char *arg)
 {
-    fprintf(stderr, "kt-graphc: ");
-    fprintf(stderr, fmt, what);
-    fprintf(stderr, "\n(kt-graphc --help for usage)\n");
-    return 2;
+    return kt_tool_usage_error("kt-graphc", fmt, arg);
 }
 
 static int parse_define(args *a, const char *spec)

@@ -14,6 +14,7 @@
 
 #include "kt/io.h"
 #include "kt/program.h"
+#include "common/usage.h"
 
 #define GRAD_PREFIX "grad."
 
@@ -48,10 +49,7 @@ static void usage(FILE *f)
 
 static int usage_error(const char *fmt, const char *arg)
 {
-    fprintf(stderr, "kt-run: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(see kt-run --help)\n");
-    return 2;
+    return kt_tool_usage_error("kt-run", fmt, arg);
 }
 
 /* 0 on success, 2 (usage error), or -1 after --help. */

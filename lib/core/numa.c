@@ -55,7 +55,8 @@ int kt_numa_node_count(void)
     return fake ? fake : real_node_count();
 }
 
-int kt__numa_real_node(int node) { return node < 0 ? node : node % real_node_count(); }
+/* The real node a (possibly fake, see kt_numa_node_count) node stands for. */
+static inline int real_node(int node) { return node < 0 ? node : node % real_node_count(); }
 
 kt_status kt__numa_bind_range(void *ptr, size_t size, int node)
 {
@@ -71,7 +72,7 @@ kt_status kt__numa_bind_range(void *ptr, size_t size, int node)
     if (kt_numa_available()) {
         /* mbind itself rather than numa_tonode_memory: its failure is returned (libnuma
          * would print it), and MPOL_MF_MOVE moves pages someone already touched */
-        const int real = kt__numa_real_node(node);
+        const int real = real_node(node);
         unsigned long mask[16] = {0};
         if (real >= (int)(sizeof mask * 8))
             return kt__error(KT_EINVAL, "NUMA node %d is beyond the %zu nodes a binding can name",
@@ -182,7 +183,7 @@ kt_status kt__numa_alloc(size_t size, int node, void **ptr_out)
                          nodes, nodes == 1 ? "" : "s");
 #ifdef KT_HAVE_NUMA
     if (kt_numa_available()) {
-        void *p = numa_alloc_onnode(size ? size : 1, kt__numa_real_node(node));
+        void *p = numa_alloc_onnode(size ? size : 1, real_node(node));
         if (p == NULL)
             return kt__error(KT_ENOMEM, "arena: cannot allocate %zu bytes on NUMA node %d",
                              size, node);

@@ -13,8 +13,6 @@ void kt__numa_free(void *ptr, size_t size, int node);
 /* Binds the whole pages inside [ptr, ptr + size) to `node` (pages already touched are
  * moved); a no-op without libnuma (one node). */
 kt_status kt__numa_bind_range(void *ptr, size_t size, int node);
-/* The real node a (possibly fake, see kt_numa_node_count) node stands for. */
-int kt__numa_real_node(int node);
 
 #if defined(__linux__) && defined(_GNU_SOURCE)
 #include <sched.h>

@@ -204,19 +204,9 @@ void kt_threadpool_destroy(kt_threadpool *pool)
 
 int kt_threadpool_size(const kt_threadpool *pool) { return pool ? pool->n_threads : 1; }
 
-static void parallel_run(kt_threadpool *pool, int64_t n, int64_t grain, kt_range_fn fn, void *ctx)
+/* A job of `parts` > 1 parts over the pool's threads, the caller's as thread 0. */
+static void run_job(kt_threadpool *pool, int parts, int64_t n, kt_range_fn fn, void *ctx)
 {
-    if (grain < 1)
-        grain = 1;
-    /* Rounded down, so every part gets at least `grain` items as documented. */
-    int64_t max_parts = n / grain;
-    int parts = kt_threadpool_size(pool);
-    if (max_parts < parts)
-        parts = (int)max_parts;
-    if (parts <= 1) {
-        fn(ctx, 0, n, 0);
-        return;
-    }
     pool->fn = fn;
     pool->ctx = ctx;
     pool->n = n;
@@ -246,12 +236,19 @@ void kt_parallel_for(kt_threadpool *pool, int64_t n, int64_t grain, kt_range_fn 
 {
     if (n <= 0)
         return;
-    if (pool == NULL) {
-        parallel_run(pool, n, grain, fn, ctx);
+    if (grain < 1)
+        grain = 1;
+    /* Rounded down, so every part gets at least `grain` items as documented. */
+    const int64_t max_parts = n / grain;
+    int parts = kt_threadpool_size(pool);
+    if (max_parts < parts)
+        parts = (int)max_parts;
+    if (parts <= 1) { /* the caller alone: the pool's threads and state are not involved */
+        fn(ctx, 0, n, 0);
         return;
     }
     pthread_mutex_lock(&pool->submit_mu);
-    parallel_run(pool, n, grain, fn, ctx);
+    run_job(pool, parts, n, fn, ctx);
     pthread_mutex_unlock(&pool->submit_mu);
 }
 

@@ -13,6 +13,7 @@
  * intrinsics are builtins that do describe their memory access, the barriers cost nothing. */
 #include <pthread.h>
 
+#include "core/cpu_internal.h"
 #include "kt/runtime.h"
 #include "moe/amx_gemm.h"
 #include "moe/bf16_gemm.h"
@@ -55,9 +56,9 @@ static void amx_detect(void)
     /* kt_cpu_get_features() makes the arch_prctl(ARCH_REQ_XCOMP_PERM) request; amx_usable
      * is its answer (and 0 under KT_CPU=portable). */
     const kt_cpu_features *f = kt_cpu_get_features();
-    amx_ok = f->amx_usable && f->amx_tile && f->amx_bf16 && f->avx512f && f->avx512bw &&
-             f->avx512_bf16 && palette_ok();
-    if (amx_ok && !kt__amx_selftest(kt__amx_gemm_nt, kt__amx_gemm_nn, kt__amx_gemm_tn_acc))
+    amx_ok = f->amx_usable && f->amx_tile && f->amx_bf16 && kt__cpu_has_avx512() &&
+             kt__cpu_has_avx512_bf16() && palette_ok();
+    if (amx_ok && !kt__amx_selftest(kt__amx_gemm_nt, kt__amx_gemm_nn, kt__amx_gemm_tn))
         amx_ok = -1; /* present, but the kernels disagree with the reference here */
 }
 
@@ -225,11 +226,11 @@ void kt__amx_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_
     amx_gemm_ab(0, M, k0, k1, N, g, ldg, w, ldw, y, ldy, accumulate);
 }
 
-void kt__amx_gemm_tn_acc(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
-                         int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
-                         float scale)
+void kt__amx_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                     int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
+                     float scale, int accumulate)
 {
-    amx_gemm_tn(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale);
+    amx_gemm_tn(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
 }
 
 #else /* !KT_AMX_COMPILED: no AMX on this target; the names run the scalar reference */
@@ -251,11 +252,18 @@ void kt__amx_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_
     kt__bf16_gemm_nn_ref(M, N, k0, k1, g, ldg, w, ldw, y, ldy, accumulate);
 }
 
+void kt__amx_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                     int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
+                     float scale, int accumulate)
+{
+    kt__bf16_gemm_tn_ref(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
+}
+
+#endif
+
 void kt__amx_gemm_tn_acc(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
                          int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
                          float scale)
 {
-    kt__bf16_gemm_tn_acc_ref(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale);
+    kt__amx_gemm_tn(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, 1);
 }
-
-#endif

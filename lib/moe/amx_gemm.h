@@ -1,13 +1,13 @@
 /* AMX (Advanced Matrix Extensions) versions of the MoE layer's bf16 GEMMs: the same three
- * products, signatures and semantics as kt__bf16_gemm_nt / _nn / _tn_acc (moe/bf16_gemm.h),
+ * products, signatures and semantics as kt__bf16_gemm_nt / _nn / _tn (moe/bf16_gemm.h),
  * for CPUs with AMX-TILE and AMX-BF16 (Intel Sapphire Rapids and later).
  *
  *   kt__amx_gemm_nt     y[m, n] = (accumulate ? y[m, n] : 0) + sum_k x[m, k] w[n, k]
  *                       m in [0, M), n in [n0, n1)
  *   kt__amx_gemm_nn     y[m, k] = (accumulate ? y[m, k] : 0) + sum_n g[m, n] w[n, k]
  *                       m in [0, M), k in [k0, k1)
- *   kt__amx_gemm_tn_acc dw[n, k] += scale * sum_m g[m, n] x[m, k]
- *                       n in [n0, n1), k in [0, K)
+ *   kt__amx_gemm_tn     dw[n, k] = (accumulate ? dw[n, k] : 0) + scale * sum_m g[m, n] x[m, k]
+ *                       n in [n0, n1), k in [0, K) (kt__amx_gemm_tn_acc: accumulate 1)
  *
  * Call them only when kt__amx_usable() is 1: on any other x86-64 CPU the tile instructions
  * fault (SIGILL). Where the AMX kernels are not compiled (KT_AMX_COMPILED undefined: not
@@ -101,7 +101,7 @@ typedef void (*kt__gemm_nt_fn)(int64_t M, int64_t n0, int64_t n1, int64_t K, con
                                int64_t ldy, int accumulate);
 typedef void (*kt__gemm_tn_fn)(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
                                int64_t ldg, const uint16_t *x, int64_t ldx, float *dw,
-                               int64_t lddw, float scale);
+                               int64_t lddw, float scale, int accumulate);
 int kt__amx_selftest(kt__gemm_nt_fn nt, kt__gemm_nt_fn nn, kt__gemm_tn_fn tn);
 
 void kt__amx_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
@@ -110,6 +110,9 @@ void kt__amx_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_
 void kt__amx_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
                      int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
                      int accumulate);
+void kt__amx_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                     int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
+                     float scale, int accumulate);
 void kt__amx_gemm_tn_acc(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
                          int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
                          float scale);

@@ -133,17 +133,20 @@ AMXK_TARGET static void AMXK_FN(store_ab)(const float *s, int64_t rows, int64_t 
     }
 }
 
-/* The finished sums of a block of TN: dw[r, 0..kw) += scale * s[r * AMXK_TN_COLS + ...]. */
+/* The finished sums of a block of TN: dw[r, 0..kw) (+)= scale * s[r * AMXK_TN_COLS + ...]
+ * (overwriting never reads dw). */
 AMXK_TARGET static void AMXK_FN(store_tn)(const float *s, int64_t rows, int64_t kw, float *dw,
-                                          int64_t lddw, float scale)
+                                          int64_t lddw, float scale, int accumulate)
 {
     const __m512 sc = _mm512_set1_ps(scale);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < kw; j += 16) {
             const __mmask16 m = AMXK_FN(mask16)(kw - j);
             float *d = dw + r * lddw + j;
-            const __m512 v = _mm512_mul_ps(sc, _mm512_loadu_ps(s + r * AMXK_TN_COLS + j));
-            _mm512_mask_storeu_ps(d, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, d), v));
+            __m512 v = _mm512_mul_ps(sc, _mm512_loadu_ps(s + r * AMXK_TN_COLS + j));
+            if (accumulate)
+                v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, d), v);
+            _mm512_mask_storeu_ps(d, m, v);
         }
 }
 
@@ -217,7 +220,8 @@ AMXK_TARGET static void AMXK_FN(gemm_ab)(const int nt, int64_t M, int64_t c0, in
  * columns, used by the 2 x 2 tile blocks of all 64 rows. */
 AMXK_TARGET static void AMXK_FN(gemm_tn)(int64_t M, int64_t n0, int64_t n1, int64_t K,
                                          const uint16_t *g, int64_t ldg, const uint16_t *x,
-                                         int64_t ldx, float *dw, int64_t lddw, float scale)
+                                         int64_t ldx, float *dw, int64_t lddw, float scale,
+                                         int accumulate)
 {
     if (n1 <= n0 || K <= 0)
         return;
@@ -256,7 +260,7 @@ AMXK_TARGET static void AMXK_FN(gemm_tn)(int64_t M, int64_t n0, int64_t n1, int6
                     }
                 }
             }
-            AMXK_FN(store_tn)(part, nr, kw, dw + n * lddw + kg, lddw, scale);
+            AMXK_FN(store_tn)(part, nr, kw, dw + n * lddw + kg, lddw, scale, accumulate);
         }
     }
     AMXK_RELEASE();

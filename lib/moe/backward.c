@@ -25,11 +25,6 @@ typedef struct bwd_ctx {
 /* Row pieces of this many f32 values go through stack buffers (16 KiB). */
 #define ROW_CHUNK 4096
 
-static void *cdt_at(const kt_moe *m, void *base, int64_t i)
-{
-    return (unsigned char *)base + (size_t)i * m->cs;
-}
-
 /* Per token: the routing-weight gradients and the weighted output gradient of each slot. A
  * bf16 gy row is widened piece by piece (once per token when H fits one piece). */
 static void gd_part(void *vctx, int64_t t0, int64_t t1, int thread)
@@ -52,7 +47,7 @@ static void gd_part(void *vctx, int64_t t0, int64_t t1, int thread)
                 if (gbf && m->H > ROW_CHUNK)
                     kt_bf16_to_f32(buf, gyb + h0, (size_t)n);
                 acc += kt__moe_scale_dot(n, gbf ? buf : gyf + h0, m->slot_w[s],
-                                         m->d + r * m->H + h0, cdt_at(m, m->gdc, r * m->H + h0),
+                                         m->d + r * m->H + h0, kt__moe_cdt_at(m, m->gdc, r * m->H + h0),
                                          m->bf16);
             }
             m->gw[s] = (float)acc;
@@ -124,12 +119,12 @@ static void act_bwd_rows(kt_moe *m, int64_t r0, int64_t r1, int64_t c0, int64_t 
             const int64_t k = (r + ACT_PREFETCH_ROWS) * m->I + c0;
             prefetch_lines(m->g + k, n * sizeof(float), 0);
             prefetch_lines(m->u + k, n * sizeof(float), 0);
-            prefetch_lines(cdt_at(m, m->ggc, k), n * m->cs, 1);
-            prefetch_lines(cdt_at(m, m->guc, k), n * m->cs, 1);
+            prefetch_lines(kt__moe_cdt_at(m, m->ggc, k), n * m->cs, 1);
+            prefetch_lines(kt__moe_cdt_at(m, m->guc, k), n * m->cs, 1);
         }
         const int64_t k = r * m->I + c0;
-        kt__moe_act_bwd(c1 - c0, m->g + k, m->u + k, ga + (r - r0) * ldga, cdt_at(m, m->ggc, k),
-                        cdt_at(m, m->guc, k), m->bf16);
+        kt__moe_act_bwd(c1 - c0, m->g + k, m->u + k, ga + (r - r0) * ldga, kt__moe_cdt_at(m, m->ggc, k),
+                        kt__moe_cdt_at(m, m->guc, k), m->bf16);
     }
 }
 

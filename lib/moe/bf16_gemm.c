@@ -891,6 +891,16 @@ void kt__bf16_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
     kt__bf16_gemm_nt_ref(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
 }
 
+int kt__bf16_gemm_nn_rows_path(int64_t M, int64_t ldw)
+{
+#ifdef BF_HAVE_AVX512
+    return nn_use_rows(M, ldw);
+#else
+    (void)M, (void)ldw;
+    return 0;
+#endif
+}
+
 void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g, int64_t ldg,
                       const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
@@ -913,10 +923,8 @@ void kt__bf16_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
                       const uint16_t *x, int64_t ldx, float *dw, int64_t lddw, float scale,
                       int accumulate)
 {
-    if (use_amx(M)) { /* the AMX kernel always adds: overwriting adds to zeros */
-        for (int64_t n = n0; !accumulate && n < n1; n++)
-            memset(dw + n * lddw, 0, (size_t)K * sizeof *dw);
-        kt__amx_gemm_tn_acc(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale);
+    if (use_amx(M)) {
+        kt__amx_gemm_tn(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
         return;
     }
 #ifdef BF_HAVE_AVX512

@@ -9,11 +9,6 @@
 #include "moe/moe_internal.h"
 #include "ops/gemm.h"
 
-float kt__moe_ld(const void *p, int bf16, int64_t i)
-{
-    return bf16 ? kt_bf16_to_f32_1(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-
 typedef struct fwd_ctx {
     kt_moe *m;
     const kt__moe_job *job;
@@ -65,11 +60,6 @@ void kt__moe_gather(kt_moe *m, const kt__moe_job *job, int load_x)
  * expert's [rows, I] pair would already be on its way out. 96 = 16 tiles of 6 columns. */
 #define GU_SUB_COLS 96
 
-static void *cdt_at(const kt_moe *m, void *base, int64_t i)
-{
-    return (unsigned char *)base + (size_t)i * m->cs;
-}
-
 static void gate_up_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
     (void)thread;
@@ -96,7 +86,7 @@ static void gate_up_tasks(void *vctx, int64_t b, int64_t end, int thread)
             }
             for (int64_t r = off; r < off + me; r++) {
                 const int64_t k = r * m->I + st.c0;
-                kt__moe_act_fwd(st.c1 - st.c0, m->g + k, m->u + k, cdt_at(m, m->ac, k), m->bf16);
+                kt__moe_act_fwd(st.c1 - st.c0, m->g + k, m->u + k, kt__moe_cdt_at(m, m->ac, k), m->bf16);
             }
         }
     }

@@ -212,8 +212,7 @@ static kt_status alloc_work(kt_moe *m)
         KT__TRY(kt__moe_scratch_register(m->cfg.scratch, m->scratch_need));
     } else {
         KT__TRY(kt_arena_create(&m->scratch_own, m->scratch_need, buffer_node(m)));
-        for (int i = 0; i < m->n_scratch; i++)
-            *m->scratch_ptr[i] = (unsigned char *)m->scratch_own.base + m->scratch_off[i];
+        kt__moe_bind_scratch(m, m->scratch_own.base);
         total += m->scratch_need;
     }
     m->workspace_bytes = total;

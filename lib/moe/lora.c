@@ -26,11 +26,6 @@ typedef struct lora_ctx {
 /* Columns per piece for rank R: R + 2 pieces fit LORA_BUF, a multiple of 16. */
 static int64_t piece(int64_t R) { return LORA_BUF / (R + 2) / 16 * 16; }
 
-static const void *cdt_row(const kt_moe *m, const void *base, int64_t r, int64_t w, int64_t c0)
-{
-    return (const unsigned char *)base + (size_t)(r * w + c0) * m->cs;
-}
-
 /* z[r] = x[r] A^T: r dot products over `in`, piece by piece (each piece's sum added in
  * order). */
 static void z_part(void *vctx, int64_t r0, int64_t r1, int thread)
@@ -48,7 +43,7 @@ static void z_part(void *vctx, int64_t r0, int64_t r1, int thread)
             z[r * R + q] = 0.0f;
         for (int64_t k0 = 0; k0 < in; k0 += W) {
             const int64_t w = in - k0 < W ? in - k0 : W;
-            kt__vec_load_cdt(xb, cdt_row(m, c->a, r, in, k0), m->bf16, w);
+            kt__vec_load_cdt(xb, kt__moe_cdt_at(m, c->a, r * in + k0), m->bf16, w);
             kt__vec_dots(w, xb, A + k0, in, R, part);
             for (int64_t q = 0; q < R; q++)
                 z[r * R + q] += part[q];
@@ -110,7 +105,7 @@ static void gz_part(void *vctx, int64_t r0, int64_t r1, int thread)
                     bt[q * W + n] = B[(n0 + n) * R + q];
             for (int64_t r = s0; r < s1; r++) {
                 float part[KT__MOE_LORA_MAX_RANK];
-                kt__vec_load_cdt(gb, cdt_row(m, c->a, r, outw, n0), m->bf16, w);
+                kt__vec_load_cdt(gb, kt__moe_cdt_at(m, c->a, r * outw + n0), m->bf16, w);
                 kt__vec_dots(w, gb, bt, W, R, part);
                 for (int64_t q = 0; q < R; q++)
                     gz[r * R + q] += part[q];
@@ -135,7 +130,7 @@ static void accumulate_rows(const kt_moe *m, int64_t e, const void *rows, int64_
                             int64_t w, const float *coef, float *acc)
 {
     const int64_t r0 = m->off[e];
-    kt__vec_rank_update(w, m->off[e + 1] - r0, cdt_row(m, rows, r0, ld, c0), ld, m->bf16,
+    kt__vec_rank_update(w, m->off[e + 1] - r0, kt__moe_cdt_at(m, rows, r0 * ld + c0), ld, m->bf16,
                         coef + r0 * m->R, m->R, acc, piece(m->R));
 }
 

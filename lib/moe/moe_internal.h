@@ -160,7 +160,12 @@ int64_t kt__moe_get_id(const kt_tensor *ids, int64_t i);
 void kt__moe_gather(kt_moe *m, const kt__moe_job *job, int load_x);
 kt_status kt__moe_compute(kt_moe *m, int run_gemms);
 kt_status kt__moe_forward_exec(kt_moe *m, kt__moe_job *job);
-float kt__moe_ld(const void *p, int bf16, int64_t i);
+
+/* Element i of a buffer in the compute dtype (bf16 or f32, m->cs bytes each) */
+static inline void *kt__moe_cdt_at(const kt_moe *m, const void *base, int64_t i)
+{
+    return (unsigned char *)base + (size_t)i * m->cs;
+}
 
 /* lora.c: each runs over the pool; see there */
 void kt__moe_lora_z(kt_moe *m, int proj, const void *in_c);
@@ -180,6 +185,8 @@ size_t kt__moe_ga_floats(const kt_moe *m);
 kt_status kt__moe_scratch_register(kt_moe_scratch *s, size_t need);
 kt_status kt__moe_scratch_acquire(kt_moe *m);
 void kt__moe_scratch_release(kt_moe *m);
+/* Points the layer's scratch buffers at their offsets from base (a block of scratch_need). */
+void kt__moe_bind_scratch(kt_moe *m, void *base);
 
 /* cache.c */
 void kt__moe_poison(kt_moe *m);

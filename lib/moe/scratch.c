@@ -63,9 +63,14 @@ kt_status kt__moe_scratch_acquire(kt_moe *m)
                                      s->need);
         }
     }
-    for (int i = 0; i < m->n_scratch; i++)
-        *m->scratch_ptr[i] = (unsigned char *)s->arena.base + m->scratch_off[i];
+    kt__moe_bind_scratch(m, s->arena.base);
     return KT_OK;
+}
+
+void kt__moe_bind_scratch(kt_moe *m, void *base)
+{
+    for (int i = 0; i < m->n_scratch; i++)
+        *m->scratch_ptr[i] = (unsigned char *)base + m->scratch_off[i];
 }
 
 void kt__moe_scratch_release(kt_moe *m)

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "train.h"
+#include "common/usage.h"
 
 static void usage(FILE *f)
 {
@@ -68,10 +69,7 @@ static void usage(FILE *f)
 
 static int usage_error(const char *fmt, const char *arg)
 {
-    fprintf(stderr, "kt-train: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(see kt-train --help)\n");
-    return 2;
+    return kt_tool_usage_error("kt-train", fmt, arg);
 }
 
 int train_fail(const char *what, const char *detail)
