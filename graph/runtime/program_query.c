@@ -20,8 +20,8 @@ static const kt__pstep *moe_step(const kt_program *p, int i)
 int kt_program_moe_count(const kt_program *p)
 {
     int n = 0;
-    while (p != NULL && moe_step(p, n) != NULL)
-        n++;
+    for (int32_t at = 0; p != NULL && at < p->n_forward; at++)
+        n += p->steps[at].kind == KT__STEP_FORWARD && p->steps[at].op == KT_OP_MOE;
     return n;
 }
 

@@ -58,11 +58,19 @@ int kt_numa_node_count(void)
 /* The real node a (possibly fake, see kt_numa_node_count) node stands for. */
 static inline int real_node(int node) { return node < 0 ? node : node % real_node_count(); }
 
+/* KT_OK when node names one of kt_numa_node_count()'s nodes; what names the caller */
+static kt_status check_node(const char *what, int node)
+{
+    const int nodes = kt_numa_node_count();
+    if (node < 0 || node >= nodes)
+        return kt__error(KT_EINVAL, "%sNUMA node %d does not exist (%d node%s)", what, node,
+                         nodes, nodes == 1 ? "" : "s");
+    return KT_OK;
+}
+
 kt_status kt__numa_bind_range(void *ptr, size_t size, int node)
 {
-    if (node < 0 || node >= kt_numa_node_count())
-        return kt__error(KT_EINVAL, "NUMA node %d does not exist (%d node%s)", node,
-                         kt_numa_node_count(), kt_numa_node_count() == 1 ? "" : "s");
+    KT__TRY(check_node("", node));
     const uintptr_t page = KT__PAGE_ALIGN;
     uintptr_t b = ((uintptr_t)ptr + page - 1) / page * page;
     uintptr_t e = ((uintptr_t)ptr + size) / page * page;
@@ -177,10 +185,7 @@ kt_status kt__numa_alloc(size_t size, int node, void **ptr_out)
         return kt__error(KT_EINVAL, "arena: NUMA node %d is invalid (use -1 for any)", node);
     if (node == -1)
         return plain_alloc(size, ptr_out);
-    int nodes = kt_numa_node_count();
-    if (node >= nodes)
-        return kt__error(KT_EINVAL, "arena: NUMA node %d does not exist (%d node%s)", node,
-                         nodes, nodes == 1 ? "" : "s");
+    KT__TRY(check_node("arena: ", node));
 #ifdef KT_HAVE_NUMA
     if (kt_numa_available()) {
         void *p = numa_alloc_onnode(size ? size : 1, real_node(node));

@@ -5,6 +5,7 @@
 
 #include "kt/comm.h"
 #include "kt/moe.h"
+#include "ops/map.h"
 #include "ops/op_desc.h"
 #include "ops/op_util.h"
 
@@ -154,18 +155,16 @@ static kt_status fwd_moe_dist(const kt__op_call *c)
  * gradient scale 1: the mean over the ranks), and multiplies the input gradients it returns
  * by W (in f32 arithmetic, stored in the activation dtype: a bf16 grad_x is rounded once by
  * the layer and once more here). */
-static void scale_rows(kt_tensor *t, float s)
+static void mul_alpha(float *o, const float *a, int64_t n, const kt_op_attrs *at)
 {
-    float buf[KT__CHUNK];
-    int64_t n = kt_tensor_numel(t);
-    for (int64_t i = 0; i < n; i += KT__CHUNK) {
-        int64_t m = n - i < KT__CHUNK ? n - i : KT__CHUNK;
-        const float *in = kt__load_f32(t, i, m, buf);
-        float *out = kt__store_ptr(t, i, buf);
-        for (int64_t k = 0; k < m; k++)
-            out[k] = in[k] * s;
-        kt__store_commit(t, i, m, buf);
-    }
+    for (int64_t i = 0; i < n; i++)
+        o[i] = a[i] * at->alpha;
+}
+
+static void scale_rows(const kt__op_call *c, kt_tensor *t, float s)
+{
+    const kt_op_attrs at = {.alpha = s};
+    kt__map1(c->pool, t, t, mul_alpha, &at); /* elementwise, so in place is safe */
 }
 
 static kt_status bwd_moe_dist(const kt__op_call *c)
@@ -187,12 +186,12 @@ static kt_status bwd_moe_dist(const kt__op_call *c)
             /* the layer runs on the gradient of the mean loss over all ranks, the one a
              * single rank would see; see scale_rows */
             float w = (float)d.world;
-            scale_rows(&d.gy, 1.0f / w);
+            scale_rows(c, &d.gy, 1.0f / w);
             st = kt_moe_backward(m, &d.gy, &gx, &gw, 1.0f);
             if (st == KT_OK && want_x)
-                scale_rows(&gx, w);
+                scale_rows(c, &gx, w);
             if (st == KT_OK && want_w)
-                scale_rows(&gw, w);
+                scale_rows(c, &gw, w);
         }
     }
     KT__TRY(kt_comm_agree(c->comm, st));
