@@ -1041,7 +1041,7 @@ static void test_load_save(void **state)
             /* the wrong dtype or a missing tensor is an error naming the tensor */
             kt_moe_config other = cfg;
             other.weight_dtype = wdi ? KT_F32 : KT_BF16;
-            kt_moe *c = NULL;
+            kt_moe *c = NULL, *c2 = NULL;
             OK(kt_moe_create(&other, NULL, &c));
             OK(kt_st_open(path, &f));
             TU_EXPECT_ERROR(kt_moe_load(c, f, prefix), KT_EINVAL, "L7",
@@ -1049,6 +1049,20 @@ static void test_load_save(void **state)
             TU_EXPECT_ERROR(kt_moe_load(b, f, "nope."), KT_EINVAL, "L7",
                             "nope.experts.0.gate_proj.weight");
             kt_st_close(f);
+            /* two layers in one file, each read back under its own prefix */
+            OK(kt_moe_create(&cfg, NULL, &c2));
+            fill_params(c2, 23);
+            const kt_moe *both[2] = {a, c2};
+            const char *prefixes[2] = {"moe.0.", "moe.5."};
+            OK(kt_moe_save_layers(both, prefixes, 2, path));
+            OK(kt_st_open(path, &f));
+            assert_int_equal(kt_st_count(f), 2 * 3 * 3 * (mode == KT_MOE_LORA ? 3 : 1));
+            OK(kt_moe_load(b, f, "moe.5."));
+            kt_st_close(f);
+            OK(kt_moe_forward(b, &in2.x, &in2.ids, &in2.w, &in2.y));
+            OK(kt_moe_forward(c2, &in.x, &in.ids, &in.w, &in.y));
+            assert_true(tu_bitwise_equal(&in.y, &in2.y));
+            kt_moe_destroy(c2);
             kt_moe_destroy(c);
             free_inputs(&in), free_inputs(&in2);
             kt_moe_destroy(a);

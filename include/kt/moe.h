@@ -102,6 +102,10 @@ kt_status kt_moe_load(kt_moe *moe, const kt_st_file *file, const char *prefix);
 /* Writes the experts back out in the same naming (and the LoRA adapters, if any, as
  * "<prefix>experts.<e>.<proj>.lora_A.weight" / "lora_B.weight"). */
 kt_status kt_moe_save(const kt_moe *moe, const char *path, const char *prefix);
+/* The same for n layers into one file, layer i under prefixes[i] (e.g. "moe.3."); each reads
+ * back with kt_moe_load and its prefix. */
+kt_status kt_moe_save_layers(const kt_moe *const *layers, const char *const *prefixes, int n,
+                             const char *path);
 
 /* LoRA adapters: A [r, in] and B [out, r] of each projection (f32), with their gradients. */
 kt_status kt_moe_lora(kt_moe *moe, int64_t expert, kt_moe_proj proj, int which_b,

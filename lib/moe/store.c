@@ -176,38 +176,53 @@ kt_status kt_moe_load(kt_moe *moe, const kt_st_file *file, const char *prefix)
     return KT_OK;
 }
 
-kt_status kt_moe_save(const kt_moe *moe, const char *path, const char *prefix)
+kt_status kt_moe_save_layers(const kt_moe *const *layers, const char *const *prefixes, int n,
+                             const char *path)
 {
-    if (moe == NULL || path == NULL)
-        return kt__error(KT_EINVAL, "kt_moe_save: NULL argument");
-    if (prefix == NULL)
-        prefix = "";
-    int kinds = moe->cfg.mode == KT_MOE_LORA ? 3 : 1;
-    size_t n = (size_t)(moe->E * 3 * kinds);
+    if (layers == NULL || prefixes == NULL || path == NULL || n < 0)
+        return kt__error(KT_EINVAL, "kt_moe_save_layers: NULL argument or negative count");
+    size_t total = 0;
+    for (int l = 0; l < n; l++) {
+        if (layers[l] == NULL)
+            return kt__error(KT_EINVAL, "kt_moe_save_layers: layer %d is NULL", l);
+        total += (size_t)(layers[l]->E * 3 * (layers[l]->cfg.mode == KT_MOE_LORA ? 3 : 1));
+    }
     /* Saving is I/O, not a training step: it may allocate its item list. */
-    kt_st_item *items = calloc(n, sizeof *items);
-    char *names = calloc(n, NAME_MAX_LEN);
+    kt_st_item *items = calloc(total + 1, sizeof *items);
+    char *names = calloc(total + 1, NAME_MAX_LEN);
     kt_status st = KT_OK;
     if (items == NULL || names == NULL) {
-        st = kt__error(KT_ENOMEM, "moe '%s': save: out of memory", moe->name);
+        st = kt__error(KT_ENOMEM, "kt_moe_save_layers: out of memory");
         goto done;
     }
     size_t i = 0;
-    for (int64_t e = 0; e < moe->E; e++)
-        for (int p = 0; p < 3; p++)
-            for (int kind = 0; kind < kinds; kind++, i++) {
-                char *name = names + i * NAME_MAX_LEN;
-                st = tensor_name(moe, name, prefix, e, p, kind);
-                if (st != KT_OK)
-                    goto done;
-                items[i].name = name;
-                param_view(moe, e, p, kind, &items[i].tensor);
-            }
-    st = kt_st_save(path, items, n, NULL);
+    for (int l = 0; l < n; l++) {
+        const kt_moe *moe = layers[l];
+        const char *prefix = prefixes[l] ? prefixes[l] : "";
+        const int kinds = moe->cfg.mode == KT_MOE_LORA ? 3 : 1;
+        for (int64_t e = 0; e < moe->E; e++)
+            for (int p = 0; p < 3; p++)
+                for (int kind = 0; kind < kinds; kind++, i++) {
+                    char *name = names + i * NAME_MAX_LEN;
+                    st = tensor_name(moe, name, prefix, e, p, kind);
+                    if (st != KT_OK)
+                        goto done;
+                    items[i].name = name;
+                    param_view(moe, e, p, kind, &items[i].tensor);
+                }
+    }
+    st = kt_st_save(path, items, total, NULL);
     if (st != KT_OK)
-        kt__error_context(st, "moe '%s': save", moe->name);
+        kt__error_context(st, "moe '%s': save", n == 1 ? layers[0]->name : "layers");
 done:
     free(names);
     free(items);
     return st;
+}
+
+kt_status kt_moe_save(const kt_moe *moe, const char *path, const char *prefix)
+{
+    if (moe == NULL || path == NULL)
+        return kt__error(KT_EINVAL, "kt_moe_save: NULL argument");
+    return kt_moe_save_layers(&moe, &prefix, 1, path);
 }

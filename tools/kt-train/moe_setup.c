@@ -16,8 +16,6 @@
 #define LORA_RANK 8
 #define LORA_ALPHA 16.0f
 
-static const char *const proj_names[3] = {"gate_proj", "up_proj", "down_proj"};
-
 /* splitmix64 */
 static uint64_t mix(uint64_t x)
 {
@@ -158,62 +156,27 @@ int moe_setup(moe_layers *m, const train_args *a, const kt_program *p, const ran
 
 /* ---- saving: one file for all layers ------------------------------------------------------- */
 
-typedef struct item_list {
-    kt_st_item *items;
-    char (*names)[96];
-    size_t n;
-} item_list;
-
-static void add_item(item_list *l, int layer, int64_t e, int p, const char *kind,
-                     const kt_tensor *t)
-{
-    snprintf(l->names[l->n], sizeof l->names[0], "moe.%d.experts.%lld.%s.%s", layer,
-             (long long)e, proj_names[p], kind);
-    l->items[l->n].name = l->names[l->n];
-    l->items[l->n].tensor = *t;
-    l->n++;
-}
-
-/* The names kt_moe_save writes ("<prefix>experts.<e>.<proj>.weight", LoRA "lora_A.weight"
- * and "lora_B.weight"), with prefix "moe.<layer>.", so kt_moe_load reads each layer back. */
-static int add_layer(item_list *l, kt_moe *moe, int layer)
-{
-    const kt_moe_config *c = kt_moe_get_config(moe);
-    for (int64_t e = 0; e < c->n_experts; e++)
-        for (int p = 0; p < 3; p++) {
-            kt_tensor t;
-            if (kt_moe_weight(moe, e, (kt_moe_proj)p, &t) != KT_OK)
-                return 1;
-            add_item(l, layer, e, p, "weight", &t);
-            if (c->mode != KT_MOE_LORA)
-                continue;
-            for (int b = 0; b < 2; b++) {
-                if (kt_moe_lora(moe, e, (kt_moe_proj)p, b, &t) != KT_OK)
-                    return 1;
-                add_item(l, layer, e, p, b ? "lora_B.weight" : "lora_A.weight", &t);
-            }
-        }
-    return 0;
-}
-
+/* kt_moe_save's names under the prefix "moe.<layer>.", so kt_moe_load reads each back. */
 int moe_save(const moe_layers *m, const char *path)
 {
-    size_t cap = 0;
-    for (int b = 0; b < m->n; b++)
-        if (m->layers[b] != NULL)
-            cap += (size_t)kt_moe_get_config(m->layers[b])->n_experts * 3 * 3;
-    item_list l = {.items = calloc(cap + 1, sizeof *l.items),
-                   .names = calloc(cap + 1, sizeof *l.names)};
-    int rc = 0;
-    if (l.items == NULL || l.names == NULL)
+    const kt_moe **layers = calloc((size_t)m->n + 1, sizeof *layers);
+    const char **prefixes = calloc((size_t)m->n + 1, sizeof *prefixes);
+    char (*names)[32] = calloc((size_t)m->n + 1, sizeof *names);
+    int n = 0, rc = 0;
+    if (layers == NULL || prefixes == NULL || names == NULL)
         rc = train_fail("out of memory", NULL);
     for (int b = 0; b < m->n && rc == 0; b++)
-        if (m->layers[b] != NULL && add_layer(&l, m->layers[b], b) != 0)
-            rc = train_fail("cannot read the experts", kt_last_error());
-    if (rc == 0 && kt_st_save(path, l.items, l.n, NULL) != KT_OK)
+        if (m->layers[b] != NULL) {
+            snprintf(names[n], sizeof names[n], "moe.%d.", b);
+            layers[n] = m->layers[b];
+            prefixes[n] = names[n];
+            n++;
+        }
+    if (rc == 0 && kt_moe_save_layers(layers, prefixes, n, path) != KT_OK)
         rc = train_fail("cannot write the experts", kt_last_error());
-    free(l.items);
-    free(l.names);
+    free(layers);
+    free(prefixes);
+    free(names);
     return rc;
 }
 
