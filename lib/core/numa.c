@@ -55,8 +55,10 @@ int kt_numa_node_count(void)
     return fake ? fake : real_node_count();
 }
 
+#ifdef KT_HAVE_NUMA
 /* The real node a (possibly fake, see kt_numa_node_count) node stands for. */
-static inline int real_node(int node) { return node < 0 ? node : node % real_node_count(); }
+static int real_node(int node) { return node < 0 ? node : node % real_node_count(); }
+#endif
 
 /* KT_OK when node names one of kt_numa_node_count()'s nodes; what names the caller */
 static kt_status check_node(const char *what, int node)
