@@ -263,26 +263,38 @@ static kt_status resolve_addr(const kt__ucx_setup *s, int passive, struct addrin
 
 /* ---- master side ------------------------------------------------------------------------- */
 
+#define MASTER_BUSY_RETRY_MS 1000
+
 static kt_status listen_master(const kt__ucx_setup *s, int *fd_out)
 {
     struct addrinfo *res = NULL;
     KT__TRY(resolve_addr(s, 1, &res));
     int fd = -1, err = 0;
-    for (struct addrinfo *a = res; a != NULL && fd < 0; a = a->ai_next) {
-        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-        if (fd < 0) {
-            err = errno;
-            continue;
+    /* A rank that connects before this listens can be given this very port as its own local
+     * port and connect to itself (it then drops that socket and retries, see
+     * connect_master): the port is briefly in use, so "in use" is retried for a moment. */
+    const int64_t busy_until = kt__ucx_now_ms() + MASTER_BUSY_RETRY_MS;
+    for (;;) {
+        for (struct addrinfo *a = res; a != NULL && fd < 0; a = a->ai_next) {
+            fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+            if (fd < 0) {
+                err = errno;
+                continue;
+            }
+            int one = 1;
+            /* A previous run's connections in TIME_WAIT must not block the port. */
+            setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+            if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0 ||
+                set_nonblocking(fd) != 0) {
+                err = errno;
+                close(fd);
+                fd = -1;
+            }
         }
-        int one = 1;
-        /* A previous run's connections in TIME_WAIT must not block the port. */
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0 ||
-            set_nonblocking(fd) != 0) {
-            err = errno;
-            close(fd);
-            fd = -1;
-        }
+        if (fd >= 0 || err != EADDRINUSE || kt__ucx_now_ms() >= busy_until)
+            break;
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
     }
     freeaddrinfo(res);
     if (fd < 0)
