@@ -131,8 +131,8 @@ static void call_ref(const prob *p, int64_t s0, int64_t s1, float *c)
                              p->accumulate);
         break;
     default:
-        kt__bf16_gemm_tn_ref(p->M, s0, s1, p->K, p->a, p->lda, p->b, p->ldb, c, p->ldc,
-                             p->scale, p->accumulate);
+        kt__bf16_gemm_tn_ref(p->M, s0, s1, p->K, p->a, p->lda, p->b, p->ldb, c, p->ldc, p->scale,
+                             p->accumulate);
         break;
     }
 }
@@ -321,9 +321,9 @@ static const big_shape big_shapes[] = {
     {NT, 1, 1408, 2048}, {NT, 3, 768, 2048},  {NT, 17, 100, 1408}, {NT, 33, 63, 2048},
     {NT, 7, 2048, 768},  {NT, 100, 31, 1408}, {NN, 1, 1408, 2048}, {NN, 3, 2048, 768},
     {NN, 17, 1408, 100}, {NN, 33, 768, 63},   {NN, 15, 63, 2048},  {NN, 100, 1408, 31},
-    {NN, 5, 1025, 40},   {NN, 13, 513, 33},   {NN, 131, 1027, 70}, {NN, 40, 1025, 70}, {TN, 1, 1408, 2048},
-    {TN, 7, 768, 2048},  {TN, 17, 100, 1408}, {TN, 33, 2048, 63},  {TN, 768, 15, 33},
-    {TN, 1408, 7, 100},  {TN, 2048, 3, 32},
+    {NN, 5, 1025, 40},   {NN, 13, 513, 33},   {NN, 131, 1027, 70}, {NN, 40, 1025, 70},
+    {TN, 1, 1408, 2048}, {TN, 7, 768, 2048},  {TN, 17, 100, 1408}, {TN, 33, 2048, 63},
+    {TN, 768, 15, 33},   {TN, 1408, 7, 100},  {TN, 2048, 3, 32},
 };
 
 static void test_big_shapes(void **state)
@@ -341,31 +341,127 @@ static void test_big_shapes(void **state)
     }
 }
 
-/* NN with w's rows exactly 4 KiB apart (2048 bf16) takes the rows path up to 512 rows: its
- * narrower column groups (width 128 down to 32) against the reference, and split. */
+/* NN takes the rows path up to 512 rows whatever w's row stride (the layer's gate/up, rows
+ * 4 KiB apart, and its down projection, 2816 B apart): its narrower column groups (width 128
+ * down to 32) against the reference, and split; above 512 rows the 32-column walk. */
 static void test_nn_rows_path(void **state)
 {
     (void)state;
     static const int64_t Ms[] = {24, 96, 300, 512};
-    for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
-        if (vector_path()) /* the path this test is for */
-            assert_true(kt__bf16_gemm_nn_rows_path(Ms[i], 2048));
-        prob p;
-        uint64_t seed = 31;
-        do { /* a draw without row padding, so that ldb is 2048 */
-            tu_rng rng;
-            tu_rng_seed(&rng, seed++);
-            prob_init(&p, NN, Ms[i], 37, 2048, &rng);
-            if (p.ldb != 2048) {
+    static const int64_t lds[] = {2048, 1408};
+    if (vector_path())
+        assert_false(kt__bf16_gemm_nn_rows_path(513));
+    for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++)
+        for (size_t l = 0; l < sizeof lds / sizeof lds[0]; l++) {
+            if (vector_path()) /* the path this test is for */
+                assert_true(kt__bf16_gemm_nn_rows_path(Ms[i]));
+            prob p;
+            uint64_t seed = 31;
+            do { /* a draw without row padding, so that ldb is the stride wanted */
+                tu_rng rng;
+                tu_rng_seed(&rng, seed++);
+                prob_init(&p, NN, Ms[i], 37, lds[l], &rng);
+                if (p.ldb != lds[l]) {
+                    prob_free(&p);
+                    continue;
+                }
+                check_prob(&p, &rng);
+                check_split(&p, &rng);
                 prob_free(&p);
-                continue;
+                break;
+            } while (seed < 100);
+            assert_true(seed < 100);
+        }
+}
+
+/* nn2 (y = g0 w0 + g1 w1, one pass): against the float64 sum of both products within the
+ * bound of a 2N-term f32 sum, bitwise independent of the column split, and on the portable
+ * path bitwise the two nn calls it stands for. Sizes span the rows path (odd N, N over a
+ * chunk of 256 rows, M from 1 to above 24) and the large-M walk. */
+static void test_nn2(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][3] = {{1, 37, 45},    {13, 300, 160}, {24, 7, 33},
+                                        {96, 513, 130}, {100, 64, 300}, {530, 41, 40}};
+    tu_rng rng;
+    tu_rng_seed(&rng, 77);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const int64_t M = shapes[i][0], N = shapes[i][1], K = shapes[i][2];
+        const int64_t ldg = N + 3, ldw = K + 1, ldy = K + 2;
+        uint16_t *g = malloc((size_t)(2 * M * ldg) * sizeof *g);
+        uint16_t *w = malloc((size_t)(2 * N * ldw) * sizeof *w);
+        float *y = malloc((size_t)(M * ldy) * sizeof *y),
+              *y2 = malloc((size_t)(M * ldy) * sizeof *y2);
+        assert_true(g && w && y && y2);
+        for (int64_t j = 0; j < 2 * M * ldg; j++)
+            g[j] = kt_f32_to_bf16_1((float)tu_rng_uniform(&rng, -1, 1));
+        for (int64_t j = 0; j < 2 * N * ldw; j++)
+            w[j] = kt_f32_to_bf16_1((float)tu_rng_uniform(&rng, -1, 1));
+        const uint16_t *g0 = g, *g1 = g + M * ldg, *w0 = w, *w1 = w + N * ldw;
+        for (int64_t j = 0; j < M * ldy; j++)
+            y[j] = y2[j] = NAN; /* overwritten, never read */
+        kt__bf16_gemm_nn2(M, N, 0, K, g0, w0, g1, w1, ldg, ldw, y, ldy);
+        for (int64_t r = 0; r < M; r++)
+            for (int64_t c = 0; c < K; c++) {
+                double sum = 0.0, sabs = 0.0;
+                for (int64_t n = 0; n < N; n++) {
+                    const double t0 = bf(g0[r * ldg + n]) * bf(w0[n * ldw + c]);
+                    const double t1 = bf(g1[r * ldg + n]) * bf(w1[n * ldw + c]);
+                    sum += t0 + t1, sabs += fabs(t0) + fabs(t1);
+                }
+                const double tol = (2.0 * (double)N + 16.0) * ldexp(sabs, -24) + 1e-30;
+                if (!(fabs(y[r * ldy + c] - sum) <= tol)) {
+                    print_error("nn2 M=%lld N=%lld K=%lld: (%lld, %lld) = %.9g, want %.9g\n",
+                                (long long)M, (long long)N, (long long)K, (long long)r,
+                                (long long)c, (double)y[r * ldy + c], sum);
+                    fail();
+                }
             }
-            check_prob(&p, &rng);
-            check_split(&p, &rng);
-            prob_free(&p);
-            break;
-        } while (seed < 100);
-        assert_true(seed < 100);
+        for (int64_t r = 0; r < M; r++) /* the row padding untouched */
+            for (int64_t c = K; c < ldy; c++)
+                assert_true(isnan(y[r * ldy + c]));
+        for (int64_t c0 = 0; c0 < K;) { /* random column blocks */
+            int64_t c1 = c0 + 1 + (int64_t)(tu_rng_next(&rng) % (uint64_t)(K / 2 + 1));
+            c1 = c1 > K ? K : c1;
+            kt__bf16_gemm_nn2(M, N, c0, c1, g0, w0, g1, w1, ldg, ldw, y2, ldy);
+            c0 = c1;
+        }
+        assert_memory_equal(y, y2, (size_t)(M * ldy) * sizeof *y);
+        if (!vector_path()) {
+            kt__bf16_gemm_nn_ref(M, N, 0, K, g0, ldg, w0, ldw, y2, ldy, 0);
+            kt__bf16_gemm_nn_ref(M, N, 0, K, g1, ldg, w1, ldw, y2, ldy, 1);
+            assert_memory_equal(y, y2, (size_t)(M * ldy) * sizeof *y);
+        }
+        g_cases++;
+        g_checked += M * K;
+        free(g), free(w), free(y), free(y2);
+    }
+}
+
+/* nt_next only fetches ahead: the same bits as nt, whatever `next` points at (another
+ * matrix, or NULL), at the M where the fetches run (above 32 rows) and below. */
+static void test_nt_next(void **state)
+{
+    (void)state;
+    tu_rng rng;
+    tu_rng_seed(&rng, 78);
+    static const int64_t Ms[] = {5, 33, 96};
+    for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
+        prob p;
+        prob_init(&p, NT, Ms[i], 50, 300, &rng);
+        reset_c(&p);
+        call_block(&p, 0, p.N, p.c);
+        float *c2 = malloc((size_t)(p.cr * p.ldc) * sizeof *c2);
+        assert_non_null(c2);
+        const uint16_t *nexts[2] = {p.a, NULL};
+        for (int k = 0; k < 2; k++) {
+            memcpy(c2, p.c0, (size_t)(p.cr * p.ldc) * sizeof *c2);
+            kt__bf16_gemm_nt_next(p.M, 0, p.N, p.K, p.a, p.lda, p.b, p.ldb, nexts[k], c2, p.ldc,
+                                  p.accumulate);
+            assert_memory_equal(c2, p.c, (size_t)(p.cr * p.ldc) * sizeof *c2);
+        }
+        free(c2);
+        prob_free(&p);
     }
 }
 
@@ -434,6 +530,8 @@ int main(void)
         cmocka_unit_test(test_big_shapes),
         cmocka_unit_test(test_tn_long_reduction),
         cmocka_unit_test(test_nn_rows_path),
+        cmocka_unit_test(test_nn2),
+        cmocka_unit_test(test_nt_next),
         cmocka_unit_test(test_empty),
         cmocka_unit_test(test_report),
     };

@@ -46,9 +46,9 @@ static void gd_part(void *vctx, int64_t t0, int64_t t1, int thread)
                 const int64_t n = m->H - h0 < ROW_CHUNK ? m->H - h0 : ROW_CHUNK;
                 if (gbf && m->H > ROW_CHUNK)
                     kt_bf16_to_f32(buf, gyb + h0, (size_t)n);
-                acc += kt__moe_scale_dot(n, gbf ? buf : gyf + h0, m->slot_w[s],
-                                         m->d + r * m->H + h0, kt__moe_cdt_at(m, m->gdc, r * m->H + h0),
-                                         m->bf16);
+                acc +=
+                    kt__moe_scale_dot(n, gbf ? buf : gyf + h0, m->slot_w[s], m->d + r * m->H + h0,
+                                      kt__moe_cdt_at(m, m->gdc, r * m->H + h0), m->bf16);
             }
             m->gw[s] = (float)acc;
         }
@@ -110,8 +110,8 @@ static void prefetch_lines(const void *p, size_t bytes, int write)
 
 /* ggc, guc = the SiLU derivative of rows [r0, r1) over columns [c0, c1), ga's row r at
  * ga + (r - r0) * ldga */
-static void act_bwd_rows(kt_moe *m, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
-                         const float *ga, int64_t ldga)
+static void act_bwd_rows(kt_moe *m, int64_t r0, int64_t r1, int64_t c0, int64_t c1, const float *ga,
+                         int64_t ldga)
 {
     const size_t n = (size_t)(c1 - c0);
     for (int64_t r = r0; r < r1; r++) {
@@ -123,8 +123,8 @@ static void act_bwd_rows(kt_moe *m, int64_t r0, int64_t r1, int64_t c0, int64_t 
             prefetch_lines(kt__moe_cdt_at(m, m->guc, k), n * m->cs, 1);
         }
         const int64_t k = r * m->I + c0;
-        kt__moe_act_bwd(c1 - c0, m->g + k, m->u + k, ga + (r - r0) * ldga, kt__moe_cdt_at(m, m->ggc, k),
-                        kt__moe_cdt_at(m, m->guc, k), m->bf16);
+        kt__moe_act_bwd(c1 - c0, m->g + k, m->u + k, ga + (r - r0) * ldga,
+                        kt__moe_cdt_at(m, m->ggc, k), kt__moe_cdt_at(m, m->guc, k), m->bf16);
     }
 }
 
@@ -160,12 +160,10 @@ static void gx_tasks(void *vctx, int64_t b, int64_t end, int thread)
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
         if (m->bf16) {
-            kt__bf16_gemm_nn(me, m->I, t->c0, t->c1, (const uint16_t *)m->ggc + off * m->I,
-                             m->I, kt__moe_weight_ptr(m, t->e, KT_MOE_GATE), m->H,
-                             m->gx + off * m->H, m->H, 0);
-            kt__bf16_gemm_nn(me, m->I, t->c0, t->c1, (const uint16_t *)m->guc + off * m->I,
-                             m->I, kt__moe_weight_ptr(m, t->e, KT_MOE_UP), m->H,
-                             m->gx + off * m->H, m->H, 1);
+            kt__bf16_gemm_nn2(
+                me, m->I, t->c0, t->c1, (const uint16_t *)m->ggc + off * m->I,
+                kt__moe_weight_ptr(m, t->e, KT_MOE_GATE), (const uint16_t *)m->guc + off * m->I,
+                kt__moe_weight_ptr(m, t->e, KT_MOE_UP), m->I, m->H, m->gx + off * m->H, m->H);
         }
         if (m->cfg.mode == KT_MOE_LORA) {
             kt__moe_lora_gin_add(m, KT_MOE_GATE, t, m->gx + t->c0, m->H, 0);
@@ -255,15 +253,15 @@ static kt_status sgemm_dw(kt_moe *m, int proj, const float *g, int64_t gw, const
         if (me == 0)
             continue;
         float *dw = m->wgrad + (e * 3 + proj) * m->H * m->I;
-        KT__TRY(kt__sgemm(m->gemm_pool, 1, 0, gw, inw, me, scale, g + off * gw, gw,
-                          in + off * inw, inw, overwrite ? 0.0f : 1.0f, dw, inw));
+        KT__TRY(kt__sgemm(m->gemm_pool, 1, 0, gw, inw, me, scale, g + off * gw, gw, in + off * inw,
+                          inw, overwrite ? 0.0f : 1.0f, dw, inw));
     }
     return KT_OK;
 }
 
 /* f32 weights: out (+)= g W for each active expert (W [gw, outw] in its stored layout). */
-static kt_status sgemm_nn(kt_moe *m, int proj, const float *g, int64_t gw, float *out,
-                          int64_t outw, float beta)
+static kt_status sgemm_nn(kt_moe *m, int proj, const float *g, int64_t gw, float *out, int64_t outw,
+                          float beta)
 {
     for (int64_t e = 0; e < m->E; e++) {
         int64_t off = m->off[e], me = m->off[e + 1] - off;
@@ -292,8 +290,8 @@ static kt_status check_finite_grads(const kt_moe *m)
                 return kt__error(KT_ERANGE,
                                  "moe '%s': non-finite %s in backward at token %lld (expert %lld, "
                                  "slot %lld)",
-                                 m->name, what, (long long)t,
-                                 (long long)m->slot_expert[slot], (long long)j);
+                                 m->name, what, (long long)t, (long long)m->slot_expert[slot],
+                                 (long long)j);
         }
     return KT_OK;
 }
@@ -301,8 +299,8 @@ static kt_status check_finite_grads(const kt_moe *m)
 static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, kt_tensor *gwo,
                                float scale);
 
-kt_status kt__moe_backward_exec(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo,
-                                kt_tensor *gwo, float scale)
+kt_status kt__moe_backward_exec(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, kt_tensor *gwo,
+                                float scale)
 {
     KT__TRY(kt__moe_scratch_acquire(m));
     kt_status st = backward_body(m, gy, gxo, gwo, scale);

@@ -57,6 +57,7 @@
 /* x rows per chunk: a chunk of x (rows x K bf16) stays within about 640 KiB of the 1 MiB L2
  * (the w block being read and the next one being prefetched take the rest). */
 #define NT_X_CHUNK_BYTES (640 * 1024)
+#define NT_COLS 6 /* w rows per block */
 
 BF_INLINE __m512 dp(__m512 acc, __m512i a, __m512i b)
 {
@@ -121,9 +122,9 @@ BF_INLINE __m512i load_k(const uint16_t *p, __mmask32 m, const int full)
         const __m512i z = _mm512_setzero_si512();                                                  \
         if (pf)                                                                                    \
             for (int p_ = 0; p_ < 6; p_++)                                                         \
-                _mm_prefetch((const char *)(w + (6 + p_) * ldw + k), _MM_HINT_T0);               \
-        if (pfrow)                                                                                 \
-            _mm_prefetch((const char *)(pfrow + k), _MM_HINT_T1);                                  \
+                _mm_prefetch((const char *)(w + (6 + p_) * ldw + k), _MM_HINT_T0);                 \
+        if (pfrow && ((k >> 5) & pfmask) == 0 && (k >> 5 >> pfshift) < pfcount)                    \
+            _mm_prefetch((const char *)(pfrow + ((k >> 5 >> pfshift) << 5)), _MM_HINT_T1);         \
         const __m512i w0 = nr > 0 ? load_k(w + k, km, full) : z;                                   \
         const __m512i w1 = nr > 1 ? load_k(w + ldw + k, km, full) : z;                             \
         const __m512i w2 = nr > 2 ? load_k(w + 2 * ldw + k, km, full) : z;                         \
@@ -133,14 +134,25 @@ BF_INLINE __m512i load_k(const uint16_t *p, __mmask32 m, const int full)
         NT_ROW(0) NT_ROW(1) NT_ROW(2) NT_ROW(3)                                                    \
     } while (0)
 
+/* A run of lines of w fetched into L2 while a tile runs: count lines from row, one every
+ * 2^shift k steps. */
+typedef struct nt_pf {
+    const uint16_t *row;
+    int shift;
+    int64_t count;
+} nt_pf;
+
 /* y[0..mr) x [0..nr) (+)= x[0..mr) . w[0..nr)^T over K, mr <= 4, nr <= 6 (compile-time):
  * up to 24 accumulators in named registers; the w rows (NT_COLS of them) stay in L1 while
  * the x rows pass, so 4 x loads (from L2) and 6 w loads feed 24 vdpbf16ps. Output (i, j) is
  * reduced in slot 6 i + j (reduce16 treats every slot alike). */
 BF_INLINE void nt_tile(const int mr, const int nr, const int pf, int64_t K, const uint16_t *x,
-                       int64_t ldx, const uint16_t *w, int64_t ldw, const uint16_t *pfrow, float *y,
+                       int64_t ldx, const uint16_t *w, int64_t ldw, const nt_pf *lines, float *y,
                        int64_t ldy, int accumulate)
 {
+    const uint16_t *pfrow = lines ? lines->row : NULL;
+    const int pfshift = lines ? lines->shift : 0;
+    const int64_t pfmask = ((int64_t)1 << pfshift) - 1, pfcount = lines ? lines->count : 0;
     const __m512 zf = _mm512_setzero_ps();
     __m512 a00 = zf, a01 = zf, a02 = zf, a03 = zf, a04 = zf, a05 = zf;
     __m512 a10 = zf, a11 = zf, a12 = zf, a13 = zf, a14 = zf, a15 = zf;
@@ -173,16 +185,16 @@ BF_INLINE void nt_tile(const int mr, const int nr, const int pf, int64_t K, cons
 #undef NT_STEP
 #undef NT_ROW
 
-/* pfrow: a row of w to prefetch into L2 along k while the tile runs (NULL: none) */
+/* lines: what to prefetch while the tile runs (NULL: nothing) */
 typedef void (*nt_fn)(int64_t K, const uint16_t *x, int64_t ldx, const uint16_t *w, int64_t ldw,
-                      const uint16_t *pfrow, float *y, int64_t ldy, int accumulate);
+                      const nt_pf *lines, float *y, int64_t ldy, int accumulate);
 
 #define NT_VARIANT(MR, NR)                                                                         \
     BF_TARGET static void nt_##MR##x##NR(int64_t K, const uint16_t *x, int64_t ldx,                \
-                                         const uint16_t *w, int64_t ldw, const uint16_t *pfrow,    \
+                                         const uint16_t *w, int64_t ldw, const nt_pf *lines,       \
                                          float *y, int64_t ldy, int accumulate)                    \
     {                                                                                              \
-        nt_tile(MR, NR, 0, K, x, ldx, w, ldw, pfrow, y, ldy, accumulate);                          \
+        nt_tile(MR, NR, 0, K, x, ldx, w, ldw, lines, y, ldy, accumulate);                          \
     }
 NT_VARIANT(4, 6)
 NT_VARIANT(4, 4)
@@ -213,10 +225,10 @@ NT_VARIANT(1, 1)
 #define NT_PF_MAX_M 32
 #define NT_VARIANT_PF(MR)                                                                          \
     BF_TARGET static void nt_##MR##x6pf(int64_t K, const uint16_t *x, int64_t ldx,                 \
-                                        const uint16_t *w, int64_t ldw, const uint16_t *pfrow,     \
+                                        const uint16_t *w, int64_t ldw, const nt_pf *lines,        \
                                         float *y, int64_t ldy, int accumulate)                     \
     {                                                                                              \
-        nt_tile(MR, 6, 1, K, x, ldx, w, ldw, pfrow, y, ldy, accumulate);                           \
+        nt_tile(MR, 6, 1, K, x, ldx, w, ldw, lines, y, ldy, accumulate);                           \
     }
 NT_VARIANT_PF(4)
 NT_VARIANT_PF(2)
@@ -246,8 +258,26 @@ static int col_index(int64_t left, int *size)
     return 1 + row_index(left, size);
 }
 
+/* Tile t of `tiles` over a block: its share of the lines of the next NT_COLS rows of w
+ * (rows 4 KiB apart defeat the hardware prefetchers), as one run within a row, spread
+ * evenly over its k steps (a burst of fetches would wait on the miss buffers). */
+static nt_pf nt_next_lines(const uint16_t *next, int64_t ldw, int64_t K, int64_t t, int64_t tiles)
+{
+    const int64_t per_row = (K + 31) / 32, lines = NT_COLS * per_row;
+    if (lines == 0 || tiles == 0)
+        return (nt_pf){next, 0, 0};
+    const int64_t s = t * lines / tiles, row = s / per_row;
+    int64_t e = (t + 1) * lines / tiles;
+    e = e > (row + 1) * per_row ? (row + 1) * per_row : e;
+    nt_pf pf = {next + row * ldw + (s % per_row) * 32, 0, e - s};
+    while (pf.count > 0 && ((int64_t)2 << pf.shift) * pf.count <= per_row)
+        pf.shift++;
+    return pf;
+}
+
 static void nt_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
-                      const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
+                      const uint16_t *w, int64_t ldw, const uint16_t *next, float *y, int64_t ldy,
+                      int accumulate)
 {
     /* x in as few row chunks of equal size as fit NT_X_CHUNK_BYTES: each chunk streams all
      * of w once more, so splitting 96 rows as 64 + 32 would read w twice for nothing */
@@ -259,6 +289,7 @@ static void nt_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
     const int small = M <= NT_PF_MAX_M;
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
         const int64_t m1 = M - m0 < mc ? M : m0 + mc;
+        const int64_t len = m1 - m0, tiles = len / 4 + (len % 4 >= 2) + (len % 2);
         for (int64_t n = n0; n < n1;) {
             int nr;
             const int ci = col_index(n1 - n, &nr);
@@ -267,14 +298,15 @@ static void nt_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
                 int mr;
                 const int ri = row_index(m1 - m, &mr);
                 const nt_fn fn = ci == 0 && m == m0 && small ? nt_table_pf[ri] : nt_table[ri][ci];
-                /* At larger M the next 6 rows of w come into L2 one row per row tile, a line
-                 * per k step, spread over the block's compute (rows 4 KiB apart defeat the
-                 * hardware prefetchers). They are the rows after this block even past n1: a
-                 * caller walking w in column blocks (the MoE layer's gate/up sub-blocks)
-                 * calls for them next, and rows past the end of w are only prefetched. */
-                const uint16_t *pfrow = !small && t < 6 ? w + (n + nr + t) * ldw : NULL;
-                fn(K, x + m * ldx, ldx, w + n * ldw, ldw, pfrow, y + m * ldy + n, ldy,
-                   accumulate);
+                /* At larger M the next block's rows of w come into L2 over this block's row
+                 * tiles: after the last block, the first of the next row chunk, or the rows
+                 * the caller reads next (addresses past the end of w are only prefetched). */
+                const uint16_t *nx = n + nr < n1 ? w + (n + nr) * ldw
+                                     : m1 < M    ? w + n0 * ldw
+                                                 : next;
+                const nt_pf lines = nt_next_lines(nx, ldw, K, t, tiles);
+                fn(K, x + m * ldx, ldx, w + n * ldw, ldw, small ? NULL : &lines, y + m * ldy + n,
+                   ldy, accumulate);
                 m += mr;
             }
             n += nr;
@@ -310,11 +342,11 @@ enum { B_ROWS_MASKED = 0, B_ROWS_FULL = 1, B_PACKED = 2 };
  * single value is the 16-bit one at a + i * a_row + np * a_pair. With B_PACKED, b is the
  * buffer of interleaved pairs (the tail's included). acc[i][0] holds columns
  * 0-3, 8-11, 16-19, 24-27 of the block, acc[i][1] the others. */
-BF_INLINE void pair_tile(const int mr, const int bmode, int64_t np, int tail, const uint16_t *a,
-                         int64_t a_row, int64_t a_pair, const uint16_t *b, int64_t ldb,
-                         __mmask32 jm, __m512 acc[PAIR_MR][2])
+BF_INLINE void pair_step(const int mr, const int bmode, int64_t p, const uint16_t *a, int64_t a_row,
+                         int64_t a_pair, const uint16_t *b, int64_t ldb, __mmask32 jm,
+                         __m512 acc[PAIR_MR][2])
 {
-    for (int64_t p = 0; p < np; p++) {
+    {
         __m512i lo, hi;
         if (bmode == B_PACKED) {
             lo = _mm512_load_si512((const void *)(b + 64 * p));
@@ -343,6 +375,56 @@ BF_INLINE void pair_tile(const int mr, const int bmode, int64_t np, int tail, co
             acc[i][1] = dp(acc[i][1], av, hi);
         }
     }
+}
+
+/* Lines of w that a later pack will read, fetched into L2 a line every `every` pair steps of
+ * the tiles before it: spread over their compute, since a burst of fetches waits on the miss
+ * buffers, and rows 4 KiB apart defeat the hardware prefetchers. */
+typedef struct pf_walk {
+    const uint16_t *row; /* the next line's row, at the first column */
+    int64_t ld;          /* w's row stride */
+    int64_t per_row;     /* lines per row */
+    int64_t col;         /* the next line within its row */
+    int64_t left;        /* lines still to fetch */
+    int64_t every;       /* pair steps per line */
+} pf_walk;
+
+static inline void pf_walk_next(pf_walk *pf)
+{
+    _mm_prefetch((const char *)(pf->row + 32 * pf->col), _MM_HINT_T1);
+    if (++pf->col == pf->per_row) {
+        pf->col = 0;
+        pf->row += pf->ld;
+    }
+    pf->left--;
+}
+
+BF_INLINE void pair_tile(const int mr, const int bmode, int64_t np, int tail, const uint16_t *a,
+                         int64_t a_row, int64_t a_pair, const uint16_t *b, int64_t ldb,
+                         __mmask32 jm, pf_walk *pf, __m512 acc[PAIR_MR][2])
+{
+    int64_t p = 0;
+    if (pf != NULL && pf->left > 0) { /* the walk's state in registers for the loop */
+        const uint16_t *row = pf->row;
+        int64_t col = pf->col, left = pf->left;
+        const int64_t per_row = pf->per_row, ld = pf->ld, every = pf->every;
+        while (p < np && left > 0) {
+            _mm_prefetch((const char *)(row + 32 * col), _MM_HINT_T1);
+            if (++col == per_row) {
+                col = 0;
+                row += ld;
+            }
+            left--;
+            const int64_t pe = p + every < np ? p + every : np;
+            for (; p < pe; p++)
+                pair_step(mr, bmode, p, a, a_row, a_pair, b, ldb, jm, acc);
+        }
+        pf->row = row;
+        pf->col = col;
+        pf->left = left;
+    }
+    for (; p < np; p++)
+        pair_step(mr, bmode, p, a, a_row, a_pair, b, ldb, jm, acc);
     if (tail) {
         __m512i lo, hi;
         if (bmode == B_PACKED) {
@@ -399,16 +481,17 @@ BF_INLINE void pair_store(const int mr, __m512 acc[PAIR_MR][2], __mmask32 jm, fl
 }
 
 typedef void (*pair_fn)(int64_t np, int tail, const uint16_t *a, int64_t a_row, int64_t a_pair,
-                        const uint16_t *b, int64_t ldb, int packed, __mmask32 jm, float *accbuf,
-                        int first, int last, float *out, int64_t ldo, int mode, float scale);
+                        const uint16_t *b, int64_t ldb, int packed, __mmask32 jm, pf_walk *pf,
+                        float *accbuf, int first, int last, float *out, int64_t ldo, int mode,
+                        float scale);
 
 /* One tile over one range of pairs: acc from zero (first) or accbuf, then to out (last) or
  * back to accbuf (mr x 32 floats), so a reduction split in chunks sums exactly as one. */
 #define PAIR_VARIANT(MR)                                                                           \
     BF_TARGET static void pair_##MR(int64_t np, int tail, const uint16_t *a, int64_t a_row,        \
                                     int64_t a_pair, const uint16_t *b, int64_t ldb, int packed,    \
-                                    __mmask32 jm, float *accbuf, int first, int last, float *out,  \
-                                    int64_t ldo, int mode, float scale)                            \
+                                    __mmask32 jm, pf_walk *pf, float *accbuf, int first, int last, \
+                                    float *out, int64_t ldo, int mode, float scale)                \
     {                                                                                              \
         __m512 acc[PAIR_MR][2];                                                                    \
         for (int i = 0; i < MR; i++)                                                               \
@@ -416,11 +499,11 @@ typedef void (*pair_fn)(int64_t np, int tail, const uint16_t *a, int64_t a_row, 
                 acc[i][h] =                                                                        \
                     first ? _mm512_setzero_ps() : _mm512_loadu_ps(accbuf + 32 * i + 16 * h);       \
         if (packed)                                                                                \
-            pair_tile(MR, B_PACKED, np, tail, a, a_row, a_pair, b, ldb, jm, acc);                  \
+            pair_tile(MR, B_PACKED, np, tail, a, a_row, a_pair, b, ldb, jm, pf, acc);              \
         else if (jm == 0xffffffffu)                                                                \
-            pair_tile(MR, B_ROWS_FULL, np, tail, a, a_row, a_pair, b, ldb, jm, acc);               \
+            pair_tile(MR, B_ROWS_FULL, np, tail, a, a_row, a_pair, b, ldb, jm, pf, acc);           \
         else                                                                                       \
-            pair_tile(MR, B_ROWS_MASKED, np, tail, a, a_row, a_pair, b, ldb, jm, acc);             \
+            pair_tile(MR, B_ROWS_MASKED, np, tail, a, a_row, a_pair, b, ldb, jm, pf, acc);         \
         if (last) {                                                                                \
             pair_store(MR, acc, jm, out, ldo, mode, scale);                                        \
         } else {                                                                                   \
@@ -442,8 +525,8 @@ PAIR_VARIANT(3)
 PAIR_VARIANT(2)
 PAIR_VARIANT(1)
 
-static const pair_fn pair_fns[PAIR_MR + 1] = {NULL,    pair_1, pair_2, pair_3,  pair_4,
-                                              pair_5,  pair_6, pair_7, pair_8,  pair_9,
+static const pair_fn pair_fns[PAIR_MR + 1] = {NULL,    pair_1,  pair_2, pair_3, pair_4,
+                                              pair_5,  pair_6,  pair_7, pair_8, pair_9,
                                               pair_10, pair_11, pair_12};
 
 /* Tile i of `rows` rows: as many tiles as 12-row tiles need, their heights as equal as
@@ -491,39 +574,29 @@ BF_TARGET static void nn_pack_b(const uint16_t *w, int64_t ldw, int64_t N, int64
 
 /* NN "by rows": the reduction runs in chunks of row pairs, and a chunk's pairs
  * are packed for a whole group of columns at once, each row of w read as one contiguous run
- * of the group's width with the next chunk's rows prefetched (nn_pack_rows); the group's
- * accumulators are carried between chunks in accbuf. The large-M path instead walks one
- * 32-column block down all the rows; that streams at half the bandwidth at small M, and at
- * any M when w's rows are 4 KiB apart (every row of a walk then lands in one L1 set). Both
+ * of the group's width (nn_pack_rows), the lines of the next pack fetched while the tiles
+ * of this one run (nn_next_pack); the group's accumulators are carried between chunks in
+ * accbuf. Up to NN_ROWS_MAX_M rows (the accumulators of a 32-column group fit accbuf) every
+ * shape takes it; the large-M path instead walks one 32-column block down all the rows. Both
  * paths run the same operations per element, so they give the same bits. */
 #define NN_ROWS_PAIRS 128        /* row pairs per chunk (half that below NN_SHORT_M rows) */
 #define NN_SHORT_M 24            /* weight-streaming sizes: shorter chunks */
 #define NN_ROWS_WIDTH 128        /* columns per group, at most */
 #define NN_ROWS_ACC_FLOATS 16384 /* 64 KiB: M x width accumulators */
-#define NN_SMALL_MAX_M 64        /* below this every shape takes the rows path */
 #define NN_ROWS_MAX_M (NN_ROWS_ACC_FLOATS / 32)
 
-static int nn_use_rows(int64_t M, int64_t ldw)
-{
-    return M < NN_SMALL_MAX_M || (M <= NN_ROWS_MAX_M && ldw % 2048 == 0);
-}
+static int nn_use_rows(int64_t M) { return M <= NN_ROWS_MAX_M; }
 
 /* Pairs [p0, p0 + cnt) of w's rows over columns [0, cols) (cols <= NN_ROWS_WIDTH), row by
- * row: block b's pair q at bp + (b NN_ROWS_PAIRS + q) 64; the rows `ahead` pairs further on
- * (the next chunk's) are prefetched. */
+ * row: block b's pair q at bp + (b NN_ROWS_PAIRS + q) 64. */
 BF_TARGET static void nn_pack_rows(const uint16_t *w, int64_t ldw, int64_t N, int64_t p0,
-                                   int64_t cnt, int64_t ahead, int64_t cols, uint16_t *bp)
+                                   int64_t cnt, int64_t cols, uint16_t *bp)
 {
     for (int64_t q = 0; q < cnt; q++) {
         const int64_t n = 2 * (p0 + q);
         const uint16_t *r0p = w + n * ldw, *r1p = w + (n + 1) * ldw;
-        /* the same rows of the next chunk: memory latency, not bandwidth, bounds a pack
-         * that waits for each line (rows past the end of w are only prefetched) */
-        const uint16_t *nx = w + (n + 2 * ahead) * ldw;
         for (int64_t b = 0; b * 32 < cols; b++) {
             const __mmask32 jm = col_mask(cols - b * 32);
-            _mm_prefetch((const char *)(nx + 32 * b), _MM_HINT_T1);
-            _mm_prefetch((const char *)(nx + ldw + 32 * b), _MM_HINT_T1);
             const __m512i r0 = _mm512_maskz_loadu_epi16(jm, r0p + 32 * b);
             const __m512i r1 =
                 n + 1 < N ? _mm512_maskz_loadu_epi16(jm, r1p + 32 * b) : _mm512_setzero_si512();
@@ -534,8 +607,26 @@ BF_TARGET static void nn_pack_rows(const uint16_t *w, int64_t ldw, int64_t N, in
     }
 }
 
-static void nn_rows_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
-                           int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
+/* The walk over the lines of the rows the next pack reads (this group's next chunk of pairs,
+ * or the next group's first; rows past N are not fetched), spread over `steps` pair steps. */
+static pf_walk nn_next_pack(const uint16_t *w, int64_t ldw, int64_t N, int64_t r0, int64_t rows,
+                            int64_t c0, int64_t cols, int64_t steps)
+{
+    pf_walk pf = {w + r0 * ldw + c0, ldw, (cols + 31) / 32, 0, 0, 1};
+    rows = r0 + rows > N ? N - r0 : rows;
+    pf.left = cols > 0 && rows > 0 ? rows * pf.per_row : 0;
+    pf.every = pf.left > 0 && steps / pf.left > 1 ? steps / pf.left : 1;
+    return pf;
+}
+
+/* The NN "rows" path over one or two operand pairs: y = g0 w0 (+ g1 w1), the second pair's
+ * chunks continuing the first's accumulators, so y is written once. */
+typedef struct nn_src {
+    const uint16_t *g, *w;
+} nn_src;
+
+static void nn_rows_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const nn_src *src,
+                           int nsrc, int64_t ldg, int64_t ldw, float *y, int64_t ldy,
                            int accumulate)
 {
     _Alignas(64) float accbuf[NN_ROWS_ACC_FLOATS];
@@ -543,17 +634,30 @@ static void nn_rows_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const u
     const int64_t pairs = (N + 1) / 2;
     const int64_t chunk_pairs = M < NN_SHORT_M ? NN_ROWS_PAIRS / 2 : NN_ROWS_PAIRS;
     const int64_t chunks = (pairs + chunk_pairs - 1) / chunk_pairs;
+    const int64_t steps = nsrc * (chunks > 0 ? chunks : 1);
     int64_t width = (NN_ROWS_ACC_FLOATS / M) & ~(int64_t)31; /* M <= NN_ROWS_MAX_M: >= 32 */
     width = width > NN_ROWS_WIDTH ? NN_ROWS_WIDTH : width;
     const int mode = accumulate ? OUT_ADD : OUT_STORE;
     for (int64_t j0 = k0; j0 < k1; j0 += width) {
         const int64_t cols = k1 - j0 < width ? k1 - j0 : width;
-        for (int64_t c = 0; c < chunks || c == 0; c++) {
+        for (int64_t sc = 0; sc < steps; sc++) {
+            const int s = (int)(sc / (steps / nsrc));
+            const int64_t c = sc % (steps / nsrc);
+            const uint16_t *g = src[s].g, *w = src[s].w;
             const int64_t p0 = c * chunk_pairs;
             const int64_t cnt = pairs - p0 < chunk_pairs ? pairs - p0 : chunk_pairs;
-            const int last = c + 1 >= chunks;
-            const int tail = last && (N & 1);
-            nn_pack_rows(w + j0, ldw, N, p0, cnt, chunk_pairs, cols, bpack);
+            const int last_of_src = c + 1 >= chunks, last = sc + 1 >= steps;
+            const int tail = last_of_src && (N & 1);
+            nn_pack_rows(w + j0, ldw, N, p0, cnt, cols, bpack);
+            /* the next pack: this source's next chunk, the next source's first, or the next
+             * column group's first (after the last group, the columns after k1: a caller
+             * walking w in column steps, as the layer's ga does, reads them next) */
+            const uint16_t *nx_w = last_of_src ? src[last ? 0 : s + 1].w : w;
+            const int64_t nx_c0 = last ? j0 + width : j0;
+            const int64_t nx_cols = last ? width : cols;
+            pf_walk pf = nn_next_pack(
+                nx_w, ldw, N, last_of_src ? 0 : 2 * (p0 + cnt), 2 * chunk_pairs, nx_c0, nx_cols,
+                (cnt - tail) * ((cols + 31) / 32) * ((M + PAIR_MR - 1) / PAIR_MR));
             for (int64_t b = 0; b * 32 < cols; b++) {
                 const __mmask32 jm = col_mask(cols - b * 32);
                 float *acc = accbuf + b * 32 * M;
@@ -561,11 +665,13 @@ static void nn_rows_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const u
                     int mr;
                     const pair_fn fn = pair_tile_at(M, i, &mr);
                     fn(cnt - tail, tail, g + m * ldg + 2 * p0, ldg, 2,
-                       bpack + 64 * b * NN_ROWS_PAIRS, 0, 1, jm, acc + m * 32, c == 0, last,
+                       bpack + 64 * b * NN_ROWS_PAIRS, 0, 1, jm, &pf, acc + m * 32, sc == 0, last,
                        y + m * ldy + j0 + 32 * b, ldy, mode, 1.0f);
                     m += mr;
                 }
             }
+            while (pf.left > 0)
+                pf_walk_next(&pf);
         }
     }
 }
@@ -573,8 +679,9 @@ static void nn_rows_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const u
 static void nn_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g, int64_t ldg,
                       const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
-    if (nn_use_rows(M, ldw)) {
-        nn_rows_avx512(M, N, k0, k1, g, ldg, w, ldw, y, ldy, accumulate);
+    if (nn_use_rows(M)) {
+        const nn_src src = {g, w};
+        nn_rows_avx512(M, N, k0, k1, &src, 1, ldg, ldw, y, ldy, accumulate);
         return;
     }
     _Alignas(64) uint16_t bpack[NN_PAIRS * 64];
@@ -597,7 +704,7 @@ static void nn_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16
                 for (int64_t m = m0, i = 0; m < m1; i++) {
                     int mr;
                     const pair_fn fn = pair_tile_at(m1 - m0, i, &mr);
-                    fn(cnt - tail, tail, g + m * ldg + 2 * p0, ldg, 2, bpack, 0, 1, jm,
+                    fn(cnt - tail, tail, g + m * ldg + 2 * p0, ldg, 2, bpack, 0, 1, jm, NULL,
                        accbuf + (m - m0) * 32, c == 0, last, y + m * ldy + kb, ldy, mode, 1.0f);
                     m += mr;
                 }
@@ -637,8 +744,8 @@ BF_TARGET static void tn_pack_a(int64_t M, int64_t p0, int64_t cnt, int mr, cons
 #define TN_GROUP_MAX 64
 
 static void tn_packed_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
-                             int64_t ldg, const uint16_t *x, int64_t ldx, float *dw,
-                             int64_t lddw, float scale, int mode)
+                             int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
+                             float scale, int mode)
 {
     _Alignas(64) uint32_t apack[TN_APACK_WORDS];
     _Alignas(64) uint16_t xpack[TN_PACKED_MAX_PAIRS * 64];
@@ -663,8 +770,8 @@ static void tn_packed_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const
             nn_pack_b(x + jb, ldx, M, 0, pairs, jm, xpack);
             for (int64_t t = 0; t < tiles; t++)
                 fn[t](pairs - tail, tail, (const uint16_t *)(apack + t * per_tile), 2,
-                      2 * (int64_t)mr[t], xpack, 0, 1, jm, NULL, 1, 1, dw + row[t] * lddw + jb,
-                      lddw, mode, scale);
+                      2 * (int64_t)mr[t], xpack, 0, 1, jm, NULL, NULL, 1, 1,
+                      dw + row[t] * lddw + jb, lddw, mode, scale);
         }
     }
 }
@@ -702,8 +809,8 @@ static void tn_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
                     if (chunks > 1)
                         tn_pack_a(M, p0, cnt, mr, g + n, ldg, apack);
                     fn(cnt - tail, tail, (const uint16_t *)apack, 2, 2 * (int64_t)mr,
-                       x + 2 * p0 * ldx + jb, ldx, 0, jm, accbuf, c == 0, last, dw + n * lddw + jb,
-                       lddw, mode, scale);
+                       x + 2 * p0 * ldx + jb, ldx, 0, jm, NULL, accbuf, c == 0, last,
+                       dw + n * lddw + jb, lddw, mode, scale);
                 }
             }
             n += mr;
@@ -718,8 +825,9 @@ BF_INLINE __m256i cvt_bf16(__m512 v)
 {
     const __m512i u = _mm512_castps_si512(v);
     const __m512i one = _mm512_set1_epi32(1);
-    __m512i r = _mm512_add_epi32(
-        u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+    __m512i r =
+        _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                             _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
     r = _mm512_srli_epi32(r, 16);
     const __mmask16 nan = _mm512_cmpgt_epu32_mask(
         _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
@@ -781,8 +889,7 @@ BF_TARGET static void act_bwd_avx512(int64_t n, const float *g, const float *u, 
         const __mmask16 km = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
         const __m512 gv = _mm512_maskz_loadu_ps(km, g + i), uv = _mm512_maskz_loadu_ps(km, u + i);
         const __m512 av = _mm512_maskz_loadu_ps(km, ga + i), sig = sigmoid_ps(gv);
-        const __m512 dsilu =
-            _mm512_mul_ps(sig, _mm512_fmadd_ps(gv, _mm512_sub_ps(one, sig), one));
+        const __m512 dsilu = _mm512_mul_ps(sig, _mm512_fmadd_ps(gv, _mm512_sub_ps(one, sig), one));
         st_cdt(ggc, i, _mm512_mul_ps(_mm512_mul_ps(av, uv), dsilu), bf16, km);
         st_cdt(guc, i, _mm512_mul_ps(av, _mm512_mul_ps(gv, sig)), bf16, km);
     }
@@ -790,7 +897,7 @@ BF_TARGET static void act_bwd_avx512(int64_t n, const float *g, const float *u, 
 
 /* dst = s * src; returns sum src * d in double, 16 lanes then a fixed tree. */
 BF_TARGET static double scale_dot_avx512(int64_t n, const float *src, float s, const float *d,
-                                        void *dst, int bf16)
+                                         void *dst, int bf16)
 {
     __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
     const __m512 vs = _mm512_set1_ps(s);
@@ -801,11 +908,9 @@ BF_TARGET static double scale_dot_avx512(int64_t n, const float *src, float s, c
         st_cdt(dst, i, _mm512_mul_ps(vs, v), bf16, km);
         a0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)),
                              _mm512_cvtps_pd(_mm512_castps512_ps256(dv)), a0);
-        a1 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(
-                                 _mm512_castps_pd(v), 1))),
-                             _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(
-                                 _mm512_castps_pd(dv), 1))),
-                             a1);
+        a1 = _mm512_fmadd_pd(
+            _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))),
+            _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(dv), 1))), a1);
     }
     return _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
 }
@@ -873,8 +978,9 @@ double kt__moe_scale_dot(int64_t n, const float *src, float s, const float *d, v
 
 static int use_amx(int64_t M) { return M >= AMX_MIN_M && kt__amx_usable(); }
 
-void kt__bf16_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
-                      const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
+void kt__bf16_gemm_nt_next(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
+                           int64_t ldx, const uint16_t *w, int64_t ldw, const uint16_t *next,
+                           float *y, int64_t ldy, int accumulate)
 {
     if (M <= 0)
         return; /* no rows */
@@ -884,19 +990,26 @@ void kt__bf16_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
     }
 #ifdef BF_HAVE_AVX512
     if (use_avx512()) {
-        nt_avx512(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+        nt_avx512(M, n0, n1, K, x, ldx, w, ldw, next ? next : w + n1 * ldw, y, ldy, accumulate);
         return;
     }
 #endif
+    (void)next;
     kt__bf16_gemm_nt_ref(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
 }
 
-int kt__bf16_gemm_nn_rows_path(int64_t M, int64_t ldw)
+void kt__bf16_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
+                      const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
+{
+    kt__bf16_gemm_nt_next(M, n0, n1, K, x, ldx, w, ldw, NULL, y, ldy, accumulate);
+}
+
+int kt__bf16_gemm_nn_rows_path(int64_t M)
 {
 #ifdef BF_HAVE_AVX512
-    return nn_use_rows(M, ldw);
+    return nn_use_rows(M);
 #else
-    (void)M, (void)ldw;
+    (void)M;
     return 0;
 #endif
 }
@@ -917,6 +1030,21 @@ void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16
     }
 #endif
     kt__bf16_gemm_nn_ref(M, N, k0, k1, g, ldg, w, ldw, y, ldy, accumulate);
+}
+
+void kt__bf16_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g0,
+                       const uint16_t *w0, const uint16_t *g1, const uint16_t *w1, int64_t ldg,
+                       int64_t ldw, float *y, int64_t ldy)
+{
+#ifdef BF_HAVE_AVX512
+    if (M > 0 && !use_amx(M) && use_avx512() && nn_use_rows(M)) {
+        const nn_src src[2] = {{g0, w0}, {g1, w1}};
+        nn_rows_avx512(M, N, k0, k1, src, 2, ldg, ldw, y, ldy, 0);
+        return;
+    }
+#endif
+    kt__bf16_gemm_nn(M, N, k0, k1, g0, ldg, w0, ldw, y, ldy, 0);
+    kt__bf16_gemm_nn(M, N, k0, k1, g1, ldg, w1, ldw, y, ldy, 1);
 }
 
 void kt__bf16_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g, int64_t ldg,

@@ -16,32 +16,42 @@
 /* Forward and weight-side products ("NT"): for rows m in [0, M) and columns n in [n0, n1),
  *   y[m, n] = (accumulate ? y[m, n] : 0) + sum_k x[m, k] * w[n, k]
  * x [M, K], w [N, K] (a projection's weight), y [M, N] f32. */
-void kt__bf16_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
-                      int64_t ldx, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
-                      int accumulate);
+void kt__bf16_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
+                      const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate);
+
+/* nt, where the caller reads the rows of a weight at `next` after this call (NULL: w's rows
+ * after n1): the kernel fetches them ahead while its last block runs. */
+void kt__bf16_gemm_nt_next(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
+                           int64_t ldx, const uint16_t *w, int64_t ldw, const uint16_t *next,
+                           float *y, int64_t ldy, int accumulate);
 
 /* Input gradients ("NN"): for rows m in [0, M) and columns k in [k0, k1),
  *   y[m, k] = (accumulate ? y[m, k] : 0) + sum_n g[m, n] * w[n, k]
  * g [M, N] (output gradient), w [N, K], y [M, K] f32. */
-void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
-                      int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
-                      int accumulate);
+void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g, int64_t ldg,
+                      const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate);
+
+/* y[m, k] = sum_n g0[m, n] w0[n, k] + sum_n g1[m, n] w1[n, k] over columns [k0, k1) (the
+ * gate and up input gradients): one pass that writes y once. */
+void kt__bf16_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g0,
+                       const uint16_t *w0, const uint16_t *g1, const uint16_t *w1, int64_t ldg,
+                       int64_t ldw, float *y, int64_t ldy);
 
 /* Weight gradients ("TN"): for rows n in [n0, n1) and all k in [0, K),
  *   dw[n, k] = (accumulate ? dw[n, k] : 0) + scale * sum_m g[m, n] * x[m, k]
  * g [M, N], x [M, K], dw [N, K] f32. Overwriting never reads dw, and stores whole aligned
  * blocks past the caches (the first micro-batch of a step writes every expert's gradient:
  * gigabytes, read next by the optimizer, not by this layer). tn_acc is tn with accumulate. */
-void kt__bf16_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
-                      int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
-                      float scale, int accumulate);
+void kt__bf16_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g, int64_t ldg,
+                      const uint16_t *x, int64_t ldx, float *dw, int64_t lddw, float scale,
+                      int accumulate);
 void kt__bf16_gemm_tn_acc(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
                           int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
                           float scale);
 
-/* 1 when the AVX-512 NN kernel takes its "rows" path for M rows and w's row stride ldw (for
- * the tests: which path a shape exercises). */
-int kt__bf16_gemm_nn_rows_path(int64_t M, int64_t ldw);
+/* 1 when the AVX-512 NN kernel takes its "rows" path for M rows (for the tests: which path
+ * a shape exercises). */
+int kt__bf16_gemm_nn_rows_path(int64_t M);
 
 /* The plain scalar versions: the reference the fast kernels are tested against, and the
  * portable path when the CPU lacks AVX-512 BF16. */
@@ -55,8 +65,8 @@ void kt__bf16_gemm_tn_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const ui
                           int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
                           float scale, int accumulate);
 void kt__bf16_gemm_tn_acc_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
-                              int64_t ldg, const uint16_t *x, int64_t ldx, float *dw,
-                              int64_t lddw, float scale);
+                              int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
+                              float scale);
 
 /* Elementwise steps of the layer on n contiguous f32 values, the results stored in the compute
  * dtype (bf16 when bf16, else f32); vectorised where the GEMMs are, the same operations for
@@ -67,7 +77,6 @@ void kt__bf16_gemm_tn_acc_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, cons
 void kt__moe_act_fwd(int64_t n, const float *g, const float *u, void *ac, int bf16);
 void kt__moe_act_bwd(int64_t n, const float *g, const float *u, const float *ga, void *ggc,
                      void *guc, int bf16);
-double kt__moe_scale_dot(int64_t n, const float *src, float s, const float *d, void *dst,
-                         int bf16);
+double kt__moe_scale_dot(int64_t n, const float *src, float s, const float *d, void *dst, int bf16);
 
 #endif

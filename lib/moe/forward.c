@@ -73,12 +73,14 @@ static void gate_up_tasks(void *vctx, int64_t b, int64_t end, int thread)
         for (int64_t c0 = t->c0; c0 < t->c1; c0 += GU_SUB_COLS) {
             const kt__moe_task st = {t->e, c0, t->c1 - c0 < GU_SUB_COLS ? t->c1 : c0 + GU_SUB_COLS};
             if (c->run_gemms && m->bf16) {
-                kt__bf16_gemm_nt(me, st.c0, st.c1, m->H, x, m->H,
-                                 kt__moe_weight_ptr(m, t->e, KT_MOE_GATE), m->H,
-                                 m->g + off * m->I, m->I, 0);
-                kt__bf16_gemm_nt(me, st.c0, st.c1, m->H, x, m->H,
-                                 kt__moe_weight_ptr(m, t->e, KT_MOE_UP), m->H,
-                                 m->u + off * m->I, m->I, 0);
+                /* gate's block, then up's, then gate's next: each call fetches the next one's
+                 * first rows ahead */
+                const uint16_t *wg = kt__moe_weight_ptr(m, t->e, KT_MOE_GATE);
+                const uint16_t *wu = kt__moe_weight_ptr(m, t->e, KT_MOE_UP);
+                kt__bf16_gemm_nt_next(me, st.c0, st.c1, m->H, x, m->H, wg, m->H, wu + st.c0 * m->H,
+                                      m->g + off * m->I, m->I, 0);
+                kt__bf16_gemm_nt_next(me, st.c0, st.c1, m->H, x, m->H, wu, m->H, wg + st.c1 * m->H,
+                                      m->u + off * m->I, m->I, 0);
             }
             if (c->run_gemms && lora) {
                 kt__moe_lora_add(m, KT_MOE_GATE, &st, m->g);
@@ -86,7 +88,8 @@ static void gate_up_tasks(void *vctx, int64_t b, int64_t end, int thread)
             }
             for (int64_t r = off; r < off + me; r++) {
                 const int64_t k = r * m->I + st.c0;
-                kt__moe_act_fwd(st.c1 - st.c0, m->g + k, m->u + k, kt__moe_cdt_at(m, m->ac, k), m->bf16);
+                kt__moe_act_fwd(st.c1 - st.c0, m->g + k, m->u + k, kt__moe_cdt_at(m, m->ac, k),
+                                m->bf16);
             }
         }
     }
@@ -101,9 +104,9 @@ static void down_tasks(void *vctx, int64_t b, int64_t end, int thread)
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
         if (m->bf16)
-            kt__bf16_gemm_nt(me, t->c0, t->c1, m->I, (const uint16_t *)m->ac + off * m->I,
-                             m->I, kt__moe_weight_ptr(m, t->e, KT_MOE_DOWN), m->I,
-                             m->d + off * m->H, m->H, 0);
+            kt__bf16_gemm_nt(me, t->c0, t->c1, m->I, (const uint16_t *)m->ac + off * m->I, m->I,
+                             kt__moe_weight_ptr(m, t->e, KT_MOE_DOWN), m->I, m->d + off * m->H,
+                             m->H, 0);
         if (m->cfg.mode == KT_MOE_LORA)
             kt__moe_lora_add(m, KT_MOE_DOWN, t, m->d);
     }

@@ -29,9 +29,9 @@
 #include "bench.h"
 #include "limits.h"
 #include "core/cpu_internal.h"
+#include "core/numa_internal.h"
 #include "moe/bf16_gemm.h"
 #include "onednn_peer.h"
-
 
 enum { K_NT = 0, K_NN = 1, K_TN = 2 };
 static const char *const kind_names[3] = {"nt", "nn", "tn"};
@@ -76,9 +76,12 @@ static void run_part(void *ctx, int64_t begin, int64_t end, int thread)
 typedef struct buffers {
     uint16_t *act; /* the non-weight bf16 operands: x [M,K] / g [M,N] (and x for tn) */
     uint16_t *act2;
-    uint16_t *wts; /* copies of the bf16 weight (nt, nn) */
-    float *out;    /* y (nt, nn) */
-    float *dws;    /* copies of dw (tn) */
+    uint16_t *wts; /* copies of the bf16 weight (nt, nn), allocated as the layer's weights
+                    * are (kt__numa_alloc: huge pages where large; with 4 KiB pages each row
+                    * of a weight is a TLB miss, which drops the kernels' prefetches) */
+    size_t wts_bytes;
+    float *out; /* y (nt, nn) */
+    float *dws; /* copies of dw (tn) */
     int copies;
 } buffers;
 
@@ -117,7 +120,9 @@ static int alloc_buffers(int kind, int64_t M, int64_t N, int64_t K, int hot, buf
         for (size_t i = 0; i < nd; i++) /* touch every page before timing */
             bu->dws[i] = 0.0f;
     } else {
-        bu->wts = alloc64(((size_t)bu->copies * (size_t)(N * K) + 1) * sizeof(uint16_t));
+        bu->wts_bytes = ((size_t)bu->copies * (size_t)(N * K) + 1) * sizeof(uint16_t);
+        if (kt__numa_alloc(bu->wts_bytes, -1, (void **)&bu->wts) != KT_OK)
+            bu->wts = NULL;
         bu->out = alloc64(((size_t)(M * (kind == K_NT ? N : K)) + 1) * sizeof(float));
         if (bu->wts == NULL || bu->out == NULL)
             return -1;
@@ -133,7 +138,7 @@ static void free_buffers(buffers *bu)
 {
     free(bu->act);
     free(bu->act2);
-    free(bu->wts);
+    kt__numa_free(bu->wts, bu->wts_bytes, -1);
     free(bu->out);
     free(bu->dws);
 }
@@ -366,12 +371,15 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                     /* a peer that computes something else gets no ratio (null) */
                     const int peer_ok = peer && pd >= 0 && pd <= 1e-3;
                     if (peer && !peer_ok)
-                        fprintf(stderr, "kt-bench gemm: oneDNN's result differs from libkt's "
-                                        "(%.3g relative): its timing is not reported\n", pd);
+                        fprintf(stderr,
+                                "kt-bench gemm: oneDNN's result differs from libkt's "
+                                "(%.3g relative): its timing is not reported\n",
+                                pd);
                     timing p1 = peer_ok ? time_kernel(kd, M, N, K, &bu, NULL, common, 1) : none;
                     report(common, mname, sname, kd, M, N, K, 1, t1, pk1, hot, p1);
                     if (!single_only && threads > 1) {
-                        const double pkp = have_peak ? bench_bf16_peak_gflops(pool, threads, 5) : 1.0;
+                        const double pkp =
+                            have_peak ? bench_bf16_peak_gflops(pool, threads, 5) : 1.0;
                         timing tp = time_kernel(kd, M, N, K, &bu, pool, common, 0);
                         timing pp =
                             peer_ok ? time_kernel(kd, M, N, K, &bu, NULL, common, threads) : none;
@@ -382,7 +390,8 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
             }
     if (have_peak && !common->json)
         printf("vdpbf16ps register peak at the end: %.1f GFLOP/s on 1 thread, %.1f on %d\n",
-               bench_bf16_peak_gflops(NULL, 1, 7), bench_bf16_peak_gflops(pool, threads, 7), threads);
+               bench_bf16_peak_gflops(NULL, 1, 7), bench_bf16_peak_gflops(pool, threads, 7),
+               threads);
     kt_threadpool_destroy(pool);
     return rc;
 }
