@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -269,8 +270,7 @@ static void reference(kt_moe *m, const inputs *in, double s, ref *o)
             (void)gA;
         }
     }
-    free(x), free(gy), free(G), free(U), free(A), free(D), free(gA), free(gG), free(gU),
-        free(gD);
+    free(x), free(gy), free(G), free(U), free(A), free(D), free(gA), free(gG), free(gU), free(gD);
     for (int64_t e = 0; e < E; e++)
         for (int p = 0; p < 3; p++)
             free(W[e][p]), free(LA[e][p]), free(LB[e][p]);
@@ -331,8 +331,8 @@ static void check_against_ref(kt_moe *m, const inputs *in, const ref *o, double 
         free(g);
     }
     if (getenv("KT_TEST_VERBOSE") != NULL)
-        printf("%s: qlen %lld: rel err y %.3g grad_x %.3g grad_w %.3g weight grads %.3g\n",
-               what, (long long)q, e_y, e_gx, e_gw, e_g);
+        printf("%s: qlen %lld: rel err y %.3g grad_x %.3g grad_w %.3g weight grads %.3g\n", what,
+               (long long)q, e_y, e_gx, e_gw, e_g);
     if (!(e_y < tol && e_gx < tol && e_gw < tol && e_g < tol))
         fail_msg("%s: qlen %lld: rel err y %.3g grad_x %.3g grad_w %.3g weight grads %.3g "
                  "(tol %.1g)",
@@ -459,7 +459,7 @@ static void add_results(blob *b, kt_moe *m, const inputs *in, const kt_moe_confi
     if (cfg->mode != KT_MOE_FROZEN) {
         double *g = collect_grads(m, cfg->mode == KT_MOE_LORA);
         int64_t n = cfg->mode == KT_MOE_LORA ? lora_size(cfg)
-                                              : cfg->n_experts * 3 * cfg->hidden * cfg->intermediate;
+                                             : cfg->n_experts * 3 * cfg->hidden * cfg->intermediate;
         blob_add(b, g, (size_t)n * sizeof(double));
         free(g);
     }
@@ -499,8 +499,8 @@ static blob run_blob_on(kt_moe_config cfg, int threads, int64_t qlen, int numa_s
         OK(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 0.75f));
     }
     if (numa_split) {
-        assert_int_equal(m->n_groups, kt_numa_node_count() < threads ? kt_numa_node_count()
-                                                                       : threads);
+        assert_int_equal(m->n_groups,
+                         kt_numa_node_count() < threads ? kt_numa_node_count() : threads);
         expect_node_local_plan(m, cfg.hidden);
         expect_node_local_plan(m, cfg.intermediate);
     }
@@ -529,8 +529,8 @@ static void test_keep_activations_bitwise(void **state)
     (void)state;
     for (int wdi = 0; wdi < 2; wdi++)
         for (int mode = 0; mode < 3; mode++) {
-            kt_moe_config c = make_cfg(wdi ? KT_BF16 : KT_F32, KT_F32, (kt_moe_mode)mode, 40, 24,
-                                       6, 2, 9);
+            kt_moe_config c =
+                make_cfg(wdi ? KT_BF16 : KT_F32, KT_F32, (kt_moe_mode)mode, 40, 24, 6, 2, 9);
             blob a = run_blob(c, 2, 9);
             c.keep_activations = 0;
             blob b = run_blob(c, 2, 9);
@@ -558,9 +558,9 @@ static void test_threads_bitwise(void **state)
     (void)state;
     for (int wdi = 0; wdi < 2; wdi++)
         for (int mode = 0; mode < 3; mode++)
-            expect_same_over_threads(make_cfg(wdi ? KT_BF16 : KT_F32, KT_F32, (kt_moe_mode)mode,
-                                              48, 40, 6, 2, 11),
-                                     11, "H 48 I 40");
+            expect_same_over_threads(
+                make_cfg(wdi ? KT_BF16 : KT_F32, KT_F32, (kt_moe_mode)mode, 48, 40, 6, 2, 11), 11,
+                "H 48 I 40");
 }
 
 /* I = 330 with hundreds of rows per expert: the backward's per-thread blocks for the down
@@ -748,12 +748,10 @@ static void test_validation(void **state)
     TU_EXPECT_ERROR(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f), KT_ESTATE, "L7",
                     "without a successful forward");
     kt_tensor bad = tu_new(KT_BF16, 5, 32);
-    TU_EXPECT_ERROR(kt_moe_forward(m, &bad, &in.ids, &in.w, &in.y), KT_EINVAL, "L7", "x",
-                    "f32");
+    TU_EXPECT_ERROR(kt_moe_forward(m, &bad, &in.ids, &in.w, &in.y), KT_EINVAL, "L7", "x", "f32");
     tu_free(&bad);
     bad = tu_new(KT_F32, 5, 31);
-    TU_EXPECT_ERROR(kt_moe_forward(m, &bad, &in.ids, &in.w, &in.y), KT_EINVAL, "L7", "x",
-                    "[5,32]");
+    TU_EXPECT_ERROR(kt_moe_forward(m, &bad, &in.ids, &in.w, &in.y), KT_EINVAL, "L7", "x", "[5,32]");
     TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &bad), KT_EINVAL, "L7", "y");
     tu_free(&bad);
     bad = tu_new(KT_F32, 7, 32);
@@ -763,28 +761,25 @@ static void test_validation(void **state)
     tu_free(&bad), tu_free(&ids7), tu_free(&w7);
     bad = tu_new(KT_F16, 5, 2);
     TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &bad, &in.w, &in.y), KT_EINVAL, "L7", "ids");
-    TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &bad, &in.y), KT_EINVAL, "L7",
-                    "weights");
+    TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &bad, &in.y), KT_EINVAL, "L7", "weights");
     tu_free(&bad);
     int32_t saved = ids[3 * 2 + 1];
     ids[3 * 2 + 1] = 4;
-    TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_ERANGE, "L7",
-                    "token 3", "expert id 4");
+    TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_ERANGE, "L7", "token 3",
+                    "expert id 4");
     ids[3 * 2 + 1] = -1;
     TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_ERANGE, "token 3",
                     "expert id -1");
     ids[3 * 2 + 1] = ids[3 * 2];
-    TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_EINVAL, "L7",
-                    "token 3", "appears twice");
+    TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_EINVAL, "L7", "token 3",
+                    "appears twice");
     ids[3 * 2 + 1] = saved;
 
     /* still usable */
     OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
     bad = tu_new(KT_F32, 4, 32);
-    TU_EXPECT_ERROR(kt_moe_backward(m, &bad, &in.gx, &in.gw, 1.0f), KT_EINVAL, "L7",
-                    "grad_y");
-    TU_EXPECT_ERROR(kt_moe_backward(m, &in.gy, &bad, &in.gw, 1.0f), KT_EINVAL, "L7",
-                    "grad_x");
+    TU_EXPECT_ERROR(kt_moe_backward(m, &bad, &in.gx, &in.gw, 1.0f), KT_EINVAL, "L7", "grad_y");
+    TU_EXPECT_ERROR(kt_moe_backward(m, &in.gy, &bad, &in.gw, 1.0f), KT_EINVAL, "L7", "grad_x");
     tu_free(&bad);
     TU_EXPECT_ERROR(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, NAN), KT_EINVAL, "scale");
     /* grad_x / grad_weights with NULL data are skipped */
@@ -836,7 +831,76 @@ static void test_memory(void **state)
     assert_int_equal(b.saved_bytes_per_token, 2 * 20 + 64 * 2);
 }
 
-/* ---- forward cache ----------------------------------------------------------------------------- */
+/* Phase times: the phases a call runs are counted (and only those: a frozen layer keeping
+ * its activations has no recompute and no weight gradients), they sum to no more than the
+ * calls took, a forward served by the cache is not a call that ran the experts, and a reset
+ * zeroes everything; every phase has a name. */
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void test_phase_times(void **state)
+{
+    (void)state;
+    for (int mode = KT_MOE_FROZEN; mode <= KT_MOE_FULL; mode++) {
+        kt_moe_config cfg = make_cfg(KT_BF16, KT_F32, (kt_moe_mode)mode, 64, 48, 8, 2, 16);
+        kt_moe *m = NULL;
+        OK(kt_moe_create(&cfg, NULL, &m));
+        fill_params(m, 5);
+        inputs in;
+        make_inputs(&in, &cfg, 16, KT_I32, 6);
+        kt_moe_phase_times t;
+        kt_moe_get_phase_times(m, &t);
+        for (int k = 0; k < KT_MOE_PHASE_COUNT; k++)
+            assert_int_equal(t.ns[k], 0);
+        const uint64_t t0 = now_ns();
+        OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
+        OK(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f));
+        OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
+        const uint64_t wall = now_ns() - t0;
+        kt_moe_get_phase_times(m, &t);
+        assert_int_equal(t.forward_calls, 2);
+        assert_int_equal(t.backward_calls, 1);
+        uint64_t sum = 0;
+        for (int k = 0; k < KT_MOE_PHASE_COUNT; k++) {
+            assert_non_null(kt_moe_phase_name(k));
+            sum += t.ns[k];
+        }
+        assert_true(sum <= wall);
+        assert_true(t.ns[KT_MOE_PHASE_GATE_UP] > 0 && t.ns[KT_MOE_PHASE_DOWN] > 0);
+        assert_true(t.ns[KT_MOE_PHASE_DOWN_GRAD] > 0 && t.ns[KT_MOE_PHASE_GATE_UP_GRAD] > 0);
+        if (mode == KT_MOE_FROZEN)
+            assert_true(t.ns[KT_MOE_PHASE_RECOMPUTE] == 0 && t.ns[KT_MOE_PHASE_WEIGHT_GRAD] == 0);
+        else
+            assert_true(t.ns[KT_MOE_PHASE_RECOMPUTE] > 0 && t.ns[KT_MOE_PHASE_WEIGHT_GRAD] > 0);
+        /* a forward the cache serves runs no experts */
+        OK(kt_moe_cache_enable(m, 1));
+        OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
+        OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
+        kt_moe_get_phase_times(m, &t);
+        assert_int_equal(t.forward_calls, 3);
+        kt_moe_reset_phase_times(m);
+        kt_moe_get_phase_times(m, &t);
+        assert_int_equal(t.forward_calls + t.backward_calls, 0);
+        for (int k = 0; k < KT_MOE_PHASE_COUNT; k++)
+            assert_int_equal(t.ns[k], 0);
+        free_inputs(&in);
+        kt_moe_destroy(m);
+    }
+    assert_null(kt_moe_phase_name(-1));
+    assert_null(kt_moe_phase_name(KT_MOE_PHASE_COUNT));
+    assert_string_equal(kt_moe_phase_name(KT_MOE_PHASE_GATE_UP_GRAD), "gate_up_grad");
+    kt_moe_phase_times t;
+    kt_moe_get_phase_times(NULL, &t); /* zeroed, no crash */
+    assert_int_equal(t.forward_calls, 0);
+    kt_moe_reset_phase_times(NULL);
+}
+
+/* ---- forward cache -----------------------------------------------------------------------------
+ */
 
 static void test_cache(void **state)
 {
@@ -864,8 +928,8 @@ static void test_cache(void **state)
 
     /* READY with other ids: an error that poisons */
     OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
-    TU_EXPECT_ERROR(kt_moe_forward(m, &other.x, &other.ids, &other.w, &other.y), KT_ESTATE,
-                    "L7", "differs from the cached forward");
+    TU_EXPECT_ERROR(kt_moe_forward(m, &other.x, &other.ids, &other.w, &other.y), KT_ESTATE, "L7",
+                    "differs from the cached forward");
     assert_int_equal(kt_moe_cache_get_state(m), KT_MOE_CACHE_POISONED);
     TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_ESTATE, "poisoned",
                     "differs from the cached forward");
@@ -901,8 +965,8 @@ static void test_cache(void **state)
     char tok[32], exp_s[32];
     snprintf(tok, sizeof tok, "token %lld", (long long)first_t);
     snprintf(exp_s, sizeof exp_s, "expert %lld", (long long)e);
-    TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_ERANGE, "L7",
-                    "non-finite", tok, exp_s);
+    TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_ERANGE, "L7", "non-finite",
+                    tok, exp_s);
     for (int64_t i = 0; i < 5 * 32; i++)
         assert_true(yv[i] == 123.0f);
     assert_int_equal(kt_moe_cache_get_state(m), KT_MOE_CACHE_POISONED);
@@ -944,7 +1008,8 @@ static void test_cache(void **state)
     kt_moe_destroy(m);
 }
 
-/* ---- submit / sync ---------------------------------------------------------------------------- */
+/* ---- submit / sync ----------------------------------------------------------------------------
+ */
 
 static void test_submit_sync(void **state)
 {
@@ -1100,21 +1165,14 @@ static void test_lora_init(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_reference_small),
-        cmocka_unit_test(test_reference_odd),
-        cmocka_unit_test(test_accumulate),
-        cmocka_unit_test(test_keep_activations_bitwise),
-        cmocka_unit_test(test_threads_bitwise),
-        cmocka_unit_test(test_wide_intermediate),
-        cmocka_unit_test(test_route_rechecks_ids),
-        cmocka_unit_test(test_create_errors),
-        cmocka_unit_test(test_validation),
-        cmocka_unit_test(test_memory),
-        cmocka_unit_test(test_cache),
-        cmocka_unit_test(test_submit_sync),
-        cmocka_unit_test(test_load_save),
-        cmocka_unit_test(test_lora_init),
-        cmocka_unit_test(test_numa_split_bitwise),
+        cmocka_unit_test(test_reference_small),    cmocka_unit_test(test_reference_odd),
+        cmocka_unit_test(test_accumulate),         cmocka_unit_test(test_keep_activations_bitwise),
+        cmocka_unit_test(test_threads_bitwise),    cmocka_unit_test(test_wide_intermediate),
+        cmocka_unit_test(test_route_rechecks_ids), cmocka_unit_test(test_create_errors),
+        cmocka_unit_test(test_validation),         cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_phase_times),        cmocka_unit_test(test_cache),
+        cmocka_unit_test(test_submit_sync),        cmocka_unit_test(test_load_save),
+        cmocka_unit_test(test_lora_init),          cmocka_unit_test(test_numa_split_bitwise),
         cmocka_unit_test(test_shared_scratch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

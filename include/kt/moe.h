@@ -32,11 +32,7 @@ extern "C" {
 
 typedef struct kt_moe kt_moe;
 
-typedef enum kt_moe_mode {
-    KT_MOE_FROZEN = 0,
-    KT_MOE_LORA = 1,
-    KT_MOE_FULL = 2
-} kt_moe_mode;
+typedef enum kt_moe_mode { KT_MOE_FROZEN = 0, KT_MOE_LORA = 1, KT_MOE_FULL = 2 } kt_moe_mode;
 
 #define KT_MOE_NUMA_SPLIT (-2)
 
@@ -64,13 +60,13 @@ typedef struct kt_moe_config {
     kt_dtype weight_dtype; /* KT_BF16 or KT_F32 */
     kt_dtype act_dtype;    /* x, y and their gradients: KT_F32 or KT_BF16 */
     kt_moe_mode mode;
-    int64_t lora_rank;     /* LoRA: r, 1 to min(H, I, 256) */
-    float lora_alpha;      /* LoRA: the adapter output is scaled by alpha / r */
+    int64_t lora_rank; /* LoRA: r, 1 to min(H, I, 256) */
+    float lora_alpha;  /* LoRA: the adapter output is scaled by alpha / r */
     /* 1: forward keeps the intermediate activations backward needs; 0: keep nothing and
      * recompute them inside backward (less memory, one more forward's worth of GEMMs). */
     int keep_activations;
-    int check_finite;      /* check the output for NaN/Inf and fail naming token and expert */
-    const char *name;      /* the layer's name in messages (copied); may be NULL */
+    int check_finite; /* check the output for NaN/Inf and fail naming token and expert */
+    const char *name; /* the layer's name in messages (copied); may be NULL */
     /* >= 0: the expert weights (and every buffer) on this node; -1: no binding;
      * KT_MOE_NUMA_SPLIT: the experts split in contiguous ranges over the nodes of the pool's
      * threads (a pool from kt_threadpool_create_numa), each range's weights and full-mode
@@ -113,8 +109,7 @@ kt_status kt_moe_lora(kt_moe *moe, int64_t expert, kt_moe_proj proj, int which_b
 kt_status kt_moe_lora_grad(kt_moe *moe, int64_t expert, kt_moe_proj proj, int which_b,
                            kt_tensor *view_out);
 /* Full mode: the f32 gradient of one expert's projection (original layout). */
-kt_status kt_moe_weight_grad(kt_moe *moe, int64_t expert, kt_moe_proj proj,
-                             kt_tensor *view_out);
+kt_status kt_moe_weight_grad(kt_moe *moe, int64_t expert, kt_moe_proj proj, kt_tensor *view_out);
 /* The next backward overwrites the weight (or LoRA) gradients instead of adding. */
 void kt_moe_zero_grad(kt_moe *moe);
 
@@ -129,7 +124,8 @@ kt_status kt_moe_forward(kt_moe *moe, const kt_tensor *x, const kt_tensor *ids,
  * forward or a backward before sync fail with KT_ESTATE (and change nothing); sync without a
  * submit is KT_ESTATE too. Until sync, the caller must not change the layer (weights,
  * gradients, cache); work it submits to the MoE pool meanwhile is safe but waits for the
- * job's phases (one submission lock per pool), so keep other work on another pool. kt_moe_destroy waits for a job in flight.
+ * job's phases (one submission lock per pool), so keep other work on another pool. kt_moe_destroy
+ * waits for a job in flight.
  *
  * Errors (each message names the layer, and the token/expert where one is at fault): wrong
  * dtypes or shapes KT_EINVAL; qlen > max_tokens KT_ERANGE; an expert id outside [0, E)
@@ -170,7 +166,8 @@ kt_status kt_moe_cache_enable(kt_moe *moe, int on);
 kt_moe_cache_state kt_moe_cache_get_state(const kt_moe *moe);
 void kt_moe_cache_clear(kt_moe *moe);
 
-/* ---- accounting -------------------------------------------------------------------------------- */
+/* ---- accounting --------------------------------------------------------------------------------
+ */
 
 typedef struct kt_moe_memory {
     uint64_t weight_bytes;          /* expert weights as stored */
@@ -189,6 +186,34 @@ typedef struct kt_moe_memory {
 } kt_moe_memory;
 
 void kt_moe_get_memory(const kt_moe *moe, kt_moe_memory *memory_out);
+
+/* Where a layer's time goes: the wall time of each phase of its forward and backward calls,
+ * summed since creation or the last reset (kt-bench moe --phases prints it per call). */
+typedef enum kt_moe_phase {
+    KT_MOE_PHASE_ROUTE = 0,     /* forward: checks, routing, grouping tokens per expert */
+    KT_MOE_PHASE_GATHER,        /* forward: x into the expert-sorted rows */
+    KT_MOE_PHASE_GATE_UP,       /* forward: gate and up GEMMs, SiLU product */
+    KT_MOE_PHASE_DOWN,          /* forward: down GEMM */
+    KT_MOE_PHASE_COMBINE,       /* forward: weighted sum per token, output written */
+    KT_MOE_PHASE_RECOMPUTE,     /* backward: what forward did not keep */
+    KT_MOE_PHASE_ROUTING_GRAD,  /* backward: routing-weight gradients, weighted grad_y */
+    KT_MOE_PHASE_DOWN_GRAD,     /* backward: down's input gradient, SiLU derivative */
+    KT_MOE_PHASE_GATE_UP_GRAD,  /* backward: gate's and up's input gradients */
+    KT_MOE_PHASE_WEIGHT_GRAD,   /* backward: LoRA or full-mode weight gradients */
+    KT_MOE_PHASE_INPUT_COMBINE, /* backward: grad_x summed per token */
+    KT_MOE_PHASE_COUNT
+} kt_moe_phase;
+
+typedef struct kt_moe_phase_times {
+    uint64_t ns[KT_MOE_PHASE_COUNT];
+    uint64_t forward_calls, backward_calls; /* those that ran the experts (not cache hits) */
+} kt_moe_phase_times;
+
+/* Read or reset while no call of the layer is in flight. */
+void kt_moe_get_phase_times(const kt_moe *moe, kt_moe_phase_times *times_out);
+void kt_moe_reset_phase_times(kt_moe *moe);
+/* "route", "gather", ...; NULL for a value out of range */
+const char *kt_moe_phase_name(int phase);
 
 #ifdef __cplusplus
 }

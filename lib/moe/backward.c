@@ -314,6 +314,8 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
     int lora = m->cfg.mode == KT_MOE_LORA, full = m->cfg.mode == KT_MOE_FULL;
     bwd_ctx c = {m, gy, gxo, scale, full && m->grad_overwrite};
     int64_t rows = m->off[m->E];
+    m->in_backward = 1;
+    kt__moe_phase_start(m);
     /* Without kept activations this reruns the GEMMs (from the gathered input); with them,
      * only ac and the LoRA z, which the weight/adapter gradients need and frozen mode does
      * not (its backward reads only the kept g, u and d). */
@@ -322,6 +324,7 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
         KT__TRY(kt__moe_compute(m, !m->cfg.keep_activations));
     }
     kt_parallel_for(m->pool, m->qlen, 1, gd_part, &c);
+    kt__moe_phase_end(m, KT_MOE_PHASE_ROUTING_GRAD);
     if ((lora || full) && m->grad_overwrite)
         kt_parallel_for(m->pool, m->E, 1, zero_part, &c);
 
@@ -337,10 +340,13 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
             KT__TRY(sgemm_dw(m, KT_MOE_DOWN, m->gdc, m->H, m->ac, m->I, scale, c.dw_overwrite));
         }
     }
+    if (lora || full)
+        kt__moe_phase_end(m, KT_MOE_PHASE_WEIGHT_GRAD);
     if (!m->bf16)
         KT__TRY(sgemm_nn(m, KT_MOE_DOWN, m->gdc, m->H, m->ga, m->I, 0.0f));
     kt__moe_plan_parts(m, m->I);
     kt__moe_run_parts(m, ga_tasks, &c);
+    kt__moe_phase_end(m, KT_MOE_PHASE_DOWN_GRAD);
 
     if (lora) {
         kt__moe_lora_gz(m, KT_MOE_GATE, m->ggc);
@@ -358,6 +364,8 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
         }
         m->flops += (uint64_t)(6 * rows * m->H * m->I);
     }
+    if (lora || full)
+        kt__moe_phase_end(m, KT_MOE_PHASE_WEIGHT_GRAD);
     if (!m->bf16) {
         KT__TRY(sgemm_nn(m, KT_MOE_GATE, m->ggc, m->I, m->gx, m->H, 0.0f));
         KT__TRY(sgemm_nn(m, KT_MOE_UP, m->guc, m->I, m->gx, m->H, 1.0f));
@@ -367,6 +375,7 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
         kt__moe_run_parts(m, gx_tasks, &c);
     }
     m->flops += (uint64_t)(6 * rows * m->H * m->I);
+    kt__moe_phase_end(m, KT_MOE_PHASE_GATE_UP_GRAD);
     if (m->cfg.check_finite)
         KT__TRY(check_finite_grads(m));
 
@@ -376,5 +385,7 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
         memcpy(gwo->data, m->gw, (size_t)(m->qlen * m->K) * sizeof(float));
     if (lora || full)
         m->grad_overwrite = 0;
+    kt__moe_phase_end(m, KT_MOE_PHASE_INPUT_COMBINE);
+    m->phases.backward_calls++;
     return KT_OK;
 }

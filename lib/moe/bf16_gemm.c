@@ -529,6 +529,44 @@ static const pair_fn pair_fns[PAIR_MR + 1] = {NULL,    pair_1,  pair_2, pair_3, 
                                               pair_5,  pair_6,  pair_7, pair_8, pair_9,
                                               pair_10, pair_11, pair_12};
 
+/* tn's packed path: `tiles` tiles of MR rows in one call over the same packed block of x
+ * (b), tile t's pairs at a + t * a_tile and its output rows from out + t * MR * ldo. With
+ * the few pairs of a typical expert (48 for 96 tokens) a call per tile cost as much as a
+ * tenth of the tile's work. */
+typedef void (*tn_run_fn)(int64_t np, int tail, const uint16_t *a, int64_t a_tile, int64_t tiles,
+                          const uint16_t *b, __mmask32 jm, float *out, int64_t ldo, int mode,
+                          float scale);
+
+#define TN_RUN_VARIANT(MR)                                                                         \
+    BF_TARGET static void tn_run_##MR(int64_t np, int tail, const uint16_t *a, int64_t a_tile,     \
+                                      int64_t tiles, const uint16_t *b, __mmask32 jm, float *out,  \
+                                      int64_t ldo, int mode, float scale)                          \
+    {                                                                                              \
+        for (int64_t t = 0; t < tiles; t++) {                                                      \
+            __m512 acc[PAIR_MR][2];                                                                \
+            for (int i = 0; i < MR; i++)                                                           \
+                acc[i][0] = acc[i][1] = _mm512_setzero_ps();                                       \
+            pair_tile(MR, B_PACKED, np, tail, a + t * a_tile, 2, 2 * MR, b, 0, jm, NULL, acc);     \
+            pair_store(MR, acc, jm, out + t * MR * ldo, ldo, mode, scale);                         \
+        }                                                                                          \
+    }
+TN_RUN_VARIANT(12)
+TN_RUN_VARIANT(11)
+TN_RUN_VARIANT(10)
+TN_RUN_VARIANT(9)
+TN_RUN_VARIANT(8)
+TN_RUN_VARIANT(7)
+TN_RUN_VARIANT(6)
+TN_RUN_VARIANT(5)
+TN_RUN_VARIANT(4)
+TN_RUN_VARIANT(3)
+TN_RUN_VARIANT(2)
+TN_RUN_VARIANT(1)
+
+static const tn_run_fn tn_run_fns[PAIR_MR + 1] = {
+    NULL,     tn_run_1, tn_run_2, tn_run_3,  tn_run_4,  tn_run_5, tn_run_6,
+    tn_run_7, tn_run_8, tn_run_9, tn_run_10, tn_run_11, tn_run_12};
+
 /* Tile i of `rows` rows: as many tiles as 12-row tiles need, their heights as equal as
  * possible (90 rows: 6 x 11 + 2 x 12, not 7 x 12 + 4 + 2), since a short tile has too few
  * independent accumulators to keep vdpbf16ps busy. Heights never change an element's
@@ -756,22 +794,29 @@ static void tn_packed_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const
     group = group > TN_GROUP_MAX ? TN_GROUP_MAX : group;
     int64_t tile = 0;
     for (int64_t n = n0; n < n1;) {
-        pair_fn fn[TN_GROUP_MAX];
-        int mr[TN_GROUP_MAX];
-        int64_t row[TN_GROUP_MAX], tiles = 0;
+        /* the group's tiles as runs of equal height (balanced heights: at most two runs) */
+        int run_mr[TN_GROUP_MAX];
+        int64_t run_row[TN_GROUP_MAX], run_first[TN_GROUP_MAX], run_len[TN_GROUP_MAX];
+        int64_t tiles = 0, runs = 0;
         for (; tiles < group && n < n1; tiles++) {
-            fn[tiles] = pair_tile_at(n1 - n0, tile++, &mr[tiles]);
-            row[tiles] = n;
-            tn_pack_a(M, 0, pairs, mr[tiles], g + n, ldg, apack + tiles * per_tile);
-            n += mr[tiles];
+            int mr;
+            (void)pair_tile_at(n1 - n0, tile++, &mr);
+            if (runs == 0 || run_mr[runs - 1] != mr) {
+                run_mr[runs] = mr, run_row[runs] = n, run_first[runs] = tiles, run_len[runs] = 0;
+                runs++;
+            }
+            run_len[runs - 1]++;
+            tn_pack_a(M, 0, pairs, mr, g + n, ldg, apack + tiles * per_tile);
+            n += mr;
         }
         for (int64_t jb = 0; jb < K; jb += 32) {
             const __mmask32 jm = col_mask(K - jb);
             nn_pack_b(x + jb, ldx, M, 0, pairs, jm, xpack);
-            for (int64_t t = 0; t < tiles; t++)
-                fn[t](pairs - tail, tail, (const uint16_t *)(apack + t * per_tile), 2,
-                      2 * (int64_t)mr[t], xpack, 0, 1, jm, NULL, NULL, 1, 1,
-                      dw + row[t] * lddw + jb, lddw, mode, scale);
+            for (int64_t r = 0; r < runs; r++)
+                tn_run_fns[run_mr[r]](pairs - tail, tail,
+                                      (const uint16_t *)(apack + run_first[r] * per_tile),
+                                      2 * per_tile, run_len[r], xpack, jm,
+                                      dw + run_row[r] * lddw + jb, lddw, mode, scale);
         }
     }
 }

@@ -95,6 +95,17 @@ static void gate_up_tasks(void *vctx, int64_t b, int64_t end, int thread)
     }
 }
 
+/* ac = silu(g) * u for rows [r0, r1), whole rows (the same elementwise operations as
+ * gate_up_tasks, so the same bits). */
+static void act_rows_part(void *vctx, int64_t r0, int64_t r1, int thread)
+{
+    (void)thread;
+    kt_moe *m = ((fwd_ctx *)vctx)->m;
+    for (int64_t r = r0; r < r1; r++)
+        kt__moe_act_fwd(m->I, m->g + r * m->I, m->u + r * m->I, kt__moe_cdt_at(m, m->ac, r * m->I),
+                        m->bf16);
+}
+
 static void down_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
     (void)thread;
@@ -142,8 +153,13 @@ kt_status kt__moe_compute(kt_moe *m, int run_gemms)
         KT__TRY(sgemm_experts(m, KT_MOE_GATE, m->xc, m->H, m->g, m->I));
         KT__TRY(sgemm_experts(m, KT_MOE_UP, m->xc, m->H, m->u, m->I));
     }
-    kt__moe_plan_parts(m, m->I);
-    kt__moe_run_parts(m, gate_up_tasks, &c);
+    if (run_gemms) {
+        kt__moe_plan_parts(m, m->I);
+        kt__moe_run_parts(m, gate_up_tasks, &c);
+    } else { /* g and u are kept (from memory now): whole rows, streamed */
+        kt_parallel_for(m->pool, rows, 16, act_rows_part, &c);
+    }
+    kt__moe_phase_end(m, m->in_backward ? KT_MOE_PHASE_RECOMPUTE : KT_MOE_PHASE_GATE_UP);
     if (lora)
         kt__moe_lora_z(m, KT_MOE_DOWN, m->ac);
     if (run_gemms) {
@@ -155,6 +171,7 @@ kt_status kt__moe_compute(kt_moe *m, int run_gemms)
         }
         m->flops += (uint64_t)(6 * rows * m->H * m->I);
     }
+    kt__moe_phase_end(m, m->in_backward ? KT_MOE_PHASE_RECOMPUTE : KT_MOE_PHASE_DOWN);
     return KT_OK;
 }
 
@@ -244,10 +261,14 @@ static kt_status forward_body(kt_moe *m, kt__moe_job *job)
         return KT_OK;
     }
     m->fwd_valid = 0;
+    m->in_backward = 0;
+    kt__moe_phase_start(m);
     st = kt__moe_route(m, job);
     if (st != KT_OK)
         goto fail;
+    kt__moe_phase_end(m, KT_MOE_PHASE_ROUTE);
     kt__moe_gather(m, job, 1);
+    kt__moe_phase_end(m, KT_MOE_PHASE_GATHER);
     st = kt__moe_compute(m, 1);
     if (st != KT_OK)
         goto fail;
@@ -258,6 +279,8 @@ static kt_status forward_body(kt_moe *m, kt__moe_job *job)
             goto fail;
     }
     kt_parallel_for(m->pool, m->qlen, 1, write_part, &c);
+    kt__moe_phase_end(m, KT_MOE_PHASE_COMBINE);
+    m->phases.forward_calls++;
     m->fwd_valid = 1;
     if (m->cache_on)
         atomic_store(&m->cache_state, KT_MOE_CACHE_READY);

@@ -52,14 +52,14 @@ struct kt_moe {
     kt_threadpool *pool;
     kt_threadpool *gemm_pool; /* f32 path: NULL when kt__sgemm is OpenBLAS (own threads) */
     int n_threads;
-    int bf16;      /* weights (and the compute dtype) are bf16 */
-    size_t cs;     /* bytes per compute-dtype element */
+    int bf16;  /* weights (and the compute dtype) are bf16 */
+    size_t cs; /* bytes per compute-dtype element */
     int64_t E, H, I, K, T, N, R;
     float lora_scale; /* alpha / r */
 
-    kt_arena store;  /* expert weights: [E][gate, up, down], each [I,H] / [I,H] / [H,I] */
-    kt_arena params; /* LoRA adapters + their grads, full-mode weight grads */
-    kt_arena work;   /* what forward keeps for backward (and the cached output) */
+    kt_arena store;       /* expert weights: [E][gate, up, down], each [I,H] / [I,H] / [H,I] */
+    kt_arena params;      /* LoRA adapters + their grads, full-mode weight grads */
+    kt_arena work;        /* what forward keeps for backward (and the cached output) */
     kt_arena scratch_own; /* the per-call scratch, without a shared kt_moe_scratch */
     /* the scratch buffers' places: pointer and offset from the scratch base, bound at create
      * (own scratch) or at each call (shared, whose base may move as it grows) */
@@ -92,26 +92,29 @@ struct kt_moe {
     int64_t group_t[KT__MOE_MAX_GROUPS + 1];
 
     /* activations; "saved" ones survive from forward to backward */
-    void *xt;   /* [T,H] cdt: the input, saved */
-    void *xc;   /* [N,H] cdt: gathered input */
-    float *g;   /* [N,I] gate pre-activation, saved when keep_activations */
-    float *u;   /* [N,I] up, saved when keep_activations */
-    void *ac;   /* [N,I] cdt: silu(g) * u */
-    float *d;   /* [N,H] expert outputs, saved when keep_activations */
-    float *y;   /* [T,H] combined output in f32; also the forward cache's stored output */
+    void *xt; /* [T,H] cdt: the input, saved */
+    void *xc; /* [N,H] cdt: gathered input */
+    float *g; /* [N,I] gate pre-activation, saved when keep_activations */
+    float *u; /* [N,I] up, saved when keep_activations */
+    void *ac; /* [N,I] cdt: silu(g) * u */
+    float *d; /* [N,H] expert outputs, saved when keep_activations */
+    float *y; /* [T,H] combined output in f32; also the forward cache's stored output */
     /* backward */
-    void *gdc;  /* [N,H] cdt: w * grad_y per row */
-    float *ga;  /* [N,I], or per thread kt__moe_ga_floats each (kt__moe_ga_per_thread) */
-    void *ggc;  /* [N,I] cdt */
-    void *guc;  /* [N,I] cdt */
-    float *gx;  /* [N,H] input gradient per row */
-    float *gw;  /* [N] routing-weight gradient per slot */
+    void *gdc; /* [N,H] cdt: w * grad_y per row */
+    float *ga; /* [N,I], or per thread kt__moe_ga_floats each (kt__moe_ga_per_thread) */
+    void *ggc; /* [N,I] cdt */
+    void *guc; /* [N,I] cdt */
+    float *gx; /* [N,H] input gradient per row */
+    float *gw; /* [N] routing-weight gradient per slot */
     /* LoRA: x A^T per row and its gradient, per projection (rank r) */
     float *z[3], *gz[3];
 
     int fwd_valid;      /* routing and saved activations belong to a successful forward */
     int grad_overwrite; /* the next backward overwrites the weight/LoRA gradients */
     uint64_t flops;     /* expert GEMM FLOPs run (tests: the cache skips them) */
+    kt_moe_phase_times phases;
+    uint64_t phase_mark; /* when the phase being timed began (ns, monotonic) */
+    int in_backward;     /* kt__moe_compute times itself as the backward's recompute */
     uint64_t workspace_bytes, saved_bytes_per_token, grad_bytes;
 
     /* the forward cache */
@@ -125,13 +128,18 @@ struct kt_moe {
     pthread_t driver;
     int driver_started;
     int stop;
-    int busy;      /* submitted and not yet synced (caller's thread only) */
-    int pending;   /* handed to the driver, not yet taken */
+    int busy;    /* submitted and not yet synced (caller's thread only) */
+    int pending; /* handed to the driver, not yet taken */
     int done;
     kt_status job_status;
     char job_msg[KT__MOE_MSG_MAX];
     kt__moe_job job;
 };
+
+/* phase.c: kt__moe_phase_start marks the start of a call's first phase; each
+ * kt__moe_phase_end adds the time since the last mark to `phase` and marks again. */
+void kt__moe_phase_start(kt_moe *m);
+void kt__moe_phase_end(kt_moe *m, kt_moe_phase phase);
 
 /* layer.c */
 void *kt__moe_weight_ptr(const kt_moe *m, int64_t e, int proj);
@@ -171,8 +179,7 @@ static inline void *kt__moe_cdt_at(const kt_moe *m, const void *base, int64_t i)
 void kt__moe_lora_z(kt_moe *m, int proj, const void *in_c);
 void kt__moe_lora_add(kt_moe *m, int proj, const kt__moe_task *t, float *out);
 void kt__moe_lora_gz(kt_moe *m, int proj, const void *gout_c);
-void kt__moe_lora_grads(kt_moe *m, int proj, const void *gout_c, const void *in_c,
-                        float scale);
+void kt__moe_lora_grads(kt_moe *m, int proj, const void *gout_c, const void *in_c, float scale);
 void kt__moe_lora_gin_add(kt_moe *m, int proj, const kt__moe_task *t, float *gin, int64_t ldg,
                           int64_t row0);
 /* backward.c: whether each thread has its own ga block (else ga is [N,I]), and its floats */
@@ -193,7 +200,7 @@ void kt__moe_poison(kt_moe *m);
 kt_status kt__moe_check_poison(const kt_moe *m, const char *what);
 
 /* backward.c */
-kt_status kt__moe_backward_exec(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo,
-                                kt_tensor *gwo, float scale);
+kt_status kt__moe_backward_exec(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, kt_tensor *gwo,
+                                float scale);
 
 #endif

@@ -26,9 +26,8 @@ typedef struct shape {
     int64_t hidden, inter, experts, top_k;
 } shape;
 
-static const shape shapes[] = {{"small", 512, 256, 16, 2},
-                               {"dsv2lite", 2048, 1408, 64, 6},
-                               {"qwen3moe", 2048, 768, 128, 8}};
+static const shape shapes[] = {
+    {"small", 512, 256, 16, 2}, {"dsv2lite", 2048, 1408, 64, 6}, {"qwen3moe", 2048, 768, 128, 8}};
 
 typedef struct moe_args {
     const shape *shape;
@@ -39,12 +38,13 @@ typedef struct moe_args {
     unsigned peer_dtypes; /* bit 0: bf16, bit 1: f32 */
     const char *peer_script;
     int numa_split; /* --numa-split: experts split over the NUMA nodes */
+    int phases;     /* --phases: where the time goes, per phase of the layer */
 } moe_args;
 
 typedef struct moe_inputs {
     kt_tensor x, ids, w, gy, gx, gw, y;
-    int64_t active;   /* experts that receive at least one token */
-    int64_t *counts;  /* tokens per expert */
+    int64_t active;  /* experts that receive at least one token */
+    int64_t *counts; /* tokens per expert */
 } moe_inputs;
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -186,8 +186,7 @@ static double sgemm_rate_gflops(const moe_args *a, const moe_inputs *in, kt_thre
 }
 
 /* Writes the inputs as safetensors for the PyTorch peer. */
-static int write_peer_inputs(kt_moe *m, const moe_args *a, const moe_inputs *in,
-                             const char *path)
+static int write_peer_inputs(kt_moe *m, const moe_args *a, const moe_inputs *in, const char *path)
 {
     const shape *s = a->shape;
     int64_t E = s->experts, H = s->hidden, I = s->inter;
@@ -212,7 +211,7 @@ static int write_peer_inputs(kt_moe *m, const moe_args *a, const moe_inputs *in,
                 memcpy((char *)dst[p]->data + (size_t)e * per, v.data, per);
         }
     }
-    kt_st_item items[] = {{"gate", gate}, {"up", up}, {"down", down}, {"x", in->x},
+    kt_st_item items[] = {{"gate", gate},   {"up", up},   {"down", down},    {"x", in->x},
                           {"ids", in->ids}, {"w", in->w}, {"grad_y", in->gy}};
     if (rc == 0 && kt_st_save(path, items, sizeof items / sizeof items[0], NULL) != KT_OK)
         rc = 1;
@@ -258,17 +257,21 @@ static int parse(int argc, char **argv, moe_args *a)
         if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
             printf("usage: kt-bench moe --shape small|dsv2lite|qwen3moe --qlen N\n"
                    "                    --mode frozen|lora|full --dtype bf16|f32\n"
-                   "                    [--no-peer] [--peer-dtype bf16|f32|both] [--peer-script PATH]\n"
-                   "                    [--threads N] [--numa-split] [--json]\n"
+                   "                    [--no-peer] [--peer-dtype bf16|f32|both] [--peer-script "
+                   "PATH]\n"
+                   "                    [--threads N] [--numa-split] [--phases] [--json]\n"
                    "Times the MoE layer forward and forward+backward; prints tokens/s,\n"
                    "GFLOP/s, the fraction of the vdpbf16ps peak (bf16) or of OpenBLAS sgemm on\n"
                    "the same per-expert shapes (f32), the fraction of memory bandwidth for\n"
                    "qlen <= 16, and the ratio against PyTorch's loop in bf16 and f32.\n"
                    "--numa-split: a NUMA-placed pool and the experts split over the nodes\n"
-                   "(KT_MOE_NUMA_SPLIT; the same as without on a one-node machine).\n");
+                   "(KT_MOE_NUMA_SPLIT; the same as without on a one-node machine).\n"
+                   "--phases: also the time of each phase of the layer per call, averaged\n"
+                   "over the timed runs of each pass (kt_moe_get_phase_times).\n");
             exit(0);
         }
-        if (v == NULL && strcmp(s, "--no-peer") != 0 && strcmp(s, "--numa-split") != 0) {
+        if (v == NULL && strcmp(s, "--no-peer") != 0 && strcmp(s, "--numa-split") != 0 &&
+            strcmp(s, "--phases") != 0) {
             fprintf(stderr, "kt-bench moe: %s needs a value (see --help)\n", s);
             return 2;
         }
@@ -286,7 +289,7 @@ static int parse(int argc, char **argv, moe_args *a)
             a->qlen = atoll(v);
             i++;
         } else if (strcmp(s, "--mode") == 0) {
-            a->mode = strcmp(v, "lora") == 0 ? KT_MOE_LORA
+            a->mode = strcmp(v, "lora") == 0   ? KT_MOE_LORA
                       : strcmp(v, "full") == 0 ? KT_MOE_FULL
                                                : KT_MOE_FROZEN;
             if (strcmp(v, "frozen") && strcmp(v, "lora") && strcmp(v, "full")) {
@@ -305,6 +308,8 @@ static int parse(int argc, char **argv, moe_args *a)
             a->peer = 0;
         } else if (strcmp(s, "--numa-split") == 0) {
             a->numa_split = 1;
+        } else if (strcmp(s, "--phases") == 0) {
+            a->phases = 1;
         } else if (strcmp(s, "--peer-dtype") == 0) {
             a->peer_dtypes = strcmp(v, "bf16") == 0 ? 1u : strcmp(v, "f32") == 0 ? 2u : 3u;
             if (strcmp(v, "bf16") && strcmp(v, "f32") && strcmp(v, "both")) {
@@ -327,10 +332,15 @@ static int parse(int argc, char **argv, moe_args *a)
     return 0;
 }
 
-static double time_median(kt_moe *m, moe_inputs *in, int backward, int warmup, int repeats)
+/* The median time of `repeats` calls after `warmup`; the layer's phase times over the timed
+ * calls into *phases. */
+static double time_median(kt_moe *m, moe_inputs *in, int backward, int warmup, int repeats,
+                          kt_moe_phase_times *phases)
 {
     double *t = calloc((size_t)(warmup + repeats), sizeof *t);
     for (int r = 0; r < warmup + repeats; r++) {
+        if (r == warmup)
+            kt_moe_reset_phase_times(m);
         /* each fwd+bwd is a training step of one micro-batch, as the peer's zero_grad(set_to_
          * none): the weight/LoRA gradients are overwritten, not added to */
         if (backward)
@@ -346,13 +356,19 @@ static double time_median(kt_moe *m, moe_inputs *in, int backward, int warmup, i
     }
     double med = bench_median(t + warmup, repeats);
     free(t);
+    kt_moe_get_phase_times(m, phases);
     return med;
 }
 
 int bench_moe(int argc, char **argv, const bench_args *common)
 {
-    moe_args a = {.shape = &shapes[0], .qlen = 128, .mode = KT_MOE_FROZEN, .dtype = KT_BF16,
-                  .peer = 1, .peer_dtypes = 3u, .peer_script = KT_BENCH_PEER_SCRIPT};
+    moe_args a = {.shape = &shapes[0],
+                  .qlen = 128,
+                  .mode = KT_MOE_FROZEN,
+                  .dtype = KT_BF16,
+                  .peer = 1,
+                  .peer_dtypes = 3u,
+                  .peer_script = KT_BENCH_PEER_SCRIPT};
     int rc = parse(argc, argv, &a);
     if (rc != 0)
         return rc;
@@ -364,10 +380,18 @@ int bench_moe(int argc, char **argv, const bench_args *common)
         return 1;
     }
     const shape *s = a.shape;
-    kt_moe_config cfg = {.n_experts = s->experts, .hidden = s->hidden, .intermediate = s->inter,
-                         .top_k = s->top_k, .max_tokens = a.qlen, .weight_dtype = a.dtype,
-                         .act_dtype = KT_F32, .mode = a.mode, .lora_rank = 8,
-                         .lora_alpha = 16.0f, .keep_activations = 1, .name = "bench",
+    kt_moe_config cfg = {.n_experts = s->experts,
+                         .hidden = s->hidden,
+                         .intermediate = s->inter,
+                         .top_k = s->top_k,
+                         .max_tokens = a.qlen,
+                         .weight_dtype = a.dtype,
+                         .act_dtype = KT_F32,
+                         .mode = a.mode,
+                         .lora_rank = 8,
+                         .lora_alpha = 16.0f,
+                         .keep_activations = 1,
+                         .name = "bench",
                          .numa_node = a.numa_split ? KT_MOE_NUMA_SPLIT : -1};
     kt_moe *m;
     if (kt_moe_create(&cfg, pool, &m) != KT_OK || fill_weights(m, &a) != 0) {
@@ -379,15 +403,21 @@ int bench_moe(int argc, char **argv, const bench_args *common)
     make_inputs(&a, &in);
     if (!common->json)
         fprintf(stderr, "kt-bench moe: %s qlen=%lld %s %s, %d threads: measuring...\n", s->name,
-                (long long)a.qlen, a.mode == KT_MOE_FULL ? "full" : a.mode == KT_MOE_LORA ? "lora" : "frozen",
+                (long long)a.qlen,
+                a.mode == KT_MOE_FULL   ? "full"
+                : a.mode == KT_MOE_LORA ? "lora"
+                                        : "frozen",
                 kt_dtype_name(a.dtype), threads);
     int reps = common->repeats < 5 ? common->repeats : 5;
     if (common->repeats_given)
         reps = common->repeats;
     /* the bf16 peak before and after the timed runs, the higher kept: a peak measured while
      * something else ran on the machine would flatter every fraction */
-    double peak = a.dtype == KT_BF16 ? bench_bf16_peak_gflops(pool, kt_threadpool_size(pool), 5) : 0.0;
-    double fwd = time_median(m, &in, 0, 2, reps), fwdbwd = time_median(m, &in, 1, 2, reps);
+    double peak =
+        a.dtype == KT_BF16 ? bench_bf16_peak_gflops(pool, kt_threadpool_size(pool), 5) : 0.0;
+    kt_moe_phase_times ph[2];
+    double fwd = time_median(m, &in, 0, 2, reps, &ph[0]);
+    double fwdbwd = time_median(m, &in, 1, 2, reps, &ph[1]);
     if (fwd < 0 || fwdbwd < 0)
         return 1;
     kt_moe_memory mem;
@@ -401,8 +431,8 @@ int bench_moe(int argc, char **argv, const bench_args *common)
         peak = sgemm_rate_gflops(&a, &in, pool);
     }
     double bw = a.qlen <= 16 ? bench_read_bandwidth_gbs(pool, 256u << 20) : 0.0;
-    double touched = (double)in.active * 3.0 * (double)(s->hidden * s->inter) *
-                     (double)kt_dtype_size(a.dtype);
+    double touched =
+        (double)in.active * 3.0 * (double)(s->hidden * s->inter) * (double)kt_dtype_size(a.dtype);
 
     /* the PyTorch peer, on the same inputs, in bf16 and in f32 */
     double t_fwd[2] = {0, 0}, t_fb[2] = {0, 0};
@@ -446,8 +476,8 @@ int bench_moe(int argc, char **argv, const bench_args *common)
                    s->name, (long long)a.qlen, mode_names[a.mode], kt_dtype_name(a.dtype),
                    pass ? "fwdbwd" : "fwd", threads, pass ? "fwdbwd" : "fwd", t * 1e3,
                    (double)a.qlen / t, gf);
-            printf("\"%s\":%.2f,\"fraction_of_peak\":%.3f,", a.dtype == KT_BF16 ? "peak_gflops"
-                   : "sgemm_gflops", peak, frac_peak);
+            printf("\"%s\":%.2f,\"fraction_of_peak\":%.3f,",
+                   a.dtype == KT_BF16 ? "peak_gflops" : "sgemm_gflops", peak, frac_peak);
             if (frac_bw >= 0)
                 printf("\"bandwidth_gbs\":%.2f,\"fraction_of_bandwidth\":%.3f,", bw, frac_bw);
             else
@@ -469,10 +499,10 @@ int bench_moe(int argc, char **argv, const bench_args *common)
             printf("}\n");
         } else {
             printf("moe %s qlen=%lld %s %s %s: %.3f ms, %.0f tokens/s, %.1f GFLOP/s, %.3f of the "
-                   "%s (%.1f GFLOP/s)", s->name, (long long)a.qlen, mode_names[a.mode],
-                   kt_dtype_name(a.dtype), pass ? "fwd+bwd" : "fwd", t * 1e3, (double)a.qlen / t,
-                   gf, frac_peak, a.dtype == KT_BF16 ? "vdpbf16ps peak" : "OpenBLAS sgemm rate",
-                   peak);
+                   "%s (%.1f GFLOP/s)",
+                   s->name, (long long)a.qlen, mode_names[a.mode], kt_dtype_name(a.dtype),
+                   pass ? "fwd+bwd" : "fwd", t * 1e3, (double)a.qlen / t, gf, frac_peak,
+                   a.dtype == KT_BF16 ? "vdpbf16ps peak" : "OpenBLAS sgemm rate", peak);
             if (frac_bw >= 0)
                 printf(", %.3f of %.1f GB/s memory bandwidth", frac_bw, bw);
             for (int k = 0; k < 2; k++)
@@ -480,6 +510,24 @@ int bench_moe(int argc, char **argv, const bench_args *common)
                     printf(", %.2fx torch %s", ratio[k], k ? "f32" : "bf16");
             printf("\n");
         }
+    }
+    for (int pass = 0; a.phases && pass < 2; pass++) {
+        /* mean ms per call of each phase (forward phases over the forward calls, backward
+         * phases over the backward calls) */
+        const kt_moe_phase_times *p = &ph[pass];
+        const double nf = p->forward_calls ? (double)p->forward_calls : 1.0;
+        const double nb = p->backward_calls ? (double)p->backward_calls : 1.0;
+        printf(common->json ? "{\"bench\":\"moe_phases\",\"pass\":\"%s\",\"ms_per_call\":{"
+                            : "phases %s (ms per call):",
+               pass ? (common->json ? "fwdbwd" : "fwd+bwd") : "fwd");
+        for (int k = 0; k < KT_MOE_PHASE_COUNT; k++) {
+            const double ms = (double)p->ns[k] * 1e-6 / (k < KT_MOE_PHASE_RECOMPUTE ? nf : nb);
+            if (!pass && k >= KT_MOE_PHASE_RECOMPUTE)
+                break;
+            printf(common->json ? "%s\"%s\":%.3f" : "%s %s %.2f",
+                   k ? (common->json ? "," : ",") : "", kt_moe_phase_name(k), ms);
+        }
+        printf(common->json ? "}}\n" : "\n");
     }
     if (!common->json) {
         printf("memory: experts %llu bytes held for %llu raw (%.3fx), backward buffer %llu, "
