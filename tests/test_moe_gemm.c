@@ -375,9 +375,9 @@ static void test_nn_rows_path(void **state)
 }
 
 /* nn2 (y = g0 w0 + g1 w1, one pass): against the float64 sum of both products within the
- * bound of a 2N-term f32 sum, bitwise independent of the column split, and on the portable
- * path bitwise the two nn calls it stands for. Sizes span the rows path (odd N, N over a
- * chunk of 256 rows, M from 1 to above 24) and the large-M walk. */
+ * bound of a 2N-term f32 sum, bitwise independent of the column split and of streaming the
+ * stores, and on the portable path bitwise the two nn calls it stands for. Sizes span the rows path
+ * (odd N, N over a chunk of 256 rows, M from 1 to above 24) and the large-M walk. */
 static void test_nn2(void **state)
 {
     (void)state;
@@ -400,7 +400,7 @@ static void test_nn2(void **state)
         const uint16_t *g0 = g, *g1 = g + M * ldg, *w0 = w, *w1 = w + N * ldw;
         for (int64_t j = 0; j < M * ldy; j++)
             y[j] = y2[j] = NAN; /* overwritten, never read */
-        kt__bf16_gemm_nn2(M, N, 0, K, g0, w0, g1, w1, ldg, ldw, y, ldy);
+        kt__bf16_gemm_nn2(M, N, 0, K, g0, w0, g1, w1, ldg, ldw, y, ldy, 0);
         for (int64_t r = 0; r < M; r++)
             for (int64_t c = 0; c < K; c++) {
                 double sum = 0.0, sabs = 0.0;
@@ -423,10 +423,23 @@ static void test_nn2(void **state)
         for (int64_t c0 = 0; c0 < K;) { /* random column blocks */
             int64_t c1 = c0 + 1 + (int64_t)(tu_rng_next(&rng) % (uint64_t)(K / 2 + 1));
             c1 = c1 > K ? K : c1;
-            kt__bf16_gemm_nn2(M, N, c0, c1, g0, w0, g1, w1, ldg, ldw, y2, ldy);
+            kt__bf16_gemm_nn2(M, N, c0, c1, g0, w0, g1, w1, ldg, ldw, y2, ldy, 0);
             c0 = c1;
         }
         assert_memory_equal(y, y2, (size_t)(M * ldy) * sizeof *y);
+        { /* stored past the caches (64-byte aligned rows, so whole blocks stream): same bits */
+            const int64_t lda = (K + 15) / 16 * 16;
+            float *ya = aligned_alloc(64, (size_t)(M * lda) * sizeof *ya);
+            float *yb = aligned_alloc(64, (size_t)(M * lda) * sizeof *yb);
+            assert_true(ya && yb);
+            kt__bf16_gemm_nn2(M, N, 0, K, g0, w0, g1, w1, ldg, ldw, ya, lda, 0);
+            kt__bf16_gemm_nn2(M, N, 0, K, g0, w0, g1, w1, ldg, ldw, yb, lda, 1);
+            for (int64_t r = 0; r < M; r++) {
+                assert_memory_equal(ya + r * lda, yb + r * lda, (size_t)K * sizeof *ya);
+                assert_memory_equal(ya + r * lda, y + r * ldy, (size_t)K * sizeof *ya);
+            }
+            free(ya), free(yb);
+        }
         if (!vector_path()) {
             kt__bf16_gemm_nn_ref(M, N, 0, K, g0, ldg, w0, ldw, y2, ldy, 0);
             kt__bf16_gemm_nn_ref(M, N, 0, K, g1, ldg, w1, ldw, y2, ldy, 1);

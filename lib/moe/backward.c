@@ -152,6 +152,15 @@ static void ga_tasks(void *vctx, int64_t b, int64_t end, int thread)
     }
 }
 
+/* gx is stored past the caches when it is this large (it is read back once, by the
+ * per-token sum, after every expert's rows are written). */
+#define GX_STREAM_BYTES (8u << 20)
+
+static int stream_gx(const kt_moe *m)
+{
+    return (size_t)m->off[m->E] * (size_t)m->H * sizeof(float) >= GX_STREAM_BYTES;
+}
+
 static void gx_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
     (void)thread;
@@ -160,10 +169,11 @@ static void gx_tasks(void *vctx, int64_t b, int64_t end, int thread)
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
         if (m->bf16) {
-            kt__bf16_gemm_nn2(
-                me, m->I, t->c0, t->c1, (const uint16_t *)m->ggc + off * m->I,
-                kt__moe_weight_ptr(m, t->e, KT_MOE_GATE), (const uint16_t *)m->guc + off * m->I,
-                kt__moe_weight_ptr(m, t->e, KT_MOE_UP), m->I, m->H, m->gx + off * m->H, m->H);
+            kt__bf16_gemm_nn2(me, m->I, t->c0, t->c1, (const uint16_t *)m->ggc + off * m->I,
+                              kt__moe_weight_ptr(m, t->e, KT_MOE_GATE),
+                              (const uint16_t *)m->guc + off * m->I,
+                              kt__moe_weight_ptr(m, t->e, KT_MOE_UP), m->I, m->H,
+                              m->gx + off * m->H, m->H, stream_gx(m));
         }
         if (m->cfg.mode == KT_MOE_LORA) {
             kt__moe_lora_gin_add(m, KT_MOE_GATE, t, m->gx + t->c0, m->H, 0);

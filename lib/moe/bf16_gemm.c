@@ -664,8 +664,7 @@ typedef struct nn_src {
 } nn_src;
 
 static void nn_rows_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const nn_src *src,
-                           int nsrc, int64_t ldg, int64_t ldw, float *y, int64_t ldy,
-                           int accumulate)
+                           int nsrc, int64_t ldg, int64_t ldw, float *y, int64_t ldy, int mode)
 {
     _Alignas(64) float accbuf[NN_ROWS_ACC_FLOATS];
     _Alignas(64) uint16_t bpack[NN_ROWS_WIDTH / 32 * NN_ROWS_PAIRS * 64];
@@ -675,7 +674,6 @@ static void nn_rows_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const n
     const int64_t steps = nsrc * (chunks > 0 ? chunks : 1);
     int64_t width = (NN_ROWS_ACC_FLOATS / M) & ~(int64_t)31; /* M <= NN_ROWS_MAX_M: >= 32 */
     width = width > NN_ROWS_WIDTH ? NN_ROWS_WIDTH : width;
-    const int mode = accumulate ? OUT_ADD : OUT_STORE;
     for (int64_t j0 = k0; j0 < k1; j0 += width) {
         const int64_t cols = k1 - j0 < width ? k1 - j0 : width;
         for (int64_t sc = 0; sc < steps; sc++) {
@@ -719,7 +717,7 @@ static void nn_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16
 {
     if (nn_use_rows(M)) {
         const nn_src src = {g, w};
-        nn_rows_avx512(M, N, k0, k1, &src, 1, ldg, ldw, y, ldy, accumulate);
+        nn_rows_avx512(M, N, k0, k1, &src, 1, ldg, ldw, y, ldy, accumulate ? OUT_ADD : OUT_STORE);
         return;
     }
     _Alignas(64) uint16_t bpack[NN_PAIRS * 64];
@@ -1079,15 +1077,18 @@ void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16
 
 void kt__bf16_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g0,
                        const uint16_t *w0, const uint16_t *g1, const uint16_t *w1, int64_t ldg,
-                       int64_t ldw, float *y, int64_t ldy)
+                       int64_t ldw, float *y, int64_t ldy, int stream)
 {
 #ifdef BF_HAVE_AVX512
     if (M > 0 && !use_amx(M) && use_avx512() && nn_use_rows(M)) {
         const nn_src src[2] = {{g0, w0}, {g1, w1}};
-        nn_rows_avx512(M, N, k0, k1, src, 2, ldg, ldw, y, ldy, 0);
+        /* scaling by 1 is exact: the stored bits are those of a plain store */
+        nn_rows_avx512(M, N, k0, k1, src, 2, ldg, ldw, y, ldy,
+                       stream ? OUT_SCALE_STREAM : OUT_STORE);
         return;
     }
 #endif
+    (void)stream;
     kt__bf16_gemm_nn(M, N, k0, k1, g0, ldg, w0, ldw, y, ldy, 0);
     kt__bf16_gemm_nn(M, N, k0, k1, g1, ldg, w1, ldw, y, ldy, 1);
 }

@@ -32,10 +32,12 @@ void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16
                       const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate);
 
 /* y[m, k] = sum_n g0[m, n] w0[n, k] + sum_n g1[m, n] w1[n, k] over columns [k0, k1) (the
- * gate and up input gradients): one pass that writes y once. */
+ * gate and up input gradients): one pass that writes y once. stream: y's whole aligned
+ * blocks are stored past the caches (an output of many megabytes, read back only later: a
+ * plain store would first read every line in); the same bits either way. */
 void kt__bf16_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g0,
                        const uint16_t *w0, const uint16_t *g1, const uint16_t *w1, int64_t ldg,
-                       int64_t ldw, float *y, int64_t ldy);
+                       int64_t ldw, float *y, int64_t ldy, int stream);
 
 /* Weight gradients ("TN"): for rows n in [n0, n1) and all k in [0, K),
  *   dw[n, k] = (accumulate ? dw[n, k] : 0) + scale * sum_m g[m, n] * x[m, k]
