@@ -827,7 +827,7 @@ static void test_memory(void **state)
     assert_int_equal(a.backward_buffer_bytes, 0);
     assert_true(a.workspace_bytes > 0);
     assert_int_equal(a.grad_bytes >= 8 * 3 * 64 * 48 * 4, 1);
-    assert_int_equal(a.saved_bytes_per_token, 2 * 20 + 64 * 2 + 2 * (2 * 48 + 64) * 4);
+    assert_int_equal(a.saved_bytes_per_token, 2 * 20 + 64 * 2 + 2 * 2 * 48 * 4);
     assert_int_equal(b.saved_bytes_per_token, 2 * 20 + 64 * 2);
 }
 

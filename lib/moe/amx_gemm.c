@@ -23,7 +23,8 @@
 #include <immintrin.h>
 
 #define AMX_VEC __attribute__((target("avx512f,avx512bw,avx512bf16")))
-#define AMX_VEC_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512bf16")))
+#define AMX_VEC_INLINE                                                                             \
+    static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512bf16")))
 
 /* ---- feature check ------------------------------------------------------------------------ */
 
@@ -212,23 +213,21 @@ AMX_VEC void kt__amx_pack_a_tn(const uint16_t *g, int64_t ldg, int64_t nred, int
 
 #include "moe/amx_gemm_kernels.h"
 
-void kt__amx_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
-                     int64_t ldx, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
-                     int accumulate)
+void kt__amx_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
+                     const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
     amx_gemm_ab(1, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
 }
 
-void kt__amx_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
-                     int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
-                     int accumulate)
+void kt__amx_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g, int64_t ldg,
+                     const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
     amx_gemm_ab(0, M, k0, k1, N, g, ldg, w, ldw, y, ldy, accumulate);
 }
 
-void kt__amx_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
-                     int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
-                     float scale, int accumulate)
+void kt__amx_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g, int64_t ldg,
+                     const uint16_t *x, int64_t ldx, float *dw, int64_t lddw, float scale,
+                     int accumulate)
 {
     amx_gemm_tn(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
 }
@@ -238,23 +237,21 @@ void kt__amx_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_
 int kt__amx_usable(void) { return 0; }
 int kt__amx_state(void) { return 0; }
 
-void kt__amx_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
-                     int64_t ldx, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
-                     int accumulate)
+void kt__amx_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
+                     const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
     kt__bf16_gemm_nt_ref(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
 }
 
-void kt__amx_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
-                     int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
-                     int accumulate)
+void kt__amx_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g, int64_t ldg,
+                     const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
     kt__bf16_gemm_nn_ref(M, N, k0, k1, g, ldg, w, ldw, y, ldy, accumulate);
 }
 
-void kt__amx_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
-                     int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
-                     float scale, int accumulate)
+void kt__amx_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g, int64_t ldg,
+                     const uint16_t *x, int64_t ldx, float *dw, int64_t lddw, float scale,
+                     int accumulate)
 {
     kt__bf16_gemm_tn_ref(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
 }

@@ -75,9 +75,8 @@
 
 /* x86-64 with gcc >= 11 or clang >= 12 (their AMX intrinsics; gcc's also need binutils >=
  * 2.34 to assemble). -DKT_NO_AMX compiles the kernels out. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(KT_NO_AMX) &&                              \
-    ((defined(__clang__) && __clang_major__ >= 12) ||                                              \
-     (!defined(__clang__) && __GNUC__ >= 11))
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(KT_NO_AMX) &&                             \
+    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
 #define KT_AMX_COMPILED 1
 #endif
 
@@ -97,22 +96,20 @@ int kt__amx_state(void);
  * and checked on an emulator, not on AMX hardware): a CPU on which they go wrong gets the
  * AVX-512 kernels instead of wrong numbers. */
 typedef void (*kt__gemm_nt_fn)(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
-                               int64_t ldx, const uint16_t *w, int64_t ldw, float *y,
-                               int64_t ldy, int accumulate);
+                               int64_t ldx, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
+                               int accumulate);
 typedef void (*kt__gemm_tn_fn)(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
-                               int64_t ldg, const uint16_t *x, int64_t ldx, float *dw,
-                               int64_t lddw, float scale, int accumulate);
+                               int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
+                               float scale, int accumulate);
 int kt__amx_selftest(kt__gemm_nt_fn nt, kt__gemm_nt_fn nn, kt__gemm_tn_fn tn);
 
-void kt__amx_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
-                     int64_t ldx, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
+void kt__amx_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
+                     const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate);
+void kt__amx_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g, int64_t ldg,
+                     const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate);
+void kt__amx_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g, int64_t ldg,
+                     const uint16_t *x, int64_t ldx, float *dw, int64_t lddw, float scale,
                      int accumulate);
-void kt__amx_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
-                     int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
-                     int accumulate);
-void kt__amx_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
-                     int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
-                     float scale, int accumulate);
 void kt__amx_gemm_tn_acc(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
                          int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
                          float scale);
@@ -131,8 +128,8 @@ void kt__amx_pack_a(const uint16_t *src, int64_t ld, int64_t rows, int64_t cols,
 /* NT's B panel from rows of w (src = &w[n, k]): column c of tile t, reduced index
  * i = 32s + 2p + h holds w[(16t + c) * ldw + i] when 16t + c < ncols (<= 16 * tiles) and
  * i < nred; zero elsewhere. tiles is 1 or 2. */
-void kt__amx_pack_b_nt(const uint16_t *w, int64_t ldw, int64_t ncols, int64_t nred,
-                       int64_t steps, int tiles, uint16_t *panel);
+void kt__amx_pack_b_nt(const uint16_t *w, int64_t ldw, int64_t ncols, int64_t nred, int64_t steps,
+                       int tiles, uint16_t *panel);
 
 /* B panel from pairs of rows (NN: src = &w[n, k]; TN: src = &x[m, k]): column c of tile t,
  * reduced index i = 32s + 2p + h holds src[i * ld + 16t + c] when i < nred and
@@ -143,8 +140,8 @@ void kt__amx_pack_b_pairs(const uint16_t *src, int64_t ld, int64_t nred, int64_t
 /* TN's A panel, g transposed (g = &g[m, n]): row r of tile t, reduced index j of step s holds
  * g[(32s + j) * ldg + 16t + r] when 32s + j < nred and 16t + r < nrows (<= 16 * tiles);
  * zero elsewhere. tiles is 1 to 4. */
-void kt__amx_pack_a_tn(const uint16_t *g, int64_t ldg, int64_t nred, int64_t nrows,
-                       int64_t steps, int tiles, uint16_t *panel);
+void kt__amx_pack_a_tn(const uint16_t *g, int64_t ldg, int64_t nred, int64_t nrows, int64_t steps,
+                       int tiles, uint16_t *panel);
 #endif
 
 #endif

@@ -155,10 +155,9 @@ AMXK_TARGET static void AMXK_FN(store_tn)(const float *s, int64_t rows, int64_t 
  * comes from w: rows c of w for NT (w^T), rows of the reduced dimension for NN.
  * Loops: a block of 32 output columns; a chunk of up to 128 rows of a; chunks of 512 of the
  * reduction, B packed once per chunk and used by every 32-row block of the rows' chunk. */
-AMXK_TARGET static void AMXK_FN(gemm_ab)(const int nt, int64_t M, int64_t c0, int64_t c1,
-                                         int64_t L, const uint16_t *a, int64_t lda,
-                                         const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
-                                         int accumulate)
+AMXK_TARGET static void AMXK_FN(gemm_ab)(const int nt, int64_t M, int64_t c0, int64_t c1, int64_t L,
+                                         const uint16_t *a, int64_t lda, const uint16_t *w,
+                                         int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
     if (M <= 0 || c1 <= c0)
         return;

@@ -16,8 +16,10 @@
 
 static kt_status refuse_busy(const kt_moe *m, const char *what)
 {
-    return kt__error(KT_ESTATE, "moe '%s': %s while a submitted forward is in flight (call "
-                     "kt_moe_sync first)", m->name, what);
+    return kt__error(KT_ESTATE,
+                     "moe '%s': %s while a submitted forward is in flight (call "
+                     "kt_moe_sync first)",
+                     m->name, what);
 }
 
 /* A recompute forward must bring exactly the routing the cached output was made from. */
@@ -35,15 +37,14 @@ static kt_status cache_match(const kt_moe *m, const kt__moe_job *job)
             return kt__error(KT_ESTATE,
                              "moe '%s': forward differs from the cached forward at token %lld "
                              "slot %lld (expert %lld weight %g, cached expert %lld weight %g)",
-                             m->name, (long long)(s / m->K), (long long)(s % m->K),
-                             (long long)e, (double)w[s], (long long)m->slot_expert[s],
-                             (double)m->slot_w[s]);
+                             m->name, (long long)(s / m->K), (long long)(s % m->K), (long long)e,
+                             (double)w[s], (long long)m->slot_expert[s], (double)m->slot_w[s]);
     }
     return KT_OK;
 }
 
-static kt_status prepare(kt_moe *m, const kt_tensor *x, const kt_tensor *ids,
-                         const kt_tensor *w, kt_tensor *y, kt__moe_job *job)
+static kt_status prepare(kt_moe *m, const kt_tensor *x, const kt_tensor *ids, const kt_tensor *w,
+                         kt_tensor *y, kt__moe_job *job)
 {
     KT__TRY(kt__moe_check_poison(m, "forward"));
     kt_status st = kt__moe_check_forward(m, x, ids, w, y, job);

@@ -1,8 +1,12 @@
-/* The backward, phase by phase (rows sorted by expert as in forward):
- *   grad_w[t, j] = <gy[t], d_(t,j)>,  gd = w[t, j] gy[t]
- *   ga = gd Wd  (+ LoRA),  gg = ga u silu'(g),  gu = ga silu(g)
+/* The backward, phase by phase (rows sorted by expert as in forward), row (t, j) with
+ * routing weight w = w[t, j]:
+ *   gap = gy[t] Wd  (+ LoRA),  grad_w[t, j] = <gy[t], d_(t,j)> = <gap, a>,
+ *   ga = w gap,  gg = ga u silu'(g),  gu = ga silu(g)
  *   gx = gg Wg + gu Wu  (+ LoRA),  grad_x[t] = sum_j gx_(t,j) in slot order
- * and by mode the LoRA gradients or dWd += s gd^T a, dWg += s gg^T x, dWu += s gu^T x. */
+ * and by mode the LoRA gradients or dWd += s gd^T a (gd = w gy[t]), dWg += s gg^T x,
+ * dWu += s gu^T x. Taking the routing gradient as <gap, a> (a = silu(g) u, rebuilt where the
+ * SiLU derivative reads g and u anyway) means forward keeps no expert outputs d, and a
+ * recompute skips the down GEMM. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -25,9 +29,11 @@ typedef struct bwd_ctx {
 /* Row pieces of this many f32 values go through stack buffers (16 KiB). */
 #define ROW_CHUNK 4096
 
-/* Per token: the routing-weight gradients and the weighted output gradient of each slot. A
- * bf16 gy row is widened piece by piece (once per token when H fits one piece). */
-static void gd_part(void *vctx, int64_t t0, int64_t t1, int thread)
+/* Per token: grad_y into each of its slots' rows in the compute dtype (gyc; the down input
+ * gradient's input), with LoRA and full also weighted by the slot's routing weight (gdc; their
+ * weight gradients' input), and each row's routing weight. A bf16 gy row is widened piece by
+ * piece (once per token when H fits one piece). */
+static void gy_rows_part(void *vctx, int64_t t0, int64_t t1, int thread)
 {
     (void)thread;
     bwd_ctx *c = vctx;
@@ -40,18 +46,36 @@ static void gd_part(void *vctx, int64_t t0, int64_t t1, int thread)
         if (gbf && m->H <= ROW_CHUNK)
             kt_bf16_to_f32(buf, gyb, (size_t)m->H);
         for (int64_t j = 0; j < m->K; j++) {
-            int64_t s = t * m->K + j, r = m->slot_row[s];
-            double acc = 0.0;
+            const int64_t s = t * m->K + j, r = m->slot_row[s];
+            m->row_w[r] = m->slot_w[s];
             for (int64_t h0 = 0; h0 < m->H; h0 += ROW_CHUNK) {
                 const int64_t n = m->H - h0 < ROW_CHUNK ? m->H - h0 : ROW_CHUNK;
                 if (gbf && m->H > ROW_CHUNK)
                     kt_bf16_to_f32(buf, gyb + h0, (size_t)n);
-                acc +=
-                    kt__moe_scale_dot(n, gbf ? buf : gyf + h0, m->slot_w[s], m->d + r * m->H + h0,
-                                      kt__moe_cdt_at(m, m->gdc, r * m->H + h0), m->bf16);
+                const float *src = gbf ? buf : gyf + h0;
+                kt__moe_scale_store(n, src, 1.0f, kt__moe_cdt_at(m, m->gyc, r * m->H + h0),
+                                    m->bf16);
+                if (m->gdc != NULL)
+                    kt__moe_scale_store(n, src, m->slot_w[s],
+                                        kt__moe_cdt_at(m, m->gdc, r * m->H + h0), m->bf16);
             }
-            m->gw[s] = (float)acc;
         }
+    }
+}
+
+/* The routing gradient of each slot of tokens [t0, t1): its row's 16-column pieces of
+ * <grad_y down, a> (from the SiLU derivative's pass) summed in order. */
+static void gw_part(void *vctx, int64_t t0, int64_t t1, int thread)
+{
+    (void)thread;
+    kt_moe *m = ((bwd_ctx *)vctx)->m;
+    const int64_t nb = (m->I + 15) / 16;
+    for (int64_t s = t0 * m->K; s < t1 * m->K; s++) {
+        const float *p = m->gwp + (int64_t)m->slot_row[s] * nb;
+        double acc = 0.0;
+        for (int64_t b = 0; b < nb; b++)
+            acc += (double)p[b];
+        m->gw[s] = (float)acc;
     }
 }
 
@@ -123,8 +147,9 @@ static void act_bwd_rows(kt_moe *m, int64_t r0, int64_t r1, int64_t c0, int64_t 
             prefetch_lines(kt__moe_cdt_at(m, m->guc, k), n * m->cs, 1);
         }
         const int64_t k = r * m->I + c0;
-        kt__moe_act_bwd(c1 - c0, m->g + k, m->u + k, ga + (r - r0) * ldga,
-                        kt__moe_cdt_at(m, m->ggc, k), kt__moe_cdt_at(m, m->guc, k), m->bf16);
+        kt__moe_act_bwd(c1 - c0, m->g + k, m->u + k, ga + (r - r0) * ldga, m->row_w[r],
+                        kt__moe_cdt_at(m, m->ggc, k), kt__moe_cdt_at(m, m->guc, k),
+                        m->gwp + r * ((m->I + 15) / 16) + c0 / 16, m->bf16);
     }
 }
 
@@ -142,7 +167,7 @@ static void ga_tasks(void *vctx, int64_t b, int64_t end, int thread)
             const int64_t ldga = own ? st.c1 - st.c0 : m->I;
             if (m->bf16) { /* the weights from column c0 on, so that ga starts at column 0 */
                 const uint16_t *wd = kt__moe_weight_ptr(m, t->e, KT_MOE_DOWN);
-                kt__bf16_gemm_nn(me, m->H, 0, st.c1 - st.c0, (const uint16_t *)m->gdc + off * m->H,
+                kt__bf16_gemm_nn(me, m->H, 0, st.c1 - st.c0, (const uint16_t *)m->gyc + off * m->H,
                                  m->H, wd + st.c0, m->I, ga, ldga, 0);
             }
             if (m->cfg.mode == KT_MOE_LORA)
@@ -333,7 +358,7 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
         kt__moe_gather(m, NULL, 0);
         KT__TRY(kt__moe_compute(m, !m->cfg.keep_activations));
     }
-    kt_parallel_for(m->pool, m->qlen, 1, gd_part, &c);
+    kt_parallel_for(m->pool, m->qlen, 1, gy_rows_part, &c);
     kt__moe_phase_end(m, KT_MOE_PHASE_ROUTING_GRAD);
     if ((lora || full) && m->grad_overwrite)
         kt_parallel_for(m->pool, m->E, 1, zero_part, &c);
@@ -341,6 +366,9 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
     if (lora) {
         kt__moe_lora_gz(m, KT_MOE_DOWN, m->gdc);
         kt__moe_lora_grads(m, KT_MOE_DOWN, m->gdc, m->ac, scale);
+        /* the input gradient below is for grad_y itself (the routing weight comes in the
+         * SiLU derivative), so the adapter's part of it too */
+        kt__moe_lora_gz(m, KT_MOE_DOWN, m->gyc);
     }
     if (full) {
         if (m->bf16) {
@@ -353,9 +381,10 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
     if (lora || full)
         kt__moe_phase_end(m, KT_MOE_PHASE_WEIGHT_GRAD);
     if (!m->bf16)
-        KT__TRY(sgemm_nn(m, KT_MOE_DOWN, m->gdc, m->H, m->ga, m->I, 0.0f));
+        KT__TRY(sgemm_nn(m, KT_MOE_DOWN, m->gyc, m->H, m->ga, m->I, 0.0f));
     kt__moe_plan_parts(m, m->I);
     kt__moe_run_parts(m, ga_tasks, &c);
+    kt_parallel_for(m->pool, m->qlen, 1, gw_part, &c);
     kt__moe_phase_end(m, KT_MOE_PHASE_DOWN_GRAD);
 
     if (lora) {

@@ -924,38 +924,38 @@ BF_TARGET static void act_fwd_avx512(int64_t n, const float *g, const float *u, 
     }
 }
 
-BF_TARGET static void act_bwd_avx512(int64_t n, const float *g, const float *u, const float *ga,
-                                     void *ggc, void *guc, int bf16)
+/* ac as act_fwd stores it (rounded to bf16 when bf16), back in f32 */
+BF_INLINE __m512 cdt_round(__m512 v, int bf16)
 {
-    const __m512 one = _mm512_set1_ps(1.0f);
+    return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(cvt_bf16(v)), 16))
+                : v;
+}
+
+BF_TARGET static void act_bwd_avx512(int64_t n, const float *g, const float *u, const float *gap,
+                                     float w, void *ggc, void *guc, float *part, int bf16)
+{
+    const __m512 one = _mm512_set1_ps(1.0f), wv = _mm512_set1_ps(w);
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 km = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
         const __m512 gv = _mm512_maskz_loadu_ps(km, g + i), uv = _mm512_maskz_loadu_ps(km, u + i);
-        const __m512 av = _mm512_maskz_loadu_ps(km, ga + i), sig = sigmoid_ps(gv);
+        const __m512 pv = _mm512_maskz_loadu_ps(km, gap + i), sig = sigmoid_ps(gv);
+        const __m512 av = _mm512_mul_ps(wv, pv), silu = _mm512_mul_ps(gv, sig);
         const __m512 dsilu = _mm512_mul_ps(sig, _mm512_fmadd_ps(gv, _mm512_sub_ps(one, sig), one));
         st_cdt(ggc, i, _mm512_mul_ps(_mm512_mul_ps(av, uv), dsilu), bf16, km);
-        st_cdt(guc, i, _mm512_mul_ps(av, _mm512_mul_ps(gv, sig)), bf16, km);
+        st_cdt(guc, i, _mm512_mul_ps(av, silu), bf16, km);
+        const __m512 ac = cdt_round(_mm512_mul_ps(silu, uv), bf16);
+        part[i / 16] = _mm512_reduce_add_ps(_mm512_maskz_mul_ps(km, pv, ac));
     }
 }
 
-/* dst = s * src; returns sum src * d in double, 16 lanes then a fixed tree. */
-BF_TARGET static double scale_dot_avx512(int64_t n, const float *src, float s, const float *d,
-                                         void *dst, int bf16)
+/* dst = s * src in the compute dtype */
+BF_TARGET static void scale_store_avx512(int64_t n, const float *src, float s, void *dst, int bf16)
 {
-    __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
     const __m512 vs = _mm512_set1_ps(s);
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 km = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
-        const __m512 v = _mm512_maskz_loadu_ps(km, src + i);
-        const __m512 dv = _mm512_maskz_loadu_ps(km, d + i);
-        st_cdt(dst, i, _mm512_mul_ps(vs, v), bf16, km);
-        a0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)),
-                             _mm512_cvtps_pd(_mm512_castps512_ps256(dv)), a0);
-        a1 = _mm512_fmadd_pd(
-            _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))),
-            _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(dv), 1))), a1);
+        st_cdt(dst, i, _mm512_mul_ps(vs, _mm512_maskz_loadu_ps(km, src + i)), bf16, km);
     }
-    return _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
 }
 
 static int use_avx512(void) { return kt__cpu_has_avx512() && kt__cpu_has_avx512_bf16(); }
@@ -983,34 +983,38 @@ void kt__moe_act_fwd(int64_t n, const float *g, const float *u, void *ac, int bf
         st1(ac, bf16, i, g[i] * silu_sig(g[i]) * u[i]);
 }
 
-void kt__moe_act_bwd(int64_t n, const float *g, const float *u, const float *ga, void *ggc,
-                     void *guc, int bf16)
+void kt__moe_act_bwd(int64_t n, const float *g, const float *u, const float *gap, float w,
+                     void *ggc, void *guc, float *part, int bf16)
 {
 #ifdef BF_HAVE_AVX512
     if (use_avx512()) {
-        act_bwd_avx512(n, g, u, ga, ggc, guc, bf16);
+        act_bwd_avx512(n, g, u, gap, w, ggc, guc, part, bf16);
         return;
     }
 #endif
     for (int64_t i = 0; i < n; i++) {
-        const float sig = silu_sig(g[i]);
-        st1(ggc, bf16, i, ga[i] * u[i] * (sig * (1.0f + g[i] * (1.0f - sig))));
-        st1(guc, bf16, i, ga[i] * (g[i] * sig));
+        const float sig = silu_sig(g[i]), ga = w * gap[i];
+        st1(ggc, bf16, i, ga * u[i] * (sig * (1.0f + g[i] * (1.0f - sig))));
+        st1(guc, bf16, i, ga * (g[i] * sig));
+        float ac = g[i] * sig * u[i]; /* as act_fwd stores it */
+        if (bf16)
+            ac = kt_bf16_to_f32_1(kt_f32_to_bf16_1(ac));
+        if (i % 16 == 0)
+            part[i / 16] = 0.0f;
+        part[i / 16] += gap[i] * ac;
     }
 }
 
-double kt__moe_scale_dot(int64_t n, const float *src, float s, const float *d, void *dst, int bf16)
+void kt__moe_scale_store(int64_t n, const float *src, float s, void *dst, int bf16)
 {
 #ifdef BF_HAVE_AVX512
-    if (use_avx512())
-        return scale_dot_avx512(n, src, s, d, dst, bf16);
-#endif
-    double acc = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        acc += (double)src[i] * (double)d[i];
-        st1(dst, bf16, i, s * src[i]);
+    if (use_avx512()) {
+        scale_store_avx512(n, src, s, dst, bf16);
+        return;
     }
-    return acc;
+#endif
+    for (int64_t i = 0; i < n; i++)
+        st1(dst, bf16, i, s * src[i]);
 }
 
 /* AMX where the CPU has it, for products with at least one full tile of rows (M is the rows

@@ -73,12 +73,17 @@ void kt__bf16_gemm_tn_acc_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, cons
 /* Elementwise steps of the layer on n contiguous f32 values, the results stored in the compute
  * dtype (bf16 when bf16, else f32); vectorised where the GEMMs are, the same operations for
  * every element whatever n, so any split of a buffer gives the same bytes.
- *   act_fwd:   ac = silu(g) * u
- *   act_bwd:   gg = ga * u * silu'(g),  gu = ga * silu(g)
- *   scale_dot: dst = s * src, and returns sum src * d (accumulated in double) */
+ *   act_fwd: ac = silu(g) * u
+ *   act_bwd: with ga = w * gap (gap: the down projection's input gradient for grad_y itself,
+ *            w the row's routing weight): gg = ga * u * silu'(g), gu = ga * silu(g), and
+ *            part[b] = sum of gap * ac over the values [16 b, 16 b + 16) (ac as act_fwd
+ *            stores it): pieces of the routing gradient <grad_y, down(ac)> = <gap, ac>,
+ *            summed per 16 values in a fixed order so that splits at multiples of 16 give
+ *            the same pieces. */
 void kt__moe_act_fwd(int64_t n, const float *g, const float *u, void *ac, int bf16);
-void kt__moe_act_bwd(int64_t n, const float *g, const float *u, const float *ga, void *ggc,
-                     void *guc, int bf16);
-double kt__moe_scale_dot(int64_t n, const float *src, float s, const float *d, void *dst, int bf16);
+/* dst = s * src in the compute dtype (s = 1: the plain conversion) */
+void kt__moe_scale_store(int64_t n, const float *src, float s, void *dst, int bf16);
+void kt__moe_act_bwd(int64_t n, const float *g, const float *u, const float *gap, float w,
+                     void *ggc, void *guc, float *part, int bf16);
 
 #endif

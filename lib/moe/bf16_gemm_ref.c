@@ -45,8 +45,8 @@ void kt__bf16_gemm_tn_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const ui
 }
 
 void kt__bf16_gemm_tn_acc_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
-                              int64_t ldg, const uint16_t *x, int64_t ldx, float *dw,
-                              int64_t lddw, float scale)
+                              int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
+                              float scale)
 {
     kt__bf16_gemm_tn_ref(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, 1);
 }

@@ -162,15 +162,17 @@ kt_status kt__moe_compute(kt_moe *m, int run_gemms)
     kt__moe_phase_end(m, m->in_backward ? KT_MOE_PHASE_RECOMPUTE : KT_MOE_PHASE_GATE_UP);
     if (lora)
         kt__moe_lora_z(m, KT_MOE_DOWN, m->ac);
-    if (run_gemms) {
+    if (run_gemms && !m->in_backward) { /* backward needs no expert outputs */
         if (!m->bf16)
             KT__TRY(sgemm_experts(m, KT_MOE_DOWN, m->ac, m->I, m->d, m->H));
         if (m->bf16 || lora) {
             kt__moe_plan_parts(m, m->H);
             kt__moe_run_parts(m, down_tasks, &c);
         }
-        m->flops += (uint64_t)(6 * rows * m->H * m->I);
+        m->flops += (uint64_t)(2 * rows * m->H * m->I);
     }
+    if (run_gemms)
+        m->flops += (uint64_t)(4 * rows * m->H * m->I);
     kt__moe_phase_end(m, m->in_backward ? KT_MOE_PHASE_RECOMPUTE : KT_MOE_PHASE_DOWN);
     return KT_OK;
 }

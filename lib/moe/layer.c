@@ -18,7 +18,6 @@
  * seed and its (expert, projection, index), so the init does not depend on creation order. */
 #define LORA_SEED 0x6b742d6d6f652d41ull
 
-
 int64_t kt__moe_proj_in(const kt_moe *m, int proj) { return proj == KT_MOE_DOWN ? m->I : m->H; }
 int64_t kt__moe_proj_out(const kt_moe *m, int proj) { return proj == KT_MOE_DOWN ? m->H : m->I; }
 
@@ -46,8 +45,7 @@ static kt_status check_config(const kt_moe_config *c)
                          "moe '%s': n_experts, hidden, intermediate, top_k and max_tokens must "
                          "be >= 1 (got %lld, %lld, %lld, %lld, %lld)",
                          name, (long long)c->n_experts, (long long)c->hidden,
-                         (long long)c->intermediate, (long long)c->top_k,
-                         (long long)c->max_tokens);
+                         (long long)c->intermediate, (long long)c->top_k, (long long)c->max_tokens);
     if (c->top_k > c->n_experts)
         return kt__error(KT_EINVAL, "moe '%s': top_k %lld exceeds n_experts %lld", name,
                          (long long)c->top_k, (long long)c->n_experts);
@@ -66,9 +64,8 @@ static kt_status check_config(const kt_moe_config *c)
     if (c->mode == KT_MOE_LORA) {
         if (c->lora_rank < 1 || c->lora_rank > c->hidden || c->lora_rank > c->intermediate ||
             c->lora_rank > KT__MOE_LORA_MAX_RANK)
-            return kt__error(KT_EINVAL,
-                             "moe '%s': lora_rank %lld must be in [1, min(H, I, %d)]", name,
-                             (long long)c->lora_rank, KT__MOE_LORA_MAX_RANK);
+            return kt__error(KT_EINVAL, "moe '%s': lora_rank %lld must be in [1, min(H, I, %d)]",
+                             name, (long long)c->lora_rank, KT__MOE_LORA_MAX_RANK);
         if (!isfinite(c->lora_alpha))
             return kt__error(KT_EINVAL, "moe '%s': lora_alpha is not finite", name);
     }
@@ -90,8 +87,10 @@ static kt_status plan_groups(kt_moe *m, kt_threadpool *pool)
     if (m->cfg.numa_node != KT_MOE_NUMA_SPLIT)
         return KT_OK;
     if (kt_threadpool_thread_node(pool, 0) < 0)
-        return kt__error(KT_EINVAL, "moe '%s': KT_MOE_NUMA_SPLIT needs a pool from "
-                         "kt_threadpool_create_numa", m->name);
+        return kt__error(KT_EINVAL,
+                         "moe '%s': KT_MOE_NUMA_SPLIT needs a pool from "
+                         "kt_threadpool_create_numa",
+                         m->name);
     int g = 0;
     m->group_node[0] = kt_threadpool_thread_node(pool, 0);
     for (int t = 1; t < m->n_threads; t++) {
@@ -115,9 +114,9 @@ static kt_status plan_groups(kt_moe *m, kt_threadpool *pool)
 static kt_status bind_groups(const kt_moe *m, void *base, size_t bytes_per_expert)
 {
     for (int g = 0; m->cfg.numa_node == KT_MOE_NUMA_SPLIT && g < m->n_groups; g++)
-        KT__TRY(kt__numa_bind_range((unsigned char *)base + (size_t)m->group_e[g] * bytes_per_expert,
-                                    (size_t)(m->group_e[g + 1] - m->group_e[g]) * bytes_per_expert,
-                                    m->group_node[g]));
+        KT__TRY(kt__numa_bind_range(
+            (unsigned char *)base + (size_t)m->group_e[g] * bytes_per_expert,
+            (size_t)(m->group_e[g + 1] - m->group_e[g]) * bytes_per_expert, m->group_node[g]));
     return KT_OK;
 }
 
@@ -157,16 +156,21 @@ static size_t plan_scratch(kt_moe *m)
     size_t total = 0;
     m->n_scratch = 0;
 #define SCRATCH(p, b)                                                                              \
-    (m->scratch_ptr[m->n_scratch] = (void **)&(p), m->scratch_off[m->n_scratch++] = total,        \
+    (m->scratch_ptr[m->n_scratch] = (void **)&(p), m->scratch_off[m->n_scratch++] = total,         \
      total += round_up(b))
     SCRATCH(m->cursor, (size_t)m->E * 8);
     SCRATCH(m->tasks, (size_t)m->max_tasks * sizeof(kt__moe_task));
     SCRATCH(m->part, ((size_t)m->n_threads + 1) * 8);
     SCRATCH(m->xc, N * H * cs);
     SCRATCH(m->ac, N * I * cs);
-    SCRATCH(m->gdc, N * H * cs);
-    SCRATCH(m->ga, kt__moe_ga_per_thread(m) ? (size_t)m->n_threads * kt__moe_ga_floats(m) * 4
-                                             : N * I * 4);
+    SCRATCH(m->gyc, N * H * cs);
+    if (m->cfg.mode != KT_MOE_FROZEN)
+        SCRATCH(m->gdc, N * H * cs);
+    SCRATCH(m->gwp, N * ((I + 15) / 16) * 4);
+    SCRATCH(m->row_w, N * 4);
+    SCRATCH(m->d, N * H * 4);
+    SCRATCH(m->ga,
+            kt__moe_ga_per_thread(m) ? (size_t)m->n_threads * kt__moe_ga_floats(m) * 4 : N * I * 4);
     SCRATCH(m->ggc, N * I * cs);
     SCRATCH(m->guc, N * I * cs);
     SCRATCH(m->gx, N * H * 4);
@@ -174,7 +178,6 @@ static size_t plan_scratch(kt_moe *m)
     if (!m->cfg.keep_activations) { /* recomputed in backward: nothing to keep */
         SCRATCH(m->g, N * I * 4);
         SCRATCH(m->u, N * I * 4);
-        SCRATCH(m->d, N * H * 4);
     }
     if (m->cfg.mode == KT_MOE_LORA)
         for (int p = 0; p < 3; p++) {
@@ -202,7 +205,6 @@ static kt_status alloc_work(kt_moe *m)
     if (m->cfg.keep_activations) {
         SPEC(m->g, N * I * 4);
         SPEC(m->u, N * I * 4);
-        SPEC(m->d, N * H * 4);
     }
 #undef SPEC
     size_t total = 0;
@@ -217,12 +219,13 @@ static kt_status alloc_work(kt_moe *m)
     }
     m->workspace_bytes = total;
     /* Kept from forward to backward: the routing (5 x 4 bytes per slot), the input in the
-     * compute dtype, and with keep_activations the f32 gate/up pre-activations and the
-     * expert outputs (f32 keeps recompute bitwise equal to the kept values). */
+     * compute dtype, and with keep_activations the f32 gate/up pre-activations (f32 keeps
+     * recompute bitwise equal to the kept values). The expert outputs are not kept: the
+     * routing gradient <grad_y, down(a)> is taken as <grad_y down, a> in backward. */
     uint64_t k = (uint64_t)m->K;
     m->saved_bytes_per_token = k * 20 + H * cs;
     if (m->cfg.keep_activations)
-        m->saved_bytes_per_token += k * (2 * I + H) * 4;
+        m->saved_bytes_per_token += k * 2 * I * 4;
     return KT_OK;
 }
 
@@ -255,7 +258,7 @@ static kt_status alloc_params(kt_moe *m)
                 float bound = 1.0f / sqrtf((float)in);
                 for (int64_t i = 0; i < cnt; i++) {
                     uint64_t r = kt__splitmix64(LORA_SEED ^ kt__splitmix64((uint64_t)(e * 3 + p)) ^
-                                            (uint64_t)i * 0x100000001b3ull);
+                                                (uint64_t)i * 0x100000001b3ull);
                     double u01 = (double)(r >> 11) * (1.0 / 9007199254740992.0);
                     a[i] = (float)((2.0 * u01 - 1.0) * bound);
                 }

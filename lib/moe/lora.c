@@ -177,8 +177,7 @@ static void da_tasks(void *vctx, int64_t b, int64_t end, int thread)
     }
 }
 
-void kt__moe_lora_grads(kt_moe *m, int proj, const void *gout_c, const void *in_c,
-                        float scale)
+void kt__moe_lora_grads(kt_moe *m, int proj, const void *gout_c, const void *in_c, float scale)
 {
     lora_ctx c = {m, proj, gout_c, in_c, scale};
     int64_t n = kt__moe_plan(m, kt__moe_proj_out(m, proj));

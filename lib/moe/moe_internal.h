@@ -97,15 +97,18 @@ struct kt_moe {
     float *g; /* [N,I] gate pre-activation, saved when keep_activations */
     float *u; /* [N,I] up, saved when keep_activations */
     void *ac; /* [N,I] cdt: silu(g) * u */
-    float *d; /* [N,H] expert outputs, saved when keep_activations */
+    float *d; /* [N,H] expert outputs (scratch: backward derives what it needs of them) */
     float *y; /* [T,H] combined output in f32; also the forward cache's stored output */
     /* backward */
-    void *gdc; /* [N,H] cdt: w * grad_y per row */
-    float *ga; /* [N,I], or per thread kt__moe_ga_floats each (kt__moe_ga_per_thread) */
-    void *ggc; /* [N,I] cdt */
-    void *guc; /* [N,I] cdt */
-    float *gx; /* [N,H] input gradient per row */
-    float *gw; /* [N] routing-weight gradient per slot */
+    void *gyc;    /* [N,H] cdt: grad_y of each row's token (the down input gradient's input) */
+    void *gdc;    /* [N,H] cdt: w * grad_y per row (LoRA and full: their weight gradients) */
+    float *gwp;   /* [N, I/16 rounded up]: the routing gradient's partial sums per 16 columns */
+    float *row_w; /* [N] the routing weight of each row (backward) */
+    float *ga;    /* [N,I], or per thread kt__moe_ga_floats each (kt__moe_ga_per_thread) */
+    void *ggc;    /* [N,I] cdt */
+    void *guc;    /* [N,I] cdt */
+    float *gx;    /* [N,H] input gradient per row */
+    float *gw;    /* [N] routing-weight gradient per slot */
     /* LoRA: x A^T per row and its gradient, per projection (rank r) */
     float *z[3], *gz[3];
 

@@ -158,8 +158,8 @@ int64_t kt__moe_plan(kt_moe *m, int64_t cols)
  * Each output element is still computed whole by one task, in a fixed order. */
 /* The shares of threads [p0, p1) over experts [e0, e1), tasks appended from index n;
  * returns the new task count. */
-static int64_t plan_range(kt_moe *m, int64_t cols, int64_t e0, int64_t e1, int64_t p0,
-                          int64_t p1, int64_t n)
+static int64_t plan_range(kt_moe *m, int64_t cols, int64_t e0, int64_t e1, int64_t p0, int64_t p1,
+                          int64_t n)
 {
     const int64_t P = p1 - p0, base = m->off[e0], rows = m->off[e1] - base;
     int64_t e = e0, c = 0;
@@ -210,8 +210,8 @@ int64_t kt__moe_plan_parts(kt_moe *m, int64_t cols)
     int64_t n = 0;
     m->part[0] = 0;
     for (int g = 0; g < m->n_groups; g++)
-        n = plan_range(m, cols, m->group_e[g], m->group_e[g + 1], m->group_t[g],
-                       m->group_t[g + 1], n);
+        n = plan_range(m, cols, m->group_e[g], m->group_e[g + 1], m->group_t[g], m->group_t[g + 1],
+                       n);
     return n;
 }
 

@@ -59,8 +59,7 @@ kt_status kt__moe_scratch_acquire(kt_moe *m)
         kt_status st = kt_arena_create(&s->arena, s->need, s->numa_node);
         if (st != KT_OK) {
             pthread_mutex_unlock(&s->mu);
-            return kt__error_context(st, "moe '%s': shared scratch of %zu bytes", m->name,
-                                     s->need);
+            return kt__error_context(st, "moe '%s': shared scratch of %zu bytes", m->name, s->need);
         }
     }
     kt__moe_bind_scratch(m, s->arena.base);

@@ -12,11 +12,10 @@ static const char *const proj_names[3] = {"gate_proj", "up_proj", "down_proj"};
 static kt_status check_index(const kt_moe *m, const char *fn, int64_t e, kt_moe_proj proj)
 {
     if (e < 0 || e >= m->E)
-        return kt__error(KT_ERANGE, "moe '%s': %s: expert %lld out of range [0, %lld)", m->name,
-                         fn, (long long)e, (long long)m->E);
+        return kt__error(KT_ERANGE, "moe '%s': %s: expert %lld out of range [0, %lld)", m->name, fn,
+                         (long long)e, (long long)m->E);
     if ((int)proj < 0 || (int)proj > 2)
-        return kt__error(KT_EINVAL, "moe '%s': %s: unknown projection %d", m->name, fn,
-                         (int)proj);
+        return kt__error(KT_EINVAL, "moe '%s': %s: unknown projection %d", m->name, fn, (int)proj);
     return KT_OK;
 }
 
@@ -35,8 +34,8 @@ kt_status kt_moe_set_weight(kt_moe *moe, int64_t expert, kt_moe_proj proj, const
     kt_tensor dst;
     weight_view(moe, expert, proj, &dst);
     char want[64], got[64];
-    if (w->dtype != dst.dtype || !kt_tensor_same_shape(w, &dst) ||
-        !kt_tensor_is_contiguous(w) || w->data == NULL || w->device.type != KT_DEVICE_CPU)
+    if (w->dtype != dst.dtype || !kt_tensor_same_shape(w, &dst) || !kt_tensor_is_contiguous(w) ||
+        w->data == NULL || w->device.type != KT_DEVICE_CPU)
         return kt__error(KT_EINVAL,
                          "moe '%s': set_weight expert %lld %s: expected contiguous CPU %s, got "
                          "%s",
@@ -56,8 +55,7 @@ kt_status kt_moe_weight(kt_moe *moe, int64_t expert, kt_moe_proj proj, kt_tensor
     return KT_OK;
 }
 
-static void lora_view(const kt_moe *m, float *base, int64_t e, int proj, int which_b,
-                      kt_tensor *t)
+static void lora_view(const kt_moe *m, float *base, int64_t e, int proj, int which_b, kt_tensor *t)
 {
     int64_t shape[2];
     if (which_b) {
@@ -70,8 +68,8 @@ static void lora_view(const kt_moe *m, float *base, int64_t e, int proj, int whi
     kt_tensor_init(t, kt__moe_lora_ptr(m, base, e, proj, which_b), KT_F32, 2, shape);
 }
 
-static kt_status lora_common(kt_moe *m, const char *fn, int64_t e, kt_moe_proj proj,
-                             int which_b, float *base, kt_tensor *view_out)
+static kt_status lora_common(kt_moe *m, const char *fn, int64_t e, kt_moe_proj proj, int which_b,
+                             float *base, kt_tensor *view_out)
 {
     if (m == NULL || view_out == NULL)
         return kt__error(KT_EINVAL, "kt_moe_%s: NULL argument", fn);
@@ -95,8 +93,7 @@ kt_status kt_moe_lora_grad(kt_moe *moe, int64_t expert, kt_moe_proj proj, int wh
                        view_out);
 }
 
-kt_status kt_moe_weight_grad(kt_moe *moe, int64_t expert, kt_moe_proj proj,
-                             kt_tensor *view_out)
+kt_status kt_moe_weight_grad(kt_moe *moe, int64_t expert, kt_moe_proj proj, kt_tensor *view_out)
 {
     if (moe == NULL || view_out == NULL)
         return kt__error(KT_EINVAL, "kt_moe_weight_grad: NULL argument");
@@ -105,8 +102,8 @@ kt_status kt_moe_weight_grad(kt_moe *moe, int64_t expert, kt_moe_proj proj,
                          moe->name);
     KT__TRY(check_index(moe, "weight_grad", expert, proj));
     int64_t shape[2] = {kt__moe_proj_out(moe, proj), kt__moe_proj_in(moe, proj)};
-    return kt_tensor_init(view_out, moe->wgrad + (expert * 3 + proj) * moe->H * moe->I, KT_F32,
-                          2, shape);
+    return kt_tensor_init(view_out, moe->wgrad + (expert * 3 + proj) * moe->H * moe->I, KT_F32, 2,
+                          shape);
 }
 
 /* ---- safetensors --------------------------------------------------------------------------- */
@@ -114,8 +111,8 @@ kt_status kt_moe_weight_grad(kt_moe *moe, int64_t expert, kt_moe_proj proj,
 #define NAME_MAX_LEN 512
 
 /* kind: 0 the weight, 1 lora_A, 2 lora_B */
-static kt_status tensor_name(const kt_moe *m, char *buf, const char *prefix, int64_t e,
-                             int proj, int kind)
+static kt_status tensor_name(const kt_moe *m, char *buf, const char *prefix, int64_t e, int proj,
+                             int kind)
 {
     static const char *const suffix[3] = {"weight", "lora_A.weight", "lora_B.weight"};
     int n = snprintf(buf, NAME_MAX_LEN, "%sexperts.%lld.%s.%s", prefix, (long long)e,

@@ -29,8 +29,8 @@ VEC_TARGET static float dot_avx512(int64_t n, const float *a, const float *b)
         acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
     if (i < n) {
         const __mmask16 k = (__mmask16)((1u << (n - i)) - 1u);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i),
-                              acc);
+        acc =
+            _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i), acc);
     }
     _Alignas(64) float l[16];
     _mm512_store_ps(l, acc);
@@ -42,12 +42,13 @@ VEC_TARGET static void axpy_avx512(int64_t n, float alpha, const float *x, float
     const __m512 va = _mm512_set1_ps(alpha);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+        _mm512_storeu_ps(y + i,
+                         _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
     if (i < n) {
         const __mmask16 k = (__mmask16)((1u << (n - i)) - 1u);
-        _mm512_mask_storeu_ps(y + i, k,
-                              _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(k, x + i),
-                                              _mm512_maskz_loadu_ps(k, y + i)));
+        _mm512_mask_storeu_ps(
+            y + i, k,
+            _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(k, x + i), _mm512_maskz_loadu_ps(k, y + i)));
     }
 }
 
@@ -104,8 +105,9 @@ VEC_TARGET static __m512 load_row16(const void *x, int bf16, int64_t i, int64_t 
     return _mm512_maskz_loadu_ps(k, (const float *)x + i);
 }
 
-VEC_TARGET static void rank_update_avx512(int64_t n, int64_t nrows, const void *x, int64_t ldx, int bf16,
-                   const float *coef, int64_t R, float *acc, int64_t lda)
+VEC_TARGET static void rank_update_avx512(int64_t n, int64_t nrows, const void *x, int64_t ldx,
+                                          int bf16, const float *coef, int64_t R, float *acc,
+                                          int64_t lda)
 {
     const size_t es = bf16 ? 2 : 4;
     for (int64_t i = 0; i < n; i += 16) {
@@ -142,8 +144,8 @@ VEC_TARGET static void axpys_avx512(int64_t n, const float *alpha, const float *
         const __mmask16 k = (__mmask16)((1u << (n - i)) - 1u);
         __m512 yv = _mm512_maskz_loadu_ps(k, y + i);
         for (int64_t q = 0; q < R; q++)
-            yv = _mm512_fmadd_ps(_mm512_set1_ps(alpha[q]), _mm512_maskz_loadu_ps(k, x + q * ldx + i),
-                                 yv);
+            yv = _mm512_fmadd_ps(_mm512_set1_ps(alpha[q]),
+                                 _mm512_maskz_loadu_ps(k, x + q * ldx + i), yv);
         _mm512_mask_storeu_ps(y + i, k, yv);
     }
 }
@@ -192,8 +194,7 @@ void kt__vec_dots(int64_t n, const float *x, const float *a, int64_t lda, int64_
         out[q] = dot_plain(n, x, a + q * lda);
 }
 
-void kt__vec_axpys(int64_t n, const float *alpha, const float *x, int64_t ldx, int64_t R,
-                   float *y)
+void kt__vec_axpys(int64_t n, const float *alpha, const float *x, int64_t ldx, int64_t R, float *y)
 {
 #ifdef VEC_AVX512
     if (kt__cpu_has_avx512()) {
@@ -222,8 +223,8 @@ void kt__vec_rank_update(int64_t n, int64_t nrows, const void *x, int64_t ldx, i
         for (int64_t q = 0; q < R; q++)
             for (int64_t i = 0; i < n; i++) {
                 const size_t at = (size_t)(r * ldx + i);
-                const float v = bf16 ? kt_bf16_to_f32_1(((const uint16_t *)x)[at])
-                                     : ((const float *)x)[at];
+                const float v =
+                    bf16 ? kt_bf16_to_f32_1(((const uint16_t *)x)[at]) : ((const float *)x)[at];
                 acc[q * lda + i] += coef[r * R + q] * v;
             }
 }

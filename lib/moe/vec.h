@@ -15,8 +15,7 @@ void kt__vec_axpy(int64_t n, float alpha, const float *x, float *y);
 void kt__vec_dots(int64_t n, const float *x, const float *a, int64_t lda, int64_t R, float *out);
 /* y[i] += alpha[q] x[q ldx + i] for q = 0 .. R-1 in order: the bits of R kt__vec_axpy calls,
  * y read and written once */
-void kt__vec_axpys(int64_t n, const float *alpha, const float *x, int64_t ldx, int64_t R,
-                   float *y);
+void kt__vec_axpys(int64_t n, const float *alpha, const float *x, int64_t ldx, int64_t R, float *y);
 /* acc[q lda + i] = sum over rows r < nrows in order of coef[r R + q] x[r][i], for q < R and
  * i < n, x's rows ldx elements apart in the compute dtype (bf16 when bf16, else f32): the bits
  * of zeroing acc and then, row by row, R kt__vec_axpy calls on the widened row; acc is
