@@ -24,6 +24,8 @@ typedef struct bwd_ctx {
     /* full mode, first micro-batch of a step: the weight-gradient GEMMs store instead of
      * adding (experts without tokens are zeroed instead) */
     int dw_overwrite;
+    /* the SiLU derivative also stores ac (full mode with kept activations) */
+    int write_ac;
 } bwd_ctx;
 
 /* Row pieces of this many f32 values go through stack buffers (16 KiB). */
@@ -135,7 +137,7 @@ static void prefetch_lines(const void *p, size_t bytes, int write)
 /* ggc, guc = the SiLU derivative of rows [r0, r1) over columns [c0, c1), ga's row r at
  * ga + (r - r0) * ldga */
 static void act_bwd_rows(kt_moe *m, int64_t r0, int64_t r1, int64_t c0, int64_t c1, const float *ga,
-                         int64_t ldga)
+                         int64_t ldga, int write_ac)
 {
     const size_t n = (size_t)(c1 - c0);
     for (int64_t r = r0; r < r1; r++) {
@@ -149,13 +151,15 @@ static void act_bwd_rows(kt_moe *m, int64_t r0, int64_t r1, int64_t c0, int64_t 
         const int64_t k = r * m->I + c0;
         kt__moe_act_bwd(c1 - c0, m->g + k, m->u + k, ga + (r - r0) * ldga, m->row_w[r],
                         kt__moe_cdt_at(m, m->ggc, k), kt__moe_cdt_at(m, m->guc, k),
+                        write_ac ? kt__moe_cdt_at(m, m->ac, k) : NULL,
                         m->gwp + r * ((m->I + 15) / 16) + c0 / 16, m->bf16);
     }
 }
 
 static void ga_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
-    kt_moe *m = ((bwd_ctx *)vctx)->m;
+    const bwd_ctx *c = vctx;
+    kt_moe *m = c->m;
     float *own = kt__moe_ga_per_thread(m) ? m->ga + (size_t)thread * kt__moe_ga_floats(m) : NULL;
     for (int64_t i = m->part[b]; i < m->part[end]; i++) {
         const kt__moe_task *t = &m->tasks[i];
@@ -172,7 +176,7 @@ static void ga_tasks(void *vctx, int64_t b, int64_t end, int thread)
             }
             if (m->cfg.mode == KT_MOE_LORA)
                 kt__moe_lora_gin_add(m, KT_MOE_DOWN, &st, ga, ldga, off);
-            act_bwd_rows(m, off, off + me, st.c0, st.c1, ga, ldga);
+            act_bwd_rows(m, off, off + me, st.c0, st.c1, ga, ldga, c->write_ac);
         }
     }
 }
@@ -347,16 +351,20 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
                                float scale)
 {
     int lora = m->cfg.mode == KT_MOE_LORA, full = m->cfg.mode == KT_MOE_FULL;
-    bwd_ctx c = {m, gy, gxo, scale, full && m->grad_overwrite};
+    bwd_ctx c = {m, gy, gxo, scale, full && m->grad_overwrite, 0};
     int64_t rows = m->off[m->E];
     m->in_backward = 1;
     kt__moe_phase_start(m);
-    /* Without kept activations this reruns the GEMMs (from the gathered input); with them,
-     * only ac and the LoRA z, which the weight/adapter gradients need and frozen mode does
-     * not (its backward reads only the kept g, u and d). */
+    /* Without kept activations this reruns the gate/up GEMMs (from the gathered input). With
+     * them, LoRA rebuilds ac and the z, which its adapter gradients need, and full mode only
+     * gathers x: the SiLU derivative writes ac on its way (before dWd needs it); frozen mode
+     * reads only the kept g and u. */
+    const int ac_in_derivative = full && m->cfg.keep_activations;
     if (lora || full || !m->cfg.keep_activations) {
         kt__moe_gather(m, NULL, 0);
-        KT__TRY(kt__moe_compute(m, !m->cfg.keep_activations));
+        if (!ac_in_derivative)
+            KT__TRY(kt__moe_compute(m, !m->cfg.keep_activations));
+        kt__moe_phase_end(m, KT_MOE_PHASE_RECOMPUTE);
     }
     kt_parallel_for(m->pool, m->qlen, 1, gy_rows_part, &c);
     kt__moe_phase_end(m, KT_MOE_PHASE_ROUTING_GRAD);
@@ -370,6 +378,16 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
          * SiLU derivative), so the adapter's part of it too */
         kt__moe_lora_gz(m, KT_MOE_DOWN, m->gyc);
     }
+    if (lora)
+        kt__moe_phase_end(m, KT_MOE_PHASE_WEIGHT_GRAD);
+    if (!m->bf16)
+        KT__TRY(sgemm_nn(m, KT_MOE_DOWN, m->gyc, m->H, m->ga, m->I, 0.0f));
+    kt__moe_plan_parts(m, m->I);
+    c.write_ac = ac_in_derivative;
+    kt__moe_run_parts(m, ga_tasks, &c);
+    kt_parallel_for(m->pool, m->qlen, 1, gw_part, &c);
+    kt__moe_phase_end(m, KT_MOE_PHASE_DOWN_GRAD);
+
     if (full) {
         if (m->bf16) {
             kt__moe_plan_parts(m, m->H);
@@ -378,14 +396,6 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
             KT__TRY(sgemm_dw(m, KT_MOE_DOWN, m->gdc, m->H, m->ac, m->I, scale, c.dw_overwrite));
         }
     }
-    if (lora || full)
-        kt__moe_phase_end(m, KT_MOE_PHASE_WEIGHT_GRAD);
-    if (!m->bf16)
-        KT__TRY(sgemm_nn(m, KT_MOE_DOWN, m->gyc, m->H, m->ga, m->I, 0.0f));
-    kt__moe_plan_parts(m, m->I);
-    kt__moe_run_parts(m, ga_tasks, &c);
-    kt_parallel_for(m->pool, m->qlen, 1, gw_part, &c);
-    kt__moe_phase_end(m, KT_MOE_PHASE_DOWN_GRAD);
 
     if (lora) {
         kt__moe_lora_gz(m, KT_MOE_GATE, m->ggc);

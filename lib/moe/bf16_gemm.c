@@ -932,7 +932,8 @@ BF_INLINE __m512 cdt_round(__m512 v, int bf16)
 }
 
 BF_TARGET static void act_bwd_avx512(int64_t n, const float *g, const float *u, const float *gap,
-                                     float w, void *ggc, void *guc, float *part, int bf16)
+                                     float w, void *ggc, void *guc, void *ac_out, float *part,
+                                     int bf16)
 {
     const __m512 one = _mm512_set1_ps(1.0f), wv = _mm512_set1_ps(w);
     for (int64_t i = 0; i < n; i += 16) {
@@ -943,7 +944,10 @@ BF_TARGET static void act_bwd_avx512(int64_t n, const float *g, const float *u, 
         const __m512 dsilu = _mm512_mul_ps(sig, _mm512_fmadd_ps(gv, _mm512_sub_ps(one, sig), one));
         st_cdt(ggc, i, _mm512_mul_ps(_mm512_mul_ps(av, uv), dsilu), bf16, km);
         st_cdt(guc, i, _mm512_mul_ps(av, silu), bf16, km);
-        const __m512 ac = cdt_round(_mm512_mul_ps(silu, uv), bf16);
+        const __m512 acv = _mm512_mul_ps(silu, uv);
+        if (ac_out != NULL)
+            st_cdt(ac_out, i, acv, bf16, km);
+        const __m512 ac = cdt_round(acv, bf16);
         part[i / 16] = _mm512_reduce_add_ps(_mm512_maskz_mul_ps(km, pv, ac));
     }
 }
@@ -984,11 +988,11 @@ void kt__moe_act_fwd(int64_t n, const float *g, const float *u, void *ac, int bf
 }
 
 void kt__moe_act_bwd(int64_t n, const float *g, const float *u, const float *gap, float w,
-                     void *ggc, void *guc, float *part, int bf16)
+                     void *ggc, void *guc, void *ac_out, float *part, int bf16)
 {
 #ifdef BF_HAVE_AVX512
     if (use_avx512()) {
-        act_bwd_avx512(n, g, u, gap, w, ggc, guc, part, bf16);
+        act_bwd_avx512(n, g, u, gap, w, ggc, guc, ac_out, part, bf16);
         return;
     }
 #endif
@@ -997,6 +1001,8 @@ void kt__moe_act_bwd(int64_t n, const float *g, const float *u, const float *gap
         st1(ggc, bf16, i, ga * u[i] * (sig * (1.0f + g[i] * (1.0f - sig))));
         st1(guc, bf16, i, ga * (g[i] * sig));
         float ac = g[i] * sig * u[i]; /* as act_fwd stores it */
+        if (ac_out != NULL)
+            st1(ac_out, bf16, i, ac);
         if (bf16)
             ac = kt_bf16_to_f32_1(kt_f32_to_bf16_1(ac));
         if (i % 16 == 0)

@@ -79,11 +79,11 @@ void kt__bf16_gemm_tn_acc_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, cons
  *            part[b] = sum of gap * ac over the values [16 b, 16 b + 16) (ac as act_fwd
  *            stores it): pieces of the routing gradient <grad_y, down(ac)> = <gap, ac>,
  *            summed per 16 values in a fixed order so that splits at multiples of 16 give
- *            the same pieces. */
+ *            the same pieces; with ac_out, ac stored there too (the bits act_fwd stores). */
 void kt__moe_act_fwd(int64_t n, const float *g, const float *u, void *ac, int bf16);
 /* dst = s * src in the compute dtype (s = 1: the plain conversion) */
 void kt__moe_scale_store(int64_t n, const float *src, float s, void *dst, int bf16);
 void kt__moe_act_bwd(int64_t n, const float *g, const float *u, const float *gap, float w,
-                     void *ggc, void *guc, float *part, int bf16);
+                     void *ggc, void *guc, void *ac_out, float *part, int bf16);
 
 #endif
