@@ -394,6 +394,18 @@ static void test_reference_odd(void **state)
     kt_threadpool_destroy(pool);
 }
 
+/* Rows x H large enough (1024 x 2048 f32 = 8 MiB) that the gate/up input gradients are
+ * stored past the caches (backward.c: GX_STREAM_BYTES), against the float64 reference. */
+static void test_reference_large_rows(void **state)
+{
+    (void)state;
+    kt_threadpool *pool = NULL;
+    OK(kt_threadpool_create(2, &pool));
+    const int64_t q[] = {512};
+    run_modes(KT_BF16, KT_F32, 2048, 16, 2, 2, q, 1, KT_I32, pool);
+    kt_threadpool_destroy(pool);
+}
+
 /* Two backwards with scale 0.5 add up; zero_grad makes the next one overwrite. */
 static void test_accumulate(void **state)
 {
@@ -1165,14 +1177,23 @@ static void test_lora_init(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_reference_small),    cmocka_unit_test(test_reference_odd),
-        cmocka_unit_test(test_accumulate),         cmocka_unit_test(test_keep_activations_bitwise),
-        cmocka_unit_test(test_threads_bitwise),    cmocka_unit_test(test_wide_intermediate),
-        cmocka_unit_test(test_route_rechecks_ids), cmocka_unit_test(test_create_errors),
-        cmocka_unit_test(test_validation),         cmocka_unit_test(test_memory),
-        cmocka_unit_test(test_phase_times),        cmocka_unit_test(test_cache),
-        cmocka_unit_test(test_submit_sync),        cmocka_unit_test(test_load_save),
-        cmocka_unit_test(test_lora_init),          cmocka_unit_test(test_numa_split_bitwise),
+        cmocka_unit_test(test_reference_small),
+        cmocka_unit_test(test_reference_odd),
+        cmocka_unit_test(test_reference_large_rows),
+        cmocka_unit_test(test_accumulate),
+        cmocka_unit_test(test_keep_activations_bitwise),
+        cmocka_unit_test(test_threads_bitwise),
+        cmocka_unit_test(test_wide_intermediate),
+        cmocka_unit_test(test_route_rechecks_ids),
+        cmocka_unit_test(test_create_errors),
+        cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_phase_times),
+        cmocka_unit_test(test_cache),
+        cmocka_unit_test(test_submit_sync),
+        cmocka_unit_test(test_load_save),
+        cmocka_unit_test(test_lora_init),
+        cmocka_unit_test(test_numa_split_bitwise),
         cmocka_unit_test(test_shared_scratch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "core/cpu_internal.h"
+#include "moe/amx_gemm.h"
 #include "moe/bf16_gemm.h"
 #include "test_util.h"
 
@@ -349,11 +350,10 @@ static void test_nn_rows_path(void **state)
     (void)state;
     static const int64_t Ms[] = {24, 96, 300, 512};
     static const int64_t lds[] = {2048, 1408};
-    if (vector_path())
-        assert_false(kt__bf16_gemm_nn_rows_path(513));
+    assert_false(kt__bf16_gemm_nn_rows_path(513));
     for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++)
         for (size_t l = 0; l < sizeof lds / sizeof lds[0]; l++) {
-            if (vector_path()) /* the path this test is for */
+            if (vector_path() && !kt__amx_usable()) /* the path this test is for */
                 assert_true(kt__bf16_gemm_nn_rows_path(Ms[i]));
             prob p;
             uint64_t seed = 31;
@@ -376,8 +376,8 @@ static void test_nn_rows_path(void **state)
 
 /* nn2 (y = g0 w0 + g1 w1, one pass): against the float64 sum of both products within the
  * bound of a 2N-term f32 sum, bitwise independent of the column split and of streaming the
- * stores, and on the portable path bitwise the two nn calls it stands for. Sizes span the rows path
- * (odd N, N over a chunk of 256 rows, M from 1 to above 24) and the large-M walk. */
+ * stores, and on the portable path (where it is defined as them) the two nn calls. Sizes span the
+ * rows path (odd N, N over a chunk of 256 rows, M from 1 to above 24) and the large-M walk. */
 static void test_nn2(void **state)
 {
     (void)state;

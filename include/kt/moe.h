@@ -196,8 +196,9 @@ typedef enum kt_moe_phase {
     KT_MOE_PHASE_DOWN,          /* forward: down GEMM */
     KT_MOE_PHASE_COMBINE,       /* forward: weighted sum per token, output written */
     KT_MOE_PHASE_RECOMPUTE,     /* backward: what forward did not keep */
-    KT_MOE_PHASE_ROUTING_GRAD,  /* backward: routing-weight gradients, weighted grad_y */
-    KT_MOE_PHASE_DOWN_GRAD,     /* backward: down's input gradient, SiLU derivative */
+    KT_MOE_PHASE_ROUTING_GRAD,  /* backward: grad_y into each expert row (and weighted) */
+    KT_MOE_PHASE_DOWN_GRAD,     /* backward: down's input gradient, SiLU derivative, routing-weight
+                                   gradients */
     KT_MOE_PHASE_GATE_UP_GRAD,  /* backward: gate's and up's input gradients */
     KT_MOE_PHASE_WEIGHT_GRAD,   /* backward: LoRA or full-mode weight gradients */
     KT_MOE_PHASE_INPUT_COMBINE, /* backward: grad_x summed per token */

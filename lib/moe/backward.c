@@ -96,6 +96,11 @@ static void gw_part(void *vctx, int64_t t0, int64_t t1, int thread)
  * apart, from memory, which the hardware prefetchers do not follow. */
 #define ACT_PREFETCH_ROWS 4
 
+/* The routing gradient's pieces are indexed by column / 16: every task and step starts on
+ * a multiple of 16 (plan_parts cuts at KT__MOE_COL_ALIGN, ga_step's widths are multiples of
+ * 16). */
+_Static_assert(KT__MOE_COL_ALIGN % 16 == 0, "column cuts must fall on 16-column pieces");
+
 /* Columns per step for an expert of me rows. The NN kernel's results do not depend on how
  * the columns are cut, so neither do the gradients. */
 static int64_t ga_step(int64_t me, int64_t task_cols)
@@ -187,7 +192,9 @@ static void ga_tasks(void *vctx, int64_t b, int64_t end, int thread)
 
 static int stream_gx(const kt_moe *m)
 {
-    return (size_t)m->off[m->E] * (size_t)m->H * sizeof(float) >= GX_STREAM_BYTES;
+    /* LoRA adds its adapters' part to gx right after (kt__moe_lora_gin_add) */
+    return m->cfg.mode != KT_MOE_LORA &&
+           (size_t)m->off[m->E] * (size_t)m->H * sizeof(float) >= GX_STREAM_BYTES;
 }
 
 static void gx_tasks(void *vctx, int64_t b, int64_t end, int thread)
@@ -374,12 +381,12 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
     if (lora) {
         kt__moe_lora_gz(m, KT_MOE_DOWN, m->gdc);
         kt__moe_lora_grads(m, KT_MOE_DOWN, m->gdc, m->ac, scale);
-        /* the input gradient below is for grad_y itself (the routing weight comes in the
-         * SiLU derivative), so the adapter's part of it too */
-        kt__moe_lora_gz(m, KT_MOE_DOWN, m->gyc);
     }
-    if (lora)
+    if (lora || full)
         kt__moe_phase_end(m, KT_MOE_PHASE_WEIGHT_GRAD);
+    if (lora) /* the input gradient below is for grad_y itself (the routing weight comes in
+               * the SiLU derivative), so the adapter's part of it too */
+        kt__moe_lora_gz(m, KT_MOE_DOWN, m->gyc);
     if (!m->bf16)
         KT__TRY(sgemm_nn(m, KT_MOE_DOWN, m->gyc, m->H, m->ga, m->I, 0.0f));
     kt__moe_plan_parts(m, m->I);

@@ -26,9 +26,9 @@
  *    A operand is the 32-bit pair (g[m,n], g[m,n+1]) broadcast; up to 12 rows of g x 32
  *    columns per tile (24 accumulators). w's row pairs are interleaved into a stack buffer
  *    once per chunk of the reduction and used by every row tile; the accumulators are
- *    carried between chunks in a stack buffer. Below 64 rows (and up to 512 where w's rows
- *    are a multiple of 4 KiB apart) a chunk covers a group of up to 128 columns, each row of
- *    w read as one run ("rows" path, nn_rows_avx512); else one 32-column block at a time.
+ *    carried between chunks in a stack buffer. Up to 512 rows a chunk covers a group of up to
+ *    128 columns, each row of w read as one run ("rows" path, nn_rows_avx512), the next
+ *    chunk's lines fetched during this one's tiles; above, one 32-column block at a time.
  *  - TN dw += scale g^T x: the same tile with x's row pairs as B and the pairs (g[m,n],
  *    g[m+1,n]) as A, packed per tile of 12 rows n into a stack buffer (x's pairs are also
  *    packed once per column block, shared by up to 64 row tiles, for up to 512 rows of x).
@@ -1060,7 +1060,7 @@ void kt__bf16_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
 int kt__bf16_gemm_nn_rows_path(int64_t M)
 {
 #ifdef BF_HAVE_AVX512
-    return nn_use_rows(M);
+    return !use_amx(M) && nn_use_rows(M);
 #else
     (void)M;
     return 0;
@@ -1095,6 +1095,8 @@ void kt__bf16_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint1
         /* scaling by 1 is exact: the stored bits are those of a plain store */
         nn_rows_avx512(M, N, k0, k1, src, 2, ldg, ldw, y, ldy,
                        stream ? OUT_SCALE_STREAM : OUT_STORE);
+        if (stream) /* the streamed lines visible to the next reader, as tn does */
+            _mm_sfence();
         return;
     }
 #endif

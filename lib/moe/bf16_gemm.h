@@ -51,8 +51,8 @@ void kt__bf16_gemm_tn_acc(int64_t M, int64_t n0, int64_t n1, int64_t K, const ui
                           int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
                           float scale);
 
-/* 1 when the AVX-512 NN kernel takes its "rows" path for M rows (for the tests: which path
- * a shape exercises). */
+/* 1 when NN of M rows runs the AVX-512 kernel's "rows" path (not AMX; for the tests: which
+ * path a shape exercises). */
 int kt__bf16_gemm_nn_rows_path(int64_t M);
 
 /* The plain scalar versions: the reference the fast kernels are tested against, and the
