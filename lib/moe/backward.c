@@ -71,7 +71,7 @@ static void gw_part(void *vctx, int64_t t0, int64_t t1, int thread)
 {
     (void)thread;
     kt_moe *m = ((bwd_ctx *)vctx)->m;
-    const int64_t nb = (m->I + 15) / 16;
+    const int64_t nb = kt__moe_gw_pieces(m);
     for (int64_t s = t0 * m->K; s < t1 * m->K; s++) {
         const float *p = m->gwp + (int64_t)m->slot_row[s] * nb;
         double acc = 0.0;
@@ -157,7 +157,7 @@ static void act_bwd_rows(kt_moe *m, int64_t r0, int64_t r1, int64_t c0, int64_t 
         kt__moe_act_bwd(c1 - c0, m->g + k, m->u + k, ga + (r - r0) * ldga, m->row_w[r],
                         kt__moe_cdt_at(m, m->ggc, k), kt__moe_cdt_at(m, m->guc, k),
                         write_ac ? kt__moe_cdt_at(m, m->ac, k) : NULL,
-                        m->gwp + r * ((m->I + 15) / 16) + c0 / 16, m->bf16);
+                        m->gwp + r * kt__moe_gw_pieces(m) + c0 / 16, m->bf16);
     }
 }
 

@@ -166,7 +166,7 @@ static size_t plan_scratch(kt_moe *m)
     SCRATCH(m->gyc, N * H * cs);
     if (m->cfg.mode != KT_MOE_FROZEN)
         SCRATCH(m->gdc, N * H * cs);
-    SCRATCH(m->gwp, N * ((I + 15) / 16) * 4);
+    SCRATCH(m->gwp, N * (size_t)kt__moe_gw_pieces(m) * 4);
     SCRATCH(m->row_w, N * 4);
     SCRATCH(m->d, N * H * 4);
     SCRATCH(m->ga,

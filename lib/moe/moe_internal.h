@@ -102,7 +102,7 @@ struct kt_moe {
     /* backward */
     void *gyc;    /* [N,H] cdt: grad_y of each row's token (the down input gradient's input) */
     void *gdc;    /* [N,H] cdt: w * grad_y per row (LoRA and full: their weight gradients) */
-    float *gwp;   /* [N, I/16 rounded up]: the routing gradient's partial sums per 16 columns */
+    float *gwp;   /* [N, kt__moe_gw_pieces]: the routing gradient's sums per 16 columns */
     float *row_w; /* [N] the routing weight of each row (backward) */
     float *ga;    /* [N,I], or per thread kt__moe_ga_floats each (kt__moe_ga_per_thread) */
     void *ggc;    /* [N,I] cdt */
@@ -138,6 +138,9 @@ struct kt_moe {
     char job_msg[KT__MOE_MSG_MAX];
     kt__moe_job job;
 };
+
+/* The routing gradient's pieces per row: one per 16 columns of I (backward.c). */
+static inline int64_t kt__moe_gw_pieces(const kt_moe *m) { return (m->I + 15) / 16; }
 
 /* phase.c: kt__moe_phase_start marks the start of a call's first phase; each
  * kt__moe_phase_end adds the time since the last mark to `phase` and marks again. */

@@ -530,12 +530,11 @@ int bench_moe(int argc, char **argv, const bench_args *common)
         printf(common->json ? "{\"bench\":\"moe_phases\",\"pass\":\"%s\",\"ms_per_call\":{"
                             : "phases %s (ms per call):",
                pass ? (common->json ? "fwdbwd" : "fwd+bwd") : "fwd");
-        for (int k = 0; k < KT_MOE_PHASE_COUNT; k++) {
+        const int count = pass ? KT_MOE_PHASE_COUNT : KT_MOE_PHASE_RECOMPUTE;
+        for (int k = 0; k < count; k++) {
             const double ms = (double)p->ns[k] * 1e-6 / (k < KT_MOE_PHASE_RECOMPUTE ? nf : nb);
-            if (!pass && k >= KT_MOE_PHASE_RECOMPUTE)
-                break;
-            printf(common->json ? "%s\"%s\":%.3f" : "%s %s %.2f",
-                   k ? (common->json ? "," : ",") : "", kt_moe_phase_name(k), ms);
+            printf(common->json ? "%s\"%s\":%.3f" : "%s %s %.2f", k ? "," : "",
+                   kt_moe_phase_name(k), ms);
         }
         printf(common->json ? "}}\n" : "\n");
     }
