@@ -345,7 +345,8 @@ enum { B_ROWS_MASKED = 0, B_ROWS_FULL = 1, B_PACKED = 2 };
  * A(i, p) is the 32-bit pair at a + i * a_row + p * a_pair (in bf16 elements); the tail's
  * single value is the 16-bit one at a + i * a_row + np * a_pair. With B_PACKED, b is the
  * buffer of interleaved pairs (the tail's included). acc[i][0] holds columns
- * 0-3, 8-11, 16-19, 24-27 of the block, acc[i][1] the others. */
+ * 0-3, 8-11, 16-19, 24-27 of the block, acc[i][1] the others (0-15 and 16-31 where b was
+ * packed in column order: nn_pack_b's `ordered`). */
 BF_INLINE void pair_step(const int mr, const int bmode, int64_t p, const uint16_t *a, int64_t a_row,
                          int64_t a_pair, const uint16_t *b, int64_t ldb, __mmask32 jm,
                          __m512 acc[PAIR_MR][2])
@@ -451,9 +452,10 @@ BF_INLINE void pair_tile(const int mr, const int bmode, int64_t np, int tail, co
     }
 }
 
-/* Columns back in order, then out rows [0, mr) x 32 columns (masked by jm) by mode. */
-BF_INLINE void pair_store(const int mr, __m512 acc[PAIR_MR][2], __mmask32 jm, float *out,
-                          int64_t ldo, int mode, float scale)
+/* Columns back in order (unless the pairs were packed in order: `ordered`), then out rows
+ * [0, mr) x 32 columns (masked by jm) by mode. */
+BF_INLINE void pair_store(const int mr, const int ordered, __m512 acc[PAIR_MR][2], __mmask32 jm,
+                          float *out, int64_t ldo, int mode, float scale)
 {
     const __m512i idx0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
     const __m512i idx1 =
@@ -461,8 +463,8 @@ BF_INLINE void pair_store(const int mr, __m512 acc[PAIR_MR][2], __mmask32 jm, fl
     const __mmask16 m0 = (__mmask16)(jm & 0xffffu), m1 = (__mmask16)(jm >> 16);
     const __m512 vs = _mm512_set1_ps(scale);
     for (int i = 0; i < mr; i++) {
-        __m512 s0 = _mm512_permutex2var_ps(acc[i][0], idx0, acc[i][1]);
-        __m512 s1 = _mm512_permutex2var_ps(acc[i][0], idx1, acc[i][1]);
+        __m512 s0 = ordered ? acc[i][0] : _mm512_permutex2var_ps(acc[i][0], idx0, acc[i][1]);
+        __m512 s1 = ordered ? acc[i][1] : _mm512_permutex2var_ps(acc[i][0], idx1, acc[i][1]);
         float *o = out + i * ldo;
         if (mode == OUT_SCALE_ADD || mode == OUT_SCALE_STREAM) {
             s0 = _mm512_mul_ps(vs, s0);
@@ -511,7 +513,7 @@ typedef void (*pair_fn)(int64_t np, int tail, const uint16_t *a, int64_t a_row, 
         else                                                                                       \
             pair_tile(MR, B_ROWS_MASKED, np, tail, a, a_row, a_pair, b, ldb, jm, pf, acc);         \
         if (last) {                                                                                \
-            pair_store(MR, acc, jm, out, ldo, mode, scale);                                        \
+            pair_store(MR, 0, acc, jm, out, ldo, mode, scale);                                     \
         } else {                                                                                   \
             for (int i = 0; i < MR; i++)                                                           \
                 for (int h = 0; h < 2; h++)                                                        \
@@ -535,6 +537,20 @@ static const pair_fn pair_fns[PAIR_MR + 1] = {NULL,    pair_1,  pair_2, pair_3, 
                                               pair_5,  pair_6,  pair_7, pair_8, pair_9,
                                               pair_10, pair_11, pair_12};
 
+/* pair_store for tiles packed in order, out of line, from a copy of the accumulators
+ * (acc[i][h] at accs + 32 i + 16 h): where pair_store's branches were inlined, or acc's
+ * address passed, every tile's accumulators went through the stack */
+BF_TARGET __attribute__((noinline)) static void tn_store_general(int mr, const float *accs,
+                                                                 __mmask32 jm, float *out,
+                                                                 int64_t ldo, int mode, float scale)
+{
+    __m512 acc[PAIR_MR][2];
+    for (int i = 0; i < mr; i++)
+        for (int h = 0; h < 2; h++)
+            acc[i][h] = _mm512_load_ps(accs + 32 * i + 16 * h);
+    pair_store(mr, 1, acc, jm, out, ldo, mode, scale);
+}
+
 /* tn's packed path: `tiles` tiles of MR rows in one call over the same packed block of x
  * (b), tile t's pairs at a + t * a_tile and its output rows from out + t * MR * ldo. With
  * the few pairs of a typical expert (48 for 96 tokens) a call per tile cost as much as a
@@ -543,18 +559,59 @@ typedef void (*tn_run_fn)(int64_t np, int tail, const uint16_t *a, int64_t a_til
                           const uint16_t *b, __mmask32 jm, float *out, int64_t ldo, int mode,
                           float scale);
 
+/* How a run's tiles leave: whole blocks go straight from the accumulators (streamed where
+ * aligned, or added to), others through tn_store_general. With pair_store's general epilogue
+ * inlined, every tile's accumulators went via the stack: TN ran at 0.80 of the peak against
+ * 0.91 without (1 thread, dsv2lite's down shape). */
+enum { TN_GENERAL = 0, TN_STREAM = 1, TN_ADD = 2 };
+
+BF_INLINE void tn_tiles(const int mr, const int kind, int64_t np, int tail, const uint16_t *a,
+                        int64_t a_tile, int64_t tiles, const uint16_t *b, __mmask32 jm, float *out,
+                        int64_t ldo, int mode, float scale)
+{
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int64_t t = 0; t < tiles; t++) {
+        __m512 acc[PAIR_MR][2];
+        for (int i = 0; i < mr; i++)
+            acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+        pair_tile(mr, B_PACKED, np, tail, a + t * a_tile, 2, 2 * mr, b, 0, jm, NULL, acc);
+        float *o = out + t * mr * ldo;
+        if (kind == TN_GENERAL) {
+            _Alignas(64) float accs[PAIR_MR * 32];
+            for (int i = 0; i < mr; i++)
+                for (int h = 0; h < 2; h++)
+                    _mm512_store_ps(accs + 32 * i + 16 * h, acc[i][h]);
+            tn_store_general(mr, accs, jm, o, ldo, mode, scale);
+            continue;
+        }
+        for (int i = 0; i < mr; i++) {
+            float *r = o + i * ldo;
+            const __m512 s0 = _mm512_mul_ps(vs, acc[i][0]), s1 = _mm512_mul_ps(vs, acc[i][1]);
+            if (kind == TN_STREAM) {
+                _mm512_stream_ps(r, s0);
+                _mm512_stream_ps(r + 16, s1);
+            } else { /* as pair_store's OUT_SCALE_ADD, its prefetch included */
+                _mm_prefetch((const char *)(r + OUT_PREFETCH), _MM_HINT_T0);
+                _mm_prefetch((const char *)(r + OUT_PREFETCH + 16), _MM_HINT_T0);
+                _mm512_storeu_ps(r, _mm512_add_ps(_mm512_loadu_ps(r), s0));
+                _mm512_storeu_ps(r + 16, _mm512_add_ps(_mm512_loadu_ps(r + 16), s1));
+            }
+        }
+    }
+}
+
 #define TN_RUN_VARIANT(MR)                                                                         \
     BF_TARGET static void tn_run_##MR(int64_t np, int tail, const uint16_t *a, int64_t a_tile,     \
                                       int64_t tiles, const uint16_t *b, __mmask32 jm, float *out,  \
                                       int64_t ldo, int mode, float scale)                          \
     {                                                                                              \
-        for (int64_t t = 0; t < tiles; t++) {                                                      \
-            __m512 acc[PAIR_MR][2];                                                                \
-            for (int i = 0; i < MR; i++)                                                           \
-                acc[i][0] = acc[i][1] = _mm512_setzero_ps();                                       \
-            pair_tile(MR, B_PACKED, np, tail, a + t * a_tile, 2, 2 * MR, b, 0, jm, NULL, acc);     \
-            pair_store(MR, acc, jm, out + t * MR * ldo, ldo, mode, scale);                         \
-        }                                                                                          \
+        const int whole = jm == 0xffffffffu;                                                       \
+        if (whole && mode == OUT_SCALE_STREAM && ((uintptr_t)out & 63) == 0 && (ldo & 15) == 0)    \
+            tn_tiles(MR, TN_STREAM, np, tail, a, a_tile, tiles, b, jm, out, ldo, mode, scale);     \
+        else if (whole && mode == OUT_SCALE_ADD)                                                   \
+            tn_tiles(MR, TN_ADD, np, tail, a, a_tile, tiles, b, jm, out, ldo, mode, scale);        \
+        else                                                                                       \
+            tn_tiles(MR, TN_GENERAL, np, tail, a, a_tile, tiles, b, jm, out, ldo, mode, scale);    \
     }
 TN_RUN_VARIANT(12)
 TN_RUN_VARIANT(11)
@@ -598,9 +655,14 @@ static __mmask32 col_mask(int64_t left)
 #define NN_ROWS_MAX 264 /* x 128 B of accumulators = 33 KiB */
 #define NN_G_CHUNK_BYTES (768 * 1024)
 
+/* With `ordered`, the 32 columns' pairs are packed in column order (0-15 in the first half,
+ * 16-31 in the second), so that a tile's accumulators are stored without a permute:
+ * quadword j of a row holds columns 4j..4j+3, and after the [0,4,1,5,2,6,3,7] quadword
+ * shuffle the in-lane unpacks take columns 4L..4L+3 (lo) and 16+4L.. (hi) into lane L. */
 BF_TARGET static void nn_pack_b(const uint16_t *w, int64_t ldw, int64_t N, int64_t p0, int64_t cnt,
-                                __mmask32 jm, uint16_t *bp)
+                                __mmask32 jm, int ordered, uint16_t *bp)
 {
+    const __m512i qidx = _mm512_setr_epi64(0, 4, 1, 5, 2, 6, 3, 7);
     for (int64_t q = 0; q < cnt; q++) {
         const int64_t n = 2 * (p0 + q);
         /* the next column block of these rows, packed after this block's tiles: into L2
@@ -608,9 +670,13 @@ BF_TARGET static void nn_pack_b(const uint16_t *w, int64_t ldw, int64_t N, int64
         _mm_prefetch((const char *)(w + n * ldw + 32), _MM_HINT_T1);
         if (n + 1 < N)
             _mm_prefetch((const char *)(w + (n + 1) * ldw + 32), _MM_HINT_T1);
-        const __m512i r0 = _mm512_maskz_loadu_epi16(jm, w + n * ldw);
-        const __m512i r1 =
+        __m512i r0 = _mm512_maskz_loadu_epi16(jm, w + n * ldw);
+        __m512i r1 =
             n + 1 < N ? _mm512_maskz_loadu_epi16(jm, w + (n + 1) * ldw) : _mm512_setzero_si512();
+        if (ordered) {
+            r0 = _mm512_permutexvar_epi64(qidx, r0);
+            r1 = _mm512_permutexvar_epi64(qidx, r1);
+        }
         _mm512_store_si512((void *)(bp + 64 * q), _mm512_unpacklo_epi16(r0, r1));
         _mm512_store_si512((void *)(bp + 64 * q + 32), _mm512_unpackhi_epi16(r0, r1));
     }
@@ -742,7 +808,7 @@ static void nn_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16
                 const int64_t cnt = pairs - p0 < NN_PAIRS ? pairs - p0 : NN_PAIRS;
                 const int last = c + 1 >= chunks;
                 const int tail = last && (N & 1);
-                nn_pack_b(w + kb, ldw, N, p0, cnt, jm, bpack);
+                nn_pack_b(w + kb, ldw, N, p0, cnt, jm, 0, bpack);
                 for (int64_t m = m0, i = 0; m < m1; i++) {
                     int mr;
                     const pair_fn fn = pair_tile_at(m1 - m0, i, &mr);
@@ -815,7 +881,7 @@ static void tn_packed_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const
         }
         for (int64_t jb = 0; jb < K; jb += 32) {
             const __mmask32 jm = col_mask(K - jb);
-            nn_pack_b(x + jb, ldx, M, 0, pairs, jm, xpack);
+            nn_pack_b(x + jb, ldx, M, 0, pairs, jm, 1, xpack);
             for (int64_t r = 0; r < runs; r++)
                 tn_run_fns[run_mr[r]](pairs - tail, tail,
                                       (const uint16_t *)(apack + run_first[r] * per_tile),
