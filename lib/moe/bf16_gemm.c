@@ -488,6 +488,22 @@ BF_INLINE void pair_store(const int mr, const int ordered, __m512 acc[PAIR_MR][2
     }
 }
 
+/* pair_store out of line, from a copy of the accumulators (acc[i][h] at accs + 32 i + 16 h),
+ * for TN's tiles whose output is not whole blocks streamed or added to. Inlined (or given
+ * acc's address), its branches kept every tile's accumulators on the stack: TN ran at 0.80 of
+ * the peak against 0.91 without (1 thread, dsv2lite's down shape). */
+BF_TARGET __attribute__((noinline)) static void store_general(int mr, int ordered,
+                                                              const float *accs, __mmask32 jm,
+                                                              float *out, int64_t ldo, int mode,
+                                                              float scale)
+{
+    __m512 acc[PAIR_MR][2];
+    for (int i = 0; i < mr; i++)
+        for (int h = 0; h < 2; h++)
+            acc[i][h] = _mm512_load_ps(accs + 32 * i + 16 * h);
+    pair_store(mr, ordered, acc, jm, out, ldo, mode, scale);
+}
+
 typedef void (*pair_fn)(int64_t np, int tail, const uint16_t *a, int64_t a_row, int64_t a_pair,
                         const uint16_t *b, int64_t ldb, int packed, __mmask32 jm, pf_walk *pf,
                         float *accbuf, int first, int last, float *out, int64_t ldo, int mode,
@@ -537,20 +553,6 @@ static const pair_fn pair_fns[PAIR_MR + 1] = {NULL,    pair_1,  pair_2, pair_3, 
                                               pair_5,  pair_6,  pair_7, pair_8, pair_9,
                                               pair_10, pair_11, pair_12};
 
-/* pair_store for tiles packed in order, out of line, from a copy of the accumulators
- * (acc[i][h] at accs + 32 i + 16 h): where pair_store's branches were inlined, or acc's
- * address passed, every tile's accumulators went through the stack */
-BF_TARGET __attribute__((noinline)) static void tn_store_general(int mr, const float *accs,
-                                                                 __mmask32 jm, float *out,
-                                                                 int64_t ldo, int mode, float scale)
-{
-    __m512 acc[PAIR_MR][2];
-    for (int i = 0; i < mr; i++)
-        for (int h = 0; h < 2; h++)
-            acc[i][h] = _mm512_load_ps(accs + 32 * i + 16 * h);
-    pair_store(mr, 1, acc, jm, out, ldo, mode, scale);
-}
-
 /* tn's packed path: `tiles` tiles of MR rows in one call over the same packed block of x
  * (b), tile t's pairs at a + t * a_tile and its output rows from out + t * MR * ldo. With
  * the few pairs of a typical expert (48 for 96 tokens) a call per tile cost as much as a
@@ -560,10 +562,31 @@ typedef void (*tn_run_fn)(int64_t np, int tail, const uint16_t *a, int64_t a_til
                           float scale);
 
 /* How a run's tiles leave: whole blocks go straight from the accumulators (streamed where
- * aligned, or added to), others through tn_store_general. With pair_store's general epilogue
- * inlined, every tile's accumulators went via the stack: TN ran at 0.80 of the peak against
- * 0.91 without (1 thread, dsv2lite's down shape). */
+ * aligned, or added to), others through store_general. (NN's pair_N keeps pair_store inline:
+ * written there, these stores and the permute's constants took registers from the loop, which
+ * then kept B on the stack and ran at half speed.) */
 enum { TN_GENERAL = 0, TN_STREAM = 1, TN_ADD = 2 };
+
+/* Rows [0, mr) of whole 32-column blocks packed in order, scaled by vs: streamed (TN_STREAM:
+ * out 64-byte aligned, ldo a multiple of 16) or added to (TN_ADD, as pair_store's
+ * OUT_SCALE_ADD, its prefetch included). */
+BF_INLINE void tn_store_whole(const int mr, const int kind, __m512 acc[PAIR_MR][2], float *out,
+                              int64_t ldo, __m512 vs)
+{
+    for (int i = 0; i < mr; i++) {
+        float *r = out + i * ldo;
+        const __m512 s0 = _mm512_mul_ps(vs, acc[i][0]), s1 = _mm512_mul_ps(vs, acc[i][1]);
+        if (kind == TN_STREAM) {
+            _mm512_stream_ps(r, s0);
+            _mm512_stream_ps(r + 16, s1);
+        } else {
+            _mm_prefetch((const char *)(r + OUT_PREFETCH), _MM_HINT_T0);
+            _mm_prefetch((const char *)(r + OUT_PREFETCH + 16), _MM_HINT_T0);
+            _mm512_storeu_ps(r, _mm512_add_ps(_mm512_loadu_ps(r), s0));
+            _mm512_storeu_ps(r + 16, _mm512_add_ps(_mm512_loadu_ps(r + 16), s1));
+        }
+    }
+}
 
 BF_INLINE void tn_tiles(const int mr, const int kind, int64_t np, int tail, const uint16_t *a,
                         int64_t a_tile, int64_t tiles, const uint16_t *b, __mmask32 jm, float *out,
@@ -581,21 +604,9 @@ BF_INLINE void tn_tiles(const int mr, const int kind, int64_t np, int tail, cons
             for (int i = 0; i < mr; i++)
                 for (int h = 0; h < 2; h++)
                     _mm512_store_ps(accs + 32 * i + 16 * h, acc[i][h]);
-            tn_store_general(mr, accs, jm, o, ldo, mode, scale);
-            continue;
-        }
-        for (int i = 0; i < mr; i++) {
-            float *r = o + i * ldo;
-            const __m512 s0 = _mm512_mul_ps(vs, acc[i][0]), s1 = _mm512_mul_ps(vs, acc[i][1]);
-            if (kind == TN_STREAM) {
-                _mm512_stream_ps(r, s0);
-                _mm512_stream_ps(r + 16, s1);
-            } else { /* as pair_store's OUT_SCALE_ADD, its prefetch included */
-                _mm_prefetch((const char *)(r + OUT_PREFETCH), _MM_HINT_T0);
-                _mm_prefetch((const char *)(r + OUT_PREFETCH + 16), _MM_HINT_T0);
-                _mm512_storeu_ps(r, _mm512_add_ps(_mm512_loadu_ps(r), s0));
-                _mm512_storeu_ps(r + 16, _mm512_add_ps(_mm512_loadu_ps(r + 16), s1));
-            }
+            store_general(mr, 1, accs, jm, o, ldo, mode, scale);
+        } else {
+            tn_store_whole(mr, kind, acc, o, ldo, vs);
         }
     }
 }
@@ -634,11 +645,10 @@ static const tn_run_fn tn_run_fns[PAIR_MR + 1] = {
  * possible (90 rows: 6 x 11 + 2 x 12, not 7 x 12 + 4 + 2), since a short tile has too few
  * independent accumulators to keep vdpbf16ps busy. Heights never change an element's
  * operations, so the bits are those of any other tiling. */
-static pair_fn pair_tile_at(int64_t rows, int64_t i, int *mr)
+static int tile_height(int64_t rows, int64_t i)
 {
     const int64_t tiles = (rows + PAIR_MR - 1) / PAIR_MR;
-    *mr = (int)(rows / tiles + (i < rows % tiles));
-    return pair_fns[*mr];
+    return (int)(rows / tiles + (i < rows % tiles));
 }
 
 static __mmask32 col_mask(int64_t left)
@@ -770,8 +780,8 @@ static void nn_rows_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const n
                 const __mmask32 jm = col_mask(cols - b * 32);
                 float *acc = accbuf + b * 32 * M;
                 for (int64_t m = 0, i = 0; m < M; i++) {
-                    int mr;
-                    const pair_fn fn = pair_tile_at(M, i, &mr);
+                    const int mr = tile_height(M, i);
+                    const pair_fn fn = pair_fns[mr];
                     fn(cnt - tail, tail, g + m * ldg + 2 * p0, ldg, 2,
                        bpack + 64 * b * NN_ROWS_PAIRS, 0, 1, jm, &pf, acc + m * 32, sc == 0, last,
                        y + m * ldy + j0 + 32 * b, ldy, mode, 1.0f);
@@ -810,8 +820,8 @@ static void nn_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16
                 const int tail = last && (N & 1);
                 nn_pack_b(w + kb, ldw, N, p0, cnt, jm, 0, bpack);
                 for (int64_t m = m0, i = 0; m < m1; i++) {
-                    int mr;
-                    const pair_fn fn = pair_tile_at(m1 - m0, i, &mr);
+                    const int mr = tile_height(m1 - m0, i);
+                    const pair_fn fn = pair_fns[mr];
                     fn(cnt - tail, tail, g + m * ldg + 2 * p0, ldg, 2, bpack, 0, 1, jm, NULL,
                        accbuf + (m - m0) * 32, c == 0, last, y + m * ldy + kb, ldy, mode, 1.0f);
                     m += mr;
@@ -869,8 +879,7 @@ static void tn_packed_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const
         int64_t run_row[TN_GROUP_MAX], run_first[TN_GROUP_MAX], run_len[TN_GROUP_MAX];
         int64_t tiles = 0, runs = 0;
         for (; tiles < group && n < n1; tiles++) {
-            int mr;
-            (void)pair_tile_at(n1 - n0, tile++, &mr);
+            const int mr = tile_height(n1 - n0, tile++);
             if (runs == 0 || run_mr[runs - 1] != mr) {
                 run_mr[runs] = mr, run_row[runs] = n, run_first[runs] = tiles, run_len[runs] = 0;
                 runs++;
@@ -909,8 +918,8 @@ static void tn_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
     for (int64_t j0 = 0; j0 < K; j0 += js) {
         const int64_t j1 = K - j0 < js ? K : j0 + js;
         for (int64_t n = n0, i = 0; n < n1; i++) {
-            int mr;
-            const pair_fn fn = pair_tile_at(n1 - n0, i, &mr);
+            const int mr = tile_height(n1 - n0, i);
+            const pair_fn fn = pair_fns[mr];
             if (chunks == 1)
                 tn_pack_a(M, 0, pairs, mr, g + n, ldg, apack);
             for (int64_t jb = j0; jb < j1; jb += 32) {
