@@ -641,6 +641,61 @@ static const tn_run_fn tn_run_fns[PAIR_MR + 1] = {
     NULL,     tn_run_1, tn_run_2, tn_run_3,  tn_run_4,  tn_run_5, tn_run_6,
     tn_run_7, tn_run_8, tn_run_9, tn_run_10, tn_run_11, tn_run_12};
 
+/* The NN rows path's tiles over one chunk of pairs and one packed 32-column block: `tiles`
+ * tiles of MR rows (tile t's rows of g from a + t MR a_row, its accumulators at
+ * accbuf + t MR 32, its output rows from out + t MR ldo), each from zero (first) or its
+ * accumulators, then back to them or, after the last chunk, out (through store_general). */
+typedef void (*nn_run_fn)(int64_t np, int tail, const uint16_t *a, int64_t a_row, int64_t tiles,
+                          const uint16_t *b, __mmask32 jm, pf_walk *pf, float *accbuf, int first,
+                          int last, float *out, int64_t ldo, int mode);
+
+BF_INLINE void nn_tiles(const int mr, const int first, int64_t np, int tail, const uint16_t *a,
+                        int64_t a_row, int64_t tiles, const uint16_t *b, __mmask32 jm, pf_walk *pf,
+                        float *accbuf, int last, float *out, int64_t ldo, int mode)
+{
+    for (int64_t t = 0; t < tiles; t++) {
+        float *ab = accbuf + t * mr * 32;
+        __m512 acc[PAIR_MR][2];
+        for (int i = 0; i < mr; i++)
+            for (int h = 0; h < 2; h++)
+                acc[i][h] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(ab + 32 * i + 16 * h);
+        pair_tile(mr, B_PACKED, np, tail, a + t * mr * a_row, a_row, 2, b, 0, jm, pf, acc);
+        for (int i = 0; i < mr; i++)
+            for (int h = 0; h < 2; h++)
+                _mm512_storeu_ps(ab + 32 * i + 16 * h, acc[i][h]);
+        if (last)
+            store_general(mr, 0, ab, jm, out + t * mr * ldo, ldo, mode, 1.0f);
+    }
+}
+
+#define NN_RUN_VARIANT(MR)                                                                         \
+    BF_TARGET static void nn_run_##MR(int64_t np, int tail, const uint16_t *a, int64_t a_row,      \
+                                      int64_t tiles, const uint16_t *b, __mmask32 jm, pf_walk *pf, \
+                                      float *accbuf, int first, int last, float *out, int64_t ldo, \
+                                      int mode)                                                    \
+    {                                                                                              \
+        if (first)                                                                                 \
+            nn_tiles(MR, 1, np, tail, a, a_row, tiles, b, jm, pf, accbuf, last, out, ldo, mode);   \
+        else                                                                                       \
+            nn_tiles(MR, 0, np, tail, a, a_row, tiles, b, jm, pf, accbuf, last, out, ldo, mode);   \
+    }
+NN_RUN_VARIANT(12)
+NN_RUN_VARIANT(11)
+NN_RUN_VARIANT(10)
+NN_RUN_VARIANT(9)
+NN_RUN_VARIANT(8)
+NN_RUN_VARIANT(7)
+NN_RUN_VARIANT(6)
+NN_RUN_VARIANT(5)
+NN_RUN_VARIANT(4)
+NN_RUN_VARIANT(3)
+NN_RUN_VARIANT(2)
+NN_RUN_VARIANT(1)
+
+static const nn_run_fn nn_run_fns[PAIR_MR + 1] = {
+    NULL,     nn_run_1, nn_run_2, nn_run_3,  nn_run_4,  nn_run_5, nn_run_6,
+    nn_run_7, nn_run_8, nn_run_9, nn_run_10, nn_run_11, nn_run_12};
+
 /* Tile i of `rows` rows: as many tiles as 12-row tiles need, their heights as equal as
  * possible (90 rows: 6 x 11 + 2 x 12, not 7 x 12 + 4 + 2), since a short tile has too few
  * independent accumulators to keep vdpbf16ps busy. Heights never change an element's
@@ -779,13 +834,17 @@ static void nn_rows_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const n
             for (int64_t b = 0; b * 32 < cols; b++) {
                 const __mmask32 jm = col_mask(cols - b * 32);
                 float *acc = accbuf + b * 32 * M;
-                for (int64_t m = 0, i = 0; m < M; i++) {
+                /* the tiles as runs of equal height (balanced heights: at most two) */
+                for (int64_t m = 0, i = 0; m < M;) {
                     const int mr = tile_height(M, i);
-                    const pair_fn fn = pair_fns[mr];
-                    fn(cnt - tail, tail, g + m * ldg + 2 * p0, ldg, 2,
-                       bpack + 64 * b * NN_ROWS_PAIRS, 0, 1, jm, &pf, acc + m * 32, sc == 0, last,
-                       y + m * ldy + j0 + 32 * b, ldy, mode, 1.0f);
-                    m += mr;
+                    int64_t run = 1;
+                    while (m + run * mr < M && tile_height(M, i + run) == mr)
+                        run++;
+                    nn_run_fns[mr](cnt - tail, tail, g + m * ldg + 2 * p0, ldg, run,
+                                   bpack + 64 * b * NN_ROWS_PAIRS, jm, &pf, acc + m * 32, sc == 0,
+                                   last, y + m * ldy + j0 + 32 * b, ldy, mode);
+                    m += run * mr;
+                    i += run;
                 }
             }
             while (pf.left > 0)
