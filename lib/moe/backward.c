@@ -55,11 +55,11 @@ static void gy_rows_part(void *vctx, int64_t t0, int64_t t1, int thread)
                 if (gbf && m->H > ROW_CHUNK)
                     kt_bf16_to_f32(buf, gyb + h0, (size_t)n);
                 const float *src = gbf ? buf : gyf + h0;
-                kt__moe_scale_store(n, src, 1.0f, kt__moe_cdt_at(m, m->gyc, r * m->H + h0),
+                kt__moe_scale_store(n, src, 1.0f, kt__moe_cdt_at(m, m->gyc, r * m->ldh + h0),
                                     m->bf16);
                 if (m->gdc != NULL)
                     kt__moe_scale_store(n, src, m->slot_w[s],
-                                        kt__moe_cdt_at(m, m->gdc, r * m->H + h0), m->bf16);
+                                        kt__moe_cdt_at(m, m->gdc, r * m->ldh + h0), m->bf16);
             }
         }
     }
@@ -176,8 +176,9 @@ static void ga_tasks(void *vctx, int64_t b, int64_t end, int thread)
             const int64_t ldga = own ? st.c1 - st.c0 : m->I;
             if (m->bf16) { /* the weights from column c0 on, so that ga starts at column 0 */
                 const uint16_t *wd = kt__moe_weight_ptr(m, t->e, KT_MOE_DOWN);
-                kt__bf16_gemm_nn(me, m->H, 0, st.c1 - st.c0, (const uint16_t *)m->gyc + off * m->H,
-                                 m->H, wd + st.c0, m->I, ga, ldga, 0);
+                kt__bf16_gemm_nn(me, m->H, 0, st.c1 - st.c0,
+                                 (const uint16_t *)m->gyc + off * m->ldh, m->ldh, wd + st.c0, m->I,
+                                 ga, ldga, 0);
             }
             if (m->cfg.mode == KT_MOE_LORA)
                 kt__moe_lora_gin_add(m, KT_MOE_DOWN, &st, ga, ldga, off);
@@ -228,7 +229,7 @@ static void dwd_tasks(void *vctx, int64_t b, int64_t end, int thread)
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
         float *dw = m->wgrad + (t->e * 3 + KT_MOE_DOWN) * m->H * m->I;
-        kt__bf16_gemm_tn(me, t->c0, t->c1, m->I, (const uint16_t *)m->gdc + off * m->H, m->H,
+        kt__bf16_gemm_tn(me, t->c0, t->c1, m->I, (const uint16_t *)m->gdc + off * m->ldh, m->ldh,
                          (const uint16_t *)m->ac + off * m->I, m->I, dw, m->I, c->scale,
                          !c->dw_overwrite);
     }
@@ -242,13 +243,13 @@ static void dwgu_tasks(void *vctx, int64_t b, int64_t end, int thread)
     for (int64_t i = m->part[b]; i < m->part[end]; i++) {
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
-        const uint16_t *x = (const uint16_t *)m->xc + off * m->H;
+        const uint16_t *x = (const uint16_t *)m->xc + off * m->ldh;
         float *dwg = m->wgrad + (t->e * 3 + KT_MOE_GATE) * m->H * m->I;
         float *dwu = m->wgrad + (t->e * 3 + KT_MOE_UP) * m->H * m->I;
         kt__bf16_gemm_tn(me, t->c0, t->c1, m->H, (const uint16_t *)m->ggc + off * m->I, m->I, x,
-                         m->H, dwg, m->H, c->scale, !c->dw_overwrite);
+                         m->ldh, dwg, m->H, c->scale, !c->dw_overwrite);
         kt__bf16_gemm_tn(me, t->c0, t->c1, m->H, (const uint16_t *)m->guc + off * m->I, m->I, x,
-                         m->H, dwu, m->H, c->scale, !c->dw_overwrite);
+                         m->ldh, dwu, m->H, c->scale, !c->dw_overwrite);
     }
 }
 
@@ -290,30 +291,32 @@ static void zero_part(void *vctx, int64_t b, int64_t end, int thread)
             memset(base + e * per, 0, (size_t)per * sizeof(float));
 }
 
-/* f32 weights, full mode: dW_e (+)= scale * g^T in, one kt__sgemm per active expert. */
-static kt_status sgemm_dw(kt_moe *m, int proj, const float *g, int64_t gw, const float *in,
-                          int64_t inw, float scale, int overwrite)
+/* f32 weights, full mode: dW_e (+)= scale * g^T in, one kt__sgemm per active expert (g's rows
+ * ldg apart, in's ldin). */
+static kt_status sgemm_dw(kt_moe *m, int proj, const float *g, int64_t gw, int64_t ldg,
+                          const float *in, int64_t inw, int64_t ldin, float scale, int overwrite)
 {
     for (int64_t e = 0; e < m->E; e++) {
         int64_t off = m->off[e], me = m->off[e + 1] - off;
         if (me == 0)
             continue;
         float *dw = m->wgrad + (e * 3 + proj) * m->H * m->I;
-        KT__TRY(kt__sgemm(m->gemm_pool, 1, 0, gw, inw, me, scale, g + off * gw, gw, in + off * inw,
-                          inw, overwrite ? 0.0f : 1.0f, dw, inw));
+        KT__TRY(kt__sgemm(m->gemm_pool, 1, 0, gw, inw, me, scale, g + off * ldg, ldg,
+                          in + off * ldin, ldin, overwrite ? 0.0f : 1.0f, dw, inw));
     }
     return KT_OK;
 }
 
-/* f32 weights: out (+)= g W for each active expert (W [gw, outw] in its stored layout). */
-static kt_status sgemm_nn(kt_moe *m, int proj, const float *g, int64_t gw, float *out, int64_t outw,
-                          float beta)
+/* f32 weights: out (+)= g W for each active expert (W [gw, outw] in its stored layout; g's rows
+ * ldg apart). */
+static kt_status sgemm_nn(kt_moe *m, int proj, const float *g, int64_t gw, int64_t ldg, float *out,
+                          int64_t outw, float beta)
 {
     for (int64_t e = 0; e < m->E; e++) {
         int64_t off = m->off[e], me = m->off[e + 1] - off;
         if (me == 0)
             continue;
-        KT__TRY(kt__sgemm(m->gemm_pool, 0, 0, me, outw, gw, 1.0f, g + off * gw, gw,
+        KT__TRY(kt__sgemm(m->gemm_pool, 0, 0, me, outw, gw, 1.0f, g + off * ldg, ldg,
                           kt__moe_weight_ptr(m, e, proj), outw, beta, out + off * outw, outw));
     }
     return KT_OK;
@@ -379,16 +382,16 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
         kt_parallel_for(m->pool, m->E, 1, zero_part, &c);
 
     if (lora) {
-        kt__moe_lora_gz(m, KT_MOE_DOWN, m->gdc);
-        kt__moe_lora_grads(m, KT_MOE_DOWN, m->gdc, m->ac, scale);
+        kt__moe_lora_gz(m, KT_MOE_DOWN, m->gdc, m->ldh);
+        kt__moe_lora_grads(m, KT_MOE_DOWN, m->gdc, m->ldh, m->ac, m->I, scale);
     }
     if (lora || full)
         kt__moe_phase_end(m, KT_MOE_PHASE_WEIGHT_GRAD);
     if (lora) /* the input gradient below is for grad_y itself (the routing weight comes in
                * the SiLU derivative), so the adapter's part of it too */
-        kt__moe_lora_gz(m, KT_MOE_DOWN, m->gyc);
+        kt__moe_lora_gz(m, KT_MOE_DOWN, m->gyc, m->ldh);
     if (!m->bf16)
-        KT__TRY(sgemm_nn(m, KT_MOE_DOWN, m->gyc, m->H, m->ga, m->I, 0.0f));
+        KT__TRY(sgemm_nn(m, KT_MOE_DOWN, m->gyc, m->H, m->ldh, m->ga, m->I, 0.0f));
     kt__moe_plan_parts(m, m->I);
     c.write_ac = ac_in_derivative;
     kt__moe_run_parts(m, ga_tasks, &c);
@@ -400,31 +403,34 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
             kt__moe_plan_parts(m, m->H);
             kt__moe_run_parts(m, dwd_tasks, &c);
         } else {
-            KT__TRY(sgemm_dw(m, KT_MOE_DOWN, m->gdc, m->H, m->ac, m->I, scale, c.dw_overwrite));
+            KT__TRY(sgemm_dw(m, KT_MOE_DOWN, m->gdc, m->H, m->ldh, m->ac, m->I, m->I, scale,
+                             c.dw_overwrite));
         }
     }
 
     if (lora) {
-        kt__moe_lora_gz(m, KT_MOE_GATE, m->ggc);
-        kt__moe_lora_gz(m, KT_MOE_UP, m->guc);
-        kt__moe_lora_grads(m, KT_MOE_GATE, m->ggc, m->xc, scale);
-        kt__moe_lora_grads(m, KT_MOE_UP, m->guc, m->xc, scale);
+        kt__moe_lora_gz(m, KT_MOE_GATE, m->ggc, m->I);
+        kt__moe_lora_gz(m, KT_MOE_UP, m->guc, m->I);
+        kt__moe_lora_grads(m, KT_MOE_GATE, m->ggc, m->I, m->xc, m->ldh, scale);
+        kt__moe_lora_grads(m, KT_MOE_UP, m->guc, m->I, m->xc, m->ldh, scale);
     }
     if (full) {
         if (m->bf16) {
             kt__moe_plan_parts(m, m->I);
             kt__moe_run_parts(m, dwgu_tasks, &c);
         } else {
-            KT__TRY(sgemm_dw(m, KT_MOE_GATE, m->ggc, m->I, m->xc, m->H, scale, c.dw_overwrite));
-            KT__TRY(sgemm_dw(m, KT_MOE_UP, m->guc, m->I, m->xc, m->H, scale, c.dw_overwrite));
+            KT__TRY(sgemm_dw(m, KT_MOE_GATE, m->ggc, m->I, m->I, m->xc, m->H, m->ldh, scale,
+                             c.dw_overwrite));
+            KT__TRY(sgemm_dw(m, KT_MOE_UP, m->guc, m->I, m->I, m->xc, m->H, m->ldh, scale,
+                             c.dw_overwrite));
         }
         m->flops += (uint64_t)(6 * rows * m->H * m->I);
     }
     if (lora || full)
         kt__moe_phase_end(m, KT_MOE_PHASE_WEIGHT_GRAD);
     if (!m->bf16) {
-        KT__TRY(sgemm_nn(m, KT_MOE_GATE, m->ggc, m->I, m->gx, m->H, 0.0f));
-        KT__TRY(sgemm_nn(m, KT_MOE_UP, m->guc, m->I, m->gx, m->H, 1.0f));
+        KT__TRY(sgemm_nn(m, KT_MOE_GATE, m->ggc, m->I, m->I, m->gx, m->H, 0.0f));
+        KT__TRY(sgemm_nn(m, KT_MOE_UP, m->guc, m->I, m->I, m->gx, m->H, 1.0f));
     }
     if (m->bf16 || lora) {
         kt__moe_plan_parts(m, m->H);

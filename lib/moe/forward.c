@@ -44,7 +44,7 @@ static void gather_part(void *vctx, int64_t t0, int64_t t1, int thread)
         }
         for (int64_t j = 0; j < m->K; j++) {
             int64_t r = m->slot_row[t * m->K + j];
-            memcpy((unsigned char *)m->xc + (size_t)(r * m->H) * cs, xt, (size_t)m->H * cs);
+            memcpy((unsigned char *)m->xc + (size_t)(r * m->ldh) * cs, xt, (size_t)m->H * cs);
         }
     }
 }
@@ -69,7 +69,7 @@ static void gate_up_tasks(void *vctx, int64_t b, int64_t end, int thread)
     for (int64_t i = m->part[b]; i < m->part[end]; i++) {
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
-        const uint16_t *x = (const uint16_t *)m->xc + off * m->H;
+        const uint16_t *x = (const uint16_t *)m->xc + off * m->ldh;
         for (int64_t c0 = t->c0; c0 < t->c1; c0 += GU_SUB_COLS) {
             const kt__moe_task st = {t->e, c0, t->c1 - c0 < GU_SUB_COLS ? t->c1 : c0 + GU_SUB_COLS};
             if (c->run_gemms && m->bf16) {
@@ -77,10 +77,10 @@ static void gate_up_tasks(void *vctx, int64_t b, int64_t end, int thread)
                  * first rows ahead */
                 const uint16_t *wg = kt__moe_weight_ptr(m, t->e, KT_MOE_GATE);
                 const uint16_t *wu = kt__moe_weight_ptr(m, t->e, KT_MOE_UP);
-                kt__bf16_gemm_nt_next(me, st.c0, st.c1, m->H, x, m->H, wg, m->H, wu + st.c0 * m->H,
-                                      m->g + off * m->I, m->I, 0);
-                kt__bf16_gemm_nt_next(me, st.c0, st.c1, m->H, x, m->H, wu, m->H, wg + st.c1 * m->H,
-                                      m->u + off * m->I, m->I, 0);
+                kt__bf16_gemm_nt_next(me, st.c0, st.c1, m->H, x, m->ldh, wg, m->H,
+                                      wu + st.c0 * m->H, m->g + off * m->I, m->I, 0);
+                kt__bf16_gemm_nt_next(me, st.c0, st.c1, m->H, x, m->ldh, wu, m->H,
+                                      wg + st.c1 * m->H, m->u + off * m->I, m->I, 0);
             }
             if (c->run_gemms && lora) {
                 kt__moe_lora_add(m, KT_MOE_GATE, &st, m->g);
@@ -124,14 +124,14 @@ static void down_tasks(void *vctx, int64_t b, int64_t end, int thread)
 }
 
 /* f32 weights: one kt__sgemm per active expert (it threads itself), out = in * W^T. */
-static kt_status sgemm_experts(kt_moe *m, int proj, const float *in, int64_t K, float *out,
-                               int64_t N)
+static kt_status sgemm_experts(kt_moe *m, int proj, const float *in, int64_t K, int64_t ldin,
+                               float *out, int64_t N)
 {
     for (int64_t e = 0; e < m->E; e++) {
         int64_t off = m->off[e], me = m->off[e + 1] - off;
         if (me == 0)
             continue;
-        KT__TRY(kt__sgemm(m->gemm_pool, 0, 1, me, N, K, 1.0f, in + off * K, K,
+        KT__TRY(kt__sgemm(m->gemm_pool, 0, 1, me, N, K, 1.0f, in + off * ldin, ldin,
                           kt__moe_weight_ptr(m, e, proj), K, 0.0f, out + off * N, N));
     }
     return KT_OK;
@@ -146,12 +146,12 @@ kt_status kt__moe_compute(kt_moe *m, int run_gemms)
     int64_t rows = m->off[m->E];
     fwd_ctx c = {m, NULL, 0, run_gemms};
     if (lora) {
-        kt__moe_lora_z(m, KT_MOE_GATE, m->xc);
-        kt__moe_lora_z(m, KT_MOE_UP, m->xc);
+        kt__moe_lora_z(m, KT_MOE_GATE, m->xc, m->ldh);
+        kt__moe_lora_z(m, KT_MOE_UP, m->xc, m->ldh);
     }
     if (run_gemms && !m->bf16) {
-        KT__TRY(sgemm_experts(m, KT_MOE_GATE, m->xc, m->H, m->g, m->I));
-        KT__TRY(sgemm_experts(m, KT_MOE_UP, m->xc, m->H, m->u, m->I));
+        KT__TRY(sgemm_experts(m, KT_MOE_GATE, m->xc, m->H, m->ldh, m->g, m->I));
+        KT__TRY(sgemm_experts(m, KT_MOE_UP, m->xc, m->H, m->ldh, m->u, m->I));
     }
     if (run_gemms) {
         kt__moe_plan_parts(m, m->I);
@@ -161,10 +161,10 @@ kt_status kt__moe_compute(kt_moe *m, int run_gemms)
     }
     kt__moe_phase_end(m, m->in_backward ? KT_MOE_PHASE_RECOMPUTE : KT_MOE_PHASE_GATE_UP);
     if (lora)
-        kt__moe_lora_z(m, KT_MOE_DOWN, m->ac);
+        kt__moe_lora_z(m, KT_MOE_DOWN, m->ac, m->I);
     if (run_gemms && !m->in_backward) { /* backward needs no expert outputs */
         if (!m->bf16)
-            KT__TRY(sgemm_experts(m, KT_MOE_DOWN, m->ac, m->I, m->d, m->H));
+            KT__TRY(sgemm_experts(m, KT_MOE_DOWN, m->ac, m->I, m->I, m->d, m->H));
         if (m->bf16 || lora) {
             kt__moe_plan_parts(m, m->H);
             kt__moe_run_parts(m, down_tasks, &c);

@@ -161,11 +161,12 @@ static size_t plan_scratch(kt_moe *m)
     SCRATCH(m->cursor, (size_t)m->E * 8);
     SCRATCH(m->tasks, (size_t)m->max_tasks * sizeof(kt__moe_task));
     SCRATCH(m->part, ((size_t)m->n_threads + 1) * 8);
-    SCRATCH(m->xc, N * H * cs);
+    const size_t ldh = (size_t)m->ldh;
+    SCRATCH(m->xc, N * ldh * cs);
     SCRATCH(m->ac, N * I * cs);
-    SCRATCH(m->gyc, N * H * cs);
+    SCRATCH(m->gyc, N * ldh * cs);
     if (m->cfg.mode != KT_MOE_FROZEN)
-        SCRATCH(m->gdc, N * H * cs);
+        SCRATCH(m->gdc, N * ldh * cs);
     SCRATCH(m->gwp, N * (size_t)kt__moe_gw_pieces(m) * 4);
     SCRATCH(m->row_w, N * 4);
     SCRATCH(m->d, N * H * 4);
@@ -298,6 +299,7 @@ kt_status kt_moe_create(const kt_moe_config *config, kt_threadpool *pool, kt_moe
     m->cs = kt_dtype_size(config->weight_dtype);
     m->E = config->n_experts;
     m->H = config->hidden;
+    m->ldh = m->H + ((size_t)m->H * m->cs % 1024 == 0 ? (int64_t)(64 / m->cs) : 0);
     m->I = config->intermediate;
     m->K = config->top_k;
     m->T = config->max_tokens;

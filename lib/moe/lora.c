@@ -19,7 +19,9 @@ typedef struct lora_ctx {
     kt_moe *m;
     int proj;
     const void *a; /* rows of the input (in wide) or output gradient (out wide), cdt */
-    const void *b;
+    int64_t lda;   /* a's row stride */
+    const void *b; /* (gradients) rows of the input */
+    int64_t ldb;
     float scale;
 } lora_ctx;
 
@@ -43,7 +45,7 @@ static void z_part(void *vctx, int64_t r0, int64_t r1, int thread)
             z[r * R + q] = 0.0f;
         for (int64_t k0 = 0; k0 < in; k0 += W) {
             const int64_t w = in - k0 < W ? in - k0 : W;
-            kt__vec_load_cdt(xb, kt__moe_cdt_at(m, c->a, r * in + k0), m->bf16, w);
+            kt__vec_load_cdt(xb, kt__moe_cdt_at(m, c->a, r * c->lda + k0), m->bf16, w);
             kt__vec_dots(w, xb, A + k0, in, R, part);
             for (int64_t q = 0; q < R; q++)
                 z[r * R + q] += part[q];
@@ -51,9 +53,9 @@ static void z_part(void *vctx, int64_t r0, int64_t r1, int thread)
     }
 }
 
-void kt__moe_lora_z(kt_moe *m, int proj, const void *in_c)
+void kt__moe_lora_z(kt_moe *m, int proj, const void *in_c, int64_t ld_in)
 {
-    lora_ctx c = {m, proj, in_c, NULL, 0.0f};
+    lora_ctx c = {m, proj, in_c, ld_in, NULL, 0, 0.0f};
     kt_parallel_for(m->pool, m->off[m->E], 1, z_part, &c);
 }
 
@@ -105,7 +107,7 @@ static void gz_part(void *vctx, int64_t r0, int64_t r1, int thread)
                     bt[q * W + n] = B[(n0 + n) * R + q];
             for (int64_t r = s0; r < s1; r++) {
                 float part[KT__MOE_LORA_MAX_RANK];
-                kt__vec_load_cdt(gb, kt__moe_cdt_at(m, c->a, r * outw + n0), m->bf16, w);
+                kt__vec_load_cdt(gb, kt__moe_cdt_at(m, c->a, r * c->lda + n0), m->bf16, w);
                 kt__vec_dots(w, gb, bt, W, R, part);
                 for (int64_t q = 0; q < R; q++)
                     gz[r * R + q] += part[q];
@@ -118,9 +120,9 @@ static void gz_part(void *vctx, int64_t r0, int64_t r1, int thread)
     }
 }
 
-void kt__moe_lora_gz(kt_moe *m, int proj, const void *gout_c)
+void kt__moe_lora_gz(kt_moe *m, int proj, const void *gout_c, int64_t ld_gout)
 {
-    lora_ctx c = {m, proj, gout_c, NULL, 0.0f};
+    lora_ctx c = {m, proj, gout_c, ld_gout, NULL, 0, 0.0f};
     kt_parallel_for(m->pool, m->off[m->E], 1, gz_part, &c);
 }
 
@@ -141,14 +143,14 @@ static void db_tasks(void *vctx, int64_t b, int64_t end, int thread)
     (void)thread;
     lora_ctx *c = vctx;
     kt_moe *m = c->m;
-    const int64_t outw = kt__moe_proj_out(m, c->proj), R = m->R, W = piece(R);
+    const int64_t R = m->R, W = piece(R);
     float buf[LORA_BUF];
     for (int64_t i = b; i < end; i++) {
         const kt__moe_task *t = &m->tasks[i];
         float *dB = kt__moe_lora_ptr(m, m->lora_grad, t->e, c->proj, 1);
         for (int64_t n0 = t->c0; n0 < t->c1; n0 += W) {
             const int64_t w = t->c1 - n0 < W ? t->c1 - n0 : W;
-            accumulate_rows(m, t->e, c->a, outw, n0, w, m->z[c->proj], buf);
+            accumulate_rows(m, t->e, c->a, c->lda, n0, w, m->z[c->proj], buf);
             for (int64_t n = 0; n < w; n++)
                 for (int64_t q = 0; q < R; q++)
                     dB[(n0 + n) * R + q] += c->scale * (m->lora_scale * buf[q * W + n]);
@@ -170,16 +172,17 @@ static void da_tasks(void *vctx, int64_t b, int64_t end, int thread)
         float *dA = kt__moe_lora_ptr(m, m->lora_grad, t->e, c->proj, 0);
         for (int64_t k0 = t->c0; k0 < t->c1; k0 += W) {
             const int64_t w = t->c1 - k0 < W ? t->c1 - k0 : W;
-            accumulate_rows(m, t->e, c->b, in, k0, w, m->gz[c->proj], buf);
+            accumulate_rows(m, t->e, c->b, c->ldb, k0, w, m->gz[c->proj], buf);
             for (int64_t q = 0; q < R; q++)
                 kt__vec_axpy(w, c->scale, buf + q * W, dA + q * in + k0);
         }
     }
 }
 
-void kt__moe_lora_grads(kt_moe *m, int proj, const void *gout_c, const void *in_c, float scale)
+void kt__moe_lora_grads(kt_moe *m, int proj, const void *gout_c, int64_t ld_gout, const void *in_c,
+                        int64_t ld_in, float scale)
 {
-    lora_ctx c = {m, proj, gout_c, in_c, scale};
+    lora_ctx c = {m, proj, gout_c, ld_gout, in_c, ld_in, scale};
     int64_t n = kt__moe_plan(m, kt__moe_proj_out(m, proj));
     kt_parallel_for(m->pool, n, 1, db_tasks, &c);
     n = kt__moe_plan(m, kt__moe_proj_in(m, proj));
