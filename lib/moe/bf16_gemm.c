@@ -567,15 +567,17 @@ typedef void (*tn_run_fn)(int64_t np, int tail, const uint16_t *a, int64_t a_til
  * then kept B on the stack and ran at half speed.) */
 enum { TN_GENERAL = 0, TN_STREAM = 1, TN_ADD = 2 };
 
-/* Rows [0, mr) of whole 32-column blocks packed in order, scaled by vs: streamed (TN_STREAM:
- * out 64-byte aligned, ldo a multiple of 16) or added to (TN_ADD, as pair_store's
+/* Rows [0, mr) of whole 32-column blocks packed in order, scaled by vs (unless `scaled` is 0:
+ * a scale of 1, exact without the multiplies, which take the vdpbf16ps ports): streamed
+ * (TN_STREAM: out 64-byte aligned, ldo a multiple of 16) or added to (TN_ADD, as pair_store's
  * OUT_SCALE_ADD, its prefetch included). */
-BF_INLINE void tn_store_whole(const int mr, const int kind, __m512 acc[PAIR_MR][2], float *out,
-                              int64_t ldo, __m512 vs)
+BF_INLINE void tn_store_whole(const int mr, const int kind, const int scaled,
+                              __m512 acc[PAIR_MR][2], float *out, int64_t ldo, __m512 vs)
 {
     for (int i = 0; i < mr; i++) {
         float *r = out + i * ldo;
-        const __m512 s0 = _mm512_mul_ps(vs, acc[i][0]), s1 = _mm512_mul_ps(vs, acc[i][1]);
+        const __m512 s0 = scaled ? _mm512_mul_ps(vs, acc[i][0]) : acc[i][0];
+        const __m512 s1 = scaled ? _mm512_mul_ps(vs, acc[i][1]) : acc[i][1];
         if (kind == TN_STREAM) {
             _mm512_stream_ps(r, s0);
             _mm512_stream_ps(r + 16, s1);
@@ -588,9 +590,9 @@ BF_INLINE void tn_store_whole(const int mr, const int kind, __m512 acc[PAIR_MR][
     }
 }
 
-BF_INLINE void tn_tiles(const int mr, const int kind, int64_t np, int tail, const uint16_t *a,
-                        int64_t a_tile, int64_t tiles, const uint16_t *b, __mmask32 jm, float *out,
-                        int64_t ldo, int mode, float scale)
+BF_INLINE void tn_tiles(const int mr, const int kind, const int scaled, int64_t np, int tail,
+                        const uint16_t *a, int64_t a_tile, int64_t tiles, const uint16_t *b,
+                        __mmask32 jm, float *out, int64_t ldo, int mode, float scale)
 {
     const __m512 vs = _mm512_set1_ps(scale);
     for (int64_t t = 0; t < tiles; t++) {
@@ -606,7 +608,7 @@ BF_INLINE void tn_tiles(const int mr, const int kind, int64_t np, int tail, cons
                     _mm512_store_ps(accs + 32 * i + 16 * h, acc[i][h]);
             store_general(mr, 1, accs, jm, o, ldo, mode, scale);
         } else {
-            tn_store_whole(mr, kind, acc, o, ldo, vs);
+            tn_store_whole(mr, kind, scaled, acc, o, ldo, vs);
         }
     }
 }
@@ -617,12 +619,18 @@ BF_INLINE void tn_tiles(const int mr, const int kind, int64_t np, int tail, cons
                                       int64_t ldo, int mode, float scale)                          \
     {                                                                                              \
         const int whole = jm == 0xffffffffu;                                                       \
-        if (whole && mode == OUT_SCALE_STREAM && ((uintptr_t)out & 63) == 0 && (ldo & 15) == 0)    \
-            tn_tiles(MR, TN_STREAM, np, tail, a, a_tile, tiles, b, jm, out, ldo, mode, scale);     \
-        else if (whole && mode == OUT_SCALE_ADD)                                                   \
-            tn_tiles(MR, TN_ADD, np, tail, a, a_tile, tiles, b, jm, out, ldo, mode, scale);        \
-        else                                                                                       \
-            tn_tiles(MR, TN_GENERAL, np, tail, a, a_tile, tiles, b, jm, out, ldo, mode, scale);    \
+        if (whole && mode == OUT_SCALE_STREAM && ((uintptr_t)out & 63) == 0 && (ldo & 15) == 0) {  \
+            if (scale == 1.0f)                                                                     \
+                tn_tiles(MR, TN_STREAM, 0, np, tail, a, a_tile, tiles, b, jm, out, ldo, mode,      \
+                         scale);                                                                   \
+            else                                                                                   \
+                tn_tiles(MR, TN_STREAM, 1, np, tail, a, a_tile, tiles, b, jm, out, ldo, mode,      \
+                         scale);                                                                   \
+        } else if (whole && mode == OUT_SCALE_ADD) {                                               \
+            tn_tiles(MR, TN_ADD, 1, np, tail, a, a_tile, tiles, b, jm, out, ldo, mode, scale);     \
+        } else {                                                                                   \
+            tn_tiles(MR, TN_GENERAL, 1, np, tail, a, a_tile, tiles, b, jm, out, ldo, mode, scale); \
+        }                                                                                          \
     }
 TN_RUN_VARIANT(12)
 TN_RUN_VARIANT(11)
