@@ -321,6 +321,19 @@ static void nt_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
 /* ---- NN and TN: pairs along the reduced dimension ------------------------------------------- */
 
 #define PAIR_MR 12
+/* The pair kernels come in one variant per tile height 1..PAIR_MR (the height fixes the
+ * accumulators' count at compile time); these instantiate them and list them by height. */
+#define EACH_TILE_HEIGHT(VARIANT)                                                                  \
+    VARIANT(12)                                                                                    \
+    VARIANT(11)                                                                                    \
+    VARIANT(10)                                                                                    \
+    VARIANT(9)                                                                                     \
+    VARIANT(8) VARIANT(7) VARIANT(6) VARIANT(5) VARIANT(4) VARIANT(3) VARIANT(2) VARIANT(1)
+#define TILE_HEIGHT_TABLE(prefix)                                                                  \
+    {                                                                                              \
+        NULL, prefix##1, prefix##2, prefix##3, prefix##4, prefix##5, prefix##6, prefix##7,         \
+            prefix##8, prefix##9, prefix##10, prefix##11, prefix##12                               \
+    }
 #define TN_PAIRS_PER_CHUNK 1024 /* 12 x 1024 packed pairs = 48 KiB of stack */
 
 static uint32_t ld32(const uint16_t *p)
@@ -488,8 +501,9 @@ BF_INLINE void pair_store(const int mr, const int ordered, __m512 acc[PAIR_MR][2
     }
 }
 
-/* pair_store out of line, from a copy of the accumulators (acc[i][h] at accs + 32 i + 16 h),
- * for TN's tiles whose output is not whole blocks streamed or added to. Inlined (or given
+/* pair_store out of line, from a copy of the accumulators (acc[i][h] at accs + 32 i + 16 h):
+ * TN's tiles whose output is not whole blocks streamed or added to, and the NN rows path's
+ * last chunk (its accumulators are in accbuf anyway). Inlined (or given
  * acc's address), its branches kept every tile's accumulators on the stack: TN ran at 0.80 of
  * the peak against 0.91 without (1 thread, dsv2lite's down shape). */
 BF_TARGET __attribute__((noinline)) static void store_general(int mr, int ordered,
@@ -536,22 +550,9 @@ typedef void (*pair_fn)(int64_t np, int tail, const uint16_t *a, int64_t a_row, 
                     _mm512_storeu_ps(accbuf + 32 * i + 16 * h, acc[i][h]);                         \
         }                                                                                          \
     }
-PAIR_VARIANT(12)
-PAIR_VARIANT(11)
-PAIR_VARIANT(10)
-PAIR_VARIANT(9)
-PAIR_VARIANT(8)
-PAIR_VARIANT(7)
-PAIR_VARIANT(6)
-PAIR_VARIANT(5)
-PAIR_VARIANT(4)
-PAIR_VARIANT(3)
-PAIR_VARIANT(2)
-PAIR_VARIANT(1)
+EACH_TILE_HEIGHT(PAIR_VARIANT)
 
-static const pair_fn pair_fns[PAIR_MR + 1] = {NULL,    pair_1,  pair_2, pair_3, pair_4,
-                                              pair_5,  pair_6,  pair_7, pair_8, pair_9,
-                                              pair_10, pair_11, pair_12};
+static const pair_fn pair_fns[PAIR_MR + 1] = TILE_HEIGHT_TABLE(pair_);
 
 /* tn's packed path: `tiles` tiles of MR rows in one call over the same packed block of x
  * (b), tile t's pairs at a + t * a_tile and its output rows from out + t * MR * ldo. With
@@ -632,22 +633,9 @@ BF_INLINE void tn_tiles(const int mr, const int kind, const int scaled, int64_t 
             tn_tiles(MR, TN_GENERAL, 1, np, tail, a, a_tile, tiles, b, jm, out, ldo, mode, scale); \
         }                                                                                          \
     }
-TN_RUN_VARIANT(12)
-TN_RUN_VARIANT(11)
-TN_RUN_VARIANT(10)
-TN_RUN_VARIANT(9)
-TN_RUN_VARIANT(8)
-TN_RUN_VARIANT(7)
-TN_RUN_VARIANT(6)
-TN_RUN_VARIANT(5)
-TN_RUN_VARIANT(4)
-TN_RUN_VARIANT(3)
-TN_RUN_VARIANT(2)
-TN_RUN_VARIANT(1)
+EACH_TILE_HEIGHT(TN_RUN_VARIANT)
 
-static const tn_run_fn tn_run_fns[PAIR_MR + 1] = {
-    NULL,     tn_run_1, tn_run_2, tn_run_3,  tn_run_4,  tn_run_5, tn_run_6,
-    tn_run_7, tn_run_8, tn_run_9, tn_run_10, tn_run_11, tn_run_12};
+static const tn_run_fn tn_run_fns[PAIR_MR + 1] = TILE_HEIGHT_TABLE(tn_run_);
 
 /* The NN rows path's tiles over one chunk of pairs and one packed 32-column block: `tiles`
  * tiles of MR rows (tile t's rows of g from a + t MR a_row, its accumulators at
@@ -687,22 +675,9 @@ BF_INLINE void nn_tiles(const int mr, const int first, int64_t np, int tail, con
         else                                                                                       \
             nn_tiles(MR, 0, np, tail, a, a_row, tiles, b, jm, pf, accbuf, last, out, ldo, mode);   \
     }
-NN_RUN_VARIANT(12)
-NN_RUN_VARIANT(11)
-NN_RUN_VARIANT(10)
-NN_RUN_VARIANT(9)
-NN_RUN_VARIANT(8)
-NN_RUN_VARIANT(7)
-NN_RUN_VARIANT(6)
-NN_RUN_VARIANT(5)
-NN_RUN_VARIANT(4)
-NN_RUN_VARIANT(3)
-NN_RUN_VARIANT(2)
-NN_RUN_VARIANT(1)
+EACH_TILE_HEIGHT(NN_RUN_VARIANT)
 
-static const nn_run_fn nn_run_fns[PAIR_MR + 1] = {
-    NULL,     nn_run_1, nn_run_2, nn_run_3,  nn_run_4,  nn_run_5, nn_run_6,
-    nn_run_7, nn_run_8, nn_run_9, nn_run_10, nn_run_11, nn_run_12};
+static const nn_run_fn nn_run_fns[PAIR_MR + 1] = TILE_HEIGHT_TABLE(nn_run_);
 
 /* Tile i of `rows` rows: as many tiles as 12-row tiles need, their heights as equal as
  * possible (90 rows: 6 x 11 + 2 x 12, not 7 x 12 + 4 + 2), since a short tile has too few
