@@ -1135,9 +1135,14 @@ static void test_load_save(void **state)
             OK(kt_st_open(path, &f));
             assert_int_equal(kt_st_count(f), 2 * 3 * 3 * (mode == KT_MOE_LORA ? 3 : 1));
             OK(kt_moe_load(b, f, "moe.5."));
-            kt_st_close(f);
             OK(kt_moe_forward(b, &in2.x, &in2.ids, &in2.w, &in2.y));
             OK(kt_moe_forward(c2, &in.x, &in.ids, &in.w, &in.y));
+            assert_true(tu_bitwise_equal(&in.y, &in2.y));
+            /* and the first layer under its own prefix (a's weights, not c2's) */
+            OK(kt_moe_load(b, f, "moe.0."));
+            kt_st_close(f);
+            OK(kt_moe_forward(b, &in2.x, &in2.ids, &in2.w, &in2.y));
+            OK(kt_moe_forward(a, &in.x, &in.ids, &in.w, &in.y));
             assert_true(tu_bitwise_equal(&in.y, &in2.y));
             kt_moe_destroy(c2);
             kt_moe_destroy(c);

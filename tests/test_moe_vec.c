@@ -42,7 +42,7 @@ static void test_dot_reference(void **state)
             mag += fabs((double)a[i] * b[i]);
         }
         const float got = kt__vec_dot(n, a, b);
-        assert_true(fabs(got - want) <= 1e-5 * mag + 1e-30);
+        assert_true(fabs(got - want) <= 1e-6 * mag + 1e-30);
         free(a);
         free(b);
     }

@@ -363,7 +363,6 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
     int lora = m->cfg.mode == KT_MOE_LORA, full = m->cfg.mode == KT_MOE_FULL;
     bwd_ctx c = {m, gy, gxo, scale, full && m->grad_overwrite, 0};
     int64_t rows = m->off[m->E];
-    m->in_backward = 1;
     kt__moe_phase_start(m);
     /* Without kept activations this reruns the gate/up GEMMs (from the gathered input). With
      * them, LoRA rebuilds ac and the z, which its adapter gradients need, and full mode only
@@ -373,7 +372,7 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
     if (lora || full || !m->cfg.keep_activations) {
         kt__moe_gather(m, NULL, 0);
         if (!ac_in_derivative)
-            KT__TRY(kt__moe_compute(m, !m->cfg.keep_activations));
+            KT__TRY(kt__moe_compute(m, !m->cfg.keep_activations, 1));
         kt__moe_phase_end(m, KT_MOE_PHASE_RECOMPUTE);
     }
     kt_parallel_for(m->pool, m->qlen, 1, gy_rows_part, &c);

@@ -519,17 +519,16 @@ BF_TARGET __attribute__((noinline)) static void store_general(int mr, int ordere
 }
 
 typedef void (*pair_fn)(int64_t np, int tail, const uint16_t *a, int64_t a_row, int64_t a_pair,
-                        const uint16_t *b, int64_t ldb, int packed, __mmask32 jm, pf_walk *pf,
-                        float *accbuf, int first, int last, float *out, int64_t ldo, int mode,
-                        float scale);
+                        const uint16_t *b, int64_t ldb, int packed, __mmask32 jm, float *accbuf,
+                        int first, int last, float *out, int64_t ldo, int mode, float scale);
 
 /* One tile over one range of pairs: acc from zero (first) or accbuf, then to out (last) or
  * back to accbuf (mr x 32 floats), so a reduction split in chunks sums exactly as one. */
 #define PAIR_VARIANT(MR)                                                                           \
     BF_TARGET static void pair_##MR(int64_t np, int tail, const uint16_t *a, int64_t a_row,        \
                                     int64_t a_pair, const uint16_t *b, int64_t ldb, int packed,    \
-                                    __mmask32 jm, pf_walk *pf, float *accbuf, int first, int last, \
-                                    float *out, int64_t ldo, int mode, float scale)                \
+                                    __mmask32 jm, float *accbuf, int first, int last, float *out,  \
+                                    int64_t ldo, int mode, float scale)                            \
     {                                                                                              \
         __m512 acc[PAIR_MR][2];                                                                    \
         for (int i = 0; i < MR; i++)                                                               \
@@ -537,11 +536,11 @@ typedef void (*pair_fn)(int64_t np, int tail, const uint16_t *a, int64_t a_row, 
                 acc[i][h] =                                                                        \
                     first ? _mm512_setzero_ps() : _mm512_loadu_ps(accbuf + 32 * i + 16 * h);       \
         if (packed)                                                                                \
-            pair_tile(MR, B_PACKED, np, tail, a, a_row, a_pair, b, ldb, jm, pf, acc);              \
+            pair_tile(MR, B_PACKED, np, tail, a, a_row, a_pair, b, ldb, jm, NULL, acc);            \
         else if (jm == 0xffffffffu)                                                                \
-            pair_tile(MR, B_ROWS_FULL, np, tail, a, a_row, a_pair, b, ldb, jm, pf, acc);           \
+            pair_tile(MR, B_ROWS_FULL, np, tail, a, a_row, a_pair, b, ldb, jm, NULL, acc);         \
         else                                                                                       \
-            pair_tile(MR, B_ROWS_MASKED, np, tail, a, a_row, a_pair, b, ldb, jm, pf, acc);         \
+            pair_tile(MR, B_ROWS_MASKED, np, tail, a, a_row, a_pair, b, ldb, jm, NULL, acc);       \
         if (last) {                                                                                \
             pair_store(MR, 0, acc, jm, out, ldo, mode, scale);                                     \
         } else {                                                                                   \
@@ -864,7 +863,7 @@ static void nn_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16
                 for (int64_t m = m0, i = 0; m < m1; i++) {
                     const int mr = tile_height(m1 - m0, i);
                     const pair_fn fn = pair_fns[mr];
-                    fn(cnt - tail, tail, g + m * ldg + 2 * p0, ldg, 2, bpack, 0, 1, jm, NULL,
+                    fn(cnt - tail, tail, g + m * ldg + 2 * p0, ldg, 2, bpack, 0, 1, jm,
                        accbuf + (m - m0) * 32, c == 0, last, y + m * ldy + kb, ldy, mode, 1.0f);
                     m += mr;
                 }
@@ -975,8 +974,8 @@ static void tn_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
                     if (chunks > 1)
                         tn_pack_a(M, p0, cnt, mr, g + n, ldg, apack);
                     fn(cnt - tail, tail, (const uint16_t *)apack, 2, 2 * (int64_t)mr,
-                       x + 2 * p0 * ldx + jb, ldx, 0, jm, NULL, accbuf, c == 0, last,
-                       dw + n * lddw + jb, lddw, mode, scale);
+                       x + 2 * p0 * ldx + jb, ldx, 0, jm, accbuf, c == 0, last, dw + n * lddw + jb,
+                       lddw, mode, scale);
                 }
             }
             n += mr;

@@ -139,8 +139,9 @@ static kt_status sgemm_experts(kt_moe *m, int proj, const float *in, int64_t K, 
 
 /* With xc gathered: g, u (+ LoRA), ac = silu(g) * u, d (+ LoRA). run_gemms = 0 only
  * rebuilds ac and the LoRA inputs from kept g and u (backward with keep_activations), with
- * the same code, so kept and recomputed values are bitwise equal. */
-kt_status kt__moe_compute(kt_moe *m, int run_gemms)
+ * the same code, so kept and recomputed values are bitwise equal. in_backward: backward's
+ * recompute (no down GEMM: backward needs no expert outputs; timed as its recompute). */
+kt_status kt__moe_compute(kt_moe *m, int run_gemms, int in_backward)
 {
     int lora = m->cfg.mode == KT_MOE_LORA;
     int64_t rows = m->off[m->E];
@@ -159,10 +160,10 @@ kt_status kt__moe_compute(kt_moe *m, int run_gemms)
     } else { /* g and u are kept (from memory now): whole rows, streamed */
         kt_parallel_for(m->pool, rows, 16, act_rows_part, &c);
     }
-    kt__moe_phase_end(m, m->in_backward ? KT_MOE_PHASE_RECOMPUTE : KT_MOE_PHASE_GATE_UP);
+    kt__moe_phase_end(m, in_backward ? KT_MOE_PHASE_RECOMPUTE : KT_MOE_PHASE_GATE_UP);
     if (lora)
         kt__moe_lora_z(m, KT_MOE_DOWN, m->ac, m->I);
-    if (run_gemms && !m->in_backward) { /* backward needs no expert outputs */
+    if (run_gemms && !in_backward) {
         if (!m->bf16)
             KT__TRY(sgemm_experts(m, KT_MOE_DOWN, m->ac, m->I, m->I, m->d, m->H));
         if (m->bf16 || lora) {
@@ -173,7 +174,7 @@ kt_status kt__moe_compute(kt_moe *m, int run_gemms)
     }
     if (run_gemms)
         m->flops += (uint64_t)(4 * rows * m->H * m->I);
-    kt__moe_phase_end(m, m->in_backward ? KT_MOE_PHASE_RECOMPUTE : KT_MOE_PHASE_DOWN);
+    kt__moe_phase_end(m, in_backward ? KT_MOE_PHASE_RECOMPUTE : KT_MOE_PHASE_DOWN);
     return KT_OK;
 }
 
@@ -263,7 +264,6 @@ static kt_status forward_body(kt_moe *m, kt__moe_job *job)
         return KT_OK;
     }
     m->fwd_valid = 0;
-    m->in_backward = 0;
     kt__moe_phase_start(m);
     st = kt__moe_route(m, job);
     if (st != KT_OK)
@@ -271,7 +271,7 @@ static kt_status forward_body(kt_moe *m, kt__moe_job *job)
     kt__moe_phase_end(m, KT_MOE_PHASE_ROUTE);
     kt__moe_gather(m, job, 1);
     kt__moe_phase_end(m, KT_MOE_PHASE_GATHER);
-    st = kt__moe_compute(m, 1);
+    st = kt__moe_compute(m, 1, 0);
     if (st != KT_OK)
         goto fail;
     kt_parallel_for(m->pool, m->qlen, 1, combine_part, &c);

@@ -209,8 +209,12 @@ kt_status kt_moe_save_layers(const kt_moe *const *layers, const char *const *pre
                 }
     }
     st = kt_st_save(path, items, total, NULL);
-    if (st != KT_OK)
-        kt__error_context(st, "moe '%s': save", n == 1 ? layers[0]->name : "layers");
+    if (st != KT_OK) {
+        if (n == 1)
+            kt__error_context(st, "moe '%s': save", layers[0]->name);
+        else
+            kt__error_context(st, "kt_moe_save_layers (%d layers)", n);
+    }
 done:
     free(names);
     free(items);

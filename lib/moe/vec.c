@@ -219,14 +219,15 @@ void kt__vec_rank_update(int64_t n, int64_t nrows, const void *x, int64_t ldx, i
     for (int64_t q = 0; q < R; q++)
         for (int64_t i = 0; i < n; i++)
             acc[q * lda + i] = 0.0f;
+    /* each element widened once; every acc[q][i] still sums its rows in order */
     for (int64_t r = 0; r < nrows; r++)
-        for (int64_t q = 0; q < R; q++)
-            for (int64_t i = 0; i < n; i++) {
-                const size_t at = (size_t)(r * ldx + i);
-                const float v =
-                    bf16 ? kt_bf16_to_f32_1(((const uint16_t *)x)[at]) : ((const float *)x)[at];
+        for (int64_t i = 0; i < n; i++) {
+            const size_t at = (size_t)(r * ldx + i);
+            const float v =
+                bf16 ? kt_bf16_to_f32_1(((const uint16_t *)x)[at]) : ((const float *)x)[at];
+            for (int64_t q = 0; q < R; q++)
                 acc[q * lda + i] += coef[r * R + q] * v;
-            }
+        }
 }
 
 void kt__vec_load_cdt(float *dst, const void *src, int bf16, int64_t n)

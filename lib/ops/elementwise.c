@@ -78,7 +78,7 @@ static void f_mul(float *o, const float *a, const float *b, int64_t n, const kt_
         o[i] = a[i] * b[i];
 }
 
-static void f_scale(float *o, const float *a, int64_t n, const kt_op_attrs *at)
+void kt__map_scale(float *o, const float *a, int64_t n, const kt_op_attrs *at)
 {
     const float s = at->alpha;
     for (int64_t i = 0; i < n; i++)
@@ -137,7 +137,7 @@ static kt_status fwd_mul(const kt__op_call *c)
 
 static kt_status fwd_scale(const kt__op_call *c)
 {
-    kt__map1(c->pool, &c->out_w[0], &c->in[0], f_scale, c->attrs);
+    kt__map1(c->pool, &c->out_w[0], &c->in[0], kt__map_scale, c->attrs);
     return KT_OK;
 }
 
@@ -179,7 +179,7 @@ static kt_status bwd_mul(const kt__op_call *c)
 static kt_status bwd_scale(const kt__op_call *c)
 {
     if (c->gin[0].data)
-        kt__map1(c->pool, &c->gin[0], &c->gout[0], f_scale, c->attrs);
+        kt__map1(c->pool, &c->gin[0], &c->gout[0], kt__map_scale, c->attrs);
     return KT_OK;
 }
 

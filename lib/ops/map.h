@@ -13,6 +13,8 @@ typedef void (*kt__map2_fn)(float *o, const float *a, const float *b, int64_t n,
 
 void kt__map1(kt_threadpool *pool, kt_tensor *o, const kt_tensor *a, kt__map1_fn fn,
               const kt_op_attrs *attrs);
+/* o[i] = attrs->alpha * a[i]: the scale op's chunk function */
+void kt__map_scale(float *o, const float *a, int64_t n, const kt_op_attrs *attrs);
 /* b is either a's shape or broadcast: numel(b) divides numel(a) and b repeats every
  * numel(b) elements of a (b's shape is a suffix of a's). */
 void kt__map2(kt_threadpool *pool, kt_tensor *o, const kt_tensor *a, const kt_tensor *b,

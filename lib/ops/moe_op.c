@@ -155,16 +155,10 @@ static kt_status fwd_moe_dist(const kt__op_call *c)
  * gradient scale 1: the mean over the ranks), and multiplies the input gradients it returns
  * by W (in f32 arithmetic, stored in the activation dtype: a bf16 grad_x is rounded once by
  * the layer and once more here). */
-static void mul_alpha(float *o, const float *a, int64_t n, const kt_op_attrs *at)
-{
-    for (int64_t i = 0; i < n; i++)
-        o[i] = a[i] * at->alpha;
-}
-
-static void scale_rows(const kt__op_call *c, kt_tensor *t, float s)
+static void scale_rows(kt_threadpool *pool, kt_tensor *t, float s)
 {
     const kt_op_attrs at = {.alpha = s};
-    kt__map1(c->pool, t, t, mul_alpha, &at); /* elementwise, so in place is safe */
+    kt__map1(pool, t, t, kt__map_scale, &at); /* elementwise, so in place is safe */
 }
 
 static kt_status bwd_moe_dist(const kt__op_call *c)
@@ -186,12 +180,12 @@ static kt_status bwd_moe_dist(const kt__op_call *c)
             /* the layer runs on the gradient of the mean loss over all ranks, the one a
              * single rank would see; see scale_rows */
             float w = (float)d.world;
-            scale_rows(c, &d.gy, 1.0f / w);
+            scale_rows(c->pool, &d.gy, 1.0f / w);
             st = kt_moe_backward(m, &d.gy, &gx, &gw, 1.0f);
             if (st == KT_OK && want_x)
-                scale_rows(c, &gx, w);
+                scale_rows(c->pool, &gx, w);
             if (st == KT_OK && want_w)
-                scale_rows(c, &gw, w);
+                scale_rows(c->pool, &gw, w);
         }
     }
     KT__TRY(kt_comm_agree(c->comm, st));

@@ -87,9 +87,8 @@ static int parse_i64(const char *opt, const char *v, int64_t lo, int64_t *out)
     errno = 0;
     long long x = strtoll(v, &end, 10);
     if (*v == '\0' || *end != '\0' || errno != 0 || x < lo) {
-        fprintf(stderr, "kt-train: %s needs a whole number >= %lld, not '%s'\n(see kt-train "
-                "--help)\n", opt, (long long)lo, v);
-        return 2;
+        return kt_tool_usage_error("kt-train", "%s needs a whole number >= %lld, not '%s'", opt,
+                                   (long long)lo, v);
     }
     *out = x;
     return 0;
@@ -103,8 +102,7 @@ static int parse_choice(const char *opt, const char *v, const char *const *names
             *out = i;
             return 0;
         }
-    fprintf(stderr, "kt-train: %s: unknown value '%s'\n(see kt-train --help)\n", opt, v);
-    return 2;
+    return kt_tool_usage_error("kt-train", "%s: unknown value '%s'", opt, v);
 }
 
 /* Options that take a value; 0 done, 2 usage error. */
