@@ -342,19 +342,17 @@ static void test_big_shapes(void **state)
     }
 }
 
-/* NN takes the rows path up to 512 rows whatever w's row stride (the layer's gate/up, rows
- * 4 KiB apart, and its down projection, 2816 B apart): its narrower column groups (width 128
- * down to 32) against the reference, and split; above 512 rows the 32-column walk. */
+/* NN's rows path whatever w's row stride (the layer's gate/up, rows 4 KiB apart, and its
+ * down projection, 2816 B apart): its narrower column groups (width 128 down to 32) up to 512
+ * rows, and above, its chunks of rows (513: 257 + 256; 1100: three), against the reference
+ * and split. */
 static void test_nn_rows_path(void **state)
 {
     (void)state;
-    static const int64_t Ms[] = {24, 96, 300, 512};
+    static const int64_t Ms[] = {24, 96, 300, 512, 513, 1100};
     static const int64_t lds[] = {2048, 1408};
-    assert_false(kt__bf16_gemm_nn_rows_path(513));
     for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++)
         for (size_t l = 0; l < sizeof lds / sizeof lds[0]; l++) {
-            if (vector_path() && !kt__amx_usable()) /* the path this test is for */
-                assert_true(kt__bf16_gemm_nn_rows_path(Ms[i]));
             prob p;
             uint64_t seed = 31;
             do { /* a draw without row padding, so that ldb is the stride wanted */
@@ -377,7 +375,8 @@ static void test_nn_rows_path(void **state)
 /* nn2 (y = g0 w0 + g1 w1, one pass): against the float64 sum of both products within the
  * bound of a 2N-term f32 sum, bitwise independent of the column split and of streaming the
  * stores, and on the portable path (where it is defined as them) the two nn calls. Sizes span the
- * rows path (odd N, N over a chunk of 256 rows, M from 1 to above 24) and the large-M walk. */
+ * rows path (odd N, N over a chunk of 256 rows, M from 1 to above 24) and its chunks of rows
+ * (M above 512). */
 static void test_nn2(void **state)
 {
     (void)state;
@@ -478,18 +477,31 @@ static void test_nt_next(void **state)
     }
 }
 
-/* tn with more than 2048 rows: the reduction runs in chunks of 1024 packed pairs. */
+/* tn above 512 rows: the packed path with its buffers on the heap, and (kt__bf16_tn_no_heap)
+ * the walk it falls back to when the allocation fails, whose reduction runs in chunks of 1024
+ * packed pairs above 2048 rows: each against the reference and split, and the two bitwise
+ * equal. dw's 13 rows are two tiles: one group of tiles up to 4097 rows, and at 16385 rows
+ * (384 KiB panels) a group each. */
 static void test_tn_long_reduction(void **state)
 {
     (void)state;
     tu_rng rng;
     tu_rng_seed(&rng, 7);
-    static const int64_t Ms[] = {2048, 2049, 2050, 2051, 4097};
+    static const int64_t Ms[] = {513, 1025, 2048, 2049, 2050, 2051, 4097, 16385};
     for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
         prob p;
         prob_init(&p, TN, Ms[i], 13, 45, &rng);
         check_prob(&p, &rng);
         check_split(&p, &rng);
+        float *heap = malloc((size_t)(p.cr * p.ldc) * sizeof *heap);
+        assert_non_null(heap);
+        memcpy(heap, p.c, (size_t)(p.cr * p.ldc) * sizeof *heap);
+        kt__bf16_tn_no_heap = 1;
+        check_prob(&p, &rng);
+        check_split(&p, &rng);
+        kt__bf16_tn_no_heap = 0;
+        assert_memory_equal(heap, p.c, (size_t)(p.cr * p.ldc) * sizeof *heap);
+        free(heap);
         prob_free(&p);
     }
 }

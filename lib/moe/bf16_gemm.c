@@ -26,18 +26,21 @@
  *    A operand is the 32-bit pair (g[m,n], g[m,n+1]) broadcast; up to 12 rows of g x 32
  *    columns per tile (24 accumulators). w's row pairs are interleaved into a stack buffer
  *    once per chunk of the reduction and used by every row tile; the accumulators are
- *    carried between chunks in a stack buffer. Up to 512 rows a chunk covers a group of up to
- *    128 columns, each row of w read as one run ("rows" path, nn_rows_avx512), the next
- *    chunk's lines fetched during this one's tiles; above, one 32-column block at a time.
+ *    carried between chunks in a stack buffer. A chunk covers a group of up to 128 columns,
+ *    each row of w read as one run ("rows" path, nn_rows_avx512), the next chunk's lines
+ *    fetched during this one's tiles; a call takes up to 512 rows of g, more run in chunks
+ *    of rows.
  *  - TN dw += scale g^T x: the same tile with x's row pairs as B and the pairs (g[m,n],
- *    g[m+1,n]) as A, packed per tile of 12 rows n into a stack buffer (x's pairs are also
- *    packed once per column block, shared by up to 64 row tiles, for up to 512 rows of x).
+ *    g[m+1,n]) as A, packed per tile of 12 rows n (x's pairs are also packed once per column
+ *    block, shared by up to 64 row tiles); the buffers are on the stack up to 512 rows of x,
+ *    on the heap above.
  * Rows of w (and x for TN) that are 4 KiB apart all fall in one L1 set; where a kernel walks
  * a column block down many rows it prefetches what comes next into L2 (the next chunk's
  * rows, or along the row). The kernels use up to 128 KiB of stack (the NN rows path). They
  * are fastest with 64-byte aligned operands and leading dimensions that are multiples of 32
  * elements (rows then start on cache lines). */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/cpu_internal.h"
@@ -359,7 +362,7 @@ enum { B_ROWS_MASKED = 0, B_ROWS_FULL = 1, B_PACKED = 2 };
  * single value is the 16-bit one at a + i * a_row + np * a_pair. With B_PACKED, b is the
  * buffer of interleaved pairs (the tail's included). acc[i][0] holds columns
  * 0-3, 8-11, 16-19, 24-27 of the block, acc[i][1] the others (0-15 and 16-31 where b was
- * packed in column order: nn_pack_b's `ordered`). */
+ * packed in column order, as tn_pack_x does). */
 BF_INLINE void pair_step(const int mr, const int bmode, int64_t p, const uint16_t *a, int64_t a_row,
                          int64_t a_pair, const uint16_t *b, int64_t ldb, __mmask32 jm,
                          __m512 acc[PAIR_MR][2])
@@ -519,25 +522,23 @@ BF_TARGET __attribute__((noinline)) static void store_general(int mr, int ordere
 }
 
 typedef void (*pair_fn)(int64_t np, int tail, const uint16_t *a, int64_t a_row, int64_t a_pair,
-                        const uint16_t *b, int64_t ldb, int packed, __mmask32 jm, float *accbuf,
-                        int first, int last, float *out, int64_t ldo, int mode, float scale);
+                        const uint16_t *b, int64_t ldb, __mmask32 jm, float *accbuf, int first,
+                        int last, float *out, int64_t ldo, int mode, float scale);
 
 /* One tile over one range of pairs: acc from zero (first) or accbuf, then to out (last) or
  * back to accbuf (mr x 32 floats), so a reduction split in chunks sums exactly as one. */
 #define PAIR_VARIANT(MR)                                                                           \
     BF_TARGET static void pair_##MR(int64_t np, int tail, const uint16_t *a, int64_t a_row,        \
-                                    int64_t a_pair, const uint16_t *b, int64_t ldb, int packed,    \
-                                    __mmask32 jm, float *accbuf, int first, int last, float *out,  \
-                                    int64_t ldo, int mode, float scale)                            \
+                                    int64_t a_pair, const uint16_t *b, int64_t ldb, __mmask32 jm,  \
+                                    float *accbuf, int first, int last, float *out, int64_t ldo,   \
+                                    int mode, float scale)                                         \
     {                                                                                              \
         __m512 acc[PAIR_MR][2];                                                                    \
         for (int i = 0; i < MR; i++)                                                               \
             for (int h = 0; h < 2; h++)                                                            \
                 acc[i][h] =                                                                        \
                     first ? _mm512_setzero_ps() : _mm512_loadu_ps(accbuf + 32 * i + 16 * h);       \
-        if (packed)                                                                                \
-            pair_tile(MR, B_PACKED, np, tail, a, a_row, a_pair, b, ldb, jm, NULL, acc);            \
-        else if (jm == 0xffffffffu)                                                                \
+        if (jm == 0xffffffffu)                                                                     \
             pair_tile(MR, B_ROWS_FULL, np, tail, a, a_row, a_pair, b, ldb, jm, NULL, acc);         \
         else                                                                                       \
             pair_tile(MR, B_ROWS_MASKED, np, tail, a, a_row, a_pair, b, ldb, jm, NULL, acc);       \
@@ -693,21 +694,13 @@ static __mmask32 col_mask(int64_t left)
     return left >= 32 ? 0xffffffffu : (__mmask32)((1u << left) - 1u);
 }
 
-/* NN: w's pairs of rows for one block of 32 columns are interleaved once into a stack buffer
- * (contiguous, where w's rows may be 4 KiB apart and collide in L1) and used by all row
- * tiles of a chunk of g; the reduction runs in chunks of NN_PAIRS pairs, the accumulators
- * carried between chunks in accbuf. A chunk of g (rows x N bf16) stays within about 768 KiB
- * of L2 while the column blocks pass. */
-#define NN_PAIRS 128    /* x 128 B = 16 KiB */
-#define NN_ROWS_MAX 264 /* x 128 B of accumulators = 33 KiB */
-#define NN_G_CHUNK_BYTES (768 * 1024)
-
-/* With `ordered`, the 32 columns' pairs are packed in column order (0-15 in the first half,
+/* Pairs [p0, p0 + cnt) of w's rows (TN: x's) for one block of 32 columns (masked by jm), the
+ * partner of row N-1 zero when N is odd, packed in column order (0-15 in the first half,
  * 16-31 in the second), so that a tile's accumulators are stored without a permute:
  * quadword j of a row holds columns 4j..4j+3, and after the [0,4,1,5,2,6,3,7] quadword
  * shuffle the in-lane unpacks take columns 4L..4L+3 (lo) and 16+4L.. (hi) into lane L. */
-BF_TARGET static void nn_pack_b(const uint16_t *w, int64_t ldw, int64_t N, int64_t p0, int64_t cnt,
-                                __mmask32 jm, int ordered, uint16_t *bp)
+BF_TARGET static void tn_pack_x(const uint16_t *w, int64_t ldw, int64_t N, int64_t p0, int64_t cnt,
+                                __mmask32 jm, uint16_t *bp)
 {
     const __m512i qidx = _mm512_setr_epi64(0, 4, 1, 5, 2, 6, 3, 7);
     for (int64_t q = 0; q < cnt; q++) {
@@ -720,10 +713,8 @@ BF_TARGET static void nn_pack_b(const uint16_t *w, int64_t ldw, int64_t N, int64
         __m512i r0 = _mm512_maskz_loadu_epi16(jm, w + n * ldw);
         __m512i r1 =
             n + 1 < N ? _mm512_maskz_loadu_epi16(jm, w + (n + 1) * ldw) : _mm512_setzero_si512();
-        if (ordered) {
-            r0 = _mm512_permutexvar_epi64(qidx, r0);
-            r1 = _mm512_permutexvar_epi64(qidx, r1);
-        }
+        r0 = _mm512_permutexvar_epi64(qidx, r0);
+        r1 = _mm512_permutexvar_epi64(qidx, r1);
         _mm512_store_si512((void *)(bp + 64 * q), _mm512_unpacklo_epi16(r0, r1));
         _mm512_store_si512((void *)(bp + 64 * q + 32), _mm512_unpackhi_epi16(r0, r1));
     }
@@ -733,16 +724,13 @@ BF_TARGET static void nn_pack_b(const uint16_t *w, int64_t ldw, int64_t N, int64
  * are packed for a whole group of columns at once, each row of w read as one contiguous run
  * of the group's width (nn_pack_rows), the lines of the next pack fetched while the tiles
  * of this one run (nn_next_pack); the group's accumulators are carried between chunks in
- * accbuf. Up to NN_ROWS_MAX_M rows (the accumulators of a 32-column group fit accbuf) every
- * shape takes it; the large-M path instead walks one 32-column block down all the rows. Both
- * paths run the same operations per element, so they give the same bits. */
+ * accbuf. One call takes up to NN_ROWS_MAX_M rows (the accumulators of a 32-column group fit
+ * accbuf); more are cut into chunks of rows (nn_rows_chunked). */
 #define NN_ROWS_PAIRS 128        /* row pairs per chunk (half that below NN_SHORT_M rows) */
 #define NN_SHORT_M 24            /* weight-streaming sizes: shorter chunks */
 #define NN_ROWS_WIDTH 128        /* columns per group, at most */
 #define NN_ROWS_ACC_FLOATS 16384 /* 64 KiB: M x width accumulators */
 #define NN_ROWS_MAX_M (NN_ROWS_ACC_FLOATS / 32)
-
-static int nn_use_rows(int64_t M) { return M <= NN_ROWS_MAX_M; }
 
 /* Pairs [p0, p0 + cnt) of w's rows over columns [0, cols) (cols <= NN_ROWS_WIDTH), row by
  * row: block b's pair q at bp + (b NN_ROWS_PAIRS + q) 64. */
@@ -835,40 +823,21 @@ static void nn_rows_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const n
     }
 }
 
-static void nn_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g, int64_t ldg,
-                      const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
+/* More than NN_ROWS_MAX_M rows go through the rows path in balanced chunks of rows (a row's
+ * sums do not depend on the other rows, so the bits are those of one call; each chunk streams
+ * w once more). Measured (kt-bench gemm, 1 thread, dsv2lite's shapes, 600 to 1536 rows):
+ * 0.71-0.83 of the peak with the former walk of one 32-column block down all the rows,
+ * 0.78-0.82 and 0.89-0.93 chunked; chunks of 192 to 384 rows measured the same as 512. */
+static void nn_rows_chunked(int64_t M, int64_t N, int64_t k0, int64_t k1, const nn_src *src,
+                            int nsrc, int64_t ldg, int64_t ldw, float *y, int64_t ldy, int mode)
 {
-    if (nn_use_rows(M)) {
-        const nn_src src = {g, w};
-        nn_rows_avx512(M, N, k0, k1, &src, 1, ldg, ldw, y, ldy, accumulate ? OUT_ADD : OUT_STORE);
-        return;
-    }
-    _Alignas(64) uint16_t bpack[NN_PAIRS * 64];
-    _Alignas(64) float accbuf[NN_ROWS_MAX * 32];
-    const int64_t pairs = (N + 1) / 2; /* with the tail */
-    const int64_t chunks = (pairs + NN_PAIRS - 1) / NN_PAIRS;
-    int64_t mc = N > 0 ? NN_G_CHUNK_BYTES / (2 * N) : M;
-    mc = mc < PAIR_MR ? PAIR_MR : mc > NN_ROWS_MAX ? NN_ROWS_MAX : mc - mc % PAIR_MR;
-    const int mode = accumulate ? OUT_ADD : OUT_STORE;
-    for (int64_t m0 = 0; m0 < M; m0 += mc) {
-        const int64_t m1 = M - m0 < mc ? M : m0 + mc;
-        for (int64_t kb = k0; kb < k1; kb += 32) {
-            const __mmask32 jm = col_mask(k1 - kb);
-            for (int64_t c = 0; c < chunks || c == 0; c++) {
-                const int64_t p0 = c * NN_PAIRS;
-                const int64_t cnt = pairs - p0 < NN_PAIRS ? pairs - p0 : NN_PAIRS;
-                const int last = c + 1 >= chunks;
-                const int tail = last && (N & 1);
-                nn_pack_b(w + kb, ldw, N, p0, cnt, jm, 0, bpack);
-                for (int64_t m = m0, i = 0; m < m1; i++) {
-                    const int mr = tile_height(m1 - m0, i);
-                    const pair_fn fn = pair_fns[mr];
-                    fn(cnt - tail, tail, g + m * ldg + 2 * p0, ldg, 2, bpack, 0, 1, jm,
-                       accbuf + (m - m0) * 32, c == 0, last, y + m * ldy + kb, ldy, mode, 1.0f);
-                    m += mr;
-                }
-            }
-        }
+    const int64_t chunks = (M + NN_ROWS_MAX_M - 1) / NN_ROWS_MAX_M;
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t r0 = c * M / chunks, r1 = (c + 1) * M / chunks;
+        nn_src part[2];
+        for (int s = 0; s < nsrc; s++)
+            part[s] = (nn_src){src[s].g + r0 * ldg, src[s].w};
+        nn_rows_avx512(r1 - r0, N, k0, k1, part, nsrc, ldg, ldw, y + r0 * ldy, ldy, mode);
     }
 }
 
@@ -893,25 +862,30 @@ BF_TARGET static void tn_pack_a(int64_t M, int64_t p0, int64_t cnt, int mr, cons
 /* x rows x columns of a column group: within about 512 KiB of L2, reused by all row tiles. */
 #define TN_X_GROUP_BYTES (512 * 1024)
 
-/* TN with at most this many row pairs of x (the usual tokens per expert): x's pairs for one
- * block of 32 columns are interleaved once (nn_pack_b, 32 KiB at most) and used by a group of
- * row tiles of dw whose A panels were packed up front (48 KiB), where the general path reads
- * and interleaves x's rows in place for every tile (rows 4 KiB apart, all in one L1 set).
- * Same operations per element as the general path, so the same bits. */
+/* TN's packed path: x's pairs for one block of 32 columns are interleaved once (tn_pack_x)
+ * and used by a group of row tiles of dw whose A panels were packed up front, where the
+ * general path reads and interleaves x's rows in place for every tile (rows 4 KiB apart, all
+ * in one L1 set). Same operations per element as the general path, so the same bits. Up to
+ * TN_PACKED_MAX_PAIRS row pairs of x (the usual tokens per expert) its buffers are on the
+ * stack (48 + 32 KiB); above, on the heap (tn_avx512), the group's A panels within
+ * TN_HEAP_APACK_BYTES of L2. */
 #define TN_PACKED_MAX_PAIRS 256
 #define TN_APACK_WORDS (PAIR_MR * TN_PAIRS_PER_CHUNK)
 #define TN_GROUP_MAX 64
+#define TN_HEAP_APACK_BYTES (768 * 1024)
 
+int kt__bf16_tn_no_heap;
+
+/* apack: room for `apack_words` words (at least one tile's panel), xpack for x's pairs */
 static void tn_packed_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
                              int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
-                             float scale, int mode)
+                             float scale, int mode, uint32_t *apack, int64_t apack_words,
+                             uint16_t *xpack)
 {
-    _Alignas(64) uint32_t apack[TN_APACK_WORDS];
-    _Alignas(64) uint16_t xpack[TN_PACKED_MAX_PAIRS * 64];
     const int64_t pairs = (M + 1) / 2;
     const int tail = (int)(M & 1);
     const int64_t per_tile = PAIR_MR * pairs;
-    int64_t group = per_tile > 0 ? TN_APACK_WORDS / per_tile : TN_GROUP_MAX;
+    int64_t group = per_tile > 0 ? apack_words / per_tile : TN_GROUP_MAX;
     group = group > TN_GROUP_MAX ? TN_GROUP_MAX : group;
     int64_t tile = 0;
     for (int64_t n = n0; n < n1;) {
@@ -931,7 +905,7 @@ static void tn_packed_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const
         }
         for (int64_t jb = 0; jb < K; jb += 32) {
             const __mmask32 jm = col_mask(K - jb);
-            nn_pack_b(x + jb, ldx, M, 0, pairs, jm, 1, xpack);
+            tn_pack_x(x + jb, ldx, M, 0, pairs, jm, xpack);
             for (int64_t r = 0; r < runs; r++)
                 tn_run_fns[run_mr[r]](pairs - tail, tail,
                                       (const uint16_t *)(apack + run_first[r] * per_tile),
@@ -947,8 +921,29 @@ static void tn_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
 {
     const int mode = accumulate ? OUT_SCALE_ADD : OUT_SCALE_STREAM;
     if ((M + 1) / 2 <= TN_PACKED_MAX_PAIRS) {
-        tn_packed_avx512(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, mode);
+        _Alignas(64) uint32_t apack[TN_APACK_WORDS];
+        _Alignas(64) uint16_t xpack[TN_PACKED_MAX_PAIRS * 64];
+        tn_packed_avx512(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, mode, apack, TN_APACK_WORDS,
+                         xpack);
         return;
+    }
+    /* More rows: the packed path with its buffers on the heap. Measured (kt-bench gemm tn,
+     * 1 thread, dsv2lite's gate shape, adding to dw) at 768 and 1536 rows: 0.57 and 0.39 of
+     * the peak on the general path below, which remains for when the allocation fails. */
+    if (!kt__bf16_tn_no_heap) {
+        const int64_t pairs = (M + 1) / 2, per_tile = PAIR_MR * pairs;
+        int64_t group = TN_HEAP_APACK_BYTES / (per_tile * 4);
+        group = group < 1 ? 1 : group > TN_GROUP_MAX ? TN_GROUP_MAX : group;
+        /* x's pairs from a cache line on (tn_pack_x's aligned stores) */
+        const size_t abytes = ((size_t)(group * per_tile) * 4 + 63) / 64 * 64;
+        const size_t xbytes = (size_t)pairs * 128;
+        void *buf = NULL;
+        if (posix_memalign(&buf, 64, abytes + xbytes) == 0) {
+            tn_packed_avx512(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, mode, buf,
+                             group * per_tile, (uint16_t *)((unsigned char *)buf + abytes));
+            free(buf);
+            return;
+        }
     }
     _Alignas(64) uint32_t apack[PAIR_MR * TN_PAIRS_PER_CHUNK];
     _Alignas(64) float accbuf[PAIR_MR * 32];
@@ -974,7 +969,7 @@ static void tn_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
                     if (chunks > 1)
                         tn_pack_a(M, p0, cnt, mr, g + n, ldg, apack);
                     fn(cnt - tail, tail, (const uint16_t *)apack, 2, 2 * (int64_t)mr,
-                       x + 2 * p0 * ldx + jb, ldx, 0, jm, accbuf, c == 0, last, dw + n * lddw + jb,
+                       x + 2 * p0 * ldx + jb, ldx, jm, accbuf, c == 0, last, dw + n * lddw + jb,
                        lddw, mode, scale);
                 }
             }
@@ -1179,16 +1174,6 @@ void kt__bf16_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
     kt__bf16_gemm_nt_next(M, n0, n1, K, x, ldx, w, ldw, NULL, y, ldy, accumulate);
 }
 
-int kt__bf16_gemm_nn_rows_path(int64_t M)
-{
-#ifdef BF_HAVE_AVX512
-    return !use_amx(M) && nn_use_rows(M);
-#else
-    (void)M;
-    return 0;
-#endif
-}
-
 void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g, int64_t ldg,
                       const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
@@ -1200,7 +1185,8 @@ void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16
     }
 #ifdef BF_HAVE_AVX512
     if (use_avx512()) {
-        nn_avx512(M, N, k0, k1, g, ldg, w, ldw, y, ldy, accumulate);
+        const nn_src src = {g, w};
+        nn_rows_chunked(M, N, k0, k1, &src, 1, ldg, ldw, y, ldy, accumulate ? OUT_ADD : OUT_STORE);
         return;
     }
 #endif
@@ -1212,11 +1198,11 @@ void kt__bf16_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint1
                        int64_t ldw, float *y, int64_t ldy, int stream)
 {
 #ifdef BF_HAVE_AVX512
-    if (M > 0 && !use_amx(M) && use_avx512() && nn_use_rows(M)) {
+    if (M > 0 && !use_amx(M) && use_avx512()) {
         const nn_src src[2] = {{g0, w0}, {g1, w1}};
         /* scaling by 1 is exact: the stored bits are those of a plain store */
-        nn_rows_avx512(M, N, k0, k1, src, 2, ldg, ldw, y, ldy,
-                       stream ? OUT_SCALE_STREAM : OUT_STORE);
+        nn_rows_chunked(M, N, k0, k1, src, 2, ldg, ldw, y, ldy,
+                        stream ? OUT_SCALE_STREAM : OUT_STORE);
         if (stream) /* the streamed lines visible to the next reader, as tn does */
             _mm_sfence();
         return;

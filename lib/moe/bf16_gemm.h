@@ -47,13 +47,13 @@ void kt__bf16_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint1
 void kt__bf16_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g, int64_t ldg,
                       const uint16_t *x, int64_t ldx, float *dw, int64_t lddw, float scale,
                       int accumulate);
+/* Tests only: nonzero makes TN above 512 rows take its path without a heap buffer (the one
+ * it falls back to when the allocation fails). */
+extern int kt__bf16_tn_no_heap;
+
 void kt__bf16_gemm_tn_acc(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
                           int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
                           float scale);
-
-/* 1 when NN of M rows runs the AVX-512 kernel's "rows" path (not AMX; for the tests: which
- * path a shape exercises). */
-int kt__bf16_gemm_nn_rows_path(int64_t M);
 
 /* The plain scalar versions: the reference the fast kernels are tested against, and the
  * portable path when the CPU lacks AVX-512 BF16. */
