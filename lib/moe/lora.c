@@ -189,10 +189,10 @@ void kt__moe_lora_grads(kt_moe *m, int proj, const void *gout_c, int64_t ld_gout
     kt_parallel_for(m->pool, n, 1, da_tasks, &c);
 }
 
-/* gin[r - row0, c - t->c0] (row stride ldg) += (gz[r] A)[c] for the task's expert's rows r and
- * the task's columns c: axpys of A's rows into a row buffer. */
-void kt__moe_lora_gin_add(kt_moe *m, int proj, const kt__moe_task *t, float *gin, int64_t ldg,
-                          int64_t row0)
+/* gin[r - r0, c - t->c0] (row stride ldg) += (gz[r] A)[c] for rows r in [r0, r1) (of the
+ * task's expert) and the task's columns c: axpys of A's rows into a row buffer. */
+void kt__moe_lora_gin_add(kt_moe *m, int proj, const kt__moe_task *t, int64_t r0, int64_t r1,
+                          float *gin, int64_t ldg)
 {
     const int64_t in = kt__moe_proj_in(m, proj), R = m->R, W = piece(R);
     const float *A = kt__moe_lora_ptr(m, m->lora, t->e, proj, 0);
@@ -200,11 +200,11 @@ void kt__moe_lora_gin_add(kt_moe *m, int proj, const kt__moe_task *t, float *gin
     float acc[LORA_BUF];
     for (int64_t k0 = t->c0; k0 < t->c1; k0 += W) {
         const int64_t w = t->c1 - k0 < W ? t->c1 - k0 : W;
-        for (int64_t r = m->off[t->e]; r < m->off[t->e + 1]; r++) {
+        for (int64_t r = r0; r < r1; r++) {
             for (int64_t k = 0; k < w; k++)
                 acc[k] = 0.0f;
             kt__vec_axpys(w, gz + r * R, A + k0, in, R, acc);
-            kt__vec_axpy(w, 1.0f, acc, gin + (r - row0) * ldg + (k0 - t->c0));
+            kt__vec_axpy(w, 1.0f, acc, gin + (r - r0) * ldg + (k0 - t->c0));
         }
     }
 }

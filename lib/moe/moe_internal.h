@@ -191,8 +191,8 @@ void kt__moe_lora_add(kt_moe *m, int proj, const kt__moe_task *t, float *out);
 void kt__moe_lora_gz(kt_moe *m, int proj, const void *gout_c, int64_t ld_gout);
 void kt__moe_lora_grads(kt_moe *m, int proj, const void *gout_c, int64_t ld_gout, const void *in_c,
                         int64_t ld_in, float scale);
-void kt__moe_lora_gin_add(kt_moe *m, int proj, const kt__moe_task *t, float *gin, int64_t ldg,
-                          int64_t row0);
+void kt__moe_lora_gin_add(kt_moe *m, int proj, const kt__moe_task *t, int64_t r0, int64_t r1,
+                          float *gin, int64_t ldg);
 /* backward.c: whether each thread has its own ga block (else ga is [N,I]), and its floats */
 int kt__moe_ga_per_thread(const kt_moe *m);
 size_t kt__moe_ga_floats(const kt_moe *m);
