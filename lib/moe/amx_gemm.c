@@ -17,6 +17,7 @@
 #include "kt/runtime.h"
 #include "moe/amx_gemm.h"
 #include "moe/bf16_gemm.h"
+#include "moe/lane_mask.h"
 
 #ifdef KT_AMX_COMPILED
 #include <cpuid.h>
@@ -73,11 +74,6 @@ int kt__amx_usable(void) { return kt__amx_state() == 1; }
 
 /* ---- packing ------------------------------------------------------------------------------ */
 
-AMX_VEC_INLINE __mmask32 mask32(int64_t n)
-{
-    return n >= 32 ? (__mmask32)0xffffffffu : n <= 0 ? (__mmask32)0 : (__mmask32)((1u << n) - 1u);
-}
-
 /* Interleaves elements 0..15 (LO) or 16..31 (HI) of two rows: r0[i], r1[i], r0[i+1], ... */
 #define AMX_IDX_LO                                                                                 \
     _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,   \
@@ -119,7 +115,7 @@ AMX_VEC_INLINE void transpose_store(const __m512i in[16], uint16_t *tile)
 AMX_VEC void kt__amx_pack_a(const uint16_t *src, int64_t ld, int64_t rows, int64_t cols,
                             uint16_t *tile)
 {
-    const __mmask32 m = mask32(cols);
+    const __mmask32 m = kt__lanes32(cols);
     for (int64_t r = 0; r < 16; r++) {
         const __m512i v =
             r < rows && m ? _mm512_maskz_loadu_epi16(m, src + r * ld) : _mm512_setzero_si512();
@@ -131,7 +127,7 @@ AMX_VEC void kt__amx_pack_b_nt(const uint16_t *w, int64_t ldw, int64_t ncols, in
                                int64_t steps, int tiles, uint16_t *panel)
 {
     for (int64_t s = 0; s < steps; s++) {
-        const __mmask32 km = mask32(nred - 32 * s);
+        const __mmask32 km = kt__lanes32(nred - 32 * s);
         for (int t = 0; t < tiles; t++) {
             __m512i rows[16];
             for (int i = 0; i < 16; i++) {
@@ -148,7 +144,7 @@ AMX_VEC void kt__amx_pack_b_pairs(const uint16_t *src, int64_t ld, int64_t nred,
                                   int64_t steps, int tiles, uint16_t *panel)
 {
     const __m512i lo = AMX_IDX_LO, hi = AMX_IDX_HI, z = _mm512_setzero_si512();
-    const __mmask32 cm = mask32(ncols);
+    const __mmask32 cm = kt__lanes32(ncols);
     for (int64_t s = 0; s < steps; s++) {
         uint16_t *t0 = panel + s * tiles * KT_AMX_TILE_ELEMS;
         for (int64_t p = 0; p < 16; p++) {
@@ -171,7 +167,7 @@ AMX_VEC void kt__amx_pack_a_tn(const uint16_t *g, int64_t ldg, int64_t nred, int
     for (int64_t s = 0; s < steps; s++)
         for (int t = 0; t < tiles; t++) {
             const int64_t left = nrows - 16 * t;
-            const __mmask32 cm = mask32(left < 16 ? left : 16);
+            const __mmask32 cm = kt__lanes32(left < 16 ? left : 16);
             __m512i pairs[16]; /* dword r of pairs[p] = (g[32s + 2p, 16t + r], g[.. + 1, ..]) */
             for (int p = 0; p < 16; p++) {
                 const int64_t m = 32 * s + 2 * p;

@@ -47,6 +47,7 @@
 #include "kt/tensor.h"
 #include "moe/amx_gemm.h"
 #include "moe/bf16_gemm.h"
+#include "moe/lane_mask.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -170,7 +171,7 @@ BF_INLINE void nt_tile(const int mr, const int nr, const int pf, int64_t K, cons
     }
     if (k < K) {
         const int full = 0;
-        const __mmask32 km = (__mmask32)((1u << (K - k)) - 1u);
+        const __mmask32 km = kt__lanes32(K - k);
         NT_STEP();
     }
     _Alignas(64) float s[32];
@@ -694,11 +695,6 @@ static int tile_height(int64_t rows, int64_t i)
     return (int)(rows / tiles + (i < rows % tiles));
 }
 
-static __mmask32 col_mask(int64_t left)
-{
-    return left >= 32 ? 0xffffffffu : (__mmask32)((1u << left) - 1u);
-}
-
 /* Pairs [p0, p0 + cnt) of w's rows (TN: x's) for one block of 32 columns (masked by jm), the
  * partner of row N-1 zero when N is odd, packed in column order (0-15 in the first half,
  * 16-31 in the second), so that a tile's accumulators are stored without a permute:
@@ -746,7 +742,7 @@ BF_TARGET static void nn_pack_rows(const uint16_t *w, int64_t ldw, int64_t N, in
         const int64_t n = 2 * (p0 + q);
         const uint16_t *r0p = w + n * ldw, *r1p = w + (n + 1) * ldw;
         for (int64_t b = 0; b * 32 < cols; b++) {
-            const __mmask32 jm = col_mask(cols - b * 32);
+            const __mmask32 jm = kt__lanes32(cols - b * 32);
             const __m512i r0 = _mm512_maskz_loadu_epi16(jm, r0p + 32 * b);
             const __m512i r1 =
                 n + 1 < N ? _mm512_maskz_loadu_epi16(jm, r1p + 32 * b) : _mm512_setzero_si512();
@@ -807,7 +803,7 @@ static void nn_rows_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const n
                 nx_w, ldw, N, last_of_src ? 0 : 2 * (p0 + cnt), 2 * chunk_pairs, nx_c0, nx_cols,
                 (cnt - tail) * ((cols + 31) / 32) * ((M + PAIR_MR - 1) / PAIR_MR));
             for (int64_t b = 0; b * 32 < cols; b++) {
-                const __mmask32 jm = col_mask(cols - b * 32);
+                const __mmask32 jm = kt__lanes32(cols - b * 32);
                 float *acc = accbuf + b * 32 * M;
                 /* the tiles as runs of equal height (balanced heights: at most two) */
                 for (int64_t m = 0, i = 0; m < M;) {
@@ -851,8 +847,8 @@ static void nn_rows_chunked(int64_t M, int64_t N, int64_t k0, int64_t k1, const 
 BF_TARGET static void tn_pack_a(int64_t M, int64_t p0, int64_t cnt, int mr, const uint16_t *g,
                                 int64_t ldg, uint32_t *apack)
 {
-    const __mmask32 lm = (__mmask32)((1u << mr) - 1u);
-    const __mmask16 sm = (__mmask16)((1u << mr) - 1u);
+    const __mmask32 lm = kt__lanes32(mr);
+    const __mmask16 sm = kt__lanes16(mr);
     for (int64_t q = 0; q < cnt; q++) {
         const int64_t m = 2 * (p0 + q);
         const __m512i r0 = _mm512_maskz_loadu_epi16(lm, g + m * ldg);
@@ -909,7 +905,7 @@ static void tn_packed_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const
             n += mr;
         }
         for (int64_t jb = 0; jb < K; jb += 32) {
-            const __mmask32 jm = col_mask(K - jb);
+            const __mmask32 jm = kt__lanes32(K - jb);
             tn_pack_x(x + jb, ldx, M, 0, pairs, jm, xpack);
             for (int64_t r = 0; r < runs; r++)
                 tn_run_fns[run_mr[r]](pairs - tail, tail,
@@ -964,7 +960,7 @@ static void tn_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
             if (chunks == 1)
                 tn_pack_a(M, 0, pairs, mr, g + n, ldg, apack);
             for (int64_t jb = j0; jb < j1; jb += 32) {
-                const __mmask32 jm = col_mask(j1 - jb);
+                const __mmask32 jm = kt__lanes32(j1 - jb);
                 for (int64_t c = 0; c < chunks || c == 0; c++) {
                     const int64_t p0 = c * TN_PAIRS_PER_CHUNK;
                     const int64_t cnt =
@@ -1040,7 +1036,7 @@ BF_INLINE __m512 sigmoid_ps(__m512 g)
 BF_TARGET static void act_fwd_avx512(int64_t n, const float *g, const float *u, void *ac, int bf16)
 {
     for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 km = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        const __mmask16 km = kt__lanes16(n - i);
         const __m512 gv = _mm512_maskz_loadu_ps(km, g + i), uv = _mm512_maskz_loadu_ps(km, u + i);
         st_cdt(ac, i, _mm512_mul_ps(_mm512_mul_ps(gv, sigmoid_ps(gv)), uv), bf16, km);
     }
@@ -1059,7 +1055,7 @@ BF_TARGET static void act_bwd_avx512(int64_t n, const float *g, const float *u, 
 {
     const __m512 one = _mm512_set1_ps(1.0f), wv = _mm512_set1_ps(w);
     for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 km = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        const __mmask16 km = kt__lanes16(n - i);
         const __m512 gv = _mm512_maskz_loadu_ps(km, g + i), uv = _mm512_maskz_loadu_ps(km, u + i);
         const __m512 pv = _mm512_maskz_loadu_ps(km, gap + i), sig = sigmoid_ps(gv);
         const __m512 av = _mm512_mul_ps(wv, pv), silu = _mm512_mul_ps(gv, sig);
@@ -1079,7 +1075,7 @@ BF_TARGET static void scale_store_avx512(int64_t n, const float *src, float s, v
 {
     const __m512 vs = _mm512_set1_ps(s);
     for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 km = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        const __mmask16 km = kt__lanes16(n - i);
         st_cdt(dst, i, _mm512_mul_ps(vs, _mm512_maskz_loadu_ps(km, src + i)), bf16, km);
     }
 }

@@ -3,6 +3,7 @@
 
 #include "core/cpu_internal.h"
 #include "kt/tensor.h"
+#include "moe/lane_mask.h"
 #include "moe/vec.h"
 
 /* The 16 lane sums added by a fixed tree: l + l[8..], then halves, then pairs. */
@@ -28,7 +29,7 @@ VEC_TARGET static float dot_avx512(int64_t n, const float *a, const float *b)
     for (; i + 16 <= n; i += 16)
         acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
     if (i < n) {
-        const __mmask16 k = (__mmask16)((1u << (n - i)) - 1u);
+        const __mmask16 k = kt__lanes16(n - i);
         acc =
             _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i), acc);
     }
@@ -45,7 +46,7 @@ VEC_TARGET static void axpy_avx512(int64_t n, float alpha, const float *x, float
         _mm512_storeu_ps(y + i,
                          _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
     if (i < n) {
-        const __mmask16 k = (__mmask16)((1u << (n - i)) - 1u);
+        const __mmask16 k = kt__lanes16(n - i);
         _mm512_mask_storeu_ps(
             y + i, k,
             _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(k, x + i), _mm512_maskz_loadu_ps(k, y + i)));
@@ -71,7 +72,7 @@ VEC_TARGET static void dots_avx512(int64_t n, const float *x, const float *a, in
                 acc[q] = _mm512_fmadd_ps(xv, _mm512_loadu_ps(aq + q * lda + i), acc[q]);
         }
         if (i < n) {
-            const __mmask16 k = (__mmask16)((1u << (n - i)) - 1u);
+            const __mmask16 k = kt__lanes16(n - i);
             const __m512 xv = _mm512_maskz_loadu_ps(k, x + i);
             for (int q = 0; q < nq; q++)
                 acc[q] = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(k, aq + q * lda + i), acc[q]);
@@ -101,7 +102,7 @@ VEC_TARGET static __m512 load_row16(const void *x, int bf16, int64_t i, int64_t 
         }
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
-    const __mmask16 k = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+    const __mmask16 k = kt__lanes16(left);
     return _mm512_maskz_loadu_ps(k, (const float *)x + i);
 }
 
@@ -111,7 +112,7 @@ VEC_TARGET static void rank_update_avx512(int64_t n, int64_t nrows, const void *
 {
     const size_t es = bf16 ? 2 : 4;
     for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        const __mmask16 k = kt__lanes16(n - i);
         for (int64_t q0 = 0; q0 < R; q0 += RANK_BLOCK) {
             const int nq = R - q0 < RANK_BLOCK ? (int)(R - q0) : RANK_BLOCK;
             __m512 a[RANK_BLOCK];
@@ -141,7 +142,7 @@ VEC_TARGET static void axpys_avx512(int64_t n, const float *alpha, const float *
         _mm512_storeu_ps(y + i, yv);
     }
     if (i < n) {
-        const __mmask16 k = (__mmask16)((1u << (n - i)) - 1u);
+        const __mmask16 k = kt__lanes16(n - i);
         __m512 yv = _mm512_maskz_loadu_ps(k, y + i);
         for (int64_t q = 0; q < R; q++)
             yv = _mm512_fmadd_ps(_mm512_set1_ps(alpha[q]),
