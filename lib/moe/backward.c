@@ -377,10 +377,10 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
     int64_t rows = m->off[m->E];
     kt__moe_phase_start(m);
     /* Without kept activations this reruns the gate/up GEMMs (from the gathered input). With
-     * them, LoRA rebuilds ac and the z, which its adapter gradients need, and full mode only
-     * gathers x: the SiLU derivative writes ac on its way (before dWd needs it); frozen mode
-     * reads only the kept g and u. */
-    const int ac_in_derivative = full && m->cfg.keep_activations;
+     * them, LoRA and full mode only gather x (an input of their weight or adapter gradients):
+     * the SiLU derivative writes ac on its way, before the down projection's gradients need
+     * it, and LoRA's z are kept; frozen mode reads only the kept g and u. */
+    const int ac_in_derivative = (full || lora) && m->cfg.keep_activations;
     if (lora || full || !m->cfg.keep_activations) {
         kt__moe_gather(m, NULL, 0);
         if (!ac_in_derivative)
@@ -392,10 +392,6 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
     if ((lora || full) && m->grad_overwrite)
         kt_parallel_for(m->pool, m->E, 1, zero_part, &c);
 
-    if (lora) {
-        kt__moe_lora_gz(m, KT_MOE_DOWN, m->gdc, m->ldh);
-        kt__moe_lora_grads(m, KT_MOE_DOWN, m->gdc, m->ldh, m->ac, m->I, scale);
-    }
     if (lora || full)
         kt__moe_phase_end(m, KT_MOE_PHASE_WEIGHT_GRAD);
     if (lora) /* the input gradient below is for grad_y itself (the routing weight comes in
@@ -408,6 +404,11 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
     kt__moe_run_parts(m, ga_tasks, &c);
     kt_parallel_for(m->pool, m->qlen, 1, gw_part, &c);
     kt__moe_phase_end(m, KT_MOE_PHASE_DOWN_GRAD);
+
+    if (lora) { /* after the derivative: it may have written ac */
+        kt__moe_lora_gz(m, KT_MOE_DOWN, m->gdc, m->ldh);
+        kt__moe_lora_grads(m, KT_MOE_DOWN, m->gdc, m->ldh, m->ac, m->I, scale);
+    }
 
     if (full) {
         if (m->bf16) {

@@ -182,7 +182,8 @@ static size_t plan_scratch(kt_moe *m)
     }
     if (m->cfg.mode == KT_MOE_LORA)
         for (int p = 0; p < 3; p++) {
-            SCRATCH(m->z[p], N * R * 4);
+            if (!m->cfg.keep_activations)
+                SCRATCH(m->z[p], N * R * 4);
             SCRATCH(m->gz[p], N * R * 4);
         }
 #undef SCRATCH
@@ -193,6 +194,7 @@ static kt_status alloc_work(kt_moe *m)
 {
     size_t N = (size_t)m->N, T = (size_t)m->T, H = (size_t)m->H, I = (size_t)m->I;
     size_t cs = m->cs;
+    size_t R = (size_t)m->R;
     buf_spec s[16];
     int n = 0;
 #define SPEC(p, b) (s[n].ptr = (void **)&(p), s[n].bytes = (b), n++)
@@ -206,6 +208,9 @@ static kt_status alloc_work(kt_moe *m)
     if (m->cfg.keep_activations) {
         SPEC(m->g, N * I * 4);
         SPEC(m->u, N * I * 4);
+        if (m->cfg.mode == KT_MOE_LORA)
+            for (int p = 0; p < 3; p++)
+                SPEC(m->z[p], N * R * 4);
     }
 #undef SPEC
     size_t total = 0;
@@ -221,12 +226,16 @@ static kt_status alloc_work(kt_moe *m)
     m->workspace_bytes = total;
     /* Kept from forward to backward: the routing (5 x 4 bytes per slot), the input in the
      * compute dtype, and with keep_activations the f32 gate/up pre-activations (f32 keeps
-     * recompute bitwise equal to the kept values). The expert outputs are not kept: the
-     * routing gradient <grad_y, down(a)> is taken as <grad_y down, a> in backward. */
+     * recompute bitwise equal to the kept values) and LoRA's x A^T of each projection (r
+     * floats each: rebuilding them took a dozen ms of backward's recompute at dsv2lite's
+     * qlen 1024). The expert outputs are not kept: the routing gradient <grad_y, down(a)> is
+     * taken as <grad_y down, a> in backward. */
     uint64_t k = (uint64_t)m->K;
     m->saved_bytes_per_token = k * 20 + H * cs;
     if (m->cfg.keep_activations)
         m->saved_bytes_per_token += k * 2 * I * 4;
+    if (m->cfg.keep_activations && m->cfg.mode == KT_MOE_LORA)
+        m->saved_bytes_per_token += k * 3 * R * 4;
     return KT_OK;
 }
 
