@@ -28,28 +28,20 @@ typedef struct lora_ctx {
 /* Columns per piece for rank R: R + 2 pieces fit LORA_BUF, a multiple of 16. */
 static int64_t piece(int64_t R) { return LORA_BUF / (R + 2) / 16 * 16; }
 
-/* z[r] = x[r] A^T: r dot products over `in`, piece by piece (each piece's sum added in
- * order). */
+/* z[r] = x[r] A^T for rows [r0, r1), an expert's run of rows at a time. */
 static void z_part(void *vctx, int64_t r0, int64_t r1, int thread)
 {
     (void)thread;
     lora_ctx *c = vctx;
     kt_moe *m = c->m;
-    const int64_t in = kt__moe_proj_in(m, c->proj), R = m->R, W = piece(R);
-    float xb[LORA_BUF];
-    float *z = m->z[c->proj];
-    for (int64_t r = r0; r < r1; r++) {
-        const float *A = kt__moe_lora_ptr(m, m->lora, m->row_expert[r], c->proj, 0);
-        float part[KT__MOE_LORA_MAX_RANK];
-        for (int64_t q = 0; q < R; q++)
-            z[r * R + q] = 0.0f;
-        for (int64_t k0 = 0; k0 < in; k0 += W) {
-            const int64_t w = in - k0 < W ? in - k0 : W;
-            kt__vec_load_cdt(xb, kt__moe_cdt_at(m, c->a, r * c->lda + k0), m->bf16, w);
-            kt__vec_dots(w, xb, A + k0, in, R, part);
-            for (int64_t q = 0; q < R; q++)
-                z[r * R + q] += part[q];
-        }
+    const int64_t in = kt__moe_proj_in(m, c->proj), R = m->R;
+    for (int64_t s0 = r0; s0 < r1;) {
+        const int64_t e = m->row_expert[s0];
+        const int64_t s1 = m->off[e + 1] < r1 ? m->off[e + 1] : r1; /* this expert's rows */
+        kt__vec_rows_dots(in, s1 - s0, kt__moe_cdt_at(m, c->a, s0 * c->lda), c->lda, m->bf16,
+                          kt__moe_lora_ptr(m, m->lora, e, c->proj, 0), in, 1, R,
+                          m->z[c->proj] + s0 * R);
+        s0 = s1;
     }
 }
 
@@ -82,40 +74,22 @@ void kt__moe_lora_add(kt_moe *m, int proj, const kt__moe_task *t, float *out)
     }
 }
 
-/* gz[r] = s * gout[r] B: rows [r0, r1) taken an expert's run at a time; for each piece of
- * `out`, B's piece is transposed once (bt[q][n]) and each row adds r dot products. */
+/* gz[r] = s * gout[r] B for rows [r0, r1), an expert's run of rows at a time (B [out, r]
+ * read as the r rows of B^T). */
 static void gz_part(void *vctx, int64_t r0, int64_t r1, int thread)
 {
     (void)thread;
     lora_ctx *c = vctx;
     kt_moe *m = c->m;
-    const int64_t outw = kt__moe_proj_out(m, c->proj), R = m->R, W = piece(R);
-    float buf[LORA_BUF];
-    float *gb = buf, *bt = buf + W;
+    const int64_t outw = kt__moe_proj_out(m, c->proj), R = m->R;
     float *gz = m->gz[c->proj];
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t q = 0; q < R; q++)
-            gz[r * R + q] = 0.0f;
     for (int64_t s0 = r0; s0 < r1;) {
         const int64_t e = m->row_expert[s0];
         const int64_t s1 = m->off[e + 1] < r1 ? m->off[e + 1] : r1; /* this expert's rows */
-        const float *B = kt__moe_lora_ptr(m, m->lora, e, c->proj, 1);
-        for (int64_t n0 = 0; n0 < outw; n0 += W) {
-            const int64_t w = outw - n0 < W ? outw - n0 : W;
-            for (int64_t q = 0; q < R; q++)
-                for (int64_t n = 0; n < w; n++)
-                    bt[q * W + n] = B[(n0 + n) * R + q];
-            for (int64_t r = s0; r < s1; r++) {
-                float part[KT__MOE_LORA_MAX_RANK];
-                kt__vec_load_cdt(gb, kt__moe_cdt_at(m, c->a, r * c->lda + n0), m->bf16, w);
-                kt__vec_dots(w, gb, bt, W, R, part);
-                for (int64_t q = 0; q < R; q++)
-                    gz[r * R + q] += part[q];
-            }
-        }
-        for (int64_t r = s0; r < s1; r++)
-            for (int64_t q = 0; q < R; q++)
-                gz[r * R + q] *= m->lora_scale;
+        kt__vec_rows_dots(outw, s1 - s0, kt__moe_cdt_at(m, c->a, s0 * c->lda), c->lda, m->bf16,
+                          kt__moe_lora_ptr(m, m->lora, e, c->proj, 1), 1, R, R, gz + s0 * R);
+        for (int64_t i = s0 * R; i < s1 * R; i++)
+            gz[i] *= m->lora_scale;
         s0 = s1;
     }
 }
@@ -190,21 +164,13 @@ void kt__moe_lora_grads(kt_moe *m, int proj, const void *gout_c, int64_t ld_gout
 }
 
 /* gin[r - r0, c - t->c0] (row stride ldg) += (gz[r] A)[c] for rows r in [r0, r1) (of the
- * task's expert) and the task's columns c: axpys of A's rows into a row buffer. */
+ * task's expert) and the task's columns c (kt__vec_rows_axpys: A's column blocks read once
+ * for all the rows). */
 void kt__moe_lora_gin_add(kt_moe *m, int proj, const kt__moe_task *t, int64_t r0, int64_t r1,
                           float *gin, int64_t ldg)
 {
-    const int64_t in = kt__moe_proj_in(m, proj), R = m->R, W = piece(R);
+    const int64_t in = kt__moe_proj_in(m, proj);
     const float *A = kt__moe_lora_ptr(m, m->lora, t->e, proj, 0);
-    const float *gz = m->gz[proj];
-    float acc[LORA_BUF];
-    for (int64_t k0 = t->c0; k0 < t->c1; k0 += W) {
-        const int64_t w = t->c1 - k0 < W ? t->c1 - k0 : W;
-        for (int64_t r = r0; r < r1; r++) {
-            for (int64_t k = 0; k < w; k++)
-                acc[k] = 0.0f;
-            kt__vec_axpys(w, gz + r * R, A + k0, in, R, acc);
-            kt__vec_axpy(w, 1.0f, acc, gin + (r - r0) * ldg + (k0 - t->c0));
-        }
-    }
+    kt__vec_rows_axpys(t->c1 - t->c0, r1 - r0, m->gz[proj] + r0 * m->R, m->R, A + t->c0, in, gin,
+                       ldg);
 }

@@ -106,6 +106,73 @@ VEC_TARGET static __m512 load_row16(const void *x, int bf16, int64_t i, int64_t 
     return _mm512_maskz_loadu_ps(k, (const float *)x + i);
 }
 
+/* kt__vec_rows_dots: blocks of rows whose partial lane sums (RD_ROWS x DOTS_BLOCK x 16 floats,
+ * 32 KiB) are carried between chunks of RD_COLS columns, over which DOTS_BLOCK ranks' pieces
+ * (16 KiB) stay in L1 while the block's rows pass two at a time (16 accumulators). */
+#define RD_ROWS 64
+#define RD_COLS 512
+
+/* The lane sums of one rank of a pair of rows: to out (folded) after the last chunk, else
+ * kept in part. */
+VEC_TARGET static void rd_finish(const __m512 *acc, int nq, int last, float *part, float *out)
+{
+    for (int j = 0; j < nq; j++) {
+        if (last) {
+            _Alignas(64) float l[16];
+            _mm512_store_ps(l, acc[j]);
+            out[j] = fold16(l);
+        } else {
+            _mm512_store_ps(part + 16 * j, acc[j]);
+        }
+    }
+}
+
+VEC_TARGET static void rows_dots_avx512(int64_t n, int64_t nrows, const void *x, int64_t ldx,
+                                        int bf16, const float *a, int64_t a_row, int64_t a_col,
+                                        int64_t R, float *out)
+{
+    _Alignas(64) float ap[DOTS_BLOCK][RD_COLS];
+    _Alignas(64) float part[RD_ROWS][DOTS_BLOCK][16];
+    const size_t es = bf16 ? 2 : 4;
+    for (int64_t q0 = 0; q0 < R; q0 += DOTS_BLOCK) {
+        const int nq = R - q0 < DOTS_BLOCK ? (int)(R - q0) : DOTS_BLOCK;
+        for (int64_t r0 = 0; r0 < nrows; r0 += RD_ROWS) {
+            const int64_t rb = nrows - r0 < RD_ROWS ? nrows - r0 : RD_ROWS;
+            for (int64_t c0 = 0; c0 < n || c0 == 0; c0 += RD_COLS) {
+                const int64_t cw = n - c0 < RD_COLS ? n - c0 : RD_COLS;
+                const int last = c0 + RD_COLS >= n;
+                /* this chunk of the block's ranks, zero past the ranks and the columns */
+                for (int j = 0; j < DOTS_BLOCK; j++)
+                    for (int64_t i = 0; i < (cw + 15) / 16 * 16; i++)
+                        ap[j][i] = j < nq && i < cw ? a[(q0 + j) * a_row + (c0 + i) * a_col] : 0.0f;
+                for (int64_t r = 0; r < rb; r += 2) {
+                    const unsigned char *x0 =
+                        (const unsigned char *)x + (size_t)((r0 + r) * ldx) * es;
+                    const unsigned char *x1 = r + 1 < rb ? x0 + (size_t)ldx * es : x0;
+                    __m512 acc0[DOTS_BLOCK], acc1[DOTS_BLOCK];
+                    for (int j = 0; j < DOTS_BLOCK; j++) {
+                        acc0[j] = c0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(part[r][j]);
+                        acc1[j] = c0 == 0 || r + 1 >= rb ? _mm512_setzero_ps()
+                                                         : _mm512_load_ps(part[r + 1][j]);
+                    }
+                    for (int64_t i = 0; i < cw; i += 16) {
+                        const __m512 xv0 = load_row16(x0, bf16, c0 + i, cw - i);
+                        const __m512 xv1 = load_row16(x1, bf16, c0 + i, cw - i);
+                        for (int j = 0; j < DOTS_BLOCK; j++) {
+                            const __m512 av = _mm512_load_ps(&ap[j][i]);
+                            acc0[j] = _mm512_fmadd_ps(xv0, av, acc0[j]);
+                            acc1[j] = _mm512_fmadd_ps(xv1, av, acc1[j]);
+                        }
+                    }
+                    rd_finish(acc0, nq, last, part[r][0], out + (r0 + r) * R + q0);
+                    if (r + 1 < rb)
+                        rd_finish(acc1, nq, last, part[r + 1][0], out + (r0 + r + 1) * R + q0);
+                }
+            }
+        }
+    }
+}
+
 VEC_TARGET static void rank_update_avx512(int64_t n, int64_t nrows, const void *x, int64_t ldx,
                                           int bf16, const float *coef, int64_t R, float *acc,
                                           int64_t lda)
@@ -148,6 +215,25 @@ VEC_TARGET static void axpys_avx512(int64_t n, const float *alpha, const float *
             yv = _mm512_fmadd_ps(_mm512_set1_ps(alpha[q]),
                                  _mm512_maskz_loadu_ps(k, x + q * ldx + i), yv);
         _mm512_mask_storeu_ps(y + i, k, yv);
+    }
+}
+
+/* Rows r < nrows of y: a 16-column block of x's R rows is read once from memory for all
+ * rows (it stays in L1), each y element read and written once. */
+VEC_TARGET static void rows_axpys_avx512(int64_t n, int64_t nrows, const float *coef, int64_t R,
+                                         const float *x, int64_t ldx, float *y, int64_t ldy)
+{
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = kt__lanes16(n - i);
+        for (int64_t r = 0; r < nrows; r++) {
+            const float *c = coef + r * R;
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t q = 0; q < R; q++)
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(c[q]),
+                                      _mm512_maskz_loadu_ps(k, x + q * ldx + i), acc);
+            float *yr = y + r * ldy + i;
+            _mm512_mask_storeu_ps(yr, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, yr), acc));
+        }
     }
 }
 #endif
@@ -206,6 +292,48 @@ void kt__vec_axpys(int64_t n, const float *alpha, const float *x, int64_t ldx, i
     for (int64_t q = 0; q < R; q++)
         for (int64_t i = 0; i < n; i++)
             y[i] += alpha[q] * x[q * ldx + i];
+}
+
+void kt__vec_rows_axpys(int64_t n, int64_t nrows, const float *coef, int64_t R, const float *x,
+                        int64_t ldx, float *y, int64_t ldy)
+{
+#ifdef VEC_AVX512
+    if (kt__cpu_has_avx512()) {
+        rows_axpys_avx512(n, nrows, coef, R, x, ldx, y, ldy);
+        return;
+    }
+#endif
+    for (int64_t r = 0; r < nrows; r++)
+        for (int64_t i = 0; i < n; i++) {
+            float acc = 0.0f;
+            for (int64_t q = 0; q < R; q++)
+                acc += coef[r * R + q] * x[q * ldx + i];
+            y[r * ldy + i] += acc;
+        }
+}
+
+void kt__vec_rows_dots(int64_t n, int64_t nrows, const void *x, int64_t ldx, int bf16,
+                       const float *a, int64_t a_row, int64_t a_col, int64_t R, float *out)
+{
+#ifdef VEC_AVX512
+    if (kt__cpu_has_avx512()) {
+        rows_dots_avx512(n, nrows, x, ldx, bf16, a, a_row, a_col, R, out);
+        return;
+    }
+#endif
+    const size_t es = bf16 ? 2 : 4;
+    for (int64_t r = 0; r < nrows; r++) {
+        const unsigned char *xr = (const unsigned char *)x + (size_t)(r * ldx) * es;
+        for (int64_t q = 0; q < R; q++) {
+            float l[16] = {0};
+            for (int64_t i = 0; i < n; i++) {
+                const float v =
+                    bf16 ? kt_bf16_to_f32_1(((const uint16_t *)xr)[i]) : ((const float *)xr)[i];
+                l[i & 15] += v * a[q * a_row + i * a_col];
+            }
+            out[r * R + q] = fold16(l);
+        }
+    }
 }
 
 void kt__vec_rank_update(int64_t n, int64_t nrows, const void *x, int64_t ldx, int bf16,
