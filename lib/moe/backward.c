@@ -393,8 +393,8 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
     const int ac_in_derivative = (full || lora) && m->cfg.keep_activations;
     if (lora || full || !m->cfg.keep_activations) {
         kt__moe_gather(m, NULL, 0);
-        if (!ac_in_derivative)
-            KT__TRY(kt__moe_compute(m, !m->cfg.keep_activations, 1));
+        if (!m->cfg.keep_activations)
+            KT__TRY(kt__moe_compute(m, 1));
         kt__moe_phase_end(m, KT_MOE_PHASE_RECOMPUTE);
     }
     kt_parallel_for(m->pool, m->qlen, 1, gy_rows_part, &c);

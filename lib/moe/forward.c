@@ -13,7 +13,6 @@ typedef struct fwd_ctx {
     kt_moe *m;
     const kt__moe_job *job;
     int load_x;
-    int run_gemms;
 } fwd_ctx;
 
 /* Row copy between f32/bf16 buffers. */
@@ -51,7 +50,7 @@ static void gather_part(void *vctx, int64_t t0, int64_t t1, int thread)
 
 void kt__moe_gather(kt_moe *m, const kt__moe_job *job, int load_x)
 {
-    fwd_ctx c = {m, job, load_x, 0};
+    fwd_ctx c = {m, job, load_x};
     kt_parallel_for(m->pool, m->qlen, 1, gather_part, &c);
 }
 
@@ -72,7 +71,7 @@ static void gate_up_tasks(void *vctx, int64_t b, int64_t end, int thread)
         const uint16_t *x = (const uint16_t *)m->xc + off * m->ldh;
         for (int64_t c0 = t->c0; c0 < t->c1; c0 += GU_SUB_COLS) {
             const kt__moe_task st = {t->e, c0, t->c1 - c0 < GU_SUB_COLS ? t->c1 : c0 + GU_SUB_COLS};
-            if (c->run_gemms && m->bf16) {
+            if (m->bf16) {
                 /* gate's block, then up's, then gate's next: each call fetches the next one's
                  * first rows ahead */
                 const uint16_t *wg = kt__moe_weight_ptr(m, t->e, KT_MOE_GATE);
@@ -82,7 +81,7 @@ static void gate_up_tasks(void *vctx, int64_t b, int64_t end, int thread)
                 kt__bf16_gemm_nt_next(me, st.c0, st.c1, m->H, x, m->ldh, wu, m->H,
                                       wg + st.c1 * m->H, m->u + off * m->I, m->I, 0);
             }
-            if (c->run_gemms && lora) {
+            if (lora) {
                 kt__moe_lora_add(m, KT_MOE_GATE, &st, m->g);
                 kt__moe_lora_add(m, KT_MOE_UP, &st, m->u);
             }
@@ -93,17 +92,6 @@ static void gate_up_tasks(void *vctx, int64_t b, int64_t end, int thread)
             }
         }
     }
-}
-
-/* ac = silu(g) * u for rows [r0, r1), whole rows (the same elementwise operations as
- * gate_up_tasks, so the same bits). */
-static void act_rows_part(void *vctx, int64_t r0, int64_t r1, int thread)
-{
-    (void)thread;
-    kt_moe *m = ((fwd_ctx *)vctx)->m;
-    for (int64_t r = r0; r < r1; r++)
-        kt__moe_act_fwd(m->I, m->g + r * m->I, m->u + r * m->I, kt__moe_cdt_at(m, m->ac, r * m->I),
-                        m->bf16);
 }
 
 static void down_tasks(void *vctx, int64_t b, int64_t end, int thread)
@@ -137,33 +125,28 @@ static kt_status sgemm_experts(kt_moe *m, int proj, const float *in, int64_t K, 
     return KT_OK;
 }
 
-/* With xc gathered: g, u (+ LoRA), ac = silu(g) * u, d (+ LoRA). run_gemms = 0 only
- * rebuilds ac and the LoRA inputs from kept g and u (backward with keep_activations), with
- * the same code, so kept and recomputed values are bitwise equal. in_backward: backward's
- * recompute (no down GEMM: backward needs no expert outputs; timed as its recompute). */
-kt_status kt__moe_compute(kt_moe *m, int run_gemms, int in_backward)
+/* With xc gathered: g, u (+ LoRA), ac = silu(g) * u, d (+ LoRA). in_backward: backward's
+ * recompute without kept activations (the same code, so recomputed values are bitwise the
+ * kept ones; no down GEMM: backward needs no expert outputs; timed as its recompute). */
+kt_status kt__moe_compute(kt_moe *m, int in_backward)
 {
     int lora = m->cfg.mode == KT_MOE_LORA;
     int64_t rows = m->off[m->E];
-    fwd_ctx c = {m, NULL, 0, run_gemms};
+    fwd_ctx c = {m, NULL, 0};
     if (lora) {
         kt__moe_lora_z(m, KT_MOE_GATE, m->xc, m->ldh);
         kt__moe_lora_z(m, KT_MOE_UP, m->xc, m->ldh);
     }
-    if (run_gemms && !m->bf16) {
+    if (!m->bf16) {
         KT__TRY(sgemm_experts(m, KT_MOE_GATE, m->xc, m->H, m->ldh, m->g, m->I));
         KT__TRY(sgemm_experts(m, KT_MOE_UP, m->xc, m->H, m->ldh, m->u, m->I));
     }
-    if (run_gemms) {
-        kt__moe_plan_parts(m, m->I);
-        kt__moe_run_parts(m, gate_up_tasks, &c);
-    } else { /* g and u are kept (from memory now): whole rows, streamed */
-        kt_parallel_for(m->pool, rows, 16, act_rows_part, &c);
-    }
+    kt__moe_plan_parts(m, m->I);
+    kt__moe_run_parts(m, gate_up_tasks, &c);
     kt__moe_phase_end(m, in_backward ? KT_MOE_PHASE_RECOMPUTE : KT_MOE_PHASE_GATE_UP);
     if (lora)
         kt__moe_lora_z(m, KT_MOE_DOWN, m->ac, m->I);
-    if (run_gemms && !in_backward) {
+    if (!in_backward) {
         if (!m->bf16)
             KT__TRY(sgemm_experts(m, KT_MOE_DOWN, m->ac, m->I, m->I, m->d, m->H));
         if (m->bf16 || lora) {
@@ -172,8 +155,7 @@ kt_status kt__moe_compute(kt_moe *m, int run_gemms, int in_backward)
         }
         m->flops += (uint64_t)(2 * rows * m->H * m->I);
     }
-    if (run_gemms)
-        m->flops += (uint64_t)(4 * rows * m->H * m->I);
+    m->flops += (uint64_t)(4 * rows * m->H * m->I);
     kt__moe_phase_end(m, in_backward ? KT_MOE_PHASE_RECOMPUTE : KT_MOE_PHASE_DOWN);
     return KT_OK;
 }
@@ -257,7 +239,7 @@ kt_status kt__moe_forward_exec(kt_moe *m, kt__moe_job *job)
 
 static kt_status forward_body(kt_moe *m, kt__moe_job *job)
 {
-    fwd_ctx c = {m, job, 1, 1};
+    fwd_ctx c = {m, job, 1};
     kt_status st = KT_OK;
     if (job->cache_hit) {
         kt_parallel_for(m->pool, job->qlen, 1, write_part, &c);
@@ -271,7 +253,7 @@ static kt_status forward_body(kt_moe *m, kt__moe_job *job)
     kt__moe_phase_end(m, KT_MOE_PHASE_ROUTE);
     kt__moe_gather(m, job, 1);
     kt__moe_phase_end(m, KT_MOE_PHASE_GATHER);
-    st = kt__moe_compute(m, 1, 0);
+    st = kt__moe_compute(m, 0);
     if (st != KT_OK)
         goto fail;
     kt_parallel_for(m->pool, m->qlen, 1, combine_part, &c);

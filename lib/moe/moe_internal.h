@@ -176,7 +176,7 @@ int64_t kt__moe_get_id(const kt_tensor *ids, int64_t i);
 /* forward.c */
 /* xt (the saved input) -> xc (rows by expert); load_x first converts the job's x into xt. */
 void kt__moe_gather(kt_moe *m, const kt__moe_job *job, int load_x);
-kt_status kt__moe_compute(kt_moe *m, int run_gemms, int in_backward);
+kt_status kt__moe_compute(kt_moe *m, int in_backward);
 kt_status kt__moe_forward_exec(kt_moe *m, kt__moe_job *job);
 
 /* Element i of a buffer in the compute dtype (bf16 or f32, m->cs bytes each) */

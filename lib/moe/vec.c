@@ -53,37 +53,8 @@ VEC_TARGET static void axpy_avx512(int64_t n, float alpha, const float *x, float
     }
 }
 
-/* Ranks at a time in kt__vec_dots: their accumulators stay in registers. */
+/* Ranks at a time in kt__vec_rows_dots: their accumulators stay in registers. */
 #define DOTS_BLOCK 8
-
-VEC_TARGET static void dots_avx512(int64_t n, const float *x, const float *a, int64_t lda,
-                                   int64_t R, float *out)
-{
-    for (int64_t q0 = 0; q0 < R; q0 += DOTS_BLOCK) {
-        const int nq = R - q0 < DOTS_BLOCK ? (int)(R - q0) : DOTS_BLOCK;
-        const float *aq = a + q0 * lda;
-        __m512 acc[DOTS_BLOCK];
-        for (int q = 0; q < DOTS_BLOCK; q++)
-            acc[q] = _mm512_setzero_ps();
-        int64_t i = 0;
-        for (; i + 16 <= n; i += 16) {
-            const __m512 xv = _mm512_loadu_ps(x + i);
-            for (int q = 0; q < nq; q++)
-                acc[q] = _mm512_fmadd_ps(xv, _mm512_loadu_ps(aq + q * lda + i), acc[q]);
-        }
-        if (i < n) {
-            const __mmask16 k = kt__lanes16(n - i);
-            const __m512 xv = _mm512_maskz_loadu_ps(k, x + i);
-            for (int q = 0; q < nq; q++)
-                acc[q] = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(k, aq + q * lda + i), acc[q]);
-        }
-        for (int q = 0; q < nq; q++) {
-            _Alignas(64) float l[16];
-            _mm512_store_ps(l, acc[q]);
-            out[q0 + q] = fold16(l);
-        }
-    }
-}
 
 /* 16 columns by up to RANK_BLOCK ranks of accumulators at a time, down all the rows */
 #define RANK_BLOCK 8
@@ -269,18 +240,6 @@ void kt__vec_axpy(int64_t n, float alpha, const float *x, float *y)
         y[i] += alpha * x[i];
 }
 
-void kt__vec_dots(int64_t n, const float *x, const float *a, int64_t lda, int64_t R, float *out)
-{
-#ifdef VEC_AVX512
-    if (kt__cpu_has_avx512()) {
-        dots_avx512(n, x, a, lda, R, out);
-        return;
-    }
-#endif
-    for (int64_t q = 0; q < R; q++)
-        out[q] = dot_plain(n, x, a + q * lda);
-}
-
 void kt__vec_axpys(int64_t n, const float *alpha, const float *x, int64_t ldx, int64_t R, float *y)
 {
 #ifdef VEC_AVX512
@@ -357,12 +316,4 @@ void kt__vec_rank_update(int64_t n, int64_t nrows, const void *x, int64_t ldx, i
             for (int64_t q = 0; q < R; q++)
                 acc[q * lda + i] += coef[r * R + q] * v;
         }
-}
-
-void kt__vec_load_cdt(float *dst, const void *src, int bf16, int64_t n)
-{
-    if (bf16)
-        kt_bf16_to_f32(dst, src, (size_t)n);
-    else
-        memcpy(dst, src, (size_t)n * sizeof *dst);
 }

@@ -11,8 +11,6 @@
 float kt__vec_dot(int64_t n, const float *a, const float *b);
 /* y[i] += alpha x[i] */
 void kt__vec_axpy(int64_t n, float alpha, const float *x, float *y);
-/* out[q] = kt__vec_dot(n, x, a + q lda) for q < R (the same bits), x read once per piece */
-void kt__vec_dots(int64_t n, const float *x, const float *a, int64_t lda, int64_t R, float *out);
 /* out[r R + q] = kt__vec_dot(n, x's row r widened to f32, a_q) for rows r < nrows and ranks
  * q < R (the same bits), a_q[i] = a[q a_row + i a_col], x's rows ldx elements apart in the
  * compute dtype (bf16 when bf16, else f32): the x A^T of a block of rows, with each chunk of
@@ -33,7 +31,5 @@ void kt__vec_rows_axpys(int64_t n, int64_t nrows, const float *coef, int64_t R, 
  * written once. */
 void kt__vec_rank_update(int64_t n, int64_t nrows, const void *x, int64_t ldx, int bf16,
                          const float *coef, int64_t R, float *acc, int64_t lda);
-/* dst[i] = f32 of n compute-dtype values (bf16 or f32) */
-void kt__vec_load_cdt(float *dst, const void *src, int bf16, int64_t n);
 
 #endif
