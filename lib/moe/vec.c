@@ -21,6 +21,7 @@ static float fold16(const float l[16])
 #include <immintrin.h>
 #define VEC_AVX512 1
 #define VEC_TARGET __attribute__((target("avx512f")))
+#define VEC_INLINE static inline __attribute__((always_inline, target("avx512f")))
 
 VEC_TARGET static float dot_avx512(int64_t n, const float *a, const float *b)
 {
@@ -144,29 +145,54 @@ VEC_TARGET static void rows_dots_avx512(int64_t n, int64_t nrows, const void *x,
     }
 }
 
+/* Columns [i, i + 16) of ranks [q0, q0 + nq) down all the rows. nq is a constant where it is
+ * inlined (rank_update_avx512's switch): with a run-time count gcc kept the accumulators in
+ * memory, each row's multiply-adds then waiting on the previous row's stores (about five
+ * times slower: a third of LoRA's weight_grad phase). */
+VEC_INLINE void rank_block(const int nq, int64_t n, int64_t i, int64_t nrows, const void *x,
+                           int64_t ldx, int bf16, const float *coef, int64_t R, int64_t q0,
+                           float *acc, int64_t lda)
+{
+    const size_t es = bf16 ? 2 : 4;
+    __m512 a[RANK_BLOCK];
+    for (int q = 0; q < nq; q++)
+        a[q] = _mm512_setzero_ps();
+    for (int64_t r = 0; r < nrows; r++) {
+        const void *row = (const unsigned char *)x + (size_t)(r * ldx) * es;
+        const __m512 xv = load_row16(row, bf16, i, n - i);
+        const float *c = coef + r * R + q0;
+        for (int q = 0; q < nq; q++)
+            a[q] = _mm512_fmadd_ps(_mm512_set1_ps(c[q]), xv, a[q]);
+    }
+    const __mmask16 k = kt__lanes16(n - i);
+    for (int q = 0; q < nq; q++)
+        _mm512_mask_storeu_ps(acc + (q0 + q) * lda + i, k, a[q]);
+}
+
 VEC_TARGET static void rank_update_avx512(int64_t n, int64_t nrows, const void *x, int64_t ldx,
                                           int bf16, const float *coef, int64_t R, float *acc,
                                           int64_t lda)
 {
-    const size_t es = bf16 ? 2 : 4;
-    for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 k = kt__lanes16(n - i);
+    _Static_assert(RANK_BLOCK == 8, "rank_update_avx512's switch lists 1..8 ranks");
+    for (int64_t i = 0; i < n; i += 16)
         for (int64_t q0 = 0; q0 < R; q0 += RANK_BLOCK) {
             const int nq = R - q0 < RANK_BLOCK ? (int)(R - q0) : RANK_BLOCK;
-            __m512 a[RANK_BLOCK];
-            for (int q = 0; q < RANK_BLOCK; q++)
-                a[q] = _mm512_setzero_ps();
-            for (int64_t r = 0; r < nrows; r++) {
-                const void *row = (const unsigned char *)x + (size_t)(r * ldx) * es;
-                const __m512 xv = load_row16(row, bf16, i, n - i);
-                const float *c = coef + r * R + q0;
-                for (int q = 0; q < nq; q++)
-                    a[q] = _mm512_fmadd_ps(_mm512_set1_ps(c[q]), xv, a[q]);
+#define RANK_CASE(NQ)                                                                              \
+    case NQ:                                                                                       \
+        rank_block(NQ, n, i, nrows, x, ldx, bf16, coef, R, q0, acc, lda);                          \
+        break;
+            switch (nq) {
+                RANK_CASE(1)
+                RANK_CASE(2)
+                RANK_CASE(3)
+                RANK_CASE(4)
+                RANK_CASE(5)
+                RANK_CASE(6)
+                RANK_CASE(7)
+                RANK_CASE(8)
             }
-            for (int q = 0; q < nq; q++)
-                _mm512_mask_storeu_ps(acc + (q0 + q) * lda + i, k, a[q]);
+#undef RANK_CASE
         }
-    }
 }
 
 VEC_TARGET static void axpys_avx512(int64_t n, const float *alpha, const float *x, int64_t ldx,
