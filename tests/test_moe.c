@@ -577,6 +577,23 @@ static void test_threads_bitwise(void **state)
                 "H 48 I 40");
 }
 
+/* 600 rows per expert and H = 320 (bf16): the paths for long row counts (NN in chunks of
+ * rows, TN in its work buffer, the down gradient's row chunks) and LoRA's input-gradient adds
+ * in 128-column steps with a ragged last one, bitwise over 1, 2 and 3 threads and between
+ * kept and recomputed activations, in every mode. */
+static void test_long_rows_bitwise(void **state)
+{
+    (void)state;
+    for (int mode = 0; mode < 3; mode++) {
+        kt_moe_config c = make_cfg(KT_BF16, KT_F32, (kt_moe_mode)mode, 320, 16, 2, 2, 600);
+        expect_same_over_threads(c, 600, "H 320 I 16, 600 rows per expert");
+        blob a = run_blob(c, 2, 600);
+        c.keep_activations = 0;
+        blob b = run_blob(c, 2, 600);
+        expect_same(a, b, "600 rows per expert: keep_activations 1 vs 0");
+    }
+}
+
 /* I = 330 with hundreds of rows per expert: the backward's per-thread blocks for the down
  * projection's input gradient (several column steps, a ragged last one, LoRA's offsets into
  * them), against the reference and bitwise over 1, 2 and 3 threads; a few tokens (under 12
@@ -1199,6 +1216,7 @@ int main(void)
         cmocka_unit_test(test_reference_large_rows),
         cmocka_unit_test(test_accumulate),
         cmocka_unit_test(test_keep_activations_bitwise),
+        cmocka_unit_test(test_long_rows_bitwise),
         cmocka_unit_test(test_threads_bitwise),
         cmocka_unit_test(test_wide_intermediate),
         cmocka_unit_test(test_route_rechecks_ids),

@@ -184,7 +184,9 @@ static void test_rows_dots_bitwise(void **state)
                             xb[i] = kt_f32_to_bf16_1(xf[i]);
                         const void *x = bf16 ? (const void *)xb : (const void *)xf;
                         const int64_t a_row = cols ? 1 : n, a_col = cols ? R : 1;
+                        got[rows * R] = 12345.0f; /* nothing past the rows is written */
                         kt__vec_rows_dots(n, rows, x, ldx, bf16, a, a_row, a_col, R, got);
+                        assert_true(got[rows * R] == 12345.0f);
                         for (int64_t r = 0; r < rows; r++) {
                             widen(row,
                                   bf16 ? (const void *)(xb + r * ldx)

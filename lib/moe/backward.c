@@ -24,7 +24,7 @@ typedef struct bwd_ctx {
     /* full mode, first micro-batch of a step: the weight-gradient GEMMs store instead of
      * adding (experts without tokens are zeroed instead) */
     int dw_overwrite;
-    /* the SiLU derivative also stores ac (full mode with kept activations) */
+    /* the SiLU derivative also stores ac (LoRA and full mode with kept activations) */
     int write_ac;
 } bwd_ctx;
 
@@ -87,14 +87,15 @@ static void gw_part(void *vctx, int64_t t0, int64_t t1, int thread)
  * GA_BLOCK_FLOATS, that stays in L2, instead of an [N, I] array whose lines would be fetched
  * from memory only to be overwritten, then written back, then read once (with f32 weights
  * sgemm computes all of ga first, and with many threads the blocks would outgrow the array,
- * so those keep it). Under GA_SMALL_M rows a task's columns go in one step. */
+ * so those keep it). Steps are GA_SUB_COLS wide, or under GA_SMALL_M rows a task's columns
+ * in one step. */
 #define GA_SUB_COLS 128
 #define GA_SMALL_M 12
 #define GA_BLOCK_FLOATS 65536 /* 256 KiB */
-/* Above this many rows an expert's steps go in chunks of rows: its steps would otherwise be
- * narrower than GA_SUB_COLS (80 columns at 768 rows), each row of the weights read as a
- * shorter run, once per chunk of NN's rows. dsv2lite at qlen 8192 (768 rows per expert):
- * down_grad 412 -> 327 ms. */
+/* Above this many rows an expert's steps go in chunks of rows, so that a step of
+ * GA_SUB_COLS columns fits the block: narrower steps (80 columns at 768 rows, as it was) read
+ * each row of the weights as a shorter run, once per chunk of NN's rows. dsv2lite at qlen
+ * 8192 (768 rows per expert): down_grad 412 -> 327 ms. */
 #define GA_MAX_ROWS (GA_BLOCK_FLOATS / GA_SUB_COLS)
 /* The derivative's rows this far ahead have their pieces of the kept g and u (read) and of
  * gg and gu (written) fetched early: pieces of a few hundred bytes out of rows kilobytes
@@ -106,25 +107,32 @@ static void gw_part(void *vctx, int64_t t0, int64_t t1, int thread)
  * 16). */
 _Static_assert(KT__MOE_COL_ALIGN % 16 == 0, "column cuts must fall on 16-column pieces");
 
-/* Columns per step for an expert of me rows. The NN kernel's results do not depend on how
- * the columns are cut, so neither do the gradients. */
-static int64_t ga_step(int64_t me, int64_t task_cols)
+/* Columns per step for a chunk of `rows` rows (at most GA_MAX_ROWS). The NN kernel's results
+ * do not depend on how the columns are cut, so neither do the gradients. */
+static int64_t ga_step(int64_t rows, int64_t task_cols)
 {
-    if (me < GA_SMALL_M)
-        return task_cols;
-    int64_t cols = GA_BLOCK_FLOATS / me / 16 * 16;
-    return cols < 16 ? 16 : cols > GA_SUB_COLS ? GA_SUB_COLS : cols;
+    return rows < GA_SMALL_M ? task_cols : GA_SUB_COLS;
 }
 
 size_t kt__moe_ga_floats(const kt_moe *m)
 {
-    /* an expert has at most T rows (kt__moe_route refuses more) */
+    /* a step: at most GA_MAX_ROWS x GA_SUB_COLS, or under GA_SMALL_M rows a whole task */
     size_t f = GA_BLOCK_FLOATS;
-    if ((size_t)m->T * 16 > f)
-        f = (size_t)m->T * 16;
     if ((size_t)(GA_SMALL_M - 1) * (size_t)m->I > f)
         f = (size_t)(GA_SMALL_M - 1) * (size_t)m->I;
     return (f + 15) / 16 * 16; /* whole cache lines: no block shares one with the next */
+}
+
+size_t kt__moe_tn_work_bytes(const kt_moe *m)
+{
+    /* an expert has at most T rows */
+    return (kt__bf16_gemm_tn_work_bytes(m->T) + 63) / 64 * 64;
+}
+
+/* This thread's TN work buffer, or NULL (T <= 512 or f32: the kernels need none) */
+static void *tn_work(const kt_moe *m, int thread)
+{
+    return m->tnw != NULL ? m->tnw + (size_t)thread * kt__moe_tn_work_bytes(m) : NULL;
 }
 
 int kt__moe_ga_per_thread(const kt_moe *m)
@@ -244,7 +252,6 @@ static void gx_tasks(void *vctx, int64_t b, int64_t end, int thread)
 /* Full mode, bf16: rows [c0, c1) of dW for each task's expert. */
 static void dwd_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
-    (void)thread;
     bwd_ctx *c = vctx;
     kt_moe *m = c->m;
     for (int64_t i = m->part[b]; i < m->part[end]; i++) {
@@ -253,13 +260,12 @@ static void dwd_tasks(void *vctx, int64_t b, int64_t end, int thread)
         float *dw = m->wgrad + (t->e * 3 + KT_MOE_DOWN) * m->H * m->I;
         kt__bf16_gemm_tn(me, t->c0, t->c1, m->I, (const uint16_t *)m->gdc + off * m->ldh, m->ldh,
                          (const uint16_t *)m->ac + off * m->I, m->I, dw, m->I, c->scale,
-                         !c->dw_overwrite);
+                         !c->dw_overwrite, tn_work(m, thread));
     }
 }
 
 static void dwgu_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
-    (void)thread;
     bwd_ctx *c = vctx;
     kt_moe *m = c->m;
     for (int64_t i = m->part[b]; i < m->part[end]; i++) {
@@ -269,9 +275,9 @@ static void dwgu_tasks(void *vctx, int64_t b, int64_t end, int thread)
         float *dwg = m->wgrad + (t->e * 3 + KT_MOE_GATE) * m->H * m->I;
         float *dwu = m->wgrad + (t->e * 3 + KT_MOE_UP) * m->H * m->I;
         kt__bf16_gemm_tn(me, t->c0, t->c1, m->H, (const uint16_t *)m->ggc + off * m->I, m->I, x,
-                         m->ldh, dwg, m->H, c->scale, !c->dw_overwrite);
+                         m->ldh, dwg, m->H, c->scale, !c->dw_overwrite, tn_work(m, thread));
         kt__bf16_gemm_tn(me, t->c0, t->c1, m->H, (const uint16_t *)m->guc + off * m->I, m->I, x,
-                         m->ldh, dwu, m->H, c->scale, !c->dw_overwrite);
+                         m->ldh, dwu, m->H, c->scale, !c->dw_overwrite, tn_work(m, thread));
     }
 }
 

@@ -40,7 +40,6 @@
  * are fastest with 64-byte aligned operands and leading dimensions that are multiples of 32
  * elements (rows then start on cache lines). */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "core/cpu_internal.h"
@@ -868,14 +867,26 @@ BF_TARGET static void tn_pack_a(int64_t M, int64_t p0, int64_t cnt, int mr, cons
  * general path reads and interleaves x's rows in place for every tile (rows 4 KiB apart, all
  * in one L1 set). Same operations per element as the general path, so the same bits. Up to
  * TN_PACKED_MAX_PAIRS row pairs of x (the usual tokens per expert) its buffers are on the
- * stack (48 + 32 KiB); above, on the heap (tn_avx512), the group's A panels within
- * TN_HEAP_APACK_BYTES of L2. */
+ * stack (48 + 32 KiB); above, in the caller's work buffer (tn_work_bytes), the group's A
+ * panels within TN_WORK_APACK_BYTES. */
 #define TN_PACKED_MAX_PAIRS 256
 #define TN_APACK_WORDS (PAIR_MR * TN_PAIRS_PER_CHUNK)
 #define TN_GROUP_MAX 64
-#define TN_HEAP_APACK_BYTES (768 * 1024)
+#define TN_WORK_APACK_BYTES (768 * 1024)
 
-int kt__bf16_tn_no_heap;
+/* Above TN_PACKED_MAX_PAIRS pairs: the tiles per group (their A panels within
+ * TN_WORK_APACK_BYTES, at least one), and the work buffer's layout: the panels, then x's
+ * pairs from a cache line on (tn_pack_x's aligned stores). */
+static int64_t tn_work_group(int64_t pairs)
+{
+    const int64_t g = TN_WORK_APACK_BYTES / (PAIR_MR * pairs * 4);
+    return g < 1 ? 1 : g > TN_GROUP_MAX ? TN_GROUP_MAX : g;
+}
+
+static size_t tn_work_xpack_offset(int64_t pairs)
+{
+    return ((size_t)(tn_work_group(pairs) * PAIR_MR * pairs) * 4 + 63) / 64 * 64;
+}
 
 /* apack: room for `apack_words` words (at least one tile's panel), xpack for x's pairs */
 static void tn_packed_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
@@ -918,7 +929,7 @@ static void tn_packed_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const
 
 static void tn_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g, int64_t ldg,
                       const uint16_t *x, int64_t ldx, float *dw, int64_t lddw, float scale,
-                      int accumulate)
+                      int accumulate, void *work)
 {
     const int mode = accumulate ? OUT_SCALE_ADD : OUT_SCALE_STREAM;
     if ((M + 1) / 2 <= TN_PACKED_MAX_PAIRS) {
@@ -928,23 +939,15 @@ static void tn_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
                          xpack);
         return;
     }
-    /* More rows: the packed path with its buffers on the heap. Measured (kt-bench gemm tn,
+    /* More rows: the packed path in the caller's work buffer. Measured (kt-bench gemm tn,
      * 1 thread, dsv2lite's gate shape, adding to dw) at 768 and 1536 rows: 0.57 and 0.39 of
-     * the peak on the general path below, which remains for when the allocation fails. */
-    if (!kt__bf16_tn_no_heap) {
-        const int64_t pairs = (M + 1) / 2, per_tile = PAIR_MR * pairs;
-        int64_t group = TN_HEAP_APACK_BYTES / (per_tile * 4);
-        group = group < 1 ? 1 : group > TN_GROUP_MAX ? TN_GROUP_MAX : group;
-        /* x's pairs from a cache line on (tn_pack_x's aligned stores) */
-        const size_t abytes = ((size_t)(group * per_tile) * 4 + 63) / 64 * 64;
-        const size_t xbytes = (size_t)pairs * 128;
-        void *buf = NULL;
-        if (posix_memalign(&buf, 64, abytes + xbytes) == 0) {
-            tn_packed_avx512(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, mode, buf,
-                             group * per_tile, (uint16_t *)((unsigned char *)buf + abytes));
-            free(buf);
-            return;
-        }
+     * the peak on the general path below (without work), 0.81-0.83 and 0.80-0.82 packed. */
+    if (work != NULL) {
+        const int64_t pairs = (M + 1) / 2;
+        tn_packed_avx512(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, mode, work,
+                         tn_work_group(pairs) * PAIR_MR * pairs,
+                         (uint16_t *)((unsigned char *)work + tn_work_xpack_offset(pairs)));
+        return;
     }
     _Alignas(64) uint32_t apack[PAIR_MR * TN_PAIRS_PER_CHUNK];
     _Alignas(64) float accbuf[PAIR_MR * 32];
@@ -1214,9 +1217,25 @@ void kt__bf16_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint1
     kt__bf16_gemm_nn(M, N, k0, k1, g1, ldg, w1, ldw, y, ldy, 1);
 }
 
+size_t kt__bf16_gemm_tn_work_bytes(int64_t M)
+{
+#ifdef BF_HAVE_AVX512
+    const int64_t pairs = (M + 1) / 2;
+    if (pairs <= TN_PACKED_MAX_PAIRS)
+        return 0;
+    /* the panels take at most max(TN_WORK_APACK_BYTES, one tile's) bytes, so this bound
+     * grows with M and covers every smaller M */
+    const size_t panels = (size_t)TN_WORK_APACK_BYTES + (size_t)(PAIR_MR * pairs) * 4;
+    return (panels + 63) / 64 * 64 + (size_t)pairs * 128;
+#else
+    (void)M;
+    return 0;
+#endif
+}
+
 void kt__bf16_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g, int64_t ldg,
                       const uint16_t *x, int64_t ldx, float *dw, int64_t lddw, float scale,
-                      int accumulate)
+                      int accumulate, void *work)
 {
     if (use_amx(M)) {
         kt__amx_gemm_tn(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
@@ -1224,18 +1243,19 @@ void kt__bf16_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
     }
 #ifdef BF_HAVE_AVX512
     if (use_avx512()) {
-        tn_avx512(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
+        tn_avx512(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate, work);
         if (!accumulate)
             _mm_sfence(); /* the streamed rows are visible to whichever thread reads them next */
         return;
     }
 #endif
+    (void)work;
     kt__bf16_gemm_tn_ref(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
 }
 
 void kt__bf16_gemm_tn_acc(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
                           int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
-                          float scale)
+                          float scale, void *work)
 {
-    kt__bf16_gemm_tn(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, 1);
+    kt__bf16_gemm_tn(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, 1, work);
 }

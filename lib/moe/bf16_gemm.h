@@ -11,6 +11,7 @@
 #ifndef KT_MOE_BF16_GEMM_H
 #define KT_MOE_BF16_GEMM_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* Forward and weight-side products ("NT"): for rows m in [0, M) and columns n in [n0, n1),
@@ -43,17 +44,18 @@ void kt__bf16_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint1
  *   dw[n, k] = (accumulate ? dw[n, k] : 0) + scale * sum_m g[m, n] * x[m, k]
  * g [M, N], x [M, K], dw [N, K] f32. Overwriting never reads dw, and stores whole aligned
  * blocks past the caches (the first micro-batch of a step writes every expert's gradient:
- * gigabytes, read next by the optimizer, not by this layer). tn_acc is tn with accumulate. */
+ * gigabytes, read next by the optimizer, not by this layer). tn_acc is tn with accumulate.
+ * Above 512 rows the AVX-512 kernel wants a work buffer (64-byte aligned, at least
+ * kt__bf16_gemm_tn_work_bytes(M) bytes, which is enough for any M' <= M too): its packing
+ * buffers, on the stack up to 512 rows. With work NULL it walks x's rows in place instead
+ * (the same bits, at about half the speed): the kernels never allocate. */
 void kt__bf16_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g, int64_t ldg,
                       const uint16_t *x, int64_t ldx, float *dw, int64_t lddw, float scale,
-                      int accumulate);
-/* Tests only: nonzero makes TN above 512 rows take its path without a heap buffer (the one
- * it falls back to when the allocation fails). */
-extern int kt__bf16_tn_no_heap;
-
+                      int accumulate, void *work);
+size_t kt__bf16_gemm_tn_work_bytes(int64_t M);
 void kt__bf16_gemm_tn_acc(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
                           int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
-                          float scale);
+                          float scale, void *work);
 
 /* The plain scalar versions: the reference the fast kernels are tested against, and the
  * portable path when the CPU lacks AVX-512 BF16. */

@@ -172,6 +172,8 @@ static size_t plan_scratch(kt_moe *m)
     SCRATCH(m->d, N * H * 4);
     SCRATCH(m->ga,
             kt__moe_ga_per_thread(m) ? (size_t)m->n_threads * kt__moe_ga_floats(m) * 4 : N * I * 4);
+    if (m->bf16 && m->cfg.mode == KT_MOE_FULL && kt__moe_tn_work_bytes(m) > 0)
+        SCRATCH(m->tnw, (size_t)m->n_threads * kt__moe_tn_work_bytes(m));
     SCRATCH(m->ggc, N * I * cs);
     SCRATCH(m->guc, N * I * cs);
     SCRATCH(m->gx, N * H * 4);

@@ -2,14 +2,15 @@
  * B [out, r] (f32). The rank is small (at most KT__MOE_LORA_MAX_RANK), so each adapter
  * product is r dot products or r axpys over the long dimension (moe/vec.h, AVX-512 where the
  * CPU has it), in a fixed order that does not depend on the thread split; they read the
- * compute-dtype activations the GEMMs read, widened to f32 a row piece at a time.
+ * compute-dtype activations the GEMMs read, widened to f32 as they go.
  *
  *   forward:  z = x A^T [rows, r];         out += s * z B^T
  *   backward: gz = s * gout B [rows, r];    gin += gz A
  *             dB += scale * s * gout^T z;   dA += scale * gz^T x
  *
- * Long rows are cut into pieces of at most LORA_W columns; the stack buffers hold one piece
- * of a row and r pieces of accumulators or of B transposed (r + 2 pieces: under 64 KiB). */
+ * z, gz (kt__vec_rows_dots) and gin (kt__vec_rows_axpys) take an expert's rows at a time.
+ * The others cut long rows into pieces of piece(r) columns: their stack buffers hold one
+ * piece of a row and r pieces of accumulators or of B transposed (r + 2 pieces: 64 KiB). */
 #include "moe/moe_internal.h"
 #include "moe/vec.h"
 

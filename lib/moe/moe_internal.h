@@ -110,10 +110,13 @@ struct kt_moe {
     float *gwp;   /* [N, kt__moe_gw_pieces]: the routing gradient's sums per 16 columns */
     float *row_w; /* [N] the routing weight of each row (backward) */
     float *ga;    /* [N,I], or per thread kt__moe_ga_floats each (kt__moe_ga_per_thread) */
-    void *ggc;    /* [N,I] cdt */
-    void *guc;    /* [N,I] cdt */
-    float *gx;    /* [N,H] input gradient per row */
-    float *gw;    /* [N] routing-weight gradient per slot */
+    /* full mode, bf16, experts of more than 512 rows possible: per thread, the weight
+     * gradient kernel's work buffer (kt__moe_tn_work_bytes each) */
+    unsigned char *tnw;
+    void *ggc; /* [N,I] cdt */
+    void *guc; /* [N,I] cdt */
+    float *gx; /* [N,H] input gradient per row */
+    float *gw; /* [N] routing-weight gradient per slot */
     /* LoRA: x A^T per row and its gradient, per projection (rank r) */
     float *z[3], *gz[3];
 
@@ -196,6 +199,8 @@ void kt__moe_lora_gin_add(kt_moe *m, int proj, const kt__moe_task *t, int64_t r0
 /* backward.c: whether each thread has its own ga block (else ga is [N,I]), and its floats */
 int kt__moe_ga_per_thread(const kt_moe *m);
 size_t kt__moe_ga_floats(const kt_moe *m);
+/* backward.c: the bytes of one thread's TN work buffer (m->tnw), whole cache lines */
+size_t kt__moe_tn_work_bytes(const kt_moe *m);
 
 /* scratch.c: around each forward/backward exec: takes a shared scratch's lock, grows it if
  * a layer needs more, and points the layer's scratch buffers into it (release undoes the

@@ -84,11 +84,11 @@ VEC_TARGET static __m512 load_row16(const void *x, int bf16, int64_t i, int64_t 
 #define RD_ROWS 64
 #define RD_COLS 512
 
-/* The lane sums of one rank of a pair of rows: to out (folded) after the last chunk, else
- * kept in part. */
+/* The lane sums of a row's ranks: the first nq to out (folded) after the last chunk, else all
+ * of them kept in part (the next chunk loads all; past nq they are discarded sums of zeros). */
 VEC_TARGET static void rd_finish(const __m512 *acc, int nq, int last, float *part, float *out)
 {
-    for (int j = 0; j < nq; j++) {
+    for (int j = 0; j < (last ? nq : DOTS_BLOCK); j++) {
         if (last) {
             _Alignas(64) float l[16];
             _mm512_store_ps(l, acc[j]);

@@ -44,11 +44,13 @@ typedef struct gemm_run {
     const uint16_t *a, *b; /* a: x (nt) or g (nn, tn); b: w (nt, nn) or x (tn) */
     float *c;              /* y, or dw for tn */
     int64_t unit;          /* columns (rows of dw) per part unit: whole tiles */
+    unsigned char *work;   /* tn: per thread, work_bytes each (NULL: the kernel needs none) */
+    size_t work_bytes;
 } gemm_run;
 
 static int64_t split_dim(const gemm_run *r) { return r->kind == K_NN ? r->K : r->N; }
 
-static void run_block(const gemm_run *r, int64_t s0, int64_t s1)
+static void run_block(const gemm_run *r, int64_t s0, int64_t s1, int thread)
 {
     switch (r->kind) {
     case K_NT:
@@ -58,19 +60,19 @@ static void run_block(const gemm_run *r, int64_t s0, int64_t s1)
         kt__bf16_gemm_nn(r->M, r->N, s0, s1, r->a, r->N, r->b, r->K, r->c, r->K, 0);
         break;
     default:
-        kt__bf16_gemm_tn_acc(r->M, s0, s1, r->K, r->a, r->N, r->b, r->K, r->c, r->K, 1.0f);
+        kt__bf16_gemm_tn_acc(r->M, s0, s1, r->K, r->a, r->N, r->b, r->K, r->c, r->K, 1.0f,
+                             r->work ? r->work + (size_t)thread * r->work_bytes : NULL);
         break;
     }
 }
 
 static void run_part(void *ctx, int64_t begin, int64_t end, int thread)
 {
-    (void)thread;
     const gemm_run *r = ctx;
     const int64_t S = split_dim(r);
     const int64_t s0 = begin * r->unit, s1 = end * r->unit < S ? end * r->unit : S;
     if (s0 < s1)
-        run_block(r, s0, s1);
+        run_block(r, s0, s1, thread);
 }
 
 typedef struct buffers {
@@ -83,6 +85,8 @@ typedef struct buffers {
     float *out; /* y (nt, nn) */
     float *dws; /* copies of dw (tn) */
     int copies;
+    unsigned char *tn_work; /* tn: one work buffer per thread, as the layer keeps in scratch */
+    size_t tn_work_bytes;
 } buffers;
 
 /* 64-byte aligned (as a layer's weight buffers are): rows then start on cache lines. */
@@ -98,7 +102,8 @@ static void fill_bf16(uint16_t *p, size_t n, uint64_t seed)
     }
 }
 
-static int alloc_buffers(int kind, int64_t M, int64_t N, int64_t K, int hot, buffers *bu)
+static int alloc_buffers(int kind, int64_t M, int64_t N, int64_t K, int hot, int threads,
+                         buffers *bu)
 {
     memset(bu, 0, sizeof *bu);
     const size_t wbytes = (size_t)(N * K) * (kind == K_TN ? sizeof(float) : sizeof(uint16_t));
@@ -119,6 +124,13 @@ static int alloc_buffers(int kind, int64_t M, int64_t N, int64_t K, int hot, buf
             return -1;
         for (size_t i = 0; i < nd; i++) /* touch every page before timing */
             bu->dws[i] = 0.0f;
+        bu->tn_work_bytes = (kt__bf16_gemm_tn_work_bytes(M) + 63) / 64 * 64;
+        if (bu->tn_work_bytes > 0) {
+            bu->tn_work = alloc64((size_t)threads * bu->tn_work_bytes);
+            if (bu->tn_work == NULL)
+                return -1;
+            memset(bu->tn_work, 0, (size_t)threads * bu->tn_work_bytes);
+        }
     } else {
         bu->wts_bytes = ((size_t)bu->copies * (size_t)(N * K) + 1) * sizeof(uint16_t);
         if (kt__numa_alloc(bu->wts_bytes, -1, (void **)&bu->wts) != KT_OK)
@@ -141,6 +153,7 @@ static void free_buffers(buffers *bu)
     kt__numa_free(bu->wts, bu->wts_bytes, -1);
     free(bu->out);
     free(bu->dws);
+    free(bu->tn_work);
 }
 
 static gemm_run make_run(int kind, int64_t M, int64_t N, int64_t K, const buffers *bu, int copy)
@@ -156,6 +169,7 @@ static gemm_run make_run(int kind, int64_t M, int64_t N, int64_t K, const buffer
         break;
     default:
         r.a = bu->act, r.b = bu->act2, r.c = bu->dws + (size_t)copy * wsz, r.unit = 12;
+        r.work = bu->tn_work, r.work_bytes = bu->tn_work_bytes;
         break;
     }
     return r;
@@ -172,7 +186,7 @@ static double peer_difference(int kind, int64_t M, int64_t N, int64_t K, const b
         return -1.0;
     if (kind == K_TN)
         memset(r.c, 0, n * sizeof *r.c);
-    run_block(&r, 0, split_dim(&r));
+    run_block(&r, 0, split_dim(&r), 0);
     memcpy(mine, r.c, n * sizeof *mine);
     /* tn adds to its output (zeros); nt/nn must overwrite a poisoned one */
     for (size_t i = 0; i < n; i++)
@@ -210,7 +224,7 @@ static timing time_kernel(int kind, int64_t M, int64_t N, int64_t K, const buffe
         if (onednn_threads > 0)
             onednn_peer_gemm(kind, M, N, K, r.a, r.b, r.c, onednn_threads);
         else if (pool == NULL)
-            run_block(&r, 0, split_dim(&r));
+            run_block(&r, 0, split_dim(&r), 0);
         else
             kt_parallel_for(pool, units, 1, run_part, &r);
         ts[i] = bench_now_s() - t0;
@@ -357,7 +371,7 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                     const char *mname = custom ? "custom" : models[mi].name;
                     const char *sname = custom ? "-" : sh == 0 ? "gu" : "dn";
                     buffers bu;
-                    if (alloc_buffers(kd, M, N, K, hot, &bu) != 0) {
+                    if (alloc_buffers(kd, M, N, K, hot, threads, &bu) != 0) {
                         fprintf(stderr, "kt-bench gemm: out of memory\n");
                         free_buffers(&bu);
                         rc = 1;
