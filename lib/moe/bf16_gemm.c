@@ -984,20 +984,12 @@ static void tn_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
 
 /* ---- elementwise epilogues of the layer -------------------------------------------------- */
 
-/* f32 -> bf16 exactly as kt_f32_to_bf16_1: round to nearest even, NaN quieted. */
-BF_INLINE __m256i cvt_bf16(__m512 v)
-{
-    const __m512i u = _mm512_castps_si512(v);
-    const __m512i one = _mm512_set1_epi32(1);
-    __m512i r =
-        _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
-                                             _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
-    r = _mm512_srli_epi32(r, 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
-        _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-    r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-    return _mm512_cvtepi32_epi16(r);
-}
+/* f32 -> bf16 by the instruction (vcvtneps2bf16): kt_f32_to_bf16_1's bits (round to nearest
+ * even, NaN quieted), except that f32 denormals (below 2^-126) become zeros of their sign,
+ * as the vdpbf16ps that reads them would take them anyway (checked on 20M random patterns:
+ * no other difference). The integer sequence it replaces took a third of the SiLU derivative's
+ * time (alone: 0.80 -> 0.55 ns a value; the product 0.33 -> 0.21). */
+BF_INLINE __m256i cvt_bf16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
 
 /* Stores 16 (or the masked first of them) values in the compute dtype. */
 BF_INLINE void st_cdt(void *p, int64_t i, __m512 v, int bf16, __mmask16 km)
