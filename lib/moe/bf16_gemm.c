@@ -60,7 +60,8 @@
 /* x rows per chunk: a chunk of x (rows x K bf16) stays within about 640 KiB of the 1 MiB L2
  * (the w block being read and the next one being prefetched take the rest). */
 #define NT_X_CHUNK_BYTES (640 * 1024)
-#define NT_COLS 6 /* w rows per block */
+#define NT_COLS 6      /* w rows per block */
+#define NT_PF_AHEAD 12 /* w rows from a block to the ones its small-M tile prefetches */
 
 BF_INLINE __m512 dp(__m512 acc, __m512i a, __m512i b)
 {
@@ -125,7 +126,7 @@ BF_INLINE __m512i load_k(const uint16_t *p, __mmask32 m, const int full)
         const __m512i z = _mm512_setzero_si512();                                                  \
         if (pf)                                                                                    \
             for (int p_ = 0; p_ < 6; p_++)                                                         \
-                _mm_prefetch((const char *)(w + (6 + p_) * ldw + k), _MM_HINT_T1);                 \
+                _mm_prefetch((const char *)(w + (NT_PF_AHEAD + p_) * ldw + k), _MM_HINT_T1);       \
         if (pfrow && ((k >> 5) & pfmask) == 0 && (k >> 5 >> pfshift) < pfcount)                    \
             _mm_prefetch((const char *)(pfrow + ((k >> 5 >> pfshift) << 5)), _MM_HINT_T1);         \
         const __m512i w0 = nr > 0 ? load_k(w + k, km, full) : z;                                   \
@@ -225,12 +226,15 @@ NT_VARIANT(1, 1)
 #define NT_WIDE 1
 #endif
 #endif
-/* The first row tile over a block of 6 w rows at small M: it also prefetches the next 6 rows
- * at the same k, so the next block is on its way while this one is used (the tile is then
- * memory-bound, and 6 streams 4 KiB apart are more than the hardware prefetchers follow
- * well). Into L2, not L1: at a dozen rows (qlen 128) that streamed the weights about 5 %
- * faster (more lines in flight), and at one row it made no difference. Addresses past the
- * last row are only prefetched, never loaded. */
+/* The first row tile over a block of 6 w rows at small M: it also prefetches the 6 rows of
+ * the block after next at the same k (NT_PF_AHEAD rows on), so they are on their way two
+ * blocks before they are used (the tile is then memory-bound, and 6 streams 4 KiB apart are
+ * more than the hardware prefetchers follow well; at one row a block takes about as long as
+ * a memory access, so one block ahead left every load waiting: qlen 1, 2.36-2.56 -> 2.27-2.37
+ * ms for dsv2lite, 0.84-0.97 -> 1.03-1.13 of the measured bandwidth). Into L2, not L1: at a
+ * dozen rows (qlen 128) that streamed the weights about 5 % faster (more lines in flight), and
+ * at one row it made no difference. Addresses past the last row are only prefetched, never
+ * loaded. */
 #define NT_PF_MAX_M 32
 #define NT_VARIANT_PF(MR)                                                                          \
     BF_TARGET static void nt_##MR##x6pf(int64_t K, const uint16_t *x, int64_t ldx,                 \
