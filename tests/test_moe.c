@@ -397,7 +397,7 @@ static void test_reference_odd(void **state)
 /* Rows x H large enough (1200 x 2048 f32 = 9.4 MiB) that the gate/up input gradients are
  * stored past the caches (backward.c: GX_STREAM_BYTES), and 600 rows per expert: above 512,
  * where the down projection's input gradient runs in chunks of rows (GA_MAX_ROWS), NN in
- * chunks of rows and TN on its heap buffers; against the float64 reference. */
+ * chunks of rows and TN in its work buffer; against the float64 reference. */
 static void test_reference_large_rows(void **state)
 {
     (void)state;

@@ -84,7 +84,7 @@ static void prob_init(prob *p, int kind, int64_t M, int64_t N, int64_t K, tu_rng
     assert_non_null(p->c);
     const size_t wb = kind == TN ? kt__bf16_gemm_tn_work_bytes(M) : 0;
     if (wb > 0) {
-        p->work = aligned_alloc(64, (wb + 63) / 64 * 64);
+        p->work = aligned_alloc(64, wb); /* a multiple of 64 */
         assert_non_null(p->work);
     }
     for (size_t i = 0; i < na; i++)

@@ -176,7 +176,8 @@ typedef struct kt_moe_memory {
     uint64_t saved_bytes_per_token; /* kept from forward to backward, per token: the routing
                                      * (20 bytes per slot), x in the weight dtype, and with
                                      * keep_activations the f32 gate and up pre-activations
-                                     * (k * 2I * 4 bytes) */
+                                     * (k * 2I * 4 bytes), and in LoRA mode each projection's
+                                     * x A^T (k * 3r * 4 bytes) */
     uint64_t workspace_bytes;       /* working buffers the layer holds itself */
     uint64_t scratch_bytes;         /* the per-call scratch it needs: held by the layer, or
                                      * by its shared kt_moe_scratch (then not counted in

@@ -123,16 +123,11 @@ size_t kt__moe_ga_floats(const kt_moe *m)
     return (f + 15) / 16 * 16; /* whole cache lines: no block shares one with the next */
 }
 
-size_t kt__moe_tn_work_bytes(const kt_moe *m)
-{
-    /* an expert has at most T rows */
-    return (kt__bf16_gemm_tn_work_bytes(m->T) + 63) / 64 * 64;
-}
-
-/* This thread's TN work buffer, or NULL (T <= 512 or f32: the kernels need none) */
+/* This thread's TN work buffer (sized for T rows, the most an expert has), or NULL (T <= 512
+ * or f32: the kernels need none) */
 static void *tn_work(const kt_moe *m, int thread)
 {
-    return m->tnw != NULL ? m->tnw + (size_t)thread * kt__moe_tn_work_bytes(m) : NULL;
+    return m->tnw != NULL ? m->tnw + (size_t)thread * kt__bf16_gemm_tn_work_bytes(m->T) : NULL;
 }
 
 int kt__moe_ga_per_thread(const kt_moe *m)

@@ -46,8 +46,8 @@ void kt__bf16_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint1
  * blocks past the caches (the first micro-batch of a step writes every expert's gradient:
  * gigabytes, read next by the optimizer, not by this layer). tn_acc is tn with accumulate.
  * Above 512 rows the AVX-512 kernel wants a work buffer (64-byte aligned, at least
- * kt__bf16_gemm_tn_work_bytes(M) bytes, which is enough for any M' <= M too): its packing
- * buffers, on the stack up to 512 rows. With work NULL it walks x's rows in place instead
+ * kt__bf16_gemm_tn_work_bytes(M) bytes: a multiple of 64, enough for any M' <= M): its
+ * packing buffers, on the stack up to 512 rows. With work NULL it walks x's rows in place instead
  * (the same bits, at about half the speed): the kernels never allocate. */
 void kt__bf16_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g, int64_t ldg,
                       const uint16_t *x, int64_t ldx, float *dw, int64_t lddw, float scale,

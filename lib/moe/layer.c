@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/mix.h"
 #include "core/numa_internal.h"
+#include "moe/bf16_gemm.h"
 #include "moe/moe_internal.h"
 #include "ops/gemm.h"
 
@@ -172,8 +173,8 @@ static size_t plan_scratch(kt_moe *m)
     SCRATCH(m->d, N * H * 4);
     SCRATCH(m->ga,
             kt__moe_ga_per_thread(m) ? (size_t)m->n_threads * kt__moe_ga_floats(m) * 4 : N * I * 4);
-    if (m->bf16 && m->cfg.mode == KT_MOE_FULL && kt__moe_tn_work_bytes(m) > 0)
-        SCRATCH(m->tnw, (size_t)m->n_threads * kt__moe_tn_work_bytes(m));
+    if (m->bf16 && m->cfg.mode == KT_MOE_FULL && kt__bf16_gemm_tn_work_bytes(m->T) > 0)
+        SCRATCH(m->tnw, (size_t)m->n_threads * kt__bf16_gemm_tn_work_bytes(m->T));
     SCRATCH(m->ggc, N * I * cs);
     SCRATCH(m->guc, N * I * cs);
     SCRATCH(m->gx, N * H * 4);

@@ -29,21 +29,30 @@ typedef struct lora_ctx {
 /* Columns per piece for rank R: R + 2 pieces fit LORA_BUF, a multiple of 16. */
 static int64_t piece(int64_t R) { return LORA_BUF / (R + 2) / 16 * 16; }
 
-/* z[r] = x[r] A^T for rows [r0, r1), an expert's run of rows at a time. */
-static void z_part(void *vctx, int64_t r0, int64_t r1, int thread)
+/* out[r] = a's row r times the adapter matrix's transpose for rows [r0, r1), an expert's run
+ * of rows at a time: A [r, in] (which_b 0: x A^T) or B [out, r] read as the r rows of B^T
+ * (which_b 1: gout B). */
+static void adapter_dots(const lora_ctx *c, int64_t r0, int64_t r1, int which_b, float *out)
 {
-    (void)thread;
-    lora_ctx *c = vctx;
     kt_moe *m = c->m;
-    const int64_t in = kt__moe_proj_in(m, c->proj), R = m->R;
+    const int64_t R = m->R;
+    const int64_t n = which_b ? kt__moe_proj_out(m, c->proj) : kt__moe_proj_in(m, c->proj);
     for (int64_t s0 = r0; s0 < r1;) {
         const int64_t e = m->row_expert[s0];
         const int64_t s1 = m->off[e + 1] < r1 ? m->off[e + 1] : r1; /* this expert's rows */
-        kt__vec_rows_dots(in, s1 - s0, kt__moe_cdt_at(m, c->a, s0 * c->lda), c->lda, m->bf16,
-                          kt__moe_lora_ptr(m, m->lora, e, c->proj, 0), in, 1, R,
-                          m->z[c->proj] + s0 * R);
+        kt__vec_rows_dots(n, s1 - s0, kt__moe_cdt_at(m, c->a, s0 * c->lda), c->lda, m->bf16,
+                          kt__moe_lora_ptr(m, m->lora, e, c->proj, which_b), which_b ? 1 : n,
+                          which_b ? R : 1, R, out + s0 * R);
         s0 = s1;
     }
+}
+
+/* z[r] = x[r] A^T for rows [r0, r1) */
+static void z_part(void *vctx, int64_t r0, int64_t r1, int thread)
+{
+    (void)thread;
+    const lora_ctx *c = vctx;
+    adapter_dots(c, r0, r1, 0, c->m->z[c->proj]);
 }
 
 void kt__moe_lora_z(kt_moe *m, int proj, const void *in_c, int64_t ld_in)
@@ -75,24 +84,16 @@ void kt__moe_lora_add(kt_moe *m, int proj, const kt__moe_task *t, float *out)
     }
 }
 
-/* gz[r] = s * gout[r] B for rows [r0, r1), an expert's run of rows at a time (B [out, r]
- * read as the r rows of B^T). */
+/* gz[r] = s * gout[r] B for rows [r0, r1) */
 static void gz_part(void *vctx, int64_t r0, int64_t r1, int thread)
 {
     (void)thread;
-    lora_ctx *c = vctx;
+    const lora_ctx *c = vctx;
     kt_moe *m = c->m;
-    const int64_t outw = kt__moe_proj_out(m, c->proj), R = m->R;
     float *gz = m->gz[c->proj];
-    for (int64_t s0 = r0; s0 < r1;) {
-        const int64_t e = m->row_expert[s0];
-        const int64_t s1 = m->off[e + 1] < r1 ? m->off[e + 1] : r1; /* this expert's rows */
-        kt__vec_rows_dots(outw, s1 - s0, kt__moe_cdt_at(m, c->a, s0 * c->lda), c->lda, m->bf16,
-                          kt__moe_lora_ptr(m, m->lora, e, c->proj, 1), 1, R, R, gz + s0 * R);
-        for (int64_t i = s0 * R; i < s1 * R; i++)
-            gz[i] *= m->lora_scale;
-        s0 = s1;
-    }
+    adapter_dots(c, r0, r1, 1, gz);
+    for (int64_t i = r0 * m->R; i < r1 * m->R; i++)
+        gz[i] *= m->lora_scale;
 }
 
 void kt__moe_lora_gz(kt_moe *m, int proj, const void *gout_c, int64_t ld_gout)

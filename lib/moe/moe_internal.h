@@ -111,7 +111,7 @@ struct kt_moe {
     float *row_w; /* [N] the routing weight of each row (backward) */
     float *ga;    /* [N,I], or per thread kt__moe_ga_floats each (kt__moe_ga_per_thread) */
     /* full mode, bf16, experts of more than 512 rows possible: per thread, the weight
-     * gradient kernel's work buffer (kt__moe_tn_work_bytes each) */
+     * gradient kernel's work buffer (kt__bf16_gemm_tn_work_bytes(T) each) */
     unsigned char *tnw;
     void *ggc; /* [N,I] cdt */
     void *guc; /* [N,I] cdt */
@@ -199,8 +199,6 @@ void kt__moe_lora_gin_add(kt_moe *m, int proj, const kt__moe_task *t, int64_t r0
 /* backward.c: whether each thread has its own ga block (else ga is [N,I]), and its floats */
 int kt__moe_ga_per_thread(const kt_moe *m);
 size_t kt__moe_ga_floats(const kt_moe *m);
-/* backward.c: the bytes of one thread's TN work buffer (m->tnw), whole cache lines */
-size_t kt__moe_tn_work_bytes(const kt_moe *m);
 
 /* scratch.c: around each forward/backward exec: takes a shared scratch's lock, grows it if
  * a layer needs more, and points the layer's scratch buffers into it (release undoes the

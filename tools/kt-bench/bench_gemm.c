@@ -124,7 +124,7 @@ static int alloc_buffers(int kind, int64_t M, int64_t N, int64_t K, int hot, int
             return -1;
         for (size_t i = 0; i < nd; i++) /* touch every page before timing */
             bu->dws[i] = 0.0f;
-        bu->tn_work_bytes = (kt__bf16_gemm_tn_work_bytes(M) + 63) / 64 * 64;
+        bu->tn_work_bytes = kt__bf16_gemm_tn_work_bytes(M); /* whole cache lines */
         if (bu->tn_work_bytes > 0) {
             bu->tn_work = alloc64((size_t)threads * bu->tn_work_bytes);
             if (bu->tn_work == NULL)
