@@ -32,11 +32,20 @@
 #define KT__MAX_THREADS 1024
 #define KT__MAX_NODES 64
 
+typedef struct worker_arg {
+    struct kt_threadpool *pool;
+    int id;
+} worker_arg;
+
 struct kt_threadpool {
     int n_threads;
     int *node; /* [n_threads]: the node of each thread (kt_threadpool_create_numa), or NULL */
     pthread_mutex_t submit_mu; /* held for a whole kt_parallel_for: jobs never interleave */
     pthread_t *workers;
+    /* each worker's start argument, owned by the pool: a worker freeing its own would free
+     * after kt_threadpool_create returned, whenever it got to run (a test counting the heap
+     * calls of a training step saw that free now and then) */
+    worker_arg *args;
     int n_started;
     pthread_mutex_t mu;
     pthread_cond_t wake;
@@ -50,11 +59,6 @@ struct kt_threadpool {
     atomic_int pending;
     atomic_int stop;
 };
-
-typedef struct worker_arg {
-    kt_threadpool *pool;
-    int id;
-} worker_arg;
 
 static void run_part(kt_threadpool *p, int part)
 {
@@ -83,10 +87,9 @@ static uint_fast64_t wait_for_generation(kt_threadpool *p, uint_fast64_t seen)
 
 static void *worker_main(void *arg)
 {
-    worker_arg *wa = arg;
+    const worker_arg *wa = arg;
     kt_threadpool *p = wa->pool;
-    int id = wa->id;
-    free(wa);
+    const int id = wa->id;
     uint_fast64_t seen = 0;
     for (;;) {
         seen = wait_for_generation(p, seen);
@@ -154,20 +157,16 @@ kt_status kt_threadpool_create(int n_threads, kt_threadpool **pool_out)
     kt_status status = KT_OK;
     if (n_threads > 1) {
         p->workers = calloc((size_t)n_threads - 1, sizeof *p->workers);
-        if (p->workers == NULL) {
+        p->args = calloc((size_t)n_threads - 1, sizeof *p->args);
+        if (p->workers == NULL || p->args == NULL) {
             status = kt__error(KT_ENOMEM, "kt_threadpool_create: out of memory");
             goto err_destroy;
         }
         for (int i = 1; i < n_threads; i++) {
-            worker_arg *wa = malloc(sizeof *wa);
-            if (wa == NULL) {
-                status = kt__error(KT_ENOMEM, "kt_threadpool_create: out of memory");
-                goto err_destroy;
-            }
+            worker_arg *wa = &p->args[i - 1];
             wa->pool = p;
             wa->id = i;
             if (kt__thread_start(&p->workers[i - 1], worker_main, wa) != 0) {
-                free(wa);
                 status = kt__error(KT_ENOMEM, "kt_threadpool_create: cannot start thread %d of "
                                    "%d", i, n_threads);
                 goto err_destroy;
@@ -194,6 +193,7 @@ void kt_threadpool_destroy(kt_threadpool *pool)
     for (int i = 0; i < pool->n_started; i++)
         pthread_join(pool->workers[i], NULL);
     free(pool->workers);
+    free(pool->args);
     pthread_cond_destroy(&pool->done);
     pthread_cond_destroy(&pool->wake);
     pthread_mutex_destroy(&pool->mu);
