@@ -479,16 +479,71 @@ static void add_results(blob *b, kt_moe *m, const inputs *in, const kt_moe_confi
     }
 }
 
-/* Every task of a phase plan runs on a thread of its expert's node group. */
+/* What kt__moe_run_parts did with each task of a plan. */
+typedef struct plan_probe {
+    int *runs;       /* [tasks]: how many times it ran */
+    int *ran_on;     /* [tasks]: the thread that ran it */
+    int slow_thread; /* sleeps 5 ms in each of its tasks (-1: none) */
+} plan_probe;
+
+static void probe_tasks(void *vctx, int64_t b, int64_t end, int thread)
+{
+    plan_probe *p = vctx;
+    for (int64_t i = b; i < end; i++) {
+        __atomic_add_fetch(&p->runs[i], 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&p->ran_on[i], thread, __ATOMIC_RELAXED);
+        if (thread == p->slow_thread)
+            nanosleep(&(struct timespec){0, 5000000}, NULL);
+    }
+}
+
+/* Plans a phase over `cols` columns and runs it through kt__moe_run_parts with probe_tasks:
+ * the tasks cover each expert's columns once, in order, each runs exactly once, on a thread
+ * of its expert's node group. Returns the task count; the probe holds what ran where. */
+static int64_t probe_plan(kt_moe *m, int64_t cols, plan_probe *p)
+{
+    const int64_t n = kt__moe_plan_parts(m, cols);
+    assert_int_equal(m->part[m->n_threads], n);
+    assert_true(n <= m->max_tasks);
+    int64_t *next_col = calloc((size_t)m->E, sizeof *next_col);
+    for (int64_t i = 0; i < n; i++) {
+        const kt__moe_task *t = &m->tasks[i];
+        assert_true(m->off[t->e + 1] > m->off[t->e]);
+        assert_int_equal(t->c0, next_col[t->e]);
+        assert_true(t->c1 > t->c0 && t->c1 <= cols);
+        next_col[t->e] = t->c1;
+    }
+    for (int64_t e = 0; e < m->E; e++)
+        assert_int_equal(next_col[e], m->off[e + 1] > m->off[e] ? cols : 0);
+    free(next_col);
+    p->runs = calloc((size_t)n + 1, sizeof *p->runs);
+    p->ran_on = calloc((size_t)n + 1, sizeof *p->ran_on);
+    kt__moe_run_parts(m, probe_tasks, p);
+    for (int g = 0; g < m->n_groups; g++)
+        for (int64_t i = 0; i < n; i++) {
+            if (m->tasks[i].e < m->group_e[g] || m->tasks[i].e >= m->group_e[g + 1])
+                continue;
+            assert_int_equal(p->runs[i], 1);
+            if (p->ran_on[i] < m->group_t[g] || p->ran_on[i] >= m->group_t[g + 1])
+                fail_msg("thread %d (not of group %d) ran expert %lld", p->ran_on[i], g,
+                         (long long)m->tasks[i].e);
+        }
+    return n;
+}
+
+/* Every task of a phase plan runs once, on a thread of its expert's node group. */
 static void expect_node_local_plan(kt_moe *m, int64_t cols)
 {
-    kt__moe_plan_parts(m, cols);
+    plan_probe p = {NULL, NULL, -1};
+    probe_plan(m, cols, &p);
     for (int g = 0; g < m->n_groups; g++)
         for (int64_t t = m->group_t[g]; t < m->group_t[g + 1]; t++)
             for (int64_t i = m->part[t]; i < m->part[t + 1]; i++)
                 if (m->tasks[i].e < m->group_e[g] || m->tasks[i].e >= m->group_e[g + 1])
                     fail_msg("thread %lld (group %d) was given expert %lld", (long long)t, g,
                              (long long)m->tasks[i].e);
+    free(p.runs);
+    free(p.ran_on);
 }
 
 /* numa_split: the layer splits its experts over the nodes of a kt_threadpool_create_numa
@@ -682,6 +737,43 @@ static void test_numa_split_bitwise(void **state)
     TU_EXPECT_ERROR(kt_moe_create(&c, pool, &m), KT_EINVAL, "kt_threadpool_create_numa");
     c.numa_node = -3;
     TU_EXPECT_ERROR(kt_moe_create(&c, pool, &m), KT_EINVAL, "numa_node -3");
+    kt_threadpool_destroy(pool);
+}
+
+/* The phase runner shares work: with thread 0 slowed (5 ms a task), thread 1 runs the last
+ * tasks of thread 0's share once its own are done; every task still runs once. The plans of
+ * a phase (hundreds of tokens, and one token) cover every column of every expert once. */
+static void test_work_sharing(void **state)
+{
+    (void)state;
+    kt_threadpool *pool = NULL;
+    OK(kt_threadpool_create(2, &pool));
+    const kt_moe_config c = make_cfg(KT_BF16, KT_F32, KT_MOE_FROZEN, 64, 256, 8, 2, 200);
+    kt_moe *m = NULL;
+    OK(kt_moe_create(&c, pool, &m));
+    fill_params(m, 5);
+    const int64_t qlens[] = {200, 1};
+    for (int q = 0; q < 2; q++) {
+        inputs in;
+        make_inputs(&in, &c, qlens[q], KT_I32, 6);
+        OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
+        plan_probe p = {NULL, NULL, q == 0 ? 0 : -1};
+        probe_plan(m, c.intermediate, &p);
+        if (q == 0) {
+            /* the last quarter of a share is cut finer: thread 0 has more tasks than experts */
+            assert_true(m->part[1] - m->part[0] > 4);
+            int64_t taken = 0;
+            for (int64_t i = m->part[0]; i < m->part[1]; i++)
+                taken += p.ran_on[i] == 1;
+            print_message("thread 1 ran %lld of slowed thread 0's %lld tasks\n", (long long)taken,
+                          (long long)(m->part[1] - m->part[0]));
+            assert_true(taken > 0);
+        }
+        free(p.runs);
+        free(p.ran_on);
+        free_inputs(&in);
+    }
+    kt_moe_destroy(m);
     kt_threadpool_destroy(pool);
 }
 
@@ -1229,6 +1321,7 @@ int main(void)
         cmocka_unit_test(test_load_save),
         cmocka_unit_test(test_lora_init),
         cmocka_unit_test(test_numa_split_bitwise),
+        cmocka_unit_test(test_work_sharing),
         cmocka_unit_test(test_shared_scratch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

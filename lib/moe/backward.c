@@ -174,7 +174,7 @@ static void ga_tasks(void *vctx, int64_t b, int64_t end, int thread)
     const bwd_ctx *c = vctx;
     kt_moe *m = c->m;
     float *own = kt__moe_ga_per_thread(m) ? m->ga + (size_t)thread * kt__moe_ga_floats(m) : NULL;
-    for (int64_t i = m->part[b]; i < m->part[end]; i++) {
+    for (int64_t i = b; i < end; i++) {
         const kt__moe_task *t = &m->tasks[i];
         const int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
         /* an expert's rows in balanced chunks of at most GA_MAX_ROWS (the columns of a step
@@ -222,7 +222,7 @@ static void gx_tasks(void *vctx, int64_t b, int64_t end, int thread)
     (void)thread;
     kt_moe *m = ((bwd_ctx *)vctx)->m;
     const int lora = m->cfg.mode == KT_MOE_LORA;
-    for (int64_t i = m->part[b]; i < m->part[end]; i++) {
+    for (int64_t i = b; i < end; i++) {
         const kt__moe_task *t = &m->tasks[i];
         const int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
         const int64_t step = lora ? GX_LORA_COLS : t->c1 - t->c0;
@@ -249,7 +249,7 @@ static void dwd_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
     bwd_ctx *c = vctx;
     kt_moe *m = c->m;
-    for (int64_t i = m->part[b]; i < m->part[end]; i++) {
+    for (int64_t i = b; i < end; i++) {
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
         float *dw = m->wgrad + (t->e * 3 + KT_MOE_DOWN) * m->H * m->I;
@@ -263,7 +263,7 @@ static void dwgu_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
     bwd_ctx *c = vctx;
     kt_moe *m = c->m;
-    for (int64_t i = m->part[b]; i < m->part[end]; i++) {
+    for (int64_t i = b; i < end; i++) {
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
         const uint16_t *x = (const uint16_t *)m->xc + off * m->ldh;

@@ -65,7 +65,7 @@ static void gate_up_tasks(void *vctx, int64_t b, int64_t end, int thread)
     fwd_ctx *c = vctx;
     kt_moe *m = c->m;
     int lora = m->cfg.mode == KT_MOE_LORA;
-    for (int64_t i = m->part[b]; i < m->part[end]; i++) {
+    for (int64_t i = b; i < end; i++) {
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
         const uint16_t *x = (const uint16_t *)m->xc + off * m->ldh;
@@ -99,7 +99,7 @@ static void down_tasks(void *vctx, int64_t b, int64_t end, int thread)
     (void)thread;
     fwd_ctx *c = vctx;
     kt_moe *m = c->m;
-    for (int64_t i = m->part[b]; i < m->part[end]; i++) {
+    for (int64_t i = b; i < end; i++) {
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
         if (m->bf16)

@@ -162,6 +162,7 @@ static size_t plan_scratch(kt_moe *m)
     SCRATCH(m->cursor, (size_t)m->E * 8);
     SCRATCH(m->tasks, (size_t)m->max_tasks * sizeof(kt__moe_task));
     SCRATCH(m->part, ((size_t)m->n_threads + 1) * 8);
+    SCRATCH(m->queue, (size_t)m->n_threads * sizeof(kt__moe_queue));
     const size_t ldh = (size_t)m->ldh;
     SCRATCH(m->xc, N * ldh * cs);
     SCRATCH(m->ac, N * I * cs);
@@ -280,13 +281,12 @@ static kt_status alloc_params(kt_moe *m)
     return KT_OK;
 }
 
-/* Tasks of one phase: at most ceil(cols / 16) per expert, over the widest phase (the
- * per-thread shares of kt__moe_plan_parts need at most E + n_threads). */
+/* Tasks of one phase: at most ceil(cols / 16) per expert, over the widest phase (every plan
+ * cuts columns at multiples of 16, and its tasks of an expert do not overlap). */
 static int64_t max_tasks_for(const kt_moe *m)
 {
     int64_t cols = m->H > m->I ? m->H : m->I;
-    int64_t a = m->E * ((cols + KT__MOE_COL_ALIGN - 1) / KT__MOE_COL_ALIGN);
-    return a > m->E + m->n_threads ? a : m->E + m->n_threads;
+    return m->E * ((cols + KT__MOE_COL_ALIGN - 1) / KT__MOE_COL_ALIGN);
 }
 
 kt_status kt_moe_create(const kt_moe_config *config, kt_threadpool *pool, kt_moe **moe_out)

@@ -36,6 +36,14 @@ typedef struct kt__moe_task {
     int64_t c0, c1;
 } kt__moe_task;
 
+/* One thread's tasks of a phase still to run, [front, back) packed as front << 32 | back: the
+ * thread takes them from the front, and the other threads of its node group take them from
+ * the back once their own are done (kt__moe_run_parts). A cache line each. */
+typedef struct kt__moe_queue {
+    _Atomic uint64_t span;
+    unsigned char pad[64 - sizeof(uint64_t)];
+} kt__moe_queue;
+
 /* The validated arguments of one forward. */
 typedef struct kt__moe_job {
     const kt_tensor *x, *ids, *w;
@@ -86,8 +94,9 @@ struct kt_moe {
     int64_t *cursor;      /* [E] scratch for the counting sort */
     kt__moe_task *tasks;
     int64_t max_tasks;
-    int64_t *part; /* [n_threads + 1]: thread p's tasks of kt__moe_plan_parts are
-                    * [part[p], part[p + 1]) */
+    int64_t *part;        /* [n_threads + 1]: thread p's tasks of kt__moe_plan_parts are
+                           * [part[p], part[p + 1]) */
+    kt__moe_queue *queue; /* [n_threads]: what is left of each thread's tasks while they run */
     /* Node groups (one group without KT_MOE_NUMA_SPLIT): group g's experts
      * [group_e[g], group_e[g + 1]) have their weights (and full-mode gradients) on node
      * group_node[g] and run on threads [group_t[g], group_t[g + 1]). */
@@ -170,8 +179,10 @@ kt_status kt__moe_check_backward(kt_moe *m, const kt_tensor *gy, const kt_tensor
 kt_status kt__moe_route(kt_moe *m, const kt__moe_job *job);
 /* Fills m->tasks for a phase over `cols` output columns; returns the task count. */
 int64_t kt__moe_plan(kt_moe *m, int64_t cols);
-/* Fills m->tasks and m->part with one equal share of the phase per thread; returns the task
- * count. kt__moe_run_parts runs fn(ctx, p0, p1, thread) over the shares (not the tasks). */
+/* Fills m->tasks and m->part with one equal share of the phase per thread, the last quarter
+ * of each share cut finer; returns the task count. kt__moe_run_parts runs fn(ctx, i, i + 1,
+ * thread) for every task i: each thread its own share in order, then what is left at the
+ * end of the others' (of its node group). */
 int64_t kt__moe_plan_parts(kt_moe *m, int64_t cols);
 void kt__moe_run_parts(kt_moe *m, kt_range_fn fn, void *ctx);
 int64_t kt__moe_get_id(const kt_tensor *ids, int64_t i);

@@ -149,56 +149,86 @@ int64_t kt__moe_plan(kt_moe *m, int64_t cols)
     return n;
 }
 
-/* One contiguous share of the phase's cost (rows * columns) per thread, exactly balanced up to
- * the 16-column rounding of the split points: thread p owns the cost range
- * [p C / P, (p + 1) C / P), walked in (expert, column) order, where expert e's column c sits at
- * off[e] * cols + me * c. A share becomes one task per expert it touches, so a thread streams
- * each weight block it needs once, in long runs (one token: a few experts cut into P slices;
- * a thousand tokens: P runs of whole experts), and no thread waits on another's leftovers.
- * Each output element is still computed whole by one task, in a fixed order. */
+/* One contiguous share of the phase's cost (rows * columns) per thread, balanced up to the
+ * 16-column rounding of the cut points: thread p owns the cost range [p C / P, (p + 1) C / P),
+ * walked in (expert, column) order, where expert e's column c sits at off[e] * cols + me * c.
+ * A share becomes one task per expert it touches, so a thread streams each weight block it
+ * needs once, in long runs (one token: a few experts cut into P slices; a thousand tokens: P
+ * runs of whole experts). Each output element is still computed whole by one task, in a fixed
+ * order, so which thread runs a task never changes a bit.
+ *
+ * Equal costs are not equal times: experts with fewer rows stream their weights for fewer
+ * products, and a virtual CPU can be slowed by its neighbours. Measured at dsv2lite qlen 1024
+ * (2 threads), one thread idled 2-7 % of every phase waiting for the other. So the last
+ * SHARE_TAIL_DIV-th of each share is cut into SHARE_PIECES pieces, which the threads that
+ * finish first take from the back (kt__moe_run_parts): the wait at the end is at most about a
+ * piece, 1/32 of a share. */
+#define SHARE_TAIL_DIV 4
+#define SHARE_PIECES 8
+
+/* The (expert, column) at cost position b within experts [e0, e1): the column rounded to
+ * KT__MOE_COL_ALIGN, (e1, 0) at or past the end. */
+static void cost_point(const kt_moe *m, int64_t cols, int64_t e0, int64_t e1, int64_t b,
+                       int64_t *es_out, int64_t *cs_out)
+{
+    const int64_t base = m->off[e0];
+    int64_t es = e0, cs = 0;
+    while (es < e1 && (m->off[es + 1] - base) * cols <= b)
+        es++;
+    if (es < e1) {
+        const int64_t me = m->off[es + 1] - m->off[es];
+        cs = (b - (m->off[es] - base) * cols + me / 2) / me;
+        cs = (cs + KT__MOE_COL_ALIGN / 2) / KT__MOE_COL_ALIGN * KT__MOE_COL_ALIGN;
+        if (cs >= cols) {
+            es++;
+            cs = 0;
+        }
+    }
+    *es_out = es;
+    *cs_out = cs;
+}
+
+/* Tasks from (*e, *c) up to (es, cs), one per expert with rows, appended from index n;
+ * returns the new count and leaves (*e, *c) at (es, cs) (never moving it back). */
+static int64_t emit_tasks(kt_moe *m, int64_t cols, int64_t *e, int64_t *c, int64_t es, int64_t cs,
+                          int64_t n)
+{
+    if (es < *e || (es == *e && cs < *c))
+        return n;
+    for (int64_t x = *e, c0 = *c; x < es || (x == es && c0 < cs); x++, c0 = 0) {
+        const int64_t end = x == es ? cs : cols;
+        if (m->off[x + 1] != m->off[x] && end > c0) {
+            m->tasks[n].e = x;
+            m->tasks[n].c0 = c0;
+            m->tasks[n].c1 = end;
+            n++;
+        }
+        if (x == es)
+            break;
+    }
+    *e = es;
+    *c = cs;
+    return n;
+}
+
 /* The shares of threads [p0, p1) over experts [e0, e1), tasks appended from index n;
  * returns the new task count. */
 static int64_t plan_range(kt_moe *m, int64_t cols, int64_t e0, int64_t e1, int64_t p0, int64_t p1,
                           int64_t n)
 {
-    const int64_t P = p1 - p0, base = m->off[e0], rows = m->off[e1] - base;
-    int64_t e = e0, c = 0;
+    const int64_t P = p1 - p0, rows = m->off[e1] - m->off[e0];
+    int64_t e = e0, c = 0, a = 0;
     for (int64_t p = 0; p < P; p++) {
-        /* the split point ending share p, as (es, cs): column cs of expert es */
-        int64_t es = e1, cs = 0;
-        if (p + 1 < P && rows > 0) {
-            const int64_t b = (p + 1) * rows / P * cols + ((p + 1) * rows % P) * cols / P;
-            es = e0;
-            while (es < e1 && (m->off[es + 1] - base) * cols <= b)
-                es++;
-            if (es < e1) {
-                const int64_t me = m->off[es + 1] - m->off[es];
-                cs = (b - (m->off[es] - base) * cols + me / 2) / me;
-                cs = (cs + KT__MOE_COL_ALIGN / 2) / KT__MOE_COL_ALIGN * KT__MOE_COL_ALIGN;
-                if (cs >= cols) {
-                    es++;
-                    cs = 0;
-                }
-            }
-            /* never behind the previous split */
-            if (es < e || (es == e && cs < c)) {
-                es = e;
-                cs = c;
-            }
+        /* the cost position ending share p (exact: (p + 1) rows cols / P) */
+        const int64_t b = (p + 1) * rows / P * cols + ((p + 1) * rows % P) * cols / P;
+        const int64_t piece = (b - a) / (SHARE_TAIL_DIV * SHARE_PIECES);
+        for (int k = SHARE_PIECES; k >= 0; k--) {
+            int64_t es = e1, cs = 0;
+            if (p + 1 < P || k > 0)
+                cost_point(m, cols, e0, e1, b - k * piece, &es, &cs);
+            n = emit_tasks(m, cols, &e, &c, es, cs, n);
         }
-        for (; e < es || (e == es && c < cs); e++, c = 0) {
-            const int64_t end = e == es ? cs : cols;
-            if (m->off[e + 1] == m->off[e] || end <= c)
-                continue;
-            m->tasks[n].e = e;
-            m->tasks[n].c0 = c;
-            m->tasks[n].c1 = end;
-            n++;
-            if (e == es)
-                break;
-        }
-        e = es;
-        c = cs;
+        a = b;
         m->part[p0 + p + 1] = n;
     }
     return n;
@@ -215,10 +245,68 @@ int64_t kt__moe_plan_parts(kt_moe *m, int64_t cols)
     return n;
 }
 
+/* The next task of queue q, from its front (its own thread) or its back (a helper); -1 when
+ * none is left. */
+static int64_t take_task(kt__moe_queue *q, int from_back)
+{
+    uint64_t span = atomic_load_explicit(&q->span, memory_order_acquire);
+    for (;;) {
+        const uint64_t front = span >> 32, back = span & 0xffffffffu;
+        if (front >= back)
+            return -1;
+        const uint64_t next = from_back ? (front << 32) | (back - 1) : ((front + 1) << 32) | back;
+        if (atomic_compare_exchange_weak_explicit(&q->span, &span, next, memory_order_acq_rel,
+                                                  memory_order_acquire))
+            return (int64_t)(from_back ? back - 1 : front);
+    }
+}
+
+typedef struct parts_run {
+    kt_moe *m;
+    kt_range_fn fn;
+    void *ctx;
+} parts_run;
+
+/* Thread p: its own share in order, then the last tasks of the share with the most left
+ * among its node group's threads, until none is left. */
+static void run_share(void *vctx, int64_t p0, int64_t p1, int thread)
+{
+    const parts_run *r = vctx;
+    kt_moe *m = r->m;
+    for (int64_t p = p0; p < p1; p++)
+        for (int64_t i; (i = take_task(&m->queue[p], 0)) >= 0;)
+            r->fn(r->ctx, i, i + 1, thread);
+    int g = 0;
+    while (g + 1 < m->n_groups && m->group_t[g + 1] <= p0)
+        g++;
+    for (;;) {
+        int64_t victim = -1, most = 0;
+        for (int64_t q = m->group_t[g]; q < m->group_t[g + 1]; q++) {
+            const uint64_t span = atomic_load_explicit(&m->queue[q].span, memory_order_relaxed);
+            const int64_t left = (int64_t)(span & 0xffffffffu) - (int64_t)(span >> 32);
+            if (left > most) {
+                most = left;
+                victim = q;
+            }
+        }
+        if (victim < 0)
+            return;
+        const int64_t i = take_task(&m->queue[victim], 1);
+        if (i >= 0)
+            r->fn(r->ctx, i, i + 1, thread);
+    }
+}
+
 void kt__moe_run_parts(kt_moe *m, kt_range_fn fn, void *ctx)
 {
-    if (m->part[m->n_threads] > 0)
-        kt_parallel_for(m->pool, m->n_threads, 1, fn, ctx);
+    if (m->part[m->n_threads] == 0)
+        return;
+    for (int p = 0; p < m->n_threads; p++)
+        atomic_store_explicit(&m->queue[p].span,
+                              (uint64_t)m->part[p] << 32 | (uint64_t)m->part[p + 1],
+                              memory_order_relaxed);
+    parts_run r = {m, fn, ctx};
+    kt_parallel_for(m->pool, m->n_threads, 1, run_share, &r);
 }
 
 kt_status kt__moe_check_backward(kt_moe *m, const kt_tensor *gy, const kt_tensor *gx,
