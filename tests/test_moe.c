@@ -740,6 +740,49 @@ static void test_numa_split_bitwise(void **state)
     kt_threadpool_destroy(pool);
 }
 
+/* The output is staged in f32 only when it must be (the cache on, or check_finite, which
+ * leaves y unchanged on a NaN); otherwise combine writes the caller's y directly. The three
+ * ways give the same bits, for f32 and bf16 activations, and the staging buffer is held only
+ * by layers that stage. */
+static void test_output_staging(void **state)
+{
+    (void)state;
+    kt_threadpool *pool = NULL;
+    OK(kt_threadpool_create(2, &pool));
+    for (int bf = 0; bf < 2; bf++) {
+        kt_moe_config c = make_cfg(KT_BF16, bf ? KT_BF16 : KT_F32, KT_MOE_FROZEN, 48, 40, 6, 2, 9);
+        inputs in;
+        make_inputs(&in, &c, 9, KT_I32, 21);
+        kt_tensor want = tu_new(c.act_dtype, 9, 48);
+        uint64_t held[2];
+        for (int way = 0; way < 3; way++) { /* check_finite, direct, cache on */
+            c.check_finite = way == 0;
+            kt_moe *m = NULL;
+            OK(kt_moe_create(&c, pool, &m));
+            fill_params(m, 22);
+            kt_moe_memory mem;
+            kt_moe_get_memory(m, &mem);
+            if (way < 2)
+                held[way] = mem.workspace_bytes;
+            if (way == 2) {
+                OK(kt_moe_cache_enable(m, 1));
+                kt_moe_get_memory(m, &mem);
+                assert_int_equal(mem.workspace_bytes, held[1] + 9 * 48 * 4);
+            }
+            OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
+            if (way == 0)
+                memcpy(want.data, in.y.data, kt_tensor_nbytes(&in.y));
+            else
+                assert_true(tu_bitwise_equal(&in.y, &want));
+            kt_moe_destroy(m);
+        }
+        assert_int_equal(held[0], held[1] + 9 * 48 * 4);
+        tu_free(&want);
+        free_inputs(&in);
+    }
+    kt_threadpool_destroy(pool);
+}
+
 /* The phase runner shares work: with thread 0 slowed (5 ms a task), thread 1 runs the last
  * tasks of thread 0's share once its own are done; every task still runs once. The plans of
  * a phase (hundreds of tokens, and one token) cover every column of every expert once. */
@@ -1322,6 +1365,7 @@ int main(void)
         cmocka_unit_test(test_lora_init),
         cmocka_unit_test(test_numa_split_bitwise),
         cmocka_unit_test(test_work_sharing),
+        cmocka_unit_test(test_output_staging),
         cmocka_unit_test(test_shared_scratch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -161,7 +161,10 @@ typedef enum kt_moe_cache_state {
  * (a recompute brings the same x). A READY forward with other ids or weights is KT_ESTATE and
  * poisons the cache. A poisoned cache fails forward and backward with KT_ESTATE and the first
  * failure's message. Refusals of a call while a submitted forward is in flight do not poison.
- * Turning the cache off empties it. */
+ * Turning the cache off empties it. The stored output (f32 [max_tokens, H]) is allocated when
+ * the cache is first turned on (KT_ENOMEM if it cannot be) and counted in workspace_bytes; a
+ * layer that never uses the cache (nor check_finite, which stages the output there) holds
+ * none. */
 kt_status kt_moe_cache_enable(kt_moe *moe, int on);
 kt_moe_cache_state kt_moe_cache_get_state(const kt_moe *moe);
 void kt_moe_cache_clear(kt_moe *moe);
@@ -178,7 +181,8 @@ typedef struct kt_moe_memory {
                                      * keep_activations the f32 gate and up pre-activations
                                      * (k * 2I * 4 bytes), and in LoRA mode each projection's
                                      * x A^T (k * 3r * 4 bytes) */
-    uint64_t workspace_bytes;       /* working buffers the layer holds itself */
+    uint64_t workspace_bytes;       /* working buffers the layer holds itself (with the
+                                     * forward cache's output once the cache is on) */
     uint64_t scratch_bytes;         /* the per-call scratch it needs: held by the layer, or
                                      * by its shared kt_moe_scratch (then not counted in
                                      * workspace_bytes) */

@@ -28,9 +28,6 @@ typedef struct bwd_ctx {
     int write_ac;
 } bwd_ctx;
 
-/* Row pieces of this many f32 values go through stack buffers (16 KiB). */
-#define ROW_CHUNK 4096
-
 /* Per token: grad_y into each of its slots' rows in the compute dtype (gyc; the down input
  * gradient's input), with LoRA and full also weighted by the slot's routing weight (gdc; their
  * weight gradients' input), and each row's routing weight. A bf16 gy row is widened piece by
@@ -41,18 +38,18 @@ static void gy_rows_part(void *vctx, int64_t t0, int64_t t1, int thread)
     bwd_ctx *c = vctx;
     kt_moe *m = c->m;
     int gbf = m->cfg.act_dtype == KT_BF16;
-    _Alignas(64) float buf[ROW_CHUNK];
+    _Alignas(64) float buf[KT__MOE_ROW_CHUNK];
     for (int64_t t = t0; t < t1; t++) {
         const uint16_t *gyb = (const uint16_t *)c->gy->data + t * m->H;
         const float *gyf = (const float *)c->gy->data + t * m->H;
-        if (gbf && m->H <= ROW_CHUNK)
+        if (gbf && m->H <= KT__MOE_ROW_CHUNK)
             kt_bf16_to_f32(buf, gyb, (size_t)m->H);
         for (int64_t j = 0; j < m->K; j++) {
             const int64_t s = t * m->K + j, r = m->slot_row[s];
             m->row_w[r] = m->slot_w[s];
-            for (int64_t h0 = 0; h0 < m->H; h0 += ROW_CHUNK) {
-                const int64_t n = m->H - h0 < ROW_CHUNK ? m->H - h0 : ROW_CHUNK;
-                if (gbf && m->H > ROW_CHUNK)
+            for (int64_t h0 = 0; h0 < m->H; h0 += KT__MOE_ROW_CHUNK) {
+                const int64_t n = m->H - h0 < KT__MOE_ROW_CHUNK ? m->H - h0 : KT__MOE_ROW_CHUNK;
+                if (gbf && m->H > KT__MOE_ROW_CHUNK)
                     kt_bf16_to_f32(buf, gyb + h0, (size_t)n);
                 const float *src = gbf ? buf : gyf + h0;
                 kt__moe_scale_store(n, src, 1.0f, kt__moe_cdt_at(m, m->gyc, r * m->ldh + h0),
@@ -283,10 +280,10 @@ static void gx_combine_part(void *vctx, int64_t t0, int64_t t1, int thread)
     bwd_ctx *c = vctx;
     kt_moe *m = c->m;
     int xbf = m->cfg.act_dtype == KT_BF16;
-    _Alignas(64) float buf[ROW_CHUNK];
+    _Alignas(64) float buf[KT__MOE_ROW_CHUNK];
     for (int64_t t = t0; t < t1; t++)
-        for (int64_t h0 = 0; h0 < m->H; h0 += ROW_CHUNK) {
-            const int64_t n = m->H - h0 < ROW_CHUNK ? m->H - h0 : ROW_CHUNK;
+        for (int64_t h0 = 0; h0 < m->H; h0 += KT__MOE_ROW_CHUNK) {
+            const int64_t n = m->H - h0 < KT__MOE_ROW_CHUNK ? m->H - h0 : KT__MOE_ROW_CHUNK;
             float *s = xbf ? buf : (float *)c->gxo->data + t * m->H + h0;
             for (int64_t h = 0; h < n; h++)
                 s[h] = 0.0f;

@@ -13,6 +13,8 @@ typedef struct fwd_ctx {
     kt_moe *m;
     const kt__moe_job *job;
     int load_x;
+    /* with check_finite: the first token whose output has a NaN or Inf (qlen: none) */
+    _Atomic int64_t bad_token;
 } fwd_ctx;
 
 /* Row copy between f32/bf16 buffers. */
@@ -50,7 +52,7 @@ static void gather_part(void *vctx, int64_t t0, int64_t t1, int thread)
 
 void kt__moe_gather(kt_moe *m, const kt__moe_job *job, int load_x)
 {
-    fwd_ctx c = {m, job, load_x};
+    fwd_ctx c = {m, job, load_x, 0};
     kt_parallel_for(m->pool, m->qlen, 1, gather_part, &c);
 }
 
@@ -132,7 +134,7 @@ kt_status kt__moe_compute(kt_moe *m, int in_backward)
 {
     int lora = m->cfg.mode == KT_MOE_LORA;
     int64_t rows = m->off[m->E];
-    fwd_ctx c = {m, NULL, 0};
+    fwd_ctx c = {m, NULL, 0, 0};
     if (lora) {
         kt__moe_lora_z(m, KT_MOE_GATE, m->xc, m->ldh);
         kt__moe_lora_z(m, KT_MOE_UP, m->xc, m->ldh);
@@ -160,24 +162,57 @@ kt_status kt__moe_compute(kt_moe *m, int in_backward)
     return KT_OK;
 }
 
-/* y[t] = sum_j w[t, j] * d[row(t, j)], in slot order. */
+/* out[0, n) = sum_j w[t, j] * d[row(t, j)][h0, h0 + n), in slot order */
+static void combine_piece(const kt_moe *m, int64_t t, int64_t h0, int64_t n, float *out)
+{
+    for (int64_t j = 0; j < m->K; j++) {
+        const float w = m->slot_w[t * m->K + j];
+        const float *d = m->d + (int64_t)m->slot_row[t * m->K + j] * m->H + h0;
+        if (j == 0)
+            for (int64_t h = 0; h < n; h++)
+                out[h] = w * d[h];
+        else
+            for (int64_t h = 0; h < n; h++)
+                out[h] += w * d[h];
+    }
+}
+
+static int all_finite(const float *v, int64_t n)
+{
+    int64_t h = 0;
+    while (h < n && isfinite(v[h]))
+        h++;
+    return h == n;
+}
+
+/* The output is staged in f32 (m->y) when the cache is on (it is the cached output) or with
+ * check_finite (y is left unchanged when the check fails), and written out after; otherwise
+ * combine writes it straight into the caller's y. */
+static int output_staged(const kt_moe *m) { return m->cache_on || m->cfg.check_finite; }
+
+/* The output rows of tokens [t0, t1): staged, or straight into the caller's y (f32) or a
+ * piece at a time through the stack (bf16). */
 static void combine_part(void *vctx, int64_t t0, int64_t t1, int thread)
 {
     (void)thread;
-    kt_moe *m = ((fwd_ctx *)vctx)->m;
-    for (int64_t t = t0; t < t1; t++) {
-        float *y = m->y + t * m->H;
-        for (int64_t j = 0; j < m->K; j++) {
-            float w = m->slot_w[t * m->K + j];
-            const float *d = m->d + (int64_t)m->slot_row[t * m->K + j] * m->H;
-            if (j == 0)
-                for (int64_t h = 0; h < m->H; h++)
-                    y[h] = w * d[h];
-            else
-                for (int64_t h = 0; h < m->H; h++)
-                    y[h] += w * d[h];
+    fwd_ctx *c = vctx;
+    const kt_moe *m = c->m;
+    const int staged = output_staged(m), ybf = m->cfg.act_dtype == KT_BF16;
+    unsigned char *y = c->job->y->data;
+    _Alignas(64) float buf[KT__MOE_ROW_CHUNK];
+    for (int64_t t = t0; t < t1; t++)
+        for (int64_t h0 = 0; h0 < m->H; h0 += KT__MOE_ROW_CHUNK) {
+            const int64_t n = m->H - h0 < KT__MOE_ROW_CHUNK ? m->H - h0 : KT__MOE_ROW_CHUNK;
+            float *s = staged ? m->y + t * m->H + h0 : ybf ? buf : (float *)y + t * m->H + h0;
+            combine_piece(m, t, h0, n, s);
+            if (m->cfg.check_finite && !all_finite(s, n)) {
+                int64_t first = atomic_load(&c->bad_token);
+                while (t < first && !atomic_compare_exchange_weak(&c->bad_token, &first, t)) {
+                }
+            }
+            if (!staged && ybf)
+                kt_f32_to_bf16((uint16_t *)y + t * m->H + h0, buf, (size_t)n);
         }
-    }
 }
 
 static void write_part(void *vctx, int64_t t0, int64_t t1, int thread)
@@ -191,36 +226,33 @@ static void write_part(void *vctx, int64_t t0, int64_t t1, int thread)
         convert_row(y + (size_t)(t * m->H) * (ybf ? 2 : 4), ybf, m->y + t * m->H, 0, m->H);
 }
 
-/* Names the first non-finite output and the first expert of that token whose weighted
+/* Names token t's first non-finite output column and the first of its experts whose weighted
  * output row is non-finite (the one that brought the NaN/Inf in). */
-static kt_status check_finite(kt_moe *m)
+static kt_status finite_error(const kt_moe *m, int64_t t)
 {
-    for (int64_t t = 0; t < m->qlen; t++) {
-        const float *y = m->y + t * m->H;
-        int64_t h = 0;
-        while (h < m->H && isfinite(y[h]))
-            h++;
-        if (h == m->H)
-            continue;
-        int64_t slot = 0;
-        for (int64_t j = 0; j < m->K; j++) {
-            float w = m->slot_w[t * m->K + j];
-            const float *d = m->d + (int64_t)m->slot_row[t * m->K + j] * m->H;
-            int bad = !isfinite(w);
-            for (int64_t i = 0; i < m->H && !bad; i++)
-                bad = !isfinite(d[i]);
-            if (bad) {
-                slot = j;
-                break;
-            }
-        }
-        return kt__error(KT_ERANGE,
-                         "moe '%s': non-finite output at token %lld, column %lld (expert %lld, "
-                         "slot %lld)",
-                         m->name, (long long)t, (long long)h,
-                         (long long)m->slot_expert[t * m->K + slot], (long long)slot);
+    int64_t h = 0;
+    for (float v; h < m->H; h++) {
+        combine_piece(m, t, h, 1, &v);
+        if (!isfinite(v))
+            break;
     }
-    return KT_OK;
+    int64_t slot = 0;
+    for (int64_t j = 0; j < m->K; j++) {
+        float w = m->slot_w[t * m->K + j];
+        const float *d = m->d + (int64_t)m->slot_row[t * m->K + j] * m->H;
+        int bad = !isfinite(w);
+        for (int64_t i = 0; i < m->H && !bad; i++)
+            bad = !isfinite(d[i]);
+        if (bad) {
+            slot = j;
+            break;
+        }
+    }
+    return kt__error(KT_ERANGE,
+                     "moe '%s': non-finite output at token %lld, column %lld (expert %lld, "
+                     "slot %lld)",
+                     m->name, (long long)t, (long long)h,
+                     (long long)m->slot_expert[t * m->K + slot], (long long)slot);
 }
 
 static kt_status forward_body(kt_moe *m, kt__moe_job *job);
@@ -239,7 +271,7 @@ kt_status kt__moe_forward_exec(kt_moe *m, kt__moe_job *job)
 
 static kt_status forward_body(kt_moe *m, kt__moe_job *job)
 {
-    fwd_ctx c = {m, job, 1};
+    fwd_ctx c = {m, job, 1, job->qlen};
     kt_status st = KT_OK;
     if (job->cache_hit) {
         kt_parallel_for(m->pool, job->qlen, 1, write_part, &c);
@@ -257,12 +289,13 @@ static kt_status forward_body(kt_moe *m, kt__moe_job *job)
     if (st != KT_OK)
         goto fail;
     kt_parallel_for(m->pool, m->qlen, 1, combine_part, &c);
-    if (m->cfg.check_finite) {
-        st = check_finite(m);
-        if (st != KT_OK)
-            goto fail;
+    const int64_t bad = atomic_load(&c.bad_token);
+    if (bad < m->qlen) {
+        st = finite_error(m, bad);
+        goto fail;
     }
-    kt_parallel_for(m->pool, m->qlen, 1, write_part, &c);
+    if (output_staged(m))
+        kt_parallel_for(m->pool, m->qlen, 1, write_part, &c);
     kt__moe_phase_end(m, KT_MOE_PHASE_COMBINE);
     m->phases.forward_calls++;
     m->fwd_valid = 1;

@@ -122,7 +122,7 @@ static kt_status bind_groups(const kt_moe *m, void *base, size_t bytes_per_exper
 }
 
 /* The node of the layer's own buffers: none with the split (every node's threads use them). */
-static int buffer_node(const kt_moe *m)
+int kt__moe_buffer_node(const kt_moe *m)
 {
     return m->cfg.numa_node == KT_MOE_NUMA_SPLIT ? -1 : m->cfg.numa_node;
 }
@@ -208,7 +208,8 @@ static kt_status alloc_work(kt_moe *m)
     SPEC(m->row_expert, N * 4);
     SPEC(m->off, ((size_t)m->E + 1) * 8);
     SPEC(m->xt, T * H * cs);
-    SPEC(m->y, T * H * 4);
+    if (m->cfg.check_finite) /* the output is staged (forward.c); else held once the cache is on */
+        SPEC(m->y, T * H * 4);
     if (m->cfg.keep_activations) {
         SPEC(m->g, N * I * 4);
         SPEC(m->u, N * I * 4);
@@ -218,12 +219,12 @@ static kt_status alloc_work(kt_moe *m)
     }
 #undef SPEC
     size_t total = 0;
-    KT__TRY(carve(&m->work, s, n, buffer_node(m), &total));
+    KT__TRY(carve(&m->work, s, n, kt__moe_buffer_node(m), &total));
     m->scratch_need = plan_scratch(m);
     if (m->cfg.scratch != NULL) {
         KT__TRY(kt__moe_scratch_register(m->cfg.scratch, m->scratch_need));
     } else {
-        KT__TRY(kt_arena_create(&m->scratch_own, m->scratch_need, buffer_node(m)));
+        KT__TRY(kt_arena_create(&m->scratch_own, m->scratch_need, kt__moe_buffer_node(m)));
         kt__moe_bind_scratch(m, m->scratch_own.base);
         total += m->scratch_need;
     }
@@ -259,7 +260,7 @@ static kt_status alloc_params(kt_moe *m)
     if (wg)
         s[n++] = (buf_spec){(void **)&m->wgrad, wg};
     size_t total = 0;
-    KT__TRY(carve(&m->params, s, n, buffer_node(m), &total));
+    KT__TRY(carve(&m->params, s, n, kt__moe_buffer_node(m), &total));
     if (wg)
         KT__TRY(bind_groups(m, m->wgrad, (size_t)(3 * m->H * m->I) * sizeof(float)));
     m->grad_bytes = n ? total : 0;
@@ -330,7 +331,7 @@ kt_status kt_moe_create(const kt_moe_config *config, kt_threadpool *pool, kt_moe
     /* The store is exactly the raw weights: no padding, no transposed copy. Pages are bound
      * to their group's node before the zeroing first touches them. */
     size_t wbytes = (size_t)(m->E * 3 * m->H * m->I) * m->cs;
-    st = kt_arena_create(&m->store, wbytes, buffer_node(m));
+    st = kt_arena_create(&m->store, wbytes, kt__moe_buffer_node(m));
     if (st == KT_OK)
         st = bind_groups(m, m->store.base, (size_t)(3 * m->H * m->I) * m->cs);
     if (st != KT_OK)
@@ -366,6 +367,7 @@ void kt_moe_destroy(kt_moe *moe)
     pthread_cond_destroy(&moe->cv);
     pthread_mutex_destroy(&moe->mu);
     kt_arena_destroy(&moe->work);
+    kt_arena_destroy(&moe->cache_mem);
     kt_arena_destroy(&moe->scratch_own);
     kt_arena_destroy(&moe->params);
     kt_arena_destroy(&moe->store);

@@ -31,6 +31,9 @@
 /* LoRA ranks the adapter kernels take (lora.c keeps r pieces of a row on the stack) */
 #define KT__MOE_LORA_MAX_RANK 256
 
+/* Per-token rows are worked on in pieces of this many f32 values (16 KiB stack buffers). */
+#define KT__MOE_ROW_CHUNK 4096
+
 typedef struct kt__moe_task {
     int64_t e;
     int64_t c0, c1;
@@ -72,7 +75,8 @@ struct kt_moe {
 
     kt_arena store;       /* expert weights: [E][gate, up, down], each [I,H] / [I,H] / [H,I] */
     kt_arena params;      /* LoRA adapters + their grads, full-mode weight grads */
-    kt_arena work;        /* what forward keeps for backward (and the cached output) */
+    kt_arena work;        /* what forward keeps for backward */
+    kt_arena cache_mem;   /* the forward cache's output (y), from the first kt_moe_cache_enable */
     kt_arena scratch_own; /* the per-call scratch, without a shared kt_moe_scratch */
     /* the scratch buffers' places: pointer and offset from the scratch base, bound at create
      * (own scratch) or at each call (shared, whose base may move as it grows) */
@@ -112,7 +116,8 @@ struct kt_moe {
     float *u; /* [N,I] up, saved when keep_activations */
     void *ac; /* [N,I] cdt: silu(g) * u */
     float *d; /* [N,H] expert outputs (scratch: backward derives what it needs of them) */
-    float *y; /* [T,H] combined output in f32; also the forward cache's stored output */
+    float *y; /* [T,H] the output staged in f32: with check_finite, or the forward cache's output
+               * (NULL until the cache is first on) */
     /* backward */
     void *gyc;    /* [N,H] cdt: grad_y of each row's token (the down input gradient's input) */
     void *gdc;    /* [N,H] cdt: w * grad_y per row (LoRA and full: their weight gradients) */
@@ -165,6 +170,8 @@ void kt__moe_phase_end(kt_moe *m, kt_moe_phase phase);
 
 /* layer.c */
 void *kt__moe_weight_ptr(const kt_moe *m, int64_t e, int proj);
+/* The node of the layer's own buffers (-1: anywhere). */
+int kt__moe_buffer_node(const kt_moe *m);
 float *kt__moe_lora_ptr(const kt_moe *m, float *base, int64_t e, int proj, int which_b);
 int64_t kt__moe_proj_in(const kt_moe *m, int proj);
 int64_t kt__moe_proj_out(const kt_moe *m, int proj);
