@@ -171,14 +171,19 @@ static size_t plan_scratch(kt_moe *m)
         SCRATCH(m->gdc, N * ldh * cs);
     SCRATCH(m->gwp, N * (size_t)kt__moe_gw_pieces(m) * 4);
     SCRATCH(m->row_w, N * 4);
-    SCRATCH(m->d, N * H * 4);
     SCRATCH(m->ga,
             kt__moe_ga_per_thread(m) ? (size_t)m->n_threads * kt__moe_ga_floats(m) * 4 : N * I * 4);
     if (m->bf16 && m->cfg.mode == KT_MOE_FULL && kt__bf16_gemm_tn_work_bytes(m->T) > 0)
         SCRATCH(m->tnw, (size_t)m->n_threads * kt__bf16_gemm_tn_work_bytes(m->T));
     SCRATCH(m->ggc, N * I * cs);
     SCRATCH(m->guc, N * I * cs);
+    /* The expert outputs d live only in forward (combine reads them; backward takes the
+     * routing gradient without them) and gx only in backward: d lies over gx (50 MB of
+     * dsv2lite's scratch at 1024 tokens). */
+    const int gx_slot = m->n_scratch;
     SCRATCH(m->gx, N * H * 4);
+    m->scratch_ptr[m->n_scratch] = (void **)&m->d;
+    m->scratch_off[m->n_scratch++] = m->scratch_off[gx_slot];
     SCRATCH(m->gw, N * 4);
     if (!m->cfg.keep_activations) { /* recomputed in backward: nothing to keep */
         SCRATCH(m->g, N * I * 4);
