@@ -543,6 +543,40 @@ static void test_empty(void **state)
     }
 }
 
+/* kt__moe_scale_store: dst = s * src rounded to bf16 (or f32), the same bits whether dst
+ * starts on a cache line (bf16: whole lines stored past the caches) or not, for lengths
+ * around the 32-value line and a row of 2048; nothing past n written. */
+static void test_scale_store(void **state)
+{
+    (void)state;
+    tu_rng rng;
+    tu_rng_seed(&rng, 9);
+    const int64_t ns[] = {1, 16, 31, 32, 33, 95, 2048};
+    float *src = malloc(2048 * sizeof *src);
+    for (int i = 0; i < 2048; i++)
+        src[i] = (float)tu_rng_uniform(&rng, -1.0, 1.0);
+    _Alignas(64) static uint16_t out[2 * 2048 + 64];
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++)
+        for (int bf16 = 0; bf16 < 2; bf16++)
+            for (int shift = 0; shift < 2; shift++) { /* dst on a cache line, or 2 bytes on */
+                const int64_t n = ns[k];
+                memset(out, 0xab, sizeof out);
+                unsigned char *dst = (unsigned char *)out + 2 * shift;
+                kt__moe_scale_store(n, src, 0.75f, dst, bf16);
+                for (int64_t i = 0; i < n; i++) {
+                    const float v = 0.75f * src[i];
+                    if (bf16)
+                        assert_int_equal(((uint16_t *)dst)[i], kt_f32_to_bf16_1(v));
+                    else
+                        assert_true(memcmp(dst + 4 * i, &v, 4) == 0);
+                }
+                const unsigned char *end = dst + n * (bf16 ? 2 : 4);
+                for (const unsigned char *q = end; q < end + 64; q++)
+                    assert_int_equal(*q, 0xab);
+            }
+    free(src);
+}
+
 static void test_report(void **state)
 {
     (void)state;
@@ -571,6 +605,7 @@ int main(void)
         cmocka_unit_test(test_nn2),
         cmocka_unit_test(test_nt_next),
         cmocka_unit_test(test_empty),
+        cmocka_unit_test(test_scale_store),
         cmocka_unit_test(test_report),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

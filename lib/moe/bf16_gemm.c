@@ -1069,11 +1069,24 @@ BF_TARGET static void act_bwd_avx512(int64_t n, const float *g, const float *u, 
     }
 }
 
-/* dst = s * src in the compute dtype */
+/* dst = s * src in the compute dtype. bf16 rows from a cache line on are stored past the
+ * caches a line at a time (the backward's per-slot copies of grad_y: tens of megabytes, read
+ * next by a later phase; a plain store would first read every line in). */
 BF_TARGET static void scale_store_avx512(int64_t n, const float *src, float s, void *dst, int bf16)
 {
     const __m512 vs = _mm512_set1_ps(s);
-    for (int64_t i = 0; i < n; i += 16) {
+    int64_t i = 0;
+    if (bf16 && ((uintptr_t)dst & 63) == 0 && n >= 32) {
+        for (; i + 32 <= n; i += 32) {
+            const __m512 lo = _mm512_mul_ps(vs, _mm512_loadu_ps(src + i));
+            const __m512 hi = _mm512_mul_ps(vs, _mm512_loadu_ps(src + i + 16));
+            _mm512_stream_si512(
+                (void *)((uint16_t *)dst + i),
+                _mm512_inserti64x4(_mm512_castsi256_si512(cvt_bf16(lo)), cvt_bf16(hi), 1));
+        }
+        _mm_sfence(); /* visible to whichever thread reads them next */
+    }
+    for (; i < n; i += 16) {
         const __mmask16 km = kt__lanes16(n - i);
         st_cdt(dst, i, _mm512_mul_ps(vs, _mm512_maskz_loadu_ps(km, src + i)), bf16, km);
     }
