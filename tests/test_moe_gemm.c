@@ -558,10 +558,10 @@ static void test_scale_store(void **state)
     _Alignas(64) static uint16_t out[2 * 2048 + 64];
     for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++)
         for (int bf16 = 0; bf16 < 2; bf16++)
-            for (int shift = 0; shift < 2; shift++) { /* dst on a cache line, or 2 bytes on */
+            for (int shift = 0; shift < 2; shift++) { /* dst on a cache line, or one value on */
                 const int64_t n = ns[k];
                 memset(out, 0xab, sizeof out);
-                unsigned char *dst = (unsigned char *)out + 2 * shift;
+                unsigned char *dst = (unsigned char *)out + shift * (bf16 ? 2 : 4);
                 kt__moe_scale_store(n, src, 0.75f, dst, bf16);
                 for (int64_t i = 0; i < n; i++) {
                     const float v = 0.75f * src[i];
