@@ -159,6 +159,10 @@ static size_t plan_scratch(kt_moe *m)
 #define SCRATCH(p, b)                                                                              \
     (m->scratch_ptr[m->n_scratch] = (void **)&(p), m->scratch_off[m->n_scratch++] = total,         \
      total += round_up(b))
+/* p at the offset of the buffer placed at slot s: their lives in a call never overlap */
+#define SCRATCH_OVER(p, s)                                                                         \
+    (m->scratch_ptr[m->n_scratch] = (void **)&(p),                                                 \
+     m->scratch_off[m->n_scratch++] = m->scratch_off[s])
     SCRATCH(m->cursor, (size_t)m->E * 8);
     SCRATCH(m->tasks, (size_t)m->max_tasks * sizeof(kt__moe_task));
     SCRATCH(m->part, ((size_t)m->n_threads + 1) * 8);
@@ -166,9 +170,18 @@ static size_t plan_scratch(kt_moe *m)
     const size_t ldh = (size_t)m->ldh;
     SCRATCH(m->xc, N * ldh * cs);
     SCRATCH(m->ac, N * I * cs);
+    /* Backward's input gradients gx (f32 [N, H], 50 MB for dsv2lite at 1024 tokens) are
+     * written after its last reads of gyc and gdc (the down projection's input and weight
+     * gradients), so they lie over those two where the two cover them (LoRA and full mode);
+     * the expert outputs d live only in forward (combine reads them; backward takes the
+     * routing gradient without them), so they lie over gx. */
+    const int gyc_slot = m->n_scratch;
     SCRATCH(m->gyc, N * ldh * cs);
     if (m->cfg.mode != KT_MOE_FROZEN)
         SCRATCH(m->gdc, N * ldh * cs);
+    const size_t gyc_bytes = N * ldh * cs;
+    const int gx_over_gyc =
+        m->cfg.mode != KT_MOE_FROZEN && round_up(gyc_bytes) + gyc_bytes >= N * H * 4;
     SCRATCH(m->gwp, N * (size_t)kt__moe_gw_pieces(m) * 4);
     SCRATCH(m->row_w, N * 4);
     SCRATCH(m->ga,
@@ -177,13 +190,12 @@ static size_t plan_scratch(kt_moe *m)
         SCRATCH(m->tnw, (size_t)m->n_threads * kt__bf16_gemm_tn_work_bytes(m->T));
     SCRATCH(m->ggc, N * I * cs);
     SCRATCH(m->guc, N * I * cs);
-    /* The expert outputs d live only in forward (combine reads them; backward takes the
-     * routing gradient without them) and gx only in backward: d lies over gx (50 MB of
-     * dsv2lite's scratch at 1024 tokens). */
-    const int gx_slot = m->n_scratch;
-    SCRATCH(m->gx, N * H * 4);
-    m->scratch_ptr[m->n_scratch] = (void **)&m->d;
-    m->scratch_off[m->n_scratch++] = m->scratch_off[gx_slot];
+    if (gx_over_gyc)
+        SCRATCH_OVER(m->gx, gyc_slot);
+    else
+        SCRATCH(m->gx, N * H * 4);
+    const int gx_slot = m->n_scratch - 1;
+    SCRATCH_OVER(m->d, gx_slot);
     SCRATCH(m->gw, N * 4);
     if (!m->cfg.keep_activations) { /* recomputed in backward: nothing to keep */
         SCRATCH(m->g, N * I * 4);
@@ -196,6 +208,7 @@ static size_t plan_scratch(kt_moe *m)
             SCRATCH(m->gz[p], N * R * 4);
         }
 #undef SCRATCH
+#undef SCRATCH_OVER
     return total ? total : ALIGN;
 }
 
