@@ -40,7 +40,7 @@ typedef enum kt_moe_mode { KT_MOE_FROZEN = 0, KT_MOE_LORA = 1, KT_MOE_FULL = 2 }
  * keeps for backward (the routing, the input, the kept activations, the cached output), which
  * is the layer's own, and scratch that lives only during one call (the rows gathered per
  * expert, the activations and gradients between its GEMMs: for dsv2lite at 1024 tokens
- * 156 MB frozen, 133 MB full). The layers of a model run one at a time, so they can share one
+ * 106 MB frozen, 133 MB full). The layers of a model run one at a time, so they can share one
  * scratch: it grows to the largest need of the layers created with it (allocated at the first call
  * after a layer raised it), and each call holds its lock, so layers sharing it never run at once.
  * Destroy it after the last of its layers. */

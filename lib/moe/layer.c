@@ -168,20 +168,23 @@ static size_t plan_scratch(kt_moe *m)
     SCRATCH(m->part, ((size_t)m->n_threads + 1) * 8);
     SCRATCH(m->queue, (size_t)m->n_threads * sizeof(kt__moe_queue));
     const size_t ldh = (size_t)m->ldh;
-    SCRATCH(m->xc, N * ldh * cs);
+    /* Backward's input gradients gx (f32 [N, H], 50 MB for dsv2lite at 1024 tokens) and
+     * forward's expert outputs d (the same size) lie over two [N, ldh] buffers that are dead
+     * whenever they live: in LoRA and full mode gyc and gdc (grad_y's per-slot copies, unused
+     * in forward, and backward is done with them before it writes gx); in frozen mode xc and
+     * gyc (forward is done with the gathered rows before the down GEMM writes d; backward
+     * reads them only in its recompute, first). d lives only in forward: combine reads it,
+     * and backward takes the routing gradient without it. */
+    const int frozen = m->cfg.mode == KT_MOE_FROZEN;
     SCRATCH(m->ac, N * I * cs);
-    /* Backward's input gradients gx (f32 [N, H], 50 MB for dsv2lite at 1024 tokens) are
-     * written after its last reads of gyc and gdc (the down projection's input and weight
-     * gradients), so they lie over those two where the two cover them (LoRA and full mode);
-     * the expert outputs d live only in forward (combine reads them; backward takes the
-     * routing gradient without them), so they lie over gx. */
+    const int xc_slot = m->n_scratch;
+    SCRATCH(m->xc, N * ldh * cs);
     const int gyc_slot = m->n_scratch;
     SCRATCH(m->gyc, N * ldh * cs);
-    if (m->cfg.mode != KT_MOE_FROZEN)
+    if (!frozen)
         SCRATCH(m->gdc, N * ldh * cs);
-    const size_t gyc_bytes = N * ldh * cs;
-    const int gx_over_gyc =
-        m->cfg.mode != KT_MOE_FROZEN && round_up(gyc_bytes) + gyc_bytes >= N * H * 4;
+    const size_t row_bytes = N * ldh * cs;
+    const int gx_over = round_up(row_bytes) + row_bytes >= N * H * 4;
     SCRATCH(m->gwp, N * (size_t)kt__moe_gw_pieces(m) * 4);
     SCRATCH(m->row_w, N * 4);
     SCRATCH(m->ga,
@@ -190,8 +193,8 @@ static size_t plan_scratch(kt_moe *m)
         SCRATCH(m->tnw, (size_t)m->n_threads * kt__bf16_gemm_tn_work_bytes(m->T));
     SCRATCH(m->ggc, N * I * cs);
     SCRATCH(m->guc, N * I * cs);
-    if (gx_over_gyc)
-        SCRATCH_OVER(m->gx, gyc_slot);
+    if (gx_over)
+        SCRATCH_OVER(m->gx, frozen ? xc_slot : gyc_slot);
     else
         SCRATCH(m->gx, N * H * 4);
     const int gx_slot = m->n_scratch - 1;
