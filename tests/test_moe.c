@@ -482,9 +482,21 @@ static void add_results(blob *b, kt_moe *m, const inputs *in, const kt_moe_confi
 /* What kt__moe_run_parts did with each task of a plan. */
 typedef struct plan_probe {
     int *runs;       /* [tasks]: how many times it ran */
-    int *ran_on;     /* [tasks]: the thread that ran it */
-    int slow_thread; /* sleeps 5 ms in each of its tasks (-1: none) */
+    int *ran_on;     /* [tasks]: the thread that ran it (-1: none) */
+    int slow_thread; /* in its first task, waits for another thread to take one of its tasks
+                      * (for at most 5 s; -1: none) */
+    int64_t slow_first, slow_end; /* the slow thread's share of the tasks */
 } plan_probe;
+
+static int probe_taken_over(const plan_probe *p)
+{
+    for (int64_t i = p->slow_first; i < p->slow_end; i++) {
+        const int on = __atomic_load_n(&p->ran_on[i], __ATOMIC_RELAXED);
+        if (on >= 0 && on != p->slow_thread)
+            return 1;
+    }
+    return 0;
+}
 
 static void probe_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
@@ -492,8 +504,9 @@ static void probe_tasks(void *vctx, int64_t b, int64_t end, int thread)
     for (int64_t i = b; i < end; i++) {
         __atomic_add_fetch(&p->runs[i], 1, __ATOMIC_RELAXED);
         __atomic_store_n(&p->ran_on[i], thread, __ATOMIC_RELAXED);
-        if (thread == p->slow_thread)
-            nanosleep(&(struct timespec){0, 5000000}, NULL);
+        if (thread == p->slow_thread && i == p->slow_first)
+            for (int ms = 0; ms < 5000 && !probe_taken_over(p); ms++)
+                nanosleep(&(struct timespec){0, 1000000}, NULL);
     }
 }
 
@@ -517,7 +530,13 @@ static int64_t probe_plan(kt_moe *m, int64_t cols, plan_probe *p)
         assert_int_equal(next_col[e], m->off[e + 1] > m->off[e] ? cols : 0);
     free(next_col);
     p->runs = calloc((size_t)n + 1, sizeof *p->runs);
-    p->ran_on = calloc((size_t)n + 1, sizeof *p->ran_on);
+    p->ran_on = malloc(((size_t)n + 1) * sizeof *p->ran_on);
+    for (int64_t i = 0; i <= n; i++)
+        p->ran_on[i] = -1;
+    if (p->slow_thread >= 0) {
+        p->slow_first = m->part[p->slow_thread];
+        p->slow_end = m->part[p->slow_thread + 1];
+    }
     kt__moe_run_parts(m, probe_tasks, p);
     for (int g = 0; g < m->n_groups; g++)
         for (int64_t i = 0; i < n; i++) {
@@ -534,7 +553,7 @@ static int64_t probe_plan(kt_moe *m, int64_t cols, plan_probe *p)
 /* Every task of a phase plan runs once, on a thread of its expert's node group. */
 static void expect_node_local_plan(kt_moe *m, int64_t cols)
 {
-    plan_probe p = {NULL, NULL, -1};
+    plan_probe p = {NULL, NULL, -1, 0, 0};
     probe_plan(m, cols, &p);
     for (int g = 0; g < m->n_groups; g++)
         for (int64_t t = m->group_t[g]; t < m->group_t[g + 1]; t++)
@@ -742,48 +761,62 @@ static void test_numa_split_bitwise(void **state)
 
 /* The output is staged in f32 only when it must be (the cache on, or check_finite, which
  * leaves y unchanged on a NaN); otherwise combine writes the caller's y directly. The three
- * ways give the same bits, for f32 and bf16 activations, and the staging buffer is held only
- * by layers that stage. */
+ * ways, and a forward served by the cache, give the same bits, for f32 and bf16 activations,
+ * rows of one piece and of two (H > KT__MOE_ROW_CHUNK), frozen and full mode; the staging
+ * buffer is held only by layers that stage. */
 static void test_output_staging(void **state)
 {
     (void)state;
     kt_threadpool *pool = NULL;
     OK(kt_threadpool_create(2, &pool));
-    for (int bf = 0; bf < 2; bf++) {
-        kt_moe_config c = make_cfg(KT_BF16, bf ? KT_BF16 : KT_F32, KT_MOE_FROZEN, 48, 40, 6, 2, 9);
-        inputs in;
-        make_inputs(&in, &c, 9, KT_I32, 21);
-        kt_tensor want = tu_new(c.act_dtype, 9, 48);
-        uint64_t held[2];
-        for (int way = 0; way < 3; way++) { /* check_finite, direct, cache on */
-            c.check_finite = way == 0;
-            kt_moe *m = NULL;
-            OK(kt_moe_create(&c, pool, &m));
-            fill_params(m, 22);
-            kt_moe_memory mem;
-            kt_moe_get_memory(m, &mem);
-            if (way < 2)
-                held[way] = mem.workspace_bytes;
-            if (way == 2) {
-                OK(kt_moe_cache_enable(m, 1));
+    const int64_t hs[] = {48, KT__MOE_ROW_CHUNK + 64}, T = 9;
+    for (int hi = 0; hi < 2; hi++)
+        for (int bf = 0; bf < 2; bf++) {
+            const int64_t H = hs[hi];
+            const uint64_t y_bytes = (uint64_t)(T * H * 4 + 63) / 64 * 64;
+            kt_moe_config c = make_cfg(KT_BF16, bf ? KT_BF16 : KT_F32,
+                                       hi ? KT_MOE_FULL : KT_MOE_FROZEN, H, 40, 6, 2, T);
+            inputs in;
+            make_inputs(&in, &c, T, KT_I32, 21);
+            kt_tensor want = tu_new(c.act_dtype, T, H);
+            uint64_t held[2];
+            for (int way = 0; way < 3; way++) { /* check_finite, direct, cache on */
+                c.check_finite = way == 0;
+                kt_moe *m = NULL;
+                OK(kt_moe_create(&c, pool, &m));
+                fill_params(m, 22);
+                kt_moe_memory mem;
                 kt_moe_get_memory(m, &mem);
-                assert_int_equal(mem.workspace_bytes, held[1] + 9 * 48 * 4);
+                if (way < 2)
+                    held[way] = mem.workspace_bytes;
+                if (way == 2) {
+                    OK(kt_moe_cache_enable(m, 1));
+                    kt_moe_get_memory(m, &mem);
+                    assert_int_equal(mem.workspace_bytes, held[1] + y_bytes);
+                }
+                OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
+                if (way == 0)
+                    memcpy(want.data, in.y.data, kt_tensor_nbytes(&in.y));
+                else
+                    assert_true(tu_bitwise_equal(&in.y, &want));
+                if (way == 2) { /* the recompute: served by the cache */
+                    memset(in.y.data, 0, kt_tensor_nbytes(&in.y));
+                    OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
+                    assert_true(tu_bitwise_equal(&in.y, &want));
+                    kt_moe_phase_times pt;
+                    kt_moe_get_phase_times(m, &pt);
+                    assert_int_equal(pt.forward_calls, 1);
+                }
+                kt_moe_destroy(m);
             }
-            OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
-            if (way == 0)
-                memcpy(want.data, in.y.data, kt_tensor_nbytes(&in.y));
-            else
-                assert_true(tu_bitwise_equal(&in.y, &want));
-            kt_moe_destroy(m);
+            assert_int_equal(held[0], held[1] + y_bytes);
+            tu_free(&want);
+            free_inputs(&in);
         }
-        assert_int_equal(held[0], held[1] + 9 * 48 * 4);
-        tu_free(&want);
-        free_inputs(&in);
-    }
     kt_threadpool_destroy(pool);
 }
 
-/* The phase runner shares work: with thread 0 slowed (5 ms a task), thread 1 runs the last
+/* The phase runner shares work: with thread 0 held in its first task, thread 1 runs the last
  * tasks of thread 0's share once its own are done; every task still runs once. The plans of
  * a phase (hundreds of tokens, and one token) cover every column of every expert once. */
 static void test_work_sharing(void **state)
@@ -800,7 +833,7 @@ static void test_work_sharing(void **state)
         inputs in;
         make_inputs(&in, &c, qlens[q], KT_I32, 6);
         OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
-        plan_probe p = {NULL, NULL, q == 0 ? 0 : -1};
+        plan_probe p = {NULL, NULL, q == 0 ? 0 : -1, 0, 0};
         probe_plan(m, c.intermediate, &p);
         if (q == 0) {
             /* the last quarter of a share is cut finer: thread 0 has more tasks than experts */
@@ -808,7 +841,7 @@ static void test_work_sharing(void **state)
             int64_t taken = 0;
             for (int64_t i = m->part[0]; i < m->part[1]; i++)
                 taken += p.ran_on[i] == 1;
-            print_message("thread 1 ran %lld of slowed thread 0's %lld tasks\n", (long long)taken,
+            print_message("thread 1 ran %lld of held thread 0's %lld tasks\n", (long long)taken,
                           (long long)(m->part[1] - m->part[0]));
             assert_true(taken > 0);
         }

@@ -545,7 +545,7 @@ static void test_empty(void **state)
 
 /* kt__moe_scale_store: dst = s * src rounded to bf16 (or f32), the same bits whether dst
  * starts on a cache line (bf16: whole lines stored past the caches) or not, for lengths
- * around the 32-value line and a row of 2048; nothing past n written. */
+ * around the 32-value line and a row of 2048; nothing outside [dst, dst + n) written. */
 static void test_scale_store(void **state)
 {
     (void)state;
@@ -570,6 +570,8 @@ static void test_scale_store(void **state)
                     else
                         assert_true(memcmp(dst + 4 * i, &v, 4) == 0);
                 }
+                for (const unsigned char *q = (unsigned char *)out; q < dst; q++)
+                    assert_int_equal(*q, 0xab);
                 const unsigned char *end = dst + n * (bf16 ? 2 : 4);
                 for (const unsigned char *q = end; q < end + 64; q++)
                     assert_int_equal(*q, 0xab);

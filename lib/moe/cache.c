@@ -17,7 +17,7 @@ kt_status kt_moe_cache_enable(kt_moe *moe, int on)
     if (on && moe->y == NULL) {
         /* the cached output is held only by layers that use the cache (f32 [T, H]: 8 MiB
          * per layer at dsv2lite's H and 1024 tokens) or check_finite */
-        const size_t bytes = (size_t)(moe->T * moe->H) * sizeof(float);
+        const size_t bytes = ((size_t)(moe->T * moe->H) * sizeof(float) + 63) / 64 * 64;
         kt_status st = kt_arena_create(&moe->cache_mem, bytes, kt__moe_buffer_node(moe));
         if (st != KT_OK)
             return kt__error_context(st, "moe '%s': the forward cache's %zu bytes", moe->name,

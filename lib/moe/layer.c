@@ -183,8 +183,13 @@ static size_t plan_scratch(kt_moe *m)
     SCRATCH(m->gyc, N * ldh * cs);
     if (!frozen)
         SCRATCH(m->gdc, N * ldh * cs);
-    const size_t row_bytes = N * ldh * cs;
-    const int gx_over = round_up(row_bytes) + row_bytes >= N * H * 4;
+    /* the pair ends here; should gx ever outgrow it, it would run on into space kept for it
+     * (with ldh >= H the pair holds 4 N ldh >= N H 4 bytes in either dtype) */
+    const int over_slot = frozen ? xc_slot : gyc_slot;
+    if (m->scratch_off[over_slot] + round_up(N * H * 4) > total)
+        total = m->scratch_off[over_slot] + round_up(N * H * 4);
+    SCRATCH_OVER(m->gx, over_slot);
+    SCRATCH_OVER(m->d, over_slot);
     SCRATCH(m->gwp, N * (size_t)kt__moe_gw_pieces(m) * 4);
     SCRATCH(m->row_w, N * 4);
     SCRATCH(m->ga,
@@ -193,12 +198,6 @@ static size_t plan_scratch(kt_moe *m)
         SCRATCH(m->tnw, (size_t)m->n_threads * kt__bf16_gemm_tn_work_bytes(m->T));
     SCRATCH(m->ggc, N * I * cs);
     SCRATCH(m->guc, N * I * cs);
-    if (gx_over)
-        SCRATCH_OVER(m->gx, frozen ? xc_slot : gyc_slot);
-    else
-        SCRATCH(m->gx, N * H * 4);
-    const int gx_slot = m->n_scratch - 1;
-    SCRATCH_OVER(m->d, gx_slot);
     SCRATCH(m->gw, N * 4);
     if (!m->cfg.keep_activations) { /* recomputed in backward: nothing to keep */
         SCRATCH(m->g, N * I * 4);
