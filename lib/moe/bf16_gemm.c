@@ -254,14 +254,16 @@ static const nt_fn nt_table[4][4] = {{nt_4x6, nt_4x4, nt_4x2, nt_4x1},
                                      {nt_2x6, nt_2x4, nt_2x2, nt_2x1},
                                      {nt_1x6, nt_1x4, nt_1x2, nt_1x1}};
 
-/* Tile t of a chunk of `rows` rows: as many tiles as 4-row tiles need, their heights as
- * equal as possible (97 rows: 22 x 4 + 3 x 3, not 24 x 4 + 1), since a short tile loads its
- * 6 rows of w for few products (a 1 x 6 tile: 7 loads for 6 vdpbf16ps). Measured (kt-bench
- * gemm nt, 1 thread, dsv2lite's gate shape) at 96-100 rows: 0.90, 0.83, 0.85, 0.86, 0.87 of
- * the peak with the 4/2/1 tiles. Heights never change an element's operations. */
-static int nt_tile_rows(int64_t rows, int64_t t)
+/* Tile t of `rows` rows cut into as many tiles as tiles of at most `max` rows need, their
+ * heights as equal as possible: NT's 4-row tiles (97 rows: 22 x 4 + 3 x 3, not 24 x 4 + 1,
+ * since a short tile loads its 6 rows of w for few products; measured, kt-bench gemm nt, 1
+ * thread, dsv2lite's gate shape, at 96-100 rows: 0.90, 0.83, 0.85, 0.86, 0.87 of the peak with
+ * 4/2/1 tiles), and the pair kernels' 12-row ones (90 rows: 6 x 11 + 2 x 12, not 7 x 12 + 4 +
+ * 2: a short tile has too few independent accumulators to keep vdpbf16ps busy). Heights never
+ * change an element's operations, so the bits are those of any other tiling. */
+static int balanced_height(int64_t rows, int64_t max, int64_t t)
 {
-    const int64_t tiles = (rows + 3) / 4;
+    const int64_t tiles = (rows + max - 1) / max;
     return (int)(rows / tiles + (t < rows % tiles));
 }
 
@@ -309,7 +311,7 @@ static void nt_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
             const int ci = col_index(n1 - n, &nr);
             int64_t t = 0;
             for (int64_t m = m0; m < m1; t++) {
-                const int mr = nt_tile_rows(len, t);
+                const int mr = balanced_height(len, 4, t);
                 const int ri = 4 - mr;
                 const nt_fn fn = ci == 0 && m == m0 && small ? nt_table_pf[ri] : nt_table[ri][ci];
                 /* At larger M the next block's rows of w come into L2 over this block's row
@@ -688,15 +690,8 @@ EACH_TILE_HEIGHT(NN_RUN_VARIANT)
 
 static const nn_run_fn nn_run_fns[PAIR_MR + 1] = TILE_HEIGHT_TABLE(nn_run_);
 
-/* Tile i of `rows` rows: as many tiles as 12-row tiles need, their heights as equal as
- * possible (90 rows: 6 x 11 + 2 x 12, not 7 x 12 + 4 + 2), since a short tile has too few
- * independent accumulators to keep vdpbf16ps busy. Heights never change an element's
- * operations, so the bits are those of any other tiling. */
-static int tile_height(int64_t rows, int64_t i)
-{
-    const int64_t tiles = (rows + PAIR_MR - 1) / PAIR_MR;
-    return (int)(rows / tiles + (i < rows % tiles));
-}
+/* Tile i of `rows` rows of the pair kernels (balanced_height) */
+static int tile_height(int64_t rows, int64_t i) { return balanced_height(rows, PAIR_MR, i); }
 
 /* Pairs [p0, p0 + cnt) of w's rows (TN: x's) for one block of 32 columns (masked by jm), the
  * partner of row N-1 zero when N is odd, packed in column order (0-15 in the first half,

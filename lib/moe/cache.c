@@ -14,16 +14,10 @@ kt_status kt_moe_cache_enable(kt_moe *moe, int on)
     if (moe->busy)
         return kt__error(KT_ESTATE, "moe '%s': cache_enable while a forward is in flight",
                          moe->name);
-    if (on && moe->y == NULL) {
-        /* the cached output is held only by layers that use the cache (f32 [T, H]: 8 MiB
-         * per layer at dsv2lite's H and 1024 tokens) or check_finite */
-        const size_t bytes = ((size_t)(moe->T * moe->H) * sizeof(float) + 63) / 64 * 64;
-        kt_status st = kt_arena_create(&moe->cache_mem, bytes, kt__moe_buffer_node(moe));
+    if (on) { /* the cache stores the staged output */
+        kt_status st = kt__moe_alloc_staged_y(moe);
         if (st != KT_OK)
-            return kt__error_context(st, "moe '%s': the forward cache's %zu bytes", moe->name,
-                                     bytes);
-        moe->y = (float *)(void *)moe->cache_mem.base;
-        moe->workspace_bytes += bytes;
+            return kt__error_context(st, "moe '%s': the forward cache's output", moe->name);
     }
     moe->cache_on = on != 0;
     if (!moe->cache_on)

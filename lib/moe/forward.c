@@ -238,12 +238,8 @@ static kt_status finite_error(const kt_moe *m, int64_t t)
     }
     int64_t slot = 0;
     for (int64_t j = 0; j < m->K; j++) {
-        float w = m->slot_w[t * m->K + j];
         const float *d = m->d + (int64_t)m->slot_row[t * m->K + j] * m->H;
-        int bad = !isfinite(w);
-        for (int64_t i = 0; i < m->H && !bad; i++)
-            bad = !isfinite(d[i]);
-        if (bad) {
+        if (!isfinite(m->slot_w[t * m->K + j]) || !all_finite(d, m->H)) {
             slot = j;
             break;
         }

@@ -214,6 +214,17 @@ static size_t plan_scratch(kt_moe *m)
     return total ? total : ALIGN;
 }
 
+kt_status kt__moe_alloc_staged_y(kt_moe *m)
+{
+    if (m->y != NULL)
+        return KT_OK;
+    const size_t bytes = round_up((size_t)(m->T * m->H) * sizeof(float));
+    KT__TRY(kt_arena_create(&m->y_mem, bytes, kt__moe_buffer_node(m)));
+    m->y = (float *)(void *)m->y_mem.base;
+    m->workspace_bytes += bytes;
+    return KT_OK;
+}
+
 static kt_status alloc_work(kt_moe *m)
 {
     size_t N = (size_t)m->N, T = (size_t)m->T, H = (size_t)m->H, I = (size_t)m->I;
@@ -228,8 +239,6 @@ static kt_status alloc_work(kt_moe *m)
     SPEC(m->row_expert, N * 4);
     SPEC(m->off, ((size_t)m->E + 1) * 8);
     SPEC(m->xt, T * H * cs);
-    if (m->cfg.check_finite) /* the output is staged (forward.c); else held once the cache is on */
-        SPEC(m->y, T * H * 4);
     if (m->cfg.keep_activations) {
         SPEC(m->g, N * I * 4);
         SPEC(m->u, N * I * 4);
@@ -249,6 +258,8 @@ static kt_status alloc_work(kt_moe *m)
         total += m->scratch_need;
     }
     m->workspace_bytes = total;
+    if (m->cfg.check_finite) /* the output is staged (forward.c) */
+        KT__TRY(kt__moe_alloc_staged_y(m));
     /* Kept from forward to backward: the routing (5 x 4 bytes per slot), the input in the
      * compute dtype, and with keep_activations the f32 gate/up pre-activations (f32 keeps
      * recompute bitwise equal to the kept values) and LoRA's x A^T of each projection (r
@@ -387,7 +398,7 @@ void kt_moe_destroy(kt_moe *moe)
     pthread_cond_destroy(&moe->cv);
     pthread_mutex_destroy(&moe->mu);
     kt_arena_destroy(&moe->work);
-    kt_arena_destroy(&moe->cache_mem);
+    kt_arena_destroy(&moe->y_mem);
     kt_arena_destroy(&moe->scratch_own);
     kt_arena_destroy(&moe->params);
     kt_arena_destroy(&moe->store);

@@ -76,7 +76,7 @@ struct kt_moe {
     kt_arena store;       /* expert weights: [E][gate, up, down], each [I,H] / [I,H] / [H,I] */
     kt_arena params;      /* LoRA adapters + their grads, full-mode weight grads */
     kt_arena work;        /* what forward keeps for backward */
-    kt_arena cache_mem;   /* the forward cache's output (y), from the first kt_moe_cache_enable */
+    kt_arena y_mem;       /* y, the staged output (kt__moe_alloc_staged_y) */
     kt_arena scratch_own; /* the per-call scratch, without a shared kt_moe_scratch */
     /* the scratch buffers' places: pointer and offset from the scratch base, bound at create
      * (own scratch) or at each call (shared, whose base may move as it grows) */
@@ -116,8 +116,8 @@ struct kt_moe {
     float *u; /* [N,I] up, saved when keep_activations */
     void *ac; /* [N,I] cdt: silu(g) * u */
     float *d; /* [N,H] expert outputs (scratch: backward derives what it needs of them) */
-    float *y; /* [T,H] the output staged in f32: with check_finite, or the forward cache's output
-               * (NULL until the cache is first on) */
+    float *y; /* [T,H] the output staged in f32: with check_finite, or the forward cache's
+               * output (kt__moe_alloc_staged_y; NULL until first needed) */
     /* backward */
     void *gyc;    /* [N,H] cdt: grad_y of each row's token (the down input gradient's input) */
     void *gdc;    /* [N,H] cdt: w * grad_y per row (LoRA and full: their weight gradients) */
@@ -172,6 +172,10 @@ void kt__moe_phase_end(kt_moe *m, kt_moe_phase phase);
 void *kt__moe_weight_ptr(const kt_moe *m, int64_t e, int proj);
 /* The node of the layer's own buffers (-1: anywhere). */
 int kt__moe_buffer_node(const kt_moe *m);
+/* m->y, the f32 [T, H] output staged before it is written out, allocated at its first use
+ * (with check_finite at create, else when the forward cache is first turned on) and counted
+ * in workspace_bytes; a layer that never stages holds none. */
+kt_status kt__moe_alloc_staged_y(kt_moe *m);
 float *kt__moe_lora_ptr(const kt_moe *m, float *base, int64_t e, int proj, int which_b);
 int64_t kt__moe_proj_in(const kt_moe *m, int proj);
 int64_t kt__moe_proj_out(const kt_moe *m, int proj);
