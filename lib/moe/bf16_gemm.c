@@ -124,10 +124,14 @@ BF_INLINE __m512i load_k(const uint16_t *p, __mmask32 m, const int full)
 #define NT_STEP()                                                                                  \
     do {                                                                                           \
         const __m512i z = _mm512_setzero_si512();                                                  \
-        if (pf)                                                                                    \
+        if (pf == NT_PF_AHEAD2)                                                                    \
             for (int p_ = 0; p_ < 6; p_++)                                                         \
                 _mm_prefetch((const char *)(w + (NT_PF_AHEAD + p_) * ldw + k), _MM_HINT_T1);       \
-        if (pfrow && ((k >> 5) & pfmask) == 0 && (k >> 5 >> pfshift) < pfcount)                    \
+        if (pf == NT_PF_RUN)                                                                       \
+            for (int p_ = 0; p_ < NT_COLS; p_++)                                                   \
+                _mm_prefetch((const char *)pfrow + ((k >> 5) * NT_COLS + p_) * 64, _MM_HINT_T0);   \
+        if (pf == NT_PF_LINES && pfrow && ((k >> 5) & pfmask) == 0 &&                              \
+            (k >> 5 >> pfshift) < pfcount)                                                         \
             _mm_prefetch((const char *)(pfrow + ((k >> 5 >> pfshift) << 5)), _MM_HINT_T1);         \
         const __m512i w0 = nr > 0 ? load_k(w + k, km, full) : z;                                   \
         const __m512i w1 = nr > 1 ? load_k(w + ldw + k, km, full) : z;                             \
@@ -137,6 +141,12 @@ BF_INLINE __m512i load_k(const uint16_t *p, __mmask32 m, const int full)
         const __m512i w5 = nr > 5 ? load_k(w + 5 * ldw + k, km, full) : z;                         \
         NT_ROW(0) NT_ROW(1) NT_ROW(2) NT_ROW(3)                                                    \
     } while (0)
+
+/* What a tile fetches while it runs:
+ *  - NT_PF_LINES: the run of lines in its nt_pf (NULL: none), into L2;
+ *  - NT_PF_AHEAD2: the 6 rows of w NT_PF_AHEAD rows on, at the same k, into L2;
+ *  - NT_PF_RUN: NT_COLS lines a k step, in address order from the nt_pf's row, into L1. */
+enum { NT_PF_LINES = 0, NT_PF_AHEAD2 = 1, NT_PF_RUN = 2 };
 
 /* A run of lines of w fetched into L2 while a tile runs: count lines from row, one every
  * 2^shift k steps. */
@@ -234,20 +244,36 @@ NT_VARIANT(1, 1)
  * ms for dsv2lite, 0.84-0.97 -> 1.03-1.13 of the measured bandwidth). Into L2, not L1: at a
  * dozen rows (qlen 128) that streamed the weights about 5 % faster (more lines in flight), and
  * at one row it made no difference. Addresses past the last row are only prefetched, never
- * loaded. */
+ * loaded.
+ * At M <= 4 (one row tile a block, which then streams w alone) the tile instead fetches the
+ * next block whole, in address order, NT_COLS lines a k step (the block's 6 rows are one run
+ * of memory: the rows are contiguous), into L1: fetches in address order let the hardware
+ * prefetchers run on ahead of them, where 6 rows at the same k, 4 KiB apart, leave them
+ * behind. Alternating builds, dsv2lite qlen 1 forward: 1.53-1.55 -> 1.32-1.36 ms when the
+ * VM's bandwidth is high (0.76-0.82 -> 0.94-0.98 of the read loop), qwen3moe 1.02-1.09 ->
+ * 0.90-0.91 ms, qlen 16 and 32 4-8 % faster; at two row tiles a block (dsv2lite qlen 64) it
+ * was 7 % slower, and at a dozen rows (qlen 128) 10 %, so larger M keeps NT_PF_AHEAD2. */
 #define NT_PF_MAX_M 32
 #define NT_VARIANT_PF(MR)                                                                          \
     BF_TARGET static void nt_##MR##x6pf(int64_t K, const uint16_t *x, int64_t ldx,                 \
                                         const uint16_t *w, int64_t ldw, const nt_pf *lines,        \
                                         float *y, int64_t ldy, int accumulate)                     \
     {                                                                                              \
-        nt_tile(MR, 6, 1, K, x, ldx, w, ldw, lines, y, ldy, accumulate);                           \
+        nt_tile(MR, 6, NT_PF_AHEAD2, K, x, ldx, w, ldw, lines, y, ldy, accumulate);                \
+    }                                                                                              \
+    BF_TARGET static void nt_##MR##x6run(int64_t K, const uint16_t *x, int64_t ldx,                \
+                                         const uint16_t *w, int64_t ldw, const nt_pf *lines,       \
+                                         float *y, int64_t ldy, int accumulate)                    \
+    {                                                                                              \
+        nt_tile(MR, 6, NT_PF_RUN, K, x, ldx, w, ldw, lines, y, ldy, accumulate);                   \
     }
 NT_VARIANT_PF(4)
 NT_VARIANT_PF(3)
 NT_VARIANT_PF(2)
 NT_VARIANT_PF(1)
-static const nt_fn nt_table_pf[4] = {nt_4x6pf, nt_3x6pf, nt_2x6pf, nt_1x6pf};
+/* [one row tile a block][row size index] */
+static const nt_fn nt_table_pf[2][4] = {{nt_4x6pf, nt_3x6pf, nt_2x6pf, nt_1x6pf},
+                                        {nt_4x6run, nt_3x6run, nt_2x6run, nt_1x6run}};
 
 static const nt_fn nt_table[4][4] = {{nt_4x6, nt_4x4, nt_4x2, nt_4x1},
                                      {nt_3x6, nt_3x4, nt_3x2, nt_3x1},
@@ -302,7 +328,7 @@ static void nt_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
     const int64_t nchunks = (M + mc - 1) / mc;
     mc = (M + nchunks - 1) / nchunks;
     mc = (mc + 3) & ~(int64_t)3;
-    const int small = M <= NT_PF_MAX_M;
+    const int small = M <= NT_PF_MAX_M, one_tile = M <= 4;
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
         const int64_t m1 = M - m0 < mc ? M : m0 + mc;
         const int64_t len = m1 - m0, tiles = (len + 3) / 4;
@@ -313,18 +339,21 @@ static void nt_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
             for (int64_t m = m0; m < m1; t++) {
                 const int mr = balanced_height(len, 4, t);
                 const int ri = 4 - mr;
-                const nt_fn fn = ci == 0 && m == m0 && small ? nt_table_pf[ri] : nt_table[ri][ci];
-                /* At larger M the next block's rows of w come into L2 over this block's row
-                 * tiles: after the last block, the first of the next row chunk, or the rows
-                 * the caller reads next (addresses past the end of w are only prefetched). */
+                const nt_fn fn =
+                    ci == 0 && m == m0 && small ? nt_table_pf[one_tile][ri] : nt_table[ri][ci];
+                /* The next block's rows of w come in over this block's row tiles (at larger M
+                 * into L2, spread over the tiles; at M <= 4 the one tile's run): after the
+                 * last block, the first of the next row chunk, or the rows the caller reads
+                 * next (addresses past the end of w are only prefetched). Between 4 and 32
+                 * rows the first tile fetches two blocks ahead on its own (nt_table_pf). */
                 const uint16_t *nx = n + nr < n1 ? w + (n + nr) * ldw
                                      : m1 < M    ? w + n0 * ldw
                                                  : next;
-                nt_pf lines;
-                if (!small) /* small M prefetches inside its first tile instead (nt_table_pf) */
+                nt_pf lines = {nx, 0, 0};
+                if (!small)
                     lines = nt_next_lines(nx, ldw, K, t, tiles);
-                fn(K, x + m * ldx, ldx, w + n * ldw, ldw, small ? NULL : &lines, y + m * ldy + n,
-                   ldy, accumulate);
+                fn(K, x + m * ldx, ldx, w + n * ldw, ldw, small && !one_tile ? NULL : &lines,
+                   y + m * ldy + n, ldy, accumulate);
                 m += mr;
             }
             n += nr;
