@@ -457,6 +457,61 @@ static void test_nn2(void **state)
     }
 }
 
+/* NN's stream path (M <= 4 rows) against its rows path (more rows): a row's sums do not depend
+ * on the other rows, so the first M rows of a 6-row call must be the M-row call's bits, for
+ * nn (overwrite and add) and nn2, on an odd reduction, padded rows, a column range wider than
+ * one pass of the stream path's accumulators (1024 columns at 4 rows) and ragged edges. */
+static void test_nn_stream_path(void **state)
+{
+    (void)state;
+    enum { BIG_M = 6 };
+    static const int64_t shapes[][4] = {/* N, K, k0, k1 */
+                                        {1409, 2100, 0, 2100},
+                                        {37, 2100, 5, 1999},
+                                        {2048, 1408, 96, 1408},
+                                        {1, 40, 0, 33}};
+    tu_rng rng;
+    tu_rng_seed(&rng, 79);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const int64_t N = shapes[i][0], K = shapes[i][1], k0 = shapes[i][2], k1 = shapes[i][3];
+        const int64_t ldg = N + 3, ldw = K + 5, ldy = K + 2;
+        uint16_t *g = malloc((size_t)(2 * BIG_M * ldg) * sizeof *g);
+        uint16_t *w = malloc((size_t)(2 * N * ldw) * sizeof *w);
+        float *y0 = malloc((size_t)(BIG_M * ldy) * sizeof *y0);
+        float *big = malloc((size_t)(BIG_M * ldy) * sizeof *big);
+        float *few = malloc((size_t)(BIG_M * ldy) * sizeof *few);
+        assert_true(g && w && y0 && big && few);
+        for (int64_t j = 0; j < 2 * BIG_M * ldg; j++)
+            g[j] = kt_f32_to_bf16_1((float)tu_rng_uniform(&rng, -1, 1));
+        for (int64_t j = 0; j < 2 * N * ldw; j++)
+            w[j] = kt_f32_to_bf16_1((float)tu_rng_uniform(&rng, -1, 1));
+        for (int64_t j = 0; j < BIG_M * ldy; j++)
+            y0[j] = (float)tu_rng_uniform(&rng, -2, 2);
+        const uint16_t *g1 = g + BIG_M * ldg, *w1 = w + N * ldw;
+        for (int kind = 0; kind < 3; kind++) { /* nn, nn adding, nn2 */
+            memcpy(big, y0, (size_t)(BIG_M * ldy) * sizeof *big);
+            if (kind < 2)
+                kt__bf16_gemm_nn(BIG_M, N, k0, k1, g, ldg, w, ldw, big, ldy, kind);
+            else
+                kt__bf16_gemm_nn2(BIG_M, N, k0, k1, g, w, g1, w1, ldg, ldw, big, ldy, 0);
+            for (int64_t M = 1; M <= 4; M++) {
+                memcpy(few, y0, (size_t)(BIG_M * ldy) * sizeof *few);
+                if (kind < 2)
+                    kt__bf16_gemm_nn(M, N, k0, k1, g, ldg, w, ldw, few, ldy, kind);
+                else
+                    kt__bf16_gemm_nn2(M, N, k0, k1, g, w, g1, w1, ldg, ldw, few, ldy, 0);
+                /* the M rows as the big call's; the rest of the buffer untouched */
+                assert_memory_equal(few, big, (size_t)(M * ldy) * sizeof *few);
+                assert_memory_equal(few + M * ldy, y0 + M * ldy,
+                                    (size_t)((BIG_M - M) * ldy) * sizeof *few);
+                g_cases++;
+                g_checked += M * (k1 - k0);
+            }
+        }
+        free(g), free(w), free(y0), free(big), free(few);
+    }
+}
+
 /* nt_next only fetches ahead: the same bits as nt, whatever `next` points at (another
  * matrix, or NULL), at the M where the fetches run (above 32 rows) and below. */
 static void test_nt_next(void **state)
@@ -605,6 +660,7 @@ int main(void)
         cmocka_unit_test(test_tn_long_reduction),
         cmocka_unit_test(test_nn_rows_path),
         cmocka_unit_test(test_nn2),
+        cmocka_unit_test(test_nn_stream_path),
         cmocka_unit_test(test_nt_next),
         cmocka_unit_test(test_empty),
         cmocka_unit_test(test_scale_store),

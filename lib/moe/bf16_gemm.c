@@ -869,6 +869,119 @@ static void nn_rows_chunked(int64_t M, int64_t N, int64_t k0, int64_t k1, const 
     }
 }
 
+/* NN at a few rows ("stream" path): with M <= NN_STREAM_MAX_M the kernel only streams w, and
+ * the rows path's walk (a group of up to 128 columns down every row, rows 4 KiB apart) left the
+ * prefetchers behind: 17 GB/s on one thread where x W^T streams 33-36 (kt-bench gemm, dsv2lite's
+ * gate shape, weights from memory). Here each pair of w's rows is read whole, over all the
+ * call's columns (up to NN_STREAM_ACC_FLOATS / M of them a pass), in address order, the pair
+ * NN_STREAM_AHEAD_BYTES(M) on fetched into L1 as it goes, and the accumulators (M x columns, in
+ * L1) are loaded and stored around each vdpbf16ps. Every element still accumulates the pairs
+ * of every source in order from zero, the tail last, so the bits are those of the rows path.
+ * One thread / two, GB/s: M = 1 17 -> 29-30 / 32 -> 42-48, M = 4 17 -> 32-33 / 32 -> 53-54.
+ * The distance: 4 KiB ahead was best for one row on one thread (8 KiB rows, whole), 16-32 KiB
+ * for four rows (more compute a pair); none at all, 15 GB/s. */
+#define NN_STREAM_MAX_M 4
+#define NN_STREAM_ACC_FLOATS 4096 /* 16 KiB */
+#define NN_STREAM_AHEAD_BYTES(mr) (4096 * ((mr) + 1))
+
+/* The rows of global pair q (the pairs of src[0], then of src[1]) that a fetch ahead reads:
+ * NULL past the last source; *r1 NULL where the pair is the tail (one row). */
+static const uint16_t *nn_stream_pair_rows(const nn_src *src, int nsrc, int64_t N, int64_t ldw,
+                                           int64_t q, const uint16_t **r1)
+{
+    const int64_t per_src = (N + 1) / 2;
+    const int64_t s = q / per_src, p = q % per_src;
+    if (s >= nsrc) {
+        *r1 = NULL;
+        return NULL;
+    }
+    const uint16_t *r0 = src[s].w + 2 * p * ldw;
+    *r1 = 2 * p + 1 < N ? r0 + ldw : NULL;
+    return r0;
+}
+
+/* acc (block b's rows at acc + 32 (b mr + i)) += pair (r0, r1; r1 NULL: a zero partner) for
+ * columns [0, cols), A operands av; the same columns of rows f0, f1 fetched (NULL: none). */
+BF_INLINE void nn_stream_step(const int mr, const uint16_t *r0, const uint16_t *r1,
+                              const uint16_t *f0, const uint16_t *f1, const __m512i *av,
+                              int64_t cols, float *acc)
+{
+    for (int64_t b = 0; b * 32 < cols; b++) {
+        const __mmask32 jm = cols - 32 * b >= 32 ? 0xffffffffu : kt__lanes32(cols - 32 * b);
+        if (f0 != NULL)
+            _mm_prefetch((const char *)(f0 + 32 * b), _MM_HINT_T0);
+        if (f1 != NULL)
+            _mm_prefetch((const char *)(f1 + 32 * b), _MM_HINT_T0);
+        const __m512i w0 = _mm512_maskz_loadu_epi16(jm, r0 + 32 * b);
+        const __m512i w1 =
+            r1 != NULL ? _mm512_maskz_loadu_epi16(jm, r1 + 32 * b) : _mm512_setzero_si512();
+        const __m512i lo = _mm512_unpacklo_epi16(w0, w1), hi = _mm512_unpackhi_epi16(w0, w1);
+        float *ab = acc + 32 * b * mr;
+        for (int i = 0; i < mr; i++) {
+            _mm512_store_ps(ab + 32 * i, dp(_mm512_load_ps(ab + 32 * i), av[i], lo));
+            _mm512_store_ps(ab + 32 * i + 16, dp(_mm512_load_ps(ab + 32 * i + 16), av[i], hi));
+        }
+    }
+}
+
+BF_INLINE void nn_stream(const int mr, int64_t N, int64_t k0, int64_t k1, const nn_src *src,
+                         int nsrc, int64_t ldg, int64_t ldw, float *y, int64_t ldy, int mode)
+{
+    _Alignas(64) float acc[NN_STREAM_ACC_FLOATS];
+    const int64_t width = (NN_STREAM_ACC_FLOATS / mr) & ~(int64_t)31;
+    const int64_t per_src = (N + 1) / 2;
+    for (int64_t j0 = k0; j0 < k1; j0 += width) {
+        const int64_t cols = k1 - j0 < width ? k1 - j0 : width;
+        memset(acc, 0, (size_t)((cols + 31) / 32 * 32 * mr) * sizeof *acc);
+        /* pairs ahead: the bytes ahead over a pair's (two rows of cols bf16) */
+        const int64_t ahead =
+            NN_STREAM_AHEAD_BYTES(mr) / (4 * cols) > 1 ? NN_STREAM_AHEAD_BYTES(mr) / (4 * cols) : 1;
+        for (int64_t q = 0; q < nsrc * per_src; q++) {
+            const int s = (int)(q / per_src);
+            const int64_t p = q % per_src;
+            const uint16_t *g = src[s].g;
+            __m512i av[NN_STREAM_MAX_M];
+            for (int i = 0; i < mr; i++) /* the tail's single value: a pair with a zero partner */
+                av[i] = _mm512_set1_epi32(2 * p + 1 < N ? (int)ld32(g + i * ldg + 2 * p)
+                                                        : (int)g[i * ldg + 2 * p]);
+            const uint16_t *r1, *f1;
+            const uint16_t *r0 = nn_stream_pair_rows(src, nsrc, N, ldw, q, &r1);
+            const uint16_t *f0 = nn_stream_pair_rows(src, nsrc, N, ldw, q + ahead, &f1);
+            nn_stream_step(mr, r0 + j0, r1 != NULL ? r1 + j0 : NULL, f0 != NULL ? f0 + j0 : NULL,
+                           f1 != NULL ? f1 + j0 : NULL, av, cols, acc);
+        }
+        for (int64_t b = 0; b * 32 < cols; b++)
+            store_general(mr, 0, acc + 32 * b * mr, kt__lanes32(cols - 32 * b), y + j0 + 32 * b,
+                          ldy, mode, 1.0f);
+    }
+}
+
+#define NN_STREAM_VARIANT(MR)                                                                      \
+    BF_TARGET static void nn_stream_##MR(int64_t N, int64_t k0, int64_t k1, const nn_src *src,     \
+                                         int nsrc, int64_t ldg, int64_t ldw, float *y,             \
+                                         int64_t ldy, int mode)                                    \
+    {                                                                                              \
+        nn_stream(MR, N, k0, k1, src, nsrc, ldg, ldw, y, ldy, mode);                               \
+    }
+NN_STREAM_VARIANT(1)
+NN_STREAM_VARIANT(2)
+NN_STREAM_VARIANT(3)
+NN_STREAM_VARIANT(4)
+
+/* NN over one or two operand pairs: the stream path at a few rows, else the rows path. */
+static void nn_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const nn_src *src, int nsrc,
+                      int64_t ldg, int64_t ldw, float *y, int64_t ldy, int mode)
+{
+    typedef void (*stream_fn)(int64_t, int64_t, int64_t, const nn_src *, int, int64_t, int64_t,
+                              float *, int64_t, int);
+    static const stream_fn streams[NN_STREAM_MAX_M + 1] = {NULL, nn_stream_1, nn_stream_2,
+                                                           nn_stream_3, nn_stream_4};
+    if (M <= NN_STREAM_MAX_M)
+        streams[M](N, k0, k1, src, nsrc, ldg, ldw, y, ldy, mode);
+    else
+        nn_rows_chunked(M, N, k0, k1, src, nsrc, ldg, ldw, y, ldy, mode);
+}
+
 /* apack[q * mr + i] = (g[2(p0+q), n0+i], g[2(p0+q)+1, n0+i]) for q < cnt, the partner of row
  * M-1 zero when M is odd. */
 BF_TARGET static void tn_pack_a(int64_t M, int64_t p0, int64_t cnt, int mr, const uint16_t *g,
@@ -1223,7 +1336,7 @@ void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16
 #ifdef BF_HAVE_AVX512
     if (use_avx512()) {
         const nn_src src = {g, w};
-        nn_rows_chunked(M, N, k0, k1, &src, 1, ldg, ldw, y, ldy, accumulate ? OUT_ADD : OUT_STORE);
+        nn_avx512(M, N, k0, k1, &src, 1, ldg, ldw, y, ldy, accumulate ? OUT_ADD : OUT_STORE);
         return;
     }
 #endif
@@ -1238,8 +1351,7 @@ void kt__bf16_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint1
     if (M > 0 && !use_amx(M) && use_avx512()) {
         const nn_src src[2] = {{g0, w0}, {g1, w1}};
         /* scaling by 1 is exact: the stored bits are those of a plain store */
-        nn_rows_chunked(M, N, k0, k1, src, 2, ldg, ldw, y, ldy,
-                        stream ? OUT_SCALE_STREAM : OUT_STORE);
+        nn_avx512(M, N, k0, k1, src, 2, ldg, ldw, y, ldy, stream ? OUT_SCALE_STREAM : OUT_STORE);
         if (stream) /* the streamed lines visible to the next reader, as tn does */
             _mm_sfence();
         return;
