@@ -457,14 +457,14 @@ static void test_nn2(void **state)
     }
 }
 
-/* NN's stream path (M <= 4 rows) against its rows path (more rows): a row's sums do not depend
- * on the other rows, so the first M rows of a 6-row call must be the M-row call's bits, for
- * nn (overwrite and add) and nn2, on an odd reduction, padded rows, a column range wider than
- * one pass of the stream path's accumulators (1024 columns at 4 rows) and ragged edges. */
+/* NN's stream path (M <= 8 rows) against its rows path (more rows): a row's sums do not depend
+ * on the other rows, so the first M rows of a 10-row call must be the M-row call's bits, for
+ * nn (overwrite and add) and nn2, on an odd reduction, padded rows, column ranges wider than
+ * one pass of the stream path's accumulators (6144 / M columns) and ragged edges. */
 static void test_nn_stream_path(void **state)
 {
     (void)state;
-    enum { BIG_M = 6 };
+    enum { BIG_M = 10 };
     static const int64_t shapes[][4] = {/* N, K, k0, k1 */
                                         {1409, 2100, 0, 2100},
                                         {37, 2100, 5, 1999},
@@ -494,7 +494,7 @@ static void test_nn_stream_path(void **state)
                 kt__bf16_gemm_nn(BIG_M, N, k0, k1, g, ldg, w, ldw, big, ldy, kind);
             else
                 kt__bf16_gemm_nn2(BIG_M, N, k0, k1, g, w, g1, w1, ldg, ldw, big, ldy, 0);
-            for (int64_t M = 1; M <= 4; M++) {
+            for (int64_t M = 1; M <= 8; M++) {
                 memcpy(few, y0, (size_t)(BIG_M * ldy) * sizeof *few);
                 if (kind < 2)
                     kt__bf16_gemm_nn(M, N, k0, k1, g, ldg, w, ldw, few, ldy, kind);

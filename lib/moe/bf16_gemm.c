@@ -877,11 +877,12 @@ static void nn_rows_chunked(int64_t M, int64_t N, int64_t k0, int64_t k1, const 
  * NN_STREAM_AHEAD_BYTES(M) on fetched into L1 as it goes, and the accumulators (M x columns, in
  * L1) are loaded and stored around each vdpbf16ps. Every element still accumulates the pairs
  * of every source in order from zero, the tail last, so the bits are those of the rows path.
- * One thread / two, GB/s: M = 1 17 -> 29-30 / 32 -> 42-48, M = 4 17 -> 32-33 / 32 -> 53-54.
+ * One thread / two, GB/s: M = 1 17 -> 29-30 / 32 -> 42-48, M = 4 17 -> 32-33 / 32 -> 53-54,
+ * M = 6 15 -> 25-27 / 29 -> 41-45; at 12 rows no gain (the accumulators' loads and stores).
  * The distance: 4 KiB ahead was best for one row on one thread (8 KiB rows, whole), 16-32 KiB
  * for four rows (more compute a pair); none at all, 15 GB/s. */
-#define NN_STREAM_MAX_M 4
-#define NN_STREAM_ACC_FLOATS 4096 /* 16 KiB */
+#define NN_STREAM_MAX_M 8
+#define NN_STREAM_ACC_FLOATS 6144 /* 24 KiB */
 #define NN_STREAM_AHEAD_BYTES(mr) (4096 * ((mr) + 1))
 
 /* The rows of global pair q (the pairs of src[0], then of src[1]) that a fetch ahead reads:
@@ -928,7 +929,10 @@ BF_INLINE void nn_stream(const int mr, int64_t N, int64_t k0, int64_t k1, const 
                          int nsrc, int64_t ldg, int64_t ldw, float *y, int64_t ldy, int mode)
 {
     _Alignas(64) float acc[NN_STREAM_ACC_FLOATS];
-    const int64_t width = (NN_STREAM_ACC_FLOATS / mr) & ~(int64_t)31;
+    /* columns a pass: as few passes as the accumulators allow, of equal widths */
+    const int64_t max_width = (NN_STREAM_ACC_FLOATS / mr) & ~(int64_t)31;
+    const int64_t passes = (k1 - k0 + max_width - 1) / max_width;
+    const int64_t width = passes > 0 ? ((k1 - k0 + passes - 1) / passes + 31) & ~(int64_t)31 : 1;
     const int64_t per_src = (N + 1) / 2;
     for (int64_t j0 = k0; j0 < k1; j0 += width) {
         const int64_t cols = k1 - j0 < width ? k1 - j0 : width;
@@ -967,6 +971,10 @@ NN_STREAM_VARIANT(1)
 NN_STREAM_VARIANT(2)
 NN_STREAM_VARIANT(3)
 NN_STREAM_VARIANT(4)
+NN_STREAM_VARIANT(5)
+NN_STREAM_VARIANT(6)
+NN_STREAM_VARIANT(7)
+NN_STREAM_VARIANT(8)
 
 /* NN over one or two operand pairs: the stream path at a few rows, else the rows path. */
 static void nn_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const nn_src *src, int nsrc,
@@ -974,8 +982,9 @@ static void nn_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const nn_src
 {
     typedef void (*stream_fn)(int64_t, int64_t, int64_t, const nn_src *, int, int64_t, int64_t,
                               float *, int64_t, int);
-    static const stream_fn streams[NN_STREAM_MAX_M + 1] = {NULL, nn_stream_1, nn_stream_2,
-                                                           nn_stream_3, nn_stream_4};
+    static const stream_fn streams[NN_STREAM_MAX_M + 1] = {NULL,        nn_stream_1, nn_stream_2,
+                                                           nn_stream_3, nn_stream_4, nn_stream_5,
+                                                           nn_stream_6, nn_stream_7, nn_stream_8};
     if (M <= NN_STREAM_MAX_M)
         streams[M](N, k0, k1, src, nsrc, ldg, ldw, y, ldy, mode);
     else
