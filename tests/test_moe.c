@@ -512,10 +512,11 @@ static void probe_tasks(void *vctx, int64_t b, int64_t end, int thread)
 
 /* Plans a phase over `cols` columns and runs it through kt__moe_run_parts with probe_tasks:
  * the tasks cover each expert's columns once, in order, each runs exactly once, on a thread
- * of its expert's node group. Returns the task count; the probe holds what ran where. */
-static int64_t probe_plan(kt_moe *m, int64_t cols, plan_probe *p)
+ * of its expert's node group; with KT__MOE_CUT_KEEP_SMALL an expert of at most 8 rows is cut
+ * only where one thread's share ends. Returns the task count; the probe holds what ran where. */
+static int64_t probe_plan(kt_moe *m, int64_t cols, int cut, plan_probe *p)
 {
-    const int64_t n = kt__moe_plan_parts(m, cols);
+    const int64_t n = kt__moe_plan_parts(m, cols, cut);
     assert_int_equal(m->part[m->n_threads], n);
     assert_true(n <= m->max_tasks);
     int64_t *next_col = calloc((size_t)m->E, sizeof *next_col);
@@ -529,6 +530,17 @@ static int64_t probe_plan(kt_moe *m, int64_t cols, plan_probe *p)
     for (int64_t e = 0; e < m->E; e++)
         assert_int_equal(next_col[e], m->off[e + 1] > m->off[e] ? cols : 0);
     free(next_col);
+    for (int64_t t = 0; cut == KT__MOE_CUT_KEEP_SMALL && t < m->n_threads; t++)
+        for (int64_t i = m->part[t]; i < m->part[t + 1]; i++) {
+            const kt__moe_task *k = &m->tasks[i];
+            if (m->off[k->e + 1] - m->off[k->e] > 8)
+                continue;
+            if ((i > m->part[t] && k->c0 != 0) || (i + 1 < m->part[t + 1] && k->c1 != cols))
+                fail_msg("thread %lld's task %lld cuts expert %lld (%lld rows) at [%lld, %lld)",
+                         (long long)t, (long long)i, (long long)k->e,
+                         (long long)(m->off[k->e + 1] - m->off[k->e]), (long long)k->c0,
+                         (long long)k->c1);
+        }
     p->runs = calloc((size_t)n + 1, sizeof *p->runs);
     p->ran_on = malloc(((size_t)n + 1) * sizeof *p->ran_on);
     for (int64_t i = 0; i <= n; i++)
@@ -554,7 +566,7 @@ static int64_t probe_plan(kt_moe *m, int64_t cols, plan_probe *p)
 static void expect_node_local_plan(kt_moe *m, int64_t cols)
 {
     plan_probe p = {NULL, NULL, -1, 0, 0};
-    probe_plan(m, cols, &p);
+    probe_plan(m, cols, KT__MOE_CUT_ANY, &p);
     for (int g = 0; g < m->n_groups; g++)
         for (int64_t t = m->group_t[g]; t < m->group_t[g + 1]; t++)
             for (int64_t i = m->part[t]; i < m->part[t + 1]; i++)
@@ -834,7 +846,7 @@ static void test_work_sharing(void **state)
         make_inputs(&in, &c, qlens[q], KT_I32, 6);
         OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
         plan_probe p = {NULL, NULL, q == 0 ? 0 : -1, 0, 0};
-        probe_plan(m, c.intermediate, &p);
+        probe_plan(m, c.intermediate, KT__MOE_CUT_ANY, &p);
         if (q == 0) {
             /* the last quarter of a share is cut finer: thread 0 has more tasks than experts */
             assert_true(m->part[1] - m->part[0] > 4);
@@ -847,6 +859,16 @@ static void test_work_sharing(void **state)
         }
         free(p.runs);
         free(p.ran_on);
+        /* the input gradients' plans leave small experts whole: at one token, one task an
+         * expert; at 200 (50 rows an expert) pieces as above */
+        plan_probe k = {NULL, NULL, -1, 0, 0};
+        const int64_t n = probe_plan(m, c.hidden, KT__MOE_CUT_KEEP_SMALL, &k);
+        if (q == 1)
+            assert_int_equal(n, 2);
+        else
+            assert_true(m->part[1] - m->part[0] > 4);
+        free(k.runs);
+        free(k.ran_on);
         free_inputs(&in);
     }
     kt_moe_destroy(m);

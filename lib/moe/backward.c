@@ -407,7 +407,7 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
         kt__moe_lora_gz(m, KT_MOE_DOWN, m->gyc, m->ldh);
     if (!m->bf16)
         KT__TRY(sgemm_nn(m, KT_MOE_DOWN, m->gyc, m->H, m->ldh, m->ga, m->I, 0.0f));
-    kt__moe_plan_parts(m, m->I);
+    kt__moe_plan_parts(m, m->I, KT__MOE_CUT_KEEP_SMALL);
     c.write_ac = ac_in_derivative;
     kt__moe_run_parts(m, ga_tasks, &c);
     kt_parallel_for(m->pool, m->qlen, 1, gw_part, &c);
@@ -420,7 +420,7 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
 
     if (full) {
         if (m->bf16) {
-            kt__moe_plan_parts(m, m->H);
+            kt__moe_plan_parts(m, m->H, KT__MOE_CUT_ANY);
             kt__moe_run_parts(m, dwd_tasks, &c);
         } else {
             KT__TRY(sgemm_dw(m, KT_MOE_DOWN, m->gdc, m->H, m->ldh, m->ac, m->I, m->I, scale,
@@ -436,7 +436,7 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
     }
     if (full) {
         if (m->bf16) {
-            kt__moe_plan_parts(m, m->I);
+            kt__moe_plan_parts(m, m->I, KT__MOE_CUT_ANY);
             kt__moe_run_parts(m, dwgu_tasks, &c);
         } else {
             KT__TRY(sgemm_dw(m, KT_MOE_GATE, m->ggc, m->I, m->I, m->xc, m->H, m->ldh, scale,
@@ -453,7 +453,7 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
         KT__TRY(sgemm_nn(m, KT_MOE_UP, m->guc, m->I, m->I, m->gx, m->H, 1.0f));
     }
     if (m->bf16 || lora) {
-        kt__moe_plan_parts(m, m->H);
+        kt__moe_plan_parts(m, m->H, KT__MOE_CUT_KEEP_SMALL);
         kt__moe_run_parts(m, gx_tasks, &c);
     }
     m->flops += (uint64_t)(6 * rows * m->H * m->I);

@@ -143,7 +143,7 @@ kt_status kt__moe_compute(kt_moe *m, int in_backward)
         KT__TRY(sgemm_experts(m, KT_MOE_GATE, m->xc, m->H, m->ldh, m->g, m->I));
         KT__TRY(sgemm_experts(m, KT_MOE_UP, m->xc, m->H, m->ldh, m->u, m->I));
     }
-    kt__moe_plan_parts(m, m->I);
+    kt__moe_plan_parts(m, m->I, KT__MOE_CUT_ANY);
     kt__moe_run_parts(m, gate_up_tasks, &c);
     kt__moe_phase_end(m, in_backward ? KT_MOE_PHASE_RECOMPUTE : KT_MOE_PHASE_GATE_UP);
     if (lora)
@@ -152,7 +152,7 @@ kt_status kt__moe_compute(kt_moe *m, int in_backward)
         if (!m->bf16)
             KT__TRY(sgemm_experts(m, KT_MOE_DOWN, m->ac, m->I, m->I, m->d, m->H));
         if (m->bf16 || lora) {
-            kt__moe_plan_parts(m, m->H);
+            kt__moe_plan_parts(m, m->H, KT__MOE_CUT_ANY);
             kt__moe_run_parts(m, down_tasks, &c);
         }
         m->flops += (uint64_t)(2 * rows * m->H * m->I);

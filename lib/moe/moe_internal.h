@@ -190,11 +190,16 @@ kt_status kt__moe_check_backward(kt_moe *m, const kt_tensor *gy, const kt_tensor
 kt_status kt__moe_route(kt_moe *m, const kt__moe_job *job);
 /* Fills m->tasks for a phase over `cols` output columns; returns the task count. */
 int64_t kt__moe_plan(kt_moe *m, int64_t cols);
+/* How kt__moe_plan_parts may cut the last quarter of a share into pieces: anywhere (a task's
+ * columns are whole rows of what the kernel streams: a weight's rows for x W^T, dw's for the
+ * weight gradients), or leaving experts of a few rows whole (a task's columns are a run of
+ * every row of the weight: the input gradients' g W). */
+enum { KT__MOE_CUT_ANY = 0, KT__MOE_CUT_KEEP_SMALL = 1 };
 /* Fills m->tasks and m->part with one equal share of the phase per thread, the last quarter
- * of each share cut finer; returns the task count. kt__moe_run_parts runs fn(ctx, i, i + 1,
- * thread) for every task i: each thread its own share in order, then what is left at the
- * end of the others' (of its node group). */
-int64_t kt__moe_plan_parts(kt_moe *m, int64_t cols);
+ * of each share cut finer (as `cut` allows); returns the task count. kt__moe_run_parts runs
+ * fn(ctx, i, i + 1, thread) for every task i: each thread its own share in order, then what
+ * is left at the end of the others' (of its node group). */
+int64_t kt__moe_plan_parts(kt_moe *m, int64_t cols, int cut);
 void kt__moe_run_parts(kt_moe *m, kt_range_fn fn, void *ctx);
 int64_t kt__moe_get_id(const kt_tensor *ids, int64_t i);
 
