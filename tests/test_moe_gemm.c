@@ -382,7 +382,8 @@ static void test_nn_rows_path(void **state)
 /* nn2 (y = g0 w0 + g1 w1, one pass): against the float64 sum of both products within the
  * bound of a 2N-term f32 sum, bitwise independent of the column split and of streaming the
  * stores, and on the portable path (where it is defined as them) the two nn calls. Sizes span the
- * rows path (odd N, N over a chunk of 256 rows, M from 1 to above 24) and its chunks of rows
+ * stream path (M = 1), the rows path (odd N, N over a chunk of 256 rows, M from 13 to above
+ * 24) and its chunks of rows
  * (M above 512). */
 static void test_nn2(void **state)
 {
@@ -460,16 +461,18 @@ static void test_nn2(void **state)
 /* NN's stream path (M <= 8 rows) against its rows path (more rows): a row's sums do not depend
  * on the other rows, so the first M rows of a 10-row call must be the M-row call's bits, for
  * nn (overwrite and add) and nn2, on an odd reduction, padded rows, column ranges wider than
- * one pass of the stream path's accumulators (6144 / M columns) and ragged edges. */
+ * one pass of the stream path's accumulators (6144 / M columns: 6500 for one row) and ragged
+ * edges. */
 static void test_nn_stream_path(void **state)
 {
     (void)state;
-    enum { BIG_M = 10 };
+    enum { BIG_M = KT__BF16_NN_STREAM_MAX_M + 2 };
     static const int64_t shapes[][4] = {/* N, K, k0, k1 */
                                         {1409, 2100, 0, 2100},
                                         {37, 2100, 5, 1999},
                                         {2048, 1408, 96, 1408},
-                                        {1, 40, 0, 33}};
+                                        {1, 40, 0, 33},
+                                        {5, 6500, 0, 6500}};
     tu_rng rng;
     tu_rng_seed(&rng, 79);
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
@@ -494,7 +497,7 @@ static void test_nn_stream_path(void **state)
                 kt__bf16_gemm_nn(BIG_M, N, k0, k1, g, ldg, w, ldw, big, ldy, kind);
             else
                 kt__bf16_gemm_nn2(BIG_M, N, k0, k1, g, w, g1, w1, ldg, ldw, big, ldy, 0);
-            for (int64_t M = 1; M <= 8; M++) {
+            for (int64_t M = 1; M <= KT__BF16_NN_STREAM_MAX_M; M++) {
                 memcpy(few, y0, (size_t)(BIG_M * ldy) * sizeof *few);
                 if (kind < 2)
                     kt__bf16_gemm_nn(M, N, k0, k1, g, ldg, w, ldw, few, ldy, kind);
@@ -513,16 +516,19 @@ static void test_nn_stream_path(void **state)
 }
 
 /* nt_next only fetches ahead: the same bits as nt, whatever `next` points at (another
- * matrix, or NULL), at the M where the fetches run (above 32 rows) and below. */
+ * matrix, or NULL), whichever way the kernel fetches: a run into L1 (up to 4 rows) or into L2
+ * (up to 4 rows of a K over 2048), two blocks ahead (5 to 32 rows), or spread over the tiles
+ * (above 32). */
 static void test_nt_next(void **state)
 {
     (void)state;
     tu_rng rng;
     tu_rng_seed(&rng, 78);
-    static const int64_t Ms[] = {5, 33, 96};
-    for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
+    static const int64_t cases[][2] = {{1, 300}, {4, 300},  {2, 4100},
+                                       {5, 300}, {33, 300}, {96, 300}}; /* M, K */
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         prob p;
-        prob_init(&p, NT, Ms[i], 50, 300, &rng);
+        prob_init(&p, NT, cases[i][0], 50, cases[i][1], &rng);
         reset_c(&p);
         call_block(&p, 0, p.N, p.c);
         float *c2 = malloc((size_t)(p.cr * p.ldc) * sizeof *c2);

@@ -29,7 +29,8 @@
  *    carried between chunks in a stack buffer. A chunk covers a group of up to 128 columns,
  *    each row of w read as one run ("rows" path, nn_rows_avx512), the next chunk's lines
  *    fetched during this one's tiles; a call takes up to 512 rows of g, more run in chunks
- *    of rows.
+ *    of rows. Up to 8 rows of g ("stream" path, nn_stream) the kernel only streams w: each
+ *    pair of rows is read whole in address order, the accumulators in a stack buffer.
  *  - TN dw += scale g^T x: the same tile with x's row pairs as B and the pairs (g[m,n],
  *    g[m+1,n]) as A, packed per tile of 12 rows n (x's pairs are also packed once per column
  *    block, shared by up to 64 row tiles); the buffers are on the stack up to 512 rows of x,
@@ -61,7 +62,11 @@
  * (the w block being read and the next one being prefetched take the rest). */
 #define NT_X_CHUNK_BYTES (640 * 1024)
 #define NT_COLS 6      /* w rows per block */
-#define NT_PF_AHEAD 12 /* w rows from a block to the ones its small-M tile prefetches */
+#define NT_PF_AHEAD 12 /* w rows from a block to the ones its tile prefetches at 5-32 rows */
+/* At most 4 rows, the next block's run goes into L1 where the block takes at most this
+ * (K <= 2048: measured there); a longer block would push x and itself out of L1, so it goes
+ * into L2 instead. */
+#define NT_RUN_L1_BYTES (24 * 1024)
 
 BF_INLINE __m512 dp(__m512 acc, __m512i a, __m512i b)
 {
@@ -130,6 +135,9 @@ BF_INLINE __m512i load_k(const uint16_t *p, __mmask32 m, const int full)
         if (pf == NT_PF_RUN)                                                                       \
             for (int p_ = 0; p_ < NT_COLS; p_++)                                                   \
                 _mm_prefetch((const char *)pfrow + ((k >> 5) * NT_COLS + p_) * 64, _MM_HINT_T0);   \
+        if (pf == NT_PF_RUN_L2)                                                                    \
+            for (int p_ = 0; p_ < NT_COLS; p_++)                                                   \
+                _mm_prefetch((const char *)pfrow + ((k >> 5) * NT_COLS + p_) * 64, _MM_HINT_T1);   \
         if (pf == NT_PF_LINES && pfrow && ((k >> 5) & pfmask) == 0 &&                              \
             (k >> 5 >> pfshift) < pfcount)                                                         \
             _mm_prefetch((const char *)(pfrow + ((k >> 5 >> pfshift) << 5)), _MM_HINT_T1);         \
@@ -145,11 +153,13 @@ BF_INLINE __m512i load_k(const uint16_t *p, __mmask32 m, const int full)
 /* What a tile fetches while it runs:
  *  - NT_PF_LINES: the run of lines in its nt_pf (NULL: none), into L2;
  *  - NT_PF_AHEAD2: the 6 rows of w NT_PF_AHEAD rows on, at the same k, into L2;
- *  - NT_PF_RUN: NT_COLS lines a k step, in address order from the nt_pf's row, into L1. */
-enum { NT_PF_LINES = 0, NT_PF_AHEAD2 = 1, NT_PF_RUN = 2 };
+ *  - NT_PF_RUN (NT_PF_RUN_L2): NT_COLS lines a k step, in address order from the nt_pf's row,
+ *    into L1 (L2): 6 rows' worth of K when the rows are contiguous (ldw == K, as the layer's
+ *    weights are); of wider rows, the first 6 K elements of the run. */
+enum { NT_PF_LINES = 0, NT_PF_AHEAD2 = 1, NT_PF_RUN = 2, NT_PF_RUN_L2 = 3 };
 
-/* A run of lines of w fetched into L2 while a tile runs: count lines from row, one every
- * 2^shift k steps. */
+/* What to fetch while a tile runs. NT_PF_LINES: count lines from row, one every 2^shift k
+ * steps; NT_PF_RUN(_L2): the run from row (shift and count unused). */
 typedef struct nt_pf {
     const uint16_t *row;
     int shift;
@@ -252,7 +262,9 @@ NT_VARIANT(1, 1)
  * behind. Alternating builds, dsv2lite qlen 1 forward: 1.53-1.55 -> 1.32-1.36 ms when the
  * VM's bandwidth is high (0.76-0.82 -> 0.94-0.98 of the read loop), qwen3moe 1.02-1.09 ->
  * 0.90-0.91 ms, qlen 16 and 32 4-8 % faster; at two row tiles a block (dsv2lite qlen 64) it
- * was 7 % slower, and at a dozen rows (qlen 128) 10 %, so larger M keeps NT_PF_AHEAD2. */
+ * was 7 % slower, and at a dozen rows (qlen 128) 10 %, so larger M keeps NT_PF_AHEAD2. Where
+ * a block is longer than NT_RUN_L1_BYTES (K > 2048) the run goes into L2 (not measured here:
+ * the shapes this machine runs have K <= 2048). */
 #define NT_PF_MAX_M 32
 #define NT_VARIANT_PF(MR)                                                                          \
     BF_TARGET static void nt_##MR##x6pf(int64_t K, const uint16_t *x, int64_t ldx,                 \
@@ -266,14 +278,21 @@ NT_VARIANT(1, 1)
                                          float *y, int64_t ldy, int accumulate)                    \
     {                                                                                              \
         nt_tile(MR, 6, NT_PF_RUN, K, x, ldx, w, ldw, lines, y, ldy, accumulate);                   \
+    }                                                                                              \
+    BF_TARGET static void nt_##MR##x6run2(int64_t K, const uint16_t *x, int64_t ldx,               \
+                                          const uint16_t *w, int64_t ldw, const nt_pf *lines,      \
+                                          float *y, int64_t ldy, int accumulate)                   \
+    {                                                                                              \
+        nt_tile(MR, 6, NT_PF_RUN_L2, K, x, ldx, w, ldw, lines, y, ldy, accumulate);                \
     }
 NT_VARIANT_PF(4)
 NT_VARIANT_PF(3)
 NT_VARIANT_PF(2)
 NT_VARIANT_PF(1)
-/* [one row tile a block][row size index] */
-static const nt_fn nt_table_pf[2][4] = {{nt_4x6pf, nt_3x6pf, nt_2x6pf, nt_1x6pf},
-                                        {nt_4x6run, nt_3x6run, nt_2x6run, nt_1x6run}};
+/* [NT_PF_AHEAD2, NT_PF_RUN, NT_PF_RUN_L2][row size index] */
+static const nt_fn nt_table_pf[3][4] = {{nt_4x6pf, nt_3x6pf, nt_2x6pf, nt_1x6pf},
+                                        {nt_4x6run, nt_3x6run, nt_2x6run, nt_1x6run},
+                                        {nt_4x6run2, nt_3x6run2, nt_2x6run2, nt_1x6run2}};
 
 static const nt_fn nt_table[4][4] = {{nt_4x6, nt_4x4, nt_4x2, nt_4x1},
                                      {nt_3x6, nt_3x4, nt_3x2, nt_3x1},
@@ -329,6 +348,8 @@ static void nt_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
     mc = (M + nchunks - 1) / nchunks;
     mc = (mc + 3) & ~(int64_t)3;
     const int small = M <= NT_PF_MAX_M, one_tile = M <= 4;
+    /* the first tile's fetches at small M: nt_table_pf's row */
+    const int pf_kind = !one_tile ? 0 : (int64_t)NT_COLS * K * 2 <= NT_RUN_L1_BYTES ? 1 : 2;
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
         const int64_t m1 = M - m0 < mc ? M : m0 + mc;
         const int64_t len = m1 - m0, tiles = (len + 3) / 4;
@@ -340,12 +361,12 @@ static void nt_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
                 const int mr = balanced_height(len, 4, t);
                 const int ri = 4 - mr;
                 const nt_fn fn =
-                    ci == 0 && m == m0 && small ? nt_table_pf[one_tile][ri] : nt_table[ri][ci];
+                    ci == 0 && m == m0 && small ? nt_table_pf[pf_kind][ri] : nt_table[ri][ci];
                 /* The next block's rows of w come in over this block's row tiles (at larger M
                  * into L2, spread over the tiles; at M <= 4 the one tile's run): after the
                  * last block, the first of the next row chunk, or the rows the caller reads
-                 * next (addresses past the end of w are only prefetched). Between 4 and 32
-                 * rows the first tile fetches two blocks ahead on its own (nt_table_pf). */
+                 * next (addresses past the end of w are only prefetched). From 5 to 32 rows
+                 * the first tile fetches two blocks ahead on its own (nt_table_pf). */
                 const uint16_t *nx = n + nr < n1 ? w + (n + nr) * ldw
                                      : m1 < M    ? w + n0 * ldw
                                                  : next;
@@ -546,7 +567,7 @@ BF_INLINE void pair_store(const int mr, const int ordered, __m512 acc[PAIR_MR][2
 
 /* pair_store out of line, from a copy of the accumulators (acc[i][h] at accs + 32 i + 16 h):
  * TN's tiles whose output is not whole blocks streamed or added to, and the NN rows path's
- * last chunk (its accumulators are in accbuf anyway). Inlined (or given
+ * last chunk and stream path (their accumulators are in a buffer anyway). Inlined (or given
  * acc's address), its branches kept every tile's accumulators on the stack: TN ran at 0.80 of
  * the peak against 0.91 without (1 thread, dsv2lite's down shape). */
 BF_TARGET __attribute__((noinline)) static void store_general(int mr, int ordered,
@@ -879,11 +900,13 @@ static void nn_rows_chunked(int64_t M, int64_t N, int64_t k0, int64_t k1, const 
  * of every source in order from zero, the tail last, so the bits are those of the rows path.
  * One thread / two, GB/s: M = 1 17 -> 29-30 / 32 -> 42-48, M = 4 17 -> 32-33 / 32 -> 53-54,
  * M = 6 15 -> 25-27 / 29 -> 41-45; at 12 rows no gain (the accumulators' loads and stores).
- * The distance: 4 KiB ahead was best for one row on one thread (8 KiB rows, whole), 16-32 KiB
- * for four rows (more compute a pair); none at all, 15 GB/s. */
-#define NN_STREAM_MAX_M 8
+ * The distance (NN_STREAM_AHEAD_BYTES, at least one pair, at most NN_STREAM_AHEAD_MAX pairs):
+ * at one row 4-8 KiB ahead was best, at four rows 16-32 KiB (more compute a pair); none at
+ * all, 15 GB/s. */
+#define NN_STREAM_MAX_M KT__BF16_NN_STREAM_MAX_M
 #define NN_STREAM_ACC_FLOATS 6144 /* 24 KiB */
 #define NN_STREAM_AHEAD_BYTES(mr) (4096 * ((mr) + 1))
+#define NN_STREAM_AHEAD_MAX 32 /* pairs: narrow calls fetch no further than 64 rows on */
 
 /* The rows of global pair q (the pairs of src[0], then of src[1]) that a fetch ahead reads:
  * NULL past the last source; *r1 NULL where the pair is the tail (one row). */
@@ -938,8 +961,8 @@ BF_INLINE void nn_stream(const int mr, int64_t N, int64_t k0, int64_t k1, const 
         const int64_t cols = k1 - j0 < width ? k1 - j0 : width;
         memset(acc, 0, (size_t)((cols + 31) / 32 * 32 * mr) * sizeof *acc);
         /* pairs ahead: the bytes ahead over a pair's (two rows of cols bf16) */
-        const int64_t ahead =
-            NN_STREAM_AHEAD_BYTES(mr) / (4 * cols) > 1 ? NN_STREAM_AHEAD_BYTES(mr) / (4 * cols) : 1;
+        int64_t ahead = NN_STREAM_AHEAD_BYTES(mr) / (4 * cols);
+        ahead = ahead < 1 ? 1 : ahead > NN_STREAM_AHEAD_MAX ? NN_STREAM_AHEAD_MAX : ahead;
         for (int64_t q = 0; q < nsrc * per_src; q++) {
             const int s = (int)(q / per_src);
             const int64_t p = q % per_src;

@@ -32,6 +32,11 @@ void kt__bf16_gemm_nt_next(int64_t M, int64_t n0, int64_t n1, int64_t K, const u
 void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g, int64_t ldg,
                       const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate);
 
+/* At most this many rows of g, nn and nn2 stream w (each pair of its rows read whole over the
+ * call's columns); above, they walk groups of columns down the rows. Callers that cut the
+ * columns into pieces keep such products whole (a narrow piece streams badly). */
+#define KT__BF16_NN_STREAM_MAX_M 8
+
 /* y[m, k] = sum_n g0[m, n] w0[n, k] + sum_n g1[m, n] w1[n, k] over columns [k0, k1) (the
  * gate and up input gradients): one pass that writes y once. stream: y's whole aligned
  * blocks are stored past the caches (an output of many megabytes, read back only later: a

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "moe/bf16_gemm.h"
 #include "moe/moe_internal.h"
 
 int64_t kt__moe_get_id(const kt_tensor *ids, int64_t i)
@@ -166,10 +167,10 @@ int64_t kt__moe_plan(kt_moe *m, int64_t cols)
 #define SHARE_TAIL_DIV 4
 #define SHARE_PIECES 8
 /* With KT__MOE_CUT_KEEP_SMALL the pieces leave experts of at most this many rows whole: NN's
- * stream path (up to 8 rows) reads each of w's rows over the task's columns, so a piece of a
- * hundred columns is 200-byte runs 4 KiB apart, which stream badly (dsv2lite qlen 1, the
- * gate/up input gradients with the pieces 1.08 ms, without 0.86-0.91). */
-#define SHARE_WHOLE_MAX_ROWS 8
+ * stream path reads each of w's rows over the task's columns, so a piece of a hundred columns
+ * is 200-byte runs 4 KiB apart, which stream badly (dsv2lite qlen 1, the gate/up input
+ * gradients with the pieces 1.08 ms, without 0.86-0.91). */
+#define SHARE_WHOLE_MAX_ROWS KT__BF16_NN_STREAM_MAX_M
 
 /* The (expert, column) at cost position b within experts [e0, e1): the column rounded to
  * KT__MOE_COL_ALIGN, (e1, 0) at or past the end. */
