@@ -43,9 +43,26 @@ typedef struct moe_args {
 
 typedef struct moe_inputs {
     kt_tensor x, ids, w, gy, gx, gw, y;
+    int32_t *ids0;   /* the ids drawn (ids holds them shifted: rotate_ids) */
     int64_t active;  /* experts that receive at least one token */
     int64_t *counts; /* tokens per expert */
 } moe_inputs;
+
+/* At qlen <= 16 a call touches a few experts (dsv2lite at one token: 6, 104 MB), and calls
+ * with the same ids found part of them still in the 32 MiB L3: the layer "streamed" 1.1-1.3
+ * times the read loop's bandwidth. There each call's ids are the drawn ones shifted by
+ * (call mod ID_ROTATIONS) E / ID_ROTATIONS experts (mod E: the same routing on other
+ * experts), so an expert comes back only after hundreds of MB of others; the peer shifts its
+ * ids alike (--rotate). */
+#define ID_ROTATIONS 8
+
+static void rotate_ids(moe_inputs *in, int64_t E, int64_t call)
+{
+    const int64_t shift = call % ID_ROTATIONS * (E / ID_ROTATIONS);
+    const int64_t n = kt_tensor_numel(&in->ids);
+    for (int64_t i = 0; i < n; i++)
+        ((int32_t *)in->ids.data)[i] = (int32_t)((in->ids0[i] + shift) % E);
+}
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 
@@ -117,6 +134,9 @@ static void make_inputs(const moe_args *a, moe_inputs *in)
         }
     }
     free(logits);
+    in->ids0 = malloc(sizeof *in->ids0 * (size_t)(T * K));
+    if (in->ids0 != NULL)
+        memcpy(in->ids0, in->ids.data, sizeof *in->ids0 * (size_t)(T * K));
     in->active = 0;
     for (int64_t e = 0; e < E; e++)
         in->active += in->counts[e] > 0;
@@ -128,6 +148,7 @@ static void free_inputs(moe_inputs *in)
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         free(all[i]->data);
     free(in->counts);
+    free(in->ids0);
 }
 
 static int fill_weights(kt_moe *m, const moe_args *a)
@@ -227,8 +248,9 @@ static int run_peer(const moe_args *a, const char *inputs, const char *dtype, in
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
              "/usr/bin/python3 %s %s --mode %s --dtype %s --threads %d --repeats 5 "
-             "--warmup 2 2>&1",
-             a->peer_script, inputs, modes[a->mode], dtype, threads);
+             "--warmup 2 --rotate %d 2>&1",
+             a->peer_script, inputs, modes[a->mode], dtype, threads,
+             a->qlen <= 16 ? ID_ROTATIONS : 1);
     FILE *f = popen(cmd, "r");
     if (f == NULL) {
         snprintf(note, note_size, "could not start python3");
@@ -334,11 +356,14 @@ static int parse(int argc, char **argv, moe_args *a)
 
 /* The median time of `repeats` calls after `warmup`; the layer's phase times over the timed
  * calls into *phases. */
+/* rotate: E to shift the ids call by call (rotate_ids), 0 to keep them */
 static double time_median(kt_moe *m, moe_inputs *in, int backward, int warmup, int repeats,
-                          kt_moe_phase_times *phases)
+                          int64_t rotate, kt_moe_phase_times *phases)
 {
     double *t = calloc((size_t)(warmup + repeats), sizeof *t);
     for (int r = 0; r < warmup + repeats; r++) {
+        if (rotate > 0)
+            rotate_ids(in, rotate, r);
         if (r == warmup)
             kt_moe_reset_phase_times(m);
         /* each fwd+bwd is a training step of one micro-batch, as the peer's zero_grad(set_to_
@@ -423,8 +448,11 @@ int bench_moe(int argc, char **argv, const bench_args *common)
     /* the read bandwidth likewise before and after, the higher kept */
     double bw = small ? bench_read_bandwidth_gbs(pool, 256u << 20) : 0.0;
     kt_moe_phase_times ph[2];
-    double fwd = time_median(m, &in, 0, 2, reps, &ph[0]);
-    double fwdbwd = time_median(m, &in, 1, 2, reps, &ph[1]);
+    const int64_t rotate = small ? s->experts : 0;
+    double fwd = time_median(m, &in, 0, 2, reps, rotate, &ph[0]);
+    double fwdbwd = time_median(m, &in, 1, 2, reps, rotate, &ph[1]);
+    if (rotate > 0) /* the drawn ids again, for the peer's file */
+        rotate_ids(&in, rotate, 0);
     if (fwd < 0 || fwdbwd < 0)
         return 1;
     kt_moe_memory mem;

@@ -9,6 +9,7 @@ after --warmup), and prints one JSON object on stdout.
 
 usage: moe_torch_peer.py INPUTS.safetensors --mode frozen|lora|full --dtype bf16|f32
                          [--threads N] [--repeats N] [--warmup N] [--lora-rank R]
+                         [--rotate N]
 Exit 77 when torch or safetensors is missing (the caller reports the peer as null).
 """
 import argparse
@@ -62,6 +63,9 @@ def main():
     ap.add_argument("--lora-rank", type=int, default=8)
     ap.add_argument("--lora-alpha", type=float, default=16.0)
     ap.add_argument("--forward-only", action="store_true")
+    # call i routes to the experts ids + (i mod N) * (E // N), mod E, as kt-bench does at a
+    # few tokens, so that no call finds the last one's experts in the CPU's caches
+    ap.add_argument("--rotate", type=int, default=1)
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -90,7 +94,10 @@ def main():
         for p in (*gate, *up, *down):
             p.requires_grad_()
 
-    def run(backward):
+    rotations = max(1, args.rotate)
+    ids_by_call = [(ids + r * (n_experts // rotations)) % n_experts for r in range(rotations)]
+
+    def run(backward, ids):
         x = x0.detach().clone().requires_grad_(backward)
         w = w0.detach().clone().requires_grad_(backward)
         if args.mode == "full":
@@ -109,7 +116,7 @@ def main():
         times = []
         for i in range(args.warmup + args.repeats):
             t0 = time.perf_counter()
-            run(backward)
+            run(backward, ids_by_call[i % rotations])
             dt_s = time.perf_counter() - t0
             if i >= args.warmup:
                 times.append(dt_s)
