@@ -29,8 +29,9 @@
  *    carried between chunks in a stack buffer. A chunk covers a group of up to 128 columns,
  *    each row of w read as one run ("rows" path, nn_rows_avx512), the next chunk's lines
  *    fetched during this one's tiles; a call takes up to 512 rows of g, more run in chunks
- *    of rows. Up to 8 rows of g ("stream" path, nn_stream) the kernel only streams w: each
- *    pair of rows is read whole in address order, the accumulators in a stack buffer.
+ *    of rows. Up to 12 rows of g ("stream" path, nn_stream) the kernel only streams w: each
+ *    pair of rows is read whole in address order, the accumulators in a stack buffer (from 6
+ *    rows kept in registers over groups of 8 pairs).
  *  - TN dw += scale g^T x: the same tile with x's row pairs as B and the pairs (g[m,n],
  *    g[m+1,n]) as A, packed per tile of 12 rows n (x's pairs are also packed once per column
  *    block, shared by up to 64 row tiles); the buffers are on the stack up to 512 rows of x,
@@ -899,7 +900,8 @@ static void nn_rows_chunked(int64_t M, int64_t N, int64_t k0, int64_t k1, const 
  * L1) are loaded and stored around each vdpbf16ps. Every element still accumulates the pairs
  * of every source in order from zero, the tail last, so the bits are those of the rows path.
  * One thread / two, GB/s: M = 1 17 -> 29-30 / 32 -> 42-48, M = 4 17 -> 32-33 / 32 -> 53-54,
- * M = 6 15 -> 25-27 / 29 -> 41-45; at 12 rows no gain (the accumulators' loads and stores).
+ * M = 6 15 -> 25-27 / 29 -> 41-45; from 6 rows the accumulators stay in registers over
+ * groups of pairs (nn_stream_group), which took it to 12 rows.
  * The distance (NN_STREAM_AHEAD_BYTES, at least one pair, at most NN_STREAM_AHEAD_MAX pairs):
  * at one row 4-8 KiB ahead was best, at four rows 16-32 KiB (more compute a pair); none at
  * all, 15 GB/s. */
@@ -948,6 +950,47 @@ BF_INLINE void nn_stream_step(const int mr, const uint16_t *r0, const uint16_t *
     }
 }
 
+/* acc (as nn_stream_step) += NN_GROUP_PAIRS pairs of full rows from r0 (row n at r0 + n ldw),
+ * their A operands the 32-bit pairs at g + i ldg + 2 q; the same columns of rows f[0..2
+ * NN_GROUP_PAIRS) fetched (NULL: none). From NN_GROUP_MIN_M rows the accumulators' loads and
+ * stores around every pair were the limit (kt-bench gemm nn at 8 rows: 0.31 of the peak,
+ * hot or not); kept in registers over a group of 8 pairs (mr <= 12: 24 of them), 8 and 12 rows
+ * from memory on one thread went 0.30 -> 0.47-0.50 and 0.32 (the rows path) -> 0.59-0.61
+ * (4 pairs: 0.39-0.47 and 0.50-0.53). */
+#define NN_GROUP_PAIRS 8
+#define NN_GROUP_MIN_M 6
+BF_INLINE void nn_stream_group(const int mr, const uint16_t *r0, int64_t ldw, const uint16_t *g,
+                               int64_t ldg, const uint16_t *const *f, int64_t cols, float *acc)
+{
+    for (int64_t b = 0; b * 32 < cols; b++) {
+        const __mmask32 jm = cols - 32 * b >= 32 ? 0xffffffffu : kt__lanes32(cols - 32 * b);
+        for (int r = 0; r < 2 * NN_GROUP_PAIRS; r++)
+            if (f[r] != NULL)
+                _mm_prefetch((const char *)(f[r] + 32 * b), _MM_HINT_T0);
+        float *ab = acc + 32 * b * mr;
+        __m512 a[2 * NN_STREAM_MAX_M];
+        for (int i = 0; i < mr; i++) {
+            a[2 * i] = _mm512_load_ps(ab + 32 * i);
+            a[2 * i + 1] = _mm512_load_ps(ab + 32 * i + 16);
+        }
+        for (int q = 0; q < NN_GROUP_PAIRS; q++) {
+            const uint16_t *rq = r0 + 2 * q * ldw + 32 * b;
+            const __m512i w0 = _mm512_maskz_loadu_epi16(jm, rq);
+            const __m512i w1 = _mm512_maskz_loadu_epi16(jm, rq + ldw);
+            const __m512i lo = _mm512_unpacklo_epi16(w0, w1), hi = _mm512_unpackhi_epi16(w0, w1);
+            for (int i = 0; i < mr; i++) {
+                const __m512i av = _mm512_set1_epi32((int)ld32(g + i * ldg + 2 * q));
+                a[2 * i] = dp(a[2 * i], av, lo);
+                a[2 * i + 1] = dp(a[2 * i + 1], av, hi);
+            }
+        }
+        for (int i = 0; i < mr; i++) {
+            _mm512_store_ps(ab + 32 * i, a[2 * i]);
+            _mm512_store_ps(ab + 32 * i + 16, a[2 * i + 1]);
+        }
+    }
+}
+
 BF_INLINE void nn_stream(const int mr, int64_t N, int64_t k0, int64_t k1, const nn_src *src,
                          int nsrc, int64_t ldg, int64_t ldw, float *y, int64_t ldy, int mode)
 {
@@ -967,6 +1010,18 @@ BF_INLINE void nn_stream(const int mr, int64_t N, int64_t k0, int64_t k1, const 
             const int s = (int)(q / per_src);
             const int64_t p = q % per_src;
             const uint16_t *g = src[s].g;
+            if (mr >= NN_GROUP_MIN_M && p + NN_GROUP_PAIRS <= N / 2) { /* a group of full pairs */
+                const uint16_t *f[2 * NN_GROUP_PAIRS];
+                for (int j = 0; j < NN_GROUP_PAIRS; j++) {
+                    const uint16_t *f1;
+                    const uint16_t *f0 = nn_stream_pair_rows(src, nsrc, N, ldw, q + ahead + j, &f1);
+                    f[2 * j] = f0 != NULL ? f0 + j0 : NULL;
+                    f[2 * j + 1] = f1 != NULL ? f1 + j0 : NULL;
+                }
+                nn_stream_group(mr, src[s].w + 2 * p * ldw + j0, ldw, g + 2 * p, ldg, f, cols, acc);
+                q += NN_GROUP_PAIRS - 1;
+                continue;
+            }
             __m512i av[NN_STREAM_MAX_M];
             for (int i = 0; i < mr; i++) /* the tail's single value: a pair with a zero partner */
                 av[i] = _mm512_set1_epi32(2 * p + 1 < N ? (int)ld32(g + i * ldg + 2 * p)
@@ -998,6 +1053,10 @@ NN_STREAM_VARIANT(5)
 NN_STREAM_VARIANT(6)
 NN_STREAM_VARIANT(7)
 NN_STREAM_VARIANT(8)
+NN_STREAM_VARIANT(9)
+NN_STREAM_VARIANT(10)
+NN_STREAM_VARIANT(11)
+NN_STREAM_VARIANT(12)
 
 /* NN over one or two operand pairs: the stream path at a few rows, else the rows path. */
 static void nn_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const nn_src *src, int nsrc,
@@ -1005,9 +1064,9 @@ static void nn_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const nn_src
 {
     typedef void (*stream_fn)(int64_t, int64_t, int64_t, const nn_src *, int, int64_t, int64_t,
                               float *, int64_t, int);
-    static const stream_fn streams[NN_STREAM_MAX_M + 1] = {NULL,        nn_stream_1, nn_stream_2,
-                                                           nn_stream_3, nn_stream_4, nn_stream_5,
-                                                           nn_stream_6, nn_stream_7, nn_stream_8};
+    static const stream_fn streams[NN_STREAM_MAX_M + 1] = {
+        NULL,        nn_stream_1, nn_stream_2, nn_stream_3,  nn_stream_4,  nn_stream_5, nn_stream_6,
+        nn_stream_7, nn_stream_8, nn_stream_9, nn_stream_10, nn_stream_11, nn_stream_12};
     if (M <= NN_STREAM_MAX_M)
         streams[M](N, k0, k1, src, nsrc, ldg, ldw, y, ldy, mode);
     else
