@@ -458,12 +458,11 @@ static void test_nn2(void **state)
     }
 }
 
-/* NN's stream path (M <= 12 rows; from 6, groups of 8 pairs) against its rows path (more
- * rows): a row's sums do not depend on the other rows, so the first M rows of a 14-row call
- * must be the M-row call's bits, for
- * nn (overwrite and add) and nn2, on an odd reduction, padded rows, column ranges wider than
- * one pass of the stream path's accumulators (6144 / M columns: 6500 for one row) and ragged
- * edges. */
+/* NN's stream path (M <= 16 rows; from 6, groups of 8 pairs; above 12, two row tiles) against
+ * its rows path (more rows): a row's sums do not depend on the other rows, so the first M rows of
+ * an 18-row call must be the M-row call's bits, for nn (overwrite and add) and nn2, on an odd
+ * reduction, padded rows, column ranges wider than one pass of the stream path's accumulators
+ * (6144 / M columns up to 12 rows, 16384 / M above; 6500 for one row) and ragged edges. */
 static void test_nn_stream_path(void **state)
 {
     (void)state;

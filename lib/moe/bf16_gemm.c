@@ -29,9 +29,9 @@
  *    carried between chunks in a stack buffer. A chunk covers a group of up to 128 columns,
  *    each row of w read as one run ("rows" path, nn_rows_avx512), the next chunk's lines
  *    fetched during this one's tiles; a call takes up to 512 rows of g, more run in chunks
- *    of rows. Up to 12 rows of g ("stream" path, nn_stream) the kernel only streams w: each
+ *    of rows. Up to 16 rows of g ("stream" path, nn_stream) the kernel only streams w: each
  *    pair of rows is read whole in address order, the accumulators in a stack buffer (from 6
- *    rows kept in registers over groups of 8 pairs).
+ *    rows kept in registers over groups of 8 pairs, above 12 rows as two tiles).
  *  - TN dw += scale g^T x: the same tile with x's row pairs as B and the pairs (g[m,n],
  *    g[m+1,n]) as A, packed per tile of 12 rows n (x's pairs are also packed once per column
  *    block, shared by up to 64 row tiles); the buffers are on the stack up to 512 rows of x,
@@ -901,7 +901,9 @@ static void nn_rows_chunked(int64_t M, int64_t N, int64_t k0, int64_t k1, const 
  * of every source in order from zero, the tail last, so the bits are those of the rows path.
  * One thread / two, GB/s: M = 1 17 -> 29-30 / 32 -> 42-48, M = 4 17 -> 32-33 / 32 -> 53-54,
  * M = 6 15 -> 25-27 / 29 -> 41-45; from 6 rows the accumulators stay in registers over
- * groups of pairs (nn_stream_group), which took it to 12 rows.
+ * groups of pairs (nn_stream_group), which took it to 12 rows, and as two row tiles to 16
+ * (13 and 16 rows, one thread: 0.39-0.40 and 0.43-0.45 of the peak -> 0.44-0.46 and 0.53; at
+ * 20 rows 4 % faster and at 24 the same, so the rows path stays above 16).
  * The distance (NN_STREAM_AHEAD_BYTES, at least one pair, at most NN_STREAM_AHEAD_MAX pairs):
  * at one row 4-8 KiB ahead was best, at four rows 16-32 KiB (more compute a pair); none at
  * all, 15 GB/s. */
@@ -959,16 +961,22 @@ BF_INLINE void nn_stream_step(const int mr, const uint16_t *r0, const uint16_t *
  * (4 pairs: 0.39-0.47 and 0.50-0.53). */
 #define NN_GROUP_PAIRS 8
 #define NN_GROUP_MIN_M 6
-BF_INLINE void nn_stream_group(const int mr, const uint16_t *r0, int64_t ldw, const uint16_t *g,
-                               int64_t ldg, const uint16_t *const *f, int64_t cols, float *acc)
+#define NN_GROUP_TILE 12 /* rows of accumulators in registers; more run as two tiles */
+/* Accumulators above NN_GROUP_TILE rows: 64 KiB (in L2; loaded and stored once a group), so
+ * that a pass is still a few hundred columns wide; at most 12 rows 24 KiB (in L1) measured
+ * faster (12 rows, one thread: 0.60-0.61 of the peak against 0.56 with 64 KiB). */
+#define NN_GROUP_ACC_FLOATS 16384
+BF_INLINE void nn_stream_group(const int mr, int64_t stride, const uint16_t *r0, int64_t ldw,
+                               const uint16_t *g, int64_t ldg, const uint16_t *const *f,
+                               int64_t cols, float *acc)
 {
     for (int64_t b = 0; b * 32 < cols; b++) {
         const __mmask32 jm = cols - 32 * b >= 32 ? 0xffffffffu : kt__lanes32(cols - 32 * b);
-        for (int r = 0; r < 2 * NN_GROUP_PAIRS; r++)
+        for (int r = 0; f != NULL && r < 2 * NN_GROUP_PAIRS; r++)
             if (f[r] != NULL)
                 _mm_prefetch((const char *)(f[r] + 32 * b), _MM_HINT_T0);
-        float *ab = acc + 32 * b * mr;
-        __m512 a[2 * NN_STREAM_MAX_M];
+        float *ab = acc + 32 * b * stride;
+        __m512 a[2 * NN_GROUP_TILE];
         for (int i = 0; i < mr; i++) {
             a[2 * i] = _mm512_load_ps(ab + 32 * i);
             a[2 * i + 1] = _mm512_load_ps(ab + 32 * i + 16);
@@ -994,9 +1002,10 @@ BF_INLINE void nn_stream_group(const int mr, const uint16_t *r0, int64_t ldw, co
 BF_INLINE void nn_stream(const int mr, int64_t N, int64_t k0, int64_t k1, const nn_src *src,
                          int nsrc, int64_t ldg, int64_t ldw, float *y, int64_t ldy, int mode)
 {
-    _Alignas(64) float acc[NN_STREAM_ACC_FLOATS];
+    _Alignas(64) float acc[NN_GROUP_ACC_FLOATS];
     /* columns a pass: as few passes as the accumulators allow, of equal widths */
-    const int64_t max_width = (NN_STREAM_ACC_FLOATS / mr) & ~(int64_t)31;
+    const int64_t acc_floats = mr <= NN_GROUP_TILE ? NN_STREAM_ACC_FLOATS : NN_GROUP_ACC_FLOATS;
+    const int64_t max_width = (acc_floats / mr) & ~(int64_t)31;
     const int64_t passes = (k1 - k0 + max_width - 1) / max_width;
     const int64_t width = passes > 0 ? ((k1 - k0 + passes - 1) / passes + 31) & ~(int64_t)31 : 1;
     const int64_t per_src = (N + 1) / 2;
@@ -1018,7 +1027,15 @@ BF_INLINE void nn_stream(const int mr, int64_t N, int64_t k0, int64_t k1, const 
                     f[2 * j] = f0 != NULL ? f0 + j0 : NULL;
                     f[2 * j + 1] = f1 != NULL ? f1 + j0 : NULL;
                 }
-                nn_stream_group(mr, src[s].w + 2 * p * ldw + j0, ldw, g + 2 * p, ldg, f, cols, acc);
+                const uint16_t *r0 = src[s].w + 2 * p * ldw + j0;
+                if (mr <= NN_GROUP_TILE) {
+                    nn_stream_group(mr, mr, r0, ldw, g + 2 * p, ldg, f, cols, acc);
+                } else { /* two tiles, the second reading the group's rows from L1 again */
+                    const int h = (mr + 1) / 2;
+                    nn_stream_group(h, mr, r0, ldw, g + 2 * p, ldg, f, cols, acc);
+                    nn_stream_group(mr - h, mr, r0, ldw, g + h * ldg + 2 * p, ldg, NULL, cols,
+                                    acc + 32 * h);
+                }
                 q += NN_GROUP_PAIRS - 1;
                 continue;
             }
@@ -1032,9 +1049,11 @@ BF_INLINE void nn_stream(const int mr, int64_t N, int64_t k0, int64_t k1, const 
             nn_stream_step(mr, r0 + j0, r1 != NULL ? r1 + j0 : NULL, f0 != NULL ? f0 + j0 : NULL,
                            f1 != NULL ? f1 + j0 : NULL, av, cols, acc);
         }
-        for (int64_t b = 0; b * 32 < cols; b++)
-            store_general(mr, 0, acc + 32 * b * mr, kt__lanes32(cols - 32 * b), y + j0 + 32 * b,
-                          ldy, mode, 1.0f);
+        for (int64_t b = 0; b * 32 < cols; b++) /* store_general takes up to PAIR_MR rows */
+            for (int i0 = 0; i0 < mr; i0 += PAIR_MR)
+                store_general(mr - i0 < PAIR_MR ? mr - i0 : PAIR_MR, 0, acc + 32 * (b * mr + i0),
+                              kt__lanes32(cols - 32 * b), y + i0 * ldy + j0 + 32 * b, ldy, mode,
+                              1.0f);
     }
 }
 
@@ -1057,6 +1076,10 @@ NN_STREAM_VARIANT(9)
 NN_STREAM_VARIANT(10)
 NN_STREAM_VARIANT(11)
 NN_STREAM_VARIANT(12)
+NN_STREAM_VARIANT(13)
+NN_STREAM_VARIANT(14)
+NN_STREAM_VARIANT(15)
+NN_STREAM_VARIANT(16)
 
 /* NN over one or two operand pairs: the stream path at a few rows, else the rows path. */
 static void nn_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const nn_src *src, int nsrc,
@@ -1065,8 +1088,9 @@ static void nn_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const nn_src
     typedef void (*stream_fn)(int64_t, int64_t, int64_t, const nn_src *, int, int64_t, int64_t,
                               float *, int64_t, int);
     static const stream_fn streams[NN_STREAM_MAX_M + 1] = {
-        NULL,        nn_stream_1, nn_stream_2, nn_stream_3,  nn_stream_4,  nn_stream_5, nn_stream_6,
-        nn_stream_7, nn_stream_8, nn_stream_9, nn_stream_10, nn_stream_11, nn_stream_12};
+        NULL,         nn_stream_1,  nn_stream_2,  nn_stream_3,  nn_stream_4,  nn_stream_5,
+        nn_stream_6,  nn_stream_7,  nn_stream_8,  nn_stream_9,  nn_stream_10, nn_stream_11,
+        nn_stream_12, nn_stream_13, nn_stream_14, nn_stream_15, nn_stream_16};
     if (M <= NN_STREAM_MAX_M)
         streams[M](N, k0, k1, src, nsrc, ldg, ldw, y, ldy, mode);
     else

@@ -35,7 +35,7 @@ void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16
 /* At most this many rows of g, nn and nn2 stream w (each pair of its rows read whole over the
  * call's columns); above, they walk groups of columns down the rows. Callers that cut the
  * columns into pieces keep such products whole (a narrow piece streams badly). */
-#define KT__BF16_NN_STREAM_MAX_M 12
+#define KT__BF16_NN_STREAM_MAX_M 16
 
 /* y[m, k] = sum_n g0[m, n] w0[n, k] + sum_n g1[m, n] w1[n, k] over columns [k0, k1) (the
  * gate and up input gradients): one pass that writes y once. stream: y's whole aligned
