@@ -267,25 +267,18 @@ NT_VARIANT(1, 1)
  * a block is longer than NT_RUN_L1_BYTES (K > 2048) the run goes into L2 (not measured here:
  * the shapes this machine runs have K <= 2048). */
 #define NT_PF_MAX_M 32
-#define NT_VARIANT_PF(MR)                                                                          \
-    BF_TARGET static void nt_##MR##x6pf(int64_t K, const uint16_t *x, int64_t ldx,                 \
-                                        const uint16_t *w, int64_t ldw, const nt_pf *lines,        \
-                                        float *y, int64_t ldy, int accumulate)                     \
+/* nt_<MR>x6<SUFFIX>: the 6-column tile of MR rows that fetches as KIND does */
+#define NT_TILE_FETCHING(MR, SUFFIX, KIND)                                                         \
+    BF_TARGET static void nt_##MR##x6##SUFFIX(int64_t K, const uint16_t *x, int64_t ldx,           \
+                                              const uint16_t *w, int64_t ldw, const nt_pf *lines,  \
+                                              float *y, int64_t ldy, int accumulate)               \
     {                                                                                              \
-        nt_tile(MR, 6, NT_PF_AHEAD2, K, x, ldx, w, ldw, lines, y, ldy, accumulate);                \
-    }                                                                                              \
-    BF_TARGET static void nt_##MR##x6run(int64_t K, const uint16_t *x, int64_t ldx,                \
-                                         const uint16_t *w, int64_t ldw, const nt_pf *lines,       \
-                                         float *y, int64_t ldy, int accumulate)                    \
-    {                                                                                              \
-        nt_tile(MR, 6, NT_PF_RUN, K, x, ldx, w, ldw, lines, y, ldy, accumulate);                   \
-    }                                                                                              \
-    BF_TARGET static void nt_##MR##x6run2(int64_t K, const uint16_t *x, int64_t ldx,               \
-                                          const uint16_t *w, int64_t ldw, const nt_pf *lines,      \
-                                          float *y, int64_t ldy, int accumulate)                   \
-    {                                                                                              \
-        nt_tile(MR, 6, NT_PF_RUN_L2, K, x, ldx, w, ldw, lines, y, ldy, accumulate);                \
+        nt_tile(MR, 6, KIND, K, x, ldx, w, ldw, lines, y, ldy, accumulate);                        \
     }
+#define NT_VARIANT_PF(MR)                                                                          \
+    NT_TILE_FETCHING(MR, pf, NT_PF_AHEAD2)                                                         \
+    NT_TILE_FETCHING(MR, run, NT_PF_RUN)                                                           \
+    NT_TILE_FETCHING(MR, run2, NT_PF_RUN_L2)
 NT_VARIANT_PF(4)
 NT_VARIANT_PF(3)
 NT_VARIANT_PF(2)
