@@ -382,8 +382,8 @@ static void test_nn_rows_path(void **state)
 /* nn2 (y = g0 w0 + g1 w1, one pass): against the float64 sum of both products within the
  * bound of a 2N-term f32 sum, bitwise independent of the column split and of streaming the
  * stores, and on the portable path (where it is defined as them) the two nn calls. Sizes span the
- * stream path (M = 1), the rows path (odd N, N over a chunk of 256 rows, M from 13 to above
- * 24) and its chunks of rows
+ * stream path (M = 1 and 13), the rows path (odd N, N over a chunk of 256 rows, M from 24 to
+ * 100) and its chunks of rows
  * (M above 512). */
 static void test_nn2(void **state)
 {

@@ -888,15 +888,19 @@ static void nn_rows_chunked(int64_t M, int64_t N, int64_t k0, int64_t k1, const 
  * the rows path's walk (a group of up to 128 columns down every row, rows 4 KiB apart) left the
  * prefetchers behind: 17 GB/s on one thread where x W^T streams 33-36 (kt-bench gemm, dsv2lite's
  * gate shape, weights from memory). Here each pair of w's rows is read whole, over all the
- * call's columns (up to NN_STREAM_ACC_FLOATS / M of them a pass), in address order, the pair
- * NN_STREAM_AHEAD_BYTES(M) on fetched into L1 as it goes, and the accumulators (M x columns, in
- * L1) are loaded and stored around each vdpbf16ps. Every element still accumulates the pairs
+ * call's columns (a pass takes as many as M x columns accumulators fit: NN_STREAM_ACC_FLOATS,
+ * in L1, up to NN_GROUP_TILE rows, NN_GROUP_ACC_FLOATS, in L2, above), in address order, the
+ * pair NN_STREAM_AHEAD_BYTES(M) on fetched into L1 as it goes. Below NN_GROUP_MIN_M rows the
+ * accumulators are loaded and stored around each vdpbf16ps; from there they stay in
+ * registers over a group of pairs (nn_stream_group). Every element still accumulates the pairs
  * of every source in order from zero, the tail last, so the bits are those of the rows path.
  * One thread / two, GB/s: M = 1 17 -> 29-30 / 32 -> 42-48, M = 4 17 -> 32-33 / 32 -> 53-54,
  * M = 6 15 -> 25-27 / 29 -> 41-45; from 6 rows the accumulators stay in registers over
- * groups of pairs (nn_stream_group), which took it to 12 rows, and as two row tiles to 16
- * (13 and 16 rows, one thread: 0.39-0.40 and 0.43-0.45 of the peak -> 0.44-0.46 and 0.53; at
- * 20 rows 4 % faster and at 24 the same, so the rows path stays above 16).
+ * groups of pairs (nn_stream_group), which took it to 12 rows, and as two row tiles a
+ * column block to 16 (13 and 16 rows, one thread: 0.39-0.45 and 0.43-0.45 of the peak with
+ * the rows path, 0.53 and 0.52-0.54 now; the tiles as two passes over the columns gave
+ * 0.44-0.46 and 0.47-0.53; at 20 and 24 rows no faster than the rows path, which stays
+ * above 16).
  * The distance (NN_STREAM_AHEAD_BYTES, at least one pair, at most NN_STREAM_AHEAD_MAX pairs):
  * at one row 4-8 KiB ahead was best, at four rows 16-32 KiB (more compute a pair); none at
  * all, 15 GB/s. */
@@ -945,10 +949,8 @@ BF_INLINE void nn_stream_step(const int mr, const uint16_t *r0, const uint16_t *
     }
 }
 
-/* acc (as nn_stream_step) += NN_GROUP_PAIRS pairs of full rows from r0 (row n at r0 + n ldw),
- * their A operands the 32-bit pairs at g + i ldg + 2 q; the same columns of rows f[0..2
- * NN_GROUP_PAIRS) fetched (NULL: none). From NN_GROUP_MIN_M rows the accumulators' loads and
- * stores around every pair were the limit (kt-bench gemm nn at 8 rows: 0.31 of the peak,
+/* Groups of pairs (nn_group_block, nn_stream_group). From NN_GROUP_MIN_M rows the accumulators'
+ * loads and stores around every pair were the limit (kt-bench gemm nn at 8 rows: 0.31 of the peak,
  * hot or not); kept in registers over a group of 8 pairs (mr <= 12: 24 of them), 8 and 12 rows
  * from memory on one thread went 0.30 -> 0.47-0.50 and 0.32 (the rows path) -> 0.59-0.61
  * (4 pairs: 0.39-0.47 and 0.50-0.53). */
@@ -959,36 +961,51 @@ BF_INLINE void nn_stream_step(const int mr, const uint16_t *r0, const uint16_t *
  * that a pass is still a few hundred columns wide; at most 12 rows 24 KiB (in L1) measured
  * faster (12 rows, one thread: 0.60-0.61 of the peak against 0.56 with 64 KiB). */
 #define NN_GROUP_ACC_FLOATS 16384
-BF_INLINE void nn_stream_group(const int mr, int64_t stride, const uint16_t *r0, int64_t ldw,
-                               const uint16_t *g, int64_t ldg, const uint16_t *const *f,
-                               int64_t cols, float *acc)
+/* One tile of th <= NN_GROUP_TILE rows over one 32-column block (masked by jm) of the group's
+ * pairs of rows from rb (row n at rb + n ldw): accumulators from ab (row i at ab + 32 i), in
+ * registers over the group, back to ab. */
+BF_INLINE void nn_group_block(const int th, const uint16_t *rb, int64_t ldw, const uint16_t *g,
+                              int64_t ldg, __mmask32 jm, float *ab)
 {
+    __m512 a[2 * NN_GROUP_TILE];
+    for (int i = 0; i < th; i++) {
+        a[2 * i] = _mm512_load_ps(ab + 32 * i);
+        a[2 * i + 1] = _mm512_load_ps(ab + 32 * i + 16);
+    }
+    for (int q = 0; q < NN_GROUP_PAIRS; q++) {
+        const uint16_t *rq = rb + 2 * q * ldw;
+        const __m512i w0 = _mm512_maskz_loadu_epi16(jm, rq);
+        const __m512i w1 = _mm512_maskz_loadu_epi16(jm, rq + ldw);
+        const __m512i lo = _mm512_unpacklo_epi16(w0, w1), hi = _mm512_unpackhi_epi16(w0, w1);
+        for (int i = 0; i < th; i++) {
+            const __m512i av = _mm512_set1_epi32((int)ld32(g + i * ldg + 2 * q));
+            a[2 * i] = dp(a[2 * i], av, lo);
+            a[2 * i + 1] = dp(a[2 * i + 1], av, hi);
+        }
+    }
+    for (int i = 0; i < th; i++) {
+        _mm512_store_ps(ab + 32 * i, a[2 * i]);
+        _mm512_store_ps(ab + 32 * i + 16, a[2 * i + 1]);
+    }
+}
+
+/* acc (as nn_stream_step) += NN_GROUP_PAIRS pairs of full rows from r0, their A operands the
+ * 32-bit pairs at g + i ldg + 2 q; the same columns of rows f[0..2 NN_GROUP_PAIRS) fetched
+ * (f or an entry NULL: none). Above NN_GROUP_TILE rows, two tiles a block, the second reading
+ * the block's lines of the group's rows from L1 right after the first. */
+BF_INLINE void nn_stream_group(const int mr, const uint16_t *r0, int64_t ldw, const uint16_t *g,
+                               int64_t ldg, const uint16_t *const *f, int64_t cols, float *acc)
+{
+    const int h = mr <= NN_GROUP_TILE ? mr : (mr + 1) / 2;
     for (int64_t b = 0; b * 32 < cols; b++) {
         const __mmask32 jm = cols - 32 * b >= 32 ? 0xffffffffu : kt__lanes32(cols - 32 * b);
         for (int r = 0; f != NULL && r < 2 * NN_GROUP_PAIRS; r++)
             if (f[r] != NULL)
                 _mm_prefetch((const char *)(f[r] + 32 * b), _MM_HINT_T0);
-        float *ab = acc + 32 * b * stride;
-        __m512 a[2 * NN_GROUP_TILE];
-        for (int i = 0; i < mr; i++) {
-            a[2 * i] = _mm512_load_ps(ab + 32 * i);
-            a[2 * i + 1] = _mm512_load_ps(ab + 32 * i + 16);
-        }
-        for (int q = 0; q < NN_GROUP_PAIRS; q++) {
-            const uint16_t *rq = r0 + 2 * q * ldw + 32 * b;
-            const __m512i w0 = _mm512_maskz_loadu_epi16(jm, rq);
-            const __m512i w1 = _mm512_maskz_loadu_epi16(jm, rq + ldw);
-            const __m512i lo = _mm512_unpacklo_epi16(w0, w1), hi = _mm512_unpackhi_epi16(w0, w1);
-            for (int i = 0; i < mr; i++) {
-                const __m512i av = _mm512_set1_epi32((int)ld32(g + i * ldg + 2 * q));
-                a[2 * i] = dp(a[2 * i], av, lo);
-                a[2 * i + 1] = dp(a[2 * i + 1], av, hi);
-            }
-        }
-        for (int i = 0; i < mr; i++) {
-            _mm512_store_ps(ab + 32 * i, a[2 * i]);
-            _mm512_store_ps(ab + 32 * i + 16, a[2 * i + 1]);
-        }
+        float *ab = acc + 32 * b * mr;
+        nn_group_block(h, r0 + 32 * b, ldw, g, ldg, jm, ab);
+        if (mr > h)
+            nn_group_block(mr - h, r0 + 32 * b, ldw, g + h * ldg, ldg, jm, ab + 32 * h);
     }
 }
 
@@ -1020,15 +1037,7 @@ BF_INLINE void nn_stream(const int mr, int64_t N, int64_t k0, int64_t k1, const 
                     f[2 * j] = f0 != NULL ? f0 + j0 : NULL;
                     f[2 * j + 1] = f1 != NULL ? f1 + j0 : NULL;
                 }
-                const uint16_t *r0 = src[s].w + 2 * p * ldw + j0;
-                if (mr <= NN_GROUP_TILE) {
-                    nn_stream_group(mr, mr, r0, ldw, g + 2 * p, ldg, f, cols, acc);
-                } else { /* two tiles, the second reading the group's rows from L1 again */
-                    const int h = (mr + 1) / 2;
-                    nn_stream_group(h, mr, r0, ldw, g + 2 * p, ldg, f, cols, acc);
-                    nn_stream_group(mr - h, mr, r0, ldw, g + h * ldg + 2 * p, ldg, NULL, cols,
-                                    acc + 32 * h);
-                }
+                nn_stream_group(mr, src[s].w + 2 * p * ldw + j0, ldw, g + 2 * p, ldg, f, cols, acc);
                 q += NN_GROUP_PAIRS - 1;
                 continue;
             }

@@ -44,21 +44,39 @@ typedef struct moe_args {
 typedef struct moe_inputs {
     kt_tensor x, ids, w, gy, gx, gw, y;
     int32_t *ids0;   /* the ids drawn (ids holds them shifted: rotate_ids) */
+    int64_t shift;   /* experts a call's ids move on from the last's (pick_shift) */
     int64_t active;  /* experts that receive at least one token */
     int64_t *counts; /* tokens per expert */
 } moe_inputs;
 
 /* At qlen <= 16 a call touches a few experts (dsv2lite at one token: 6, 104 MB), and calls
  * with the same ids found part of them still in the 32 MiB L3: the layer "streamed" 1.1-1.3
- * times the read loop's bandwidth. There each call's ids are the drawn ones shifted by
- * (call mod ID_ROTATIONS) E / ID_ROTATIONS experts (mod E: the same routing on other
- * experts), so an expert comes back only after hundreds of MB of others; the peer shifts its
- * ids alike (--rotate). */
+ * times the read loop's bandwidth. There call c's ids are the drawn ones shifted by
+ * (c mod ID_ROTATIONS) * shift experts (mod E: the same routing on other experts), the shift
+ * the smallest from E / ID_ROTATIONS on that moves the drawn experts onto none of them, so
+ * that a call shares no expert with the one before (where no shift does, as at 16 tokens,
+ * which touch most experts, a call's hundreds of MB are far more than the L3 anyway); the
+ * peer shifts its ids alike (--rotate, --shift). */
 #define ID_ROTATIONS 8
+
+static int64_t pick_shift(const moe_inputs *in, int64_t E)
+{
+    const int64_t first = E / ID_ROTATIONS > 0 ? E / ID_ROTATIONS : 1;
+    for (int64_t d = first; d < E; d++) {
+        int64_t e = 0;
+        while (e < E && !(in->counts[e] > 0 && in->counts[(e + d) % E] > 0))
+            e++;
+        if (e == E)
+            return d;
+    }
+    return first;
+}
 
 static void rotate_ids(moe_inputs *in, int64_t E, int64_t call)
 {
-    const int64_t shift = call % ID_ROTATIONS * (E / ID_ROTATIONS);
+    if (in->ids0 == NULL) /* out of memory at make_inputs: the drawn ids every call */
+        return;
+    const int64_t shift = call % ID_ROTATIONS * in->shift % E;
     const int64_t n = kt_tensor_numel(&in->ids);
     for (int64_t i = 0; i < n; i++)
         ((int32_t *)in->ids.data)[i] = (int32_t)((in->ids0[i] + shift) % E);
@@ -140,6 +158,7 @@ static void make_inputs(const moe_args *a, moe_inputs *in)
     in->active = 0;
     for (int64_t e = 0; e < E; e++)
         in->active += in->counts[e] > 0;
+    in->shift = pick_shift(in, E);
 }
 
 static void free_inputs(moe_inputs *in)
@@ -241,16 +260,17 @@ static int write_peer_inputs(kt_moe *m, const moe_args *a, const moe_inputs *in,
 }
 
 /* Runs the peer; returns 1 with its fwd/fwdbwd medians, 0 when it could not run. */
+/* shift: the experts call c's ids move on by (c mod ID_ROTATIONS), at qlen <= 16 */
 static int run_peer(const moe_args *a, const char *inputs, const char *dtype, int threads,
-                    double *fwd_ms, double *fwdbwd_ms, char *note, size_t note_size)
+                    int64_t shift, double *fwd_ms, double *fwdbwd_ms, char *note, size_t note_size)
 {
     static const char *modes[] = {"frozen", "lora", "full"};
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
              "/usr/bin/python3 %s %s --mode %s --dtype %s --threads %d --repeats 5 "
-             "--warmup 2 --rotate %d 2>&1",
+             "--warmup 2 --rotate %d --shift %lld 2>&1",
              a->peer_script, inputs, modes[a->mode], dtype, threads,
-             a->qlen <= 16 ? ID_ROTATIONS : 1);
+             a->qlen <= 16 ? ID_ROTATIONS : 1, (long long)shift);
     FILE *f = popen(cmd, "r");
     if (f == NULL) {
         snprintf(note, note_size, "could not start python3");
@@ -456,8 +476,12 @@ int bench_moe(int argc, char **argv, const bench_args *common)
     double fwdbwd = time_median(m, &in, 1, 2, reps, rotate, &ph[1]);
     if (rotate > 0) /* the drawn ids again, for the peer's file */
         rotate_ids(&in, rotate, 0);
-    if (fwd < 0 || fwdbwd < 0)
+    if (fwd < 0 || fwdbwd < 0) {
+        free_inputs(&in);
+        kt_moe_destroy(m);
+        kt_threadpool_destroy(pool);
         return 1;
+    }
     kt_moe_memory mem;
     kt_moe_get_memory(m, &mem);
 
@@ -492,8 +516,8 @@ int bench_moe(int argc, char **argv, const bench_args *common)
                              dts[k]);
                     continue;
                 }
-                have[k] = run_peer(&a, path, dts[k], threads, &t_fwd[k], &t_fb[k], note[k],
-                                   sizeof note[k]);
+                have[k] = run_peer(&a, path, dts[k], threads, in.shift, &t_fwd[k], &t_fb[k],
+                                   note[k], sizeof note[k]);
             }
         }
         unlink(path);

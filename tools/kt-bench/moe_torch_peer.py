@@ -9,7 +9,7 @@ after --warmup), and prints one JSON object on stdout.
 
 usage: moe_torch_peer.py INPUTS.safetensors --mode frozen|lora|full --dtype bf16|f32
                          [--threads N] [--repeats N] [--warmup N] [--lora-rank R]
-                         [--rotate N]
+                         [--rotate N] [--shift S]
 Exit 77 when torch or safetensors is missing (the caller reports the peer as null).
 """
 import argparse
@@ -63,9 +63,11 @@ def main():
     ap.add_argument("--lora-rank", type=int, default=8)
     ap.add_argument("--lora-alpha", type=float, default=16.0)
     ap.add_argument("--forward-only", action="store_true")
-    # call i routes to the experts ids + (i mod N) * (E // N), mod E, as kt-bench does at a
-    # few tokens, so that no call finds the last one's experts in the CPU's caches
+    # call i routes to the experts ids + (i mod N) * S, mod E (S: --shift, E // N without),
+    # as kt-bench does at a few tokens, so that no call finds the last one's experts in the
+    # CPU's caches
     ap.add_argument("--rotate", type=int, default=1)
+    ap.add_argument("--shift", type=int, default=None)
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -95,7 +97,8 @@ def main():
             p.requires_grad_()
 
     rotations = max(1, args.rotate)
-    ids_by_call = [(ids + r * (n_experts // rotations)) % n_experts for r in range(rotations)]
+    shift = args.shift if args.shift is not None else n_experts // rotations
+    ids_by_call = [(ids + r * shift) % n_experts for r in range(rotations)]
 
     def run(backward, ids):
         x = x0.detach().clone().requires_grad_(backward)
