@@ -832,7 +832,8 @@ static void test_output_staging(void **state)
 
 /* The phase runner shares work: with thread 0 held in its first task, thread 1 runs the last
  * tasks of thread 0's share once its own are done; every task still runs once. The plans of
- * a phase (hundreds of tokens, and one token) cover every column of every expert once. */
+ * a phase (200, 1 and 20 tokens; cut anywhere, or keeping small experts whole) cover every
+ * column of every expert once. */
 static void test_work_sharing(void **state)
 {
     (void)state;

@@ -897,7 +897,7 @@ static void nn_rows_chunked(int64_t M, int64_t N, int64_t k0, int64_t k1, const 
  * One thread / two, GB/s: M = 1 17 -> 29-30 / 32 -> 42-48, M = 4 17 -> 32-33 / 32 -> 53-54,
  * M = 6 15 -> 25-27 / 29 -> 41-45; from 6 rows the accumulators stay in registers over
  * groups of pairs (nn_stream_group), which took it to 12 rows, and as two row tiles a
- * column block to 16 (13 and 16 rows, one thread: 0.39-0.45 and 0.43-0.45 of the peak with
+ * column block to 16 (13 and 16 rows, one thread: 0.39-0.40 and 0.43-0.45 of the peak with
  * the rows path, 0.53 and 0.52-0.54 now; the tiles as two passes over the columns gave
  * 0.44-0.46 and 0.47-0.53; at 20 and 24 rows no faster than the rows path, which stays
  * above 16).
