@@ -515,10 +515,57 @@ static void test_nn_stream_path(void **state)
     }
 }
 
+/* NT's rows path (up to 4 rows of x: w one row at a time, 16 / M rows of w reduced together)
+ * against its tiles (more rows): a row's sums do not depend on the other rows, so the first M
+ * rows of a 9-row call must be the M-row call's bits, overwriting and adding, over column
+ * ranges with ragged ends on both sides, on reductions with a masked tail, of one chunk, and
+ * long, with padded rows. */
+static void test_nt_rows_path(void **state)
+{
+    (void)state;
+    enum { BIG_M = 9 };
+    static const int64_t shapes[][4] = {/* N, K, n0, n1 */
+                                        {50, 300, 0, 50}, {50, 300, 3, 47}, {1408, 2048, 5, 1408},
+                                        {17, 31, 0, 17},  {40, 1, 2, 39},   {33, 4100, 1, 33},
+                                        {16, 32, 0, 16}};
+    tu_rng rng;
+    tu_rng_seed(&rng, 80);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const int64_t N = shapes[i][0], K = shapes[i][1], n0 = shapes[i][2], n1 = shapes[i][3];
+        const int64_t ldx = K + 3, ldw = K + (int64_t)(i % 2) * 5, ldy = N + 2;
+        uint16_t *x = malloc((size_t)(BIG_M * ldx) * sizeof *x);
+        uint16_t *w = malloc((size_t)(N * ldw) * sizeof *w);
+        float *y0 = malloc((size_t)(BIG_M * ldy) * sizeof *y0);
+        float *big = malloc((size_t)(BIG_M * ldy) * sizeof *big);
+        float *few = malloc((size_t)(BIG_M * ldy) * sizeof *few);
+        assert_true(x && w && y0 && big && few);
+        for (int64_t j = 0; j < BIG_M * ldx; j++)
+            x[j] = kt_f32_to_bf16_1((float)tu_rng_uniform(&rng, -1, 1));
+        for (int64_t j = 0; j < N * ldw; j++)
+            w[j] = kt_f32_to_bf16_1((float)tu_rng_uniform(&rng, -1, 1));
+        for (int64_t j = 0; j < BIG_M * ldy; j++)
+            y0[j] = (float)tu_rng_uniform(&rng, -2, 2);
+        for (int acc = 0; acc < 2; acc++) {
+            memcpy(big, y0, (size_t)(BIG_M * ldy) * sizeof *big);
+            kt__bf16_gemm_nt(BIG_M, n0, n1, K, x, ldx, w, ldw, big, ldy, acc);
+            for (int64_t M = 1; M <= 4; M++) {
+                memcpy(few, y0, (size_t)(BIG_M * ldy) * sizeof *few);
+                kt__bf16_gemm_nt(M, n0, n1, K, x, ldx, w, ldw, few, ldy, acc);
+                /* the M rows as the big call's; the rest of the buffer untouched */
+                assert_memory_equal(few, big, (size_t)(M * ldy) * sizeof *few);
+                assert_memory_equal(few + M * ldy, y0 + M * ldy,
+                                    (size_t)((BIG_M - M) * ldy) * sizeof *few);
+                g_cases++;
+                g_checked += M * (n1 - n0);
+            }
+        }
+        free(x), free(w), free(y0), free(big), free(few);
+    }
+}
+
 /* nt_next only fetches ahead: the same bits as nt, whatever `next` points at (another
- * matrix, or NULL), whichever way the kernel fetches: a run into L1 (up to 4 rows) or into L2
- * (up to 4 rows of a K over 2048), two blocks ahead (5 to 32 rows), or spread over the tiles
- * (above 32). */
+ * matrix, or NULL), whichever way the kernel fetches: none of its own (up to 4 rows, K short
+ * and over 2048), two blocks ahead (5 to 32 rows), or spread over the tiles (above 32). */
 static void test_nt_next(void **state)
 {
     (void)state;
@@ -667,6 +714,7 @@ int main(void)
         cmocka_unit_test(test_nn_rows_path),
         cmocka_unit_test(test_nn2),
         cmocka_unit_test(test_nn_stream_path),
+        cmocka_unit_test(test_nt_rows_path),
         cmocka_unit_test(test_nt_next),
         cmocka_unit_test(test_empty),
         cmocka_unit_test(test_scale_store),

@@ -20,7 +20,9 @@
  *  - NT y = x w^T: a tile of up to 4 rows of x by 6 rows of w, 24 accumulators, 4 + 6 loads
  *    per 24 vdpbf16ps; x is walked in row chunks that stay in L2, and w in blocks of 6 rows
  *    that stay in L1 while all x rows of the chunk pass, so at small M each w row is read
- *    from memory once for all M rows (6 rows streaming at once).
+ *    from memory once for all M rows (6 rows streaming at once). Up to 4 rows of x (nt_rows)
+ *    w is read one row at a time instead, one stream in address order, the products of 16 /
+ *    M rows of w reduced together.
  *  - NN y = g w: the B operand pairs rows n, n+1 of w (unpacklo/hi_epi16, which leaves the
  *    32 columns of a block permuted within the two accumulators; undone at the store), the
  *    A operand is the 32-bit pair (g[m,n], g[m,n+1]) broadcast; up to 12 rows of g x 32
@@ -64,10 +66,6 @@
 #define NT_X_CHUNK_BYTES (640 * 1024)
 #define NT_COLS 6      /* w rows per block */
 #define NT_PF_AHEAD 12 /* w rows from a block to the ones its tile prefetches at 5-32 rows */
-/* At most 4 rows, the next block's run goes into L1 where the block takes at most this
- * (K <= 2048: measured there); a longer block would push x and itself out of L1, so it goes
- * into L2 instead. */
-#define NT_RUN_L1_BYTES (24 * 1024)
 
 BF_INLINE __m512 dp(__m512 acc, __m512i a, __m512i b)
 {
@@ -133,12 +131,6 @@ BF_INLINE __m512i load_k(const uint16_t *p, __mmask32 m, const int full)
         if (pf == NT_PF_AHEAD2)                                                                    \
             for (int p_ = 0; p_ < 6; p_++)                                                         \
                 _mm_prefetch((const char *)(w + (NT_PF_AHEAD + p_) * ldw + k), _MM_HINT_T1);       \
-        if (pf == NT_PF_RUN)                                                                       \
-            for (int p_ = 0; p_ < NT_COLS; p_++)                                                   \
-                _mm_prefetch((const char *)pfrow + ((k >> 5) * NT_COLS + p_) * 64, _MM_HINT_T0);   \
-        if (pf == NT_PF_RUN_L2)                                                                    \
-            for (int p_ = 0; p_ < NT_COLS; p_++)                                                   \
-                _mm_prefetch((const char *)pfrow + ((k >> 5) * NT_COLS + p_) * 64, _MM_HINT_T1);   \
         if (pf == NT_PF_LINES && pfrow && ((k >> 5) & pfmask) == 0 &&                              \
             (k >> 5 >> pfshift) < pfcount)                                                         \
             _mm_prefetch((const char *)(pfrow + ((k >> 5 >> pfshift) << 5)), _MM_HINT_T1);         \
@@ -153,14 +145,11 @@ BF_INLINE __m512i load_k(const uint16_t *p, __mmask32 m, const int full)
 
 /* What a tile fetches while it runs:
  *  - NT_PF_LINES: the run of lines in its nt_pf (NULL: none), into L2;
- *  - NT_PF_AHEAD2: the 6 rows of w NT_PF_AHEAD rows on, at the same k, into L2;
- *  - NT_PF_RUN (NT_PF_RUN_L2): NT_COLS lines a k step, in address order from the nt_pf's row,
- *    into L1 (L2): 6 rows' worth of K when the rows are contiguous (ldw == K, as the layer's
- *    weights are); of wider rows, the first 6 K elements of the run. */
-enum { NT_PF_LINES = 0, NT_PF_AHEAD2 = 1, NT_PF_RUN = 2, NT_PF_RUN_L2 = 3 };
+ *  - NT_PF_AHEAD2: the 6 rows of w NT_PF_AHEAD rows on, at the same k, into L2. */
+enum { NT_PF_LINES = 0, NT_PF_AHEAD2 = 1 };
 
-/* What to fetch while a tile runs. NT_PF_LINES: count lines from row, one every 2^shift k
- * steps; NT_PF_RUN(_L2): the run from row (shift and count unused). */
+/* What to fetch while a tile runs (NT_PF_LINES): count lines from row, one every 2^shift k
+ * steps. */
 typedef struct nt_pf {
     const uint16_t *row;
     int shift;
@@ -255,17 +244,8 @@ NT_VARIANT(1, 1)
  * ms for dsv2lite, 0.84-0.97 -> 1.03-1.13 of the measured bandwidth). Into L2, not L1: at a
  * dozen rows (qlen 128) that streamed the weights about 5 % faster (more lines in flight), and
  * at one row it made no difference. Addresses past the last row are only prefetched, never
- * loaded.
- * At M <= 4 (one row tile a block, which then streams w alone) the tile instead fetches the
- * next block whole, in address order, NT_COLS lines a k step (the block's 6 rows are one run
- * of memory: the rows are contiguous), into L1: fetches in address order let the hardware
- * prefetchers run on ahead of them, where 6 rows at the same k, 4 KiB apart, leave them
- * behind. Alternating builds, dsv2lite qlen 1 forward: 1.53-1.55 -> 1.32-1.36 ms when the
- * VM's bandwidth is high (0.76-0.82 -> 0.94-0.98 of the read loop), qwen3moe 1.02-1.09 ->
- * 0.90-0.91 ms, qlen 16 and 32 4-8 % faster; at two row tiles a block (dsv2lite qlen 64) it
- * was 7 % slower, and at a dozen rows (qlen 128) 10 %, so larger M keeps NT_PF_AHEAD2. Where
- * a block is longer than NT_RUN_L1_BYTES (K > 2048) the run goes into L2 (not measured here:
- * the shapes this machine runs have K <= 2048). */
+ * loaded. (Up to 4 rows nt_rows runs instead; fetching the next block in address order
+ * into L1 was slower there, and at two or more row tiles a block, 7-10 %.) */
 #define NT_PF_MAX_M 32
 /* nt_<MR>x6<SUFFIX>: the 6-column tile of MR rows that fetches as KIND does */
 #define NT_TILE_FETCHING(MR, SUFFIX, KIND)                                                         \
@@ -275,18 +255,12 @@ NT_VARIANT(1, 1)
     {                                                                                              \
         nt_tile(MR, 6, KIND, K, x, ldx, w, ldw, lines, y, ldy, accumulate);                        \
     }
-#define NT_VARIANT_PF(MR)                                                                          \
-    NT_TILE_FETCHING(MR, pf, NT_PF_AHEAD2)                                                         \
-    NT_TILE_FETCHING(MR, run, NT_PF_RUN)                                                           \
-    NT_TILE_FETCHING(MR, run2, NT_PF_RUN_L2)
-NT_VARIANT_PF(4)
-NT_VARIANT_PF(3)
-NT_VARIANT_PF(2)
-NT_VARIANT_PF(1)
-/* [NT_PF_AHEAD2, NT_PF_RUN, NT_PF_RUN_L2][row size index] */
-static const nt_fn nt_table_pf[3][4] = {{nt_4x6pf, nt_3x6pf, nt_2x6pf, nt_1x6pf},
-                                        {nt_4x6run, nt_3x6run, nt_2x6run, nt_1x6run},
-                                        {nt_4x6run2, nt_3x6run2, nt_2x6run2, nt_1x6run2}};
+NT_TILE_FETCHING(4, pf, NT_PF_AHEAD2)
+NT_TILE_FETCHING(3, pf, NT_PF_AHEAD2)
+NT_TILE_FETCHING(2, pf, NT_PF_AHEAD2)
+NT_TILE_FETCHING(1, pf, NT_PF_AHEAD2)
+/* [row size index] */
+static const nt_fn nt_table_pf[4] = {nt_4x6pf, nt_3x6pf, nt_2x6pf, nt_1x6pf};
 
 static const nt_fn nt_table[4][4] = {{nt_4x6, nt_4x4, nt_4x2, nt_4x1},
                                      {nt_3x6, nt_3x4, nt_3x2, nt_3x1},
@@ -330,20 +304,125 @@ static nt_pf nt_next_lines(const uint16_t *next, int64_t ldw, int64_t K, int64_t
     return pf;
 }
 
+/* ---- NT at up to 4 rows of x: one row of w at a time ---------------------------------------- */
+
+/* Up to this many rows of x, nt reads w one row at a time (nt_rows): the kernel then only
+ * streams w, and one stream in address order is what the hardware prefetchers follow best.
+ * The tile's 6 rows of w 4 KiB apart at the same k, even with the next block fetched in
+ * address order into L1, read memory more slowly: a loop over 923 MB of 1408 x 2048 weights,
+ * 2 threads, in the VM's fast state: 6-row tile with that fetch 54-67 GB/s, one row at a time
+ * 72-75, a plain read 75-83 (two rows 4 KiB apart at a time: 58). kt-bench gemm nt, dsv2lite
+ * gate shape, 1 thread, from memory: 1 row 35.9 -> 38.6-38.9 GB/s, 2 rows 34-36 -> 38.0-38.6,
+ * 4 rows 30.4-31.7 -> 33.5-33.6 (2 threads, in the slow state: 47-49 -> 48-52). */
+#define NT_ROWS_MAX_M 4
+
+/* o[i] = the 16-lane sums of x row i . w row wr over K (i < mr), one accumulator a row of x,
+ * the chunks of k in order: the tile's operations, so the tile's bits. */
+BF_INLINE void nt_row_dots(const int mr, int64_t K, const uint16_t *x, int64_t ldx,
+                           const uint16_t *wr, __m512 *o)
+{
+    const __m512 zf = _mm512_setzero_ps();
+    __m512 a0 = zf, a1 = zf, a2 = zf, a3 = zf;
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        const __m512i wv = _mm512_loadu_si512((const void *)(wr + k));
+        a0 = dp(a0, _mm512_loadu_si512((const void *)(x + k)), wv);
+        if (mr > 1)
+            a1 = dp(a1, _mm512_loadu_si512((const void *)(x + ldx + k)), wv);
+        if (mr > 2)
+            a2 = dp(a2, _mm512_loadu_si512((const void *)(x + 2 * ldx + k)), wv);
+        if (mr > 3)
+            a3 = dp(a3, _mm512_loadu_si512((const void *)(x + 3 * ldx + k)), wv);
+    }
+    if (k < K) {
+        const __mmask32 km = kt__lanes32(K - k);
+        const __m512i wv = _mm512_maskz_loadu_epi16(km, wr + k);
+        a0 = dp(a0, _mm512_maskz_loadu_epi16(km, x + k), wv);
+        if (mr > 1)
+            a1 = dp(a1, _mm512_maskz_loadu_epi16(km, x + ldx + k), wv);
+        if (mr > 2)
+            a2 = dp(a2, _mm512_maskz_loadu_epi16(km, x + 2 * ldx + k), wv);
+        if (mr > 3)
+            a3 = dp(a3, _mm512_maskz_loadu_epi16(km, x + 3 * ldx + k), wv);
+    }
+    o[0] = a0;
+    if (mr > 1)
+        o[1] = a1;
+    if (mr > 2)
+        o[2] = a2;
+    if (mr > 3)
+        o[3] = a3;
+}
+
+/* y[0..mr) x [0..nw) (+)= x . w^T for nw <= 16 / mr rows of w, each read whole before the next
+ * (one stream in address order, which the hardware prefetchers follow; the tile's 6 rows 4
+ * KiB apart at the same k left them behind), the mr dot products of a row in slots
+ * mr j + i, all 16 reduced together by the tile's tree. */
+BF_INLINE void nt_rows_block(const int mr, int64_t K, const uint16_t *x, int64_t ldx,
+                             const uint16_t *w, int64_t ldw, int nw, float *y, int64_t ldy,
+                             int accumulate)
+{
+    const __m512 zf = _mm512_setzero_ps();
+    __m512 s[16];
+    for (int i = 0; i < 16; i++)
+        s[i] = zf;
+    for (int j = 0; j < 16 / mr; j++)
+        if (j < nw)
+            nt_row_dots(mr, K, x, ldx, w + j * ldw, s + mr * j);
+    _Alignas(64) float r[16];
+    _mm512_store_ps(r, reduce16(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10],
+                                s[11], s[12], s[13], s[14], s[15]));
+    for (int j = 0; j < nw; j++)
+        for (int i = 0; i < mr; i++) {
+            float *o = y + i * ldy + j;
+            *o = accumulate ? *o + r[mr * j + i] : r[mr * j + i];
+        }
+}
+
+typedef void (*nt_rows_fn)(int64_t K, const uint16_t *x, int64_t ldx, const uint16_t *w,
+                           int64_t ldw, int nw, float *y, int64_t ldy, int accumulate);
+#define NT_ROWS_VARIANT(MR)                                                                        \
+    BF_TARGET static void nt_rows_##MR(int64_t K, const uint16_t *x, int64_t ldx,                  \
+                                       const uint16_t *w, int64_t ldw, int nw, float *y,           \
+                                       int64_t ldy, int accumulate)                                \
+    {                                                                                              \
+        nt_rows_block(MR, K, x, ldx, w, ldw, nw, y, ldy, accumulate);                              \
+    }
+NT_ROWS_VARIANT(1)
+NT_ROWS_VARIANT(2)
+NT_ROWS_VARIANT(3)
+NT_ROWS_VARIANT(4)
+static const nt_rows_fn nt_rows_table[NT_ROWS_MAX_M + 1] = {NULL, nt_rows_1, nt_rows_2, nt_rows_3,
+                                                            nt_rows_4};
+
+static void nt_rows(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
+                    const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
+{
+
+    const nt_rows_fn fn = nt_rows_table[M];
+    const int per = 16 / (int)M;
+    for (int64_t n = n0; n < n1; n += per) {
+        const int nw = n1 - n < per ? (int)(n1 - n) : per;
+        fn(K, x, ldx, w + n * ldw, ldw, nw, y + n, ldy, accumulate);
+    }
+}
+
 static void nt_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
                       const uint16_t *w, int64_t ldw, const uint16_t *next, float *y, int64_t ldy,
                       int accumulate)
 {
     /* x in as few row chunks of equal size as fit NT_X_CHUNK_BYTES: each chunk streams all
      * of w once more, so splitting 96 rows as 64 + 32 would read w twice for nothing */
+    if (M <= NT_ROWS_MAX_M) {
+        nt_rows(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+        return;
+    }
     int64_t mc = K > 0 ? NT_X_CHUNK_BYTES / (2 * K) : M;
     mc = mc < 4 ? 4 : mc;
     const int64_t nchunks = (M + mc - 1) / mc;
     mc = (M + nchunks - 1) / nchunks;
     mc = (mc + 3) & ~(int64_t)3;
-    const int small = M <= NT_PF_MAX_M, one_tile = M <= 4;
-    /* the first tile's fetches at small M: nt_table_pf's row */
-    const int pf_kind = !one_tile ? 0 : (int64_t)NT_COLS * K * 2 <= NT_RUN_L1_BYTES ? 1 : 2;
+    const int small = M <= NT_PF_MAX_M;
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
         const int64_t m1 = M - m0 < mc ? M : m0 + mc;
         const int64_t len = m1 - m0, tiles = (len + 3) / 4;
@@ -354,21 +433,19 @@ static void nt_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
             for (int64_t m = m0; m < m1; t++) {
                 const int mr = balanced_height(len, 4, t);
                 const int ri = 4 - mr;
-                const nt_fn fn =
-                    ci == 0 && m == m0 && small ? nt_table_pf[pf_kind][ri] : nt_table[ri][ci];
-                /* The next block's rows of w come in over this block's row tiles (at larger M
-                 * into L2, spread over the tiles; at M <= 4 the one tile's run): after the
-                 * last block, the first of the next row chunk, or the rows the caller reads
-                 * next (addresses past the end of w are only prefetched). From 5 to 32 rows
-                 * the first tile fetches two blocks ahead on its own (nt_table_pf). */
+                const nt_fn fn = ci == 0 && m == m0 && small ? nt_table_pf[ri] : nt_table[ri][ci];
+                /* Above 32 rows the next block's rows of w come in over this block's row
+                 * tiles, into L2: after the last block, the first of the next row chunk, or
+                 * the rows the caller reads next (addresses past the end of w are only
+                 * prefetched). From 5 to 32 rows the first tile fetches two blocks ahead on
+                 * its own (nt_table_pf). */
                 const uint16_t *nx = n + nr < n1 ? w + (n + nr) * ldw
                                      : m1 < M    ? w + n0 * ldw
                                                  : next;
-                nt_pf lines = {nx, 0, 0};
-                if (!small)
-                    lines = nt_next_lines(nx, ldw, K, t, tiles);
-                fn(K, x + m * ldx, ldx, w + n * ldw, ldw, small && !one_tile ? NULL : &lines,
-                   y + m * ldy + n, ldy, accumulate);
+                const nt_pf lines =
+                    small ? (nt_pf){NULL, 0, 0} : nt_next_lines(nx, ldw, K, t, tiles);
+                fn(K, x + m * ldx, ldx, w + n * ldw, ldw, small ? NULL : &lines, y + m * ldy + n,
+                   ldy, accumulate);
                 m += mr;
             }
             n += nr;

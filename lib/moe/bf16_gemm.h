@@ -21,7 +21,8 @@ void kt__bf16_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
                       const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate);
 
 /* nt, where the caller reads the rows of a weight at `next` after this call (NULL: w's rows
- * after n1): the kernel fetches them ahead while its last block runs. */
+ * after n1): above 32 rows of x the kernel fetches them ahead while its last block runs
+ * (below, it only streams w, and its fetches run ahead along w's own rows). */
 void kt__bf16_gemm_nt_next(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
                            int64_t ldx, const uint16_t *w, int64_t ldw, const uint16_t *next,
                            float *y, int64_t ldy, int accumulate);
