@@ -515,15 +515,15 @@ static void test_nn_stream_path(void **state)
     }
 }
 
-/* NT's rows path (up to 4 rows of x: w one row at a time, 16 / M rows of w reduced together)
- * against its tiles (more rows): a row's sums do not depend on the other rows, so the first M
- * rows of a 9-row call must be the M-row call's bits, overwriting and adding, over column
- * ranges with ragged ends on both sides, on reductions with a masked tail, of one chunk, and
- * long, with padded rows. */
+/* NT's rows path (up to KT__BF16_NT_ROWS_MAX_M rows of x: w one row at a time, 16 / M rows of w
+ * reduced together) against its tiles (more rows): a row's sums do not depend on the other rows, so
+ * the first M rows of a call of 5 rows more must be the M-row call's bits, overwriting and adding,
+ * over column ranges with ragged ends on both sides, on reductions with a masked tail, of one
+ * chunk, and long, with padded rows. */
 static void test_nt_rows_path(void **state)
 {
     (void)state;
-    enum { BIG_M = 9 };
+    enum { BIG_M = KT__BF16_NT_ROWS_MAX_M + 5 };
     static const int64_t shapes[][4] = {/* N, K, n0, n1 */
                                         {50, 300, 0, 50}, {50, 300, 3, 47}, {1408, 2048, 5, 1408},
                                         {17, 31, 0, 17},  {40, 1, 2, 39},   {33, 4100, 1, 33},
@@ -548,7 +548,7 @@ static void test_nt_rows_path(void **state)
         for (int acc = 0; acc < 2; acc++) {
             memcpy(big, y0, (size_t)(BIG_M * ldy) * sizeof *big);
             kt__bf16_gemm_nt(BIG_M, n0, n1, K, x, ldx, w, ldw, big, ldy, acc);
-            for (int64_t M = 1; M <= 4; M++) {
+            for (int64_t M = 1; M <= KT__BF16_NT_ROWS_MAX_M; M++) {
                 memcpy(few, y0, (size_t)(BIG_M * ldy) * sizeof *few);
                 kt__bf16_gemm_nt(M, n0, n1, K, x, ldx, w, ldw, few, ldy, acc);
                 /* the M rows as the big call's; the rest of the buffer untouched */

@@ -314,7 +314,7 @@ static nt_pf nt_next_lines(const uint16_t *next, int64_t ldw, int64_t K, int64_t
  * 72-75, a plain read 75-83 (two rows 4 KiB apart at a time: 58). kt-bench gemm nt, dsv2lite
  * gate shape, 1 thread, from memory: 1 row 35.9 -> 38.6-38.9 GB/s, 2 rows 34-36 -> 38.0-38.6,
  * 4 rows 30.4-31.7 -> 33.5-33.6 (2 threads, in the slow state: 47-49 -> 48-52). */
-#define NT_ROWS_MAX_M 4
+#define NT_ROWS_MAX_M KT__BF16_NT_ROWS_MAX_M
 
 /* o[i] = the 16-lane sums of x row i . w row wr over K (i < mr), one accumulator a row of x,
  * the chunks of k in order: the tile's operations, so the tile's bits. */

@@ -20,6 +20,9 @@
 void kt__bf16_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
                       const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate);
 
+/* Up to this many rows of x, nt only streams w, one row at a time in address order. */
+#define KT__BF16_NT_ROWS_MAX_M 4
+
 /* nt, where the caller reads the rows of a weight at `next` after this call (NULL: w's rows
  * after n1): above 32 rows of x the kernel fetches them ahead while its last block runs
  * (below, it only streams w, and its fetches run ahead along w's own rows). */
