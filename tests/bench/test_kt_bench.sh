@@ -39,6 +39,10 @@ for l in lines:
         ms = o.get("fwd_ms", o.get("fwdbwd_ms"))
         assert ms is not None and ms > 0 and math.isfinite(ms), "time %r" % ms
         assert o["fraction_of_peak"] >= 0, "fraction_of_peak %r" % o["fraction_of_peak"]
+        if c["qlen"] <= 16 and c["pass"] == "fwd":  # read passes between the calls
+            f, g = o["fraction_of_bandwidth"], o.get("bandwidth_gbs")
+            assert f is not None and f > 0 and math.isfinite(f), "fraction_of_bandwidth %r" % f
+            assert g is not None and g > 0, "bandwidth_gbs %r" % g
         assert abs(o["weight_bytes_ratio"] - 1.0) < 0.05, "weights held %r" % o["weight_bytes_ratio"]
     elif o.get("bench") == "gemm":
         assert o["median_ms"] > 0 and o["gflops"] > 0, l

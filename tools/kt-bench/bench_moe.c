@@ -306,8 +306,12 @@ static int parse(int argc, char **argv, moe_args *a)
                    "GFLOP/s, the fraction of the vdpbf16ps peak (bf16) or of OpenBLAS sgemm on\n"
                    "the same per-expert shapes (f32), the fraction of memory bandwidth for\n"
                    "qlen <= 16, and the ratio against PyTorch's loop in bf16 and f32.\n"
-                   "At qlen <= 16 each call's expert ids are the drawn ones shifted by a\n"
-                   "multiple of E/8 (both sides), so that no call finds the last one's experts\n"
+                   "At qlen <= 16 each forward call comes right after a pass of a plain read\n"
+                   "loop over 256 MB; the fraction of memory bandwidth is the median over the\n"
+                   "calls of the call's rate (bytes of the experts it touches / its time) over\n"
+                   "the pass just before it, and the GB/s printed the passes' median. There\n"
+                   "each call's expert ids are the drawn ones shifted by a multiple of a shift\n"
+                   "of at least E/8 (both sides), so that no call finds the last one's experts\n"
                    "still in the CPU's caches.\n"
                    "--numa-split: a NUMA-placed pool and the experts split over the nodes\n"
                    "(KT_MOE_NUMA_SPLIT; the same as without on a one-node machine).\n"
@@ -377,13 +381,33 @@ static int parse(int argc, char **argv, moe_args *a)
     return 0;
 }
 
+/* Against the memory bandwidth (qlen <= 16), each call comes right after a pass of the read
+ * loop: this VM's bandwidth moves between about 50 and 90 GB/s from one minute to the next,
+ * and a read loop measured before and after the calls (the higher kept) judged calls made at
+ * 50 against 90 when it changed in between. Interleaved, each call is judged against the
+ * pass just before it. The pass also leaves nothing of the last call in the caches. */
+typedef struct bw_judge {
+    bench_read_probe *probe; /* NULL: no bandwidth figure */
+    kt_threadpool *pool;     /* the layer's, which reads the probe too */
+    double touched;          /* bytes of expert weights a call reads */
+    double gbs;              /* out: median GB/s of the read passes before the timed calls */
+    double fraction;         /* out: median over those calls of (touched / time) / pass GB/s */
+} bw_judge;
+
 /* The median time of `repeats` calls after `warmup`; the layer's phase times over the timed
- * calls into *phases. */
-/* rotate: E to shift the ids call by call (rotate_ids), 0 to keep them */
+ * calls into *phases. rotate: E to shift the ids call by call (rotate_ids), 0 to keep them.
+ * bw (NULL: none): the read pass before each call, and the figures of bw_judge. */
 static double time_median(kt_moe *m, moe_inputs *in, int backward, int warmup, int repeats,
-                          int64_t rotate, kt_moe_phase_times *phases)
+                          int64_t rotate, bw_judge *bw, kt_moe_phase_times *phases)
 {
     double *t = calloc((size_t)(warmup + repeats), sizeof *t);
+    double *gbs = calloc((size_t)(warmup + repeats), sizeof *gbs);
+    double *frac = calloc((size_t)(warmup + repeats), sizeof *frac);
+    if (t == NULL || gbs == NULL || frac == NULL) {
+        fprintf(stderr, "kt-bench moe: out of memory\n");
+        free(t), free(gbs), free(frac);
+        return -1;
+    }
     for (int r = 0; r < warmup + repeats; r++) {
         if (rotate > 0)
             rotate_ids(in, rotate, r);
@@ -393,17 +417,24 @@ static double time_median(kt_moe *m, moe_inputs *in, int backward, int warmup, i
          * none): the weight/LoRA gradients are overwritten, not added to */
         if (backward)
             kt_moe_zero_grad(m);
+        if (bw && bw->probe)
+            gbs[r] = bench_read_probe_pass(bw->probe, bw->pool);
         double t0 = bench_now_s();
         if (kt_moe_forward(m, &in->x, &in->ids, &in->w, &in->y) != KT_OK ||
             (backward && kt_moe_backward(m, &in->gy, &in->gx, &in->gw, 1.0f) != KT_OK)) {
             fprintf(stderr, "kt-bench moe: %s\n", kt_last_error());
-            free(t);
+            free(t), free(gbs), free(frac);
             return -1;
         }
         t[r] = bench_now_s() - t0;
+        frac[r] = t[r] > 0 && gbs[r] > 0 ? bw->touched / t[r] * 1e-9 / gbs[r] : 0.0;
     }
     double med = bench_median(t + warmup, repeats);
-    free(t);
+    if (bw && bw->probe) {
+        bw->gbs = bench_median(gbs + warmup, repeats);
+        bw->fraction = bench_median(frac + warmup, repeats);
+    }
+    free(t), free(gbs), free(frac);
     kt_moe_get_phase_times(m, phases);
     return med;
 }
@@ -468,12 +499,18 @@ int bench_moe(int argc, char **argv, const bench_args *common)
      * something else ran on the machine would flatter every fraction */
     double peak =
         a.dtype == KT_BF16 ? bench_bf16_peak_gflops(pool, kt_threadpool_size(pool), 5) : 0.0;
-    /* the read bandwidth likewise before and after, the higher kept */
-    double bw = small ? bench_read_bandwidth_gbs(pool, 256u << 20) : 0.0;
+    /* the read bandwidth in passes between the forward calls (bw_judge) */
+    bw_judge bw = {small ? bench_read_probe_open(256u << 20) : NULL, pool,
+                   (double)in.active * 3.0 * (double)(s->hidden * s->inter) *
+                       (double)kt_dtype_size(a.dtype),
+                   0.0, -1.0};
+    if (small && bw.probe == NULL)
+        fprintf(stderr, "kt-bench moe: no memory for the read loop: no bandwidth figure\n");
     kt_moe_phase_times ph[2];
     const int64_t rotate = small ? s->experts : 0;
-    double fwd = time_median(m, &in, 0, 2, reps, rotate, &ph[0]);
-    double fwdbwd = time_median(m, &in, 1, 2, reps, rotate, &ph[1]);
+    double fwd = time_median(m, &in, 0, 2, reps, rotate, &bw, &ph[0]);
+    double fwdbwd = time_median(m, &in, 1, 2, reps, rotate, NULL, &ph[1]);
+    bench_read_probe_close(bw.probe);
     if (rotate > 0) /* the drawn ids again, for the peer's file */
         rotate_ids(&in, rotate, 0);
     if (fwd < 0 || fwdbwd < 0) {
@@ -492,12 +529,6 @@ int bench_moe(int argc, char **argv, const bench_args *common)
     } else {
         peak = sgemm_rate_gflops(&a, &in, pool);
     }
-    if (small) {
-        const double after = bench_read_bandwidth_gbs(pool, 256u << 20);
-        bw = after > bw ? after : bw;
-    }
-    double touched =
-        (double)in.active * 3.0 * (double)(s->hidden * s->inter) * (double)kt_dtype_size(a.dtype);
 
     /* the PyTorch peer, on the same inputs, in bf16 and in f32 */
     double t_fwd[2] = {0, 0}, t_fb[2] = {0, 0};
@@ -530,7 +561,7 @@ int bench_moe(int argc, char **argv, const bench_args *common)
         double t = pass ? fwdbwd : fwd;
         double gf = flops(&a, pass) / t * 1e-9;
         double frac_peak = peak > 0 ? gf / peak : 0.0;
-        double frac_bw = (!pass && bw > 0) ? touched / t * 1e-9 / bw : -1.0;
+        double frac_bw = pass ? -1.0 : bw.fraction;
         double ratio[2];
         for (int k = 0; k < 2; k++)
             ratio[k] = have[k] ? (pass ? t_fb[k] : t_fwd[k]) * 1e-3 / t : -1.0;
@@ -544,7 +575,7 @@ int bench_moe(int argc, char **argv, const bench_args *common)
             printf("\"%s\":%.2f,\"fraction_of_peak\":%.3f,",
                    a.dtype == KT_BF16 ? "peak_gflops" : "sgemm_gflops", peak, frac_peak);
             if (frac_bw >= 0)
-                printf("\"bandwidth_gbs\":%.2f,\"fraction_of_bandwidth\":%.3f,", bw, frac_bw);
+                printf("\"bandwidth_gbs\":%.2f,\"fraction_of_bandwidth\":%.3f,", bw.gbs, frac_bw);
             else
                 printf("\"fraction_of_bandwidth\":null,");
             for (int k = 0; k < 2; k++) {
@@ -569,7 +600,7 @@ int bench_moe(int argc, char **argv, const bench_args *common)
                    pass ? "fwd+bwd" : "fwd", t * 1e3, (double)a.qlen / t, gf, frac_peak,
                    a.dtype == KT_BF16 ? "vdpbf16ps peak" : "OpenBLAS sgemm rate", peak);
             if (frac_bw >= 0)
-                printf(", %.3f of %.1f GB/s memory bandwidth", frac_bw, bw);
+                printf(", %.3f of %.1f GB/s memory bandwidth", frac_bw, bw.gbs);
             for (int k = 0; k < 2; k++)
                 if (have[k])
                     printf(", %.2fx torch %s", ratio[k], k ? "f32" : "bf16");

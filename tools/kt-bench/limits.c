@@ -19,8 +19,8 @@ typedef struct read_job {
 } read_job;
 
 #ifdef LIMITS_HAVE_PEAK
-__attribute__((target("avx512f"))) static void read_range_avx512(void *ctx, int64_t b,
-                                                                  int64_t e, int thread)
+__attribute__((target("avx512f"))) static void read_range_avx512(void *ctx, int64_t b, int64_t e,
+                                                                 int thread)
 {
     read_job *j = ctx;
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -47,33 +47,49 @@ static void read_range(void *ctx, int64_t b, int64_t e, int thread)
     j->partial[thread] += s;
 }
 
-double bench_read_bandwidth_gbs(kt_threadpool *pool, size_t bytes)
+struct bench_read_probe {
+    float *data;
+    int64_t n;
+};
+
+bench_read_probe *bench_read_probe_open(size_t bytes)
 {
-    int64_t n = (int64_t)(bytes / sizeof(float));
-    float *data = NULL;
+    bench_read_probe *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return NULL;
+    p->n = (int64_t)(bytes / sizeof(float));
     /* allocated as the layer's weights are (huge pages where large): from 4 KiB pages the loop
      * read 41-44 GB/s in a minute where the layer streamed its weights at 50 */
-    if (kt__numa_alloc((size_t)n * sizeof(float), -1, (void **)&data) != KT_OK)
-        return 0.0;
-    for (int64_t i = 0; i < n; i++)
-        data[i] = (float)(i & 7);
+    if (kt__numa_alloc((size_t)p->n * sizeof(float), -1, (void **)&p->data) != KT_OK) {
+        free(p);
+        return NULL;
+    }
+    for (int64_t i = 0; i < p->n; i++) /* also faults every page in */
+        p->data[i] = (float)(i & 7);
+    return p;
+}
+
+double bench_read_probe_pass(bench_read_probe *p, kt_threadpool *pool)
+{
     double partial[1024] = {0};
-    read_job j = {data, partial};
+    read_job j = {p->data, partial};
     kt_range_fn fn = read_range;
 #ifdef LIMITS_HAVE_PEAK
     if (kt_cpu_get_features()->avx512f)
         fn = read_range_avx512;
 #endif
-    double best = 0.0;
-    for (int rep = 0; rep < 6; rep++) {
-        double t0 = bench_now_s();
-        kt_parallel_for(pool, n, 1 << 16, fn, &j);
-        double dt = bench_now_s() - t0;
-        if (rep > 0 && dt > 0 && (double)bytes / dt > best) /* first pass warms the pages */
-            best = (double)bytes / dt;
-    }
-    kt__numa_free(data, (size_t)n * sizeof(float), -1);
-    return best * 1e-9;
+    const double t0 = bench_now_s();
+    kt_parallel_for(pool, p->n, 1 << 16, fn, &j);
+    const double dt = bench_now_s() - t0;
+    return dt > 0 ? (double)p->n * sizeof(float) / dt * 1e-9 : 0.0;
+}
+
+void bench_read_probe_close(bench_read_probe *p)
+{
+    if (p == NULL)
+        return;
+    kt__numa_free(p->data, (size_t)p->n * sizeof(float), -1);
+    free(p);
 }
 
 /* ---- register peak ---------------------------------------------------------------------- */

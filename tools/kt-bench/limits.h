@@ -8,8 +8,13 @@
 
 #include "bench.h"
 
-/* Best of several parallel read passes over `bytes` of memory (GB/s). */
-double bench_read_bandwidth_gbs(kt_threadpool *pool, size_t bytes);
+/* A buffer of `bytes` allocated as the layer's weights are (huge pages where large), read
+ * whole in parallel passes: the memory read bandwidth as a plain loop gets it. open returns
+ * NULL when the buffer cannot be allocated; pass returns one pass's GB/s. */
+typedef struct bench_read_probe bench_read_probe;
+bench_read_probe *bench_read_probe_open(size_t bytes);
+double bench_read_probe_pass(bench_read_probe *p, kt_threadpool *pool);
+void bench_read_probe_close(bench_read_probe *p);
 /* Register peak of vdpbf16ps (GFLOP/s) on `threads` threads (the pool's; NULL pool: the
  * caller's), median of `repeats` runs after a warm-up; 0 without AVX-512 BF16. */
 double bench_bf16_peak_gflops(kt_threadpool *pool, int threads, int repeats);
