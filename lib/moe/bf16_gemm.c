@@ -236,16 +236,15 @@ NT_VARIANT(1, 1)
 #define NT_WIDE 1
 #endif
 #endif
-/* The first row tile over a block of 6 w rows at small M: it also prefetches the 6 rows of
- * the block after next at the same k (NT_PF_AHEAD rows on), so they are on their way two
- * blocks before they are used (the tile is then memory-bound, and 6 streams 4 KiB apart are
- * more than the hardware prefetchers follow well; at one row a block takes about as long as
- * a memory access, so one block ahead left every load waiting: qlen 1, 2.36-2.56 -> 2.27-2.37
- * ms for dsv2lite, 0.84-0.97 -> 1.03-1.13 of the measured bandwidth). Into L2, not L1: at a
- * dozen rows (qlen 128) that streamed the weights about 5 % faster (more lines in flight), and
- * at one row it made no difference. Addresses past the last row are only prefetched, never
- * loaded. (Up to 4 rows nt_rows runs instead; fetching the next block in address order
- * into L1 was slower there, and at two or more row tiles a block, 7-10 %.) */
+/* The first row tile over a block of 6 w rows at 5 to 32 rows of x: it also prefetches the 6
+ * rows of the block after next at the same k (NT_PF_AHEAD rows on), so they are on their way
+ * two blocks before they are used (with few rows the tile is memory-bound, and 6 streams 4 KiB
+ * apart are more than the hardware prefetchers follow well; measured when this tile also ran
+ * one row, before nt_rows: one block ahead left every load waiting, dsv2lite qlen 1 2.36-2.56
+ * -> 2.27-2.37 ms). Into L2, not L1: at a dozen rows (qlen 128) that streamed the weights about
+ * 5 % faster (more lines in flight). Addresses past the last row are only prefetched, never
+ * loaded. (Fetching the next block in address order into L1 instead was 7-10 % slower at two
+ * or more row tiles a block.) */
 #define NT_PF_MAX_M 32
 /* nt_<MR>x6<SUFFIX>: the 6-column tile of MR rows that fetches as KIND does */
 #define NT_TILE_FETCHING(MR, SUFFIX, KIND)                                                         \
@@ -395,10 +394,12 @@ NT_ROWS_VARIANT(4)
 static const nt_rows_fn nt_rows_table[NT_ROWS_MAX_M + 1] = {NULL, nt_rows_1, nt_rows_2, nt_rows_3,
                                                             nt_rows_4};
 
+/* nt_row_dots keeps 4 accumulators; M >= 1 (kt__bf16_gemm_nt_next returns before for M <= 0) */
+_Static_assert(NT_ROWS_MAX_M == 4, "nt_rows has variants and accumulators for 1 to 4 rows");
+
 static void nt_rows(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
                     const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
-
     const nt_rows_fn fn = nt_rows_table[M];
     const int per = 16 / (int)M;
     for (int64_t n = n0; n < n1; n += per) {
@@ -411,12 +412,12 @@ static void nt_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
                       const uint16_t *w, int64_t ldw, const uint16_t *next, float *y, int64_t ldy,
                       int accumulate)
 {
-    /* x in as few row chunks of equal size as fit NT_X_CHUNK_BYTES: each chunk streams all
-     * of w once more, so splitting 96 rows as 64 + 32 would read w twice for nothing */
     if (M <= NT_ROWS_MAX_M) {
         nt_rows(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
         return;
     }
+    /* x in as few row chunks of equal size as fit NT_X_CHUNK_BYTES: each chunk streams all
+     * of w once more, so splitting 96 rows as 64 + 32 would read w twice for nothing */
     int64_t mc = K > 0 ? NT_X_CHUNK_BYTES / (2 * K) : M;
     mc = mc < 4 ? 4 : mc;
     const int64_t nchunks = (M + mc - 1) / mc;

@@ -80,8 +80,8 @@ static void gate_up_tasks(void *vctx, int64_t b, int64_t end, int thread)
         for (int64_t c0 = t->c0; c0 < t->c1; c0 += sub) {
             const kt__moe_task st = {t->e, c0, t->c1 - c0 < sub ? t->c1 : c0 + sub};
             if (m->bf16) {
-                /* gate's block, then up's, then gate's next: each call fetches the next one's
-                 * first rows ahead */
+                /* gate's block, then up's, then gate's next: above 32 rows each call fetches
+                 * the next one's first rows ahead */
                 const uint16_t *wg = kt__moe_weight_ptr(m, t->e, KT_MOE_GATE);
                 const uint16_t *wu = kt__moe_weight_ptr(m, t->e, KT_MOE_UP);
                 kt__bf16_gemm_nt_next(me, st.c0, st.c1, m->H, x, m->ldh, wg, m->H,
