@@ -458,6 +458,18 @@ static void test_nn2(void **state)
     }
 }
 
+/* An M-row call's output `few` against a call of big_m rows (`big`), both from y0 (rows ldy
+ * apart): its M rows are the big call's bits (a row's sums do not depend on the other rows),
+ * and the rest of the buffer is untouched. cols: the columns each row computed. */
+static void check_first_rows(const float *few, const float *big, const float *y0, int64_t M,
+                             int64_t big_m, int64_t ldy, int64_t cols)
+{
+    assert_memory_equal(few, big, (size_t)(M * ldy) * sizeof *few);
+    assert_memory_equal(few + M * ldy, y0 + M * ldy, (size_t)((big_m - M) * ldy) * sizeof *few);
+    g_cases++;
+    g_checked += M * cols;
+}
+
 /* NN's stream path (M <= 16 rows; from 6, groups of 8 pairs; above 12, two row tiles) against
  * its rows path (more rows): a row's sums do not depend on the other rows, so the first M rows of
  * an 18-row call must be the M-row call's bits, for nn (overwrite and add) and nn2, on an odd
@@ -503,12 +515,7 @@ static void test_nn_stream_path(void **state)
                     kt__bf16_gemm_nn(M, N, k0, k1, g, ldg, w, ldw, few, ldy, kind);
                 else
                     kt__bf16_gemm_nn2(M, N, k0, k1, g, w, g1, w1, ldg, ldw, few, ldy, 0);
-                /* the M rows as the big call's; the rest of the buffer untouched */
-                assert_memory_equal(few, big, (size_t)(M * ldy) * sizeof *few);
-                assert_memory_equal(few + M * ldy, y0 + M * ldy,
-                                    (size_t)((BIG_M - M) * ldy) * sizeof *few);
-                g_cases++;
-                g_checked += M * (k1 - k0);
+                check_first_rows(few, big, y0, M, BIG_M, ldy, k1 - k0);
             }
         }
         free(g), free(w), free(y0), free(big), free(few);
@@ -551,12 +558,7 @@ static void test_nt_rows_path(void **state)
             for (int64_t M = 1; M <= KT__BF16_NT_ROWS_MAX_M; M++) {
                 memcpy(few, y0, (size_t)(BIG_M * ldy) * sizeof *few);
                 kt__bf16_gemm_nt(M, n0, n1, K, x, ldx, w, ldw, few, ldy, acc);
-                /* the M rows as the big call's; the rest of the buffer untouched */
-                assert_memory_equal(few, big, (size_t)(M * ldy) * sizeof *few);
-                assert_memory_equal(few + M * ldy, y0 + M * ldy,
-                                    (size_t)((BIG_M - M) * ldy) * sizeof *few);
-                g_cases++;
-                g_checked += M * (n1 - n0);
+                check_first_rows(few, big, y0, M, BIG_M, ldy, n1 - n0);
             }
         }
         free(x), free(w), free(y0), free(big), free(few);
