@@ -8,9 +8,10 @@
  *   backward: gz = s * gout B [rows, r];    gin += gz A
  *             dB += scale * s * gout^T z;   dA += scale * gz^T x
  *
- * z, gz (kt__vec_rows_dots) and gin (kt__vec_rows_axpys) take an expert's rows at a time.
- * The others cut long rows into pieces of piece(r) columns: their stack buffers hold one
- * piece of a row and r pieces of accumulators or of B transposed (r + 2 pieces: 64 KiB). */
+ * All take an expert's rows at a time: z, gz (kt__vec_rows_dots), gin and out
+ * (kt__vec_rows_axpys). out and the gradients cut long rows into pieces of piece(r) columns:
+ * their stack buffers hold r pieces of B transposed, or of accumulators and one piece of a row
+ * (at most r + 2 pieces: 64 KiB). */
 #include "moe/moe_internal.h"
 #include "moe/vec.h"
 
@@ -62,25 +63,21 @@ void kt__moe_lora_z(kt_moe *m, int proj, const void *in_c, int64_t ld_in)
 }
 
 /* out[r, c0..c1) += s * sum_q z[r, q] B[n, q] for the task's expert: B's columns transposed
- * once per piece into bt[q][n], then per row r axpys into a row buffer added to out. */
+ * once per piece into bt[q][n], then kt__vec_rows_axpys over the expert's rows (each column
+ * block of bt read once for all rows, each out element read and written once). */
 void kt__moe_lora_add(kt_moe *m, int proj, const kt__moe_task *t, float *out)
 {
     const int64_t outw = kt__moe_proj_out(m, proj), R = m->R, W = piece(R);
     const float *B = kt__moe_lora_ptr(m, m->lora, t->e, proj, 1);
-    const float *z = m->z[proj];
-    float buf[LORA_BUF];
-    float *acc = buf, *bt = buf + W;
+    const int64_t off = m->off[t->e], rows = m->off[t->e + 1] - off;
+    float bt[LORA_BUF];
     for (int64_t n0 = t->c0; n0 < t->c1; n0 += W) {
         const int64_t w = t->c1 - n0 < W ? t->c1 - n0 : W;
         for (int64_t q = 0; q < R; q++)
             for (int64_t n = 0; n < w; n++)
                 bt[q * W + n] = B[(n0 + n) * R + q];
-        for (int64_t r = m->off[t->e]; r < m->off[t->e + 1]; r++) {
-            for (int64_t n = 0; n < w; n++)
-                acc[n] = 0.0f;
-            kt__vec_axpys(w, z + r * R, bt, W, R, acc);
-            kt__vec_axpy(w, m->lora_scale, acc, out + r * outw + n0);
-        }
+        kt__vec_rows_axpys(w, rows, m->z[proj] + off * R, R, bt, W, m->lora_scale,
+                           out + off * outw + n0, outw);
     }
 }
 
@@ -173,6 +170,6 @@ void kt__moe_lora_gin_add(kt_moe *m, int proj, const kt__moe_task *t, int64_t r0
 {
     const int64_t in = kt__moe_proj_in(m, proj);
     const float *A = kt__moe_lora_ptr(m, m->lora, t->e, proj, 0);
-    kt__vec_rows_axpys(t->c1 - t->c0, r1 - r0, m->gz[proj] + r0 * m->R, m->R, A + t->c0, in, gin,
-                       ldg);
+    kt__vec_rows_axpys(t->c1 - t->c0, r1 - r0, m->gz[proj] + r0 * m->R, m->R, A + t->c0, in, 1.0f,
+                       gin, ldg);
 }

@@ -216,31 +216,13 @@ VEC_TARGET static void rank_update_avx512(int64_t n, int64_t nrows, const void *
         }
 }
 
-VEC_TARGET static void axpys_avx512(int64_t n, const float *alpha, const float *x, int64_t ldx,
-                                    int64_t R, float *y)
-{
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 yv = _mm512_loadu_ps(y + i);
-        for (int64_t q = 0; q < R; q++)
-            yv = _mm512_fmadd_ps(_mm512_set1_ps(alpha[q]), _mm512_loadu_ps(x + q * ldx + i), yv);
-        _mm512_storeu_ps(y + i, yv);
-    }
-    if (i < n) {
-        const __mmask16 k = kt__lanes16(n - i);
-        __m512 yv = _mm512_maskz_loadu_ps(k, y + i);
-        for (int64_t q = 0; q < R; q++)
-            yv = _mm512_fmadd_ps(_mm512_set1_ps(alpha[q]),
-                                 _mm512_maskz_loadu_ps(k, x + q * ldx + i), yv);
-        _mm512_mask_storeu_ps(y + i, k, yv);
-    }
-}
-
 /* Rows r < nrows of y: a 16-column block of x's R rows is read once from memory for all
  * rows (it stays in L1), each y element read and written once. */
 VEC_TARGET static void rows_axpys_avx512(int64_t n, int64_t nrows, const float *coef, int64_t R,
-                                         const float *x, int64_t ldx, float *y, int64_t ldy)
+                                         const float *x, int64_t ldx, float scale, float *y,
+                                         int64_t ldy)
 {
+    const __m512 vs = _mm512_set1_ps(scale);
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 k = kt__lanes16(n - i);
         for (int64_t r = 0; r < nrows; r++) {
@@ -250,7 +232,7 @@ VEC_TARGET static void rows_axpys_avx512(int64_t n, int64_t nrows, const float *
                 acc = _mm512_fmadd_ps(_mm512_set1_ps(c[q]),
                                       _mm512_maskz_loadu_ps(k, x + q * ldx + i), acc);
             float *yr = y + r * ldy + i;
-            _mm512_mask_storeu_ps(yr, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, yr), acc));
+            _mm512_mask_storeu_ps(yr, k, _mm512_fmadd_ps(vs, acc, _mm512_maskz_loadu_ps(k, yr)));
         }
     }
 }
@@ -287,25 +269,12 @@ void kt__vec_axpy(int64_t n, float alpha, const float *x, float *y)
         y[i] += alpha * x[i];
 }
 
-void kt__vec_axpys(int64_t n, const float *alpha, const float *x, int64_t ldx, int64_t R, float *y)
-{
-#ifdef VEC_AVX512
-    if (kt__cpu_has_avx512()) {
-        axpys_avx512(n, alpha, x, ldx, R, y);
-        return;
-    }
-#endif
-    for (int64_t q = 0; q < R; q++)
-        for (int64_t i = 0; i < n; i++)
-            y[i] += alpha[q] * x[q * ldx + i];
-}
-
 void kt__vec_rows_axpys(int64_t n, int64_t nrows, const float *coef, int64_t R, const float *x,
-                        int64_t ldx, float *y, int64_t ldy)
+                        int64_t ldx, float scale, float *y, int64_t ldy)
 {
 #ifdef VEC_AVX512
     if (kt__cpu_has_avx512()) {
-        rows_axpys_avx512(n, nrows, coef, R, x, ldx, y, ldy);
+        rows_axpys_avx512(n, nrows, coef, R, x, ldx, scale, y, ldy);
         return;
     }
 #endif
@@ -314,7 +283,7 @@ void kt__vec_rows_axpys(int64_t n, int64_t nrows, const float *coef, int64_t R, 
             float acc = 0.0f;
             for (int64_t q = 0; q < R; q++)
                 acc += coef[r * R + q] * x[q * ldx + i];
-            y[r * ldy + i] += acc;
+            y[r * ldy + i] += scale * acc;
         }
 }
 

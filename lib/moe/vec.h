@@ -17,14 +17,12 @@ void kt__vec_axpy(int64_t n, float alpha, const float *x, float *y);
  * a read once for a block of rows (row by row, a's r pieces came back from L2 for each). */
 void kt__vec_rows_dots(int64_t n, int64_t nrows, const void *x, int64_t ldx, int bf16,
                        const float *a, int64_t a_row, int64_t a_col, int64_t R, float *out);
-/* y[i] += alpha[q] x[q ldx + i] for q = 0 .. R-1 in order: the bits of R kt__vec_axpy calls,
- * y read and written once */
-void kt__vec_axpys(int64_t n, const float *alpha, const float *x, int64_t ldx, int64_t R, float *y);
-/* y[r ldy + i] += (sum over q < R in order of coef[r R + q] x[q ldx + i]) for rows r < nrows
- * and i < n: per row, the bits of kt__vec_axpys into a zeroed buffer added to y, with each
- * column block of x read once for all rows */
+/* y[r ldy + i] += scale (sum over q < R in order of coef[r R + q] x[q ldx + i]) for rows
+ * r < nrows and i < n: per row, the bits of R kt__vec_axpy calls into a zeroed buffer, then
+ * one kt__vec_axpy of it (times scale) into y's row, with each column block of x read once
+ * for all rows and y read and written once */
 void kt__vec_rows_axpys(int64_t n, int64_t nrows, const float *coef, int64_t R, const float *x,
-                        int64_t ldx, float *y, int64_t ldy);
+                        int64_t ldx, float scale, float *y, int64_t ldy);
 /* acc[q lda + i] = sum over rows r < nrows in order of coef[r R + q] x[r][i], for q < R and
  * i < n, x's rows ldx elements apart in the compute dtype (bf16 when bf16, else f32): the bits
  * of zeroing acc and then, row by row, R kt__vec_axpy calls on the widened row; acc is
