@@ -104,13 +104,19 @@ VEC_TARGET static void rd_finish(const __m512 *acc, int nq, int last, float *par
  * gcc stored all 16 to the stack every step, and the stores were the limit (rows_dots took
  * about 10 ms of dsv2lite qlen 1024 LoRA's 286 ms fwd+bwd). */
 VEC_INLINE void rd_two_rows(const unsigned char *x0, const unsigned char *x1, int bf16, int64_t c0,
-                            int64_t cw, const float (*ap)[RD_COLS], __m512 *acc0, __m512 *acc1)
+                            int64_t cw, const float (*ap)[RD_COLS], const unsigned char *pf0,
+                            const unsigned char *pf1, __m512 *acc0, __m512 *acc1)
 {
+    const size_t es = bf16 ? 2 : 4;
     __m512 a0 = acc0[0], a1 = acc0[1], a2 = acc0[2], a3 = acc0[3], a4 = acc0[4], a5 = acc0[5],
            a6 = acc0[6], a7 = acc0[7];
     __m512 b0 = acc1[0], b1 = acc1[1], b2 = acc1[2], b3 = acc1[3], b4 = acc1[4], b5 = acc1[5],
            b6 = acc1[6], b7 = acc1[7];
     for (int64_t i = 0; i < cw; i += 16) {
+        if (pf0 != NULL) {
+            _mm_prefetch((const char *)pf0 + (size_t)(c0 + i) * es, _MM_HINT_T0);
+            _mm_prefetch((const char *)pf1 + (size_t)(c0 + i) * es, _MM_HINT_T0);
+        }
         const __m512 xv0 = load_row16(x0, bf16, c0 + i, cw - i);
         const __m512 xv1 = load_row16(x1, bf16, c0 + i, cw - i);
 #define RD_FMA(j)                                                                                  \
@@ -156,7 +162,12 @@ VEC_TARGET static void rows_dots_avx512(int64_t n, int64_t nrows, const void *x,
                         acc1[j] = c0 == 0 || r + 1 >= rb ? _mm512_setzero_ps()
                                                          : _mm512_load_ps(part[r + 1][j]);
                     }
-                    rd_two_rows(x0, x1, bf16, c0, cw, (const float(*)[RD_COLS])ap, acc0, acc1);
+                    /* the next pair's piece of the rows is fetched meanwhile: each row's piece is
+                     * a short run, which the hardware prefetchers do not start on in time */
+                    const unsigned char *pf0 = r + 2 < rb ? x1 + (size_t)ldx * es : NULL;
+                    const unsigned char *pf1 = r + 3 < rb ? pf0 + (size_t)ldx * es : pf0;
+                    rd_two_rows(x0, x1, bf16, c0, cw, (const float(*)[RD_COLS])ap, pf0, pf1, acc0,
+                                acc1);
                     rd_finish(acc0, nq, last, part[r][0], out + (r0 + r) * R + q0);
                     if (r + 1 < rb)
                         rd_finish(acc1, nq, last, part[r + 1][0], out + (r0 + r + 1) * R + q0);
