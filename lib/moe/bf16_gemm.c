@@ -21,8 +21,8 @@
  *    per 24 vdpbf16ps; x is walked in row chunks that stay in L2, and w in blocks of 6 rows
  *    that stay in L1 while all x rows of the chunk pass, so at small M each w row is read
  *    from memory once for all M rows (6 rows streaming at once). Up to 4 rows of x (nt_rows)
- *    w is read one row at a time instead, one stream in address order, the products of 16 /
- *    M rows of w reduced together.
+ *    w is read one row at a time instead, in address order (up to 2 rows of x, as two halves
+ *    side by side), the products of 16 / M rows of w reduced together.
  *  - NN y = g w: the B operand pairs rows n, n+1 of w (unpacklo/hi_epi16, which leaves the
  *    32 columns of a block permuted within the two accumulators; undone at the store), the
  *    A operand is the 32-bit pair (g[m,n], g[m,n+1]) broadcast; up to 12 rows of g x 32
@@ -315,96 +315,128 @@ static nt_pf nt_next_lines(const uint16_t *next, int64_t ldw, int64_t K, int64_t
  * 4 rows 30.4-31.7 -> 33.5-33.6 (2 threads, in the slow state: 47-49 -> 48-52). */
 #define NT_ROWS_MAX_M KT__BF16_NT_ROWS_MAX_M
 
-/* o[i] = the 16-lane sums of x row i . w row wr over K (i < mr), one accumulator a row of x,
- * the chunks of k in order: the tile's operations, so the tile's bits. */
-BF_INLINE void nt_row_dots(const int mr, int64_t K, const uint16_t *x, int64_t ldx,
-                           const uint16_t *wr, __m512 *o)
+/* o[i] (o[mr + i]) = the 16-lane sums of x row i . w row wa (wb; NULL: none) over K (i < mr),
+ * one accumulator each, the chunks of k in order: the tile's operations, so the tile's bits. */
+#define NT_ROW_DP(i, load)                                                                         \
+    if (mr > i) {                                                                                  \
+        const __m512i xv = load(x + i * ldx + k);                                                  \
+        a##i = dp(a##i, xv, wva);                                                                  \
+        if (two)                                                                                   \
+            b##i = dp(b##i, xv, wvb);                                                              \
+    }
+#define NT_ROW_STEP(load)                                                                          \
+    {                                                                                              \
+        const __m512i wva = load(wa + k), wvb = two ? load(wb + k) : wva;                          \
+        NT_ROW_DP(0, load) NT_ROW_DP(1, load) NT_ROW_DP(2, load) NT_ROW_DP(3, load)                \
+    }
+#define NT_FULL_LOAD(p) _mm512_loadu_si512((const void *)(p))
+#define NT_TAIL_LOAD(p) _mm512_maskz_loadu_epi16(km, (p))
+BF_INLINE void nt_row_dots(const int mr, const int two, int64_t K, const uint16_t *x, int64_t ldx,
+                           const uint16_t *wa, const uint16_t *wb, __m512 *o)
 {
     const __m512 zf = _mm512_setzero_ps();
-    __m512 a0 = zf, a1 = zf, a2 = zf, a3 = zf;
+    __m512 a0 = zf, a1 = zf, a2 = zf, a3 = zf, b0 = zf, b1 = zf, b2 = zf, b3 = zf;
     int64_t k = 0;
-    for (; k + 32 <= K; k += 32) {
-        const __m512i wv = _mm512_loadu_si512((const void *)(wr + k));
-        a0 = dp(a0, _mm512_loadu_si512((const void *)(x + k)), wv);
-        if (mr > 1)
-            a1 = dp(a1, _mm512_loadu_si512((const void *)(x + ldx + k)), wv);
-        if (mr > 2)
-            a2 = dp(a2, _mm512_loadu_si512((const void *)(x + 2 * ldx + k)), wv);
-        if (mr > 3)
-            a3 = dp(a3, _mm512_loadu_si512((const void *)(x + 3 * ldx + k)), wv);
-    }
+    for (; k + 32 <= K; k += 32)
+        NT_ROW_STEP(NT_FULL_LOAD)
     if (k < K) {
         const __mmask32 km = kt__lanes32(K - k);
-        const __m512i wv = _mm512_maskz_loadu_epi16(km, wr + k);
-        a0 = dp(a0, _mm512_maskz_loadu_epi16(km, x + k), wv);
-        if (mr > 1)
-            a1 = dp(a1, _mm512_maskz_loadu_epi16(km, x + ldx + k), wv);
-        if (mr > 2)
-            a2 = dp(a2, _mm512_maskz_loadu_epi16(km, x + 2 * ldx + k), wv);
-        if (mr > 3)
-            a3 = dp(a3, _mm512_maskz_loadu_epi16(km, x + 3 * ldx + k), wv);
+        NT_ROW_STEP(NT_TAIL_LOAD)
     }
-    o[0] = a0;
-    if (mr > 1)
-        o[1] = a1;
-    if (mr > 2)
-        o[2] = a2;
-    if (mr > 3)
-        o[3] = a3;
+    const __m512 all[8] = {a0, a1, a2, a3, b0, b1, b2, b3};
+    for (int i = 0; i < mr; i++) {
+        o[i] = all[i];
+        if (two)
+            o[mr + i] = all[4 + i];
+    }
 }
+#undef NT_ROW_STEP
+#undef NT_ROW_DP
+#undef NT_FULL_LOAD
+#undef NT_TAIL_LOAD
 
-/* y[0..mr) x [0..nw) (+)= x . w^T for nw <= 16 / mr rows of w, each read whole before the next
- * (one stream in address order, which the hardware prefetchers follow; the tile's 6 rows 4
- * KiB apart at the same k left them behind), the mr dot products of a row in slots
- * mr j + i, all 16 reduced together by the tile's tree. */
-BF_INLINE void nt_rows_block(const int mr, int64_t K, const uint16_t *x, int64_t ldx,
-                             const uint16_t *w, int64_t ldw, int nw, float *y, int64_t ldy,
-                             int accumulate)
+/* Rows of w at a time: y[0..mr) x [0..nw) (+)= x . wa^T (nw <= 16 / mr) and, with two, the same
+ * for nw rows of wb into yb (nw <= 8 / mr); each row read whole before the next (in address
+ * order, which the hardware prefetchers follow; the tile's 6 rows 4 KiB apart at the same k
+ * left them behind), row j of wa and of wb side by side, their dot products in slots
+ * (1 + two) mr j + i and, of wb, 2 mr j + mr + i, all 16 reduced together by the tile's tree. */
+BF_INLINE void nt_rows_block(const int mr, const int two, int64_t K, const uint16_t *x, int64_t ldx,
+                             const uint16_t *wa, const uint16_t *wb, int64_t ldw, int nw, float *ya,
+                             float *yb, int64_t ldy, int accumulate)
 {
     const __m512 zf = _mm512_setzero_ps();
     __m512 s[16];
     for (int i = 0; i < 16; i++)
         s[i] = zf;
-    for (int j = 0; j < 16 / mr; j++)
+    for (int j = 0; j < 16 / (1 + two) / mr; j++)
         if (j < nw)
-            nt_row_dots(mr, K, x, ldx, w + j * ldw, s + mr * j);
+            nt_row_dots(mr, two, K, x, ldx, wa + j * ldw, two ? wb + j * ldw : NULL,
+                        s + (1 + two) * mr * j);
     _Alignas(64) float r[16];
     _mm512_store_ps(r, reduce16(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10],
                                 s[11], s[12], s[13], s[14], s[15]));
-    for (int j = 0; j < nw; j++)
-        for (int i = 0; i < mr; i++) {
-            float *o = y + i * ldy + j;
-            *o = accumulate ? *o + r[mr * j + i] : r[mr * j + i];
-        }
+    for (int h = 0; h < 1 + two; h++) {
+        float *y = h ? yb : ya;
+        for (int j = 0; j < nw; j++)
+            for (int i = 0; i < mr; i++) {
+                float *o = y + i * ldy + j;
+                const float v = r[(1 + two) * mr * j + h * mr + i];
+                *o = accumulate ? *o + v : v;
+            }
+    }
 }
 
-typedef void (*nt_rows_fn)(int64_t K, const uint16_t *x, int64_t ldx, const uint16_t *w,
-                           int64_t ldw, int nw, float *y, int64_t ldy, int accumulate);
-#define NT_ROWS_VARIANT(MR)                                                                        \
-    BF_TARGET static void nt_rows_##MR(int64_t K, const uint16_t *x, int64_t ldx,                  \
-                                       const uint16_t *w, int64_t ldw, int nw, float *y,           \
-                                       int64_t ldy, int accumulate)                                \
+typedef void (*nt_rows_fn)(int64_t K, const uint16_t *x, int64_t ldx, const uint16_t *wa,
+                           const uint16_t *wb, int64_t ldw, int nw, float *ya, float *yb,
+                           int64_t ldy, int accumulate);
+#define NT_ROWS_VARIANT(MR, TWO, NAME)                                                             \
+    BF_TARGET static void NAME(int64_t K, const uint16_t *x, int64_t ldx, const uint16_t *wa,      \
+                               const uint16_t *wb, int64_t ldw, int nw, float *ya, float *yb,      \
+                               int64_t ldy, int accumulate)                                        \
     {                                                                                              \
-        nt_rows_block(MR, K, x, ldx, w, ldw, nw, y, ldy, accumulate);                              \
+        nt_rows_block(MR, TWO, K, x, ldx, wa, wb, ldw, nw, ya, yb, ldy, accumulate);               \
     }
-NT_ROWS_VARIANT(1)
-NT_ROWS_VARIANT(2)
-NT_ROWS_VARIANT(3)
-NT_ROWS_VARIANT(4)
-static const nt_rows_fn nt_rows_table[NT_ROWS_MAX_M + 1] = {NULL, nt_rows_1, nt_rows_2, nt_rows_3,
-                                                            nt_rows_4};
+NT_ROWS_VARIANT(1, 0, nt_rows_1)
+NT_ROWS_VARIANT(2, 0, nt_rows_2)
+NT_ROWS_VARIANT(3, 0, nt_rows_3)
+NT_ROWS_VARIANT(4, 0, nt_rows_4)
+NT_ROWS_VARIANT(1, 1, nt_rows2_1)
+NT_ROWS_VARIANT(2, 1, nt_rows2_2)
+NT_ROWS_VARIANT(3, 1, nt_rows2_3)
+NT_ROWS_VARIANT(4, 1, nt_rows2_4)
+/* [two streams][rows of x] */
+static const nt_rows_fn nt_rows_table[2][NT_ROWS_MAX_M + 1] = {
+    {NULL, nt_rows_1, nt_rows_2, nt_rows_3, nt_rows_4},
+    {NULL, nt_rows2_1, nt_rows2_2, nt_rows2_3, nt_rows2_4}};
 
-/* nt_row_dots keeps 4 accumulators; M >= 1 (kt__bf16_gemm_nt_next returns before for M <= 0) */
+/* nt_row_dots keeps 4 accumulators a stream; M >= 1 (kt__bf16_gemm_nt_next returns before for
+ * M <= 0) */
 _Static_assert(NT_ROWS_MAX_M == 4, "nt_rows has variants and accumulators for 1 to 4 rows");
 
+/* Up to this many rows of x nt_rows reads the columns' rows of w as two halves side by side:
+ * one row of x leaves each row's vdpbf16ps one chain, which two streams double (kt-bench gemm
+ * nt, dsv2lite's gate shape from memory, the VM's fast state, one thread / two: 1 row
+ * 38.9-41.0 -> 40.8-43.2 / 72.4-75.3 -> 72.5-83.5 GB/s, 2 rows 37.1-37.7 -> 40.6-42.0 /
+ * 70.5-71.8 -> 76.9-77.2; alternating builds, frozen forward: dsv2lite qlen 1 1.38 -> 1.27 ms,
+ * qwen3moe qlen 1 1.11 -> 0.93, dsv2lite qlen 16 14.8 -> 14.3). At 3 and 4 rows two streams
+ * were slower (3 rows: 34 -> 29 GB/s on one thread; 4 rows 33 -> 26). */
+#define NT_TWO_STREAMS_MAX_M 2
+
+/* w's rows [n0, n1): at up to NT_TWO_STREAMS_MAX_M rows of x as two halves side by side (the
+ * odd one left last, alone), else one after the other. */
 static void nt_rows(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
                     const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
-    const nt_rows_fn fn = nt_rows_table[M];
+    const int64_t h = M <= NT_TWO_STREAMS_MAX_M ? (n1 - n0) / 2 : 0;
+    for (int64_t j = 0, per = 8 / M; j < h; j += per) {
+        const int nw = h - j < per ? (int)(h - j) : (int)per;
+        nt_rows_table[1][M](K, x, ldx, w + (n0 + j) * ldw, w + (n0 + h + j) * ldw, ldw, nw,
+                            y + n0 + j, y + n0 + h + j, ldy, accumulate);
+    }
     const int per = 16 / (int)M;
-    for (int64_t n = n0; n < n1; n += per) {
+    for (int64_t n = n0 + 2 * h; n < n1; n += per) {
         const int nw = n1 - n < per ? (int)(n1 - n) : per;
-        fn(K, x, ldx, w + n * ldw, ldw, nw, y + n, ldy, accumulate);
+        nt_rows_table[0][M](K, x, ldx, w + n * ldw, NULL, ldw, nw, y + n, NULL, ldy, accumulate);
     }
 }
 
