@@ -402,12 +402,9 @@ NT_ROWS_VARIANT(3, 0, nt_rows_3)
 NT_ROWS_VARIANT(4, 0, nt_rows_4)
 NT_ROWS_VARIANT(1, 1, nt_rows2_1)
 NT_ROWS_VARIANT(2, 1, nt_rows2_2)
-NT_ROWS_VARIANT(3, 1, nt_rows2_3)
-NT_ROWS_VARIANT(4, 1, nt_rows2_4)
-/* [two streams][rows of x] */
+/* [two streams][rows of x] (two streams up to NT_TWO_STREAMS_MAX_M rows) */
 static const nt_rows_fn nt_rows_table[2][NT_ROWS_MAX_M + 1] = {
-    {NULL, nt_rows_1, nt_rows_2, nt_rows_3, nt_rows_4},
-    {NULL, nt_rows2_1, nt_rows2_2, nt_rows2_3, nt_rows2_4}};
+    {NULL, nt_rows_1, nt_rows_2, nt_rows_3, nt_rows_4}, {NULL, nt_rows2_1, nt_rows2_2, NULL, NULL}};
 
 /* nt_row_dots keeps 4 accumulators a stream; M >= 1 (kt__bf16_gemm_nt_next returns before for
  * M <= 0) */
@@ -421,6 +418,7 @@ _Static_assert(NT_ROWS_MAX_M == 4, "nt_rows has variants and accumulators for 1 
  * qwen3moe qlen 1 1.11 -> 0.93, dsv2lite qlen 16 14.8 -> 14.3). At 3 and 4 rows two streams
  * were slower (3 rows: 34 -> 29 GB/s on one thread; 4 rows 33 -> 26). */
 #define NT_TWO_STREAMS_MAX_M 2
+_Static_assert(NT_TWO_STREAMS_MAX_M <= 2, "nt_rows_table has two-stream variants for 1 and 2 rows");
 
 /* w's rows [n0, n1): at up to NT_TWO_STREAMS_MAX_M rows of x as two halves side by side (the
  * odd one left last, alone), else one after the other. */
@@ -428,8 +426,8 @@ static void nt_rows(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t
                     const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
     const int64_t h = M <= NT_TWO_STREAMS_MAX_M ? (n1 - n0) / 2 : 0;
-    for (int64_t j = 0, per = 8 / M; j < h; j += per) {
-        const int nw = h - j < per ? (int)(h - j) : (int)per;
+    for (int64_t j = 0, step = 8 / M; j < h; j += step) { /* 16 slots: step rows of each half */
+        const int nw = h - j < step ? (int)(h - j) : (int)step;
         nt_rows_table[1][M](K, x, ldx, w + (n0 + j) * ldw, w + (n0 + h + j) * ldw, ldw, nw,
                             y + n0 + j, y + n0 + h + j, ldy, accumulate);
     }
