@@ -514,8 +514,8 @@ static void probe_tasks(void *vctx, int64_t b, int64_t end, int thread)
 /* Plans a phase over `cols` columns and runs it through kt__moe_run_parts with probe_tasks:
  * the tasks cover each expert's columns once, in order, each runs exactly once, on a thread
  * of its expert's node group; with KT__MOE_CUT_KEEP_SMALL an expert of at most
- * KT__BF16_NN_STREAM_MAX_M rows is cut
- * only where one thread's share ends. Returns the task count; the probe holds what ran where. */
+ * KT__BF16_NN_STREAM_MAX_M rows is cut only where one thread's share ends. Returns the task
+ * count; the probe holds what ran where. */
 static int64_t probe_plan(kt_moe *m, int64_t cols, int cut, plan_probe *p)
 {
     const int64_t n = kt__moe_plan_parts(m, cols, cut);

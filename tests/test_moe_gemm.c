@@ -522,11 +522,11 @@ static void test_nn_stream_path(void **state)
     }
 }
 
-/* NT's rows path (up to KT__BF16_NT_ROWS_MAX_M rows of x: w one row at a time, 16 / M rows of w
- * reduced together) against its tiles (more rows): a row's sums do not depend on the other rows, so
- * the first M rows of a call of 5 rows more must be the M-row call's bits, overwriting and adding,
- * over column ranges with ragged ends on both sides, on reductions with a masked tail, of one
- * chunk, and long, with padded rows. */
+/* NT's rows path (up to KT__BF16_NT_ROWS_MAX_M rows of x: w one row at a time, up to 2 rows of
+ * x as two halves side by side, the odd row alone) against its tiles (more rows): a row's sums
+ * do not depend on the other rows, so the first M rows of a call of 5 rows more must be the
+ * M-row call's bits, overwriting and adding, over even and odd column ranges with ragged ends on
+ * both sides, on reductions with a masked tail, of one chunk, and long, with padded rows. */
 static void test_nt_rows_path(void **state)
 {
     (void)state;

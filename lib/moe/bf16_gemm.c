@@ -306,7 +306,8 @@ static nt_pf nt_next_lines(const uint16_t *next, int64_t ldw, int64_t K, int64_t
 /* ---- NT at up to 4 rows of x: one row of w at a time ---------------------------------------- */
 
 /* Up to this many rows of x, nt reads w one row at a time (nt_rows): the kernel then only
- * streams w, and one stream in address order is what the hardware prefetchers follow best.
+ * streams w, and rows read whole in address order are what the hardware prefetchers follow
+ * best.
  * The tile's 6 rows of w 4 KiB apart at the same k, even with the next block fetched in
  * address order into L1, read memory more slowly: a loop over 923 MB of 1408 x 2048 weights,
  * 2 threads, in the VM's fast state: 6-row tile with that fetch 54-67 GB/s, one row at a time

@@ -395,7 +395,8 @@ typedef struct bw_judge {
     double gbs;              /* out: median GB/s of the read passes before the timed calls */
     double fraction;         /* out: median over those calls of (touched / time) / pass GB/s */
     double best_gbs;         /* out: the fastest of those passes */
-    double best_fraction;    /* out: (touched / the calls' median time) / best_gbs */
+    double best_fraction;    /* out: the strictest figure, (touched / the calls' median
+                              * time) / best_gbs */
 } bw_judge;
 
 /* The median time of `repeats` calls after `warmup`; the layer's phase times over the timed
@@ -510,14 +511,11 @@ int bench_moe(int argc, char **argv, const bench_args *common)
     double peak =
         a.dtype == KT_BF16 ? bench_bf16_peak_gflops(pool, kt_threadpool_size(pool), 5) : 0.0;
     /* the read bandwidth in passes between the forward calls (bw_judge) */
-    bw_judge bw = {small ? bench_read_probe_open(256u << 20) : NULL,
-                   pool,
-                   (double)in.active * 3.0 * (double)(s->hidden * s->inter) *
-                       (double)kt_dtype_size(a.dtype),
-                   0.0,
-                   -1.0,
-                   0.0,
-                   0.0};
+    bw_judge bw = {.probe = small ? bench_read_probe_open(256u << 20) : NULL,
+                   .pool = pool,
+                   .touched = (double)in.active * 3.0 * (double)(s->hidden * s->inter) *
+                              (double)kt_dtype_size(a.dtype),
+                   .fraction = -1.0};
     if (small && bw.probe == NULL)
         fprintf(stderr, "kt-bench moe: no memory for the read loop: no bandwidth figure\n");
     kt_moe_phase_times ph[2];
@@ -579,8 +577,6 @@ int bench_moe(int argc, char **argv, const bench_args *common)
         double gf = flops(&a, pass) / t * 1e-9;
         double frac_peak = peak > 0 ? gf / peak : 0.0;
         double frac_bw = pass ? -1.0 : bw.fraction;
-        /* the strictest figure: the median call against the fastest pass */
-        double bw_of_best = bw.best_fraction;
         double ratio[2];
         for (int k = 0; k < 2; k++)
             ratio[k] = have[k] ? (pass ? t_fb[k] : t_fwd[k]) * 1e-3 / t : -1.0;
@@ -596,7 +592,7 @@ int bench_moe(int argc, char **argv, const bench_args *common)
             if (frac_bw >= 0)
                 printf("\"bandwidth_gbs\":%.2f,\"fraction_of_bandwidth\":%.3f,"
                        "\"bandwidth_best_gbs\":%.2f,\"fraction_of_best_bandwidth\":%.3f,",
-                       bw.gbs, frac_bw, bw.best_gbs, bw_of_best);
+                       bw.gbs, frac_bw, bw.best_gbs, bw.best_fraction);
             else
                 printf("\"fraction_of_bandwidth\":null,");
             for (int k = 0; k < 2; k++) {
@@ -622,7 +618,7 @@ int bench_moe(int argc, char **argv, const bench_args *common)
                    a.dtype == KT_BF16 ? "vdpbf16ps peak" : "OpenBLAS sgemm rate", peak);
             if (frac_bw >= 0)
                 printf(", %.3f of %.1f GB/s memory bandwidth (%.3f of the best read pass, %.1f)",
-                       frac_bw, bw.gbs, bw_of_best, bw.best_gbs);
+                       frac_bw, bw.gbs, bw.best_fraction, bw.best_gbs);
             for (int k = 0; k < 2; k++)
                 if (have[k])
                     printf(", %.2fx torch %s", ratio[k], k ? "f32" : "bf16");
