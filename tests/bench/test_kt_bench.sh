@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # kt-bench stays runnable and its JSON keeps the fields the benchmarks are read by: --help on
 # every subcommand, the MoE layer (every mode, bf16 and f32) and the GEMM kernels at tiny sizes
-# without peers, each line checked as JSON with its keys and sane values; bad arguments exit 2
+# without peers, each line checked as JSON with its keys and sane values; the MoE peer's
+# protocol with a stand-in for PyTorch (fake_moe_peer.py); bad arguments exit 2
 # naming the problem. (Speed is not judged here: that is the benchmarks' own job.)
 #
 # usage: test_kt_bench.sh KT_BENCH
@@ -64,6 +65,32 @@ for kind in nt nn tn; do
   check_json gemm <<<"$out" || fail "gemm $kind JSON: $out"
 done
 
+# the PyTorch peer's protocol, with a stand-in that answers each call in 4 ms (no torch needed):
+# the ratio is its time over libkt's; a peer that dies mid-run leaves a null ratio and a note
+fake_peer=$(dirname "$0")/fake_moe_peer.py
+if command -v /usr/bin/python3 >/dev/null; then
+  for fail_after in -1 3; do
+    out=$(FAKE_PEER_MS=4 FAKE_PEER_FAIL_AFTER=$fail_after "$bench" moe --shape small --qlen 32 \
+            --mode frozen --dtype bf16 --json --repeats 3 --peer-dtype bf16 \
+            --peer-script "$fake_peer" 2>&1) || { fail "moe with the fake peer exited $?: $out"; continue; }
+    python3 -c '
+import json, sys
+fail_after = int(sys.argv[1])
+lines = [json.loads(l) for l in sys.stdin.read().splitlines() if l.startswith("{")]
+assert len(lines) == 2, lines
+for o in lines:
+    ms = o.get("fwd_ms", o.get("fwdbwd_ms"))
+    r = o["ratio_vs_torch_bf16"]
+    if fail_after < 0:
+        assert r is not None and abs(r - 4.0 / ms) < 1e-3 * r, (r, ms)
+    else:  # 5 fwd calls answered 3: no ratio for either pass
+        assert r is None and "failed" in o["note"], o
+' "$fail_after" <<<"$out" || fail "moe with the fake peer (fail after $fail_after): $out"
+  done
+else
+  echo "no /usr/bin/python3: the peer protocol is not checked" >&2
+fi
+
 expect_usage_error() {
   local want=$1
   shift
@@ -80,4 +107,5 @@ if [ $failures -gt 0 ]; then
   echo "$failures failure(s)" >&2
   exit 1
 fi
-echo "kt-bench: --help on 7 commands, moe 6 configurations, gemm 3 kinds, 3 usage errors: ok"
+echo "kt-bench: --help on 7 commands, moe 6 configurations, the peer protocol, gemm 3 kinds," \
+  "3 usage errors: ok"

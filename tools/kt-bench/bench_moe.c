@@ -15,6 +15,7 @@
 
 #include "bench.h"
 #include "limits.h"
+#include "moe_peer.h"
 #include "ops/gemm.h"
 
 #ifndef KT_BENCH_PEER_SCRIPT
@@ -259,38 +260,6 @@ static int write_peer_inputs(kt_moe *m, const moe_args *a, const moe_inputs *in,
     return rc;
 }
 
-/* Runs the peer; returns 1 with its fwd/fwdbwd medians, 0 when it could not run. */
-/* shift: the experts call c's ids move on by (c mod ID_ROTATIONS), at qlen <= 16 */
-static int run_peer(const moe_args *a, const char *inputs, const char *dtype, int threads,
-                    int64_t shift, double *fwd_ms, double *fwdbwd_ms, char *note, size_t note_size)
-{
-    static const char *modes[] = {"frozen", "lora", "full"};
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd,
-             "/usr/bin/python3 %s %s --mode %s --dtype %s --threads %d --repeats 5 "
-             "--warmup 2 --rotate %d --shift %lld 2>&1",
-             a->peer_script, inputs, modes[a->mode], dtype, threads,
-             a->qlen <= 16 ? ID_ROTATIONS : 1, (long long)shift);
-    FILE *f = popen(cmd, "r");
-    if (f == NULL) {
-        snprintf(note, note_size, "could not start python3");
-        return 0;
-    }
-    char line[4096] = "", last[4096] = "";
-    while (fgets(line, sizeof line, f) != NULL)
-        snprintf(last, sizeof last, "%s", line);
-    int rc = pclose(f);
-    const char *fw = strstr(last, "\"fwd_ms\":"), *fb = strstr(last, "\"fwdbwd_ms\":");
-    if (rc != 0 || fw == NULL || fb == NULL) {
-        last[strcspn(last, "\n")] = '\0';
-        snprintf(note, note_size, "torch peer did not run: %.200s", last);
-        return 0;
-    }
-    *fwd_ms = atof(fw + 9);
-    *fwdbwd_ms = atof(fb + 12);
-    return 1;
-}
-
 static int parse(int argc, char **argv, moe_args *a)
 {
     for (int i = 0; i < argc; i++) {
@@ -306,6 +275,9 @@ static int parse(int argc, char **argv, moe_args *a)
                    "GFLOP/s, the fraction of the vdpbf16ps peak (bf16) or of OpenBLAS sgemm on\n"
                    "the same per-expert shapes (f32), the fraction of memory bandwidth for\n"
                    "qlen <= 16, and the ratio against PyTorch's loop in bf16 and f32.\n"
+                   "The peer (moe_torch_peer.py --serve, one process per dtype) times one call\n"
+                   "per request; its calls alternate with libkt's, call by call above qlen 16\n"
+                   "(20 ms between the two processes' calls), as one block each at qlen <= 16.\n"
                    "At qlen <= 16 the forward also runs with each call right after a pass of\n"
                    "a plain read loop over 256 MiB; the fraction of memory bandwidth is the\n"
                    "median over those calls of the call's rate (bytes of the experts it\n"
@@ -399,18 +371,31 @@ typedef struct bw_judge {
                               * time) / best_gbs */
 } bw_judge;
 
+/* The PyTorch peers (bf16, f32; NULL: not run), whose calls alternate with libkt's in blocks
+ * of `block` calls of each: the same minutes of this VM (its speed drifts by the minute)
+ * measure both, and the ratio with them. Calls of a few ms come in one block each, as the
+ * calls of a layer in a model come in quick succession: after a pause a call first wakes
+ * threads and finds the clock lowered (at dsv2lite qlen 1 that doubled libkt's time). */
+typedef struct peers {
+    moe_peer *p[2];
+    int block;
+    double ms[2];      /* out: each one's median time per call (-1: it failed) */
+    char (*note)[320]; /* why one failed */
+} peers;
+
 /* The median time of `repeats` calls after `warmup`; the layer's phase times over the timed
  * calls into *phases. rotate: E to shift the ids call by call (rotate_ids), 0 to keep them.
- * bw (NULL: none): the read pass before each call, and the figures of bw_judge. */
+ * bw (NULL: none): the read pass before each call, and the figures of bw_judge. pe (NULL:
+ * none): each peer's call on the same ids after each of libkt's, and their medians. */
 static double time_median(kt_moe *m, moe_inputs *in, int backward, int warmup, int repeats,
-                          int64_t rotate, bw_judge *bw, kt_moe_phase_times *phases)
+                          int64_t rotate, bw_judge *bw, peers *pe, kt_moe_phase_times *phases)
 {
-    double *t = calloc((size_t)(warmup + repeats), sizeof *t);
-    double *gbs = calloc((size_t)(warmup + repeats), sizeof *gbs);
-    double *frac = calloc((size_t)(warmup + repeats), sizeof *frac);
-    if (t == NULL || gbs == NULL || frac == NULL) {
+    const size_t n = (size_t)(warmup + repeats);
+    double *t = calloc(n, sizeof *t), *gbs = calloc(n, sizeof *gbs);
+    double *frac = calloc(n, sizeof *frac), *pt = calloc(2 * n, sizeof *pt);
+    if (t == NULL || gbs == NULL || frac == NULL || pt == NULL) {
         fprintf(stderr, "kt-bench moe: out of memory\n");
-        free(t), free(gbs), free(frac);
+        free(t), free(gbs), free(frac), free(pt);
         return -1;
     }
     for (int r = 0; r < warmup + repeats; r++) {
@@ -428,14 +413,31 @@ static double time_median(kt_moe *m, moe_inputs *in, int backward, int warmup, i
         if (kt_moe_forward(m, &in->x, &in->ids, &in->w, &in->y) != KT_OK ||
             (backward && kt_moe_backward(m, &in->gy, &in->gx, &in->gw, 1.0f) != KT_OK)) {
             fprintf(stderr, "kt-bench moe: %s\n", kt_last_error());
-            free(t), free(gbs), free(frac);
+            free(t), free(gbs), free(frac), free(pt);
             return -1;
         }
         t[r] = bench_now_s() - t0;
         frac[r] =
             bw && bw->probe && t[r] > 0 && gbs[r] > 0 ? bw->touched / t[r] * 1e-9 / gbs[r] : 0.0;
+        /* after each block of libkt's calls, the peers' same calls */
+        const int last = r + 1 == warmup + repeats;
+        for (int k = 0; pe && k < 2 && ((r + 1) % pe->block == 0 || last); k++) {
+            if (pe->p[k] == NULL)
+                continue;
+            moe_peer_gap();
+            for (int q = r - r % pe->block; q <= r; q++)
+                pt[k * n + (size_t)q] =
+                    moe_peer_call(pe->p[k], backward, q, pe->note[k], sizeof pe->note[k]);
+            moe_peer_gap();
+        }
     }
     double med = bench_median(t + warmup, repeats);
+    for (int k = 0; pe && k < 2; k++) {
+        int ok = pe->p[k] != NULL;
+        for (int r = 0; ok && r < warmup + repeats; r++)
+            ok = pt[k * n + (size_t)r] > 0;
+        pe->ms[k] = ok ? bench_median(pt + k * n + warmup, repeats) : -1.0;
+    }
     if (bw && bw->probe) {
         bw->gbs = bench_median(gbs + warmup, repeats);
         bw->fraction = bench_median(frac + warmup, repeats);
@@ -445,7 +447,7 @@ static double time_median(kt_moe *m, moe_inputs *in, int backward, int warmup, i
         bw->best_fraction =
             med > 0 && bw->best_gbs > 0 ? bw->touched / med * 1e-9 / bw->best_gbs : 0.0;
     }
-    free(t), free(gbs), free(frac);
+    free(t), free(gbs), free(frac), free(pt);
     kt_moe_get_phase_times(m, phases);
     return med;
 }
@@ -518,16 +520,46 @@ int bench_moe(int argc, char **argv, const bench_args *common)
                    .fraction = -1.0};
     if (small && bw.probe == NULL)
         fprintf(stderr, "kt-bench moe: no memory for the read loop: no bandwidth figure\n");
+    /* the PyTorch peers, on the same inputs (the drawn ids), in bf16 and in f32: started
+     * now, called between libkt's calls */
+    static const char *mode_names[] = {"frozen", "lora", "full"};
+    char note[2][320] = {"", ""};
+    peers pe = {{NULL, NULL}, small ? 2 + reps : 1, {-1.0, -1.0}, note};
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/kt-bench-moe-%d.safetensors", (int)getpid());
+    if (!a.peer) {
+        snprintf(note[0], sizeof note[0], "peer not run (--no-peer)");
+    } else if (write_peer_inputs(m, &a, &in, path) != 0) {
+        snprintf(note[0], sizeof note[0], "could not write the peer's inputs");
+    } else {
+        const char *dts[2] = {"bf16", "f32"};
+        for (int k = 0; k < 2; k++) {
+            if (!(a.peer_dtypes & (1u << k))) {
+                snprintf(note[k], sizeof note[k], "torch %s peer not run (--peer-dtype)", dts[k]);
+                continue;
+            }
+            if (!common->json)
+                fprintf(stderr, "kt-bench moe: starting the torch %s peer...\n", dts[k]);
+            pe.p[k] = moe_peer_start(a.peer_script, path, mode_names[a.mode], dts[k], threads,
+                                     small ? ID_ROTATIONS : 1, in.shift, note[k], sizeof note[k]);
+        }
+    }
+    unlink(path); /* the peers have read it */
+
     kt_moe_phase_times ph[2];
     const int64_t rotate = small ? s->experts : 0;
     /* the forward twice at qlen <= 16: after read passes for the bandwidth figure, and as the
-     * peer's calls are (no pass before them) for the time, the ratio and the phases */
-    double fwd_judged = bw.probe ? time_median(m, &in, 0, 2, reps, rotate, &bw, &ph[0]) : 0.0;
+     * peer's calls are (no pass before them, alternating with the peers') for the time, the
+     * ratio and the phases */
+    double fwd_judged = bw.probe ? time_median(m, &in, 0, 2, reps, rotate, &bw, NULL, &ph[0]) : 0.0;
     bench_read_probe_close(bw.probe);
-    double fwd = time_median(m, &in, 0, 2, reps, rotate, NULL, &ph[0]);
-    double fwdbwd = time_median(m, &in, 1, 2, reps, rotate, NULL, &ph[1]);
-    if (rotate > 0) /* the drawn ids again, for the peer's file */
-        rotate_ids(&in, rotate, 0);
+    double t_fwd[2], t_fb[2];
+    double fwd = time_median(m, &in, 0, 2, reps, rotate, NULL, &pe, &ph[0]);
+    t_fwd[0] = pe.ms[0], t_fwd[1] = pe.ms[1];
+    double fwdbwd = time_median(m, &in, 1, 2, reps, rotate, NULL, &pe, &ph[1]);
+    t_fb[0] = pe.ms[0], t_fb[1] = pe.ms[1];
+    for (int k = 0; k < 2; k++)
+        moe_peer_stop(pe.p[k]);
     if (fwd_judged < 0 || fwd < 0 || fwdbwd < 0) {
         free_inputs(&in);
         kt_moe_destroy(m);
@@ -544,34 +576,10 @@ int bench_moe(int argc, char **argv, const bench_args *common)
     } else {
         peak = sgemm_rate_gflops(&a, &in, pool);
     }
+    int have[2];
+    for (int k = 0; k < 2; k++)
+        have[k] = t_fwd[k] > 0 && t_fb[k] > 0;
 
-    /* the PyTorch peer, on the same inputs, in bf16 and in f32 */
-    double t_fwd[2] = {0, 0}, t_fb[2] = {0, 0};
-    int have[2] = {0, 0};
-    char note[2][320] = {"", ""};
-    if (a.peer) {
-        char path[256];
-        snprintf(path, sizeof path, "/tmp/kt-bench-moe-%d.safetensors", (int)getpid());
-        if (write_peer_inputs(m, &a, &in, path) != 0) {
-            snprintf(note[0], sizeof note[0], "could not write the peer's inputs");
-        } else {
-            const char *dts[2] = {"bf16", "f32"};
-            for (int k = 0; k < 2; k++) {
-                if (!(a.peer_dtypes & (1u << k))) {
-                    snprintf(note[k], sizeof note[k], "torch %s peer not run (--peer-dtype)",
-                             dts[k]);
-                    continue;
-                }
-                have[k] = run_peer(&a, path, dts[k], threads, in.shift, &t_fwd[k], &t_fb[k],
-                                   note[k], sizeof note[k]);
-            }
-        }
-        unlink(path);
-    } else {
-        snprintf(note[0], sizeof note[0], "peer not run (--no-peer)");
-    }
-
-    static const char *mode_names[] = {"frozen", "lora", "full"};
     for (int pass = 0; pass < 2; pass++) {
         double t = pass ? fwdbwd : fwd;
         double gf = flops(&a, pass) / t * 1e-9;

@@ -9,7 +9,11 @@ after --warmup), and prints one JSON object on stdout.
 
 usage: moe_torch_peer.py INPUTS.safetensors --mode frozen|lora|full --dtype bf16|f32
                          [--threads N] [--repeats N] [--warmup N] [--lora-rank R]
-                         [--rotate N] [--shift S]
+                         [--rotate N] [--shift S] [--serve]
+With --serve (how kt-bench runs it): prints {"ready": true, ...} once the inputs are loaded,
+then times one call per request read from stdin, "fwd C" or "fwdbwd C" (C: the call's index,
+for its ids), answering {"ms": T}, until "quit": kt-bench alternates these calls with its own,
+so that both are measured in the same minutes of a machine whose speed drifts.
 Exit 77 when torch or safetensors is missing (the caller reports the peer as null).
 """
 import argparse
@@ -52,6 +56,22 @@ def moe_forward(x, ids, w, gate, up, down, lora):
     return y
 
 
+def serve(run, ids_by_call, info):
+    """Times one call per request line ("fwd C", "fwdbwd C"; "quit" ends)."""
+    print(json.dumps({"ready": True, **info}), flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if not words or words[0] == "quit":
+            break
+        if words[0] not in ("fwd", "fwdbwd") or len(words) != 2:
+            print(json.dumps({"error": f"bad request {line.strip()!r}"}), flush=True)
+            sys.exit(2)
+        ids = ids_by_call[int(words[1]) % len(ids_by_call)]
+        t0 = time.perf_counter()
+        run(words[0] == "fwdbwd", ids)
+        print(json.dumps({"ms": (time.perf_counter() - t0) * 1e3}), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("inputs")
@@ -68,6 +88,7 @@ def main():
     # CPU's caches
     ap.add_argument("--rotate", type=int, default=1)
     ap.add_argument("--shift", type=int, default=None)
+    ap.add_argument("--serve", action="store_true")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -114,6 +135,9 @@ def main():
         return y
 
     result = {"torch_version": torch.__version__, "threads": torch.get_num_threads()}
+    if args.serve:
+        serve(run, ids_by_call, result)
+        return
     passes = [("fwd", False)] + ([] if args.forward_only else [("fwdbwd", True)])
     for name, backward in passes:
         times = []
