@@ -289,6 +289,7 @@ static void gx_combine_part(void *vctx, int64_t t0, int64_t t1, int thread)
                 s[h] = 0.0f;
             for (int64_t j = 0; j < m->K; j++) {
                 const float *g = m->gx + (int64_t)m->slot_row[t * m->K + j] * m->H + h0;
+                kt__moe_prefetch_next_slot_row(m, m->gx, t, j, h0, n);
                 for (int64_t h = 0; h < n; h++)
                     s[h] += g[h];
             }

@@ -174,6 +174,7 @@ static void combine_piece(const kt_moe *m, int64_t t, int64_t h0, int64_t n, flo
     for (int64_t j = 0; j < m->K; j++) {
         const float w = m->slot_w[t * m->K + j];
         const float *d = m->d + (int64_t)m->slot_row[t * m->K + j] * m->H + h0;
+        kt__moe_prefetch_next_slot_row(m, m->d, t, j, h0, n);
         if (j == 0)
             for (int64_t h = 0; h < n; h++)
                 out[h] = w * d[h];
@@ -237,7 +238,7 @@ static void write_part(void *vctx, int64_t t0, int64_t t1, int thread)
 static kt_status finite_error(const kt_moe *m, int64_t t)
 {
     int64_t h = 0;
-    for (float v; h < m->H; h++) {
+    for (float v = 0.0f; h < m->H; h++) { /* (set: gcc cannot see that K >= 1) */
         combine_piece(m, t, h, 1, &v);
         if (!isfinite(v))
             break;

@@ -209,6 +209,21 @@ void kt__moe_gather(kt_moe *m, const kt__moe_job *job, int load_x);
 kt_status kt__moe_compute(kt_moe *m, int in_backward);
 kt_status kt__moe_forward_exec(kt_moe *m, kt__moe_job *job);
 
+/* Before the per-token sums read slot (t, j)'s row of rows (f32, H apart, columns [h0, h0 +
+ * n)): the next slot's row (the next token's first), fetched while this one is summed. A row
+ * read after the other from memory waits for each new stream to be picked up by the hardware
+ * prefetcher (dsv2lite qlen 1024, the forward's combine: 2.5 -> 2.0 ms). */
+static inline void kt__moe_prefetch_next_slot_row(const kt_moe *m, const float *rows, int64_t t,
+                                                  int64_t j, int64_t h0, int64_t n)
+{
+    const int64_t next = t * m->K + j + 1;
+    if (next >= m->qlen * m->K)
+        return;
+    const char *p = (const char *)(rows + (int64_t)m->slot_row[next] * m->H + h0);
+    for (int64_t b = 0; b < n * (int64_t)sizeof(float); b += 64)
+        __builtin_prefetch(p + b, 0, 3);
+}
+
 /* Element i of a buffer in the compute dtype (bf16 or f32, m->cs bytes each) */
 static inline void *kt__moe_cdt_at(const kt_moe *m, const void *base, int64_t i)
 {
