@@ -209,18 +209,26 @@ void kt__moe_gather(kt_moe *m, const kt__moe_job *job, int load_x);
 kt_status kt__moe_compute(kt_moe *m, int in_backward);
 kt_status kt__moe_forward_exec(kt_moe *m, kt__moe_job *job);
 
-/* Before the per-token sums read slot (t, j)'s row of rows (f32, H apart, columns [h0, h0 +
- * n)): the next slot's row (the next token's first), fetched while this one is summed. A row
- * read after the other from memory waits for each new stream to be picked up by the hardware
- * prefetcher (dsv2lite qlen 1024, the forward's combine: 2.5 -> 2.0 ms). */
+/* The per-token sums read, for each token t and piece [h0, h0 + n) of its row, the piece of
+ * each of its slots j in turn (rows of f32, H apart). Before reading (t, j)'s: the piece read
+ * next (slot j + 1's, else the next piece's or the next token's first), fetched while this one
+ * is summed. A row read after the other from memory waits for each new stream to be picked up
+ * by the hardware prefetcher (dsv2lite qlen 1024, the forward's combine: 2.5 -> 1.9 ms). */
 static inline void kt__moe_prefetch_next_slot_row(const kt_moe *m, const float *rows, int64_t t,
                                                   int64_t j, int64_t h0, int64_t n)
 {
-    const int64_t next = t * m->K + j + 1;
-    if (next >= m->qlen * m->K)
+    int64_t nt = t, nj = j + 1, nh = h0;
+    if (nj == m->K) {
+        nj = 0;
+        nh = h0 + n;
+        if (nh >= m->H)
+            nh = 0, nt = t + 1;
+    }
+    if (nt >= m->qlen)
         return;
-    const char *p = (const char *)(rows + (int64_t)m->slot_row[next] * m->H + h0);
-    for (int64_t b = 0; b < n * (int64_t)sizeof(float); b += 64)
+    const int64_t len = m->H - nh < n ? m->H - nh : n;
+    const char *p = (const char *)(rows + (int64_t)m->slot_row[nt * m->K + nj] * m->H + nh);
+    for (int64_t b = 0; b < len * (int64_t)sizeof(float); b += 64)
         __builtin_prefetch(p + b, 0, 3);
 }
 

@@ -422,7 +422,7 @@ static double time_median(kt_moe *m, moe_inputs *in, int backward, int warmup, i
         /* after each block of libkt's calls, the peers' same calls */
         const int last = r + 1 == warmup + repeats;
         for (int k = 0; pe && k < 2 && ((r + 1) % pe->block == 0 || last); k++) {
-            if (pe->p[k] == NULL)
+            if (moe_peer_failed(pe->p[k]))
                 continue;
             moe_peer_gap();
             for (int q = r - r % pe->block; q <= r; q++)
@@ -614,9 +614,13 @@ int bench_moe(int argc, char **argv, const bench_args *common)
                    (double)mem.weight_bytes / (double)mem.raw_weight_bytes,
                    (unsigned long long)mem.backward_buffer_bytes,
                    (unsigned long long)mem.saved_bytes_per_token);
-            if (note[0][0] || note[1][0])
-                printf(",\"note\":\"%s%s%s\"", note[0], note[0][0] && note[1][0] ? "; " : "",
-                       note[1]);
+            if (note[0][0] || note[1][0]) { /* a peer's message may hold JSON of its own */
+                printf(",\"note\":\"");
+                bench_print_json_text(note[0]);
+                printf("%s", note[0][0] && note[1][0] ? "; " : "");
+                bench_print_json_text(note[1]);
+                printf("\"");
+            }
             printf("}\n");
         } else {
             printf("moe %s qlen=%lld %s %s %s: %.3f ms, %.0f tokens/s, %.1f GFLOP/s, %.3f of the "

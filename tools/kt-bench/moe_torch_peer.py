@@ -100,6 +100,7 @@ def main():
     gate, up, down = ([w.clone() for w in t[name].to(dt).unbind(0)]
                       for name in ("gate", "up", "down"))
     x0, ids, w0, gy = t["x"].to(dt), t["ids"].long(), t["w"].to(dt), t["grad_y"].to(dt)
+    del t  # the weights are copied out: the file's tensors need not stay (two peers stay up)
     n_experts, (inter, hidden) = len(gate), gate[0].shape
 
     lora = None
