@@ -278,6 +278,8 @@ static int parse(int argc, char **argv, moe_args *a)
                    "The peer (moe_torch_peer.py --serve, one process per dtype) times one call\n"
                    "per request; its calls alternate with libkt's, call by call above qlen 16\n"
                    "(20 ms between the two processes' calls), as one block each at qlen <= 16.\n"
+                   "A peer that does not answer in 5 minutes (10 to start; the environment's\n"
+                   "KT_BENCH_PEER_TIMEOUT_S, seconds, replaces both) is killed: null ratio.\n"
                    "At qlen <= 16 the forward also runs with each call right after a pass of\n"
                    "a plain read loop over 256 MiB; the fraction of memory bandwidth is the\n"
                    "median over those calls of the call's rate (bytes of the experts it\n"
