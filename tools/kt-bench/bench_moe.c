@@ -4,7 +4,8 @@
  * routing (as the research baselines), the vdpbf16ps register peak, the memory read
  * bandwidth, OpenBLAS sgemm on the same per-expert shapes (f32), and PyTorch's
  * index_select / F.linear / index_add_ loop on the same inputs through moe_torch_peer.py
- * (in bf16 and in f32) when /usr/bin/python3 has torch and safetensors. */
+ * (in bf16 and in f32) when /usr/bin/python3 has torch and safetensors, its calls alternating
+ * with libkt's (moe_peer.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
