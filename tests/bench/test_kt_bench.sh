@@ -74,7 +74,11 @@ if command -v /usr/bin/python3 >/dev/null; then
   for run in "32 -1" "8 -1" "32 3" "32 hang"; do
     set -- $run
     # a peer that stops answering is killed after KT_BENCH_PEER_TIMEOUT_S (here 2 s)
-    [ "$2" = hang ] && set -- "$1" 2 FAKE_PEER_HANG_AFTER=2 || set -- "$1" "$2" FAKE_PEER_FAIL_AFTER=$2
+    if [ "$2" = hang ]; then
+      set -- "$1" 2 FAKE_PEER_HANG_AFTER=2
+    else
+      set -- "$1" "$2" FAKE_PEER_FAIL_AFTER=$2
+    fi
     out=$(env "$3" KT_BENCH_PEER_TIMEOUT_S=2 "$bench" moe --shape small --qlen $1 --mode frozen \
             --dtype bf16 --json --repeats 3 --peer-dtype bf16 --peer-script "$fake_peer" 2>&1) ||
       { fail "moe with the fake peer exited $?: $out"; continue; }
