@@ -103,9 +103,8 @@ BF_INLINE __m512 reduce16(__m512 i0, __m512 i1, __m512 i2, __m512 i3, __m512 i4,
     return red_l3(red_l3(u0, u1), red_l3(u2, u3));
 }
 
-/* The same tree for 8 inputs at half the cost: the sum of input o's lanes in lane
- * REDUCE8_LANE(o) of the result (the other lanes hold copies). */
-#define REDUCE8_LANE(o) (4 * ((o) / 2 == 1 ? 2 : (o) / 2 == 2 ? 1 : (o) / 2) + (o) % 2)
+/* The same tree for 8 inputs: the sum of input o's lanes in lane o of the result (o < 8; the
+ * lanes above hold copies). */
 BF_INLINE __m512 reduce8(__m512 i0, __m512 i1, __m512 i2, __m512 i3, __m512 i4, __m512 i5,
                          __m512 i6, __m512 i7)
 {
@@ -113,7 +112,9 @@ BF_INLINE __m512 reduce8(__m512 i0, __m512 i1, __m512 i2, __m512 i3, __m512 i4, 
     /* [i0, i4, i2, i6] and [i1, i5, i3, i7], then in each 128-bit lane the two inputs' pairs
      * of sums: lanes (i0, i1), (i4, i5), (i2, i3), (i6, i7), each total added last */
     const __m512 v = red_l3(red_l2(t0, t2), red_l2(t1, t3));
-    return _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));
+    const __m512 s = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));
+    return _mm512_permutexvar_ps(
+        _mm512_set_epi32(13, 12, 5, 4, 9, 8, 1, 0, 13, 12, 5, 4, 9, 8, 1, 0), s);
 }
 
 BF_INLINE __m512i load_k(const uint16_t *p, __mmask32 m, const int full)
@@ -1451,10 +1452,6 @@ BF_TARGET static void act_bwd_avx512(int64_t n, const float *g, const float *u, 
                                      int bf16)
 {
     const __m512 wv = _mm512_set1_ps(w);
-    /* REDUCE8_LANE(o) for o < 8: the pieces in order */
-    const __m512i order = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, REDUCE8_LANE(7), REDUCE8_LANE(6),
-                                           REDUCE8_LANE(5), REDUCE8_LANE(4), REDUCE8_LANE(3),
-                                           REDUCE8_LANE(2), REDUCE8_LANE(1), REDUCE8_LANE(0));
     int64_t i = 0;
     for (; i + 128 <= n; i += 128) {
 #define ACT_BWD_FULL(q) act_bwd16(i + 16 * (q), 0xffff, g, u, gap, wv, ggc, guc, ac_out, bf16)
@@ -1462,9 +1459,7 @@ BF_TARGET static void act_bwd_avx512(int64_t n, const float *g, const float *u, 
                      p3 = ACT_BWD_FULL(3), p4 = ACT_BWD_FULL(4), p5 = ACT_BWD_FULL(5),
                      p6 = ACT_BWD_FULL(6), p7 = ACT_BWD_FULL(7);
 #undef ACT_BWD_FULL
-        _mm512_mask_storeu_ps(
-            part + i / 16, 0xff,
-            _mm512_permutexvar_ps(order, reduce8(p0, p1, p2, p3, p4, p5, p6, p7)));
+        _mm512_mask_storeu_ps(part + i / 16, 0xff, reduce8(p0, p1, p2, p3, p4, p5, p6, p7));
     }
     for (; i < n; i += 16) {
         const __mmask16 km = kt__lanes16(n - i);

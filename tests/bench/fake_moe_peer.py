@@ -1,4 +1,4 @@
-"""A stand-in for tools/kt-bench/moe_torch_peer.py --serve, without torch, for
+"""A stand-in for tools/kt-bench/moe_torch_peer.py, without torch, for
 test_kt_bench.sh: it speaks the same protocol and answers each call with a fixed time.
 
 usage: fake_moe_peer.py INPUTS ... (the real peer's arguments, ignored but INPUTS, which must

@@ -276,7 +276,7 @@ static int parse(int argc, char **argv, moe_args *a)
                    "GFLOP/s, the fraction of the vdpbf16ps peak (bf16) or of OpenBLAS sgemm on\n"
                    "the same per-expert shapes (f32), the fraction of memory bandwidth for\n"
                    "qlen <= 16, and the ratio against PyTorch's loop in bf16 and f32.\n"
-                   "The peer (moe_torch_peer.py --serve, one process per dtype) times one call\n"
+                   "The peer (moe_torch_peer.py, one process per dtype) times one call\n"
                    "per request; its calls alternate with libkt's, call by call above qlen 16\n"
                    "(20 ms between the two processes' calls), as one block each at qlen <= 16.\n"
                    "A peer that does not answer in 5 minutes (10 to start; the environment's\n"

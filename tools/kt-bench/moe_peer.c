@@ -184,8 +184,8 @@ moe_peer *moe_peer_start(const char *script, const char *inputs, const char *mod
         dup2(in[0], 0);
         dup2(out[1], 1);
         dup2(out[1], 2);
-        execl("/usr/bin/python3", "python3", script, inputs, "--serve", "--mode", mode, "--dtype",
-              dtype, "--threads", th, "--rotate", rot, "--shift", sh, (char *)NULL);
+        execl("/usr/bin/python3", "python3", script, inputs, "--mode", mode, "--dtype", dtype,
+              "--threads", th, "--rotate", rot, "--shift", sh, (char *)NULL);
         static const char msg[] = "could not run /usr/bin/python3\n";
         (void)!write(1, msg, sizeof msg - 1);
         _exit(127);

@@ -1,5 +1,5 @@
 /* kt-bench moe's PyTorch peer as a process that times one call at a time on request
- * (moe_torch_peer.py --serve), so that its calls and libkt's alternate and both are measured
+ * (moe_torch_peer.py), so that its calls and libkt's alternate and both are measured
  * in the same minutes of this VM, whose speed drifts by the minute. */
 #ifndef KT_BENCH_MOE_PEER_H
 #define KT_BENCH_MOE_PEER_H
@@ -9,7 +9,7 @@
 
 typedef struct moe_peer moe_peer;
 
-/* Starts `python3 script inputs --serve --mode MODE --dtype DTYPE --threads N --rotate R
+/* Starts `python3 script inputs --mode MODE --dtype DTYPE --threads N --rotate R
  * --shift S` and waits until it has loaded its inputs (at most 10 minutes). Returns NULL with
  * a one-line reason in note when it cannot run (no torch: the script exits 77). */
 moe_peer *moe_peer_start(const char *script, const char *inputs, const char *mode,

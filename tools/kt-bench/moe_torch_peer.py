@@ -4,21 +4,18 @@
 The Hugging Face SparseMoeBlock loop without the router: for each expert hit, gather its
 tokens (index_select), gate/up/down with F.linear, weight by the routing weights and
 index_add_ back. Reads the same inputs kt-bench used (a safetensors file with the expert
-weights, x, ids, w and grad_y), times forward and forward+backward (median of --repeats
-after --warmup), and prints one JSON object on stdout.
+weights, x, ids, w and grad_y), prints {"ready": true, ...} once they are loaded, then times
+one call per request read from stdin, "fwd C" or "fwdbwd C" (C: the call's index, for its
+ids), answering {"ms": T}, until "quit": kt-bench alternates these calls with its own, so that
+both are measured in the same minutes of a machine whose speed drifts (tools/kt-bench/
+moe_peer.c).
 
 usage: moe_torch_peer.py INPUTS.safetensors --mode frozen|lora|full --dtype bf16|f32
-                         [--threads N] [--repeats N] [--warmup N] [--lora-rank R]
-                         [--rotate N] [--shift S] [--serve]
-With --serve (how kt-bench runs it): prints {"ready": true, ...} once the inputs are loaded,
-then times one call per request read from stdin, "fwd C" or "fwdbwd C" (C: the call's index,
-for its ids), answering {"ms": T}, until "quit": kt-bench alternates these calls with its own,
-so that both are measured in the same minutes of a machine whose speed drifts.
+                         [--threads N] [--lora-rank R] [--rotate N] [--shift S]
 Exit 77 when torch or safetensors is missing (the caller reports the peer as null).
 """
 import argparse
 import json
-import statistics
 import sys
 import time
 
@@ -78,17 +75,13 @@ def main():
     ap.add_argument("--mode", choices=["frozen", "lora", "full"], required=True)
     ap.add_argument("--dtype", choices=["bf16", "f32"], required=True)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--lora-rank", type=int, default=8)
     ap.add_argument("--lora-alpha", type=float, default=16.0)
-    ap.add_argument("--forward-only", action="store_true")
     # call i routes to the experts ids + (i mod N) * S, mod E (S: --shift, E // N without),
     # as kt-bench does at a few tokens, so that no call finds the last one's experts in the
     # CPU's caches
     ap.add_argument("--rotate", type=int, default=1)
     ap.add_argument("--shift", type=int, default=None)
-    ap.add_argument("--serve", action="store_true")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -135,21 +128,8 @@ def main():
         y.backward(gy)
         return y
 
-    result = {"torch_version": torch.__version__, "threads": torch.get_num_threads()}
-    if args.serve:
-        serve(run, ids_by_call, result)
-        return
-    passes = [("fwd", False)] + ([] if args.forward_only else [("fwdbwd", True)])
-    for name, backward in passes:
-        times = []
-        for i in range(args.warmup + args.repeats):
-            t0 = time.perf_counter()
-            run(backward, ids_by_call[i % rotations])
-            dt_s = time.perf_counter() - t0
-            if i >= args.warmup:
-                times.append(dt_s)
-        result[f"{name}_ms"] = statistics.median(times) * 1e3
-    print(json.dumps(result))
+    serve(run, ids_by_call,
+          {"torch_version": torch.__version__, "threads": torch.get_num_threads()})
 
 
 if __name__ == "__main__":
