@@ -1248,11 +1248,16 @@ BF_TARGET static void tn_pack_a(int64_t M, int64_t p0, int64_t cnt, int mr, cons
  * general path reads and interleaves x's rows in place for every tile (rows 4 KiB apart, all
  * in one L1 set). Same operations per element as the general path, so the same bits. Up to
  * TN_PACKED_MAX_PAIRS row pairs of x (the usual tokens per expert) its buffers are on the
- * stack (48 + 32 KiB); above, in the caller's work buffer (tn_work_bytes), the group's A
- * panels within TN_WORK_APACK_BYTES. */
+ * stack (144 + 32 KiB); above, in the caller's work buffer (tn_work_bytes), the group's A
+ * panels within TN_WORK_APACK_BYTES.
+ * The group is as many tiles as TN_APACK_WORDS holds the panels of, at most TN_GROUP_MAX: x's
+ * pairs are packed again for every group, and with a group of 21 tiles (48 KiB of panels at
+ * dsv2lite's 48 pairs) tn_pack_x took 3 % of the kernel's time; 64 tiles (144 KiB, the panels
+ * then read from L2) took dsv2lite qlen 1024 full's weight_grad from 113.0 to 110.7 ms
+ * (alternating builds, 5 runs each), and 128 tiles were no faster. */
 #define TN_PACKED_MAX_PAIRS 256
-#define TN_APACK_WORDS (PAIR_MR * TN_PAIRS_PER_CHUNK)
 #define TN_GROUP_MAX 64
+#define TN_APACK_WORDS (PAIR_MR * 48 * TN_GROUP_MAX)
 #define TN_WORK_APACK_BYTES (768 * 1024)
 
 /* Above TN_PACKED_MAX_PAIRS pairs: the tiles per group (their A panels within
