@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "moe/bf16_gemm.h"
 #include "moe/moe_internal.h"
+#include "moe/prefetch.h"
 #include "ops/gemm.h"
 
 typedef struct bwd_ctx {
@@ -132,18 +133,6 @@ int kt__moe_ga_per_thread(const kt_moe *m)
     return m->bf16 && (size_t)m->n_threads * kt__moe_ga_floats(m) < (size_t)m->N * (size_t)m->I;
 }
 
-/* The lines of [p, p + bytes) */
-static void prefetch_lines(const void *p, size_t bytes, int write)
-{
-    const uintptr_t first = (uintptr_t)p & ~(uintptr_t)63, end = (uintptr_t)p + bytes;
-    for (uintptr_t a = first; a < end; a += 64) {
-        if (write)
-            __builtin_prefetch((const void *)a, 1, 3);
-        else
-            __builtin_prefetch((const void *)a, 0, 3);
-    }
-}
-
 /* ggc, guc = the SiLU derivative of rows [r0, r1) over columns [c0, c1), ga's row r at
  * ga + (r - r0) * ldga */
 static void act_bwd_rows(kt_moe *m, int64_t r0, int64_t r1, int64_t c0, int64_t c1, const float *ga,
@@ -153,10 +142,10 @@ static void act_bwd_rows(kt_moe *m, int64_t r0, int64_t r1, int64_t c0, int64_t 
     for (int64_t r = r0; r < r1; r++) {
         if (r + ACT_PREFETCH_ROWS < r1) {
             const int64_t k = (r + ACT_PREFETCH_ROWS) * m->I + c0;
-            prefetch_lines(m->g + k, n * sizeof(float), 0);
-            prefetch_lines(m->u + k, n * sizeof(float), 0);
-            prefetch_lines(kt__moe_cdt_at(m, m->ggc, k), n * m->cs, 1);
-            prefetch_lines(kt__moe_cdt_at(m, m->guc, k), n * m->cs, 1);
+            kt__prefetch_range(m->g + k, n * sizeof(float), KT__PF_READ);
+            kt__prefetch_range(m->u + k, n * sizeof(float), KT__PF_READ);
+            kt__prefetch_range(kt__moe_cdt_at(m, m->ggc, k), n * m->cs, KT__PF_WRITE);
+            kt__prefetch_range(kt__moe_cdt_at(m, m->guc, k), n * m->cs, KT__PF_WRITE);
         }
         const int64_t k = r * m->I + c0;
         kt__moe_act_bwd(c1 - c0, m->g + k, m->u + k, ga + (r - r0) * ldga, m->row_w[r],

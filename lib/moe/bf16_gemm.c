@@ -51,6 +51,7 @@
 #include "moe/amx_gemm.h"
 #include "moe/bf16_gemm.h"
 #include "moe/lane_mask.h"
+#include "moe/prefetch.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -1291,12 +1292,8 @@ static int64_t tn_group_end(int64_t n, int64_t n0, int64_t n1, int64_t tile, int
 static void tn_fetch_a(const uint16_t *g, int64_t ldg, int64_t r0, int64_t r1, int64_t c0,
                        int64_t c1)
 {
-    for (int64_t m = r0; m < r1; m++) {
-        const uintptr_t first = (uintptr_t)(g + m * ldg + c0) & ~(uintptr_t)63;
-        const uintptr_t end = (uintptr_t)(g + m * ldg + c1);
-        for (uintptr_t a = first; a < end; a += 64)
-            _mm_prefetch((const char *)a, _MM_HINT_T1);
-    }
+    for (int64_t m = r0; m < r1; m++)
+        kt__prefetch_range(g + m * ldg + c0, (size_t)(c1 - c0) * sizeof *g, KT__PF_READ_L2);
 }
 
 /* apack: room for `apack_words` words (at least one tile's panel), xpack for x's pairs */

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "kt/moe.h"
+#include "moe/prefetch.h"
 
 #define KT__MOE_NAME_MAX 64
 #define KT__MOE_MSG_MAX 512
@@ -227,9 +228,8 @@ static inline void kt__moe_prefetch_next_slot_row(const kt_moe *m, const float *
     if (nt >= m->qlen)
         return;
     const int64_t len = m->H - nh < n ? m->H - nh : n;
-    const char *p = (const char *)(rows + (int64_t)m->slot_row[nt * m->K + nj] * m->H + nh);
-    for (int64_t b = 0; b < len * (int64_t)sizeof(float); b += 64)
-        __builtin_prefetch(p + b, 0, 3);
+    kt__prefetch_range(rows + (int64_t)m->slot_row[nt * m->K + nj] * m->H + nh,
+                       (size_t)len * sizeof(float), KT__PF_READ);
 }
 
 /* Element i of a buffer in the compute dtype (bf16 or f32, m->cs bytes each) */

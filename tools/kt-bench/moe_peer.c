@@ -162,18 +162,9 @@ moe_peer *moe_peer_start(const char *script, const char *inputs, const char *mod
                          size_t note_size)
 {
     moe_peer *p = calloc(1, sizeof *p);
-    int in[2], out[2];
-    if (p == NULL || cloexec_pipe(in) != 0) {
-        free(p);
-        snprintf(note, note_size, "could not start the torch %s peer", dtype);
-        return NULL;
-    }
-    if (cloexec_pipe(out) != 0) {
-        close(in[0]), close(in[1]);
-        free(p);
-        snprintf(note, note_size, "could not start the torch %s peer", dtype);
-        return NULL;
-    }
+    int in[2] = {-1, -1}, out[2] = {-1, -1};
+    if (p == NULL || cloexec_pipe(in) != 0 || cloexec_pipe(out) != 0)
+        goto cannot_start;
     char th[16], rot[16], sh[24];
     snprintf(th, sizeof th, "%d", threads);
     snprintf(rot, sizeof rot, "%d", rotate);
@@ -190,13 +181,9 @@ moe_peer *moe_peer_start(const char *script, const char *inputs, const char *mod
         (void)!write(1, msg, sizeof msg - 1);
         _exit(127);
     }
+    if (pid < 0)
+        goto cannot_start;
     close(in[0]), close(out[1]);
-    if (pid < 0) {
-        close(in[1]), close(out[0]);
-        free(p);
-        snprintf(note, note_size, "could not start the torch %s peer", dtype);
-        return NULL;
-    }
     /* a peer that dies makes our writes fail with EPIPE instead of killing kt-bench */
     signal(SIGPIPE, SIG_IGN);
     p->pid = pid;
@@ -214,6 +201,17 @@ moe_peer *moe_peer_start(const char *script, const char *inputs, const char *mod
     reap(p, QUIT_TIMEOUT_S, what, sizeof what);
     snprintf(note, note_size, "torch %s peer did not run (%s): %.200s", dtype, what, line);
     free(p);
+    return NULL;
+
+cannot_start: /* no process: the pipes made so far closed */
+    for (int i = 0; i < 2; i++) {
+        if (in[i] >= 0)
+            close(in[i]);
+        if (out[i] >= 0)
+            close(out[i]);
+    }
+    free(p);
+    snprintf(note, note_size, "could not start the torch %s peer", dtype);
     return NULL;
 }
 
