@@ -5,7 +5,8 @@
  * thread pool (the output columns, rows of dw for tn, cut statically over kt_parallel_for
  * in whole tiles). The weight operand (w for nt/nn, dw for tn) rotates through copies that
  * together exceed 64 MiB (twice this machine's L3), so weights come from memory as in a MoE
- * layer that touches each expert once per step; --hot keeps one copy. The peak is a loop of
+ * layer that touches each expert once per step; --hot keeps one copy. The activation operands'
+ * rows are strided as the layer's (act_ld). The peak is a loop of
  * independent vdpbf16ps on 16 accumulators in registers, on 1 thread and on all pool threads
  * at once, measured at the start, right before each timed configuration (the fraction of
  * peak uses that one, so a shared machine's load affects both alike) and at the end. GB/s
@@ -42,6 +43,7 @@ typedef struct gemm_run {
     int kind;
     int64_t M, N, K;
     const uint16_t *a, *b; /* a: x (nt) or g (nn, tn); b: w (nt, nn) or x (tn) */
+    int64_t lda, ldb;      /* their row strides */
     float *c;              /* y, or dw for tn */
     int64_t unit;          /* columns (rows of dw) per part unit: whole tiles */
     unsigned char *work;   /* tn: per thread, work_bytes each (NULL: the kernel needs none) */
@@ -54,13 +56,13 @@ static void run_block(const gemm_run *r, int64_t s0, int64_t s1, int thread)
 {
     switch (r->kind) {
     case K_NT:
-        kt__bf16_gemm_nt(r->M, s0, s1, r->K, r->a, r->K, r->b, r->K, r->c, r->N, 0);
+        kt__bf16_gemm_nt(r->M, s0, s1, r->K, r->a, r->lda, r->b, r->ldb, r->c, r->N, 0);
         break;
     case K_NN:
-        kt__bf16_gemm_nn(r->M, r->N, s0, s1, r->a, r->N, r->b, r->K, r->c, r->K, 0);
+        kt__bf16_gemm_nn(r->M, r->N, s0, s1, r->a, r->lda, r->b, r->ldb, r->c, r->K, 0);
         break;
     default:
-        kt__bf16_gemm_tn_acc(r->M, s0, s1, r->K, r->a, r->N, r->b, r->K, r->c, r->K, 1.0f,
+        kt__bf16_gemm_tn_acc(r->M, s0, s1, r->K, r->a, r->lda, r->b, r->ldb, r->c, r->K, 1.0f,
                              r->work ? r->work + (size_t)thread * r->work_bytes : NULL);
         break;
     }
@@ -78,9 +80,10 @@ static void run_part(void *ctx, int64_t begin, int64_t end, int thread)
 typedef struct buffers {
     uint16_t *act; /* the non-weight bf16 operands: x [M,K] / g [M,N] (and x for tn) */
     uint16_t *act2;
-    uint16_t *wts; /* copies of the bf16 weight (nt, nn), allocated as the layer's weights
-                    * are (kt__numa_alloc: huge pages where large; with 4 KiB pages each row
-                    * of a weight is a TLB miss, which drops the kernels' prefetches) */
+    int64_t ld_act, ld_act2; /* their row strides (act_ld) */
+    uint16_t *wts;           /* copies of the bf16 weight (nt, nn), allocated as the layer's weights
+                              * are (kt__numa_alloc: huge pages where large; with 4 KiB pages each row
+                              * of a weight is a TLB miss, which drops the kernels' prefetches) */
     size_t wts_bytes;
     float *out; /* y (nt, nn) */
     float *dws; /* copies of dw (tn) */
@@ -91,6 +94,11 @@ typedef struct buffers {
 
 /* 64-byte aligned (as a layer's weight buffers are): rows then start on cache lines. */
 static void *alloc64(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
+
+/* The row stride of an activation operand of `cols` bf16 columns, as the layer's (lib/moe:
+ * ldh): a cache line more where the row's bytes are a multiple of 1 KiB, since rows 4 KiB
+ * apart all fall in one L1 set (dense rows of 2048 measured x W^T a few % below the layer's) */
+static int64_t act_ld(int64_t cols) { return cols + (cols * 2 % 1024 == 0 ? 32 : 0); }
 
 static void fill_bf16(uint16_t *p, size_t n, uint64_t seed)
 {
@@ -110,7 +118,9 @@ static int alloc_buffers(int kind, int64_t M, int64_t N, int64_t K, int hot, int
     bu->copies = hot ? 1 : (int)((64u << 20) / (wbytes ? wbytes : 1) + 1);
     if (bu->copies > 256)
         bu->copies = 256;
-    const size_t na = (size_t)(M * (kind == K_NT ? K : N)), na2 = (size_t)(M * K);
+    bu->ld_act = act_ld(kind == K_NT ? K : N);
+    bu->ld_act2 = act_ld(K);
+    const size_t na = (size_t)(M * bu->ld_act), na2 = (size_t)(M * bu->ld_act2);
     bu->act = alloc64((na ? na : 1) * sizeof(uint16_t));
     bu->act2 = alloc64((na2 ? na2 : 1) * sizeof(uint16_t));
     if (bu->act == NULL || bu->act2 == NULL)
@@ -163,12 +173,15 @@ static gemm_run make_run(int kind, int64_t M, int64_t N, int64_t K, const buffer
     switch (kind) {
     case K_NT:
         r.a = bu->act, r.b = bu->wts + (size_t)copy * wsz, r.c = bu->out, r.unit = 6;
+        r.lda = bu->ld_act, r.ldb = K;
         break;
     case K_NN:
         r.a = bu->act, r.b = bu->wts + (size_t)copy * wsz, r.c = bu->out, r.unit = 32;
+        r.lda = bu->ld_act, r.ldb = K;
         break;
     default:
         r.a = bu->act, r.b = bu->act2, r.c = bu->dws + (size_t)copy * wsz, r.unit = 12;
+        r.lda = bu->ld_act, r.ldb = bu->ld_act2;
         r.work = bu->tn_work, r.work_bytes = bu->tn_work_bytes;
         break;
     }
@@ -191,7 +204,7 @@ static double peer_difference(int kind, int64_t M, int64_t N, int64_t K, const b
     /* tn adds to its output (zeros); nt/nn must overwrite a poisoned one */
     for (size_t i = 0; i < n; i++)
         r.c[i] = kind == K_TN ? 0.0f : NAN;
-    const int status = onednn_peer_gemm(kind, M, N, K, r.a, r.b, r.c, 1);
+    const int status = onednn_peer_gemm(kind, M, N, K, r.a, r.lda, r.b, r.ldb, r.c, 1);
     double big = 0.0, diff = 0.0;
     int bad = status != 0;
     for (size_t i = 0; i < n && !bad; i++) {
@@ -222,7 +235,7 @@ static timing time_kernel(int kind, int64_t M, int64_t N, int64_t K, const buffe
         const int64_t units = (split_dim(&r) + r.unit - 1) / r.unit;
         const double t0 = bench_now_s();
         if (onednn_threads > 0)
-            onednn_peer_gemm(kind, M, N, K, r.a, r.b, r.c, onednn_threads);
+            onednn_peer_gemm(kind, M, N, K, r.a, r.lda, r.b, r.ldb, r.c, onednn_threads);
         else if (pool == NULL)
             run_block(&r, 0, split_dim(&r), 0);
         else

@@ -5,9 +5,9 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 
-typedef int (*gemm_bf16_fn)(char transa, char transb, int64_t M, int64_t N, int64_t K,
-                            float alpha, const uint16_t *A, int64_t lda, const uint16_t *B,
-                            int64_t ldb, float beta, float *C, int64_t ldc);
+typedef int (*gemm_bf16_fn)(char transa, char transb, int64_t M, int64_t N, int64_t K, float alpha,
+                            const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
+                            float beta, float *C, int64_t ldc);
 typedef void (*omp_threads_fn)(int n);
 
 static int tried;
@@ -28,8 +28,8 @@ int onednn_peer_available(void)
     return gemm_bf16 != NULL;
 }
 
-int onednn_peer_gemm(int kind, int64_t M, int64_t N, int64_t K, const uint16_t *a,
-                     const uint16_t *b, float *c, int threads)
+int onednn_peer_gemm(int kind, int64_t M, int64_t N, int64_t K, const uint16_t *a, int64_t lda,
+                     const uint16_t *b, int64_t ldb, float *c, int threads)
 {
     if (!onednn_peer_available())
         return -1;
@@ -37,10 +37,10 @@ int onednn_peer_gemm(int kind, int64_t M, int64_t N, int64_t K, const uint16_t *
         omp_threads(threads);
     switch (kind) {
     case 0: /* y = x w^T */
-        return gemm_bf16('N', 'T', M, N, K, 1.0f, a, K, b, K, 0.0f, c, N);
+        return gemm_bf16('N', 'T', M, N, K, 1.0f, a, lda, b, ldb, 0.0f, c, N);
     case 1: /* y = g w */
-        return gemm_bf16('N', 'N', M, K, N, 1.0f, a, N, b, K, 0.0f, c, K);
+        return gemm_bf16('N', 'N', M, K, N, 1.0f, a, lda, b, ldb, 0.0f, c, K);
     default: /* dw += g^T x */
-        return gemm_bf16('T', 'N', N, K, M, 1.0f, a, N, b, K, 1.0f, c, K);
+        return gemm_bf16('T', 'N', N, K, M, 1.0f, a, lda, b, ldb, 1.0f, c, K);
     }
 }

@@ -13,11 +13,11 @@
 /* 1 when the library and its GEMM were found (loads them on the first call). */
 int onednn_peer_available(void);
 /* The same products as the kernels of lib/moe/bf16_gemm.h, whole (no block), row-major, on
- * `threads` OpenMP threads:
+ * `threads` OpenMP threads (a's rows lda apart, b's ldb):
  *   kind 0 (nt): c[M,N] = a[M,K] b[N,K]^T      kind 1 (nn): c[M,K] = a[M,N] b[N,K]
  *   kind 2 (tn): c[N,K] += a[M,N]^T b[M,K]
  * Returns 0 on success. */
-int onednn_peer_gemm(int kind, int64_t M, int64_t N, int64_t K, const uint16_t *a,
-                     const uint16_t *b, float *c, int threads);
+int onednn_peer_gemm(int kind, int64_t M, int64_t N, int64_t K, const uint16_t *a, int64_t lda,
+                     const uint16_t *b, int64_t ldb, float *c, int threads);
 
 #endif
