@@ -1258,7 +1258,8 @@ BF_TARGET static void tn_pack_a(int64_t M, int64_t p0, int64_t cnt, int mr, cons
  * (alternating builds, 5 runs each), and 128 tiles were no faster. */
 #define TN_PACKED_MAX_PAIRS 256
 #define TN_GROUP_MAX 64
-#define TN_APACK_WORDS (PAIR_MR * 48 * TN_GROUP_MAX)
+#define TN_APACK_PAIRS 48 /* the pairs of the usual expert's 96 rows (dsv2lite qlen 1024) */
+#define TN_APACK_WORDS (PAIR_MR * TN_APACK_PAIRS * TN_GROUP_MAX)
 #define TN_WORK_APACK_BYTES (768 * 1024)
 
 /* Above TN_PACKED_MAX_PAIRS pairs: the tiles per group (their A panels within

@@ -2,7 +2,7 @@
 test_kt_bench.sh: it speaks the same protocol and answers each call with a fixed time.
 
 usage: fake_moe_peer.py INPUTS ... (the real peer's arguments, ignored but INPUTS, which must
-exist), with FAKE_PEER_FWD_MS and FAKE_PEER_FWDBWD_MS (the times it answers, default 4 and 6)
+exist), with FAKE_PEER_FWD_MS and FAKE_PEER_FWDBWD_MS (the times it answers, default 4 and 6),
 FAKE_PEER_FAIL_AFTER (exit after answering that many calls; default never) and
 FAKE_PEER_HANG_AFTER (answer no more after that many calls, and wait). It checks
 that each pass asks for calls 0, 1, 2, ... in order (the ids of libkt's calls), and exits 4

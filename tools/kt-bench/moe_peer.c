@@ -6,6 +6,7 @@
  * does not answer in time is killed: the benchmark then goes on without it. */
 #define _POSIX_C_SOURCE 200809L
 #include "moe_peer.h"
+#include "bench.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -42,13 +43,6 @@ struct moe_peer {
     size_t len;
 };
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* The next line into line (without its newline): 1, 0 at end of file, -1 past the deadline */
 static int read_line(moe_peer *p, double deadline, char *line, size_t size)
 {
@@ -62,7 +56,7 @@ static int read_line(moe_peer *p, double deadline, char *line, size_t size)
             p->len -= used;
             return 1;
         }
-        const double left = deadline - now_s();
+        const double left = deadline - bench_now_s();
         if (left <= 0)
             return -1;
         struct pollfd pf = {p->from, POLLIN, 0};
@@ -102,14 +96,14 @@ static int read_object(moe_peer *p, double deadline, char *line, size_t size)
     return r;
 }
 
-/* Waits up to timeout_s for the process to end, then kills it; "exit N" or "killed by signal
+/* Waits up to wait_s for the process to end, then kills it; "exit N" or "killed by signal
  * N" into what */
-static void reap(moe_peer *p, int timeout_s, char *what, size_t size)
+static void reap(moe_peer *p, int wait_s, char *what, size_t size)
 {
     int status = 0;
-    const double deadline = now_s() + timeout_s;
+    const double deadline = bench_now_s() + wait_s;
     pid_t r;
-    while ((r = waitpid(p->pid, &status, WNOHANG)) == 0 && now_s() < deadline) {
+    while ((r = waitpid(p->pid, &status, WNOHANG)) == 0 && bench_now_s() < deadline) {
         const struct timespec ts = {0, 10000000L};
         nanosleep(&ts, NULL);
     }
@@ -191,7 +185,7 @@ moe_peer *moe_peer_start(const char *script, const char *inputs, const char *mod
     p->from = out[0];
     snprintf(p->dtype, sizeof p->dtype, "%s", dtype);
     char line[4096];
-    const int r = read_object(p, now_s() + timeout_s(START_TIMEOUT_S), line, sizeof line);
+    const int r = read_object(p, bench_now_s() + timeout_s(START_TIMEOUT_S), line, sizeof line);
     if (r == 1 && strstr(line, "\"ready\"") != NULL)
         return p;
     char what[64];
@@ -223,7 +217,7 @@ double moe_peer_call(moe_peer *p, int backward, int call, char *note, size_t not
     const int n = snprintf(req, sizeof req, "%s %d\n", backward ? "fwdbwd" : "fwd", call);
     const int sent = write(p->to, req, (size_t)n) == n;
     /* even when the request could not be written, what the peer said last (a traceback) */
-    const int r = read_object(p, now_s() + timeout_s(CALL_TIMEOUT_S), line, sizeof line);
+    const int r = read_object(p, bench_now_s() + timeout_s(CALL_TIMEOUT_S), line, sizeof line);
     const char *ms = sent && r == 1 ? strstr(line, "\"ms\":") : NULL;
     const double v = ms != NULL ? atof(ms + 5) : -1.0;
     if (v > 0)
