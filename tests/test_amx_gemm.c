@@ -908,6 +908,11 @@ static void test_report(void **state)
 #endif
     if (forced != NULL && strcmp(forced, "portable") == 0)
         assert_false(kt__amx_usable());
+    if (forced != NULL && strcmp(forced, "noamx") == 0) { /* AMX hidden, nothing else */
+        const kt_cpu_features *f = kt_cpu_get_features();
+        assert_false(kt__amx_usable());
+        assert_false(f->amx_tile || f->amx_bf16 || f->amx_usable);
+    }
     if (kt__amx_usable()) {
         const kt_cpu_features *f = kt_cpu_get_features();
         assert_true(f->amx_tile && f->amx_bf16 && f->amx_usable);

@@ -41,9 +41,11 @@ static void detect(void)
 {
     memset(&features, 0, sizeof features);
     /* KT_CPU=portable hides every vector extension, so the portable kernels can be tested
-     * (and compared with the vector ones) on a machine that has them. */
+     * (and compared with the vector ones) on a machine that has them; KT_CPU=noamx hides AMX
+     * alone, so the AVX-512 kernels can be measured against the tiles on one machine. */
     const char *forced = getenv("KT_CPU");
     int portable = forced != NULL && strcmp(forced, "portable") == 0;
+    int noamx = forced != NULL && strcmp(forced, "noamx") == 0;
 #if defined(__x86_64__)
     if (!portable) {
     unsigned a, b, c, d;
@@ -71,12 +73,15 @@ static void detect(void)
         features.avx512_bf16 = features.avx512f && ((a71 >> 5) & 1);
         features.amx_tile = (d7 >> 24) & 1;
         features.amx_bf16 = (d7 >> 22) & 1;
+        if (noamx)
+            features.amx_tile = features.amx_bf16 = 0;
         if (features.amx_tile && tile_ok)
             features.amx_usable = request_amx_permission();
     }
     }
 #else
     (void)portable;
+    (void)noamx;
 #endif
     const struct {
         int on;
