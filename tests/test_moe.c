@@ -2,6 +2,7 @@
  * grad_w, LoRA and full weight gradients), accumulation across backwards, keep_activations
  * 0 vs 1 and thread counts bitwise, validation errors, the forward cache state machine,
  * submit/sync, load/save. Shapes stay small: the bf16 kernels may be the scalar ones. */
+#include <float.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -956,6 +957,11 @@ static void test_create_errors(void **state)
     TU_EXPECT_ERROR(kt_moe_create(&c, NULL, &m), KT_EINVAL, "L7", "lora_rank");
     c = make_cfg(KT_BF16, KT_F32, KT_MOE_FROZEN, 16, 16, 4, 2, 0);
     TU_EXPECT_ERROR(kt_moe_create(&c, NULL, &m), KT_EINVAL, "max_tokens");
+    /* products that wrap around int64 are refused, not sized from the wrapped value */
+    c = make_cfg(KT_BF16, KT_F32, KT_MOE_FROZEN, 16, 16, 4, 4, (int64_t)1 << 62);
+    TU_EXPECT_ERROR(kt_moe_create(&c, NULL, &m), KT_EINVAL, "L7", "max_tokens * top_k");
+    c = make_cfg(KT_BF16, KT_F32, KT_MOE_FROZEN, 1 << 24, 1 << 24, 1 << 16, 1, 1);
+    TU_EXPECT_ERROR(kt_moe_create(&c, NULL, &m), KT_EINVAL, "L7", "overflows int64");
     assert_null(m);
 }
 
@@ -984,11 +990,15 @@ static void test_validation(void **state)
     TU_EXPECT_ERROR(kt_moe_forward(m, &bad, &ids7, &w7, &bad), KT_ERANGE, "L7", "qlen 7",
                     "max_tokens 6");
     tu_free(&bad), tu_free(&ids7), tu_free(&w7);
+    kt_tensor negx = in.x; /* built by hand: kt_tensor_init refuses a negative dimension */
+    negx.shape[0] = -2;
+    TU_EXPECT_ERROR(kt_moe_forward(m, &negx, &in.ids, &in.w, &in.y), KT_EINVAL, "L7", "negative");
     bad = tu_new(KT_F16, 5, 2);
     TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &bad, &in.w, &in.y), KT_EINVAL, "L7", "ids");
     TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &bad, &in.y), KT_EINVAL, "L7", "weights");
     tu_free(&bad);
     int32_t saved = ids[3 * 2 + 1];
+    const int32_t saved_first = ids[0];
     ids[3 * 2 + 1] = 4;
     TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_ERANGE, "L7", "token 3",
                     "expert id 4");
@@ -1012,6 +1022,21 @@ static void test_validation(void **state)
     nogx.data = NULL;
     nogw.data = NULL;
     OK(kt_moe_backward(m, &in.gy, &nogx, &nogw, 1.0f));
+    OK(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f));
+    /* a refused forward (blocking or submitted) leaves no forward: a backward now would be the
+     * previous batch's */
+    ids[0] = 9;
+    TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_ERANGE, "expert id 9");
+    TU_EXPECT_ERROR(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f), KT_ESTATE,
+                    "without a successful forward");
+    ids[0] = saved_first;
+    OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
+    ids[0] = 9;
+    TU_EXPECT_ERROR(kt_moe_submit_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_ERANGE, "9");
+    TU_EXPECT_ERROR(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f), KT_ESTATE,
+                    "without a successful forward");
+    ids[0] = saved_first;
+    OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
     OK(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f));
 
     /* qlen 0 is a no-op */
@@ -1243,6 +1268,75 @@ static void test_cache(void **state)
     kt_moe_destroy(m);
 }
 
+/* A one-column layer (H = I = 1, every weight 1: y = sum_j w_j silu(x) x) whose outputs and
+ * input gradients are made to overflow by the routing weights and grad_y alone. */
+static kt_moe *unit_layer(kt_dtype act, int64_t E, int64_t K)
+{
+    kt_moe_config cfg = make_cfg(KT_F32, act, KT_MOE_FROZEN, 1, 1, E, K, 1);
+    kt_moe *m = NULL;
+    OK(kt_moe_create(&cfg, NULL, &m));
+    for (int64_t e = 0; e < E; e++)
+        for (int p = 0; p < 3; p++) {
+            kt_tensor v;
+            OK(kt_moe_weight(m, e, (kt_moe_proj)p, &v));
+            tu_set(&v, 0, 1.0);
+        }
+    return m;
+}
+
+/* check_finite tests the values as they are stored: an output that only the sum over a
+ * token's slots makes infinite, or that only rounding to bf16 does, is an error naming the
+ * expert that brought it, and nothing is written. */
+static void test_check_finite_overflow(void **state)
+{
+    (void)state;
+    const int64_t shape1[2] = {1, 1}, shape2[2] = {1, 2};
+    kt_tensor x = tu_alloc(KT_F32, 2, shape1), y = tu_alloc(KT_F32, 2, shape1);
+    kt_tensor gy = tu_alloc(KT_F32, 2, shape1), gx = tu_alloc(KT_F32, 2, shape1);
+    kt_tensor ids = tu_alloc(KT_I32, 2, shape2), w = tu_alloc(KT_F32, 2, shape2);
+    kt_tensor gw = tu_alloc(KT_F32, 2, shape2);
+    ((int32_t *)ids.data)[0] = 0, ((int32_t *)ids.data)[1] = 3;
+    tu_set(&x, 0, 2.0);
+    kt_moe *m = unit_layer(KT_F32, 4, 2);
+    /* slot 1's weight overflows w * d: the error names expert 3 (slot 1), not slot 0's */
+    tu_set(&w, 0, 0.5), tu_set(&w, 1, FLT_MAX);
+    tu_set(&y, 0, 7.0);
+    TU_EXPECT_ERROR(kt_moe_forward(m, &x, &ids, &w, &y), KT_ERANGE, "L7", "non-finite output",
+                    "token 0", "expert 3", "slot 1");
+    assert_true(tu_get(&y, 0) == 7.0);
+    /* each slot's input gradient finite (about 1.97e38), their sum not */
+    tu_set(&w, 0, 1.0), tu_set(&w, 1, 1.0);
+    OK(kt_moe_forward(m, &x, &ids, &w, &y));
+    tu_set(&gy, 0, 5e37);
+    tu_set(&gx, 0, 7.0);
+    TU_EXPECT_ERROR(kt_moe_backward(m, &gy, &gx, &gw, 1.0f), KT_ERANGE, "L7",
+                    "non-finite grad_x (the sum over the token's slots)", "token 0");
+    assert_true(tu_get(&gx, 0) == 7.0);
+    tu_set(&gy, 0, 1e37);
+    OK(kt_moe_backward(m, &gy, &gx, &gw, 1.0f));
+    assert_true(isfinite(tu_get(&gx, 0)) && tu_get(&gx, 0) > 7e37);
+    tu_set(&w, 0, 0.0);
+    OK(kt_moe_forward(m, &x, &ids, &w, &y));
+    const double d = tu_get(&y, 0); /* silu(2) * 2, as the bf16-activation layer computes it */
+    kt_moe_destroy(m);
+
+    /* bf16 activations: 3.395e38 is a finite f32 that rounds to bf16's infinity */
+    kt_tensor xb = tu_alloc(KT_BF16, 2, shape1), yb = tu_alloc(KT_BF16, 2, shape1);
+    tu_set(&xb, 0, 2.0);
+    m = unit_layer(KT_BF16, 4, 2);
+    tu_set(&w, 1, 3.3e38 / d);
+    OK(kt_moe_forward(m, &xb, &ids, &w, &yb));
+    assert_true(isfinite(tu_get(&yb, 0)));
+    tu_set(&w, 1, 3.397e38 / d);
+    tu_set(&yb, 0, 7.0);
+    TU_EXPECT_ERROR(kt_moe_forward(m, &xb, &ids, &w, &yb), KT_ERANGE, "L7", "non-finite output",
+                    "token 0", "expert 3");
+    assert_true(tu_get(&yb, 0) == 7.0);
+    kt_moe_destroy(m);
+    tu_free(&x), tu_free(&y), tu_free(&gy), tu_free(&gx), tu_free(&ids), tu_free(&w);
+    tu_free(&gw), tu_free(&xb), tu_free(&yb);
+}
+
 /* ---- submit / sync ----------------------------------------------------------------------------
  */
 
@@ -1376,6 +1470,55 @@ static void test_load_save(void **state)
     unlink(path);
 }
 
+/* LoRA adapters load all or none: a file with every adapter but the first is an error naming
+ * it (not a load of the base weights alone), and the layer's adapters stay as they were. */
+static void test_load_partial_lora(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/kt_test_moe_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    kt_moe_config cfg = make_cfg(KT_BF16, KT_F32, KT_MOE_LORA, 24, 16, 2, 1, 2);
+    kt_moe *a = NULL, *b = NULL;
+    OK(kt_moe_create(&cfg, NULL, &a));
+    OK(kt_moe_create(&cfg, NULL, &b));
+    fill_params(a, 5);
+    fill_params(b, 6);
+    static const char *const projs[3] = {"gate_proj", "up_proj", "down_proj"};
+    static const char *const kinds[3] = {"weight", "lora_A.weight", "lora_B.weight"};
+    char names[18][64];
+    kt_st_item items[18];
+    size_t n = 0;
+    for (int e = 0; e < 2; e++)
+        for (int p = 0; p < 3; p++)
+            for (int k = 0; k < 3; k++) {
+                if (e == 0 && p == 0 && k == 1)
+                    continue; /* experts.0.gate_proj.lora_A.weight left out */
+                snprintf(names[n], sizeof names[n], "experts.%d.%s.%s", e, projs[p], kinds[k]);
+                items[n].name = names[n];
+                if (k == 0)
+                    OK(kt_moe_weight(a, e, (kt_moe_proj)p, &items[n].tensor));
+                else
+                    OK(kt_moe_lora(a, e, (kt_moe_proj)p, k - 1, &items[n].tensor));
+                n++;
+            }
+    OK(kt_st_save(path, items, n, NULL));
+    kt_tensor before, after;
+    OK(kt_moe_lora(b, 1, KT_MOE_DOWN, 1, &after));
+    before = tu_new(KT_F32, after.shape[0], after.shape[1]);
+    memcpy(before.data, after.data, (size_t)kt_tensor_nbytes(&after));
+    kt_st_file *f = NULL;
+    OK(kt_st_open(path, &f));
+    TU_EXPECT_ERROR(kt_moe_load(b, f, ""), KT_EINVAL, "L7", "experts.0.gate_proj.lora_A.weight");
+    kt_st_close(f);
+    assert_true(tu_bitwise_equal(&before, &after));
+    tu_free(&before);
+    kt_moe_destroy(a);
+    kt_moe_destroy(b);
+    unlink(path);
+}
+
 /* LoRA A starts small and random (seeded), B at zero. */
 static void test_lora_init(void **state)
 {
@@ -1421,6 +1564,8 @@ int main(void)
         cmocka_unit_test(test_cache),
         cmocka_unit_test(test_submit_sync),
         cmocka_unit_test(test_load_save),
+        cmocka_unit_test(test_load_partial_lora),
+        cmocka_unit_test(test_check_finite_overflow),
         cmocka_unit_test(test_lora_init),
         cmocka_unit_test(test_numa_split_bitwise),
         cmocka_unit_test(test_work_sharing),

@@ -65,7 +65,9 @@ typedef struct kt_moe_config {
     /* 1: forward keeps the intermediate activations backward needs; 0: keep nothing and
      * recompute them inside backward (less memory, one more forward's worth of GEMMs). */
     int keep_activations;
-    int check_finite; /* check the output for NaN/Inf and fail naming token and expert */
+    int check_finite; /* check the output for NaN/Inf and fail naming token and expert (the
+                       * values as stored: after the per-token sum, and after rounding to bf16
+                       * where the activations are bf16) */
     const char *name; /* the layer's name in messages (copied); may be NULL */
     /* >= 0: the expert weights (and every buffer) on this node; -1: no binding;
      * KT_MOE_NUMA_SPLIT: the experts split in contiguous ranges over the nodes of the pool's

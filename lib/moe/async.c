@@ -43,17 +43,23 @@ static kt_status cache_match(const kt_moe *m, const kt__moe_job *job)
     return KT_OK;
 }
 
+/* A forward refused here leaves no forward for backward to use: the previous one's kept
+ * activations belong to other inputs, and a backward over them would return another batch's
+ * gradients without an error. (A refusal because a call is in flight never gets here.) */
 static kt_status prepare(kt_moe *m, const kt_tensor *x, const kt_tensor *ids, const kt_tensor *w,
                          kt_tensor *y, kt__moe_job *job)
 {
-    KT__TRY(kt__moe_check_poison(m, "forward"));
-    kt_status st = kt__moe_check_forward(m, x, ids, w, y, job);
+    kt_status st = kt__moe_check_poison(m, "forward");
+    if (st == KT_OK)
+        st = kt__moe_check_forward(m, x, ids, w, y, job);
     if (st == KT_OK && m->cache_on && atomic_load(&m->cache_state) == KT_MOE_CACHE_READY) {
         st = cache_match(m, job);
         job->cache_hit = st == KT_OK;
     }
-    if (st != KT_OK)
+    if (st != KT_OK) {
+        m->fwd_valid = 0;
         kt__moe_poison(m);
+    }
     return st;
 }
 

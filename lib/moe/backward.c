@@ -262,6 +262,20 @@ static void dwgu_tasks(void *vctx, int64_t b, int64_t end, int thread)
     }
 }
 
+/* Token t's grad_x columns [h0, h0 + n): its slots' rows summed in slot order (also what
+ * check_finite tests before anything is written) */
+static void gx_token_sum(const kt_moe *m, int64_t t, int64_t h0, int64_t n, float *s)
+{
+    for (int64_t h = 0; h < n; h++)
+        s[h] = 0.0f;
+    for (int64_t j = 0; j < m->K; j++) {
+        const float *g = m->gx + (int64_t)m->slot_row[t * m->K + j] * m->H + h0;
+        kt__moe_prefetch_next_slot_row(m, m->gx, t, j, h0, n);
+        for (int64_t h = 0; h < n; h++)
+            s[h] += g[h];
+    }
+}
+
 /* grad_x[t] = sum_j gx_(t,j), slots in order, a row piece at a time. */
 static void gx_combine_part(void *vctx, int64_t t0, int64_t t1, int thread)
 {
@@ -274,14 +288,7 @@ static void gx_combine_part(void *vctx, int64_t t0, int64_t t1, int thread)
         for (int64_t h0 = 0; h0 < m->H; h0 += KT__MOE_ROW_CHUNK) {
             const int64_t n = m->H - h0 < KT__MOE_ROW_CHUNK ? m->H - h0 : KT__MOE_ROW_CHUNK;
             float *s = xbf ? buf : (float *)c->gxo->data + t * m->H + h0;
-            for (int64_t h = 0; h < n; h++)
-                s[h] = 0.0f;
-            for (int64_t j = 0; j < m->K; j++) {
-                const float *g = m->gx + (int64_t)m->slot_row[t * m->K + j] * m->H + h0;
-                kt__moe_prefetch_next_slot_row(m, m->gx, t, j, h0, n);
-                for (int64_t h = 0; h < n; h++)
-                    s[h] += g[h];
-            }
+            gx_token_sum(m, t, h0, n, s);
             if (xbf)
                 kt_f32_to_bf16((uint16_t *)c->gxo->data + t * m->H + h0, buf, (size_t)n);
         }
@@ -332,9 +339,18 @@ static kt_status sgemm_nn(kt_moe *m, int proj, const float *g, int64_t gw, int64
     return KT_OK;
 }
 
-/* With check_finite: names the first non-finite input gradient by token, slot and the expert
- * whose rows brought it (grad_x per row, before the slots are summed), or the first
- * non-finite routing-weight gradient. */
+static kt_status nonfinite_error(const kt_moe *m, const char *what, int64_t t, int64_t j)
+{
+    return kt__error(KT_ERANGE,
+                     "moe '%s': non-finite %s in backward at token %lld (expert %lld, slot %lld)",
+                     m->name, what, (long long)t, (long long)m->slot_expert[t * m->K + j],
+                     (long long)j);
+}
+
+/* With check_finite, before anything reaches the caller: names the first non-finite input
+ * gradient by token, slot and the expert whose rows brought it (grad_x per row), or the first
+ * non-finite routing-weight gradient; then the first token whose grad_x sum over its slots
+ * overflows (or would, once rounded to bf16), naming the slot of largest magnitude there. */
 static kt_status check_finite_grads(const kt_moe *m)
 {
     for (int64_t t = 0; t < m->qlen; t++)
@@ -344,13 +360,30 @@ static kt_status check_finite_grads(const kt_moe *m)
             int64_t h = 0;
             while (h < m->H && isfinite(gx[h]))
                 h++;
-            const char *what = h < m->H ? "grad_x" : !isfinite(m->gw[slot]) ? "grad_weights" : NULL;
-            if (what != NULL)
-                return kt__error(KT_ERANGE,
-                                 "moe '%s': non-finite %s in backward at token %lld (expert %lld, "
-                                 "slot %lld)",
-                                 m->name, what, (long long)t, (long long)m->slot_expert[slot],
-                                 (long long)j);
+            if (h < m->H)
+                return nonfinite_error(m, "grad_x", t, j);
+            if (!isfinite(m->gw[slot]))
+                return nonfinite_error(m, "grad_weights", t, j);
+        }
+    const int xbf = m->cfg.act_dtype == KT_BF16;
+    _Alignas(64) float sum[KT__MOE_ROW_CHUNK];
+    for (int64_t t = 0; t < m->qlen; t++)
+        for (int64_t h0 = 0; h0 < m->H; h0 += KT__MOE_ROW_CHUNK) {
+            const int64_t n = m->H - h0 < KT__MOE_ROW_CHUNK ? m->H - h0 : KT__MOE_ROW_CHUNK;
+            gx_token_sum(m, t, h0, n, sum);
+            int64_t h = 0;
+            while (h < n && kt__moe_out_ok(sum[h], xbf))
+                h++;
+            if (h == n)
+                continue;
+            int64_t largest = 0;
+            for (int64_t j = 1; j < m->K; j++) {
+                const float *row = m->gx + (int64_t)m->slot_row[t * m->K + j] * m->H;
+                const float *best = m->gx + (int64_t)m->slot_row[t * m->K + largest] * m->H;
+                if (fabsf(row[h0 + h]) > fabsf(best[h0 + h]))
+                    largest = j;
+            }
+            return nonfinite_error(m, "grad_x (the sum over the token's slots)", t, largest);
         }
     return KT_OK;
 }

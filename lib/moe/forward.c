@@ -184,12 +184,13 @@ static void combine_piece(const kt_moe *m, int64_t t, int64_t h0, int64_t n, flo
     }
 }
 
-static int all_finite(const float *v, int64_t n)
+/* The index of the first of v[0, n) that does not survive its store (n: none) */
+static int64_t first_bad(const float *v, int64_t n, int bf16)
 {
     int64_t h = 0;
-    while (h < n && isfinite(v[h]))
+    while (h < n && kt__moe_out_ok(v[h], bf16))
         h++;
-    return h == n;
+    return h;
 }
 
 /* The output is staged in f32 (m->y) when the cache is on (it is the cached output) or with
@@ -212,7 +213,7 @@ static void combine_part(void *vctx, int64_t t0, int64_t t1, int thread)
             const int64_t n = m->H - h0 < KT__MOE_ROW_CHUNK ? m->H - h0 : KT__MOE_ROW_CHUNK;
             float *s = staged ? m->y + t * m->H + h0 : ybf ? buf : (float *)y + t * m->H + h0;
             combine_piece(m, t, h0, n, s);
-            if (m->cfg.check_finite && !all_finite(s, n)) {
+            if (m->cfg.check_finite && first_bad(s, n, ybf) < n) {
                 int64_t first = atomic_load(&c->bad_token);
                 while (t < first && !atomic_compare_exchange_weak(&c->bad_token, &first, t)) {
                 }
@@ -233,24 +234,31 @@ static void write_part(void *vctx, int64_t t0, int64_t t1, int thread)
         convert_row(y + (size_t)(t * m->H) * (ybf ? 2 : 4), ybf, m->y + t * m->H, 0, m->H);
 }
 
-/* Names token t's first non-finite output column and the first of its experts whose weighted
- * output row is non-finite (the one that brought the NaN/Inf in). */
+/* Names token t's first output column that is non-finite (or would be once rounded to bf16)
+ * and the slot that brought it: the first whose weight or expert output row is non-finite,
+ * else the first whose weighted value there overflows, else (the sum overflowed) the one of
+ * largest magnitude there. */
 static kt_status finite_error(const kt_moe *m, int64_t t)
 {
+    const int ybf = m->cfg.act_dtype == KT_BF16;
     int64_t h = 0;
     for (float v = 0.0f; h < m->H; h++) { /* (set: gcc cannot see that K >= 1) */
         combine_piece(m, t, h, 1, &v);
-        if (!isfinite(v))
+        if (!kt__moe_out_ok(v, ybf))
             break;
     }
-    int64_t slot = 0;
-    for (int64_t j = 0; j < m->K; j++) {
+    h = h < m->H ? h : 0;
+    int64_t slot = -1, largest = 0;
+    float largest_abs = -1.0f;
+    for (int64_t j = 0; j < m->K && slot < 0; j++) {
+        const float w = m->slot_w[t * m->K + j];
         const float *d = m->d + (int64_t)m->slot_row[t * m->K + j] * m->H;
-        if (!isfinite(m->slot_w[t * m->K + j]) || !all_finite(d, m->H)) {
+        if (!isfinite(w) || first_bad(d, m->H, 0) < m->H || !kt__moe_out_ok(w * d[h], ybf))
             slot = j;
-            break;
-        }
+        if (fabsf(w * d[h]) > largest_abs)
+            largest_abs = fabsf(w * d[h]), largest = j;
     }
+    slot = slot >= 0 ? slot : largest;
     return kt__error(KT_ERANGE,
                      "moe '%s': non-finite output at token %lld, column %lld (expert %lld, "
                      "slot %lld)",
@@ -264,6 +272,7 @@ kt_status kt__moe_forward_exec(kt_moe *m, kt__moe_job *job)
 {
     kt_status st = kt__moe_scratch_acquire(m);
     if (st != KT_OK) {
+        m->fwd_valid = 0;
         kt__moe_poison(m);
         return st;
     }

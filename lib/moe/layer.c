@@ -50,10 +50,25 @@ static kt_status check_config(const kt_moe_config *c)
     if (c->top_k > c->n_experts)
         return kt__error(KT_EINVAL, "moe '%s': top_k %lld exceeds n_experts %lld", name,
                          (long long)c->top_k, (long long)c->n_experts);
-    /* Rows and tasks are indexed with int32 in places; keep every count well inside it. */
-    if (c->max_tokens * c->top_k > INT32_MAX / 2 || c->n_experts > INT32_MAX / 2 ||
-        c->hidden > (1 << 24) || c->intermediate > (1 << 24))
-        return kt__error(KT_EINVAL, "moe '%s': sizes too large", name);
+    /* Rows and tasks are indexed with int32 in places; keep every count well inside it, and
+     * every byte count (the weights and their f32 gradients: E * 3 * H * I * 4) inside int64,
+     * checked without overflowing (a wrapped product would size the buffers too small). */
+    int64_t rows = 0, weight_bytes = 0;
+    if (__builtin_mul_overflow(c->max_tokens, c->top_k, &rows) || rows > INT32_MAX / 2)
+        return kt__error(KT_EINVAL, "moe '%s': max_tokens * top_k (%lld * %lld) exceeds %d rows",
+                         name, (long long)c->max_tokens, (long long)c->top_k, INT32_MAX / 2);
+    if (c->n_experts > INT32_MAX / 2 || c->hidden > (1 << 24) || c->intermediate > (1 << 24))
+        return kt__error(KT_EINVAL,
+                         "moe '%s': sizes too large (n_experts %lld, hidden %lld, intermediate "
+                         "%lld; at most %d, %d, %d)",
+                         name, (long long)c->n_experts, (long long)c->hidden,
+                         (long long)c->intermediate, INT32_MAX / 2, 1 << 24, 1 << 24);
+    if (__builtin_mul_overflow(c->n_experts * 3 * 4, c->hidden * c->intermediate, &weight_bytes))
+        return kt__error(KT_EINVAL,
+                         "moe '%s': %lld experts of hidden %lld x intermediate %lld: their "
+                         "weights' byte count overflows int64",
+                         name, (long long)c->n_experts, (long long)c->hidden,
+                         (long long)c->intermediate);
     if (c->weight_dtype != KT_BF16 && c->weight_dtype != KT_F32)
         return kt__error(KT_EINVAL, "moe '%s': weight_dtype must be bf16 or f32, got %s", name,
                          kt_dtype_name(c->weight_dtype));

@@ -17,6 +17,7 @@
 #ifndef KT_MOE_INTERNAL_H
 #define KT_MOE_INTERNAL_H
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -163,6 +164,14 @@ struct kt_moe {
 
 /* The routing gradient's pieces per row: one per 16 columns of I (backward.c). */
 static inline int64_t kt__moe_gw_pieces(const kt_moe *m) { return (m->I + 15) / 16; }
+
+/* Whether an output value survives its store: finite, and for bf16 below the half-way point
+ * between bf16's largest finite value and infinity, 0x1.ffp127 (from there it rounds to Inf:
+ * the tie goes to the even bit pattern, which is infinity's). check_finite tests this. */
+static inline int kt__moe_out_ok(float v, int bf16)
+{
+    return isfinite(v) && (!bf16 || fabsf(v) < 0x1.ffp127f);
+}
 
 /* phase.c: kt__moe_phase_start marks the start of a call's first phase; each
  * kt__moe_phase_end adds the time since the last mark to `phase` and marks again. */

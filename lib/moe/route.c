@@ -47,6 +47,9 @@ kt_status kt__moe_check_forward(kt_moe *m, const kt_tensor *x, const kt_tensor *
         return kt__error(KT_EINVAL, "moe '%s': x must be 2-D [qlen, %lld], got %d-D", m->name,
                          (long long)m->H, x->ndim);
     int64_t qlen = x->shape[0];
+    if (qlen < 0)
+        return kt__error(KT_EINVAL, "moe '%s': x has a negative token count (%lld)", m->name,
+                         (long long)qlen);
     if (qlen > m->T)
         return kt__error(KT_ERANGE, "moe '%s': qlen %lld exceeds max_tokens %lld", m->name,
                          (long long)qlen, (long long)m->T);

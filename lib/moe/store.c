@@ -139,14 +139,18 @@ kt_status kt_moe_load(kt_moe *moe, const kt_st_file *file, const char *prefix)
     if (prefix == NULL)
         prefix = "";
     char name[NAME_MAX_LEN], want[64], got[64];
-    /* LoRA adapters are loaded when the file has them (all or none). */
+    /* LoRA adapters are loaded when the file has them, all or none: any one of them there
+     * makes every one required (so a file missing some is an error naming the first, not a
+     * silent load of the base weights alone). */
     int with_lora = 0;
-    if (moe->cfg.mode == KT_MOE_LORA) {
-        KT__TRY(tensor_name(moe, name, prefix, 0, KT_MOE_GATE, 1));
-        kt_tensor probe;
-        with_lora = kt_st_find(file, name, &probe) == KT_OK;
-        kt_clear_error();
-    }
+    if (moe->cfg.mode == KT_MOE_LORA)
+        for (int64_t e = 0; e < moe->E && !with_lora; e++)
+            for (int i = 0; i < 6 && !with_lora; i++) {
+                KT__TRY(tensor_name(moe, name, prefix, e, i / 2, 1 + i % 2));
+                kt_tensor probe;
+                with_lora = kt_st_find(file, name, &probe) == KT_OK;
+                kt_clear_error();
+            }
     int kinds = with_lora ? 3 : 1;
     /* Check everything before copying anything, so a bad file leaves the weights as they
      * were. */
