@@ -1454,7 +1454,8 @@ static void test_save_load_optimizer(void **state)
 }
 
 /* Writes w1, b1, w2 (the MLP's parameters, in program order) with values unlike the
- * session's; `bad` (0 none, 1 w2's shape, 2 w2's dtype, 3 b1 missing) spoils one entry. */
+ * session's; `bad` (0 none, 1 w2's shape, 2 w2's dtype, 3 b1 missing, 4 a "w3" the program
+ * does not have, after an "optimizer.m.w1" it may) spoils one entry. */
 static void write_mlp_file(const char *path, int bad)
 {
     tu_rng rng;
@@ -1469,10 +1470,11 @@ static void write_mlp_file(const char *path, int bad)
     tu_fill_uniform(&w1, &rng, 5, 6);
     tu_fill_uniform(&b1, &rng, 5, 6);
     tu_fill_uniform(&w2, &rng, 5, 6);
-    kt_st_item items[3] = {{"w1", w1}, {"b1", b1}, {"w2", w2}};
+    kt_st_item items[5] = {{"w1", w1}, {"b1", b1}, {"w2", w2}, {"optimizer.m.w1", w1},
+                           {"w3", w2}};
     if (bad == 3)
         items[1] = items[2];
-    OK(kt_st_save(path, items, bad == 3 ? 2 : 3, NULL));
+    OK(kt_st_save(path, items, bad == 3 ? 2 : bad == 4 ? 5 : 3, NULL));
     tu_free(&w1);
     tu_free(&b1);
     tu_free(&w2);
@@ -1524,6 +1526,15 @@ static void test_load_errors(void **state)
     kt_st_close(f);
     tu_free(&f1);
     tu_free(&f2);
+
+    /* another model's tensor: refused (nothing loaded) unless KT_LOAD_ALLOW_UNUSED */
+    snap P1 = take(s, p, KT_ROLE_PARAM);
+    write_mlp_file(path, 4);
+    TU_EXPECT_ERROR(kt_session_load(s, path, 0), KT_EINVAL, path, "'w3'",
+                    "not a parameter of the program");
+    expect_params_bitwise("after a load with an unknown tensor", s, p, &P1);
+    OK(kt_session_load(s, path, KT_LOAD_ALLOW_UNUSED));
+    snap_free(&P1);
 
     /* a file that is not there */
     tmp_path(path, sizeof path, "absent.safetensors");

@@ -467,6 +467,9 @@ static void test_malformed_entries(void **state)
                "5 dimensions, more than the 4");
     EXPECT_BAD("{\"w\":" ENTRY("F32", "[2,-1]", "[0,4]") "}", 4, KT_EFORMAT, "tensor 'w'",
                "shape[1] is negative");
+    /* empty, but its other dimensions beyond what a kt_tensor can describe */
+    EXPECT_BAD("{\"w\":" ENTRY("F32", "[2305843009213693952,0]", "[0,0]") "}", 0, KT_EFORMAT,
+               "tensor 'w'", "too large");
     EXPECT_BAD("{\"w\":" ENTRY("F32", "[9223372036854775808]", "[0,4]") "}", 4, KT_EFORMAT,
                "tensor 'w'", "shape[0] (9223372036854775808) is out of range");
     EXPECT_BAD("{\"w\":" ENTRY("F32", "[4294967296,4294967296]", "[0,4]") "}", 4, KT_EFORMAT,
@@ -474,9 +477,11 @@ static void test_malformed_entries(void **state)
     EXPECT_BAD("{\"w\":" ENTRY("F32", "[4611686018427387904]", "[0,4]") "}", 4, KT_EFORMAT,
                "tensor 'w'", "too large"); /* numel fits, bytes do not */
     /* a zero dimension makes the tensor empty, but the other dimensions must still have a
-     * representable product (strides are computed from it) */
+     * product a kt_tensor can describe (strides are computed from it: at most INT64_MAX / 16) */
     assert_int_equal(
-        open_header("{\"w\":" ENTRY("F32", "[0,2147483648,2147483648]", "[0,0]") "}", 0), KT_OK);
+        open_header("{\"w\":" ENTRY("F32", "[0,536870912,536870912]", "[0,0]") "}", 0), KT_OK);
+    EXPECT_BAD("{\"w\":" ENTRY("F32", "[0,2147483648,2147483648]", "[0,0]") "}", 0, KT_EFORMAT,
+               "tensor 'w'", "too large");
     EXPECT_BAD("{\"w\":" ENTRY("F32", "[9223372036854775807,9223372036854775807,0]", "[0,0]") "}",
                0, KT_EFORMAT, "tensor 'w'", "too large");
 
@@ -796,6 +801,27 @@ static void test_open_unmappable(void **state)
     assert_int_equal(kt_st_find(f, "big", &view), KT_OK);
     assert_true(tu_bitwise_equal(&view, &big));
     kt_st_close(f);
+
+    /* an input that never ends is read only as far as its header reaches (and a byte more,
+     * which is reported as trailing data), not until memory runs out */
+    f = NULL;
+    TU_EXPECT_ERROR(kt_st_open("/dev/zero", &f), KT_EFORMAT, "/dev/zero", "header");
+    fflush(NULL);
+    child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        FILE *w = fopen(fifo, "wb");
+        static const unsigned char zeros[65536];
+        int ok = w != NULL && fwrite(img, 1, size, w) == size;
+        while (ok) /* until the reader closes its end */
+            ok = fwrite(zeros, 1, sizeof zeros, w) == sizeof zeros;
+        _exit(0);
+    }
+    s = kt_st_open(fifo, &f);
+    kill(child, SIGKILL);
+    assert_int_equal(waitpid(child, &wstatus, 0), child);
+    TU_EXPECT_ERROR(s, KT_EFORMAT, fifo, "1 trailing bytes");
+    assert_null(f);
     free(fifo);
     remove_dir(dir);
     free(img);

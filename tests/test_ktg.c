@@ -622,6 +622,8 @@ static void test_hostile_inputs(void **state)
     parse_any(s, 1021);
     /* NUL bytes and control characters, newlines only */
     parse_any("in\0put x: f32[2]\n\x01\x7f\xff", 21);
+    parse_any("input x: f32[2]\0\n", 17); /* a NUL is named by its code, as other bytes are */
+    assert_non_null(strstr(diag, "unexpected character 0x00"));
     memset(s, '\n', big);
     parse_any(s, big);
     memset(s, ',', big);

@@ -159,6 +159,11 @@ static int parse_args(args *a, int argc, char **argv)
     return 0;
 }
 
+/* A model description is text of a few kilobytes; a larger input (/dev/zero, a binary file
+ * named by mistake) is refused rather than read until memory runs out. */
+#define MAX_SOURCE_BYTES (64u << 20)
+
+/* NULL with errno set (EFBIG past MAX_SOURCE_BYTES) */
 static char *read_file(const char *path, size_t *len_out)
 {
     FILE *f = fopen(path, "rb");
@@ -170,6 +175,12 @@ static char *read_file(const char *path, size_t *len_out)
         len += fread(buf + len, 1, cap - len, f);
         if (len < cap)
             break;
+        if (cap >= MAX_SOURCE_BYTES) {
+            free(buf);
+            fclose(f);
+            errno = EFBIG;
+            return NULL;
+        }
         char *grown = realloc(buf, cap * 2);
         if (grown == NULL) {
             free(buf);
@@ -215,7 +226,11 @@ static int run(const args *a)
     size_t len;
     char *text = read_file(a->input, &len);
     if (text == NULL) {
-        fprintf(stderr, "kt-graphc: cannot read '%s': %s\n", a->input, strerror(errno));
+        if (errno == EFBIG)
+            fprintf(stderr, "kt-graphc: '%s' is larger than %u MiB: not a model description\n",
+                    a->input, MAX_SOURCE_BYTES >> 20);
+        else
+            fprintf(stderr, "kt-graphc: cannot read '%s': %s\n", a->input, strerror(errno));
         return 1;
     }
     char *diag = malloc(DIAG_BYTES);
@@ -284,8 +299,10 @@ static int run(const args *a)
     if (a->dot != NULL) {
         size_t n;
         char *dot = render(kt_program_dot, p, &n);
+        errno = 0;
         if (dot == NULL || !write_text(a->dot, dot, n)) {
-            fprintf(stderr, "kt-graphc: cannot write '%s'\n", a->dot);
+            fprintf(stderr, "kt-graphc: cannot write '%s': %s\n", a->dot,
+                    dot == NULL ? "out of memory" : strerror(errno ? errno : EIO));
             rc = 1;
         }
         free(dot);

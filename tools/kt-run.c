@@ -1,7 +1,7 @@
 /* kt-run: runs a compiled program (.ktp) on tensors from safetensors files.
  *
  *   kt-run model.ktp --params p.safetensors --inputs in.safetensors --out out.safetensors
- *          [--backward] [--allow-missing] [--threads N] [--trace FILE]
+ *          [--backward] [--allow-missing] [--allow-unused] [--threads N] [--trace FILE]
  *
  * Loads the parameters and every program input (each checked against the program's dtype and
  * shape), runs forward (and backward), and writes every output under its name; with
@@ -20,7 +20,7 @@
 
 typedef struct run_args {
     const char *program, *params, *inputs, *out, *trace;
-    int backward, allow_missing, threads;
+    int backward, allow_missing, allow_unused, threads;
 } run_args;
 
 static void usage(FILE *f)
@@ -40,6 +40,8 @@ static void usage(FILE *f)
             "                    \"grad.<param>\" for each trainable parameter and \"loss\"\n"
             "  --backward        run backward after forward (needs a training program)\n"
             "  --allow-missing   parameters absent from --params keep their initial values\n"
+            "  --allow-unused    tensors of --params the program has no parameter for are\n"
+            "                    skipped (by default they are an error: another model's?)\n"
             "  --threads N       thread-pool size (default: KT_NUM_THREADS or the CPU count)\n"
             "  --trace FILE      write the session's Chrome trace JSON (chrome://tracing)\n"
             "  -h, --help        this text\n"
@@ -66,6 +68,8 @@ static int parse_args(int argc, char **argv, run_args *a)
             a->backward = 1;
         } else if (strcmp(arg, "--allow-missing") == 0) {
             a->allow_missing = 1;
+        } else if (strcmp(arg, "--allow-unused") == 0) {
+            a->allow_unused = 1;
         } else if (strcmp(arg, "--params") == 0) {
             value = &a->params;
         } else if (strcmp(arg, "--inputs") == 0) {
@@ -298,8 +302,9 @@ static int run(const run_args *a)
         goto done;
     }
     if (a->params != NULL) {
-        if (kt_session_load(s, a->params, a->allow_missing ? KT_LOAD_ALLOW_MISSING : 0) !=
-            KT_OK) {
+        const unsigned flags = (a->allow_missing ? KT_LOAD_ALLOW_MISSING : 0u) |
+                               (a->allow_unused ? KT_LOAD_ALLOW_UNUSED : 0u);
+        if (kt_session_load(s, a->params, flags) != KT_OK) {
             fail("cannot load the parameters", kt_last_error());
             goto done;
         }

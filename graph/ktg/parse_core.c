@@ -58,7 +58,7 @@ const char *kt__ktg_describe(const kt__ktg_parser *p, const kt__ktg_token *t, ch
     } else {
         char text[48];
         kt__ktg_text(p, t, text, sizeof text);
-        unsigned char c = (unsigned char)text[0];
+        const unsigned char c = (unsigned char)p->lx.src[t->at.off]; /* (text shows NUL as ?) */
         if (t->kind == KT__KTG_BAD && (c < 0x20 || c >= 0x7f))
             snprintf(buf, size, "character 0x%02x", c);
         else

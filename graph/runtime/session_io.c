@@ -105,6 +105,44 @@ static kt_status load_all(kt_session *s, const kt_st_file *f, unsigned flags, in
     return KT_OK;
 }
 
+/* Whether `name` is a parameter of the program, or an optimizer state of one (under any
+ * optimizer's prefix: a checkpoint saved with state loads as weights alone too). */
+static int known_name(const kt_session *s, const char *name)
+{
+    const char *pname = name;
+    for (int kind = 0; kind < 2; kind++)
+        for (int k = 0; k < 2; k++) {
+            const char *pre = state_prefix[kind][k];
+            if (pre != NULL && strncmp(name, pre, strlen(pre)) == 0)
+                pname = name + strlen(pre);
+        }
+    for (int32_t i = 0; i < s->p->n_entries[KT_ROLE_PARAM]; i++) {
+        const kt__pentry *e = &s->p->entries[KT_ROLE_PARAM][i];
+        if (strcmp(pname, kt__strings_get(&s->p->strings, e->name)) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Unless KT_LOAD_ALLOW_UNUSED: every tensor of the file is one the program has, so that a
+ * checkpoint of another model (more layers, other names) is refused instead of loaded in
+ * part. */
+static kt_status check_unused(const kt_session *s, const kt_st_file *f, unsigned flags,
+                              const char *path)
+{
+    if (flags & KT_LOAD_ALLOW_UNUSED)
+        return KT_OK;
+    for (size_t i = 0; i < kt_st_count(f); i++) {
+        const char *name = NULL;
+        kt_tensor view;
+        KT__TRY(kt_st_entry(f, i, &name, &view));
+        if (!known_name(s, name))
+            return kt__error(KT_EINVAL, "%s: tensor '%s' is not a parameter of the program (a "
+                             "checkpoint of another model?)", path, name);
+    }
+    return KT_OK;
+}
+
 kt_status kt_session_load(kt_session *s, const char *path, unsigned flags)
 {
     if (s == NULL || path == NULL)
@@ -125,7 +163,8 @@ kt_status kt_session_load(kt_session *s, const char *path, unsigned flags)
         }
     }
     /* check everything first, so a bad file changes nothing */
-    if ((status = load_all(s, f, flags, 1, path)) != KT_OK ||
+    if ((status = check_unused(s, f, flags, path)) != KT_OK ||
+        (status = load_all(s, f, flags, 1, path)) != KT_OK ||
         (status = load_all(s, f, flags, 0, path)) != KT_OK)
         goto out;
     if (flags & KT_LOAD_OPTIMIZER)

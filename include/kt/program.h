@@ -206,9 +206,12 @@ kt_status kt_session_save(kt_session *s, const char *path, int with_optimizer);
 
 #define KT_LOAD_ALLOW_MISSING 1u /* parameters absent from the file keep their values */
 #define KT_LOAD_OPTIMIZER 2u     /* also load the optimizer state and step count */
+#define KT_LOAD_ALLOW_UNUSED 4u  /* tensors the program has no parameter for are skipped */
 
 /* Loads every parameter from the file, checking each one's dtype and shape against the
- * program; a missing parameter is an error unless KT_LOAD_ALLOW_MISSING. Nothing is changed
+ * program; a missing parameter is an error unless KT_LOAD_ALLOW_MISSING, and a tensor that
+ * is neither a parameter nor a parameter's optimizer state ("optimizer.m.<name>", ...) is an
+ * error unless KT_LOAD_ALLOW_UNUSED (as PyTorch's strict load_state_dict). Nothing is changed
  * when any check fails. */
 kt_status kt_session_load(kt_session *s, const char *path, unsigned flags);
 

@@ -70,8 +70,9 @@ static int mul_overflows_u64(uint64_t a, uint64_t b, uint64_t *out)
     return 0;
 }
 
-/* numel * element size; 1 when too large. The product of the nonzero dimensions must fit
- * in int64 even when a zero makes the tensor empty, because strides are computed from it. */
+/* numel * element size; 1 when too large. The product of the nonzero dimensions must stay
+ * within kt_tensor_init's bound (INT64_MAX / 16) even when a zero makes the tensor empty,
+ * because strides are computed from it and every entry is handed out as a kt_tensor. */
 static int tensor_bytes(kt_dtype dtype, int ndim, const int64_t *shape, uint64_t *bytes_out)
 {
     uint64_t product = 1;
@@ -79,7 +80,8 @@ static int tensor_bytes(kt_dtype dtype, int ndim, const int64_t *shape, uint64_t
     for (int d = 0; d < ndim; d++) {
         if (shape[d] == 0)
             empty = 1;
-        else if (mul_overflows_u64(product, (uint64_t)shape[d], &product) || product > INT64_MAX)
+        else if (mul_overflows_u64(product, (uint64_t)shape[d], &product) ||
+                 product > INT64_MAX / 16) /* kt_tensor_init's limit: a view must be valid */
             return 1;
     }
     return mul_overflows_u64(empty ? 0 : product, kt_dtype_size(dtype), bytes_out);
@@ -419,35 +421,83 @@ done:
 
 /* ---- opening --------------------------------------------------------------------------------- */
 
-/* The fallback for what cannot be mapped (pipes, special files, mmap failures). */
-static kt_status read_all(int fd, const char *path, unsigned char **buf_out, size_t *size_out)
+/* Reads from fd into *buf (grown as needed) until it holds `want` bytes or the input ends. */
+static kt_status read_upto(int fd, const char *path, unsigned char **buf, size_t *len,
+                           size_t *cap, size_t want)
 {
-    kt_status s = KT_OK;
-    unsigned char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len == cap) {
-            size_t new_cap = cap ? cap * 2 : 65536;
-            unsigned char *b = new_cap > cap ? realloc(buf, new_cap) : NULL;
-            if (b == NULL) {
-                s = kt__error(KT_ENOMEM, "%s: out of memory reading the file", path);
-                goto done;
-            }
-            buf = b;
-            cap = new_cap;
+    while (*len < want) {
+        if (*len == *cap) {
+            size_t new_cap = *cap ? *cap * 2 : 65536;
+            new_cap = new_cap > want ? want : new_cap;
+            unsigned char *b = realloc(*buf, new_cap);
+            if (b == NULL)
+                return kt__error(KT_ENOMEM, "%s: out of memory reading the file", path);
+            *buf = b;
+            *cap = new_cap;
         }
-        ssize_t got = read(fd, buf + len, cap - len);
+        ssize_t got = read(fd, *buf + *len, *cap - *len);
         if (got < 0 && errno == EINTR)
             continue;
-        if (got < 0) {
-            s = errno_error(errno, path, "cannot read");
-            goto done;
-        }
+        if (got < 0)
+            return errno_error(errno, path, "cannot read");
         if (got == 0)
             break;
-        len += (size_t)got;
+        *len += (size_t)got;
     }
-done:
+    return KT_OK;
+}
+
+/* The data section's size a header declares: the largest data_offsets end (0 where the header
+ * is malformed; parse_image then says what is wrong with it). */
+static uint64_t declared_data_size(const unsigned char *header, size_t len)
+{
+    kt__json_doc *doc = NULL;
+    if (kt__json_parse((const char *)header, len, &doc) != KT_OK) {
+        kt_clear_error();
+        return 0;
+    }
+    const kt__json_value *root = kt__json_root(doc);
+    uint64_t end = 0;
+    for (size_t i = 0; root->type == KT__JSON_OBJECT && i < root->u.list.count; i++) {
+        const kt__json_value *t = &root->u.list.items[i];
+        for (size_t j = 0; t->type == KT__JSON_OBJECT && j < t->u.list.count; j++) {
+            const kt__json_value *f = &t->u.list.items[j];
+            if (strcmp(f->key, "data_offsets") != 0 || f->type != KT__JSON_ARRAY ||
+                f->u.list.count != 2)
+                continue;
+            const kt__json_value *e = &f->u.list.items[1];
+            if (e->type == KT__JSON_INT && !e->u.integer.negative &&
+                e->u.integer.magnitude > end)
+                end = e->u.integer.magnitude;
+        }
+    }
+    kt__json_free(doc);
+    return end;
+}
+
+/* The fallback for what cannot be mapped (pipes, special files, mmap failures). It reads no
+ * more than the file's own header declares: the 8-byte length, the header (when within the
+ * limit), and the data section its offsets reach, plus one byte, so that trailing bytes are
+ * still found; an endless input (/dev/zero, a stream of garbage) stops there. */
+static kt_status read_all(int fd, const char *path, unsigned char **buf_out, size_t *size_out)
+{
+    unsigned char *buf = NULL;
+    size_t len = 0, cap = 0;
+    kt_status s = read_upto(fd, path, &buf, &len, &cap, 8);
+    if (s == KT_OK && len == 8) {
+        uint64_t header_len = 0;
+        for (int i = 7; i >= 0; i--)
+            header_len = header_len << 8 | buf[i];
+        if (header_len <= KT_ST_MAX_HEADER) {
+            s = read_upto(fd, path, &buf, &len, &cap, 8 + (size_t)header_len);
+            if (s == KT_OK && len == 8 + header_len) {
+                /* (an end past what memory could hold is left to parse_image to report) */
+                uint64_t data = declared_data_size(buf + 8, (size_t)header_len);
+                if (data < SIZE_MAX / 2)
+                    s = read_upto(fd, path, &buf, &len, &cap, len + (size_t)data + 1);
+            }
+        }
+    }
     if (s != KT_OK) {
         free(buf);
         return s;
@@ -536,8 +586,9 @@ size_t kt_st_count(const kt_st_file *file) { return file != NULL ? file->count :
 static kt_tensor entry_view(const kt_st_file *file, const st_entry *e)
 {
     kt_tensor t;
-    /* Cannot fail: parse_entry validated dtype, ndim and shape. The view is read-only in
-     * practice (a mapping is PROT_READ) but kt_tensor has no const form. */
+    /* Cannot fail: parse_entry validated dtype, ndim and shape against kt_tensor_init's own
+     * bounds (tensor_bytes). The view is read-only in practice (a mapping is PROT_READ) but
+     * kt_tensor has no const form. */
     kt_tensor_init(&t, (void *)(file->data + e->begin), e->dtype, e->ndim, e->shape);
     return t;
 }

@@ -13,7 +13,10 @@
 #     differences (seen: 4e-5 on 3 ranks) that say nothing about correctness.
 #     And once with LoRA experts on 3 ranks over shm.
 #   - 30 steps on a repeating token pattern: the last loss is below half the first
-#   - a token id outside the vocabulary: exit 1 and a message naming its offset
+#   - a token id outside the vocabulary: exit 1 and a message naming its offset, also when
+#     it lies past every window the run would read (the whole file is checked first)
+#   - resuming from saved parameters and experts; another model's parameters, experts, or
+#     LoRA adapters without --moe-mode lora: exit 1 naming the first tensor it lacks
 #   - a 100-token file read across its end (one rank, and 2 ranks against it)
 #   - a header larger than the file, a world size that is not a number, and rank 0 unable to
 #     create its losses file under 2 ranks: exit 1 with the reason, no rank left waiting
@@ -47,7 +50,8 @@ for w in 1 2 3; do
   fi
 done
 if ! { "$check" tokens markov.bin 4096 64 markov && "$check" tokens repeat.bin 4096 64 repeat &&
-       "$check" tokens bad.bin 4096 64 markov 77; }; then
+       "$check" tokens bad.bin 4096 64 markov 77 &&
+       "$check" tokens bad_late.bin 4096 64 markov 4000; }; then
   echo "FAIL: writing the token files"
   exit 1
 fi
@@ -129,6 +133,17 @@ else
   sed 's/^/    /' bad.log
 fi
 
+# a bad id far past the steps asked for is found before the first step, not when reached
+"$train" lm1.ktp --data bad_late.bin --steps 1 --threads 1 > bad_late.log 2>&1
+rc=$?
+if [ "$rc" -eq 1 ] && grep -q "bad_late.bin: token 4000 (byte offset 8000) is 64" bad_late.log &&
+   ! grep -q "^step" bad_late.log; then
+  ok "bad token id past the run's windows: exit 1 before any step"
+else
+  fail "bad token id at 4000, 1 step: exit $rc (want 1, the id named, no step run)"
+  sed 's/^/    /' bad_late.log
+fi
+
 # ---- the window wraps around the end of a short file -------------------------------------------
 # 100 tokens, 5 steps of 48 (+1): steps 3-5 read across the end; W ranks must slice the
 # wrapped window exactly as one rank does
@@ -161,6 +176,21 @@ expect_error header "is larger than markov.bin" \
   "$train" lm1.ktp --data markov.bin --data-header 99999 --steps 1 --threads 1
 expect_error world_size "KT_WORLD_SIZE=abc is not a world size" \
   env KT_RANK=0 KT_WORLD_SIZE=abc "$train" lm1.ktp --data markov.bin --steps 1 --threads 1
+# a checkpoint is loaded whole or not at all: resuming works, another model's files do not
+if train resume 1 - lm1.ktp --data markov.bin --steps 1 --threads 1 \
+     --params ref_sgd.safetensors --experts ref_sgd.experts.safetensors; then
+  ok "resume from ref_sgd's parameters and experts"
+fi
+"$graphc" "$src/examples/lm.ktg" -o lm1_l1.ktp -D T=48 -D H=32 -D VOCAB=64 -D E=4 -D L=1 \
+  -D K=4 -D TOPK=2 > /dev/null
+expect_error params_other_model "'block1.conv_norm' is not a parameter of the program" \
+  "$train" lm1_l1.ktp --data markov.bin --steps 1 --threads 1 --params ref_sgd.safetensors
+expect_error experts_other_model "'moe.1.experts.0.gate_proj.weight' is not one this run loads" \
+  "$train" lm1_l1.ktp --data markov.bin --steps 1 --threads 1 \
+  --experts ref_sgd.experts.safetensors
+expect_error lora_adapters_not_lora "lora_A.weight' is not one this run loads" \
+  "$train" lm1.ktp --data markov.bin --steps 1 --threads 1 \
+  --experts ref_lora.experts.safetensors
 if [ "$launch" != none ]; then
   # rank 0 cannot create its losses file: rank 1 must not sit in the first step's collectives
   expect_error losses_2_ranks "cannot create the losses file" \

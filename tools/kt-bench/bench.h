@@ -44,6 +44,8 @@ int bench_no_ucx(const char *bench, int json);       /* the no-UCX line; returns
 const char *bench_comm_peer_script(void);
 /* "8,64,1k,4M" -> bytes; the count, or -1 on a malformed list */
 int bench_parse_sizes(const char *s, size_t *out, int max);
+/* 1 when s is one of names[0, n) (an option that takes a value, say) */
+int bench_is_one_of(const char *s, const char *const *names, int n);
 /* Runs a peer command; its stdout lines starting with '{' go into buf. 0 + note on failure. */
 int bench_run_peer(const char *cmd, char *buf, size_t size, char *note, size_t note_size);
 double bench_peer_value(const char *buf, const char *match1, const char *match2,

@@ -137,6 +137,8 @@ int bench_halo(int argc, char **argv, const bench_args *common)
     const char *transport = NULL, *hidden = "256,512,1024,2048", *frames = "3,64";
     const char *modes = "p2p,allgather", *ranks_list = "2";
     int peer = 1;
+    static const char *const with_value[] = {"--transport", "--ranks", "--hidden", "--frames",
+                                              "--modes"};
     for (int i = 0; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -149,7 +151,7 @@ int bench_halo(int argc, char **argv, const bench_args *common)
                    "torch.distributed gloo doing Sana's exchange (batch_isend_irecv /\n"
                    "all_gather) on the same shapes. Target: faster than gloo.\n");
             return 0;
-        } else if (v == NULL && strcmp(argv[i], "--no-peer") != 0) {
+        } else if (v == NULL && bench_is_one_of(argv[i], with_value, 5)) {
             fprintf(stderr, "kt-bench halo: %s needs a value (see --help)\n", argv[i]);
             return 2;
         } else if (strcmp(argv[i], "--transport") == 0) {

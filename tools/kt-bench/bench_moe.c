@@ -296,8 +296,9 @@ static int parse(int argc, char **argv, moe_args *a)
                    "over the timed runs of each pass (kt_moe_get_phase_times).\n");
             exit(0);
         }
-        if (v == NULL && strcmp(s, "--no-peer") != 0 && strcmp(s, "--numa-split") != 0 &&
-            strcmp(s, "--phases") != 0) {
+        static const char *const with_value[] = {"--shape", "--qlen",       "--mode",
+                                                  "--dtype", "--peer-dtype", "--peer-script"};
+        if (v == NULL && bench_is_one_of(s, with_value, 6)) {
             fprintf(stderr, "kt-bench moe: %s needs a value (see --help)\n", s);
             return 2;
         }

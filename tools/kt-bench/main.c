@@ -23,6 +23,14 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+int bench_is_one_of(const char *s, const char *const *names, int n)
+{
+    for (int k = 0; k < n; k++)
+        if (strcmp(s, names[k]) == 0)
+            return 1;
+    return 0;
+}
+
 double bench_median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_double);

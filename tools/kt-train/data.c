@@ -6,9 +6,9 @@
  * input gets the first T, the targets input the same window shifted by one. Each input is
  * filled as if it held the whole window (row-major in its global shape, the shard dimension
  * W times longer) and every rank keeps its own slice along the shard dimension: for the 1-D
- * token inputs of examples/lm.ktg, rank r gets tokens [r T/W, (r+1) T/W). Every rank reads
- * and checks the whole window, so a bad token id stops every rank at the same step with the
- * same message. */
+ * token inputs of examples/lm.ktg, rank r gets tokens [r T/W, (r+1) T/W). Every rank checks
+ * every id of the file before the first step (and each window again as it reads it), so a bad
+ * token id stops every rank, before any work, with the same message. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,11 +156,33 @@ static int open_file(token_data *d, const train_args *a)
     return 0;
 }
 
+static int read_run(token_data *d, int64_t first, int64_t n, int64_t *out);
+static int bad_id(const token_data *d, int64_t at, int64_t v);
+
+/* Every token of the file checked once before the first step, so that a bad id stops the run
+ * before any work rather than hours in, when a window first reaches it. */
+static int check_all_ids(token_data *d)
+{
+    enum { RUN = 1 << 16 };
+    int64_t *ids = malloc(sizeof *ids * RUN);
+    if (ids == NULL)
+        return train_fail("out of memory checking the data", NULL);
+    int failed = 0;
+    for (int64_t first = 0; first < d->n_tokens && !failed; first += RUN) {
+        const int64_t n = d->n_tokens - first < RUN ? d->n_tokens - first : RUN;
+        failed = read_run(d, first, n, ids);
+        for (int64_t i = 0; i < n && !failed; i++)
+            failed = bad_id(d, first + i, ids[i]);
+    }
+    free(ids);
+    return failed;
+}
+
 int data_open(token_data *d, const train_args *a, const kt_program *p, kt_session *s,
               const ranks *r)
 {
     memset(d, 0, sizeof *d);
-    if (bind_inputs(d, a, p, s, r) != 0 || open_file(d, a) != 0)
+    if (bind_inputs(d, a, p, s, r) != 0 || open_file(d, a) != 0 || check_all_ids(d) != 0)
         return 1;
     d->buf = malloc(sizeof *d->buf * (size_t)(d->window + 1));
     if (d->buf == NULL)
@@ -210,22 +232,28 @@ io_error:
     return 1;
 }
 
+/* Whether id v fits the model; if not, says which token of the file it is (1). */
+static int bad_id(const token_data *d, int64_t at, int64_t v)
+{
+    if (v >= 0 && (d->bound < 0 || v < d->bound))
+        return 0;
+    char range[64] = "";
+    if (d->bound >= 0)
+        snprintf(range, sizeof range, ", outside the model's vocabulary [0, %lld)",
+                 (long long)d->bound);
+    fprintf(stderr, "kt-train: %s: token %lld (byte offset %lld) is %lld%s\n", d->path,
+            (long long)at, (long long)(d->header + at * d->token_bytes), (long long)v,
+            d->bound >= 0 ? range : ", a negative id");
+    return 1;
+}
+
+/* The window just read (its ids were all checked at open; checked again in case the file
+ * changed under the run). */
 static int check_ids(const token_data *d, int64_t start)
 {
-    for (int64_t i = 0; i <= d->window; i++) {
-        int64_t v = d->buf[i];
-        if (v >= 0 && (d->bound < 0 || v < d->bound))
-            continue;
-        int64_t at = (start + i) % d->n_tokens;
-        char range[64] = "";
-        if (d->bound >= 0)
-            snprintf(range, sizeof range, ", outside the model's vocabulary [0, %lld)",
-                     (long long)d->bound);
-        fprintf(stderr, "kt-train: %s: token %lld (byte offset %lld) is %lld%s\n", d->path,
-                (long long)at, (long long)(d->header + at * d->token_bytes), (long long)v,
-                d->bound >= 0 ? range : ", a negative id");
-        return 1;
-    }
+    for (int64_t i = 0; i <= d->window; i++)
+        if (bad_id(d, (start + i) % d->n_tokens, d->buf[i]))
+            return 1;
     return 0;
 }
 

@@ -102,12 +102,53 @@ static int alloc_slots(moe_layers *m, const kt_program *p)
     return m->layers == NULL ? train_fail("out of memory", NULL) : 0;
 }
 
+/* Whether `name` is a tensor of one of this run's layers, as kt_moe_save names them:
+ * "moe.<layer>.experts.<e>.<gate|up|down>_proj.weight" (and lora_A / lora_B in LoRA mode). */
+static int is_expert_tensor(const moe_layers *m, const char *name)
+{
+    int b = -1, used = -1;
+    long long e = -1;
+    char proj[16], kind[16];
+    if (sscanf(name, "moe.%d.experts.%lld.%15[a-z]_proj.%15[A-Za-z_.]%n", &b, &e, proj, kind,
+               &used) != 4 ||
+        used != (int)strlen(name) || b < 0 || b >= m->n || m->layers[b] == NULL)
+        return 0;
+    const kt_moe_config *c = kt_moe_get_config(m->layers[b]);
+    const int lora = c->mode == KT_MOE_LORA;
+    return e >= 0 && e < c->n_experts &&
+           (!strcmp(proj, "gate") || !strcmp(proj, "up") || !strcmp(proj, "down")) &&
+           (!strcmp(kind, "weight") ||
+            (lora && (!strcmp(kind, "lora_A.weight") || !strcmp(kind, "lora_B.weight"))));
+}
+
+/* Every tensor of the file must be one the run loads: a file for more experts or layers, or
+ * with LoRA adapters for a run that is not in LoRA mode, is refused rather than loaded in
+ * part (that would train from another model's weights, with its adapters dropped). */
+static int check_no_extra_experts(const moe_layers *m, const kt_st_file *f, const char *path)
+{
+    for (size_t i = 0; i < kt_st_count(f); i++) {
+        const char *name = NULL;
+        kt_tensor view;
+        if (kt_st_entry(f, i, &name, &view) != KT_OK)
+            return train_fail("cannot read the experts", kt_last_error());
+        if (is_expert_tensor(m, name))
+            continue;
+        const int lora = m->first.mode == KT_MOE_LORA;
+        fprintf(stderr, "kt-train: %s: tensor '%s' is not one this run loads (MoE layers 0-%d "
+                "of %lld experts%s): the experts of another model?\n", path, name, m->n - 1,
+                (long long)m->first.n_experts,
+                lora ? ", with LoRA adapters" : "; LoRA adapters load with --moe-mode lora");
+        return 1;
+    }
+    return 0;
+}
+
 static int load_experts(moe_layers *m, const char *path)
 {
     kt_st_file *f;
     if (kt_st_open(path, &f) != KT_OK)
         return train_fail("cannot read the experts", kt_last_error());
-    int rc = 0;
+    int rc = check_no_extra_experts(m, f, path);
     for (int b = 0; b < m->n && rc == 0; b++) {
         char prefix[32];
         snprintf(prefix, sizeof prefix, "moe.%d.", b);
