@@ -285,6 +285,13 @@ static int run(const run_args *a)
                         "schedule)\n", a->program);
         goto done;
     }
+    if (kt_program_moe_count(p) > 0) {
+        const int n = kt_program_moe_count(p);
+        fprintf(stderr, "kt-run: %s has %d moe op%s, whose experts are CPU MoE layers held "
+                "outside the program; kt-run does not create them: kt-train runs such programs "
+                "(--experts loads saved experts)\n", a->program, n, n == 1 ? "" : "s");
+        goto done;
+    }
     kt_session_options so;
     memset(&so, 0, sizeof so);
     so.threads = a->threads;
