@@ -10,7 +10,10 @@
  * SIGTERM are forwarded to the ranks. When a rank fails (non-zero exit or a signal) the
  * others are stopped (SIGTERM, then SIGKILL after the grace period) and kt-launch exits with
  * that rank's status (128 + signal for a signal); --keep-going lets the others finish (the
- * fault tests, where one rank is meant to die). */
+ * fault tests, where one rank is meant to die). Signals go to each rank's process group, so
+ * what a rank started goes too, also after the rank itself has exited; once every rank has
+ * exited, processes they left behind holding their output get the grace period, then SIGTERM
+ * and SIGKILL. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -79,14 +82,17 @@ static void usage(FILE *f)
             "  --transport T     shm or tcp (sets KT_COMM_TRANSPORT; default: UCX's choice)\n"
             "  --port P          rendezvous port (default: a free port; 29500 with --print-env)\n"
             "  --timeout-ms MS   the communicator deadline (sets KT_COMM_TIMEOUT_MS)\n"
-            "  --grace-ms MS     after a failure, SIGTERM then SIGKILL after MS (default 3000)\n"
+            "  --grace-ms MS     after a failure, SIGTERM then SIGKILL after MS (default 3000);\n"
+            "                    also how long processes the exited ranks left behind may\n"
+            "                    hold their output before they are stopped the same way\n"
             "  --keep-going      let the other ranks run on when one fails\n"
             "  --print-env       print the environment each host needs for a multi-host run\n"
             "                    (the first host is the master); starts nothing\n"
             "  -h, --help        this text\n"
             "\n"
             "exit status: 0 when every rank exited 0; else the first failing rank's status\n"
-            "(128 + signal number when it was killed by a signal); 2 for a usage error.\n");
+            "(128 + signal number when it was killed by a signal); 128 + the signal when\n"
+            "kt-launch itself got SIGINT or SIGTERM; 2 for a usage error.\n");
 }
 
 static int parse_int(const char *s, int lo, int hi, int *out)
@@ -137,7 +143,8 @@ static int drain(int rank, stream *s)
     return 1;
 }
 
-static int print_env(int per_host, int port, const char *transport, int n_hosts, char **hosts)
+static int print_env(int per_host, int port, const char *transport, const char *timeout,
+                     int n_hosts, char **hosts)
 {
     int world = per_host * n_hosts;
     printf("# %d host(s) x %d rank(s); start each line's command on its host\n", n_hosts,
@@ -148,20 +155,30 @@ static int print_env(int per_host, int port, const char *transport, int n_hosts,
                    h * per_host + i, world, hosts[0], port);
             if (transport != NULL)
                 printf(" KT_COMM_TRANSPORT=%s", transport);
+            if (timeout != NULL)
+                printf(" KT_COMM_TIMEOUT_MS=%s", timeout);
             printf("\n");
         }
     return 0;
 }
 
+/* Whether rank r's process group may still have members: its leader runs, or something still
+ * holds its output pipes (a child it left behind). An exited rank whose pipes are closed is
+ * not signalled: its pid, and so its group id, may belong to another process by now. */
+static int group_alive(const rank_proc *r)
+{
+    return r->running || r->streams[0].fd >= 0 || r->streams[1].fd >= 0;
+}
+
 static void signal_all(rank_proc *ranks, int n, int sig)
 {
     for (int r = 0; r < n; r++)
-        if (ranks[r].running) {
+        if (group_alive(&ranks[r])) {
             /* The rank's process group: a shell's children must go too, or they keep the
-             * output pipes open. */
-            if (kill(-ranks[r].pid, sig) != 0)
+             * output pipes open (also after the rank itself has exited). */
+            if (kill(-ranks[r].pid, sig) != 0 && ranks[r].running)
                 kill(ranks[r].pid, sig);
-            if (sig == SIGTERM && kill(-ranks[r].pid, SIGCONT) != 0)
+            if (sig == SIGTERM && kill(-ranks[r].pid, SIGCONT) != 0 && ranks[r].running)
                 kill(ranks[r].pid, SIGCONT); /* a stopped rank must run to see SIGTERM */
         }
 }
@@ -257,6 +274,11 @@ int main(int argc, char **argv)
             keep_going = 1;
         } else if (strcmp(a, "--print-env") == 0) {
             env_mode = 1;
+        } else if (!has && (strcmp(a, "-n") == 0 || strcmp(a, "--port") == 0 ||
+                            strcmp(a, "--timeout-ms") == 0 || strcmp(a, "--grace-ms") == 0 ||
+                            strcmp(a, "--transport") == 0)) {
+            fprintf(stderr, "kt-launch: %s needs a value (see --help)\n", a);
+            return 2;
         } else if (a[0] == '-') {
             fprintf(stderr, "kt-launch: unknown option '%s' (see --help)\n", a);
             return 2;
@@ -269,7 +291,14 @@ int main(int argc, char **argv)
             fprintf(stderr, "kt-launch: --print-env needs at least one host\n");
             return 2;
         }
-        return print_env(n > 0 ? n : 1, port > 0 ? port : 29500, transport, argc - i, argv + i);
+        for (int h = i; h < argc; h++)
+            if (argv[h][0] == '-') {
+                fprintf(stderr, "kt-launch: '%s' after the hosts: options go before them\n",
+                        argv[h]);
+                return 2;
+            }
+        return print_env(n > 0 ? n : 1, port > 0 ? port : 29500, transport, timeout, argc - i,
+                         argv + i);
     }
     if (n <= 0 || i >= argc) {
         usage(stderr);
@@ -326,7 +355,10 @@ int main(int argc, char **argv)
     }
 
     int failed_rank = -1, result = 0, running = n, open_streams = 2 * n;
-    int64_t kill_at = -1; /* when the SIGKILL of the stragglers is due */
+    int got_signal = 0, stopping = 0, linger_stage = 0;
+    /* Deadlines in ms (-1: none): the SIGKILL of what a SIGTERM did not stop, and, once every
+     * rank has exited, how long processes they left behind may still hold their output. */
+    int64_t kill_at = -1, linger_at = -1;
     while (running > 0 || open_streams > 0) {
         int np = 0;
         pfd[np] = (struct pollfd){.fd = sig_pipe[0], .events = POLLIN};
@@ -337,10 +369,12 @@ int main(int argc, char **argv)
                     pfd[np] = (struct pollfd){.fd = ranks[r].streams[k].fd, .events = POLLIN};
                     pfd_rank[np++] = r * 2 + k;
                 }
+        int64_t next = kill_at >= 0 && (linger_at < 0 || kill_at < linger_at) ? kill_at
+                                                                               : linger_at;
         int wait = -1;
-        if (kill_at >= 0) {
-            int64_t left = kill_at - now_ms();
-            wait = left < 0 ? 0 : (int)left;
+        if (next >= 0) {
+            int64_t left = next - now_ms();
+            wait = left < 0 ? 0 : left > 1 << 30 ? 1 << 30 : (int)left;
         }
         int k = poll(pfd, (nfds_t)np, wait);
         if (k < 0 && errno != EINTR) {
@@ -358,14 +392,17 @@ int main(int argc, char **argv)
             unsigned char sigs[64];
             ssize_t got = read(sig_pipe[0], sigs, sizeof sigs);
             for (ssize_t s = 0; s < got; s++) {
-                if (sigs[s] == SIGINT || sigs[s] == SIGTERM) {
-                    /* Forward; a second one, or the grace period, escalates to SIGKILL. */
-                    signal_all(ranks, n, kill_at >= 0 ? SIGKILL : sigs[s]);
-                    if (kill_at < 0)
-                        kill_at = now_ms() + grace_ms;
-                    if (result == 0)
-                        result = 128 + sigs[s];
-                }
+                if (sigs[s] != SIGINT && sigs[s] != SIGTERM)
+                    continue;
+                /* Forwarded; a second one, or the grace period, escalates to SIGKILL. The
+                 * exit status is then 128 + the first signal, whatever the ranks' */
+                signal_all(ranks, n, stopping ? SIGKILL : sigs[s]);
+                if (!stopping)
+                    kill_at = now_ms() + grace_ms;
+                stopping = 1;
+                if (!got_signal)
+                    result = 128 + sigs[s];
+                got_signal = 1;
             }
         }
         pid_t pid;
@@ -385,20 +422,45 @@ int main(int argc, char **argv)
                                 WTERMSIG(status), strsignal(WTERMSIG(status)));
                     else
                         fprintf(stderr, "kt-launch: rank %d exited with status %d\n", r, code);
-                    if (result == 0 || result >= 128)
+                    if (!got_signal)
                         result = code;
-                    if (!keep_going && running > 0) {
+                    if (!keep_going && !stopping) {
                         fprintf(stderr, "kt-launch: stopping the other ranks\n");
-                        signal_all(ranks, n, SIGTERM);
-                        if (kill_at < 0)
-                            kill_at = now_ms() + grace_ms;
+                        signal_all(ranks, n, SIGTERM); /* with what the failed one left behind */
+                        stopping = 1;
+                        kill_at = now_ms() + grace_ms;
                     }
                 }
             }
         }
-        if (kill_at >= 0 && now_ms() >= kill_at && running > 0) {
-            signal_all(ranks, n, SIGKILL);
-            kill_at = now_ms() + 60000; /* SIGKILL needs no second round */
+        const int64_t now = now_ms();
+        if (kill_at >= 0 && now >= kill_at) {
+            signal_all(ranks, n, SIGKILL); /* SIGKILL needs no second round */
+            kill_at = -1;
+        }
+        if (running == 0 && open_streams > 0 && linger_at < 0) {
+            linger_at = now + grace_ms;
+        } else if (running == 0 && open_streams > 0 && now >= linger_at) {
+            if (linger_stage == 0) {
+                fprintf(stderr, "kt-launch: every rank has exited, but processes they started "
+                        "still hold their output: stopping them\n");
+                signal_all(ranks, n, SIGTERM);
+                linger_at = now + grace_ms;
+            } else if (linger_stage == 1) {
+                signal_all(ranks, n, SIGKILL);
+                linger_at = now + 1000;
+            } else {
+                fprintf(stderr, "kt-launch: the ranks' output is held open outside their "
+                        "process groups; not waiting for it\n");
+                for (int r = 0; r < n; r++)
+                    for (int j = 0; j < 2; j++)
+                        if (ranks[r].streams[j].fd >= 0) {
+                            close(ranks[r].streams[j].fd);
+                            ranks[r].streams[j].fd = -1;
+                        }
+                open_streams = 0;
+            }
+            linger_stage++;
         }
     }
     free(ranks);

@@ -57,14 +57,39 @@ if [ "$rc" -ne 7 ] || [ $(($(date +%s) - t0)) -gt 10 ]; then
 else
   echo "ok: kt-launch exits with the failing rank's status and stops the others"
 fi
+# a process a rank leaves behind holding its output: stopped after the grace period, not
+# waited for (nor spun on); and with it, SIGTERM to kt-launch stops it at once (exit 143; a
+# shell's background job ignores SIGINT, which would wait for the grace period)
+t0=$(date +%s)
+"$launch" -n 2 --grace-ms 300 -- sh -c 'sleep 30 & exit 0' > /dev/null 2>&1
+rc=$?
+if [ "$rc" -ne 0 ] || [ $(($(date +%s) - t0)) -gt 5 ]; then
+  echo "FAIL: kt-launch waited for what an exited rank left behind (exit $rc)"
+  failures=$((failures + 1))
+else
+  echo "ok: kt-launch stops what exited ranks left behind holding their output"
+fi
+t0=$(date +%s)
+"$launch" -n 1 --grace-ms 20000 -- sh -c 'sleep 30 & exit 0' > /dev/null 2>&1 &
+lpid=$!
+sleep 1
+kill -TERM "$lpid"
+wait "$lpid"
+rc=$?
+if [ "$rc" -ne 143 ] || [ $(($(date +%s) - t0)) -gt 5 ]; then
+  echo "FAIL: SIGTERM to kt-launch with a rank's leftover process: exit $rc"
+  failures=$((failures + 1))
+else
+  echo "ok: SIGTERM reaches what an exited rank left behind (exit 143)"
+fi
 out=$("$launch" -n 2 -- sh -c 'echo "hello $KT_RANK of $KT_WORLD_SIZE at $KT_MASTER_ADDR"')
 if ! grep -q '^\[rank 1\] hello 1 of 2 at 127.0.0.1$' <<< "$out"; then
   echo "FAIL: kt-launch output prefix: $out"
   failures=$((failures + 1))
 fi
-out=$("$launch" --print-env -n 2 --port 4000 hostA hostB)
-if ! grep -q '^hostB: KT_RANK=3 KT_WORLD_SIZE=4 KT_MASTER_ADDR=hostA KT_MASTER_PORT=4000$' \
-     <<< "$out"; then
+out=$("$launch" --print-env -n 2 --port 4000 --timeout-ms 9000 hostA hostB)
+if ! grep -q '^hostB: KT_RANK=3 KT_WORLD_SIZE=4 KT_MASTER_ADDR=hostA KT_MASTER_PORT=4000 '\
+'KT_COMM_TIMEOUT_MS=9000$' <<< "$out"; then
   echo "FAIL: kt-launch --print-env: $out"
   failures=$((failures + 1))
 fi
