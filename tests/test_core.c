@@ -71,6 +71,12 @@ static void test_last_error(void **state)
     assert_null(strstr(kt_last_error(), "dtype 42"));
     kt_clear_error();
     assert_string_equal(kt_last_error(), "");
+    /* an application's own failure, also formatted from the last message itself */
+    assert_int_equal(kt_set_error(KT_EIO, "app: %d files", 3), KT_EIO);
+    assert_string_equal(kt_last_error(), "app: 3 files");
+    assert_int_equal(kt_set_error(KT_EINVAL, "outer: %s", kt_last_error()), KT_EINVAL);
+    assert_string_equal(kt_last_error(), "outer: app: 3 files");
+    kt_clear_error();
 }
 
 typedef struct thread_probe {

@@ -41,6 +41,15 @@ const char *kt_last_error(void);
 /* Forget the last failure on this thread. */
 void kt_clear_error(void);
 
+/* Records the application's own failure as this thread's last error (printf-style) and
+ * returns status: so that kt_comm_agree, which carries kt_last_error() to the other ranks,
+ * carries the application's reason too. */
+kt_status kt_set_error(kt_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
 #ifdef __cplusplus
 }
 #endif

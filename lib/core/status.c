@@ -34,6 +34,17 @@ kt_status kt__error(kt_status status, const char *fmt, ...)
     return status;
 }
 
+kt_status kt_set_error(kt_status status, const char *fmt, ...)
+{
+    char msg[KT__ERROR_MAX]; /* the arguments may be kt_last_error() itself */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    memcpy(last_error, msg, sizeof last_error);
+    return status;
+}
+
 kt_status kt__error_context(kt_status status, const char *fmt, ...)
 {
     char prefix[KT__ERROR_MAX];

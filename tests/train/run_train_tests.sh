@@ -18,8 +18,9 @@
 #   - resuming from saved parameters and experts; another model's parameters, experts, or
 #     LoRA adapters without --moe-mode lora: exit 1 naming the first tensor it lacks
 #   - a 100-token file read across its end (one rank, and 2 ranks against it)
-#   - a header larger than the file, a world size that is not a number, and rank 0 unable to
-#     create its losses file under 2 ranks: exit 1 with the reason, no rank left waiting
+#   - a header larger than the file, a world size that is not a number (or rank 1 of a world
+#     of 1), rank 0 unable to create its losses file under 2 ranks (rank 1 told why), ranks
+#     started with different options: exit 1 with the reason, no rank left waiting
 # Without UCX (KT_LAUNCH "none") the multi-rank runs are skipped.
 #
 # usage: run_train_tests.sh KT_GRAPHC KT_TRAIN TRAIN_CHECK KT_LAUNCH|none WORKDIR
@@ -176,6 +177,8 @@ expect_error header "is larger than markov.bin" \
   "$train" lm1.ktp --data markov.bin --data-header 99999 --steps 1 --threads 1
 expect_error world_size "KT_WORLD_SIZE=abc is not a world size" \
   env KT_RANK=0 KT_WORLD_SIZE=abc "$train" lm1.ktp --data markov.bin --steps 1 --threads 1
+expect_error rank_of_one "KT_RANK=1 with KT_WORLD_SIZE=1" \
+  env KT_RANK=1 KT_WORLD_SIZE=1 "$train" lm1.ktp --data markov.bin --steps 1 --threads 1
 # a checkpoint is loaded whole or not at all: resuming works, another model's files do not
 if train resume 1 - lm1.ktp --data markov.bin --steps 1 --threads 1 \
      --params ref_sgd.safetensors --experts ref_sgd.experts.safetensors; then
@@ -196,6 +199,15 @@ if [ "$launch" != none ]; then
   expect_error losses_2_ranks "cannot create the losses file" \
     "$launch" -n 2 --timeout-ms 20000 -- "$train" lm2.ktp --data markov.bin --steps 3 \
     --threads 1 --losses /nonexistent-dir/losses.txt
+  # ...and rank 1 learns that reason, not a bare status
+  expect_error losses_reason_rank_1 "\[rank 1\] .*stopping: rank 0: cannot create the losses" \
+    "$launch" -n 2 --timeout-ms 20000 -- "$train" lm2.ktp --data markov.bin --steps 3 \
+    --threads 1 --losses /nonexistent-dir/losses.txt
+  # ranks started with different options (another launcher, by hand): refused before step 1
+  expect_error ranks_differ "rank 1's --lr differs from rank 0's" \
+    "$launch" -n 2 --timeout-ms 20000 -- sh -c \
+    'if [ "$KT_RANK" = 1 ]; then exec "$@" --lr 0.5; else exec "$@"; fi' sh \
+    "$train" lm2.ktp --data markov.bin --steps 3 --threads 1
 fi
 
 echo "$((checks - failures)) passed, $failures failed"

@@ -37,13 +37,13 @@ static int bind_feed(feed *f, const char *name, int shift, const kt_program *p, 
         kt_program_shard_dim(p, name, &f->shard_dim) != KT_OK)
         return train_fail("cannot bind a program input", kt_last_error());
     if (f->view.dtype != KT_I32 && f->view.dtype != KT_I64) {
-        fprintf(stderr, "kt-train: program input '%s' is %s; token ids need i32 or i64\n", name,
-                kt_dtype_name(f->view.dtype));
+        train_error("program input '%s' is %s; token ids need i32 or i64", name,
+                    kt_dtype_name(f->view.dtype));
         return 1;
     }
     if (f->shard_dim >= f->view.ndim) {
-        fprintf(stderr, "kt-train: program input '%s' is sharded along dimension %d, but has %d\n",
-                name, f->shard_dim, f->view.ndim);
+        train_error("program input '%s' is sharded along dimension %d, but has %d",
+                    name, f->shard_dim, f->view.ndim);
         return 1;
     }
     for (int k = 0; k < f->view.ndim; k++)
@@ -69,10 +69,10 @@ static int check_inputs_fed(const token_data *d, const train_args *a, const kt_p
         for (int k = 0; k < d->n_feeds; k++)
             fed |= strcmp(d->feeds[k].name, name) == 0;
         if (!fed) {
-            fprintf(stderr, "kt-train: the program takes input '%s', which kt-train cannot feed: "
-                    "it feeds token ids to '%s' and the next tokens to '%s' (see "
-                    "--input-tokens, --input-targets)\n", name, a->tokens_input,
-                    a->targets_input);
+            train_error("the program takes input '%s', which kt-train cannot feed: "
+                        "it feeds token ids to '%s' and the next tokens to '%s' (see "
+                        "--input-tokens, --input-targets)", name, a->tokens_input,
+                        a->targets_input);
             return 1;
         }
     }
@@ -83,8 +83,8 @@ static int bind_inputs(token_data *d, const train_args *a, const kt_program *p, 
                        const ranks *r)
 {
     if (find_input(p, a->tokens_input) < 0) {
-        fprintf(stderr, "kt-train: %s has no input named '%s' (the token ids; see "
-                "--input-tokens)\n", a->program, a->tokens_input);
+        train_error("%s has no input named '%s' (the token ids; see "
+                    "--input-tokens)", a->program, a->tokens_input);
         return 1;
     }
     if (bind_feed(&d->feeds[0], a->tokens_input, 0, p, s, r) != 0)
@@ -99,10 +99,10 @@ static int bind_inputs(token_data *d, const train_args *a, const kt_program *p, 
         return 1;
     d->window = global_numel(&d->feeds[0]);
     if (d->n_feeds == 2 && global_numel(&d->feeds[1]) != d->window) {
-        fprintf(stderr, "kt-train: input '%s' takes %lld tokens per step over %d rank%s, but "
-                "'%s' takes %lld: they must be the same window\n", d->feeds[1].name,
-                (long long)global_numel(&d->feeds[1]), r->world, r->world == 1 ? "" : "s",
-                d->feeds[0].name, (long long)d->window);
+        train_error("input '%s' takes %lld tokens per step over %d rank%s, but "
+                    "'%s' takes %lld: they must be the same window", d->feeds[1].name,
+                    (long long)global_numel(&d->feeds[1]), r->world, r->world == 1 ? "" : "s",
+                    d->feeds[0].name, (long long)d->window);
         return 1;
     }
     /* the ids must fit every op that reads them as indices */
@@ -127,30 +127,30 @@ static int open_file(token_data *d, const train_args *a)
     d->file = fopen(a->data, "rb");
     struct stat st;
     if (d->file == NULL || fstat(fileno(d->file), &st) != 0) {
-        fprintf(stderr, "kt-train: cannot open the data file %s: %s\n", a->data, strerror(errno));
+        train_error("cannot open the data file %s: %s", a->data, strerror(errno));
         return 1;
     }
     if (!S_ISREG(st.st_mode)) {
-        fprintf(stderr, "kt-train: the data file %s is not a regular file\n", a->data);
+        train_error("the data file %s is not a regular file", a->data);
         return 1;
     }
     int64_t payload = (int64_t)st.st_size - d->header;
     if (payload < 0) {
-        fprintf(stderr, "kt-train: --data-header %lld is larger than %s (%lld bytes)\n",
-                (long long)d->header, a->data, (long long)st.st_size);
+        train_error("--data-header %lld is larger than %s (%lld bytes)",
+                    (long long)d->header, a->data, (long long)st.st_size);
         return 1;
     }
     if (payload % d->token_bytes != 0) {
-        fprintf(stderr, "kt-train: %s: %lld bytes%s are not a whole number of %d-byte tokens "
-                "(wrong --data-format?)\n", a->data, (long long)payload,
-                d->header ? " after the header" : "", d->token_bytes);
+        train_error("%s: %lld bytes%s are not a whole number of %d-byte tokens "
+                    "(wrong --data-format?)", a->data, (long long)payload,
+                    d->header ? " after the header" : "", d->token_bytes);
         return 1;
     }
     d->n_tokens = payload / d->token_bytes;
     if (d->n_tokens < d->window + 1) {
-        fprintf(stderr, "kt-train: %s holds %lld tokens; one step needs %lld (a window of %lld "
-                "tokens and the next one for the targets)\n", a->data, (long long)d->n_tokens,
-                (long long)d->window + 1, (long long)d->window);
+        train_error("%s holds %lld tokens; one step needs %lld (a window of %lld "
+                    "tokens and the next one for the targets)", a->data, (long long)d->n_tokens,
+                    (long long)d->window + 1, (long long)d->window);
         return 1;
     }
     return 0;
@@ -227,8 +227,8 @@ static int read_run(token_data *d, int64_t first, int64_t n, int64_t *out)
     }
     return 0;
 io_error:
-    fprintf(stderr, "kt-train: cannot read %s at token %lld: %s\n", d->path, (long long)first,
-            ferror(d->file) ? strerror(errno) : "the file is shorter than it was");
+    train_error("cannot read %s at token %lld: %s", d->path, (long long)first,
+                ferror(d->file) ? strerror(errno) : "the file is shorter than it was");
     return 1;
 }
 
@@ -241,9 +241,9 @@ static int bad_id(const token_data *d, int64_t at, int64_t v)
     if (d->bound >= 0)
         snprintf(range, sizeof range, ", outside the model's vocabulary [0, %lld)",
                  (long long)d->bound);
-    fprintf(stderr, "kt-train: %s: token %lld (byte offset %lld) is %lld%s\n", d->path,
-            (long long)at, (long long)(d->header + at * d->token_bytes), (long long)v,
-            d->bound >= 0 ? range : ", a negative id");
+    train_error("%s: token %lld (byte offset %lld) is %lld%s", d->path,
+                (long long)at, (long long)(d->header + at * d->token_bytes), (long long)v,
+                d->bound >= 0 ? range : ", a negative id");
     return 1;
 }
 

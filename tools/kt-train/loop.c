@@ -27,8 +27,8 @@ static int run_step(kt_session *s, token_data *d, int64_t step, const ranks *r)
                      : k == 1 ? kt_session_backward(s)
                               : kt_session_step(s);
         if (st != KT_OK) {
-            fprintf(stderr, "kt-train: step %lld: %s failed on rank %d: %s\n",
-                    (long long)step + 1, phase[k], r->rank, kt_last_error());
+            train_error("step %lld: %s failed on rank %d: %s",
+                        (long long)step + 1, phase[k], r->rank, kt_last_error());
             return 1;
         }
     }

@@ -6,6 +6,7 @@
  * Exit status: 0 success, 1 error (one line "kt-train: ..." naming what and where), 2 usage
  * error. */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,11 +74,21 @@ static int usage_error(const char *fmt, const char *arg)
     return kt_tool_usage_error("kt-train", fmt, arg);
 }
 
+int train_error(const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "kt-train: %s\n", msg);
+    kt_set_error(KT_EINVAL, "%s", msg); /* what ranks_agree tells the other ranks */
+    return 1;
+}
+
 int train_fail(const char *what, const char *detail)
 {
-    fprintf(stderr, "kt-train: %s%s%s\n", what, detail && *detail ? ": " : "",
-            detail ? detail : "");
-    return 1;
+    return train_error("%s%s%s", what, detail && *detail ? ": " : "", detail ? detail : "");
 }
 
 /* ---- options ------------------------------------------------------------------------------ */
@@ -236,8 +247,8 @@ static int load_program(trainer *t, const train_args *a)
     kt_program_stats st;
     kt_program_get_stats(t->p, &st);
     if (st.n_backward_steps == 0) {
-        fprintf(stderr, "kt-train: %s has no loss (or was compiled with --forward-only): "
-                "there is nothing to train\n", a->program);
+        train_error("%s has no loss (or was compiled with --forward-only): "
+                    "there is nothing to train", a->program);
         return 1;
     }
     return 0;
@@ -280,6 +291,72 @@ static void print_summary(const trainer *t, const train_args *a)
     fflush(stdout);
 }
 
+/* 64-bit FNV-1a over 8-byte words (and the tail bytes) */
+static uint64_t hash_bytes(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *b = data;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+    }
+    for (; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* The initial parameters, in program order (they come from --params or --seed) */
+static uint64_t params_hash(const trainer *t)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int i = 0; i < kt_program_count(t->p, KT_ROLE_PARAM); i++) {
+        const char *name = NULL;
+        kt_tensor v;
+        if (kt_program_tensor_info(t->p, KT_ROLE_PARAM, i, &name, NULL) == KT_OK &&
+            kt_session_tensor(t->s, KT_ROLE_PARAM, name, &v) == KT_OK)
+            h = hash_bytes(h, v.data, kt_tensor_nbytes(&v));
+    }
+    return h;
+}
+
+/* Every rank must run the same training: kt-launch gives them the same arguments, but ranks
+ * started by hand or by another launcher may differ in an option that changes the numbers
+ * (a learning rate, a seed, a step count), which nothing else would notice. Each rank's
+ * values are gathered and compared with rank 0's before the first step. */
+static int check_same_run(const trainer *t, const train_args *a)
+{
+    enum { N = 13 };
+    static const char *const names[N] = {
+        "--steps", "--seed", "--lr", "--optimizer", "--moe-inter", "--moe-dtype", "--moe-mode",
+        "--data-format", "--data-header", "the data file's token count",
+        "the program's tokens per step", "--input-tokens / --input-targets",
+        "the initial parameters (--params, --seed)"};
+    uint32_t lr_bits;
+    memcpy(&lr_bits, &a->lr, sizeof lr_bits);
+    uint64_t names_hash = hash_bytes(0xcbf29ce484222325ull, a->tokens_input,
+                                     strlen(a->tokens_input) + 1);
+    names_hash = hash_bytes(names_hash, a->targets_input, strlen(a->targets_input) + 1);
+    const uint64_t own[N] = {(uint64_t)a->steps, a->seed, lr_bits, (uint64_t)a->optimizer,
+                             (uint64_t)a->moe_inter, (uint64_t)a->moe_dtype,
+                             (uint64_t)a->moe_mode, (uint64_t)a->token_bytes,
+                             (uint64_t)a->data_header, (uint64_t)t->data.n_tokens,
+                             (uint64_t)t->data.window, names_hash, params_hash(t)};
+    uint64_t *all = malloc(sizeof own * (size_t)t->r.world);
+    if (all == NULL)
+        return train_fail("out of memory", NULL);
+    int rc = 0;
+    if (kt_comm_all_gather(t->r.comm, own, sizeof own, all) != KT_OK)
+        rc = train_fail("cannot compare the ranks' options", kt_last_error());
+    for (int r = 1; r < t->r.world && rc == 0; r++)
+        for (int k = 0; k < N && rc == 0; k++)
+            if (all[r * N + k] != all[k])
+                rc = train_error("rank %d's %s differs from rank 0's: every rank must be started "
+                                 "with the same options and files", r, names[k]);
+    free(all);
+    return rc;
+}
+
 /* Everything before the first step. The parts that differ between ranks (rank 0's MoE
  * layers and the sessions that bind them) are agreed on, so that no rank starts training
  * while another has failed; the rest fails the same way on every rank. */
@@ -299,9 +376,11 @@ static int setup(trainer *t, const train_args *a)
         rc = train_fail("cannot create the losses file", strerror(errno));
     if (ranks_agree(&t->r, rc == 0 ? KT_OK : KT_EINVAL) != KT_OK) {
         if (rc == 0) /* another rank failed and has said why; say where this one stopped */
-            fprintf(stderr, "kt-train: rank %d: stopping: %s\n", t->r.rank, kt_last_error());
+            train_error("rank %d: stopping: %s", t->r.rank, kt_last_error());
         return 1;
     }
+    if (t->r.world > 1 && check_same_run(t, a) != 0)
+        return 1;
     if (t->r.rank == 0)
         print_summary(t, a);
     return 0;
@@ -366,8 +445,11 @@ int main(int argc, char **argv)
         kt_status saved = KT_OK;
         if (a.save != NULL && t.r.rank == 0 && save(&t, &a) != 0)
             saved = KT_EIO;
-        if (ranks_agree(&t.r, saved) != KT_OK)
-            rc = t.r.rank == 0 ? 1 : train_fail("rank 0 could not save", kt_last_error());
+        if (ranks_agree(&t.r, saved) != KT_OK) { /* rank 0's save, or a rank not there */
+            if (saved == KT_OK)
+                train_error("rank %d: at the end of the run: %s", t.r.rank, kt_last_error());
+            rc = 1;
+        }
     }
     teardown(&t);
     return rc;

@@ -60,8 +60,8 @@ static int layer_config(const train_args *a, const kt_program_moe *info, const r
                         kt_moe_config *c, char *name, size_t name_size)
 {
     if (info->n_experts <= 0) {
-        fprintf(stderr, "kt-train: moe node '%s': its expert ids do not come from a topk_router "
-                "op, so the number of experts is unknown\n", info->name);
+        train_error("moe node '%s': its expert ids do not come from a topk_router "
+                    "op, so the number of experts is unknown", info->name);
         return 1;
     }
     snprintf(name, name_size, "moe.%d", info->binding);
@@ -90,8 +90,8 @@ static int alloc_slots(moe_layers *m, const kt_program *p)
         if (kt_program_moe_info(p, i, &info) != KT_OK)
             return train_fail("cannot read the program's moe ops", kt_last_error());
         if (info.binding < 0 || info.binding >= KT_TRAIN_MAX_LAYERS) {
-            fprintf(stderr, "kt-train: moe node '%s' runs layer %d: kt-train creates layers 0 to "
-                    "%d\n", info.name, info.binding, KT_TRAIN_MAX_LAYERS - 1);
+            train_error("moe node '%s' runs layer %d: kt-train creates layers 0 to "
+                        "%d", info.name, info.binding, KT_TRAIN_MAX_LAYERS - 1);
             return 1;
         }
         if (info.binding > max_binding)
@@ -134,10 +134,10 @@ static int check_no_extra_experts(const moe_layers *m, const kt_st_file *f, cons
         if (is_expert_tensor(m, name))
             continue;
         const int lora = m->first.mode == KT_MOE_LORA;
-        fprintf(stderr, "kt-train: %s: tensor '%s' is not one this run loads (MoE layers 0-%d "
-                "of %lld experts%s): the experts of another model?\n", path, name, m->n - 1,
-                (long long)m->first.n_experts,
-                lora ? ", with LoRA adapters" : "; LoRA adapters load with --moe-mode lora");
+        train_error("%s: tensor '%s' is not one this run loads (MoE layers 0-%d "
+                    "of %lld experts%s): the experts of another model?", path, name, m->n - 1,
+                    (long long)m->first.n_experts,
+                    lora ? ", with LoRA adapters" : "; LoRA adapters load with --moe-mode lora");
         return 1;
     }
     return 0;
@@ -183,8 +183,8 @@ int moe_setup(moe_layers *m, const train_args *a, const kt_program *p, const ran
         if (r->rank != 0 || m->layers[info.binding] != NULL)
             continue; /* rank 0 owns the experts; a binding used twice: the session says so */
         if (kt_moe_create(&c, pool, &m->layers[info.binding]) != KT_OK) {
-            fprintf(stderr, "kt-train: cannot create MoE layer %d for moe node '%s': %s\n",
-                    info.binding, info.name, kt_last_error());
+            train_error("cannot create MoE layer %d for moe node '%s': %s",
+                        info.binding, info.name, kt_last_error());
             return 1;
         }
         if (a->experts == NULL && init_layer(m->layers[info.binding], a, info.binding) != 0)

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "train.h"
 
@@ -25,8 +26,14 @@ static int env_world_size(void)
         errno = 0;
         long v = strtol(size, &end, 10);
         if (errno != 0 || *end != '\0' || v < 1 || v > 65536) {
-            fprintf(stderr, "kt-train: %s=%s is not a world size (1 to 65536)\n", vars[i][1],
-                    size);
+            train_error("%s=%s is not a world size (1 to 65536)", vars[i][1],
+                        size);
+            return -1;
+        }
+        /* the communicator checks the rank against a larger world; alone it must be 0 */
+        if (v == 1 && strcmp(rank, "0") != 0) {
+            train_error("%s=%s with %s=1: a world of one rank is rank 0", vars[i][0], rank,
+                        vars[i][1]);
             return -1;
         }
         return (int)v;

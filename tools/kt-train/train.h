@@ -6,8 +6,9 @@
  *   moe_setup.c  the CPU MoE layers the program's moe ops run: created, initialised, saved
  *   loop.c       the training loop: forward, backward, step, progress and the loss file
  *
- * Every function that can fail prints one line "kt-train: ..." naming what and where, and
- * returns nonzero; main turns that into exit status 1. */
+ * Every function that can fail prints one line "kt-train: ..." naming what and where
+ * (train_error, which also records it for the other ranks), and returns nonzero; main turns
+ * that into exit status 1. */
 #ifndef KT_TRAIN_H
 #define KT_TRAIN_H
 
@@ -34,6 +35,10 @@ typedef struct train_args {
     int threads;                              /* 0: KT_NUM_THREADS or the CPU count */
 } train_args;
 
+/* Prints "kt-train: <message>" and records it as the last error (so that the other ranks
+ * learn it through ranks_agree); returns 1. */
+int train_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* train_error("<what>: <detail>"), or "<what>" without a detail */
 int train_fail(const char *what, const char *detail);
 
 /* ---- ranks.c ----------------------------------------------------------------------------- */
