@@ -304,20 +304,29 @@ static kt_status listen_master(const kt__ucx_setup *s, int *fd_out)
     return KT_OK;
 }
 
+/* Tells one connected process why the rendezvous failed (best effort, by the deadline). */
+static void report_to(int fd, kt_status status, const char *text, int64_t deadline)
+{
+    const char *why;
+    size_t len = strlen(text);
+    uint32_t hdr[2] = {(uint32_t)(int32_t)status, (uint32_t)len};
+    if (put_u32s(fd, hdr, 2, deadline, &why) == KT_OK)
+        write_all(fd, text, len, deadline, &why);
+}
+
 /* Tells every connected rank why the rendezvous failed (best effort, short deadline). */
 static void master_report(kt__ucx_boot *b, kt_status status, const char *text)
 {
     int64_t deadline = kt__ucx_now_ms() + 500;
-    size_t len = strlen(text);
-    for (int r = 1; r < b->n_fds; r++) {
-        const char *why;
-        if (b->fds[r] < 0)
-            continue;
-        uint32_t hdr[2] = {(uint32_t)(int32_t)status, (uint32_t)len};
-        if (put_u32s(b->fds[r], hdr, 2, deadline, &why) == KT_OK)
-            write_all(b->fds[r], text, len, deadline, &why);
-    }
+    for (int r = 1; r < b->n_fds; r++)
+        if (b->fds[r] >= 0)
+            report_to(b->fds[r], status, text, deadline);
 }
+
+/* How long one accepted connection may take to send its header and address: a rank sends
+ * them at once, so an idle connection (a port scanner, a stuck process) costs the others no
+ * more than this, not the whole rendezvous timeout. */
+#define BOOT_HELLO_MS 1000
 
 static kt_status master_gather(kt__ucx_boot *b, int lfd, const void *addr, size_t addr_len,
                                void **block, size_t *lens)
@@ -348,7 +357,9 @@ static kt_status master_gather(kt__ucx_boot *b, int lfd, const void *addr, size_
             continue; /* the connecting process gave up, or EINTR: keep waiting */
         uint32_t hdr[4];
         int bad = set_nonblocking(cfd) != 0;
-        kt_status rs = bad ? KT_EIO : get_u32s(cfd, hdr, 4, b->deadline, &why);
+        int64_t hello = kt__ucx_now_ms() + BOOT_HELLO_MS;
+        hello = hello < b->deadline ? hello : b->deadline;
+        kt_status rs = bad ? KT_EIO : get_u32s(cfd, hdr, 4, hello, &why);
         if (rs != KT_OK || hdr[0] != BOOT_MAGIC || hdr[2] != (uint32_t)s->size ||
             hdr[1] == 0 || hdr[1] >= (uint32_t)s->size || b->fds[hdr[1]] >= 0 ||
             hdr[3] == 0 || hdr[3] > BOOT_MAX_ADDR) {
@@ -362,6 +373,8 @@ static kt_status master_gather(kt__ucx_boot *b, int lfd, const void *addr, size_
                                "rendezvous at %s:%d (this world has size %d%s)",
                                hdr[1], hdr[2], s->master_addr, s->master_port, s->size,
                                hdr[2] == (uint32_t)s->size ? "; that rank already joined" : "");
+                /* the process that disagrees learns why too, not just a closed socket */
+                report_to(cfd, st, kt_last_error(), kt__ucx_now_ms() + 500);
             }
             close(cfd);
             continue;
@@ -373,7 +386,7 @@ static kt_status master_gather(kt__ucx_boot *b, int lfd, const void *addr, size_
             st = kt__error(KT_ENOMEM, "rank 0: rendezvous: out of memory");
             break;
         }
-        rs = read_all(cfd, addrs[r], hdr[3], b->deadline, &why);
+        rs = read_all(cfd, addrs[r], hdr[3], hello, &why);
         if (rs != KT_OK) {
             close(cfd);
             free(addrs[r]);

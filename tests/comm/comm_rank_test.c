@@ -5,12 +5,15 @@
  * Correctness scenarios compare every result with what this rank computes locally from
  * the same deterministic inputs (the single-rank result); fault scenarios check that the
  * surviving ranks fail within the deadline with a message that names the faulty peer. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -373,6 +376,25 @@ static void scenario_mismatch(kt_comm *c)
     expect_failure(c, s, now_s() - t0, g_rank == 0 ? "mismatched" : "mismatched collectives", 0);
 }
 
+/* A TCP connection to the master's port that says nothing (it may have to wait for rank 0
+ * to listen) */
+static int idle_connection(void)
+{
+    const char *port = getenv("KT_MASTER_PORT");
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(port))};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (int tries = 0; tries < 100; tries++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0)
+            return fd;
+        if (fd >= 0)
+            close(fd);
+        nanosleep(&(struct timespec){0, 20000000}, NULL);
+    }
+    fail("no connection to the master port %s", port);
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -386,9 +408,42 @@ int main(int argc, char **argv)
     g_size = n ? atoi(n) : 0;
     if (strcmp(g_scenario, "absent") == 0 && g_rank == g_size - 1)
         return 0; /* never arrives */
+    /* worldsize: the last rank believes in a larger world; every rank must fail, naming it
+     * (the last rank too: it is told why, not left with a closed connection).
+     * idle: rank 1 first holds a connection to the master open without a word; the others'
+     * rendezvous must not wait on it for the whole timeout. */
+    if (strcmp(g_scenario, "worldsize") == 0 && g_rank == g_size - 1) {
+        char v[16];
+        snprintf(v, sizeof v, "%d", g_size + 1);
+        setenv("KT_WORLD_SIZE", v, 1);
+    }
+    int idle_fd = strcmp(g_scenario, "idle") == 0 && g_rank == 1 ? idle_connection() : -1;
     kt_comm *c = NULL;
     double t0 = now_s();
     kt_status s = kt_comm_create_ucx(NULL, &c);
+    if (idle_fd >= 0)
+        close(idle_fd);
+    if (strcmp(g_scenario, "worldsize") == 0) {
+        double el = now_s() - t0;
+        if (s == KT_OK)
+            fail("the communicator was created with rank %d in a world of %d", g_size - 1,
+                 g_size + 1);
+        /* (a rank that comes after the master has given up finds no master) */
+        const int told = strstr(kt_last_error(), "claiming rank") != NULL;
+        const int late = g_rank != 0 && g_rank != g_size - 1 &&
+                         strstr(kt_last_error(), "could not connect to the master") != NULL;
+        if (el > 2.5 + 2.0 || !(told || late))
+            fail("after %.2f s: %s", el, kt_last_error());
+        printf("PASS rank %d worldsize after %.2f s: %s\n", g_rank, el, kt_last_error());
+        return 0;
+    }
+    if (strcmp(g_scenario, "idle") == 0) {
+        if (s != KT_OK)
+            fail("kt_comm_create_ucx with an idle connection open: %s", kt_last_error());
+        printf("PASS rank %d idle: joined after %.2f s\n", g_rank, now_s() - t0);
+        kt_comm_destroy(c);
+        return 0;
+    }
     if (strcmp(g_scenario, "absent") == 0) {
         char who[32];
         snprintf(who, sizeof who, "rank(s) %d", g_size - 1);

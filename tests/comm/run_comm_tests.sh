@@ -3,7 +3,9 @@
 # and 4 ranks, over shared memory and over TCP (loopback only). Correctness scenarios must
 # end with kt-launch exiting 0 and every rank printing PASS; fault scenarios (a rank killed,
 # stopped, absent, or calling a different collective) need a PASS from every other rank:
-# each checks its own error, its deadline and that the message names the faulty peer.
+# each checks its own error, its deadline and that the message names the faulty peer. And
+# the rendezvous: a rank that believes in another world size (every rank told so), and an
+# idle connection to the master's port (the others join anyway).
 #
 # usage: run_comm_tests.sh KT_LAUNCH COMM_RANK_TEST
 set -uo pipefail
@@ -43,6 +45,8 @@ for tr in shm tcp; do
     run "$tr" "$n" stop $((n - 1)) 0
   done
   run "$tr" 3 absent 2 0
+  run "$tr" 3 worldsize 3 0
+  run "$tr" 3 idle 3 1
 done
 unset UCX_NET_DEVICES
 
