@@ -323,6 +323,37 @@ static void master_report(kt__ucx_boot *b, kt_status status, const char *text)
             report_to(b->fds[r], status, text, deadline);
 }
 
+/* Closes a connection whose peer may still be sending (its address, after a header the
+ * master refused): what it sent is read and dropped first, until it closes or the deadline,
+ * since closing with unread data sends a reset, which can destroy the reply before the peer
+ * has read it. */
+static void close_after_reply(int fd, int64_t deadline)
+{
+    shutdown(fd, SHUT_WR);
+    char sink[256];
+    while (wait_fd(fd, POLLIN, deadline) > 0) {
+        ssize_t got = read(fd, sink, sizeof sink);
+        if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN))
+            break;
+    }
+    close(fd);
+}
+
+/* After a failed rendezvous: the processes whose connections wait in the listen queue (or
+ * come within a moment) are told why too; closing the socket would only reset them. */
+static void refuse_pending(int lfd, kt_status status, const char *text)
+{
+    const int64_t deadline = kt__ucx_now_ms() + 200;
+    while (wait_fd(lfd, POLLIN, deadline) > 0) {
+        int cfd = accept(lfd, NULL, NULL);
+        if (cfd < 0)
+            break;
+        if (set_nonblocking(cfd) == 0)
+            report_to(cfd, status, text, kt__ucx_now_ms() + 300);
+        close_after_reply(cfd, kt__ucx_now_ms() + 300);
+    }
+}
+
 /* How long one accepted connection may take to send its header and address: a rank sends
  * them at once, so an idle connection (a port scanner, a stuck process) costs the others no
  * more than this, not the whole rendezvous timeout. */
@@ -375,6 +406,8 @@ static kt_status master_gather(kt__ucx_boot *b, int lfd, const void *addr, size_
                                hdr[2] == (uint32_t)s->size ? "; that rank already joined" : "");
                 /* the process that disagrees learns why too, not just a closed socket */
                 report_to(cfd, st, kt_last_error(), kt__ucx_now_ms() + 500);
+                close_after_reply(cfd, kt__ucx_now_ms() + 500);
+                continue;
             }
             close(cfd);
             continue;
@@ -427,6 +460,7 @@ static kt_status master_gather(kt__ucx_boot *b, int lfd, const void *addr, size_
     }
     if (st != KT_OK) {
         master_report(b, st, kt_last_error());
+        refuse_pending(lfd, st, kt_last_error());
         free(blk);
     } else {
         *block = blk;

@@ -30,4 +30,18 @@ uint64_t kt__plan_lower_bound(const kt__plan_item *items, int32_t n);
 kt_status kt__plan_check(const kt__plan_item *items, const uint64_t *offsets, int32_t n,
                          uint64_t total);
 
+/* kt__plan_check that also gives the lower bound it met on the way (one sweep for both). */
+kt_status kt__plan_check_peak(const kt__plan_item *items, const uint64_t *offsets, int32_t n,
+                              uint64_t total, uint64_t *peak_out);
+
+/* A buffer that holds its bytes for good (a parameter, a gradient). */
+typedef struct kt__plan_span {
+    uint64_t offset, bytes;
+    int32_t id;
+} kt__plan_span;
+
+/* Two spans that share a byte: their ids in *a_out and *b_out, or -1 in both when there are
+ * none. Sorts spans by offset in place (no allocation): O(n log n). */
+void kt__plan_find_overlap(kt__plan_span *spans, int32_t n, int32_t *a_out, int32_t *b_out);
+
 #endif

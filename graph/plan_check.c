@@ -1,5 +1,7 @@
-/* The plan checker and the lower bound. Part of the runtime half: loading a program checks
- * its plan, so a damaged file can never make two live tensors share memory. */
+/* The plan checker, the lower bound, and overlap among buffers held for good. Part of the
+ * runtime half: loading a program checks its plan, so a damaged file can never make two live
+ * tensors share memory. */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "core/error.h"
@@ -93,6 +95,13 @@ uint64_t kt__plan_lower_bound(const kt__plan_item *items, int32_t n)
 kt_status kt__plan_check(const kt__plan_item *items, const uint64_t *offsets, int32_t n,
                          uint64_t total)
 {
+    uint64_t peak;
+    return kt__plan_check_peak(items, offsets, n, total, &peak);
+}
+
+kt_status kt__plan_check_peak(const kt__plan_item *items, const uint64_t *offsets, int32_t n,
+                              uint64_t total, uint64_t *peak_out)
+{
     for (int32_t i = 0; i < n; i++) {
         if (items[i].first > items[i].last)
             return kt__error(KT_EINTERNAL, "memory plan: buffer %d lives from step %d to %d", i,
@@ -104,6 +113,37 @@ kt_status kt__plan_check(const kt__plan_item *items, const uint64_t *offsets, in
                              (unsigned long long)offsets[i], (unsigned long long)items[i].bytes,
                              (unsigned long long)total);
     }
-    uint64_t peak;
-    return sweep(items, n, offsets, &peak);
+    return sweep(items, n, offsets, peak_out);
+}
+
+static int by_offset(const void *x, const void *y)
+{
+    const kt__plan_span *a = x, *b = y;
+    if (a->offset != b->offset)
+        return a->offset < b->offset ? -1 : 1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+void kt__plan_find_overlap(kt__plan_span *spans, int32_t n, int32_t *a_out, int32_t *b_out)
+{
+    *a_out = *b_out = -1;
+    qsort(spans, (size_t)n, sizeof *spans, by_offset);
+    /* in offset order, a span overlaps an earlier one exactly when it starts before the
+     * furthest end so far (empty spans hold no byte) */
+    uint64_t reach = 0;
+    int32_t reacher = -1;
+    for (int32_t k = 0; k < n; k++) {
+        if (spans[k].bytes == 0)
+            continue;
+        if (reacher >= 0 && spans[k].offset < reach) {
+            *a_out = reacher;
+            *b_out = spans[k].id;
+            return;
+        }
+        uint64_t end = spans[k].offset + spans[k].bytes;
+        if (reacher < 0 || end > reach) {
+            reach = end;
+            reacher = spans[k].id;
+        }
+    }
 }

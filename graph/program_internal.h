@@ -84,6 +84,23 @@ void kt__program_free(kt_program *p);
  * runs it on every file; the compiler runs it on every plan. */
 kt_status kt__program_validate(const kt_program *p);
 
+/* The data-flow part of kt__program_validate (program_check_flow.c): one writer per buffer
+ * in its region, reads only of what was written before, outputs and the loss computed in the
+ * forward schedule. */
+kt_status kt__program_check_flow(const kt_program *p);
+
+/* The memory part of kt__program_validate (program_check_memory.c), run after the tables,
+ * steps and data flow have been checked: inputs, outputs and the loss alive whenever the caller may
+ * touch them and in memory of their own, in-place sharing as the compiler chains it, no two
+ * live activations or any two parameters or gradients overlapping, region sizes and the
+ * lower bound as the buffers give them. */
+kt_status kt__program_check_memory(const kt_program *p);
+
+/* "buffer 4", or "buffer 0 (input 'x')" when an entry names it, into text (for messages). */
+const char *kt__program_buf_label(const kt_program *p, int32_t b, char *text, size_t cap);
+/* "step 3 (fill)", "step 0 (forward matmul 'fc1')", into text */
+const char *kt__program_step_label(const kt_program *p, int32_t at, char *text, size_t cap);
+
 /* Bytes a scratch buffer of `bytes` is described by: an i32 tensor of ceil(bytes/4). */
 void kt__scratch_meta(kt_tensor *meta, uint64_t bytes);
 

@@ -8,11 +8,15 @@
  * bytes present, the checksum, and then validates the whole program (shapes re-inferred,
  * lifetimes, the memory plan), so a damaged file is an error, never a crash. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/error.h"
+#include "core/read_upto.h"
 #include "graph/program_internal.h"
 #include "graph/runtime/bytes.h"
 
@@ -363,34 +367,65 @@ fail:
     return status;
 }
 
+/* A program file holds tables of steps and buffers, no weights: far below this. The cap keeps
+ * a wrong path (a device, a huge file) from making the loader allocate without bound. */
+#define KTP_MAX_FILE ((uint64_t)1 << 30)
+#define KTP_HEADER 24 /* magic, version, flags, body size */
+
+/* A file whose size is unknown (a pipe, a device): the header says how long the program is,
+ * so read that much and one byte more (which tells a padded file), never past the cap.
+ * Whatever is wrong with the bytes read is left to kt_program_load_memory to say. */
+static kt_status read_stream(int fd, const char *path, unsigned char **buf, size_t *len)
+{
+    size_t cap = 0;
+    KT__TRY(kt__read_upto(fd, path, buf, len, &cap, KTP_HEADER));
+    if (*len < KTP_HEADER || memcmp(*buf, KTP_MAGIC, 8) != 0)
+        return KT_OK;
+    kt__reader r = {*buf, 16, *len, 0};
+    uint64_t body = kt__get_u64(&r);
+    if (body > KTP_MAX_FILE - KTP_HEADER - 4)
+        return kt__error(KT_EFORMAT,
+                         "%s: the header declares a %llu-byte body, more than a "
+                         "program file holds (at most %llu bytes in all)",
+                         path, (unsigned long long)body, (unsigned long long)KTP_MAX_FILE);
+    return kt__read_upto(fd, path, buf, len, &cap, (size_t)(KTP_HEADER + body + 4 + 1));
+}
+
+/* The whole file, read through its descriptor: a regular file by its size, anything else
+ * (a pipe, as in kt-run <(...)) as a stream. A directory is refused by name. */
+static kt_status read_file(int fd, const char *path, unsigned char **buf, size_t *len)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return kt__error(KT_EIO, "%s: cannot stat: %s", path, strerror(errno));
+    if (S_ISDIR(st.st_mode))
+        return kt__error(KT_EIO, "%s: cannot read: %s", path, strerror(EISDIR));
+    if (!S_ISREG(st.st_mode))
+        return read_stream(fd, path, buf, len);
+    if ((uint64_t)st.st_size > KTP_MAX_FILE)
+        return kt__error(KT_EFORMAT,
+                         "%s: %llu bytes, more than a program file holds (at most %llu)", path,
+                         (unsigned long long)st.st_size, (unsigned long long)KTP_MAX_FILE);
+    size_t cap = 0;
+    return kt__read_upto(fd, path, buf, len, &cap, (size_t)st.st_size);
+}
+
 kt_status kt_program_load(const char *path, kt_program **program_out)
 {
     if (path == NULL || program_out == NULL)
         return kt__error(KT_EINVAL, "kt_program_load: NULL argument");
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
         return kt__error(KT_EIO, "%s: cannot open: %s", path, strerror(errno));
-    kt_status status = KT_OK;
     unsigned char *buf = NULL;
-    long size = -1;
-    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        status = kt__error(KT_EIO, "%s: cannot read: %s", path, strerror(errno));
-        goto out;
+    size_t len = 0;
+    kt_status status = read_file(fd, path, &buf, &len);
+    close(fd);
+    if (status == KT_OK) {
+        status = kt_program_load_memory(buf, len, program_out);
+        if (status != KT_OK)
+            kt__error_context(status, "%s", path);
     }
-    buf = malloc((size_t)size + 1);
-    if (buf == NULL) {
-        status = kt__error(KT_ENOMEM, "%s: out of memory (%ld bytes)", path, size);
-        goto out;
-    }
-    if (fread(buf, 1, (size_t)size, f) != (size_t)size) {
-        status = kt__error(KT_EIO, "%s: short read", path);
-        goto out;
-    }
-    status = kt_program_load_memory(buf, (size_t)size, program_out);
-    if (status != KT_OK)
-        kt__error_context(status, "%s", path);
-out:
     free(buf);
-    fclose(f);
     return status;
 }

@@ -1,10 +1,92 @@
-/* What a data loader and a trainer need to know about a program beyond its tensor tables:
- * the MoE layers its moe ops run, and the range of its integer inputs. Both are read off the
- * forward schedule, so they work on any loaded .ktp file. */
+/* What a program says about itself: its statistics and tensor tables, and what a data loader
+ * and a trainer need beyond them: the MoE layers its moe ops run, and the range of its integer
+ * inputs. The last two are read off the forward schedule, so they work on any loaded .ktp
+ * file. */
 #include <string.h>
 
 #include "core/error.h"
 #include "graph/program_internal.h"
+
+/* ---- statistics and tensor tables ------------------------------------------------------------ */
+
+void kt_program_get_stats(const kt_program *p, kt_program_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    st->n_forward_steps = p->n_forward;
+    st->n_backward_steps = p->n_steps - p->n_forward;
+    st->n_inputs = p->n_entries[KT_ROLE_INPUT];
+    st->n_params = p->n_entries[KT_ROLE_PARAM];
+    st->n_outputs = p->n_entries[KT_ROLE_OUTPUT];
+    st->n_buffers = p->n_bufs;
+    st->arena_bytes = p->region_bytes[KT__REGION_ACT];
+    st->lower_bound_bytes = p->lower_bound;
+    st->param_bytes = p->region_bytes[KT__REGION_PARAM];
+    st->grad_bytes = p->region_bytes[KT__REGION_GRAD];
+    for (int32_t i = 0; i < p->n_steps; i++) {
+        if (p->steps[i].flags & KT__STEP_RECOMPUTE) {
+            st->recompute_flops += p->steps[i].flops;
+            st->n_recompute_steps++;
+        } else if (i < p->n_forward) {
+            st->forward_flops += p->steps[i].flops;
+        } else {
+            st->backward_flops += p->steps[i].flops;
+        }
+    }
+}
+
+int kt_program_count(const kt_program *p, kt_tensor_role role)
+{
+    if (p == NULL)
+        return 0;
+    if (role == KT_ROLE_GRAD) {
+        int n = 0;
+        for (int32_t i = 0; i < p->n_entries[KT_ROLE_PARAM]; i++)
+            n += p->entries[KT_ROLE_PARAM][i].grad_buf >= 0;
+        return n;
+    }
+    return (unsigned)role < 3 ? p->n_entries[role] : 0;
+}
+
+kt_status kt_program_tensor_info(const kt_program *p, kt_tensor_role role, int i,
+                                 const char **name_out, kt_tensor *meta_out)
+{
+    if (p == NULL)
+        return kt__error(KT_EINVAL, "kt_program_tensor_info: program is NULL");
+    int r = role == KT_ROLE_GRAD ? KT_ROLE_PARAM : (int)role;
+    if ((unsigned)r >= 3)
+        return kt__error(KT_EINVAL, "kt_program_tensor_info: invalid role %d", (int)role);
+    const kt__pentry *e = NULL;
+    if (role == KT_ROLE_GRAD) {
+        for (int32_t k = 0, seen = 0; k < p->n_entries[r]; k++)
+            if (p->entries[r][k].grad_buf >= 0 && seen++ == i)
+                e = &p->entries[r][k];
+    } else if (i >= 0 && i < p->n_entries[r]) {
+        e = &p->entries[r][i];
+    }
+    if (e == NULL)
+        return kt__error(KT_EINVAL, "kt_program_tensor_info: index %d out of range", i);
+    if (name_out)
+        *name_out = kt__strings_get(&p->strings, e->name);
+    if (meta_out)
+        *meta_out = p->bufs[role == KT_ROLE_GRAD ? e->grad_buf : e->buf].meta;
+    return KT_OK;
+}
+
+kt_status kt_program_shard_dim(const kt_program *p, const char *input, int *dim_out)
+{
+    if (p == NULL || input == NULL || dim_out == NULL)
+        return kt__error(KT_EINVAL, "kt_program_shard_dim: NULL argument");
+    for (int32_t i = 0; i < p->n_entries[KT_ROLE_INPUT]; i++) {
+        const kt__pentry *e = &p->entries[KT_ROLE_INPUT][i];
+        if (strcmp(kt__strings_get(&p->strings, e->name), input) == 0) {
+            *dim_out = e->shard_dim;
+            return KT_OK;
+        }
+    }
+    return kt__error(KT_EINVAL, "kt_program_shard_dim: no input named '%s'", input);
+}
+
+/* ---- MoE layers and index bounds ------------------------------------------------------------- */
 
 /* The forward moe steps in schedule order (recompute clones live in the backward part). */
 static const kt__pstep *moe_step(const kt_program *p, int i)

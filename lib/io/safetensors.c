@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/read_upto.h"
 #include "io/json.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -421,32 +422,6 @@ done:
 
 /* ---- opening --------------------------------------------------------------------------------- */
 
-/* Reads from fd into *buf (grown as needed) until it holds `want` bytes or the input ends. */
-static kt_status read_upto(int fd, const char *path, unsigned char **buf, size_t *len,
-                           size_t *cap, size_t want)
-{
-    while (*len < want) {
-        if (*len == *cap) {
-            size_t new_cap = *cap ? *cap * 2 : 65536;
-            new_cap = new_cap > want ? want : new_cap;
-            unsigned char *b = realloc(*buf, new_cap);
-            if (b == NULL)
-                return kt__error(KT_ENOMEM, "%s: out of memory reading the file", path);
-            *buf = b;
-            *cap = new_cap;
-        }
-        ssize_t got = read(fd, *buf + *len, *cap - *len);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got < 0)
-            return errno_error(errno, path, "cannot read");
-        if (got == 0)
-            break;
-        *len += (size_t)got;
-    }
-    return KT_OK;
-}
-
 /* The data section's size a header declares: the largest data_offsets end (0 where the header
  * is malformed; parse_image then says what is wrong with it). */
 static uint64_t declared_data_size(const unsigned char *header, size_t len)
@@ -483,18 +458,18 @@ static kt_status read_all(int fd, const char *path, unsigned char **buf_out, siz
 {
     unsigned char *buf = NULL;
     size_t len = 0, cap = 0;
-    kt_status s = read_upto(fd, path, &buf, &len, &cap, 8);
+    kt_status s = kt__read_upto(fd, path, &buf, &len, &cap, 8);
     if (s == KT_OK && len == 8) {
         uint64_t header_len = 0;
         for (int i = 7; i >= 0; i--)
             header_len = header_len << 8 | buf[i];
         if (header_len <= KT_ST_MAX_HEADER) {
-            s = read_upto(fd, path, &buf, &len, &cap, 8 + (size_t)header_len);
+            s = kt__read_upto(fd, path, &buf, &len, &cap, 8 + (size_t)header_len);
             if (s == KT_OK && len == 8 + header_len) {
                 /* (an end past what memory could hold is left to parse_image to report) */
                 uint64_t data = declared_data_size(buf + 8, (size_t)header_len);
                 if (data < SIZE_MAX / 2)
-                    s = read_upto(fd, path, &buf, &len, &cap, len + (size_t)data + 1);
+                    s = kt__read_upto(fd, path, &buf, &len, &cap, len + (size_t)data + 1);
             }
         }
     }
