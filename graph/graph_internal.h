@@ -55,6 +55,7 @@ struct kt_graph {
     int32_t n_segments, cap_segments;
     int32_t open_segment; /* first node of the segment being built, or -1 */
     kt_checkpoint_policy policy;
+    int policy_set; /* kt_graph_set_checkpoint_policy was called (an explicit NONE included) */
     int32_t *shard_dim;   /* per value: the sharded dimension of an input, or -1 */
     int32_t cap_shard;
 };

@@ -1182,6 +1182,92 @@ static void test_grad_accumulation(void **state)
     kt_graph_destroy(gh);
 }
 
+/* Hyperparameters PyTorch's optimizers refuse are refused at creation (a beta of 1 had made
+ * every parameter NaN at the first step, which itself succeeded). */
+/* A parameter the loss does not reach (here one only a side output reads) has no gradient
+ * and no optimizer update, weight decay included, as PyTorch skips a parameter whose .grad
+ * is None; the one the loss reaches moves. */
+static void test_param_without_gradient(void **state)
+{
+    (void)state;
+    kt_graph *g;
+    kt_value x, y, w, u;
+    OK(kt_graph_create(&g));
+    OK(kt_graph_input(g, "x", KT_F32, 2, TU_SHAPE(4, 8), &x));
+    OK(kt_graph_input(g, "y", KT_I32, 1, TU_SHAPE(4), &y));
+    OK(kt_graph_param(g, "w", KT_F32, 2, TU_SHAPE(8, 3), kt_init_normal(0.3f), &w));
+    OK(kt_graph_param(g, "u", KT_F32, 2, TU_SHAPE(8, 3), kt_init_normal(0.3f), &u));
+    kt_value h = tu_op2(g, "proj", KT_OP_MATMUL, NULL, x, w);
+    kt_value side = tu_op2(g, "side", KT_OP_MATMUL, NULL, x, u);
+    kt_value loss = tu_op2(g, "ce", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100},
+                           h, y);
+    OK(kt_graph_output(g, side, "side"));
+    OK(kt_graph_set_loss(g, loss));
+    kt_program *p = compile(g);
+    for (int kind = 0; kind < 2; kind++) {
+        kt_session_options so = {
+            .threads = 1,
+            .seed = 3,
+            .optimizer = {.kind = kind ? KT_OPTIM_ADAMW : KT_OPTIM_SGD, .lr = 0.1f,
+                          .momentum = kind ? 0.0f : 0.9f, .weight_decay = 0.5f}};
+        kt_session *s = new_session(p, &so);
+        kt_tensor xt = get(s, KT_ROLE_INPUT, "x"), yt = get(s, KT_ROLE_INPUT, "y");
+        for (int64_t i = 0; i < 32; i++)
+            tu_set(&xt, i, 0.1 * (double)(i % 7) - 0.3);
+        for (int64_t i = 0; i < 4; i++)
+            tu_set(&yt, i, (double)(i % 3));
+        kt_tensor ut = get(s, KT_ROLE_PARAM, "u"), wt = get(s, KT_ROLE_PARAM, "w");
+        kt_tensor u0 = tu_clone(&ut), w0 = tu_clone(&wt);
+        for (int step = 0; step < 3; step++) {
+            OK(kt_session_forward(s));
+            OK(kt_session_backward(s));
+            OK(kt_session_step(s));
+        }
+        expect_bitwise("u, which the loss does not reach", &ut, &u0);
+        assert_false(tu_bitwise_equal(&wt, &w0));
+        tu_free(&u0);
+        tu_free(&w0);
+        kt_session_destroy(s);
+    }
+    kt_program_destroy(p);
+    kt_graph_destroy(g);
+}
+
+static void test_optimizer_config_errors(void **state)
+{
+    (void)state;
+    kt_graph *g = build_mlp(MN);
+    kt_program *p = compile(g);
+    const struct {
+        kt_optimizer_config o;
+        const char *what;
+    } bad[] = {
+        {{.kind = KT_OPTIM_ADAMW, .lr = 1e-3f, .beta1 = 1.0f}, "beta1 1"},
+        {{.kind = KT_OPTIM_ADAMW, .lr = 1e-3f, .beta2 = 1.0f}, "beta2 1"},
+        {{.kind = KT_OPTIM_ADAMW, .lr = 1e-3f, .beta2 = 1.5f}, "beta2 1.5"},
+        {{.kind = KT_OPTIM_ADAMW, .lr = 1e-3f, .eps = -1e-8f}, "eps"},
+        {{.kind = KT_OPTIM_SGD, .lr = -0.1f}, "lr -0.1"},
+        {{.kind = KT_OPTIM_SGD, .lr = NAN}, "lr nan"},
+        {{.kind = KT_OPTIM_SGD, .lr = 0.1f, .weight_decay = -1.0f}, "weight_decay"},
+        {{.kind = KT_OPTIM_SGD, .lr = 0.1f, .nesterov = 1}, "Nesterov"},
+        {{.kind = KT_OPTIM_SGD, .lr = 0.1f, .schedule = (kt_lr_schedule_kind)7}, "schedule 7"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kt_session_options so = {.threads = 1, .optimizer = bad[i].o};
+        kt_session *s = (kt_session *)1;
+        TU_EXPECT_ERROR(kt_session_create(p, &so, &s), KT_EINVAL, "session", bad[i].what);
+    }
+    /* the defaults (0) and PyTorch's usual values are fine */
+    kt_session_options ok = {.threads = 1,
+                             .optimizer = {.kind = KT_OPTIM_ADAMW, .lr = 1e-3f, .beta1 = 0.0f,
+                                           .beta2 = 0.95f, .weight_decay = 0.1f}};
+    kt_session *s = NULL;
+    OK(kt_session_create(p, &ok, &s));
+    kt_session_destroy(s);
+    kt_program_destroy(p);
+    kt_graph_destroy(g);
+}
+
 static void test_state_errors(void **state)
 {
     (void)state;
@@ -1919,6 +2005,8 @@ int main(void)
         cmocka_unit_test(test_clip_norm),
         cmocka_unit_test(test_cosine_schedule),
         cmocka_unit_test(test_grad_accumulation),
+        cmocka_unit_test(test_param_without_gradient),
+        cmocka_unit_test(test_optimizer_config_errors),
         cmocka_unit_test(test_state_errors),
         cmocka_unit_test(test_inputs_survive_the_run),
         cmocka_unit_test(test_save_load_weights),

@@ -102,6 +102,10 @@ static void test_error_classes(void **state)
         "attributes)");
     ERR("h = matmul(x, w, trans_a = 2)\n", KT_EFORMAT, "trans_a = 2, expected 0 or 1");
     ERR("h = matmul(x, w, trans_b = 0, trans_b = 0)\n", KT_EFORMAT, "given twice");
+    /* attributes without a default: a zero would silently mean scale by 0, an empty narrow */
+    ERR("h = scale(x)\n", KT_EFORMAT, "'scale' needs alpha, expected alpha = value");
+    ERR("h = narrow(x, dim = 1, start = 0)\n", KT_EFORMAT, "'narrow' needs length");
+    ERR("h = transpose(x)\n", KT_EFORMAT, "'transpose' needs dim0");
     ERR("h = matmul(trans_a = 0, x)\n", KT_EFORMAT, "a value after the attributes");
     ERR("h = matmul(x, w\n", KT_EFORMAT, "m.ktg:4:16: error: unexpected end of line, "
         "expected ',' or ')'");
@@ -485,6 +489,31 @@ static void test_annotations(void **state)
         assert_int_equal(g->policy.kind, kinds[i]);
         if (i == 4)
             assert_int_equal(g->policy.budget_bytes, 4096);
+        kt_graph_destroy(g);
+    }
+
+    /* checkpoint blocks: without a policy line they mean themselves (recompute); an explicit
+     * "none" leaves them inert */
+    for (int explicit_none = 0; explicit_none < 2; explicit_none++) {
+        char src[512];
+        snprintf(src, sizeof src,
+                 "%sinput x: f32[16, 32]\ninput y: i32[16]\nh = x\nrepeat l in 0..4 {\n"
+                 "  checkpoint {\n    param w{l}: f32[32, 32] = normal(0.1)\n"
+                 "    n = silu(h)\n    m = matmul(n, w{l})\n    h = add(h, m)\n  }\n}\n"
+                 "l = cross_entropy(h, y)\nloss l\n",
+                 explicit_none ? "policy checkpoint = none\n" : "");
+        int n;
+        OK(parse_d(src, NULL, 0, &g, &n));
+        kt_compile_options to = {.training = 1};
+        kt_program *prog;
+        OK(kt_compile(g, &to, &prog));
+        kt_program_stats ps;
+        kt_program_get_stats(prog, &ps);
+        if (explicit_none)
+            assert_int_equal(ps.n_recompute_steps, 0);
+        else
+            assert_true(ps.n_recompute_steps > 0);
+        kt_program_destroy(prog);
         kt_graph_destroy(g);
     }
 }

@@ -99,7 +99,9 @@ static int parse_policy(args *a, const char *spec)
     } else if (strncmp(spec, "budget:", 7) == 0) {
         c->kind = KT_CHECKPOINT_BUDGET;
         c->budget_bytes = strtoull(spec + 7, &end, 10);
-        if (end == spec + 7 || *end != '\0' || c->budget_bytes == 0)
+        /* (strtoull takes "-5" as 2^64 - 5: a sign is refused here) */
+        if (end == spec + 7 || *end != '\0' || c->budget_bytes == 0 || spec[7] == '-' ||
+            spec[7] == '+')
             return usage_error("--checkpoint budget:BYTES needs a positive byte count, got '%s'",
                                spec);
     } else
@@ -307,6 +309,15 @@ static int run(const args *a)
         }
         free(dot);
     }
+    /* before writing: a build must not be left with the program it was told to refuse */
+    if (rc == 0 && a->check_peak > 0 && ratio > a->check_peak) {
+        fprintf(stderr, "kt-graphc: %s: planned peak %llu bytes is %.3fx the lower bound "
+                "%llu, above --check-peak %.3f; %s not written\n", a->input,
+                (unsigned long long)stats.arena_bytes, ratio,
+                (unsigned long long)stats.lower_bound_bytes, a->check_peak,
+                a->output != NULL ? a->output : "nothing");
+        rc = 1;
+    }
     if (rc == 0 && a->output != NULL && kt_program_save(p, a->output) != KT_OK) {
         fprintf(stderr, "kt-graphc: cannot write '%s': %s\n", a->output, kt_last_error());
         rc = 1;
@@ -316,13 +327,6 @@ static int run(const args *a)
                a->input, stats.n_forward_steps + stats.n_backward_steps,
                (unsigned long long)stats.arena_bytes,
                (unsigned long long)stats.lower_bound_bytes, ratio);
-    if (rc == 0 && a->check_peak > 0 && ratio > a->check_peak) {
-        fprintf(stderr, "kt-graphc: %s: planned peak %llu bytes is %.3fx the lower bound "
-                "%llu, above --check-peak %.3f\n", a->input,
-                (unsigned long long)stats.arena_bytes, ratio,
-                (unsigned long long)stats.lower_bound_bytes, a->check_peak);
-        rc = 1;
-    }
     kt_program_destroy(p);
     return rc;
 }

@@ -94,6 +94,9 @@ static void mark_requires_grad(autodiff *ad)
 static kt_status accumulate_param(autodiff *ad, int32_t v)
 {
     kt__compiler *c = ad->c;
+    if (c->grad_buf[v] < 0) /* its first (and only) accumulation: the buffer comes now */
+        KT__TRY(kt__compiler_add_buf(c, &c->g->values[v].meta, KT__REGION_GRAD,
+                                     &c->grad_buf[v]));
     kt__pstep s;
     blank_step(&s, KT__STEP_ACCUM_GRAD);
     s.n_in = 1;

@@ -265,6 +265,7 @@ kt_status kt_graph_set_checkpoint_policy(kt_graph *g, const kt_checkpoint_policy
     if (policy->kind == KT_CHECKPOINT_BUDGET && policy->budget_bytes == 0)
         return kt__error(KT_EINVAL, "checkpoint policy: the budget must be positive");
     g->policy = *policy;
+    g->policy_set = 1;
     return KT_OK;
 }
 

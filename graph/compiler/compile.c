@@ -83,8 +83,9 @@ static kt_status make_value_buffers(kt__compiler *c)
                              : KT__REGION_ACT;
         KT__TRY(kt__compiler_add_buf(c, &gv->meta, region, &c->value_buf[v]));
         c->bufs[c->value_buf[v]].is_input = gv->kind == KT__VALUE_INPUT;
-        if (gv->kind == KT__VALUE_PARAM && c->opt.training)
-            KT__TRY(kt__compiler_add_buf(c, &gv->meta, KT__REGION_GRAD, &c->grad_buf[v]));
+        /* (a parameter's gradient buffer comes with its first gradient, in autodiff: one
+         * that the loss does not reach has none and is not updated, as PyTorch skips a
+         * parameter whose .grad is None) */
     }
     return KT_OK;
 }
@@ -365,8 +366,11 @@ kt_status kt_compile(const kt_graph *g, const kt_compile_options *options,
         return kt__error(KT_EINVAL, "compile: a checkpoint segment opened at node %d is not "
                          "closed", g->open_segment);
     kt_checkpoint_policy policy = opt.override_checkpoint ? opt.checkpoint : g->policy;
-    if (policy.kind == KT_CHECKPOINT_NONE && !opt.override_checkpoint && g->n_segments > 0)
-        policy.kind = KT_CHECKPOINT_SEGMENTS; /* blocks without a policy line mean themselves */
+    /* blocks without a policy of their graph's mean themselves; an explicit NONE (a policy
+     * line "none", or kt_graph_set_checkpoint_policy) keeps them inert */
+    if (policy.kind == KT_CHECKPOINT_NONE && !opt.override_checkpoint && !g->policy_set &&
+        g->n_segments > 0)
+        policy.kind = KT_CHECKPOINT_SEGMENTS;
     if (policy.kind == KT_CHECKPOINT_BUDGET && opt.training)
         return compile_for_budget(g, &opt, &policy, program_out);
     return compile_once(g, &opt, &policy, -1, program_out, NULL);

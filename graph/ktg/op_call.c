@@ -14,30 +14,33 @@ typedef struct attr_desc {
     const char *name;
     attr_type type;
     size_t offset; /* of the field in kt_op_attrs */
+    int required;  /* no default: a zero would silently mean something else (scale by 0) */
 } attr_desc;
 
+enum { OPTIONAL = 0, REQUIRED = 1 };
+
 static const attr_desc attr_table[] = {
-    {KT_OP_MATMUL, "trans_a", A_BOOL, offsetof(kt_op_attrs, trans_a)},
-    {KT_OP_MATMUL, "trans_b", A_BOOL, offsetof(kt_op_attrs, trans_b)},
-    {KT_OP_SCALE, "alpha", A_FLOAT, offsetof(kt_op_attrs, alpha)},
-    {KT_OP_RMSNORM, "eps", A_FLOAT, offsetof(kt_op_attrs, eps)},
-    {KT_OP_CROSS_ENTROPY, "ignore_index", A_I64, offsetof(kt_op_attrs, ignore_index)},
-    {KT_OP_TOPK_ROUTER, "k", A_INT, offsetof(kt_op_attrs, k)},
-    {KT_OP_TOPK_ROUTER, "norm_topk", A_BOOL, offsetof(kt_op_attrs, norm_topk)},
-    {KT_OP_CONV1D, "mode", A_MODE, offsetof(kt_op_attrs, conv_mode)},
-    {KT_OP_CONV1D, "depthwise", A_BOOL, offsetof(kt_op_attrs, depthwise)},
-    {KT_OP_CONCAT, "dim", A_INT, offsetof(kt_op_attrs, dim)},
-    {KT_OP_NARROW, "dim", A_INT, offsetof(kt_op_attrs, dim)},
-    {KT_OP_NARROW, "start", A_I64, offsetof(kt_op_attrs, start)},
-    {KT_OP_NARROW, "length", A_I64, offsetof(kt_op_attrs, length)},
-    {KT_OP_TRANSPOSE, "dim0", A_INT, offsetof(kt_op_attrs, dim0)},
-    {KT_OP_TRANSPOSE, "dim1", A_INT, offsetof(kt_op_attrs, dim1)},
-    {KT_OP_RESHAPE, "shape", A_SHAPE, offsetof(kt_op_attrs, shape)},
-    {KT_OP_MOE, "layer", A_INT, offsetof(kt_op_attrs, binding)},
-    {KT_OP_HALO, "dim", A_INT, offsetof(kt_op_attrs, dim)},
-    {KT_OP_HALO, "left", A_I64, offsetof(kt_op_attrs, halo_left)},
-    {KT_OP_HALO, "right", A_I64, offsetof(kt_op_attrs, halo_right)},
-    {KT_OP_HALO, "mode", A_HALO_MODE, offsetof(kt_op_attrs, halo_mode)},
+    {KT_OP_MATMUL, "trans_a", A_BOOL, offsetof(kt_op_attrs, trans_a), OPTIONAL},
+    {KT_OP_MATMUL, "trans_b", A_BOOL, offsetof(kt_op_attrs, trans_b), OPTIONAL},
+    {KT_OP_SCALE, "alpha", A_FLOAT, offsetof(kt_op_attrs, alpha), REQUIRED},
+    {KT_OP_RMSNORM, "eps", A_FLOAT, offsetof(kt_op_attrs, eps), OPTIONAL},
+    {KT_OP_CROSS_ENTROPY, "ignore_index", A_I64, offsetof(kt_op_attrs, ignore_index), OPTIONAL},
+    {KT_OP_TOPK_ROUTER, "k", A_INT, offsetof(kt_op_attrs, k), REQUIRED},
+    {KT_OP_TOPK_ROUTER, "norm_topk", A_BOOL, offsetof(kt_op_attrs, norm_topk), OPTIONAL},
+    {KT_OP_CONV1D, "mode", A_MODE, offsetof(kt_op_attrs, conv_mode), OPTIONAL},
+    {KT_OP_CONV1D, "depthwise", A_BOOL, offsetof(kt_op_attrs, depthwise), OPTIONAL},
+    {KT_OP_CONCAT, "dim", A_INT, offsetof(kt_op_attrs, dim), OPTIONAL},
+    {KT_OP_NARROW, "dim", A_INT, offsetof(kt_op_attrs, dim), REQUIRED},
+    {KT_OP_NARROW, "start", A_I64, offsetof(kt_op_attrs, start), REQUIRED},
+    {KT_OP_NARROW, "length", A_I64, offsetof(kt_op_attrs, length), REQUIRED},
+    {KT_OP_TRANSPOSE, "dim0", A_INT, offsetof(kt_op_attrs, dim0), REQUIRED},
+    {KT_OP_TRANSPOSE, "dim1", A_INT, offsetof(kt_op_attrs, dim1), REQUIRED},
+    {KT_OP_RESHAPE, "shape", A_SHAPE, offsetof(kt_op_attrs, shape), REQUIRED},
+    {KT_OP_MOE, "layer", A_INT, offsetof(kt_op_attrs, binding), OPTIONAL},
+    {KT_OP_HALO, "dim", A_INT, offsetof(kt_op_attrs, dim), OPTIONAL},
+    {KT_OP_HALO, "left", A_I64, offsetof(kt_op_attrs, halo_left), OPTIONAL},
+    {KT_OP_HALO, "right", A_I64, offsetof(kt_op_attrs, halo_right), OPTIONAL},
+    {KT_OP_HALO, "mode", A_HALO_MODE, offsetof(kt_op_attrs, halo_mode), OPTIONAL},
 };
 enum { N_ATTRS = sizeof attr_table / sizeof attr_table[0] };
 
@@ -203,6 +206,16 @@ static int lookup_op(kt__ktg_parser *p, kt_op *op)
                          "docs/ktg.md (matmul, add, silu, ...)", word);
 }
 
+/* The closing ')' at `at`: every attribute the op cannot do without was given. */
+static int required_given(kt__ktg_parser *p, kt_op op, unsigned given, kt__ktg_span at)
+{
+    for (int i = 0; i < N_ATTRS; i++)
+        if (attr_table[i].op == op && attr_table[i].required && !(given & (1u << i)))
+            return kt__ktg_error(p, at, "'%s' needs %s, expected %s = value", kt_op_name(op),
+                                 attr_table[i].name, attr_table[i].name);
+    return 1;
+}
+
 /* "(" [ value { "," value } ] { "," attr = value } ")" */
 static int arguments(kt__ktg_parser *p, kt_op op, kt_value *in, int *n_in, kt_op_attrs *attrs)
 {
@@ -211,8 +224,9 @@ static int arguments(kt__ktg_parser *p, kt_op op, kt_value *in, int *n_in, kt_op
     unsigned given = 0;
     *n_in = 0;
     if (p->tok.kind == KT__KTG_RPAREN) {
+        kt__ktg_span close = p->tok.at;
         kt__ktg_advance(p);
-        return 1;
+        return required_given(p, op, given, close);
     }
     for (;;) {
         if (p->tok.kind == KT__KTG_IDENT && kt__ktg_peek(p).kind == KT__KTG_EQ) {
@@ -235,7 +249,9 @@ static int arguments(kt__ktg_parser *p, kt_op op, kt_value *in, int *n_in, kt_op
             kt__ktg_advance(p);
             continue;
         }
-        return kt__ktg_expect(p, KT__KTG_RPAREN, "',' or ')'");
+        kt__ktg_span close = p->tok.at;
+        return kt__ktg_expect(p, KT__KTG_RPAREN, "',' or ')'") &&
+               required_given(p, op, given, close);
     }
 }
 

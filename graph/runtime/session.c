@@ -201,6 +201,41 @@ static kt_status bind(kt_session *s)
     return KT_OK;
 }
 
+/* The optimizer's hyperparameters, as PyTorch's constructors check them (a beta of 1 divides
+ * by zero in the bias correction, turning every parameter into NaN at the first step while
+ * the step itself succeeds). 0 keeps its meaning of "the default" where the config says so. */
+static kt_status check_optimizer(const kt_optimizer_config *o)
+{
+    if (o->kind != KT_OPTIM_SGD && o->kind != KT_OPTIM_ADAMW)
+        return kt__error(KT_EINVAL, "session: unknown optimizer %d", o->kind);
+    const struct {
+        const char *name;
+        float v, hi; /* must be finite, in [0, hi) (hi 0: no upper bound) */
+    } range[] = {{"lr", o->lr, 0.0f},           {"min_lr", o->min_lr, 0.0f},
+                 {"weight_decay", o->weight_decay, 0.0f}, {"clip_norm", o->clip_norm, 0.0f},
+                 {"momentum", o->momentum, 0.0f}, {"dampening", o->dampening, 0.0f},
+                 {"beta1", o->beta1, 1.0f},     {"beta2", o->beta2, 1.0f},
+                 {"eps", o->eps, 0.0f}};
+    for (size_t k = 0; k < sizeof range / sizeof range[0]; k++)
+        if (!isfinite(range[k].v) || range[k].v < 0.0f ||
+            (range[k].hi > 0.0f && range[k].v >= range[k].hi))
+            return kt__error(KT_EINVAL, "session: optimizer %s %g must be %s", range[k].name,
+                             (double)range[k].v,
+                             range[k].hi > 0.0f ? "in [0, 1) (0: the default)"
+                                                : "finite and >= 0");
+    if (o->kind == KT_OPTIM_SGD && o->nesterov && (o->momentum <= 0.0f || o->dampening != 0.0f))
+        return kt__error(KT_EINVAL, "session: Nesterov momentum needs a momentum > 0 and zero "
+                         "dampening (momentum %g, dampening %g)", (double)o->momentum,
+                         (double)o->dampening);
+    if (o->schedule != KT_LR_CONSTANT && o->schedule != KT_LR_COSINE)
+        return kt__error(KT_EINVAL, "session: unknown learning-rate schedule %d", o->schedule);
+    if (o->schedule == KT_LR_COSINE && (o->warmup_steps < 0 || o->total_steps < 0))
+        return kt__error(KT_EINVAL, "session: cosine schedule with warmup_steps %lld and "
+                         "total_steps %lld (neither may be negative)",
+                         (long long)o->warmup_steps, (long long)o->total_steps);
+    return KT_OK;
+}
+
 kt_status kt_session_create(const kt_program *p, const kt_session_options *options,
                             kt_session **session_out)
 {
@@ -217,10 +252,8 @@ kt_status kt_session_create(const kt_program *p, const kt_session_options *optio
     kt_status status = KT_OK;
     if (s->opt.trace == NULL)
         s->opt.trace_capacity = 0;
-    if (s->opt.optimizer.kind != KT_OPTIM_SGD && s->opt.optimizer.kind != KT_OPTIM_ADAMW) {
-        status = kt__error(KT_EINVAL, "session: unknown optimizer %d", s->opt.optimizer.kind);
+    if ((status = check_optimizer(&s->opt.optimizer)) != KT_OK)
         goto fail;
-    }
     if (s->opt.micro_batches < 0) {
         status = kt__error(KT_EINVAL, "session: micro_batches %d is negative",
                            s->opt.micro_batches);

@@ -97,6 +97,8 @@ typedef struct kt_checkpoint_policy {
     uint64_t budget_bytes; /* BUDGET */
 } kt_checkpoint_policy;
 
+/* The graph's policy (kt_compile_options.checkpoint can override it). A graph with segments
+ * and no policy set compiles as SEGMENTS; an explicit NONE leaves its segments inert. */
 kt_status kt_graph_set_checkpoint_policy(kt_graph *g, const kt_checkpoint_policy *policy);
 
 /* The save-list: the node computing v keeps its outputs under checkpointing (never
