@@ -79,7 +79,9 @@ static int parse_args(int argc, char **argv, int *steps, int *threads, float *lr
                    "kernels and prints the loss and accuracy as it goes.\n");
             exit(0);
         }
-        if (i + 1 >= argc) {
+        const int known = strcmp(argv[i], "--steps") == 0 || strcmp(argv[i], "--threads") == 0 ||
+                          strcmp(argv[i], "--lr") == 0;
+        if (known && i + 1 >= argc) {
             fprintf(stderr, "kt-demo: %s needs a value (see --help)\n", argv[i]);
             return 1;
         }

@@ -593,6 +593,11 @@ static void test_alias_and_no_cascade(void **state)
     /* one misspelt op: its result h is used four more times, yet one error is reported */
     ERR("h = matmull(x, w)\nh = silu(h)\nz = add(h, h)\nk = h\noutput z\n", KT_EFORMAT,
         "unknown op 'matmull'", "did you mean 'matmul'?");
+    /* a failed input or param declaration does not cascade either ("not defined" later) */
+    ERR("input q: f32[0, 4]\nh = matmul(q, w)\noutput h\n", KT_EFORMAT,
+        "dimension 0 is 0");
+    ERR("param v: f32[8, 4] = gauss(1)\nh = matmul(x, v)\noutput h\n", KT_EFORMAT,
+        "unknown initialiser 'gauss'");
     /* two names from a plain name is an error */
     ERR("a, b = x\n", KT_EFORMAT, "a plain name gives one value");
     /* a name a failed statement bound, declared again (a fuzzer found this reading past a

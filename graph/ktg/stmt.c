@@ -127,13 +127,20 @@ static int parse_dtype(kt__ktg_parser *p, kt_dtype *dtype_out)
                          "i64", word);
 }
 
-/* name ":" dtype "[" dims "]" */
-static int parse_decl(kt__ktg_parser *p, char *name, kt__ktg_span *at, kt_dtype *dtype,
-                      int64_t *dims, int *ndim)
+/* ":" dtype "[" dims "]", after a declaration's name */
+static int parse_type(kt__ktg_parser *p, kt_dtype *dtype, int64_t *dims, int *ndim)
 {
-    return kt__ktg_name(p, name, at) && check_new(p, name, *at) &&
-           kt__ktg_expect(p, KT__KTG_COLON, "':' and the type") && parse_dtype(p, dtype) &&
+    return kt__ktg_expect(p, KT__KTG_COLON, "':' and the type") && parse_dtype(p, dtype) &&
            kt__ktg_dims(p, dims, ndim, 1);
+}
+
+/* A declaration that failed after its name was read binds the name as broken, so that its
+ * uses are not reported again: one mistake, one error. */
+static void bind_broken(kt__ktg_parser *p, const char *name, kt__ktg_span at)
+{
+    kt__ktg_sym *s = bind(p, name, at);
+    if (s != NULL)
+        s->kind = KT__KTG_SYM_BROKEN;
 }
 
 void kt__ktg_stmt_input(kt__ktg_parser *p)
@@ -144,11 +151,16 @@ void kt__ktg_stmt_input(kt__ktg_parser *p)
     kt_dtype dtype = KT_F32;
     int64_t dims[KT_MAX_DIMS];
     int ndim;
-    if (!parse_decl(p, name, &at, &dtype, dims, &ndim) || !kt__ktg_end_of_statement(p))
+    if (!kt__ktg_name(p, name, &at) || !check_new(p, name, at))
         return;
     kt_value v;
+    if (!parse_type(p, &dtype, dims, &ndim) || !kt__ktg_end_of_statement(p)) {
+        bind_broken(p, name, at);
+        return;
+    }
     if (kt_graph_input(p->g, name, dtype, ndim, dims, &v) != KT_OK) {
         kt__ktg_graph_error(p, kw);
+        bind_broken(p, name, at);
         return;
     }
     kt__ktg_sym *s = bind(p, name, at);
@@ -221,15 +233,20 @@ void kt__ktg_stmt_param(kt__ktg_parser *p)
     int64_t dims[KT_MAX_DIMS];
     int ndim;
     kt_init init;
-    if (!parse_decl(p, name, &at, &dtype, dims, &ndim) ||
-        !kt__ktg_expect(p, KT__KTG_EQ, "'=' and an initialiser") || !parse_init(p, &init) ||
-        !kt__ktg_end_of_statement(p))
+    if (!kt__ktg_name(p, name, &at) || !check_new(p, name, at))
         return;
+    if (!parse_type(p, &dtype, dims, &ndim) ||
+        !kt__ktg_expect(p, KT__KTG_EQ, "'=' and an initialiser") || !parse_init(p, &init) ||
+        !kt__ktg_end_of_statement(p)) {
+        bind_broken(p, name, at);
+        return;
+    }
     kt_value v;
     kt_status st = frozen ? kt_graph_const_param(p->g, name, dtype, ndim, dims, init, &v)
                           : kt_graph_param(p->g, name, dtype, ndim, dims, init, &v);
     if (st != KT_OK) {
         kt__ktg_graph_error(p, kw);
+        bind_broken(p, name, at);
         return;
     }
     kt__ktg_sym *s = bind(p, name, at);

@@ -46,11 +46,21 @@ typedef struct kt_init {
     float a, b;
 } kt_init;
 
-static inline kt_init kt_init_zeros(void) { return (kt_init){KT_INIT_ZEROS, 0.0f, 0.0f}; }
-static inline kt_init kt_init_normal(float std) { return (kt_init){KT_INIT_NORMAL, std, 0.0f}; }
+/* (initialised variables, not compound literals: C++ has none, and the header is for both) */
+static inline kt_init kt_init_zeros(void)
+{
+    kt_init r = {KT_INIT_ZEROS, 0.0f, 0.0f};
+    return r;
+}
+static inline kt_init kt_init_normal(float std)
+{
+    kt_init r = {KT_INIT_NORMAL, std, 0.0f};
+    return r;
+}
 static inline kt_init kt_init_uniform(float lo, float hi)
 {
-    return (kt_init){KT_INIT_UNIFORM, lo, hi};
+    kt_init r = {KT_INIT_UNIFORM, lo, hi};
+    return r;
 }
 
 kt_status kt_graph_create(kt_graph **graph_out);

@@ -8,9 +8,26 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
-for f in lib/libkt.a include/kt/kt.h lib/pkgconfig/kt.pc lib/cmake/kt/ktConfig.cmake; do
+for f in lib/libkt.a include/kt/kt.h lib/pkgconfig/kt.pc lib/cmake/kt/ktConfig.cmake \
+         share/kt/moe_torch_peer.py share/kt/comm_gloo_peer.py; do
   [ -f "$work/prefix/$f" ] || { echo "FAIL: $f was not installed"; exit 1; }
 done
+
+# every installed header on its own, in C and (where there is a C++ compiler) in C++: the
+# headers carry extern "C" guards, so they must also be valid C++ (-pedantic: no compound
+# literals, for one)
+cxx=$(command -v c++ || command -v g++ || true)
+for h in "$work/prefix/include/kt/"*.h; do
+  printf '#include <kt/%s>\n' "$(basename "$h")" > "$work/one.c"
+  "$cc" -std=c11 -Wall -Wextra -pedantic -Werror -fsyntax-only -I"$work/prefix/include" \
+    "$work/one.c" || { echo "FAIL: $h does not compile on its own in C"; exit 1; }
+  if [ -n "$cxx" ]; then
+    cp "$work/one.c" "$work/one.cpp"
+    "$cxx" -std=c++17 -Wall -Wextra -pedantic -Werror -fsyntax-only -I"$work/prefix/include" \
+      "$work/one.cpp" || { echo "FAIL: $h does not compile on its own in C++"; exit 1; }
+  fi
+done
+echo "headers on their own (C${cxx:+ and C++}): ok"
 
 # pkg-config, with and without --static (the library is static only: both must link)
 export PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig"

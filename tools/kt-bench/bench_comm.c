@@ -48,7 +48,7 @@
 const char *bench_comm_peer_script(void)
 {
     const char *s = getenv("KT_BENCH_COMM_PEER");
-    return s != NULL ? s : KT_BENCH_COMM_PEER_SCRIPT;
+    return s != NULL ? s : bench_find_script(KT_BENCH_COMM_PEER_SCRIPT, "comm_gloo_peer.py");
 }
 
 int bench_have_ucx(void)

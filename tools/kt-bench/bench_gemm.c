@@ -344,7 +344,8 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
     const int vec = kt__cpu_has_avx512() && kt__cpu_has_avx512_bf16();
     const int have_peak = vec; /* bench_bf16_peak_gflops gives 0 where it cannot measure */
     kt_threadpool *pool = NULL;
-    if (kt_threadpool_create(common->threads > 1 ? common->threads : 0, &pool) != KT_OK) {
+    /* (0: all CPUs; --threads 1 is one thread, as asked) */
+    if (kt_threadpool_create(common->threads_given ? common->threads : 0, &pool) != KT_OK) {
         fprintf(stderr, "kt-bench gemm: %s\n", kt_last_error());
         return 1;
     }

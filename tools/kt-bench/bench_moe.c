@@ -267,8 +267,8 @@ static int parse(int argc, char **argv, moe_args *a)
         const char *s = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
-            printf("usage: kt-bench moe --shape small|dsv2lite|qwen3moe --qlen N\n"
-                   "                    --mode frozen|lora|full --dtype bf16|f32\n"
+            printf("usage: kt-bench moe [--shape small|dsv2lite|qwen3moe] [--qlen N]\n"
+                   "                    [--mode frozen|lora|full] [--dtype bf16|f32]\n"
                    "                    [--no-peer] [--peer-dtype bf16|f32|both] [--peer-script "
                    "PATH]\n"
                    "                    [--threads N] [--numa-split] [--phases] [--json]\n"
@@ -276,6 +276,7 @@ static int parse(int argc, char **argv, moe_args *a)
                    "GFLOP/s, the fraction of the vdpbf16ps peak (bf16) or of OpenBLAS sgemm on\n"
                    "the same per-expert shapes (f32), the fraction of memory bandwidth for\n"
                    "qlen <= 16, and the ratio against PyTorch's loop in bf16 and f32.\n"
+                   "Defaults: --shape small --qlen 128 --mode frozen --dtype bf16, all CPUs.\n"
                    "The peer (moe_torch_peer.py, one process per dtype) times one call\n"
                    "per request; its calls alternate with libkt's, call by call above qlen 16\n"
                    "(20 ms between the two processes' calls), as one block each at qlen <= 16.\n"
@@ -464,7 +465,7 @@ int bench_moe(int argc, char **argv, const bench_args *common)
                   .dtype = KT_BF16,
                   .peer = 1,
                   .peer_dtypes = 3u,
-                  .peer_script = KT_BENCH_PEER_SCRIPT};
+                  .peer_script = bench_find_script(KT_BENCH_PEER_SCRIPT, "moe_torch_peer.py")};
     int rc = parse(argc, argv, &a);
     if (rc != 0)
         return rc;

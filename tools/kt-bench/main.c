@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "bench.h"
@@ -21,6 +22,39 @@ static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+#ifndef KT_BENCH_DATADIR
+#define KT_BENCH_DATADIR "/usr/local/share/kt"
+#define KT_BENCH_DATADIR_REL "share/kt"
+#endif
+
+const char *bench_find_script(const char *built_in, const char *name)
+{
+    static char found[2][4096];
+    static int slot;
+    char *buf = found[slot++ & 1]; /* (two scripts may be asked for in one run) */
+    if (access(built_in, R_OK) == 0)
+        return built_in;
+    snprintf(buf, sizeof found[0], "%s/%s", KT_BENCH_DATADIR, name);
+    if (access(buf, R_OK) == 0)
+        return buf;
+    char exe[2048];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/'); /* .../bin/kt-bench -> .../ */
+        if (slash != NULL)
+            *slash = '\0';
+        slash = strrchr(exe, '/');
+        if (slash != NULL) {
+            *slash = '\0';
+            snprintf(buf, sizeof found[0], "%s/%s/%s", exe, KT_BENCH_DATADIR_REL, name);
+            if (access(buf, R_OK) == 0)
+                return buf;
+        }
+    }
+    return built_in;
 }
 
 int bench_is_one_of(const char *s, const char *const *names, int n)
@@ -57,8 +91,11 @@ static void usage(FILE *f)
                "\n"
                "common options:\n"
                "  --json         one JSON object per configuration\n"
-               "  --repeats N    timed repetitions, the median is reported (default 15)\n"
-               "  --threads N    thread-pool size (default 1)\n"
+               "  --repeats N    timed repetitions, the median is reported (default: graph\n"
+               "                 and gemm 15, moe and checkpoint 5, moe at qlen <= 16 31;\n"
+               "                 comm and halo time their own counts per size)\n"
+               "  --threads N    thread-pool size (default: graph 1; gemm, moe and checkpoint\n"
+               "                 all CPUs; comm and halo run one thread per rank)\n"
                "  -h, --help     this text; 'kt-bench <what> --help' for a subcommand\n");
 }
 
