@@ -513,6 +513,53 @@ static void test_inplace(void **state)
     }
 }
 
+/* A direct call whose output 0 lies over an input the op does not compute in place from (or
+ * over part of one) is refused, not run into wrong numbers; NULL outputs are refused too. */
+static void test_aliasing_refused(void **state)
+{
+    (void)state;
+    int refused = 0;
+    for (int k = 0; k < n_cases; k++) {
+        prep p;
+        prep_init(&p, &cases[k], k);
+        const size_t out_bytes = kt_tensor_nbytes(&p.out_desc[0]);
+        for (int i = 0; i < p.n_in; i++) {
+            const size_t in_bytes = kt_tensor_nbytes(&p.in[i]);
+            const int allowed = (p.d->inplace_in >> i) & 1u;
+            if (in_bytes == 0 || out_bytes == 0 || (allowed && in_bytes == out_bytes))
+                continue;
+            /* output 0 starting inside input i's bytes (4 bytes in, where it has more) */
+            kt_tensor in[KT_OP_MAX_IN], out[KT_OP_MAX_OUT];
+            memcpy(in, p.in, sizeof in);
+            unsigned char *big = calloc(1, in_bytes + out_bytes + 64);
+            assert_non_null(big);
+            memcpy(big, p.in[i].data, in_bytes);
+            in[i].data = big;
+            for (int o = 0; o < p.n_out; o++)
+                out[o] = alloc_like(&p.out_desc[o]);
+            kt_tensor out0 = out[0];
+            out[0].data = big + (in_bytes > 4 ? 4 : 0);
+            size_t need = kt_op_scratch_bytes(p.c->op, &p.c->attrs, in, p.n_in, 0);
+            scratch sc = scratch_new(need, PAT_ZERO);
+            kt_exec ex = {.scratch = sc.p, .scratch_bytes = need};
+            kt_status st = kt_op_forward(p.c->op, &p.c->attrs, in, p.n_in, out, p.n_out, &ex);
+            if (st != KT_EINVAL || strstr(kt_last_error(), "overlaps input") == NULL)
+                fail_msg("%s: output 0 over input %d: status %d (%s)", p.c->name, i, (int)st,
+                         kt_last_error());
+            refused++;
+            scratch_free(&sc);
+            out[0] = out0;
+            for (int o = 0; o < p.n_out; o++)
+                tu_free(&out[o]);
+            free(big);
+        }
+        TU_EXPECT_ERROR(kt_op_forward(p.c->op, &p.c->attrs, p.in, p.n_in, NULL, p.n_out, NULL),
+                        KT_EINVAL, "outputs are NULL");
+        prep_free(&p);
+    }
+    assert_true(refused > 0);
+}
+
 /* ---- 3: backward reads only what it declares, writes all it is asked for ---------------- */
 
 static int wants_grad(const prep *p, int i)
@@ -771,6 +818,7 @@ int main(void)
         cmocka_unit_test(test_every_op_has_a_case),
         cmocka_unit_test(test_forward_writes_all),
         cmocka_unit_test(test_inplace),
+        cmocka_unit_test(test_aliasing_refused),
         cmocka_unit_test(test_backward_reads_declared_only),
         cmocka_unit_test(test_no_grad_in),
     };

@@ -179,6 +179,39 @@ static void test_static_partition(void **state)
     kt_threadpool_destroy(pool);
 }
 
+/* Ranges only (no work): the parts of a huge n cover [0, n) exactly, no part lost to an
+ * overflowing n * part (it had wrapped to an empty range). */
+typedef struct span_log {
+    int64_t begin[8], end[8];
+    _Atomic int count;
+} span_log;
+
+static void log_span(void *ctx, int64_t begin, int64_t end, int thread)
+{
+    span_log *l = ctx;
+    assert_true(thread >= 0 && thread < 8);
+    l->begin[thread] = begin;
+    l->end[thread] = end;
+    atomic_fetch_add(&l->count, 1);
+}
+
+static void test_huge_n(void **state)
+{
+    (void)state;
+    kt_threadpool *pool = NULL;
+    assert_int_equal(kt_threadpool_create(3, &pool), KT_OK);
+    span_log l;
+    memset(&l, 0, sizeof l);
+    kt_parallel_for(pool, INT64_MAX, INT64_MAX / 4, log_span, &l);
+    const int parts = atomic_load(&l.count);
+    assert_int_equal(parts, 3);
+    assert_int_equal(l.begin[0], 0);
+    for (int t = 1; t < parts; t++)
+        assert_int_equal(l.begin[t], l.end[t - 1]);
+    assert_int_equal(l.end[parts - 1], INT64_MAX);
+    kt_threadpool_destroy(pool);
+}
+
 static void test_null_pool(void **state)
 {
     (void)state;
@@ -405,6 +438,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_coverage),        cmocka_unit_test(test_negative_n),
         cmocka_unit_test(test_static_partition), cmocka_unit_test(test_null_pool),
+        cmocka_unit_test(test_huge_n),
         cmocka_unit_test(test_env_thread_count), cmocka_unit_test(test_stress),
         cmocka_unit_test(test_create_destroy),  cmocka_unit_test(test_limits),
         cmocka_unit_test(test_concurrent_submitters), cmocka_unit_test(test_numa_pool),

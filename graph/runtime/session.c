@@ -114,29 +114,6 @@ static kt_status alloc_moe_training(kt_session *s)
 }
 
 /* Message buffers of the steps that talk to other ranks, sized for this world. */
-/* A halo op takes frames from the neighbouring ranks' shards of the sequence: on several
- * ranks with no input sharded, every rank holds the same sequence and the halo would stitch
- * copies of it together (different numbers from one rank, without an error). */
-static kt_status check_halo_sharding(const kt_session *s)
-{
-    if (s->opt.comm == NULL || kt_comm_size(s->opt.comm) <= 1)
-        return KT_OK;
-    int32_t halo_step = -1;
-    for (int32_t at = 0; at < s->p->n_steps && halo_step < 0; at++)
-        if (s->p->steps[at].kind == KT__STEP_FORWARD && s->p->steps[at].op == KT_OP_HALO)
-            halo_step = at;
-    if (halo_step < 0)
-        return KT_OK;
-    for (int32_t i = 0; i < s->p->n_entries[KT_ROLE_INPUT]; i++)
-        if (s->p->entries[KT_ROLE_INPUT][i].shard_dim >= 0)
-            return KT_OK;
-    return kt__error(KT_EINVAL,
-                     "session: the program has halo ops (step %d) but no sharded input: on %d "
-                     "ranks each would hold the same sequence (shard the sequence's input: "
-                     "'shard NAME dim D' in .ktg, kt_graph_shard_input)",
-                     halo_step, kt_comm_size(s->opt.comm));
-}
-
 static kt_status alloc_comm_scratch(kt_session *s)
 {
     const kt_program *p = s->p;
@@ -297,8 +274,7 @@ kt_status kt_session_create(const kt_program *p, const kt_session_options *optio
         if ((status = alloc_zeroed(p->region_bytes[KT__REGION_GRAD],
                                    (unsigned char **)&s->opt_state[k])) != KT_OK)
             goto fail;
-    if ((status = check_moe_bindings(s)) != KT_OK || (status = check_halo_sharding(s)) != KT_OK ||
-        (status = alloc_comm_scratch(s)) != KT_OK ||
+    if ((status = check_moe_bindings(s)) != KT_OK || (status = alloc_comm_scratch(s)) != KT_OK ||
         (status = alloc_moe_training(s)) != KT_OK ||
         (status = bind(s)) != KT_OK ||
         (status = kt_session_init_params(s, s->opt.seed)) != KT_OK)

@@ -60,10 +60,19 @@ struct kt_threadpool {
     atomic_int stop;
 };
 
+/* Where part `part` of [0, n) in `parts` near-equal pieces starts: floor(n * part / parts),
+ * computed as q * part + r * part / parts (n = q * parts + r), since n * part itself may pass
+ * INT64_MAX (a part would wrap to an empty range and its work be lost); no 128-bit integers,
+ * which 32-bit targets lack. */
+static int64_t part_start(int64_t n, int part, int parts)
+{
+    return n / parts * part + n % parts * part / parts;
+}
+
 static void run_part(kt_threadpool *p, int part)
 {
-    int64_t begin = p->n * part / p->parts;
-    int64_t end = p->n * (part + 1) / p->parts;
+    int64_t begin = part_start(p->n, part, p->parts);
+    int64_t end = part_start(p->n, part + 1, p->parts);
     if (begin < end)
         p->fn(p->ctx, begin, end, part);
 }

@@ -3,6 +3,7 @@
  * The graph executor validates once at build time and calls the rows' kernels directly;
  * kt_op_forward/kt_op_backward are for callers that run kernels on their own tensors, so
  * they check everything on every call. */
+#include <stdint.h>
 #include <string.h>
 
 #include "ops/op_desc.h"
@@ -152,6 +153,42 @@ static kt_status check_scratch(const kt__op_desc *d, kt__op_scratch_fn fn,
     return KT_OK;
 }
 
+/* Whether two tensors' bytes share an address (both contiguous by now) */
+static int overlaps(const kt_tensor *a, const kt_tensor *b)
+{
+    const size_t na = kt_tensor_nbytes(a), nb = kt_tensor_nbytes(b);
+    if (na == 0 || nb == 0 || a->data == NULL || b->data == NULL)
+        return 0;
+    const uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
+    return a0 < b0 + nb && b0 < a0 + na;
+}
+
+/* An output may share memory with an input only where the op computes in place (output 0
+ * exactly over an input its table row allows): any other overlap, or two outputs sharing
+ * memory, would be read after it was overwritten, giving wrong numbers without an error. */
+static kt_status check_aliasing(const kt__op_desc *d, const kt_tensor *in, int n_in,
+                                const kt_tensor *out, int n_out)
+{
+    for (int o = 0; o < n_out; o++) {
+        for (int i = 0; i < n_in; i++) {
+            if (!overlaps(&out[o], &in[i]))
+                continue;
+            const int in_place = o == 0 && ((d->inplace_in >> i) & 1u) &&
+                                 out[o].data == in[i].data &&
+                                 kt_tensor_nbytes(&out[o]) == kt_tensor_nbytes(&in[i]);
+            if (!in_place)
+                return kt__error(KT_EINVAL,
+                                 "%s: output %d overlaps input %d (an op computes in place only "
+                                 "as output 0 exactly over an input it allows)",
+                                 d->name, o, i);
+        }
+        for (int q = 0; q < o; q++)
+            if (overlaps(&out[o], &out[q]))
+                return kt__error(KT_EINVAL, "%s: outputs %d and %d overlap", d->name, q, o);
+    }
+    return KT_OK;
+}
+
 kt_status kt_op_forward(kt_op op, const kt_op_attrs *attrs, const kt_tensor *in, int n_in,
                         kt_tensor *out, int n_out, const kt_exec *exec)
 {
@@ -160,11 +197,14 @@ kt_status kt_op_forward(kt_op op, const kt_op_attrs *attrs, const kt_tensor *in,
         return kt__error(KT_EINVAL, "invalid op %d", (int)op);
     if (attrs == NULL)
         attrs = &zero_attrs;
+    if (out == NULL && n_out > 0)
+        return kt__error(KT_EINVAL, "%s: outputs are NULL", d->name);
     KT__TRY(check_inputs(d, in, n_in, 1));
     kt_tensor expected[KT_OP_MAX_OUT];
     KT__TRY(kt_op_infer(op, attrs, in, n_in, expected, n_out));
     for (int i = 0; i < n_out; i++)
         KT__TRY(check_against(d->name, "output", i, &out[i], &expected[i]));
+    KT__TRY(check_aliasing(d, in, n_in, out, n_out));
     KT__TRY(check_scratch(d, d->scratch_fwd, attrs, in, n_in, exec));
     kt__op_call call = {
         .attrs = attrs, .in = in, .n_in = n_in, .out = out, .out_w = out, .n_out = n_out,

@@ -203,10 +203,10 @@ if [ "$launch" != none ]; then
   expect_error losses_reason_rank_1 "\[rank 1\] .*stopping: rank 0: cannot create the losses" \
     "$launch" -n 2 --timeout-ms 20000 -- "$train" lm2.ktp --data markov.bin --steps 3 \
     --threads 1 --losses /nonexistent-dir/losses.txt
-  # a model with halo ops but no sharded input: every rank would hold the same sequence
+  # a model (with halo ops) that shards no token input: every rank would get the same window
   grep -v '^shard' "$src/examples/lm.ktg" > lm_noshard.ktg
   "$graphc" lm_noshard.ktg -o lm2_noshard.ktp -D T=24 "${sizes[@]}" > /dev/null
-  expect_error halo_unsharded "halo ops (step [0-9]*) but no sharded input" \
+  expect_error halo_unsharded "shards none of its token inputs" \
     "$launch" -n 2 --timeout-ms 20000 -- "$train" lm2_noshard.ktp --data markov.bin --steps 1 \
     --threads 1
   # ranks started with different options (another launcher, by hand): refused before step 1

@@ -97,6 +97,15 @@ static int bind_inputs(token_data *d, const train_args *a, const kt_program *p, 
     }
     if (check_inputs_fed(d, a, p) != 0)
         return 1;
+    /* unsharded, every rank would get the whole window: the same tokens W times (and a halo
+     * op would put copies of the window's ends in front of each other) */
+    int sharded = 0;
+    for (int k = 0; k < d->n_feeds; k++)
+        sharded |= d->feeds[k].shard_dim >= 0;
+    if (r->world > 1 && !sharded)
+        return train_error("%s shards none of its token inputs, so each of the %d ranks would "
+                           "train on the same window: compile it with 'shard %s dim D' (the "
+                           "time dimension)", a->program, r->world, a->tokens_input);
     d->window = global_numel(&d->feeds[0]);
     if (d->n_feeds == 2 && global_numel(&d->feeds[1]) != d->window) {
         train_error("input '%s' takes %lld tokens per step over %d rank%s, but "
