@@ -148,7 +148,9 @@ size_t kt_op_scratch_bytes(kt_op op, const kt_op_attrs *attrs, const kt_tensor *
 /* Floating-point operations of the forward pass (multiply-add = 2). */
 double kt_op_flops(kt_op op, const kt_op_attrs *attrs, const kt_tensor *in, int n_in);
 
-/* Runs the forward kernel. out[] must have the inferred dtypes and shapes and hold memory. */
+/* Runs the forward kernel. out[] must have the inferred dtypes and shapes and hold memory of
+ * its own: an output overlapping an input is KT_EINVAL, except output 0 exactly over an input
+ * the op computes in place from (as the graph's planner shares them). */
 kt_status kt_op_forward(kt_op op, const kt_op_attrs *attrs, const kt_tensor *in, int n_in,
                         kt_tensor *out, int n_out, const kt_exec *exec);
 
