@@ -560,6 +560,32 @@ static void test_aliasing_refused(void **state)
     assert_true(refused > 0);
 }
 
+/* The backward likewise: an input gradient over something the kernel reads, or over another
+ * input gradient, is refused (matmul: dA = dY B^T reads B and dY). */
+static void test_grad_aliasing_refused(void **state)
+{
+    (void)state;
+    kt_tensor a = tu_new(KT_F32, 4, 4), b = tu_new(KT_F32, 4, 4), y = tu_new(KT_F32, 4, 4);
+    kt_tensor gy = tu_new(KT_F32, 4, 4), ga = tu_new(KT_F32, 4, 4), gb = tu_new(KT_F32, 4, 4);
+    for (int64_t i = 0; i < 16; i++)
+        tu_set(&a, i, 0.1 * (double)i), tu_set(&b, i, 1.0 - 0.05 * (double)i),
+            tu_set(&gy, i, 0.5);
+    kt_tensor in[2] = {a, b};
+    assert_int_equal(kt_op_forward(KT_OP_MATMUL, NULL, in, 2, &y, 1, NULL), KT_OK);
+    kt_tensor gin[2] = {ga, gb};
+    assert_int_equal(kt_op_backward(KT_OP_MATMUL, NULL, in, 2, &y, 1, &gy, gin, NULL), KT_OK);
+    gin[0].data = b.data; /* dA over B, which the kernel reads */
+    TU_EXPECT_ERROR(kt_op_backward(KT_OP_MATMUL, NULL, in, 2, &y, 1, &gy, gin, NULL), KT_EINVAL,
+                    "matmul backward", "input gradient 0 overlaps input 1");
+    gin[0].data = gy.data; /* dA over dY */
+    TU_EXPECT_ERROR(kt_op_backward(KT_OP_MATMUL, NULL, in, 2, &y, 1, &gy, gin, NULL), KT_EINVAL,
+                    "overlaps output gradient 0");
+    gin[0].data = gb.data; /* dA over dB */
+    TU_EXPECT_ERROR(kt_op_backward(KT_OP_MATMUL, NULL, in, 2, &y, 1, &gy, gin, NULL), KT_EINVAL,
+                    "input gradients 0 and 1 overlap");
+    tu_free(&a), tu_free(&b), tu_free(&y), tu_free(&gy), tu_free(&ga), tu_free(&gb);
+}
+
 /* ---- 3: backward reads only what it declares, writes all it is asked for ---------------- */
 
 static int wants_grad(const prep *p, int i)
@@ -819,6 +845,7 @@ int main(void)
         cmocka_unit_test(test_forward_writes_all),
         cmocka_unit_test(test_inplace),
         cmocka_unit_test(test_aliasing_refused),
+        cmocka_unit_test(test_grad_aliasing_refused),
         cmocka_unit_test(test_backward_reads_declared_only),
         cmocka_unit_test(test_no_grad_in),
     };

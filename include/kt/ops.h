@@ -156,7 +156,9 @@ kt_status kt_op_forward(kt_op op, const kt_op_attrs *attrs, const kt_tensor *in,
 
 /* Runs the backward kernel: given the forward's inputs and outputs and the gradients of the
  * outputs (grad_out[0..n_out)), writes the requested gradients of the inputs
- * (grad_in[0..n_in), each with its input's dtype and shape, data NULL to skip). */
+ * (grad_in[0..n_in), each with its input's dtype and shape, data NULL to skip). An input
+ * gradient overlapping what the kernel reads or another input gradient is KT_EINVAL, except
+ * grad_in[i] exactly over grad_out[0] where the op computes output 0 in place over input i. */
 kt_status kt_op_backward(kt_op op, const kt_op_attrs *attrs, const kt_tensor *in, int n_in,
                          const kt_tensor *out, int n_out, const kt_tensor *grad_out,
                          kt_tensor *grad_in, const kt_exec *exec);

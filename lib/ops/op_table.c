@@ -213,6 +213,42 @@ kt_status kt_op_forward(kt_op op, const kt_op_attrs *attrs, const kt_tensor *in,
     return d->forward(&call);
 }
 
+/* An input gradient the backward writes must not share memory with anything it reads (the
+ * inputs and outputs its table row reads, the output gradients, but for the in-place case)
+ * nor with another input gradient: it could be overwritten before it is read. */
+static kt_status check_grad_aliasing(const kt__op_desc *d, const kt_tensor *in, int n_in,
+                                     const kt_tensor *out, int n_out, const kt_tensor *grad_out,
+                                     const kt_tensor *grad_in)
+{
+    for (int i = 0; i < n_in; i++) {
+        if (grad_in[i].data == NULL)
+            continue;
+        for (int j = 0; j < n_in; j++)
+            if ((d->bwd_reads_in & (1u << j)) && overlaps(&grad_in[i], &in[j]))
+                return kt__error(KT_EINVAL, "%s backward: input gradient %d overlaps input %d",
+                                 d->name, i, j);
+        for (int o = 0; o < n_out; o++) {
+            if ((d->bwd_reads_out & (1u << o)) && overlaps(&grad_in[i], &out[o]))
+                return kt__error(KT_EINVAL, "%s backward: input gradient %d overlaps output %d",
+                                 d->name, i, o);
+            /* (the in-place case mirrored: input gradient i exactly over output gradient 0,
+             * where the op computes output 0 in place over input i) */
+            const int in_place = o == 0 && ((d->inplace_in >> i) & 1u) &&
+                                 grad_in[i].data == grad_out[0].data &&
+                                 kt_tensor_nbytes(&grad_in[i]) == kt_tensor_nbytes(&grad_out[0]);
+            if (grad_out[o].data != NULL && !in_place && overlaps(&grad_in[i], &grad_out[o]))
+                return kt__error(KT_EINVAL,
+                                 "%s backward: input gradient %d overlaps output gradient %d",
+                                 d->name, i, o);
+        }
+        for (int q = 0; q < i; q++)
+            if (grad_in[q].data != NULL && overlaps(&grad_in[i], &grad_in[q]))
+                return kt__error(KT_EINVAL, "%s backward: input gradients %d and %d overlap",
+                                 d->name, q, i);
+    }
+    return KT_OK;
+}
+
 kt_status kt_op_backward(kt_op op, const kt_op_attrs *attrs, const kt_tensor *in, int n_in,
                          const kt_tensor *out, int n_out, const kt_tensor *grad_out,
                          kt_tensor *grad_in, const kt_exec *exec)
@@ -248,6 +284,7 @@ kt_status kt_op_backward(kt_op op, const kt_op_attrs *attrs, const kt_tensor *in
                              i, kt_dtype_name(in[i].dtype));
         KT__TRY(check_against(d->name, "input gradient", i, &grad_in[i], &in[i]));
     }
+    KT__TRY(check_grad_aliasing(d, in, n_in, out, n_out, grad_out, grad_in));
     KT__TRY(check_scratch(d, d->scratch_bwd, attrs, in, n_in, exec));
     kt__op_call call = {
         .attrs = attrs, .in = in, .n_in = n_in, .out = out, .out_w = NULL, .n_out = n_out,
