@@ -50,42 +50,43 @@ for tr in shm tcp; do
 done
 unset UCX_NET_DEVICES
 
+# launch_check WANT_RC MAX_SECONDS OK_TEXT FAIL_TEXT COMMAND...: the command (kt-launch in
+# some form) exits WANT_RC within MAX_SECONDS
+launch_check() {
+  local want=$1 max=$2 ok_text=$3 fail_text=$4 t0 rc
+  shift 4
+  t0=$(date +%s)
+  "$@" > /dev/null 2>&1
+  rc=$?
+  if [ "$rc" -ne "$want" ] || [ $(($(date +%s) - t0)) -gt "$max" ]; then
+    echo "FAIL: $fail_text (exit $rc)"
+    failures=$((failures + 1))
+  else
+    echo "ok: $ok_text"
+  fi
+}
+# SIGTERM to a kt-launch started in the background, a second after its start
+term_after_1s() {
+  "$@" &
+  local lpid=$!
+  sleep 1
+  kill -TERM "$lpid"
+  wait "$lpid"
+}
+
 # kt-launch itself: a failing rank stops the others and its status is kt-launch's.
-t0=$(date +%s)
-"$launch" -n 3 --grace-ms 500 -- sh -c 'if [ "$KT_RANK" = 1 ]; then exit 7; fi; sleep 30' \
-  > /dev/null 2>&1
-rc=$?
-if [ "$rc" -ne 7 ] || [ $(($(date +%s) - t0)) -gt 10 ]; then
-  echo "FAIL: kt-launch did not stop the ranks and exit 7 (exit $rc)"
-  failures=$((failures + 1))
-else
-  echo "ok: kt-launch exits with the failing rank's status and stops the others"
-fi
+launch_check 7 10 "kt-launch exits with the failing rank's status and stops the others" \
+  "kt-launch did not stop the ranks and exit 7" \
+  "$launch" -n 3 --grace-ms 500 -- sh -c 'if [ "$KT_RANK" = 1 ]; then exit 7; fi; sleep 30'
 # a process a rank leaves behind holding its output: stopped after the grace period, not
 # waited for (nor spun on); and with it, SIGTERM to kt-launch stops it at once (exit 143; a
 # shell's background job ignores SIGINT, which would wait for the grace period)
-t0=$(date +%s)
-"$launch" -n 2 --grace-ms 300 -- sh -c 'sleep 30 & exit 0' > /dev/null 2>&1
-rc=$?
-if [ "$rc" -ne 0 ] || [ $(($(date +%s) - t0)) -gt 5 ]; then
-  echo "FAIL: kt-launch waited for what an exited rank left behind (exit $rc)"
-  failures=$((failures + 1))
-else
-  echo "ok: kt-launch stops what exited ranks left behind holding their output"
-fi
-t0=$(date +%s)
-"$launch" -n 1 --grace-ms 20000 -- sh -c 'sleep 30 & exit 0' > /dev/null 2>&1 &
-lpid=$!
-sleep 1
-kill -TERM "$lpid"
-wait "$lpid"
-rc=$?
-if [ "$rc" -ne 143 ] || [ $(($(date +%s) - t0)) -gt 5 ]; then
-  echo "FAIL: SIGTERM to kt-launch with a rank's leftover process: exit $rc"
-  failures=$((failures + 1))
-else
-  echo "ok: SIGTERM reaches what an exited rank left behind (exit 143)"
-fi
+launch_check 0 5 "kt-launch stops what exited ranks left behind holding their output" \
+  "kt-launch waited for what an exited rank left behind" \
+  "$launch" -n 2 --grace-ms 300 -- sh -c 'sleep 30 & exit 0'
+launch_check 143 5 "SIGTERM reaches what an exited rank left behind (exit 143)" \
+  "SIGTERM to kt-launch with a rank's leftover process" \
+  term_after_1s "$launch" -n 1 --grace-ms 20000 -- sh -c 'sleep 30 & exit 0'
 out=$("$launch" -n 2 -- sh -c 'echo "hello $KT_RANK of $KT_WORLD_SIZE at $KT_MASTER_ADDR"')
 if ! grep -q '^\[rank 1\] hello 1 of 2 at 127.0.0.1$' <<< "$out"; then
   echo "FAIL: kt-launch output prefix: $out"

@@ -45,8 +45,9 @@ const char *bench_comm_peer_script(void);
 /* "8,64,1k,4M" -> bytes; the count, or -1 on a malformed list */
 int bench_parse_sizes(const char *s, size_t *out, int max);
 /* A peer script: `built_in` (the source tree's) when it is there, else `name` where it is
- * installed (KT_BENCH_DATADIR, or share/kt beside a relocated bin/), else built_in. */
-const char *bench_find_script(const char *built_in, const char *name);
+ * installed (KT_BENCH_DATADIR, or share/kt beside a relocated bin/; the path in buf), else
+ * built_in. */
+const char *bench_find_script(const char *built_in, const char *name, char *buf, size_t size);
 /* 1 when s is one of names[0, n) (an option that takes a value, say) */
 int bench_is_one_of(const char *s, const char *const *names, int n);
 /* Runs a peer command; its stdout lines starting with '{' go into buf. 0 + note on failure. */

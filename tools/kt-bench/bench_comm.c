@@ -48,7 +48,10 @@
 const char *bench_comm_peer_script(void)
 {
     const char *s = getenv("KT_BENCH_COMM_PEER");
-    return s != NULL ? s : bench_find_script(KT_BENCH_COMM_PEER_SCRIPT, "comm_gloo_peer.py");
+    static char found[4096];
+    return s != NULL ? s
+                     : bench_find_script(KT_BENCH_COMM_PEER_SCRIPT, "comm_gloo_peer.py", found,
+                                         sizeof found);
 }
 
 int bench_have_ucx(void)

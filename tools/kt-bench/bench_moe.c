@@ -459,13 +459,15 @@ static double time_median(kt_moe *m, moe_inputs *in, int backward, int warmup, i
 
 int bench_moe(int argc, char **argv, const bench_args *common)
 {
+    static char peer_found[4096];
     moe_args a = {.shape = &shapes[0],
                   .qlen = 128,
                   .mode = KT_MOE_FROZEN,
                   .dtype = KT_BF16,
                   .peer = 1,
                   .peer_dtypes = 3u,
-                  .peer_script = bench_find_script(KT_BENCH_PEER_SCRIPT, "moe_torch_peer.py")};
+                  .peer_script = bench_find_script(KT_BENCH_PEER_SCRIPT, "moe_torch_peer.py",
+                                                   peer_found, sizeof peer_found)};
     int rc = parse(argc, argv, &a);
     if (rc != 0)
         return rc;

@@ -29,30 +29,29 @@ static int cmp_double(const void *a, const void *b)
 #define KT_BENCH_DATADIR_REL "share/kt"
 #endif
 
-const char *bench_find_script(const char *built_in, const char *name)
+const char *bench_find_script(const char *built_in, const char *name, char *buf, size_t size)
 {
-    static char found[2][4096];
-    static int slot;
-    char *buf = found[slot++ & 1]; /* (two scripts may be asked for in one run) */
     if (access(built_in, R_OK) == 0)
         return built_in;
-    snprintf(buf, sizeof found[0], "%s/%s", KT_BENCH_DATADIR, name);
+    snprintf(buf, size, "%s/%s", KT_BENCH_DATADIR, name);
     if (access(buf, R_OK) == 0)
         return buf;
     char exe[2048];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    char *slash = NULL;
     if (n > 0) {
         exe[n] = '\0';
-        char *slash = strrchr(exe, '/'); /* .../bin/kt-bench -> .../ */
-        if (slash != NULL)
-            *slash = '\0';
-        slash = strrchr(exe, '/');
+        slash = strrchr(exe, '/'); /* .../bin/kt-bench -> ... */
         if (slash != NULL) {
             *slash = '\0';
-            snprintf(buf, sizeof found[0], "%s/%s/%s", exe, KT_BENCH_DATADIR_REL, name);
-            if (access(buf, R_OK) == 0)
-                return buf;
+            slash = strrchr(exe, '/');
         }
+    }
+    if (slash != NULL) {
+        *slash = '\0';
+        snprintf(buf, size, "%s/%s/%s", exe, KT_BENCH_DATADIR_REL, name);
+        if (access(buf, R_OK) == 0)
+            return buf;
     }
     return built_in;
 }
