@@ -71,6 +71,9 @@ typedef struct kt_cpu_features {
     int amx_tile;     /* the CPU has AMX ... */
     int amx_bf16;
     int amx_usable;   /* ... and the kernel granted this process the tile state */
+    int bf16_on_fma;  /* bf16 GEMMs run faster widened to f32 on the FMA units than on
+                       * vdpbf16ps (Intel cores issue it at half the FMA rate; or no
+                       * AVX-512 BF16 at all): avx512f + avx512bw and one of those */
 } kt_cpu_features;
 
 /* Detected once (thread-safe) and cached. The AMX permission request

@@ -50,6 +50,7 @@
 #include "kt/tensor.h"
 #include "moe/amx_gemm.h"
 #include "moe/bf16_gemm.h"
+#include "moe/bf16_widen.h"
 #include "moe/lane_mask.h"
 #include "moe/prefetch.h"
 
@@ -1595,6 +1596,29 @@ void kt__moe_scale_store(int64_t n, const float *src, float s, void *dst, int bf
 
 static int use_amx(int64_t M) { return M >= AMX_MIN_M && kt__amx_usable(); }
 
+/* The FMA path (bf16_widen.h) where the CPU multiplies bf16 faster widened, for products of at
+ * least WIDEN_MIN_M rows (like AMX, a function of the product's rows only); below, the
+ * vdpbf16ps kernels, which only stream the weights there, where the CPU has AVX-512 BF16. */
+#define WIDEN_MIN_M 16
+
+static int use_widen(int64_t M)
+{
+    return kt__cpu_bf16_on_fma() && (M >= WIDEN_MIN_M || !kt__cpu_has_avx512_bf16());
+}
+
+const char *kt__bf16_gemm_path(int64_t M)
+{
+    if (use_amx(M))
+        return "amx";
+    if (use_widen(M))
+        return "fma";
+#ifdef BF_HAVE_AVX512
+    if (use_avx512())
+        return "avx512_bf16";
+#endif
+    return "scalar";
+}
+
 void kt__bf16_gemm_nt_next(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
                            int64_t ldx, const uint16_t *w, int64_t ldw, const uint16_t *next,
                            float *y, int64_t ldy, int accumulate)
@@ -1603,6 +1627,10 @@ void kt__bf16_gemm_nt_next(int64_t M, int64_t n0, int64_t n1, int64_t K, const u
         return; /* no rows */
     if (use_amx(M)) {
         kt__amx_gemm_nt(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+        return;
+    }
+    if (use_widen(M)) {
+        kt__bf16w_nt(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
         return;
     }
 #ifdef BF_HAVE_AVX512
@@ -1630,6 +1658,10 @@ void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16
         kt__amx_gemm_nn(M, N, k0, k1, g, ldg, w, ldw, y, ldy, accumulate);
         return;
     }
+    if (use_widen(M)) {
+        kt__bf16w_nn(M, N, k0, k1, g, w, NULL, NULL, ldg, ldw, y, ldy, accumulate);
+        return;
+    }
 #ifdef BF_HAVE_AVX512
     if (use_avx512()) {
         const nn_src src = {g, w};
@@ -1644,6 +1676,10 @@ void kt__bf16_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint1
                        const uint16_t *w0, const uint16_t *g1, const uint16_t *w1, int64_t ldg,
                        int64_t ldw, float *y, int64_t ldy, int stream)
 {
+    if (M > 0 && !use_amx(M) && use_widen(M)) {
+        kt__bf16w_nn(M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, 0);
+        return;
+    }
 #ifdef BF_HAVE_AVX512
     if (M > 0 && !use_amx(M) && use_avx512()) {
         const nn_src src[2] = {{g0, w0}, {g1, w1}};
@@ -1659,16 +1695,19 @@ void kt__bf16_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint1
     kt__bf16_gemm_nn(M, N, k0, k1, g1, ldg, w1, ldw, y, ldy, 1);
 }
 
+/* The larger of the two AVX-512 paths' buffers (the path is chosen per product). */
 size_t kt__bf16_gemm_tn_work_bytes(int64_t M)
 {
 #ifdef BF_HAVE_AVX512
+    const size_t widen = kt__bf16w_tn_work_bytes(M);
     const int64_t pairs = (M + 1) / 2;
     if (pairs <= TN_PACKED_MAX_PAIRS)
-        return 0;
+        return widen;
     /* the panels take at most max(TN_WORK_APACK_BYTES, one tile's) bytes, so this bound
      * grows with M and covers every smaller M */
     const size_t panels = (size_t)TN_WORK_APACK_BYTES + (size_t)(PAIR_MR * pairs) * 4;
-    return (panels + 63) / 64 * 64 + (size_t)pairs * 128;
+    const size_t dp = (panels + 63) / 64 * 64 + (size_t)pairs * 128;
+    return dp > widen ? dp : widen;
 #else
     (void)M;
     return 0;
@@ -1681,6 +1720,10 @@ void kt__bf16_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
 {
     if (use_amx(M)) {
         kt__amx_gemm_tn(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
+        return;
+    }
+    if (use_widen(M)) {
+        kt__bf16w_tn(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate, work);
         return;
     }
 #ifdef BF_HAVE_AVX512

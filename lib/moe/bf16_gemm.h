@@ -66,6 +66,10 @@ void kt__bf16_gemm_tn_acc(int64_t M, int64_t n0, int64_t n1, int64_t K, const ui
                           int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
                           float scale, void *work);
 
+/* The path a product of M rows takes on this CPU (a function of M alone; each sums in its own
+ * order): "amx", "fma" (bf16_widen.h), "avx512_bf16" (vdpbf16ps) or "scalar". */
+const char *kt__bf16_gemm_path(int64_t M);
+
 /* The plain scalar versions: the reference the fast kernels are tested against, and the
  * portable path when the CPU lacks AVX-512 BF16. */
 void kt__bf16_gemm_nt_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,

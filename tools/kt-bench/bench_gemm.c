@@ -1,5 +1,6 @@
 /* kt-bench gemm: the MoE bf16 GEMM kernels (lib/moe/bf16_gemm.h) against the register peak
- * of vdpbf16ps measured in the same run.
+ * of their instruction (vdpbf16ps, or vfmadd231ps where bf16 is widened) measured in the same
+ * run.
  *
  * Each configuration is timed single-threaded (one call over the whole output) and on the
  * thread pool (the output columns, rows of dw for tn, cut statically over kt_parallel_for
@@ -7,7 +8,7 @@
  * together exceed 64 MiB (twice this machine's L3), so weights come from memory as in a MoE
  * layer that touches each expert once per step; --hot keeps one copy. The activation operands'
  * rows are strided as the layer's (act_ld). The peak is a loop of
- * independent vdpbf16ps on 16 accumulators in registers, on 1 thread and on all pool threads
+ * independent instructions on 16 accumulators in registers, on 1 thread and on all pool threads
  * at once, measured at the start, right before each timed configuration (the fraction of
  * peak uses that one, so a shared machine's load affects both alike) and at the end. GB/s
  * counts the weight operand's bytes (bf16 w; f32 dw read and written).
@@ -304,9 +305,10 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
             printf("usage: kt-bench gemm [--m M] [--n N] [--k K] [--kind nt|nn|tn] [--hot]\n"
                    "                     [--single] [--json] [--repeats N] [--threads N]\n"
                    "Times the bf16 MoE GEMM kernels on 1 thread and on the pool (--threads,\n"
-                   "default: all CPUs) against the vdpbf16ps register peak measured in the\n"
-                   "same run. Without --m/--n/--k: the dsv2lite and qwen3moe expert shapes\n"
-                   "for m = 1, 8, 64, 256, 1024. Kernel sizes: nt y[M,N] = x[M,K] w[N,K]^T,\n"
+                   "default: all CPUs) against the register peak of their instruction\n"
+                   "(vdpbf16ps, or vfmadd231ps where the CPU multiplies bf16 faster widened\n"
+                   "to f32) measured in the same run. Without --m/--n/--k: the dsv2lite and\n"
+                   "qwen3moe expert shapes for m = 1, 8, 64, 256, 1024. Kernel sizes: nt y[M,N] = x[M,K] w[N,K]^T,\n"
                    "nn y[M,K] = g[M,N] w[N,K], tn dw[N,K] += g[M,N]^T x[M,K].\n"
                    "--hot: one weight copy (default: copies over 64 MiB, from memory);\n"
                    "--single: skip the pool runs. Beside each line: oneDNN's bf16 GEMM on\n"
@@ -341,7 +343,9 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
         fprintf(stderr, "kt-bench gemm: --m, --n and --k go together and must be positive\n");
         return 2;
     }
-    const int vec = kt__cpu_has_avx512() && kt__cpu_has_avx512_bf16();
+    /* the path of products of 16 rows and more (below, vdpbf16ps where the CPU has it) */
+    const char *path = kt__bf16_gemm_path(1024);
+    const int vec = strcmp(path, "scalar") != 0;
     const int have_peak = vec; /* bench_bf16_peak_gflops gives 0 where it cannot measure */
     kt_threadpool *pool = NULL;
     /* (0: all CPUs; --threads 1 is one thread, as asked) */
@@ -355,11 +359,11 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
     if (common->json)
         printf("{\"bench\":\"gemm_peak\",\"path\":\"%s\",\"peak_gflops_1\":%.2f,"
                "\"peak_gflops_pool\":%.2f,\"threads\":%d}\n",
-               vec ? "avx512_bf16" : "scalar", peak1, peakp, threads);
+               path, peak1, peakp, threads);
     else
-        printf("bf16 gemm path: %s; vdpbf16ps register peak: %.1f GFLOP/s on 1 thread, "
-               "%.1f on %d threads\n",
-               vec ? "avx512_bf16" : "scalar reference", peak1, peakp, threads);
+        printf("bf16 gemm path: %s from 16 rows, %s below; %s register peak: %.1f GFLOP/s on 1 "
+               "thread, %.1f on %d threads\n",
+               path, kt__bf16_gemm_path(1), bench_bf16_peak_name(), peak1, peakp, threads);
 
     typedef struct model {
         const char *name;
@@ -417,7 +421,8 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                 }
             }
     if (have_peak && !common->json)
-        printf("vdpbf16ps register peak at the end: %.1f GFLOP/s on 1 thread, %.1f on %d\n",
+        printf("%s register peak at the end: %.1f GFLOP/s on 1 thread, %.1f on %d\n",
+               bench_bf16_peak_name(),
                bench_bf16_peak_gflops(NULL, 1, 7), bench_bf16_peak_gflops(pool, threads, 7),
                threads);
     kt_threadpool_destroy(pool);

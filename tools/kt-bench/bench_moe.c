@@ -1,7 +1,7 @@
 /* kt-bench moe: the CPU MoE layer against this machine's limits and PyTorch's usual loop.
  *
  * In one run: libkt's forward and forward+backward on random weights and a softmax-top-k
- * routing (as the research baselines), the vdpbf16ps register peak, the memory read
+ * routing (as the research baselines), the bf16 GEMMs' register peak, the memory read
  * bandwidth, OpenBLAS sgemm on the same per-expert shapes (f32), and PyTorch's
  * index_select / F.linear / index_add_ loop on the same inputs through moe_torch_peer.py
  * (in bf16 and in f32) when /usr/bin/python3 has torch and safetensors, its calls alternating
@@ -273,7 +273,8 @@ static int parse(int argc, char **argv, moe_args *a)
                    "PATH]\n"
                    "                    [--threads N] [--numa-split] [--phases] [--json]\n"
                    "Times the MoE layer forward and forward+backward; prints tokens/s,\n"
-                   "GFLOP/s, the fraction of the vdpbf16ps peak (bf16) or of OpenBLAS sgemm on\n"
+                   "GFLOP/s, the fraction of the bf16 GEMMs' register peak (vdpbf16ps, or\n"
+                   "vfmadd231ps where bf16 is widened to f32) or of OpenBLAS sgemm on\n"
                    "the same per-expert shapes (f32), the fraction of memory bandwidth for\n"
                    "qlen <= 16, and the ratio against PyTorch's loop in bf16 and f32.\n"
                    "Defaults: --shape small --qlen 128 --mode frozen --dtype bf16, all CPUs.\n"
@@ -586,6 +587,8 @@ int bench_moe(int argc, char **argv, const bench_args *common)
     int have[2];
     for (int k = 0; k < 2; k++)
         have[k] = t_fwd[k] > 0 && t_fb[k] > 0;
+    char peak_name[48];
+    snprintf(peak_name, sizeof peak_name, "%s peak", bench_bf16_peak_name());
 
     for (int pass = 0; pass < 2; pass++) {
         double t = pass ? fwdbwd : fwd;
@@ -634,7 +637,7 @@ int bench_moe(int argc, char **argv, const bench_args *common)
                    "%s (%.1f GFLOP/s)",
                    s->name, (long long)a.qlen, mode_names[a.mode], kt_dtype_name(a.dtype),
                    pass ? "fwd+bwd" : "fwd", t * 1e3, (double)a.qlen / t, gf, frac_peak,
-                   a.dtype == KT_BF16 ? "vdpbf16ps peak" : "OpenBLAS sgemm rate", peak);
+                   a.dtype == KT_BF16 ? peak_name : "OpenBLAS sgemm rate", peak);
             if (frac_bw >= 0)
                 printf(", %.3f of %.1f GB/s memory bandwidth (%.3f of the best read pass, %.1f)",
                        frac_bw, bw.gbs, bw.best_fraction, bw.best_gbs);

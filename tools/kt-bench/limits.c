@@ -6,6 +6,7 @@
 #include <kt/kt.h>
 
 #include "core/numa_internal.h"
+#include "moe/bf16_gemm.h"
 #include "limits.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -149,35 +150,65 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static float peak_loop(co
 }
 #endif
 
+#ifdef LIMITS_HAVE_PEAK
+/* The same loop on vfmadd231ps (16 x 2 flop an instruction): the instruction of the widened
+ * bf16 path (lib/moe/bf16_widen.h). */
+__attribute__((target("avx512f"))) static float fma_peak_loop(const float *seed)
+{
+    __m512 c[16];
+    for (int i = 0; i < 16; i++)
+        c[i] = _mm512_set1_ps(seed[i]);
+    const __m512 a = _mm512_set1_ps(seed[16]), b = _mm512_set1_ps(seed[17]);
+    for (int it = 0; it < PEAK_ITERS; it++) {
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++)
+            c[i] = _mm512_fmadd_ps(c[i], a, b);
+    }
+    __m512 s = c[0];
+    for (int i = 1; i < 16; i++)
+        s = _mm512_add_ps(s, c[i]);
+    return _mm512_reduce_add_ps(s);
+}
+#endif
+
 static volatile float peak_sink;
+
+/* Whether the bf16 GEMMs of large products run on the FMA units (else vdpbf16ps). */
+static int peak_on_fma(void) { return strcmp(kt__bf16_gemm_path(1024), "fma") == 0; }
+
+const char *bench_bf16_peak_name(void) { return peak_on_fma() ? "vfmadd231ps" : "vdpbf16ps"; }
 
 static void peak_part(void *ctx, int64_t begin, int64_t end, int thread)
 {
-    (void)ctx, (void)thread;
+    (void)thread;
 #ifdef LIMITS_HAVE_PEAK
+    const int fma = ctx != NULL;
     float seed[18];
     for (int i = 0; i < 18; i++)
         seed[i] = 1e-6f * (float)(i + 1);
     for (int64_t i = begin; i < end; i++)
-        peak_sink = peak_loop(seed);
+        peak_sink = fma ? fma_peak_loop(seed) : peak_loop(seed);
 #else
+    (void)ctx;
     (void)begin, (void)end;
 #endif
 }
 
 double bench_bf16_peak_gflops(kt_threadpool *pool, int threads, int repeats)
 {
-    if (!kt_cpu_get_features()->avx512_bf16)
+    static int fma_flag;
+    void *fma = peak_on_fma() ? &fma_flag : NULL; /* peak_part's ctx: non-NULL for the FMAs */
+    if (fma == NULL && !kt_cpu_get_features()->avx512_bf16)
         return 0.0;
     double t[64];
     if (repeats > 64)
         repeats = 64;
-    peak_part(NULL, 0, 1, 0); /* warm-up (clock ramp) */
+    peak_part(fma, 0, 1, 0); /* warm-up (clock ramp) */
     for (int r = 0; r < repeats; r++) {
         const double t0 = bench_now_s();
-        kt_parallel_for(pool, threads, 1, peak_part, NULL);
+        kt_parallel_for(pool, threads, 1, peak_part, fma);
         t[r] = bench_now_s() - t0;
     }
-    const double flops = (double)threads * PEAK_ITERS * 16.0 * 64.0;
+    const double flops = (double)threads * PEAK_ITERS * 16.0 * (fma ? 32.0 : 64.0);
     return flops / bench_median(t, repeats) * 1e-9;
 }

@@ -15,8 +15,11 @@ typedef struct bench_read_probe bench_read_probe;
 bench_read_probe *bench_read_probe_open(size_t bytes);
 double bench_read_probe_pass(bench_read_probe *p, kt_threadpool *pool);
 void bench_read_probe_close(bench_read_probe *p);
-/* Register peak of vdpbf16ps (GFLOP/s) on `threads` threads (the pool's; NULL pool: the
- * caller's), median of `repeats` runs after a warm-up; 0 without AVX-512 BF16. */
+/* Register peak (GFLOP/s) of the instruction the bf16 GEMMs of large products run on
+ * (bench_bf16_peak_name: vdpbf16ps, or vfmadd231ps where they widen bf16 to f32) on `threads`
+ * threads (the pool's; NULL pool: the caller's), median of `repeats` runs after a warm-up; 0
+ * where neither can run. */
 double bench_bf16_peak_gflops(kt_threadpool *pool, int threads, int repeats);
+const char *bench_bf16_peak_name(void);
 
 #endif

@@ -1,0 +1,471 @@
+/* bf16 GEMMs on the f32 FMA units (see bf16_widen.h for why and for the summation order).
+ *
+ * One register tile serves the three products: up to 12 rows x 32 columns of f32 sums; per
+ * step of the reduction two zmm of a packed panel [step][32] (in L1) and one broadcast per
+ * row, 24 FMAs. The broadcast operand is either rows of a widened chunk ([row][WK], NN and
+ * NT: element (i, k) at i * WK + k) or a packed panel ([step][12], TN: at k * 12 + i); both
+ * strides are compile-time constants, so every address in the loop is a displacement. */
+#include <string.h>
+
+#include "core/cpu_internal.h"
+#include "moe/bf16_widen.h"
+#include "moe/lane_mask.h"
+
+#define WR 12       /* rows of a tile */
+#define WC 32       /* columns of a tile and of a panel */
+#define WK 128      /* reduction chunk of NN and NT: a panel [WK][32] f32 is 16 KiB */
+#define WM 128      /* rows of g / x widened at once (NN, NT): [WM][WK] f32 is 64 KiB */
+#define NN_PANELS 4 /* NN packs 4 panels (128 columns: 256 bytes of each weight row) at once */
+
+int kt__bf16w_available(void) { return kt__cpu_has_avx512(); }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define W_TARGET __attribute__((target("avx512f,avx512bw")))
+#define W_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw")))
+
+/* ---- the tile ------------------------------------------------------------------------------ */
+
+/* How a tile starts and ends. */
+typedef struct tile_io {
+    int load;         /* start from c's values (a later chunk, or accumulate) instead of zero */
+    int finish;       /* TN's end: c = (add ? c : 0) + scale * sums */
+    int add;          /* with finish */
+    int stream;       /* with finish and not add: store whole aligned rows past the caches */
+    float scale;      /* with finish */
+    const float *src; /* with load: start from src (row stride ldsrc) instead of c */
+    int64_t ldsrc;
+} tile_io;
+
+/* c[i, 0:ncols] for i < MR (MR a constant where inlined), sums over kc steps of
+ * a(i, k) * b[k][0:32]. */
+W_INLINE void tile_run(const int MR, const int AROW, const int AK, const float *a, const float *b,
+                       int64_t kc, float *c, int64_t ldc, int64_t ncols, const tile_io *io)
+{
+    const __mmask16 m0 = kt__lanes16(ncols), m1 = kt__lanes16(ncols - 16);
+    __m512 acc[WR][2];
+    const float *cin = io->src != NULL ? io->src : c;
+    const int64_t ldin = io->src != NULL ? io->ldsrc : ldc;
+    for (int i = 0; i < MR; i++) {
+        if (io->load) {
+            acc[i][0] = _mm512_maskz_loadu_ps(m0, cin + i * ldin);
+            acc[i][1] = _mm512_maskz_loadu_ps(m1, cin + i * ldin + 16);
+        } else {
+            acc[i][0] = _mm512_setzero_ps();
+            acc[i][1] = _mm512_setzero_ps();
+        }
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        const __m512 b0 = _mm512_load_ps(b + k * WC), b1 = _mm512_load_ps(b + k * WC + 16);
+#pragma GCC unroll 12
+        for (int i = 0; i < MR; i++) {
+            const __m512 ai = _mm512_set1_ps(a[i * AROW + k * AK]);
+            acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+        }
+    }
+    if (!io->finish) {
+        for (int i = 0; i < MR; i++) {
+            _mm512_mask_storeu_ps(c + i * ldc, m0, acc[i][0]);
+            _mm512_mask_storeu_ps(c + i * ldc + 16, m1, acc[i][1]);
+        }
+        return;
+    }
+    /* round-mode forms: a plain multiply then add could be contracted into one FMA, which
+     * rounds once where the reference rounds twice */
+    const __m512 s = _mm512_set1_ps(io->scale);
+    const int stream = io->stream && ncols == WC && ((uintptr_t)c & 63) == 0 && (ldc & 15) == 0;
+    for (int i = 0; i < MR; i++) {
+        for (int h = 0; h < 2; h++) {
+            const __mmask16 mk = h ? m1 : m0;
+            float *ci = c + i * ldc + 16 * h;
+            __m512 v = _mm512_mul_round_ps(acc[i][h], s, _MM_FROUND_CUR_DIRECTION);
+            if (io->add)
+                v = _mm512_add_round_ps(_mm512_maskz_loadu_ps(mk, ci), v, _MM_FROUND_CUR_DIRECTION);
+            if (stream)
+                _mm512_stream_ps(ci, v);
+            else
+                _mm512_mask_storeu_ps(ci, mk, v);
+        }
+    }
+}
+
+#define TILE_CASE(MR)                                                                              \
+    case MR:                                                                                       \
+        if (packed)                                                                                \
+            tile_run(MR, 1, WR, a, b, kc, c, ldc, ncols, io);                                      \
+        else                                                                                       \
+            tile_run(MR, WK, 1, a, b, kc, c, ldc, ncols, io);                                      \
+        break;
+
+/* A tile of mr rows (1..12): the switch makes each height a constant, so the 24 accumulators
+ * stay in registers. packed: a is [kc][12] (TN), else rows [mr][WK]. */
+W_TARGET static void tile(int mr, int packed, const float *a, const float *b, int64_t kc, float *c,
+                          int64_t ldc, int64_t ncols, const tile_io *io)
+{
+    switch (mr) {
+        TILE_CASE(1)
+        TILE_CASE(2)
+        TILE_CASE(3)
+        TILE_CASE(4)
+        TILE_CASE(5)
+        TILE_CASE(6)
+        TILE_CASE(7)
+        TILE_CASE(8)
+        TILE_CASE(9)
+        TILE_CASE(10)
+        TILE_CASE(11)
+        TILE_CASE(12)
+    default:
+        break;
+    }
+}
+
+/* Rows [0, rows) cut into tiles of as equal heights as possible (at most 12): tile t starts
+ * at tile_start(t) and has tile_height(t) rows. */
+typedef struct tiling {
+    int64_t n, base, extra;
+} tiling;
+
+static tiling tiles_of(int64_t rows)
+{
+    tiling t;
+    t.n = (rows + WR - 1) / WR;
+    t.base = t.n ? rows / t.n : 0;
+    t.extra = t.n ? rows % t.n : 0;
+    return t;
+}
+
+static int64_t tile_start(const tiling *t, int64_t i)
+{
+    return i * t->base + (i < t->extra ? i : t->extra);
+}
+
+static int tile_height(const tiling *t, int64_t i) { return (int)(t->base + (i < t->extra)); }
+
+/* ---- widening ------------------------------------------------------------------------------ */
+
+/* 16 bf16 values (the first n; the rest zeros) as f32. */
+W_INLINE __m512 widen16(const uint16_t *p, int64_t n)
+{
+    const __m256i v = _mm512_castsi512_si256(_mm512_maskz_loadu_epi16(kt__lanes16(n), p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+
+/* dst[0:n] = src[0:n] as f32, then zeros up to `width` (a multiple of 16). */
+W_INLINE void widen_row(float *dst, const uint16_t *src, int64_t n, int64_t width)
+{
+    for (int64_t j = 0; j < width; j += 16)
+        _mm512_storeu_ps(dst + j, widen16(src + j, n - j));
+}
+
+/* rows x kc of a bf16 matrix (row stride ld) into f32 rows of stride WK. */
+W_TARGET static void widen_rows(float *dst, const uint16_t *src, int64_t ld, int64_t rows,
+                                int64_t kc)
+{
+    for (int64_t r = 0; r < rows; r++)
+        widen_row(dst + r * WK, src + r * ld, kc, (kc + 15) & ~(int64_t)15);
+}
+
+/* Fetches the lines of [p, p + bytes) into L2 (rows read again later in the call). */
+W_INLINE void fetch_l2(const void *p, int64_t bytes)
+{
+    for (int64_t o = 0; o < bytes; o += 64)
+        _mm_prefetch((const char *)p + o, _MM_HINT_T1);
+}
+
+/* 16 x 16 f32 transpose in registers: r[i] lane j -> r[j] lane i. */
+W_INLINE void transpose16(__m512 r[16])
+{
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        const __m512d a0 = _mm512_castps_pd(t[4 * i]), a1 = _mm512_castps_pd(t[4 * i + 1]);
+        const __m512d b0 = _mm512_castps_pd(t[4 * i + 2]), b1 = _mm512_castps_pd(t[4 * i + 3]);
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, b0));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, b0));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, b1));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, b1));
+    }
+    /* r[4i + j] now holds, in each 128-bit lane q, rows 4i..4i+3 of column 4q + j */
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) {
+            const __m512 a = r[8 * i + j], b = r[8 * i + 4 + j];
+            t[8 * i + j] = _mm512_shuffle_f32x4(a, b, 0x88);     /* lanes q = 0, 2 */
+            t[8 * i + 4 + j] = _mm512_shuffle_f32x4(a, b, 0xDD); /* lanes q = 1, 3 */
+        }
+    for (int j = 0; j < 4; j++)
+        for (int h = 0; h < 2; h++) {
+            const __m512 a = t[4 * h + j], b = t[8 + 4 * h + j];
+            r[4 * (2 * 0 + h) + j] = _mm512_shuffle_f32x4(a, b, 0x88);
+            r[4 * (2 * 1 + h) + j] = _mm512_shuffle_f32x4(a, b, 0xDD);
+        }
+}
+
+/* NT's panel: p[k][j] = w[j, k] for j < nrows (zeros above, up to 32), k < kc. */
+W_TARGET static void pack_transposed(float *p, const uint16_t *w, int64_t ldw, int64_t nrows,
+                                     int64_t kc)
+{
+    for (int64_t j0 = 0; j0 < WC; j0 += 16)
+        for (int64_t k0 = 0; k0 < kc; k0 += 16) {
+            __m512 r[16];
+            for (int64_t j = 0; j < 16; j++)
+                r[j] = j0 + j < nrows ? widen16(w + (j0 + j) * ldw + k0, kc - k0)
+                                      : _mm512_setzero_ps();
+            transpose16(r);
+            const int64_t kn = kc - k0 < 16 ? kc - k0 : 16;
+            for (int64_t k = 0; k < kn; k++)
+                _mm512_store_ps(p + (k0 + k) * WC + j0, r[k]);
+        }
+}
+
+/* NN's and TN's panel: p[r][0:32] = rows r < nrows of src from column 0, ncols wide (zeros
+ * past ncols). */
+W_TARGET static void pack_rows(float *p, const uint16_t *src, int64_t ld, int64_t nrows,
+                               int64_t ncols)
+{
+    for (int64_t r = 0; r < nrows; r++)
+        widen_row(p + r * WC, src + r * ld, ncols, WC);
+}
+
+/* The FTZ and DAZ bits on for a kernel's duration (restored after). */
+W_INLINE unsigned flush_denormals(void)
+{
+    const unsigned old = _mm_getcsr();
+    _mm_setcsr(old | 0x8040);
+    return old;
+}
+
+/* ---- NT ------------------------------------------------------------------------------------ */
+
+W_TARGET void kt__bf16w_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
+                           int64_t ldx, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
+                           int accumulate)
+{
+    if (M <= 0 || n1 <= n0)
+        return;
+    const unsigned csr = flush_denormals();
+    float xf[WM * WK] __attribute__((aligned(64)));
+    float panel[WK * WC] __attribute__((aligned(64)));
+    for (int64_t m0 = 0; m0 < M; m0 += WM) {
+        const int64_t mc = M - m0 < WM ? M - m0 : WM;
+        const tiling tl = tiles_of(mc);
+        if (K == 0 && !accumulate)
+            for (int64_t m = m0; m < m0 + mc; m++)
+                memset(y + m * ldy + n0, 0, (size_t)(n1 - n0) * sizeof(float));
+        for (int64_t k0 = 0; k0 < K; k0 += WK) {
+            const int64_t kc = K - k0 < WK ? K - k0 : WK;
+            widen_rows(xf, x + m0 * ldx + k0, ldx, mc, kc);
+            const tile_io io = {k0 > 0 || accumulate, 0, 0, 0, 1.0f, NULL, 0};
+            for (int64_t nb = n0; nb < n1; nb += WC) {
+                const int64_t nc = n1 - nb < WC ? n1 - nb : WC;
+                pack_transposed(panel, w + nb * ldw + k0, ldw, nc, kc);
+                if (k0 + WK < K) /* these rows' next chunk */
+                    for (int64_t j = 0; j < nc; j++)
+                        fetch_l2(w + (nb + j) * ldw + k0 + WK,
+                                 (K - k0 - WK < WK ? K - k0 - WK : WK) * 2);
+                for (int64_t t = 0; t < tl.n; t++) {
+                    const int64_t r = tile_start(&tl, t);
+                    tile(tile_height(&tl, t), 0, xf + r * WK, panel, kc, y + (m0 + r) * ldy + nb,
+                         ldy, nc, &io);
+                }
+            }
+        }
+    }
+    _mm_setcsr(csr);
+}
+
+/* ---- NN ------------------------------------------------------------------------------------ */
+
+W_TARGET void kt__bf16w_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g0,
+                           const uint16_t *w0, const uint16_t *g1, const uint16_t *w1, int64_t ldg,
+                           int64_t ldw, float *y, int64_t ldy, int accumulate)
+{
+    if (M <= 0 || k1 <= k0)
+        return;
+    const unsigned csr = flush_denormals();
+    float gf[WM * WK] __attribute__((aligned(64)));
+    float panels[NN_PANELS * WK * WC] __attribute__((aligned(64)));
+    const uint16_t *gs[2] = {g0, g1}, *ws[2] = {w0, w1};
+    const int nsrc = g1 != NULL ? 2 : 1;
+    const int64_t group = NN_PANELS * WC;
+    for (int64_t m0 = 0; m0 < M; m0 += WM) {
+        const int64_t mc = M - m0 < WM ? M - m0 : WM;
+        const tiling tl = tiles_of(mc);
+        int started = accumulate;
+        if (N == 0 && !accumulate)
+            for (int64_t m = m0; m < m0 + mc; m++)
+                memset(y + m * ldy + k0, 0, (size_t)(k1 - k0) * sizeof(float));
+        for (int s = 0; s < nsrc; s++)
+            for (int64_t r0 = 0; r0 < N; r0 += WK) {
+                const int64_t kc = N - r0 < WK ? N - r0 : WK;
+                widen_rows(gf, gs[s] + m0 * ldg + r0, ldg, mc, kc);
+                const tile_io io = {started, 0, 0, 0, 1.0f, NULL, 0};
+                const uint16_t *wr = ws[s] + r0 * ldw;
+                for (int64_t c0 = k0; c0 < k1; c0 += group) {
+                    const int64_t gc = k1 - c0 < group ? k1 - c0 : group;
+                    const int np = (int)((gc + WC - 1) / WC);
+                    for (int p = 0; p < np; p++)
+                        pack_rows(panels + p * WK * WC, wr + c0 + p * WC, ldw, kc,
+                                  gc - p * WC < WC ? gc - p * WC : WC);
+                    if (c0 + group < k1) /* the next group's lines of these rows */
+                        for (int64_t r = 0; r < kc; r++)
+                            fetch_l2(wr + r * ldw + c0 + group,
+                                     (k1 - c0 - group < group ? k1 - c0 - group : group) * 2);
+                    for (int p = 0; p < np; p++) {
+                        const int64_t nc = gc - p * WC < WC ? gc - p * WC : WC;
+                        for (int64_t t = 0; t < tl.n; t++) {
+                            const int64_t r = tile_start(&tl, t);
+                            tile(tile_height(&tl, t), 0, gf + r * WK, panels + p * WK * WC, kc,
+                                 y + (m0 + r) * ldy + c0 + p * WC, ldy, nc, &io);
+                        }
+                    }
+                }
+                started = 1;
+            }
+    }
+    _mm_setcsr(csr);
+}
+
+/* ---- TN ------------------------------------------------------------------------------------ */
+
+/* TN's buffers: x's panel [M][32] and the A panels ([M][12]) of a group of up to TN_GROUP
+ * tiles, TN_APACK_BYTES at most unless one tile's is larger. */
+#define TN_GROUP 16
+#define TN_APACK_BYTES (96 * 1024)
+
+static int64_t tn_group(int64_t M)
+{
+    if (M <= 0)
+        return TN_GROUP;
+    const int64_t g = TN_APACK_BYTES / (M * WR * 4);
+    return g < 1 ? 1 : g > TN_GROUP ? TN_GROUP : g;
+}
+
+size_t kt__bf16w_tn_work_bytes(int64_t M)
+{
+    if (M <= KT__BF16W_TN_STACK_ROWS)
+        return 0;
+    /* tn_group falls with M, but never below 1: the bound for M covers every smaller M above
+     * the stack rows (M * (128 + 48 * group) grows with M once group is 1; below, group * M is
+     * at most TN_APACK_BYTES / 48) */
+    const size_t cap = (size_t)M * WC * 4 + (size_t)TN_APACK_BYTES + (size_t)M * WR * 4 + 64;
+    return (cap + 63) / 64 * 64;
+}
+
+/* A panel of a tile: ap[m][i] = g[m, n + i] for i < nr (zeros up to 12). */
+W_TARGET static void pack_g_columns(float *ap, const uint16_t *g, int64_t ldg, int64_t M,
+                                    int64_t nr)
+{
+    for (int64_t m = 0; m < M; m++) /* lanes from nr on are zeros: widen16 loads nr values */
+        _mm512_mask_storeu_ps(ap + m * WR, 0x0fff, widen16(g + m * ldg, nr));
+}
+
+W_TARGET static void tn_run(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                            int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
+                            float scale, int accumulate, float *xp, float *ap)
+{
+    const int64_t grp = tn_group(M);
+    const tile_io io = {0, 1, accumulate, !accumulate, scale, NULL, 0};
+    for (int64_t nt0 = n0; nt0 < n1; nt0 += grp * WR) {
+        const int64_t gend = nt0 + grp * WR < n1 ? nt0 + grp * WR : n1;
+        const tiling tl = tiles_of(gend - nt0);
+        for (int64_t t = 0; t < tl.n; t++)
+            pack_g_columns(ap + t * M * WR, g + nt0 + tile_start(&tl, t), ldg, M,
+                           tile_height(&tl, t));
+        for (int64_t kb = 0; kb < K; kb += WC) {
+            const int64_t kc = K - kb < WC ? K - kb : WC;
+            pack_rows(xp, x + kb, ldx, M, kc);
+            for (int64_t t = 0; t < tl.n; t++) {
+                const int64_t r = nt0 + tile_start(&tl, t);
+                tile(tile_height(&tl, t), 1, ap + t * M * WR, xp, M, dw + r * lddw + kb, lddw, kc,
+                     &io);
+            }
+        }
+    }
+}
+
+/* Without a work buffer above the stack rows: the same sums, M in chunks of
+ * KT__BF16W_TN_STACK_ROWS rows, each tile's partial sums kept between chunks (slower: g's
+ * columns are packed again for every column block). */
+W_TARGET static void tn_run_chunked(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                                    int64_t ldg, const uint16_t *x, int64_t ldx, float *dw,
+                                    int64_t lddw, float scale, int accumulate)
+{
+    enum { CH = KT__BF16W_TN_STACK_ROWS };
+    float xp[CH * WC] __attribute__((aligned(64)));
+    float ap[CH * WR] __attribute__((aligned(64)));
+    float part[WR * WC] __attribute__((aligned(64)));
+    const tiling tl = tiles_of(n1 - n0);
+    for (int64_t t = 0; t < tl.n; t++) {
+        const int64_t r = n0 + tile_start(&tl, t);
+        const int h = tile_height(&tl, t);
+        for (int64_t kb = 0; kb < K; kb += WC) {
+            const int64_t kc = K - kb < WC ? K - kb : WC;
+            for (int64_t m0 = 0; m0 < M; m0 += CH) {
+                const int64_t mc = M - m0 < CH ? M - m0 : CH;
+                const int last = m0 + mc >= M;
+                pack_g_columns(ap, g + m0 * ldg + r, ldg, mc, h);
+                pack_rows(xp, x + m0 * ldx + kb, ldx, mc, kc);
+                const tile_io io = {m0 > 0, last, accumulate, !accumulate, scale, part, WC};
+                tile(h, 1, ap, xp, mc, last ? dw + r * lddw + kb : part, last ? lddw : WC, kc, &io);
+            }
+        }
+    }
+}
+
+W_TARGET void kt__bf16w_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                           int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
+                           float scale, int accumulate, void *work)
+{
+    if (n1 <= n0 || K <= 0)
+        return;
+    const unsigned csr = flush_denormals();
+    if (M <= KT__BF16W_TN_STACK_ROWS) {
+        unsigned char buf[KT__BF16W_TN_STACK_ROWS * WC * 4 + TN_APACK_BYTES + 64]
+            __attribute__((aligned(64)));
+        float *xp = (float *)buf;
+        tn_run(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate, xp,
+               xp + (M > 0 ? M : 1) * WC);
+    } else if (work != NULL) {
+        float *xp = work;
+        tn_run(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate, xp, xp + M * WC);
+    } else {
+        tn_run_chunked(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
+    }
+    if (!accumulate)
+        _mm_sfence(); /* the streamed rows visible to whichever thread reads them next */
+    _mm_setcsr(csr);
+}
+
+#else /* no x86-64 AVX-512: never chosen (kt__bf16w_available is 0) */
+
+void kt__bf16w_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
+                  const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
+{
+    (void)M, (void)n0, (void)n1, (void)K, (void)x, (void)ldx, (void)w, (void)ldw, (void)y,
+        (void)ldy, (void)accumulate;
+}
+void kt__bf16w_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g0,
+                  const uint16_t *w0, const uint16_t *g1, const uint16_t *w1, int64_t ldg,
+                  int64_t ldw, float *y, int64_t ldy, int accumulate)
+{
+    (void)M, (void)N, (void)k0, (void)k1, (void)g0, (void)w0, (void)g1, (void)w1, (void)ldg,
+        (void)ldw, (void)y, (void)ldy, (void)accumulate;
+}
+void kt__bf16w_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g, int64_t ldg,
+                  const uint16_t *x, int64_t ldx, float *dw, int64_t lddw, float scale,
+                  int accumulate, void *work)
+{
+    (void)M, (void)n0, (void)n1, (void)K, (void)g, (void)ldg, (void)x, (void)ldx, (void)dw,
+        (void)lddw, (void)scale, (void)accumulate, (void)work;
+}
+size_t kt__bf16w_tn_work_bytes(int64_t M)
+{
+    (void)M;
+    return 0;
+}
+#endif
