@@ -174,6 +174,26 @@ W_INLINE void fetch_l2(const void *p, int64_t bytes)
         _mm_prefetch((const char *)p + o, _MM_HINT_T1);
 }
 
+/* The lines a later pack reads (rows of `bytes` from base, ld elements apart), fetched into L2
+ * a few rows after each tile: a burst of hundreds of fetches waits on the miss buffers. */
+typedef struct spread_fetch {
+    const uint16_t *base;
+    int64_t ld, rows, bytes, next, per_step;
+} spread_fetch;
+
+static void spread_init(spread_fetch *f, const uint16_t *base, int64_t ld, int64_t rows,
+                        int64_t bytes, int64_t steps)
+{
+    f->base = base, f->ld = ld, f->rows = base != NULL ? rows : 0, f->bytes = bytes, f->next = 0;
+    f->per_step = steps > 0 ? (f->rows + steps - 1) / steps : f->rows;
+}
+
+W_INLINE void spread_step(spread_fetch *f)
+{
+    for (int64_t i = 0; i < f->per_step && f->next < f->rows; i++, f->next++)
+        fetch_l2(f->base + f->next * f->ld, f->bytes);
+}
+
 /* 16 x 16 f32 transpose in registers: r[i] lane j -> r[j] lane i. */
 W_INLINE void transpose16(__m512 r[16])
 {
@@ -311,16 +331,27 @@ W_TARGET void kt__bf16w_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const u
                     for (int p = 0; p < np; p++)
                         pack_rows(panels + p * WK * WC, wr + c0 + p * WC, ldw, kc,
                                   gc - p * WC < WC ? gc - p * WC : WC);
-                    if (c0 + group < k1) /* the next group's lines of these rows */
-                        for (int64_t r = 0; r < kc; r++)
-                            fetch_l2(wr + r * ldw + c0 + group,
-                                     (k1 - c0 - group < group ? k1 - c0 - group : group) * 2);
+                    /* what the next pack reads: this chunk's next group, else the next
+                     * chunk's (or source's) first */
+                    spread_fetch f;
+                    if (c0 + group < k1)
+                        spread_init(&f, wr + c0 + group, ldw, kc,
+                                    (k1 - c0 - group < group ? k1 - c0 - group : group) * 2,
+                                    np * tl.n);
+                    else if (r0 + WK < N || s + 1 < nsrc)
+                        spread_init(&f, r0 + WK < N ? wr + WK * ldw + k0 : ws[s + 1] + k0, ldw,
+                                    r0 + WK < N ? (N - r0 - WK < WK ? N - r0 - WK : WK)
+                                                : (N < WK ? N : WK),
+                                    (k1 - k0 < group ? k1 - k0 : group) * 2, np * tl.n);
+                    else
+                        spread_init(&f, NULL, 0, 0, 0, 1);
                     for (int p = 0; p < np; p++) {
                         const int64_t nc = gc - p * WC < WC ? gc - p * WC : WC;
                         for (int64_t t = 0; t < tl.n; t++) {
                             const int64_t r = tile_start(&tl, t);
                             tile(tile_height(&tl, t), 0, gf + r * WK, panels + p * WK * WC, kc,
                                  y + (m0 + r) * ldy + c0 + p * WC, ldy, nc, &io);
+                            spread_step(&f);
                         }
                     }
                 }
