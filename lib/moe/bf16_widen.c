@@ -283,14 +283,14 @@ W_TARGET void kt__bf16w_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const u
             for (int64_t nb = n0; nb < n1; nb += WC) {
                 const int64_t nc = n1 - nb < WC ? n1 - nb : WC;
                 pack_transposed(panel, w + nb * ldw + k0, ldw, nc, kc);
-                if (k0 + WK < K) /* these rows' next chunk */
-                    for (int64_t j = 0; j < nc; j++)
-                        fetch_l2(w + (nb + j) * ldw + k0 + WK,
-                                 (K - k0 - WK < WK ? K - k0 - WK : WK) * 2);
+                spread_fetch f; /* these rows' next chunk, a few rows after each tile */
+                spread_init(&f, k0 + WK < K ? w + nb * ldw + k0 + WK : NULL, ldw, nc,
+                            (K - k0 - WK < WK ? K - k0 - WK : WK) * 2, tl.n);
                 for (int64_t t = 0; t < tl.n; t++) {
                     const int64_t r = tile_start(&tl, t);
                     tile(tile_height(&tl, t), 0, xf + r * WK, panel, kc, y + (m0 + r) * ldy + nb,
                          ldy, nc, &io);
+                    spread_step(&f);
                 }
             }
         }
