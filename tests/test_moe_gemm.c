@@ -35,7 +35,7 @@ static int ref_bits(int64_t M, int kind, int accumulate)
     const char *path = kt__bf16_gemm_path(M);
     if (strcmp(path, "scalar") == 0)
         return 1;
-    return strcmp(path, "fma") == 0 && (!accumulate || kind == 2 /* TN */);
+    return strcmp(path, "fma") == 0 && (!accumulate || kind == TN);
 }
 
 /* One problem. Operands a [ar, lda], b [br, ldb], output c [cr, ldc] (c0 its initial value):

@@ -1601,18 +1601,20 @@ static int use_amx(int64_t M) { return M >= AMX_MIN_M && kt__amx_usable(); }
  * vdpbf16ps kernels, which only stream the weights there, where the CPU has AVX-512 BF16. */
 #define WIDEN_MIN_M 16
 
+#ifdef BF_HAVE_AVX512
 static int use_widen(int64_t M)
 {
     return kt__cpu_bf16_on_fma() && (M >= WIDEN_MIN_M || !kt__cpu_has_avx512_bf16());
 }
+#endif
 
 const char *kt__bf16_gemm_path(int64_t M)
 {
     if (use_amx(M))
         return "amx";
+#ifdef BF_HAVE_AVX512
     if (use_widen(M))
         return "fma";
-#ifdef BF_HAVE_AVX512
     if (use_avx512())
         return "avx512_bf16";
 #endif
@@ -1629,11 +1631,11 @@ void kt__bf16_gemm_nt_next(int64_t M, int64_t n0, int64_t n1, int64_t K, const u
         kt__amx_gemm_nt(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
         return;
     }
+#ifdef BF_HAVE_AVX512
     if (use_widen(M)) {
         kt__bf16w_nt(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
         return;
     }
-#ifdef BF_HAVE_AVX512
     if (use_avx512()) {
         nt_avx512(M, n0, n1, K, x, ldx, w, ldw, next ? next : w + n1 * ldw, y, ldy, accumulate);
         return;
@@ -1658,11 +1660,11 @@ void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16
         kt__amx_gemm_nn(M, N, k0, k1, g, ldg, w, ldw, y, ldy, accumulate);
         return;
     }
+#ifdef BF_HAVE_AVX512
     if (use_widen(M)) {
         kt__bf16w_nn(M, N, k0, k1, g, w, NULL, NULL, ldg, ldw, y, ldy, accumulate);
         return;
     }
-#ifdef BF_HAVE_AVX512
     if (use_avx512()) {
         const nn_src src = {g, w};
         nn_avx512(M, N, k0, k1, &src, 1, ldg, ldw, y, ldy, accumulate ? OUT_ADD : OUT_STORE);
@@ -1676,11 +1678,11 @@ void kt__bf16_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint1
                        const uint16_t *w0, const uint16_t *g1, const uint16_t *w1, int64_t ldg,
                        int64_t ldw, float *y, int64_t ldy, int stream)
 {
+#ifdef BF_HAVE_AVX512
     if (M > 0 && !use_amx(M) && use_widen(M)) {
         kt__bf16w_nn(M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, 0);
         return;
     }
-#ifdef BF_HAVE_AVX512
     if (M > 0 && !use_amx(M) && use_avx512()) {
         const nn_src src[2] = {{g0, w0}, {g1, w1}};
         /* scaling by 1 is exact: the stored bits are those of a plain store */
@@ -1722,11 +1724,11 @@ void kt__bf16_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
         kt__amx_gemm_tn(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
         return;
     }
+#ifdef BF_HAVE_AVX512
     if (use_widen(M)) {
         kt__bf16w_tn(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate, work);
         return;
     }
-#ifdef BF_HAVE_AVX512
     if (use_avx512()) {
         tn_avx512(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate, work);
         if (!accumulate)

@@ -7,7 +7,6 @@
  * strides are compile-time constants, so every address in the loop is a displacement. */
 #include <string.h>
 
-#include "core/cpu_internal.h"
 #include "moe/bf16_widen.h"
 #include "moe/lane_mask.h"
 
@@ -17,9 +16,7 @@
 #define WM 128      /* rows of g / x widened at once (NN, NT): [WM][WK] f32 is 64 KiB */
 #define NN_PANELS 4 /* NN packs 4 panels (128 columns: 256 bytes of each weight row) at once */
 
-int kt__bf16w_available(void) { return kt__cpu_has_avx512(); }
-
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__GNUC__) /* as bf16_gemm.c's BF_HAVE_AVX512 */
 #include <immintrin.h>
 #define W_TARGET __attribute__((target("avx512f,avx512bw")))
 #define W_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw")))
@@ -30,8 +27,8 @@ int kt__bf16w_available(void) { return kt__cpu_has_avx512(); }
 typedef struct tile_io {
     int load;         /* start from c's values (a later chunk, or accumulate) instead of zero */
     int finish;       /* TN's end: c = (add ? c : 0) + scale * sums */
-    int add;          /* with finish */
-    int stream;       /* with finish and not add: store whole aligned rows past the caches */
+    int add;          /* with finish; without add, whole aligned rows are stored past the
+                       * caches (TN's first micro-batch: gigabytes read next by the optimizer) */
     float scale;      /* with finish */
     const float *src; /* with load: start from src (row stride ldsrc) instead of c */
     int64_t ldsrc;
@@ -74,7 +71,7 @@ W_INLINE void tile_run(const int MR, const int AROW, const int AK, const float *
     /* round-mode forms: a plain multiply then add could be contracted into one FMA, which
      * rounds once where the reference rounds twice */
     const __m512 s = _mm512_set1_ps(io->scale);
-    const int stream = io->stream && ncols == WC && ((uintptr_t)c & 63) == 0 && (ldc & 15) == 0;
+    const int stream = !io->add && ncols == WC && ((uintptr_t)c & 63) == 0 && (ldc & 15) == 0;
     for (int i = 0; i < MR; i++) {
         for (int h = 0; h < 2; h++) {
             const __mmask16 mk = h ? m1 : m0;
@@ -279,7 +276,7 @@ W_TARGET void kt__bf16w_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const u
         for (int64_t k0 = 0; k0 < K; k0 += WK) {
             const int64_t kc = K - k0 < WK ? K - k0 : WK;
             widen_rows(xf, x + m0 * ldx + k0, ldx, mc, kc);
-            const tile_io io = {k0 > 0 || accumulate, 0, 0, 0, 1.0f, NULL, 0};
+            const tile_io io = {k0 > 0 || accumulate, 0, 0, 1.0f, NULL, 0};
             for (int64_t nb = n0; nb < n1; nb += WC) {
                 const int64_t nc = n1 - nb < WC ? n1 - nb : WC;
                 pack_transposed(panel, w + nb * ldw + k0, ldw, nc, kc);
@@ -323,7 +320,7 @@ W_TARGET void kt__bf16w_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const u
             for (int64_t r0 = 0; r0 < N; r0 += WK) {
                 const int64_t kc = N - r0 < WK ? N - r0 : WK;
                 widen_rows(gf, gs[s] + m0 * ldg + r0, ldg, mc, kc);
-                const tile_io io = {started, 0, 0, 0, 1.0f, NULL, 0};
+                const tile_io io = {started, 0, 0, 1.0f, NULL, 0};
                 const uint16_t *wr = ws[s] + r0 * ldw;
                 for (int64_t c0 = k0; c0 < k1; c0 += group) {
                     const int64_t gc = k1 - c0 < group ? k1 - c0 : group;
@@ -331,20 +328,22 @@ W_TARGET void kt__bf16w_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const u
                     for (int p = 0; p < np; p++)
                         pack_rows(panels + p * WK * WC, wr + c0 + p * WC, ldw, kc,
                                   gc - p * WC < WC ? gc - p * WC : WC);
-                    /* what the next pack reads: this chunk's next group, else the next
-                     * chunk's (or source's) first */
+                    /* what the next pack reads: this chunk's next group of columns, else
+                     * the first group of the next chunk of rows (or of the next source) */
+                    const uint16_t *next = NULL;
+                    int64_t next_rows = 0, next_c0 = c0 + group;
+                    if (next_c0 < k1) {
+                        next = wr, next_rows = kc;
+                    } else if (r0 + WK < N || s + 1 < nsrc) {
+                        const int64_t nr0 = r0 + WK < N ? r0 + WK : 0;
+                        next = (r0 + WK < N ? ws[s] : ws[s + 1]) + nr0 * ldw;
+                        next_rows = N - nr0 < WK ? N - nr0 : WK;
+                        next_c0 = k0;
+                    }
+                    const int64_t next_cols = k1 - next_c0 < group ? k1 - next_c0 : group;
                     spread_fetch f;
-                    if (c0 + group < k1)
-                        spread_init(&f, wr + c0 + group, ldw, kc,
-                                    (k1 - c0 - group < group ? k1 - c0 - group : group) * 2,
-                                    np * tl.n);
-                    else if (r0 + WK < N || s + 1 < nsrc)
-                        spread_init(&f, r0 + WK < N ? wr + WK * ldw + k0 : ws[s + 1] + k0, ldw,
-                                    r0 + WK < N ? (N - r0 - WK < WK ? N - r0 - WK : WK)
-                                                : (N < WK ? N : WK),
-                                    (k1 - k0 < group ? k1 - k0 : group) * 2, np * tl.n);
-                    else
-                        spread_init(&f, NULL, 0, 0, 0, 1);
+                    spread_init(&f, next != NULL ? next + next_c0 : NULL, ldw, next_rows,
+                                next_cols * 2, np * tl.n);
                     for (int p = 0; p < np; p++) {
                         const int64_t nc = gc - p * WC < WC ? gc - p * WC : WC;
                         for (int64_t t = 0; t < tl.n; t++) {
@@ -400,7 +399,7 @@ W_TARGET static void tn_run(int64_t M, int64_t n0, int64_t n1, int64_t K, const 
                             float scale, int accumulate, float *xp, float *ap)
 {
     const int64_t grp = tn_group(M);
-    const tile_io io = {0, 1, accumulate, !accumulate, scale, NULL, 0};
+    const tile_io io = {0, 1, accumulate, scale, NULL, 0};
     for (int64_t nt0 = n0; nt0 < n1; nt0 += grp * WR) {
         const int64_t gend = nt0 + grp * WR < n1 ? nt0 + grp * WR : n1;
         const tiling tl = tiles_of(gend - nt0);
@@ -441,7 +440,7 @@ W_TARGET static void tn_run_chunked(int64_t M, int64_t n0, int64_t n1, int64_t K
                 const int last = m0 + mc >= M;
                 pack_g_columns(ap, g + m0 * ldg + r, ldg, mc, h);
                 pack_rows(xp, x + m0 * ldx + kb, ldx, mc, kc);
-                const tile_io io = {m0 > 0, last, accumulate, !accumulate, scale, part, WC};
+                const tile_io io = {m0 > 0, last, accumulate, scale, part, WC};
                 tile(h, 1, ap, xp, mc, last ? dw + r * lddw + kb : part, last ? lddw : WC, kc, &io);
             }
         }
@@ -472,31 +471,4 @@ W_TARGET void kt__bf16w_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const u
     _mm_setcsr(csr);
 }
 
-#else /* no x86-64 AVX-512: never chosen (kt__bf16w_available is 0) */
-
-void kt__bf16w_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
-                  const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
-{
-    (void)M, (void)n0, (void)n1, (void)K, (void)x, (void)ldx, (void)w, (void)ldw, (void)y,
-        (void)ldy, (void)accumulate;
-}
-void kt__bf16w_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g0,
-                  const uint16_t *w0, const uint16_t *g1, const uint16_t *w1, int64_t ldg,
-                  int64_t ldw, float *y, int64_t ldy, int accumulate)
-{
-    (void)M, (void)N, (void)k0, (void)k1, (void)g0, (void)w0, (void)g1, (void)w1, (void)ldg,
-        (void)ldw, (void)y, (void)ldy, (void)accumulate;
-}
-void kt__bf16w_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g, int64_t ldg,
-                  const uint16_t *x, int64_t ldx, float *dw, int64_t lddw, float scale,
-                  int accumulate, void *work)
-{
-    (void)M, (void)n0, (void)n1, (void)K, (void)g, (void)ldg, (void)x, (void)ldx, (void)dw,
-        (void)lddw, (void)scale, (void)accumulate, (void)work;
-}
-size_t kt__bf16w_tn_work_bytes(int64_t M)
-{
-    (void)M;
-    return 0;
-}
 #endif

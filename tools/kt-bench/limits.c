@@ -182,7 +182,7 @@ static void peak_part(void *ctx, int64_t begin, int64_t end, int thread)
 {
     (void)thread;
 #ifdef LIMITS_HAVE_PEAK
-    const int fma = ctx != NULL;
+    const int fma = *(const int *)ctx; /* time the FMA loop, else vdpbf16ps's */
     float seed[18];
     for (int i = 0; i < 18; i++)
         seed[i] = 1e-6f * (float)(i + 1);
@@ -196,17 +196,16 @@ static void peak_part(void *ctx, int64_t begin, int64_t end, int thread)
 
 double bench_bf16_peak_gflops(kt_threadpool *pool, int threads, int repeats)
 {
-    static int fma_flag;
-    void *fma = peak_on_fma() ? &fma_flag : NULL; /* peak_part's ctx: non-NULL for the FMAs */
-    if (fma == NULL && !kt_cpu_get_features()->avx512_bf16)
+    int fma = peak_on_fma();
+    if (!fma && !kt_cpu_get_features()->avx512_bf16)
         return 0.0;
     double t[64];
     if (repeats > 64)
         repeats = 64;
-    peak_part(fma, 0, 1, 0); /* warm-up (clock ramp) */
+    peak_part(&fma, 0, 1, 0); /* warm-up (clock ramp) */
     for (int r = 0; r < repeats; r++) {
         const double t0 = bench_now_s();
-        kt_parallel_for(pool, threads, 1, peak_part, fma);
+        kt_parallel_for(pool, threads, 1, peak_part, &fma);
         t[r] = bench_now_s() - t0;
     }
     const double flops = (double)threads * PEAK_ITERS * 16.0 * (fma ? 32.0 : 64.0);
