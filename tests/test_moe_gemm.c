@@ -28,7 +28,7 @@ static const char *kind_name[3] = {"nt", "nn", "tn"};
 static int vector_path(void) { return kt__cpu_has_avx512() && kt__cpu_has_avx512_bf16(); }
 
 /* Whether a product of M rows gives the scalar reference's bits: the portable path is the
- * reference itself, and the FMA path (bf16_widen.h) sums in its order, but for NT and NN adds
+ * reference itself, and the FMA path (fma_gemm.h) sums in its order, but for NT and NN adds
  * to y's value product by product where the reference adds the sum. */
 static int ref_bits(int64_t M, int kind, int accumulate)
 {

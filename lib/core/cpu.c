@@ -18,6 +18,7 @@
 #endif
 
 static kt_cpu_features features;
+static int f32_on_blas;
 static char description[160];
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 
@@ -44,12 +45,14 @@ static void detect(void)
      * (and compared with the vector ones) on a machine that has them; KT_CPU=noamx hides AMX
      * alone, so the AVX-512 kernels can be measured against the tiles on one machine;
      * KT_CPU=dpbf16 and KT_CPU=widen choose the bf16 GEMMs' AVX-512 path against the vendor
-     * rule below (to test and time both on one machine). */
+     * rule below (to test and time both on one machine); KT_CPU=blas sends the MoE layer's
+     * f32 GEMMs to kt__sgemm (OpenBLAS) instead of its own kernels (to compare the two). */
     const char *forced = getenv("KT_CPU");
     int portable = forced != NULL && strcmp(forced, "portable") == 0;
     int noamx = forced != NULL && strcmp(forced, "noamx") == 0;
     int dpbf16 = forced != NULL && strcmp(forced, "dpbf16") == 0;
     int widen = forced != NULL && strcmp(forced, "widen") == 0;
+    f32_on_blas = forced != NULL && strcmp(forced, "blas") == 0;
 #if defined(__x86_64__)
     if (!portable) {
     unsigned a, b, c, d;
@@ -81,7 +84,7 @@ static void detect(void)
             features.amx_tile = features.amx_bf16 = 0;
         if (features.amx_tile && tile_ok)
             features.amx_usable = request_amx_permission();
-        /* Where the FMA units multiply bf16 faster (lib/moe/bf16_widen.h): an Emerald Rapids
+        /* Where the FMA units multiply bf16 faster (lib/moe/fma_gemm.h): an Emerald Rapids
          * core issues 1.34 G vdpbf16ps/s against 5.4 G FMA/s (measured), 32 bf16 products a
          * cycle against 64 widened; other Intel cores with AVX-512 BF16 are assumed alike.
          * AMD Zen 4 and 5 keep vdpbf16ps. */
@@ -145,3 +148,9 @@ int kt__cpu_has_f16c(void)
 }
 
 int kt__cpu_bf16_on_fma(void) { return kt_cpu_get_features()->bf16_on_fma; }
+
+int kt__cpu_f32_on_blas(void)
+{
+    pthread_once(&detect_once, detect);
+    return f32_on_blas;
+}

@@ -80,12 +80,12 @@ static void gw_part(void *vctx, int64_t t0, int64_t t1, int thread)
 }
 
 /* ga (the down projection's input gradient) is read back by the SiLU derivative a step of
- * columns at a time. With bf16 weights and few enough threads, ga never leaves its step: each
+ * columns at a time. In tiled layers with few enough threads, ga never leaves its step: each
  * thread has one block of rows x step columns (the step's width as row stride), at most
  * GA_BLOCK_FLOATS, that stays in L2, instead of an [N, I] array whose lines would be fetched
- * from memory only to be overwritten, then written back, then read once (with f32 weights
- * sgemm computes all of ga first, and with many threads the blocks would outgrow the array,
- * so those keep it). Steps are GA_SUB_COLS wide, or under GA_SMALL_M rows a task's columns
+ * from memory only to be overwritten, then written back, then read once (f32 through
+ * kt__sgemm computes all of ga first, and with many threads the blocks would outgrow the
+ * array, so those keep it). Steps are GA_SUB_COLS wide, or under GA_SMALL_M rows a task's columns
  * in one step. */
 #define GA_SUB_COLS 128
 #define GA_SMALL_M 12
@@ -125,12 +125,12 @@ size_t kt__moe_ga_floats(const kt_moe *m)
  * or f32: the kernels need none) */
 static void *tn_work(const kt_moe *m, int thread)
 {
-    return m->tnw != NULL ? m->tnw + (size_t)thread * kt__bf16_gemm_tn_work_bytes(m->T) : NULL;
+    return m->tnw != NULL ? m->tnw + (size_t)thread * kt__moe_gemm_tn_work_bytes(m, m->T) : NULL;
 }
 
 int kt__moe_ga_per_thread(const kt_moe *m)
 {
-    return m->bf16 && (size_t)m->n_threads * kt__moe_ga_floats(m) < (size_t)m->N * (size_t)m->I;
+    return m->tiled && (size_t)m->n_threads * kt__moe_ga_floats(m) < (size_t)m->N * (size_t)m->I;
 }
 
 /* ggc, guc = the SiLU derivative of rows [r0, r1) over columns [c0, c1), ga's row r at
@@ -173,11 +173,11 @@ static void ga_tasks(void *vctx, int64_t b, int64_t end, int thread)
                 const kt__moe_task st = {t->e, c0, t->c1 - c0 < sub ? t->c1 : c0 + sub};
                 float *ga = own ? own : m->ga + r0 * m->I + c0;
                 const int64_t ldga = own ? st.c1 - st.c0 : m->I;
-                if (m->bf16) { /* the weights from column c0 on, so that ga starts at column 0 */
-                    const uint16_t *wd = kt__moe_weight_ptr(m, t->e, KT_MOE_DOWN);
-                    kt__bf16_gemm_nn(rows, m->H, 0, st.c1 - st.c0,
-                                     (const uint16_t *)m->gyc + r0 * m->ldh, m->ldh, wd + st.c0,
-                                     m->I, ga, ldga, 0);
+                if (m->tiled) { /* the weights from column c0 on, so that ga starts at column 0 */
+                    const void *wd = kt__moe_weight_ptr(m, t->e, KT_MOE_DOWN);
+                    kt__moe_gemm_nn(m, rows, m->H, 0, st.c1 - st.c0,
+                                    kt__moe_cdt_at(m, m->gyc, r0 * m->ldh), m->ldh,
+                                    kt__moe_cdt_at(m, wd, st.c0), m->I, ga, ldga);
                 }
                 if (m->cfg.mode == KT_MOE_LORA)
                     kt__moe_lora_gin_add(m, KT_MOE_DOWN, &st, r0, r1, ga, ldga);
@@ -214,12 +214,12 @@ static void gx_tasks(void *vctx, int64_t b, int64_t end, int thread)
         const int64_t step = lora ? GX_LORA_COLS : t->c1 - t->c0;
         for (int64_t c0 = t->c0; c0 < t->c1; c0 += step) {
             const kt__moe_task st = {t->e, c0, t->c1 - c0 < step ? t->c1 : c0 + step};
-            if (m->bf16) {
-                kt__bf16_gemm_nn2(me, m->I, st.c0, st.c1, (const uint16_t *)m->ggc + off * m->I,
-                                  kt__moe_weight_ptr(m, t->e, KT_MOE_GATE),
-                                  (const uint16_t *)m->guc + off * m->I,
-                                  kt__moe_weight_ptr(m, t->e, KT_MOE_UP), m->I, m->H,
-                                  m->gx + off * m->H, m->H, stream_gx(m));
+            if (m->tiled) {
+                kt__moe_gemm_nn2(m, me, m->I, st.c0, st.c1, kt__moe_cdt_at(m, m->ggc, off * m->I),
+                                 kt__moe_weight_ptr(m, t->e, KT_MOE_GATE),
+                                 kt__moe_cdt_at(m, m->guc, off * m->I),
+                                 kt__moe_weight_ptr(m, t->e, KT_MOE_UP), m->I, m->H,
+                                 m->gx + off * m->H, m->H, stream_gx(m));
             }
             if (lora) {
                 float *gx = m->gx + off * m->H + st.c0;
@@ -230,7 +230,7 @@ static void gx_tasks(void *vctx, int64_t b, int64_t end, int thread)
     }
 }
 
-/* Full mode, bf16: rows [c0, c1) of dW for each task's expert. */
+/* Full mode, tiled: rows [c0, c1) of dW for each task's expert. */
 static void dwd_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
     bwd_ctx *c = vctx;
@@ -239,9 +239,9 @@ static void dwd_tasks(void *vctx, int64_t b, int64_t end, int thread)
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
         float *dw = m->wgrad + (t->e * 3 + KT_MOE_DOWN) * m->H * m->I;
-        kt__bf16_gemm_tn(me, t->c0, t->c1, m->I, (const uint16_t *)m->gdc + off * m->ldh, m->ldh,
-                         (const uint16_t *)m->ac + off * m->I, m->I, dw, m->I, c->scale,
-                         !c->dw_overwrite, tn_work(m, thread));
+        kt__moe_gemm_tn(m, me, t->c0, t->c1, m->I, kt__moe_cdt_at(m, m->gdc, off * m->ldh),
+                        m->ldh, kt__moe_cdt_at(m, m->ac, off * m->I), m->I, dw, m->I, c->scale,
+                        !c->dw_overwrite, tn_work(m, thread));
     }
 }
 
@@ -252,13 +252,13 @@ static void dwgu_tasks(void *vctx, int64_t b, int64_t end, int thread)
     for (int64_t i = b; i < end; i++) {
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
-        const uint16_t *x = (const uint16_t *)m->xc + off * m->ldh;
+        const void *x = kt__moe_cdt_at(m, m->xc, off * m->ldh);
         float *dwg = m->wgrad + (t->e * 3 + KT_MOE_GATE) * m->H * m->I;
         float *dwu = m->wgrad + (t->e * 3 + KT_MOE_UP) * m->H * m->I;
-        kt__bf16_gemm_tn(me, t->c0, t->c1, m->H, (const uint16_t *)m->ggc + off * m->I, m->I, x,
-                         m->ldh, dwg, m->H, c->scale, !c->dw_overwrite, tn_work(m, thread));
-        kt__bf16_gemm_tn(me, t->c0, t->c1, m->H, (const uint16_t *)m->guc + off * m->I, m->I, x,
-                         m->ldh, dwu, m->H, c->scale, !c->dw_overwrite, tn_work(m, thread));
+        kt__moe_gemm_tn(m, me, t->c0, t->c1, m->H, kt__moe_cdt_at(m, m->ggc, off * m->I), m->I,
+                        x, m->ldh, dwg, m->H, c->scale, !c->dw_overwrite, tn_work(m, thread));
+        kt__moe_gemm_tn(m, me, t->c0, t->c1, m->H, kt__moe_cdt_at(m, m->guc, off * m->I), m->I,
+                        x, m->ldh, dwu, m->H, c->scale, !c->dw_overwrite, tn_work(m, thread));
     }
 }
 
@@ -308,8 +308,8 @@ static void zero_part(void *vctx, int64_t b, int64_t end, int thread)
             memset(base + e * per, 0, (size_t)per * sizeof(float));
 }
 
-/* f32 weights, full mode: dW_e (+)= scale * g^T in, one kt__sgemm per active expert (g's rows
- * ldg apart, in's ldin). */
+/* f32 weights, not tiled, full mode: dW_e (+)= scale * g^T in, one kt__sgemm per active
+ * expert (g's rows ldg apart, in's ldin). */
 static kt_status sgemm_dw(kt_moe *m, int proj, const float *g, int64_t gw, int64_t ldg,
                           const float *in, int64_t inw, int64_t ldin, float scale, int overwrite)
 {
@@ -324,8 +324,8 @@ static kt_status sgemm_dw(kt_moe *m, int proj, const float *g, int64_t gw, int64
     return KT_OK;
 }
 
-/* f32 weights: out (+)= g W for each active expert (W [gw, outw] in its stored layout; g's rows
- * ldg apart). */
+/* f32 weights, not tiled: out (+)= g W for each active expert (W [gw, outw] in its stored
+ * layout; g's rows ldg apart). */
 static kt_status sgemm_nn(kt_moe *m, int proj, const float *g, int64_t gw, int64_t ldg, float *out,
                           int64_t outw, float beta)
 {
@@ -428,7 +428,7 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
     if (lora) /* the input gradient below is for grad_y itself (the routing weight comes in
                * the SiLU derivative), so the adapter's part of it too */
         kt__moe_lora_gz(m, KT_MOE_DOWN, m->gyc, m->ldh);
-    if (!m->bf16)
+    if (!m->tiled)
         KT__TRY(sgemm_nn(m, KT_MOE_DOWN, m->gyc, m->H, m->ldh, m->ga, m->I, 0.0f));
     kt__moe_plan_parts(m, m->I, KT__MOE_CUT_KEEP_SMALL);
     c.write_ac = ac_in_derivative;
@@ -442,7 +442,7 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
     }
 
     if (full) {
-        if (m->bf16) {
+        if (m->tiled) {
             kt__moe_plan_parts(m, m->H, KT__MOE_CUT_ANY);
             kt__moe_run_parts(m, dwd_tasks, &c);
         } else {
@@ -458,7 +458,7 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
         kt__moe_lora_grads(m, KT_MOE_UP, m->guc, m->I, m->xc, m->ldh, scale);
     }
     if (full) {
-        if (m->bf16) {
+        if (m->tiled) {
             kt__moe_plan_parts(m, m->I, KT__MOE_CUT_ANY);
             kt__moe_run_parts(m, dwgu_tasks, &c);
         } else {
@@ -471,11 +471,11 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
     }
     if (lora || full)
         kt__moe_phase_end(m, KT_MOE_PHASE_WEIGHT_GRAD);
-    if (!m->bf16) {
+    if (!m->tiled) {
         KT__TRY(sgemm_nn(m, KT_MOE_GATE, m->ggc, m->I, m->I, m->gx, m->H, 0.0f));
         KT__TRY(sgemm_nn(m, KT_MOE_UP, m->guc, m->I, m->I, m->gx, m->H, 1.0f));
     }
-    if (m->bf16 || lora) {
+    if (m->tiled || lora) {
         kt__moe_plan_parts(m, m->H, KT__MOE_CUT_KEEP_SMALL);
         kt__moe_run_parts(m, gx_tasks, &c);
     }

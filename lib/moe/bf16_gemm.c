@@ -50,7 +50,7 @@
 #include "kt/tensor.h"
 #include "moe/amx_gemm.h"
 #include "moe/bf16_gemm.h"
-#include "moe/bf16_widen.h"
+#include "moe/fma_gemm.h"
 #include "moe/lane_mask.h"
 #include "moe/prefetch.h"
 
@@ -1596,7 +1596,7 @@ void kt__moe_scale_store(int64_t n, const float *src, float s, void *dst, int bf
 
 static int use_amx(int64_t M) { return M >= AMX_MIN_M && kt__amx_usable(); }
 
-/* The FMA path (bf16_widen.h) where the CPU multiplies bf16 faster widened, for products of at
+/* The FMA path (fma_gemm.h) where the CPU multiplies bf16 faster widened, for products of at
  * least WIDEN_MIN_M rows (like AMX, a function of the product's rows only); below, the
  * vdpbf16ps kernels, which only stream the weights there, where the CPU has AVX-512 BF16. */
 #define WIDEN_MIN_M 16
@@ -1633,7 +1633,7 @@ void kt__bf16_gemm_nt_next(int64_t M, int64_t n0, int64_t n1, int64_t K, const u
     }
 #ifdef BF_HAVE_AVX512
     if (use_widen(M)) {
-        kt__bf16w_nt(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+        kt__fma_nt(KT__FMA_BF16, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
         return;
     }
     if (use_avx512()) {
@@ -1662,7 +1662,7 @@ void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16
     }
 #ifdef BF_HAVE_AVX512
     if (use_widen(M)) {
-        kt__bf16w_nn(M, N, k0, k1, g, w, NULL, NULL, ldg, ldw, y, ldy, accumulate);
+        kt__fma_nn(KT__FMA_BF16, M, N, k0, k1, g, w, NULL, NULL, ldg, ldw, y, ldy, accumulate);
         return;
     }
     if (use_avx512()) {
@@ -1680,7 +1680,7 @@ void kt__bf16_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint1
 {
 #ifdef BF_HAVE_AVX512
     if (M > 0 && !use_amx(M) && use_widen(M)) {
-        kt__bf16w_nn(M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, 0);
+        kt__fma_nn(KT__FMA_BF16, M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, 0);
         return;
     }
     if (M > 0 && !use_amx(M) && use_avx512()) {
@@ -1701,7 +1701,7 @@ void kt__bf16_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint1
 size_t kt__bf16_gemm_tn_work_bytes(int64_t M)
 {
 #ifdef BF_HAVE_AVX512
-    const size_t widen = kt__bf16w_tn_work_bytes(M);
+    const size_t widen = kt__fma_tn_work_bytes(M);
     const int64_t pairs = (M + 1) / 2;
     if (pairs <= TN_PACKED_MAX_PAIRS)
         return widen;
@@ -1726,7 +1726,7 @@ void kt__bf16_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
     }
 #ifdef BF_HAVE_AVX512
     if (use_widen(M)) {
-        kt__bf16w_tn(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate, work);
+        kt__fma_tn(KT__FMA_BF16, M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate, work);
         return;
     }
     if (use_avx512()) {

@@ -67,7 +67,7 @@ void kt__bf16_gemm_tn_acc(int64_t M, int64_t n0, int64_t n1, int64_t K, const ui
                           float scale, void *work);
 
 /* The path a product of M rows takes on this CPU (a function of M alone; each sums in its own
- * order): "amx", "fma" (bf16_widen.h), "avx512_bf16" (vdpbf16ps) or "scalar". */
+ * order): "amx", "fma" (fma_gemm.h), "avx512_bf16" (vdpbf16ps) or "scalar". */
 const char *kt__bf16_gemm_path(int64_t M);
 
 /* The plain scalar versions: the reference the fast kernels are tested against, and the

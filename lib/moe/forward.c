@@ -75,19 +75,19 @@ static void gate_up_tasks(void *vctx, int64_t b, int64_t end, int thread)
     for (int64_t i = b; i < end; i++) {
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
-        const uint16_t *x = (const uint16_t *)m->xc + off * m->ldh;
+        const void *x = kt__moe_cdt_at(m, m->xc, off * m->ldh);
         const int64_t sub = me <= KT__BF16_NT_ROWS_MAX_M ? t->c1 - t->c0 : GU_SUB_COLS;
         for (int64_t c0 = t->c0; c0 < t->c1; c0 += sub) {
             const kt__moe_task st = {t->e, c0, t->c1 - c0 < sub ? t->c1 : c0 + sub};
-            if (m->bf16) {
-                /* gate's block, then up's, then gate's next: above 32 rows each call fetches
-                 * the next one's first rows ahead */
-                const uint16_t *wg = kt__moe_weight_ptr(m, t->e, KT_MOE_GATE);
-                const uint16_t *wu = kt__moe_weight_ptr(m, t->e, KT_MOE_UP);
-                kt__bf16_gemm_nt_next(me, st.c0, st.c1, m->H, x, m->ldh, wg, m->H,
-                                      wu + st.c0 * m->H, m->g + off * m->I, m->I, 0);
-                kt__bf16_gemm_nt_next(me, st.c0, st.c1, m->H, x, m->ldh, wu, m->H,
-                                      wg + st.c1 * m->H, m->u + off * m->I, m->I, 0);
+            if (m->tiled) {
+                /* gate's block, then up's, then gate's next: above 32 rows the bf16 calls
+                 * fetch the next one's first rows ahead */
+                const void *wg = kt__moe_weight_ptr(m, t->e, KT_MOE_GATE);
+                const void *wu = kt__moe_weight_ptr(m, t->e, KT_MOE_UP);
+                kt__moe_gemm_nt(m, me, st.c0, st.c1, m->H, x, m->ldh, wg, m->H,
+                                kt__moe_cdt_at(m, wu, st.c0 * m->H), m->g + off * m->I, m->I);
+                kt__moe_gemm_nt(m, me, st.c0, st.c1, m->H, x, m->ldh, wu, m->H,
+                                kt__moe_cdt_at(m, wg, st.c1 * m->H), m->u + off * m->I, m->I);
             }
             if (lora) {
                 kt__moe_lora_add(m, KT_MOE_GATE, &st, m->g);
@@ -110,16 +110,17 @@ static void down_tasks(void *vctx, int64_t b, int64_t end, int thread)
     for (int64_t i = b; i < end; i++) {
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
-        if (m->bf16)
-            kt__bf16_gemm_nt(me, t->c0, t->c1, m->I, (const uint16_t *)m->ac + off * m->I, m->I,
-                             kt__moe_weight_ptr(m, t->e, KT_MOE_DOWN), m->I, m->d + off * m->H,
-                             m->H, 0);
+        if (m->tiled)
+            kt__moe_gemm_nt(m, me, t->c0, t->c1, m->I, kt__moe_cdt_at(m, m->ac, off * m->I), m->I,
+                            kt__moe_weight_ptr(m, t->e, KT_MOE_DOWN), m->I, NULL,
+                            m->d + off * m->H, m->H);
         if (m->cfg.mode == KT_MOE_LORA)
             kt__moe_lora_add(m, KT_MOE_DOWN, t, m->d);
     }
 }
 
-/* f32 weights: one kt__sgemm per active expert (it threads itself), out = in * W^T. */
+/* f32 weights without the layer's own kernels: one kt__sgemm per active expert (it threads
+ * itself), out = in * W^T. */
 static kt_status sgemm_experts(kt_moe *m, int proj, const float *in, int64_t K, int64_t ldin,
                                float *out, int64_t N)
 {
@@ -145,7 +146,7 @@ kt_status kt__moe_compute(kt_moe *m, int in_backward)
         kt__moe_lora_z(m, KT_MOE_GATE, m->xc, m->ldh);
         kt__moe_lora_z(m, KT_MOE_UP, m->xc, m->ldh);
     }
-    if (!m->bf16) {
+    if (!m->tiled) {
         KT__TRY(sgemm_experts(m, KT_MOE_GATE, m->xc, m->H, m->ldh, m->g, m->I));
         KT__TRY(sgemm_experts(m, KT_MOE_UP, m->xc, m->H, m->ldh, m->u, m->I));
     }
@@ -155,9 +156,9 @@ kt_status kt__moe_compute(kt_moe *m, int in_backward)
     if (lora)
         kt__moe_lora_z(m, KT_MOE_DOWN, m->ac, m->I);
     if (!in_backward) {
-        if (!m->bf16)
+        if (!m->tiled)
             KT__TRY(sgemm_experts(m, KT_MOE_DOWN, m->ac, m->I, m->I, m->d, m->H));
-        if (m->bf16 || lora) {
+        if (m->tiled || lora) {
             kt__moe_plan_parts(m, m->H, KT__MOE_CUT_ANY);
             kt__moe_run_parts(m, down_tasks, &c);
         }

@@ -9,6 +9,7 @@
 #include "core/mix.h"
 #include "core/numa_internal.h"
 #include "moe/bf16_gemm.h"
+#include "moe/f32_gemm.h"
 #include "moe/moe_internal.h"
 #include "ops/gemm.h"
 
@@ -209,8 +210,8 @@ static size_t plan_scratch(kt_moe *m)
     SCRATCH(m->row_w, N * 4);
     SCRATCH(m->ga,
             kt__moe_ga_per_thread(m) ? (size_t)m->n_threads * kt__moe_ga_floats(m) * 4 : N * I * 4);
-    if (m->bf16 && m->cfg.mode == KT_MOE_FULL && kt__bf16_gemm_tn_work_bytes(m->T) > 0)
-        SCRATCH(m->tnw, (size_t)m->n_threads * kt__bf16_gemm_tn_work_bytes(m->T));
+    if (m->tiled && m->cfg.mode == KT_MOE_FULL && kt__moe_gemm_tn_work_bytes(m, m->T) > 0)
+        SCRATCH(m->tnw, (size_t)m->n_threads * kt__moe_gemm_tn_work_bytes(m, m->T));
     SCRATCH(m->ggc, N * I * cs);
     SCRATCH(m->guc, N * I * cs);
     SCRATCH(m->gw, N * 4);
@@ -355,6 +356,7 @@ kt_status kt_moe_create(const kt_moe_config *config, kt_threadpool *pool, kt_moe
     m->n_threads = kt_threadpool_size(pool);
     m->gemm_pool = kt__sgemm_is_openblas() ? NULL : pool;
     m->bf16 = config->weight_dtype == KT_BF16;
+    m->tiled = m->bf16 || kt__f32_gemm_tiled();
     m->cs = kt_dtype_size(config->weight_dtype);
     m->E = config->n_experts;
     m->H = config->hidden;

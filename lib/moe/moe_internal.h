@@ -66,6 +66,9 @@ struct kt_moe {
     kt_threadpool *gemm_pool; /* f32 path: NULL when kt__sgemm is OpenBLAS (own threads) */
     int n_threads;
     int bf16;  /* weights (and the compute dtype) are bf16 */
+    /* the GEMMs run as blocks over the layer's pool through layer_gemm.c (bf16, and f32 where
+     * kt__f32_gemm_tiled()); otherwise f32 calls kt__sgemm once per expert */
+    int tiled;
     size_t cs; /* bytes per compute-dtype element */
     /* row stride (elements) of the H-wide compute-dtype rows (xc, gyc, gdc): H, or a cache
      * line more where H's bytes are a multiple of 1 KiB, since the kernels read a dozen rows
@@ -242,6 +245,21 @@ static inline void kt__moe_prefetch_next_slot_row(const kt_moe *m, const float *
 }
 
 /* Element i of a buffer in the compute dtype (bf16 or f32, m->cs bytes each) */
+/* layer_gemm.c: one block of a product in the weight dtype (tiled layers; see bf16_gemm.h for
+ * the operands) */
+void kt__moe_gemm_nt(const kt_moe *m, int64_t M, int64_t n0, int64_t n1, int64_t K, const void *x,
+                     int64_t ldx, const void *w, int64_t ldw, const void *next, float *y,
+                     int64_t ldy);
+void kt__moe_gemm_nn(const kt_moe *m, int64_t M, int64_t N, int64_t k0, int64_t k1,
+                     const void *g, int64_t ldg, const void *w, int64_t ldw, float *y, int64_t ldy);
+void kt__moe_gemm_nn2(const kt_moe *m, int64_t M, int64_t N, int64_t k0, int64_t k1,
+                      const void *g0, const void *w0, const void *g1, const void *w1, int64_t ldg,
+                      int64_t ldw, float *y, int64_t ldy, int stream);
+void kt__moe_gemm_tn(const kt_moe *m, int64_t M, int64_t n0, int64_t n1, int64_t K,
+                     const void *g, int64_t ldg, const void *x, int64_t ldx, float *dw,
+                     int64_t lddw, float scale, int accumulate, void *work);
+size_t kt__moe_gemm_tn_work_bytes(const kt_moe *m, int64_t M);
+
 static inline void *kt__moe_cdt_at(const kt_moe *m, const void *base, int64_t i)
 {
     return (unsigned char *)base + (size_t)i * m->cs;

@@ -1,4 +1,5 @@
-/* bf16 GEMMs on the f32 FMA units (see bf16_widen.h for why and for the summation order).
+/* The MoE GEMMs on the f32 FMA units, bf16 or f32 operands (see fma_gemm.h for why and for the
+ * summation order).
  *
  * One register tile serves the three products: up to 12 rows x 32 columns of f32 sums; per
  * step of the reduction two zmm of a packed panel [step][32] (in L1) and one broadcast per
@@ -7,7 +8,7 @@
  * strides are compile-time constants, so every address in the loop is a displacement. */
 #include <string.h>
 
-#include "moe/bf16_widen.h"
+#include "moe/fma_gemm.h"
 #include "moe/lane_mask.h"
 
 #define WR 12       /* rows of a tile */
@@ -16,7 +17,7 @@
 #define WM 128      /* rows of g / x widened at once (NN, NT): [WM][WK] f32 is 64 KiB */
 #define NN_PANELS 4 /* NN packs 4 panels (128 columns: 256 bytes of each weight row) at once */
 
-#if defined(__x86_64__) && defined(__GNUC__) /* as bf16_gemm.c's BF_HAVE_AVX512 */
+#ifdef KT__FMA_GEMM
 #include <immintrin.h>
 #define W_TARGET __attribute__((target("avx512f,avx512bw")))
 #define W_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw")))
@@ -140,28 +141,41 @@ static int64_t tile_start(const tiling *t, int64_t i)
 
 static int tile_height(const tiling *t, int64_t i) { return (int)(t->base + (i < t->extra)); }
 
-/* ---- widening ------------------------------------------------------------------------------ */
+/* ---- loading operands ---------------------------------------------------------------------- */
 
-/* 16 bf16 values (the first n; the rest zeros) as f32. */
-W_INLINE __m512 widen16(const uint16_t *p, int64_t n)
+/* Operands are addressed as bytes with the element size of their source dtype (2 or 4). */
+static inline int64_t bytes_of(int64_t n, kt__fma_src src)
 {
+    return n * (src == KT__FMA_F32 ? 4 : 2);
+}
+
+static inline const char *elem(const void *base, int64_t i, kt__fma_src src)
+{
+    return (const char *)base + bytes_of(i, src);
+}
+
+/* 16 values from p (the first n; the rest zeros) as f32: bf16 widened, f32 as is. */
+W_INLINE __m512 load16(const void *p, int64_t n, kt__fma_src src)
+{
+    if (src == KT__FMA_F32)
+        return _mm512_maskz_loadu_ps(kt__lanes16(n), p);
     const __m256i v = _mm512_castsi512_si256(_mm512_maskz_loadu_epi16(kt__lanes16(n), p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
 }
 
 /* dst[0:n] = src[0:n] as f32, then zeros up to `width` (a multiple of 16). */
-W_INLINE void widen_row(float *dst, const uint16_t *src, int64_t n, int64_t width)
+W_INLINE void load_row(float *dst, const void *row, int64_t n, int64_t width, kt__fma_src src)
 {
     for (int64_t j = 0; j < width; j += 16)
-        _mm512_storeu_ps(dst + j, widen16(src + j, n - j));
+        _mm512_storeu_ps(dst + j, load16(elem(row, j, src), n - j, src));
 }
 
-/* rows x kc of a bf16 matrix (row stride ld) into f32 rows of stride WK. */
-W_TARGET static void widen_rows(float *dst, const uint16_t *src, int64_t ld, int64_t rows,
-                                int64_t kc)
+/* rows x kc of a matrix (row stride ld elements) into f32 rows of stride WK. */
+W_TARGET static void load_rows(float *dst, const void *m, int64_t ld, int64_t rows, int64_t kc,
+                               kt__fma_src src)
 {
     for (int64_t r = 0; r < rows; r++)
-        widen_row(dst + r * WK, src + r * ld, kc, (kc + 15) & ~(int64_t)15);
+        load_row(dst + r * WK, elem(m, r * ld, src), kc, (kc + 15) & ~(int64_t)15, src);
 }
 
 /* Fetches the lines of [p, p + bytes) into L2 (rows read again later in the call). */
@@ -174,21 +188,22 @@ W_INLINE void fetch_l2(const void *p, int64_t bytes)
 /* The lines a later pack reads (rows of `bytes` from base, ld elements apart), fetched into L2
  * a few rows after each tile: a burst of hundreds of fetches waits on the miss buffers. */
 typedef struct spread_fetch {
-    const uint16_t *base;
-    int64_t ld, rows, bytes, next, per_step;
+    const char *base;
+    int64_t ld_bytes, rows, bytes, next, per_step;
 } spread_fetch;
 
-static void spread_init(spread_fetch *f, const uint16_t *base, int64_t ld, int64_t rows,
+static void spread_init(spread_fetch *f, const char *base, int64_t ld_bytes, int64_t rows,
                         int64_t bytes, int64_t steps)
 {
-    f->base = base, f->ld = ld, f->rows = base != NULL ? rows : 0, f->bytes = bytes, f->next = 0;
+    f->base = base, f->ld_bytes = ld_bytes, f->rows = base != NULL ? rows : 0, f->bytes = bytes,
+    f->next = 0;
     f->per_step = steps > 0 ? (f->rows + steps - 1) / steps : f->rows;
 }
 
 W_INLINE void spread_step(spread_fetch *f)
 {
     for (int64_t i = 0; i < f->per_step && f->next < f->rows; i++, f->next++)
-        fetch_l2(f->base + f->next * f->ld, f->bytes);
+        fetch_l2(f->base + f->next * f->ld_bytes, f->bytes);
 }
 
 /* 16 x 16 f32 transpose in registers: r[i] lane j -> r[j] lane i. */
@@ -223,14 +238,14 @@ W_INLINE void transpose16(__m512 r[16])
 }
 
 /* NT's panel: p[k][j] = w[j, k] for j < nrows (zeros above, up to 32), k < kc. */
-W_TARGET static void pack_transposed(float *p, const uint16_t *w, int64_t ldw, int64_t nrows,
-                                     int64_t kc)
+W_TARGET static void pack_transposed(float *p, const void *w, int64_t ldw, int64_t nrows,
+                                     int64_t kc, kt__fma_src src)
 {
     for (int64_t j0 = 0; j0 < WC; j0 += 16)
         for (int64_t k0 = 0; k0 < kc; k0 += 16) {
             __m512 r[16];
             for (int64_t j = 0; j < 16; j++)
-                r[j] = j0 + j < nrows ? widen16(w + (j0 + j) * ldw + k0, kc - k0)
+                r[j] = j0 + j < nrows ? load16(elem(w, (j0 + j) * ldw + k0, src), kc - k0, src)
                                       : _mm512_setzero_ps();
             transpose16(r);
             const int64_t kn = kc - k0 < 16 ? kc - k0 : 16;
@@ -241,30 +256,32 @@ W_TARGET static void pack_transposed(float *p, const uint16_t *w, int64_t ldw, i
 
 /* NN's and TN's panel: p[r][0:32] = rows r < nrows of src from column 0, ncols wide (zeros
  * past ncols). */
-W_TARGET static void pack_rows(float *p, const uint16_t *src, int64_t ld, int64_t nrows,
-                               int64_t ncols)
+W_TARGET static void pack_rows(float *p, const void *m, int64_t ld, int64_t nrows, int64_t ncols,
+                               kt__fma_src src)
 {
     for (int64_t r = 0; r < nrows; r++)
-        widen_row(p + r * WC, src + r * ld, ncols, WC);
+        load_row(p + r * WC, elem(m, r * ld, src), ncols, WC, src);
 }
 
-/* The FTZ and DAZ bits on for a kernel's duration (restored after). */
-W_INLINE unsigned flush_denormals(void)
+/* bf16: the FTZ and DAZ bits on for a kernel's duration (restored after); f32 keeps the
+ * caller's mode. */
+W_INLINE unsigned flush_denormals(kt__fma_src src)
 {
     const unsigned old = _mm_getcsr();
-    _mm_setcsr(old | 0x8040);
+    if (src == KT__FMA_BF16)
+        _mm_setcsr(old | 0x8040);
     return old;
 }
 
 /* ---- NT ------------------------------------------------------------------------------------ */
 
-W_TARGET void kt__bf16w_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
-                           int64_t ldx, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
-                           int accumulate)
+W_TARGET void kt__fma_nt(kt__fma_src src, int64_t M, int64_t n0, int64_t n1, int64_t K,
+                         const void *x, int64_t ldx, const void *w, int64_t ldw, float *y,
+                         int64_t ldy, int accumulate)
 {
     if (M <= 0 || n1 <= n0)
         return;
-    const unsigned csr = flush_denormals();
+    const unsigned csr = flush_denormals(src);
     float xf[WM * WK] __attribute__((aligned(64)));
     float panel[WK * WC] __attribute__((aligned(64)));
     for (int64_t m0 = 0; m0 < M; m0 += WM) {
@@ -275,14 +292,15 @@ W_TARGET void kt__bf16w_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const u
                 memset(y + m * ldy + n0, 0, (size_t)(n1 - n0) * sizeof(float));
         for (int64_t k0 = 0; k0 < K; k0 += WK) {
             const int64_t kc = K - k0 < WK ? K - k0 : WK;
-            widen_rows(xf, x + m0 * ldx + k0, ldx, mc, kc);
+            load_rows(xf, elem(x, m0 * ldx + k0, src), ldx, mc, kc, src);
             const tile_io io = {k0 > 0 || accumulate, 0, 0, 1.0f, NULL, 0};
             for (int64_t nb = n0; nb < n1; nb += WC) {
                 const int64_t nc = n1 - nb < WC ? n1 - nb : WC;
-                pack_transposed(panel, w + nb * ldw + k0, ldw, nc, kc);
+                pack_transposed(panel, elem(w, nb * ldw + k0, src), ldw, nc, kc, src);
                 spread_fetch f; /* these rows' next chunk, a few rows after each tile */
-                spread_init(&f, k0 + WK < K ? w + nb * ldw + k0 + WK : NULL, ldw, nc,
-                            (K - k0 - WK < WK ? K - k0 - WK : WK) * 2, tl.n);
+                spread_init(&f, k0 + WK < K ? elem(w, nb * ldw + k0 + WK, src) : NULL,
+                            bytes_of(ldw, src), nc,
+                            bytes_of(K - k0 - WK < WK ? K - k0 - WK : WK, src), tl.n);
                 for (int64_t t = 0; t < tl.n; t++) {
                     const int64_t r = tile_start(&tl, t);
                     tile(tile_height(&tl, t), 0, xf + r * WK, panel, kc, y + (m0 + r) * ldy + nb,
@@ -297,16 +315,17 @@ W_TARGET void kt__bf16w_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const u
 
 /* ---- NN ------------------------------------------------------------------------------------ */
 
-W_TARGET void kt__bf16w_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g0,
-                           const uint16_t *w0, const uint16_t *g1, const uint16_t *w1, int64_t ldg,
-                           int64_t ldw, float *y, int64_t ldy, int accumulate)
+W_TARGET void kt__fma_nn(kt__fma_src src, int64_t M, int64_t N, int64_t k0, int64_t k1,
+                         const void *g0, const void *w0, const void *g1, const void *w1,
+                         int64_t ldg, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
     if (M <= 0 || k1 <= k0)
         return;
-    const unsigned csr = flush_denormals();
+    const unsigned csr = flush_denormals(src);
     float gf[WM * WK] __attribute__((aligned(64)));
     float panels[NN_PANELS * WK * WC] __attribute__((aligned(64)));
-    const uint16_t *gs[2] = {g0, g1}, *ws[2] = {w0, w1};
+    const void *gs[2] = {g0, g1}, *ws[2] = {w0, w1};
+    const int64_t ldw_bytes = bytes_of(ldw, src);
     const int nsrc = g1 != NULL ? 2 : 1;
     const int64_t group = NN_PANELS * WC;
     for (int64_t m0 = 0; m0 < M; m0 += WM) {
@@ -319,31 +338,31 @@ W_TARGET void kt__bf16w_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const u
         for (int s = 0; s < nsrc; s++)
             for (int64_t r0 = 0; r0 < N; r0 += WK) {
                 const int64_t kc = N - r0 < WK ? N - r0 : WK;
-                widen_rows(gf, gs[s] + m0 * ldg + r0, ldg, mc, kc);
+                load_rows(gf, elem(gs[s], m0 * ldg + r0, src), ldg, mc, kc, src);
                 const tile_io io = {started, 0, 0, 1.0f, NULL, 0};
-                const uint16_t *wr = ws[s] + r0 * ldw;
+                const char *wr = elem(ws[s], r0 * ldw, src);
                 for (int64_t c0 = k0; c0 < k1; c0 += group) {
                     const int64_t gc = k1 - c0 < group ? k1 - c0 : group;
                     const int np = (int)((gc + WC - 1) / WC);
                     for (int p = 0; p < np; p++)
-                        pack_rows(panels + p * WK * WC, wr + c0 + p * WC, ldw, kc,
-                                  gc - p * WC < WC ? gc - p * WC : WC);
+                        pack_rows(panels + p * WK * WC, elem(wr, c0 + p * WC, src), ldw, kc,
+                                  gc - p * WC < WC ? gc - p * WC : WC, src);
                     /* what the next pack reads: this chunk's next group of columns, else
                      * the first group of the next chunk of rows (or of the next source) */
-                    const uint16_t *next = NULL;
+                    const char *next = NULL;
                     int64_t next_rows = 0, next_c0 = c0 + group;
                     if (next_c0 < k1) {
                         next = wr, next_rows = kc;
                     } else if (r0 + WK < N || s + 1 < nsrc) {
                         const int64_t nr0 = r0 + WK < N ? r0 + WK : 0;
-                        next = (r0 + WK < N ? ws[s] : ws[s + 1]) + nr0 * ldw;
+                        next = elem(r0 + WK < N ? ws[s] : ws[s + 1], nr0 * ldw, src);
                         next_rows = N - nr0 < WK ? N - nr0 : WK;
                         next_c0 = k0;
                     }
                     const int64_t next_cols = k1 - next_c0 < group ? k1 - next_c0 : group;
                     spread_fetch f;
-                    spread_init(&f, next != NULL ? next + next_c0 : NULL, ldw, next_rows,
-                                next_cols * 2, np * tl.n);
+                    spread_init(&f, next != NULL ? elem(next, next_c0, src) : NULL, ldw_bytes,
+                                next_rows, bytes_of(next_cols, src), np * tl.n);
                     for (int p = 0; p < np; p++) {
                         const int64_t nc = gc - p * WC < WC ? gc - p * WC : WC;
                         for (int64_t t = 0; t < tl.n; t++) {
@@ -375,9 +394,9 @@ static int64_t tn_group(int64_t M)
     return g < 1 ? 1 : g > TN_GROUP ? TN_GROUP : g;
 }
 
-size_t kt__bf16w_tn_work_bytes(int64_t M)
+size_t kt__fma_tn_work_bytes(int64_t M)
 {
-    if (M <= KT__BF16W_TN_STACK_ROWS)
+    if (M <= KT__FMA_TN_STACK_ROWS)
         return 0;
     /* tn_group falls with M, but never below 1: the bound for M covers every smaller M above
      * the stack rows (M * (128 + 48 * group) grows with M once group is 1; below, group * M is
@@ -387,16 +406,16 @@ size_t kt__bf16w_tn_work_bytes(int64_t M)
 }
 
 /* A panel of a tile: ap[m][i] = g[m, n + i] for i < nr (zeros up to 12). */
-W_TARGET static void pack_g_columns(float *ap, const uint16_t *g, int64_t ldg, int64_t M,
-                                    int64_t nr)
+W_TARGET static void pack_g_columns(float *ap, const void *g, int64_t ldg, int64_t M, int64_t nr,
+                                    kt__fma_src src)
 {
-    for (int64_t m = 0; m < M; m++) /* lanes from nr on are zeros: widen16 loads nr values */
-        _mm512_mask_storeu_ps(ap + m * WR, 0x0fff, widen16(g + m * ldg, nr));
+    for (int64_t m = 0; m < M; m++) /* lanes from nr on are zeros: load16 loads nr values */
+        _mm512_mask_storeu_ps(ap + m * WR, 0x0fff, load16(elem(g, m * ldg, src), nr, src));
 }
 
-W_TARGET static void tn_run(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
-                            int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
-                            float scale, int accumulate, float *xp, float *ap)
+W_TARGET static void tn_run(kt__fma_src src, int64_t M, int64_t n0, int64_t n1, int64_t K,
+                            const void *g, int64_t ldg, const void *x, int64_t ldx, float *dw,
+                            int64_t lddw, float scale, int accumulate, float *xp, float *ap)
 {
     const int64_t grp = tn_group(M);
     const tile_io io = {0, 1, accumulate, scale, NULL, 0};
@@ -404,11 +423,11 @@ W_TARGET static void tn_run(int64_t M, int64_t n0, int64_t n1, int64_t K, const 
         const int64_t gend = nt0 + grp * WR < n1 ? nt0 + grp * WR : n1;
         const tiling tl = tiles_of(gend - nt0);
         for (int64_t t = 0; t < tl.n; t++)
-            pack_g_columns(ap + t * M * WR, g + nt0 + tile_start(&tl, t), ldg, M,
-                           tile_height(&tl, t));
+            pack_g_columns(ap + t * M * WR, elem(g, nt0 + tile_start(&tl, t), src), ldg, M,
+                           tile_height(&tl, t), src);
         for (int64_t kb = 0; kb < K; kb += WC) {
             const int64_t kc = K - kb < WC ? K - kb : WC;
-            pack_rows(xp, x + kb, ldx, M, kc);
+            pack_rows(xp, elem(x, kb, src), ldx, M, kc, src);
             for (int64_t t = 0; t < tl.n; t++) {
                 const int64_t r = nt0 + tile_start(&tl, t);
                 tile(tile_height(&tl, t), 1, ap + t * M * WR, xp, M, dw + r * lddw + kb, lddw, kc,
@@ -419,13 +438,13 @@ W_TARGET static void tn_run(int64_t M, int64_t n0, int64_t n1, int64_t K, const 
 }
 
 /* Without a work buffer above the stack rows: the same sums, M in chunks of
- * KT__BF16W_TN_STACK_ROWS rows, each tile's partial sums kept between chunks (slower: g's
+ * KT__FMA_TN_STACK_ROWS rows, each tile's partial sums kept between chunks (slower: g's
  * columns are packed again for every column block). */
-W_TARGET static void tn_run_chunked(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
-                                    int64_t ldg, const uint16_t *x, int64_t ldx, float *dw,
-                                    int64_t lddw, float scale, int accumulate)
+W_TARGET static void tn_run_chunked(kt__fma_src src, int64_t M, int64_t n0, int64_t n1, int64_t K,
+                                    const void *g, int64_t ldg, const void *x, int64_t ldx,
+                                    float *dw, int64_t lddw, float scale, int accumulate)
 {
-    enum { CH = KT__BF16W_TN_STACK_ROWS };
+    enum { CH = KT__FMA_TN_STACK_ROWS };
     float xp[CH * WC] __attribute__((aligned(64)));
     float ap[CH * WR] __attribute__((aligned(64)));
     float part[WR * WC] __attribute__((aligned(64)));
@@ -438,8 +457,8 @@ W_TARGET static void tn_run_chunked(int64_t M, int64_t n0, int64_t n1, int64_t K
             for (int64_t m0 = 0; m0 < M; m0 += CH) {
                 const int64_t mc = M - m0 < CH ? M - m0 : CH;
                 const int last = m0 + mc >= M;
-                pack_g_columns(ap, g + m0 * ldg + r, ldg, mc, h);
-                pack_rows(xp, x + m0 * ldx + kb, ldx, mc, kc);
+                pack_g_columns(ap, elem(g, m0 * ldg + r, src), ldg, mc, h, src);
+                pack_rows(xp, elem(x, m0 * ldx + kb, src), ldx, mc, kc, src);
                 const tile_io io = {m0 > 0, last, accumulate, scale, part, WC};
                 tile(h, 1, ap, xp, mc, last ? dw + r * lddw + kb : part, last ? lddw : WC, kc, &io);
             }
@@ -447,24 +466,24 @@ W_TARGET static void tn_run_chunked(int64_t M, int64_t n0, int64_t n1, int64_t K
     }
 }
 
-W_TARGET void kt__bf16w_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
-                           int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
-                           float scale, int accumulate, void *work)
+W_TARGET void kt__fma_tn(kt__fma_src src, int64_t M, int64_t n0, int64_t n1, int64_t K,
+                         const void *g, int64_t ldg, const void *x, int64_t ldx, float *dw,
+                         int64_t lddw, float scale, int accumulate, void *work)
 {
     if (n1 <= n0 || K <= 0)
         return;
-    const unsigned csr = flush_denormals();
-    if (M <= KT__BF16W_TN_STACK_ROWS) {
-        unsigned char buf[KT__BF16W_TN_STACK_ROWS * WC * 4 + TN_APACK_BYTES + 64]
+    const unsigned csr = flush_denormals(src);
+    if (M <= KT__FMA_TN_STACK_ROWS) {
+        unsigned char buf[KT__FMA_TN_STACK_ROWS * WC * 4 + TN_APACK_BYTES + 64]
             __attribute__((aligned(64)));
         float *xp = (float *)buf;
-        tn_run(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate, xp,
+        tn_run(src, M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate, xp,
                xp + (M > 0 ? M : 1) * WC);
     } else if (work != NULL) {
         float *xp = work;
-        tn_run(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate, xp, xp + M * WC);
+        tn_run(src, M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate, xp, xp + M * WC);
     } else {
-        tn_run_chunked(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
+        tn_run_chunked(src, M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
     }
     if (!accumulate)
         _mm_sfence(); /* the streamed rows visible to whichever thread reads them next */

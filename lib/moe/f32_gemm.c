@@ -1,0 +1,204 @@
+/* f32 GEMMs for the MoE layer (see f32_gemm.h): the choice of path, the row-dot kernel for
+ * products of a few rows, and the scalar references. */
+#include <math.h>
+#include <string.h>
+
+#include "core/cpu_internal.h"
+#include "moe/f32_gemm.h"
+#include "moe/fma_gemm.h"
+#include "moe/lane_mask.h"
+
+int kt__f32_gemm_tiled(void)
+{
+#ifdef KT__FMA_GEMM
+    return kt__cpu_has_avx512() && !kt__cpu_f32_on_blas();
+#else
+    return 0;
+#endif
+}
+
+static int use_rows(int64_t M) { return M <= KT__F32_ROWS_MAX_M; }
+
+const char *kt__f32_gemm_path(const char *kind, int64_t M)
+{
+    if (!kt__f32_gemm_tiled())
+        return "scalar";
+    return strcmp(kind, "nt") == 0 && use_rows(M) ? "fma_rows" : "fma";
+}
+
+/* ---- the references --------------------------------------------------------------------- */
+
+/* (Built for baseline x86-64, which has no FMA instruction, the compiler cannot contract the
+ * separate multiply and add of TN's finish into one.) */
+void kt__f32_gemm_nt_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *x, int64_t ldx,
+                         const float *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
+{
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = n0; n < n1; n++) {
+            float s = accumulate ? y[m * ldy + n] : 0.0f;
+            for (int64_t k = 0; k < K; k++)
+                s = fmaf(x[m * ldx + k], w[n * ldw + k], s);
+            y[m * ldy + n] = s;
+        }
+}
+
+void kt__f32_gemm_nn_ref(int64_t M, int64_t N, int64_t k0, int64_t k1, const float *g, int64_t ldg,
+                         const float *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
+{
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t k = k0; k < k1; k++) {
+            float s = accumulate ? y[m * ldy + k] : 0.0f;
+            for (int64_t n = 0; n < N; n++)
+                s = fmaf(g[m * ldg + n], w[n * ldw + k], s);
+            y[m * ldy + k] = s;
+        }
+}
+
+void kt__f32_gemm_tn_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *g, int64_t ldg,
+                         const float *x, int64_t ldx, float *dw, int64_t lddw, float scale,
+                         int accumulate)
+{
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t k = 0; k < K; k++) {
+            float s = 0.0f;
+            for (int64_t m = 0; m < M; m++)
+                s = fmaf(g[m * ldg + n], x[m * ldx + k], s);
+            const float v = scale * s;
+            dw[n * lddw + k] = accumulate ? dw[n * lddw + k] + v : v;
+        }
+}
+
+/* ---- row dots: x w^T for a few rows of x ------------------------------------------------ */
+
+#ifdef KT__FMA_GEMM
+#include <immintrin.h>
+#define R_TARGET __attribute__((target("avx512f")))
+#define R_INLINE static inline __attribute__((always_inline, target("avx512f")))
+
+/* Weight rows per step: with MR rows of x, MR x 4 accumulators. */
+#define ROWS_W 4
+
+/* y[m, n0 .. n0 + nw) for nw <= 4 weight rows: 16 lanes of sums along k, then the lanes added
+ * in _mm512_reduce_add_ps's fixed tree. Each row of w is read once, front to back. */
+R_INLINE void rows_step(const int MR, int64_t nw, int64_t K, const float *x, int64_t ldx,
+                        const float *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
+{
+    __m512 acc[KT__F32_ROWS_MAX_M][ROWS_W];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < ROWS_W; j++)
+            acc[i][j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+        const __mmask16 mk = kt__lanes16(K - k);
+        __m512 wv[ROWS_W];
+        for (int j = 0; j < ROWS_W; j++)
+            wv[j] = j < nw ? _mm512_maskz_loadu_ps(mk, w + j * ldw + k) : _mm512_setzero_ps();
+        for (int i = 0; i < MR; i++) {
+            const __m512 xv = _mm512_maskz_loadu_ps(mk, x + i * ldx + k);
+            for (int j = 0; j < ROWS_W; j++)
+                acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < nw; j++) {
+            const float s = _mm512_reduce_add_ps(acc[i][j]);
+            y[i * ldy + j] = accumulate ? y[i * ldy + j] + s : s;
+        }
+}
+
+#define ROWS_CASE(MR)                                                                              \
+    case MR:                                                                                       \
+        for (int64_t n = n0; n < n1; n += ROWS_W)                                                  \
+            rows_step(MR, n1 - n < ROWS_W ? n1 - n : ROWS_W, K, x, ldx, w + n * ldw, ldw, y + n,   \
+                      ldy, accumulate);                                                            \
+        break;
+
+R_TARGET static void nt_rows(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *x,
+                             int64_t ldx, const float *w, int64_t ldw, float *y, int64_t ldy,
+                             int accumulate)
+{
+    switch (M) {
+        ROWS_CASE(1)
+        ROWS_CASE(2)
+        ROWS_CASE(3)
+        ROWS_CASE(4)
+    default:
+        break;
+    }
+}
+_Static_assert(KT__F32_ROWS_MAX_M == 4, "nt_rows has one case per row count");
+#endif
+
+/* ---- dispatch --------------------------------------------------------------------------- */
+
+void kt__f32_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *x, int64_t ldx,
+                     const float *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
+{
+    if (M <= 0 || n1 <= n0)
+        return;
+#ifdef KT__FMA_GEMM
+    if (kt__f32_gemm_tiled()) {
+        if (use_rows(M))
+            nt_rows(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+        else
+            kt__fma_nt(KT__FMA_F32, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+        return;
+    }
+#endif
+    kt__f32_gemm_nt_ref(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+}
+
+void kt__f32_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const float *g, int64_t ldg,
+                     const float *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
+{
+    if (M <= 0 || k1 <= k0)
+        return;
+#ifdef KT__FMA_GEMM
+    if (kt__f32_gemm_tiled()) {
+        kt__fma_nn(KT__FMA_F32, M, N, k0, k1, g, w, NULL, NULL, ldg, ldw, y, ldy, accumulate);
+        return;
+    }
+#endif
+    kt__f32_gemm_nn_ref(M, N, k0, k1, g, ldg, w, ldw, y, ldy, accumulate);
+}
+
+void kt__f32_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const float *g0,
+                      const float *w0, const float *g1, const float *w1, int64_t ldg, int64_t ldw,
+                      float *y, int64_t ldy)
+{
+    if (M <= 0 || k1 <= k0)
+        return;
+#ifdef KT__FMA_GEMM
+    if (kt__f32_gemm_tiled()) {
+        kt__fma_nn(KT__FMA_F32, M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, 0);
+        return;
+    }
+#endif
+    kt__f32_gemm_nn_ref(M, N, k0, k1, g0, ldg, w0, ldw, y, ldy, 0);
+    kt__f32_gemm_nn_ref(M, N, k0, k1, g1, ldg, w1, ldw, y, ldy, 1);
+}
+
+size_t kt__f32_gemm_tn_work_bytes(int64_t M)
+{
+#ifdef KT__FMA_GEMM
+    return kt__fma_tn_work_bytes(M);
+#else
+    (void)M;
+    return 0;
+#endif
+}
+
+void kt__f32_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *g, int64_t ldg,
+                     const float *x, int64_t ldx, float *dw, int64_t lddw, float scale,
+                     int accumulate, void *work)
+{
+    if (n1 <= n0 || K <= 0)
+        return;
+#ifdef KT__FMA_GEMM
+    if (kt__f32_gemm_tiled()) {
+        kt__fma_tn(KT__FMA_F32, M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate, work);
+        return;
+    }
+#endif
+    (void)work;
+    kt__f32_gemm_tn_ref(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
+}
