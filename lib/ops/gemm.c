@@ -321,6 +321,20 @@ int kt__sgemm_is_openblas(void)
 #endif
 }
 
+#ifdef KT_HAVE_OPENBLAS
+char *openblas_get_corename(void); /* OpenBLAS's own; not in every cblas.h */
+#endif
+
+const char *kt__sgemm_core_name(void)
+{
+#ifdef KT_HAVE_OPENBLAS
+    const char *name = openblas_get_corename();
+    return name != NULL ? name : "unknown";
+#else
+    return "portable";
+#endif
+}
+
 kt_status kt__sgemm(kt_threadpool *pool, int trans_a, int trans_b, int64_t M, int64_t N,
                     int64_t K, float alpha, const float *A, int64_t lda, const float *B,
                     int64_t ldb, float beta, float *C, int64_t ldc)

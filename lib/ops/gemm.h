@@ -31,6 +31,11 @@ kt_status kt__sgemm_portable(kt_threadpool *pool, int trans_a, int trans_b, int6
 
 /* 1 when kt__sgemm is OpenBLAS in this build. */
 int kt__sgemm_is_openblas(void);
+/* The kernels kt__sgemm runs: OpenBLAS's core name ("SkylakeX", "Haswell", ...; a
+ * DYNAMIC_ARCH build picks it at load from the CPU model and falls back to an older one for
+ * models it does not know: Debian's 0.3.21 runs "Prescott" (SSE3) on Emerald Rapids), or
+ * "portable". */
+const char *kt__sgemm_core_name(void);
 
 /* ---- f32 staging for bf16/f16 operands -------------------------------------------------- */
 

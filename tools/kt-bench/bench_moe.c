@@ -2,7 +2,7 @@
  *
  * In one run: libkt's forward and forward+backward on random weights and a softmax-top-k
  * routing (as the research baselines), the bf16 GEMMs' register peak, the memory read
- * bandwidth, OpenBLAS sgemm on the same per-expert shapes (f32), and PyTorch's
+ * bandwidth, OpenBLAS sgemm on the same per-expert shapes and the FMA peak (f32), and PyTorch's
  * index_select / F.linear / index_add_ loop on the same inputs through moe_torch_peer.py
  * (in bf16 and in f32) when /usr/bin/python3 has torch and safetensors, its calls alternating
  * with libkt's (moe_peer.h). */
@@ -16,6 +16,7 @@
 
 #include "bench.h"
 #include "limits.h"
+#include "moe/f32_gemm.h"
 #include "moe_peer.h"
 #include "ops/gemm.h"
 
@@ -275,8 +276,11 @@ static int parse(int argc, char **argv, moe_args *a)
                    "Times the MoE layer forward and forward+backward; prints tokens/s,\n"
                    "GFLOP/s, the fraction of the bf16 GEMMs' register peak (vdpbf16ps, or\n"
                    "vfmadd231ps where bf16 is widened to f32) or of OpenBLAS sgemm on\n"
-                   "the same per-expert shapes (f32), the fraction of memory bandwidth for\n"
-                   "qlen <= 16, and the ratio against PyTorch's loop in bf16 and f32.\n"
+                   "the same per-expert shapes (f32; with OpenBLAS's kernel set named, and\n"
+                   "the fraction of the vfmadd231ps peak where the layer's own f32 kernels\n"
+                   "run; KT_CPU=blas runs the layer on sgemm instead), the fraction of\n"
+                   "memory bandwidth for qlen <= 16, and the ratio against PyTorch's loop\n"
+                   "in bf16 and f32.\n"
                    "Defaults: --shape small --qlen 128 --mode frozen --dtype bf16, all CPUs.\n"
                    "The peer (moe_torch_peer.py, one process per dtype) times one call\n"
                    "per request; its calls alternate with libkt's, call by call above qlen 16\n"
@@ -520,6 +524,9 @@ int bench_moe(int argc, char **argv, const bench_args *common)
      * something else ran on the machine would flatter every fraction */
     double peak =
         a.dtype == KT_BF16 ? bench_bf16_peak_gflops(pool, kt_threadpool_size(pool), 5) : 0.0;
+    /* f32 on the layer's own kernels: their FMA peak too, measured the same way */
+    const int f32_fma = a.dtype == KT_F32 && kt__f32_gemm_tiled();
+    double fma_peak = f32_fma ? bench_fma_peak_gflops(pool, kt_threadpool_size(pool), 5) : 0.0;
     /* the read bandwidth in passes between the forward calls (bw_judge) */
     bw_judge bw = {.probe = small ? bench_read_probe_open(256u << 20) : NULL,
                    .pool = pool,
@@ -583,6 +590,9 @@ int bench_moe(int argc, char **argv, const bench_args *common)
         peak = after > peak ? after : peak;
     } else {
         peak = sgemm_rate_gflops(&a, &in, pool);
+        const double after =
+            f32_fma ? bench_fma_peak_gflops(pool, kt_threadpool_size(pool), 5) : 0.0;
+        fma_peak = after > fma_peak ? after : fma_peak;
     }
     int have[2];
     for (int k = 0; k < 2; k++)
@@ -607,6 +617,13 @@ int bench_moe(int argc, char **argv, const bench_args *common)
                    (double)a.qlen / t, gf);
             printf("\"%s\":%.2f,\"fraction_of_peak\":%.3f,",
                    a.dtype == KT_BF16 ? "peak_gflops" : "sgemm_gflops", peak, frac_peak);
+            if (a.dtype == KT_F32) {
+                printf("\"sgemm_core\":\"%s\",\"f32_kernels\":\"%s\",", kt__sgemm_core_name(),
+                       f32_fma ? "fma" : "sgemm");
+                if (fma_peak > 0)
+                    printf("\"fma_peak_gflops\":%.2f,\"fraction_of_fma_peak\":%.3f,", fma_peak,
+                           gf / fma_peak);
+            }
             if (frac_bw >= 0)
                 printf("\"bandwidth_gbs\":%.2f,\"fraction_of_bandwidth\":%.3f,"
                        "\"bandwidth_best_gbs\":%.2f,\"fraction_of_best_bandwidth\":%.3f,",
@@ -634,10 +651,15 @@ int bench_moe(int argc, char **argv, const bench_args *common)
             printf("}\n");
         } else {
             printf("moe %s qlen=%lld %s %s %s: %.3f ms, %.0f tokens/s, %.1f GFLOP/s, %.3f of the "
-                   "%s (%.1f GFLOP/s)",
+                   "%s (%.1f GFLOP/s",
                    s->name, (long long)a.qlen, mode_names[a.mode], kt_dtype_name(a.dtype),
                    pass ? "fwd+bwd" : "fwd", t * 1e3, (double)a.qlen / t, gf, frac_peak,
                    a.dtype == KT_BF16 ? peak_name : "OpenBLAS sgemm rate", peak);
+            if (a.dtype == KT_F32)
+                printf(", its %s kernels", kt__sgemm_core_name());
+            printf(")");
+            if (fma_peak > 0)
+                printf(", %.3f of the vfmadd231ps peak (%.1f GFLOP/s)", gf / fma_peak, fma_peak);
             if (frac_bw >= 0)
                 printf(", %.3f of %.1f GB/s memory bandwidth (%.3f of the best read pass, %.1f)",
                        frac_bw, bw.gbs, bw.best_fraction, bw.best_gbs);

@@ -152,7 +152,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static float peak_loop(co
 
 #ifdef LIMITS_HAVE_PEAK
 /* The same loop on vfmadd231ps (16 x 2 flop an instruction): the instruction of the widened
- * bf16 path (lib/moe/bf16_widen.h). */
+ * bf16 path (lib/moe/fma_gemm.h). */
 __attribute__((target("avx512f"))) static float fma_peak_loop(const float *seed)
 {
     __m512 c[16];
@@ -194,11 +194,9 @@ static void peak_part(void *ctx, int64_t begin, int64_t end, int thread)
 #endif
 }
 
-double bench_bf16_peak_gflops(kt_threadpool *pool, int threads, int repeats)
+/* The register peak of the FMA loop (fma) or of vdpbf16ps's. */
+static double peak_gflops(kt_threadpool *pool, int threads, int repeats, int fma)
 {
-    int fma = peak_on_fma();
-    if (!fma && !kt_cpu_get_features()->avx512_bf16)
-        return 0.0;
     double t[64];
     if (repeats > 64)
         repeats = 64;
@@ -210,4 +208,20 @@ double bench_bf16_peak_gflops(kt_threadpool *pool, int threads, int repeats)
     }
     const double flops = (double)threads * PEAK_ITERS * 16.0 * (fma ? 32.0 : 64.0);
     return flops / bench_median(t, repeats) * 1e-9;
+}
+
+double bench_bf16_peak_gflops(kt_threadpool *pool, int threads, int repeats)
+{
+    const int fma = peak_on_fma();
+    if (!fma && !kt_cpu_get_features()->avx512_bf16)
+        return 0.0;
+    return peak_gflops(pool, threads, repeats, fma);
+}
+
+double bench_fma_peak_gflops(kt_threadpool *pool, int threads, int repeats)
+{
+    const kt_cpu_features *f = kt_cpu_get_features();
+    if (!f->avx512f || !f->avx512bw)
+        return 0.0;
+    return peak_gflops(pool, threads, repeats, 1);
 }

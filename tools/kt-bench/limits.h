@@ -21,5 +21,7 @@ void bench_read_probe_close(bench_read_probe *p);
  * where neither can run. */
 double bench_bf16_peak_gflops(kt_threadpool *pool, int threads, int repeats);
 const char *bench_bf16_peak_name(void);
+/* The vfmadd231ps register peak alone (that of the f32 MoE kernels), 0 without AVX-512. */
+double bench_fma_peak_gflops(kt_threadpool *pool, int threads, int repeats);
 
 #endif
