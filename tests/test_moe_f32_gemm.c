@@ -22,6 +22,7 @@
 
 #include "core/cpu_internal.h"
 #include "moe/f32_gemm.h"
+#include "moe/fma_gemm.h"
 #include "test_util.h"
 
 enum { NT = 0, NN = 1, NN2 = 2, TN = 3 };
@@ -379,8 +380,8 @@ static void test_report(void **state)
     const char *forced = getenv("KT_CPU");
     print_message("f32 gemm paths: nt %s at 1 row, %s at %d rows; nn and tn %s (cpu: %s%s%s); "
                   "%lld cases, %lld elements checked, %lld compared bitwise with the reference\n",
-                  kt__f32_gemm_path("nt", 1), kt__f32_gemm_path("nt", KT__F32_ROWS_MAX_M + 1),
-                  KT__F32_ROWS_MAX_M + 1, kt__f32_gemm_path("nn", 1), kt_cpu_describe(),
+                  kt__f32_gemm_path("nt", 1), kt__f32_gemm_path("nt", KT__FMA_ROWS_MAX_M + 1),
+                  KT__FMA_ROWS_MAX_M + 1, kt__f32_gemm_path("nn", 1), kt_cpu_describe(),
                   forced ? ", KT_CPU=" : "", forced ? forced : "", (long long)g_cases,
                   (long long)g_checked, (long long)g_bitwise);
     if (forced != NULL && strcmp(forced, "portable") == 0)

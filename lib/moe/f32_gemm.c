@@ -6,7 +6,6 @@
 #include "core/cpu_internal.h"
 #include "moe/f32_gemm.h"
 #include "moe/fma_gemm.h"
-#include "moe/lane_mask.h"
 
 int kt__f32_gemm_tiled(void)
 {
@@ -17,7 +16,7 @@ int kt__f32_gemm_tiled(void)
 #endif
 }
 
-static int use_rows(int64_t M) { return M <= KT__F32_ROWS_MAX_M; }
+static int use_rows(int64_t M) { return M <= KT__FMA_ROWS_MAX_M; }
 
 const char *kt__f32_gemm_path(const char *kind, int64_t M)
 {
@@ -68,66 +67,6 @@ void kt__f32_gemm_tn_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const flo
         }
 }
 
-/* ---- row dots: x w^T for a few rows of x ------------------------------------------------ */
-
-#ifdef KT__FMA_GEMM
-#include <immintrin.h>
-#define R_TARGET __attribute__((target("avx512f")))
-#define R_INLINE static inline __attribute__((always_inline, target("avx512f")))
-
-/* Weight rows per step: with MR rows of x, MR x 4 accumulators. */
-#define ROWS_W 4
-
-/* y[m, n0 .. n0 + nw) for nw <= 4 weight rows: 16 lanes of sums along k, then the lanes added
- * in _mm512_reduce_add_ps's fixed tree. Each row of w is read once, front to back. */
-R_INLINE void rows_step(const int MR, int64_t nw, int64_t K, const float *x, int64_t ldx,
-                        const float *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
-{
-    __m512 acc[KT__F32_ROWS_MAX_M][ROWS_W];
-    for (int i = 0; i < MR; i++)
-        for (int j = 0; j < ROWS_W; j++)
-            acc[i][j] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16) {
-        const __mmask16 mk = kt__lanes16(K - k);
-        __m512 wv[ROWS_W];
-        for (int j = 0; j < ROWS_W; j++)
-            wv[j] = j < nw ? _mm512_maskz_loadu_ps(mk, w + j * ldw + k) : _mm512_setzero_ps();
-        for (int i = 0; i < MR; i++) {
-            const __m512 xv = _mm512_maskz_loadu_ps(mk, x + i * ldx + k);
-            for (int j = 0; j < ROWS_W; j++)
-                acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-        }
-    }
-    for (int i = 0; i < MR; i++)
-        for (int j = 0; j < nw; j++) {
-            const float s = _mm512_reduce_add_ps(acc[i][j]);
-            y[i * ldy + j] = accumulate ? y[i * ldy + j] + s : s;
-        }
-}
-
-#define ROWS_CASE(MR)                                                                              \
-    case MR:                                                                                       \
-        for (int64_t n = n0; n < n1; n += ROWS_W)                                                  \
-            rows_step(MR, n1 - n < ROWS_W ? n1 - n : ROWS_W, K, x, ldx, w + n * ldw, ldw, y + n,   \
-                      ldy, accumulate);                                                            \
-        break;
-
-R_TARGET static void nt_rows(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *x,
-                             int64_t ldx, const float *w, int64_t ldw, float *y, int64_t ldy,
-                             int accumulate)
-{
-    switch (M) {
-        ROWS_CASE(1)
-        ROWS_CASE(2)
-        ROWS_CASE(3)
-        ROWS_CASE(4)
-    default:
-        break;
-    }
-}
-_Static_assert(KT__F32_ROWS_MAX_M == 4, "nt_rows has one case per row count");
-#endif
-
 /* ---- dispatch --------------------------------------------------------------------------- */
 
 void kt__f32_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *x, int64_t ldx,
@@ -138,7 +77,7 @@ void kt__f32_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *
 #ifdef KT__FMA_GEMM
     if (kt__f32_gemm_tiled()) {
         if (use_rows(M))
-            nt_rows(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+            kt__fma_nt_rows_f32(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
         else
             kt__fma_nt(KT__FMA_F32, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
         return;

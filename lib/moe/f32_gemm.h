@@ -7,9 +7,9 @@
  * Paths, chosen by the product's rows M alone (each sums in its own order):
  *  - "fma": fma_gemm.h's 12 x 32 register tiles; every element one f32 sum in index order,
  *    one FMA per step: bitwise kt__f32_gemm_*_ref without accumulate.
- *  - "fma_rows" (nt below KT__F32_ROWS_MAX_M rows): x w^T as dot products along w's rows, 16
- *    lanes of partial sums in index order, added in a fixed tree at the end; w streamed in
- *    long runs (a decoding step's product only reads the weights).
+ *  - "fma_rows" (nt up to KT__FMA_ROWS_MAX_M rows): x w^T as dot products along w's rows
+ *    (kt__fma_nt_rows), w streamed in long runs (a decoding step's product only reads the
+ *    weights).
  *  - "scalar": the references, where the kernels are not built or the CPU lacks AVX-512. */
 #ifndef KT_MOE_F32_GEMM_H
 #define KT_MOE_F32_GEMM_H
@@ -22,9 +22,6 @@ int kt__f32_gemm_tiled(void);
 
 /* The path a product of M rows takes with `kind` one of "nt", "nn", "tn". */
 const char *kt__f32_gemm_path(const char *kind, int64_t M);
-
-/* Up to this many rows nt takes the row-dot path. */
-#define KT__F32_ROWS_MAX_M 4
 
 /* y[m, n] = (accumulate ? y : 0) + sum_k x[m, k] w[n, k], n in [n0, n1) */
 void kt__f32_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *x, int64_t ldx,

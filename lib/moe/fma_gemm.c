@@ -273,6 +273,65 @@ W_INLINE unsigned flush_denormals(kt__fma_src src)
     return old;
 }
 
+/* ---- row dots: x w^T for a few rows of x ------------------------------------------------- */
+
+/* Weight rows per step: with MR rows of x, MR x 4 accumulators. */
+#define ROWS_W 4
+
+/* y[m, 0 .. nw) for nw <= 4 rows of w: 16 lanes of sums along k, then the lanes added in
+ * _mm512_reduce_add_ps's fixed tree. The 4 rows of w are read side by side, front to back.
+ * (bf16 keeps bf16_gemm.c's vdpbf16ps rows kernel: this loop with the rows widened was slower
+ * there, dsv2lite qlen 1 frozen forward 0.64-0.74 of the memory bandwidth against 0.76-0.80.) */
+W_INLINE void rows_step(const int MR, int64_t nw, int64_t K, const float *x, int64_t ldx,
+                        const float *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
+{
+    __m512 acc[KT__FMA_ROWS_MAX_M][ROWS_W];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < ROWS_W; j++)
+            acc[i][j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+        const __mmask16 mk = kt__lanes16(K - k);
+        __m512 wv[ROWS_W];
+        for (int j = 0; j < ROWS_W; j++)
+            wv[j] = j < nw ? _mm512_maskz_loadu_ps(mk, w + j * ldw + k) : _mm512_setzero_ps();
+        for (int i = 0; i < MR; i++) {
+            const __m512 xv = _mm512_maskz_loadu_ps(mk, x + i * ldx + k);
+            for (int j = 0; j < ROWS_W; j++)
+                acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < nw; j++) {
+            const float v = _mm512_reduce_add_ps(acc[i][j]);
+            y[i * ldy + j] = accumulate ? y[i * ldy + j] + v : v;
+        }
+}
+
+#define ROWS_CASE(MR)                                                                              \
+    case MR:                                                                                       \
+        for (int64_t n = n0; n < n1; n += ROWS_W)                                                  \
+            rows_step(MR, n1 - n < ROWS_W ? n1 - n : ROWS_W, K, x, ldx, w + n * ldw, ldw, y + n,   \
+                      ldy, accumulate);                                                            \
+        break;
+_Static_assert(KT__FMA_ROWS_MAX_M == 4, "kt__fma_nt_rows_f32 has one case per row count");
+
+W_TARGET void kt__fma_nt_rows_f32(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *x,
+                                  int64_t ldx, const float *w, int64_t ldw, float *y, int64_t ldy,
+                                  int accumulate)
+{
+    if (n1 <= n0)
+        return;
+    switch (M) {
+        ROWS_CASE(1)
+        ROWS_CASE(2)
+        ROWS_CASE(3)
+        ROWS_CASE(4)
+    default:
+        break;
+    }
+}
+#undef ROWS_CASE
+
 /* ---- NT ------------------------------------------------------------------------------------ */
 
 W_TARGET void kt__fma_nt(kt__fma_src src, int64_t M, int64_t n0, int64_t n1, int64_t K,

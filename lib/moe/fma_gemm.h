@@ -50,6 +50,14 @@ typedef enum kt__fma_src { KT__FMA_BF16 = 0, KT__FMA_F32 = 1 } kt__fma_src;
 void kt__fma_nt(kt__fma_src src, int64_t M, int64_t n0, int64_t n1, int64_t K, const void *x,
                 int64_t ldx, const void *w, int64_t ldw, float *y, int64_t ldy, int accumulate);
 
+/* nt for 1 to KT__FMA_ROWS_MAX_M rows of f32 x as dot products along w's rows: 4 rows of w
+ * read side by side, front to back (a product of a few rows only streams the weights), 16 lanes
+ * of partial sums in index order each, added in a fixed tree at the end (not the tiles'
+ * order). Denormals as the caller's mode has them. */
+#define KT__FMA_ROWS_MAX_M 4
+void kt__fma_nt_rows_f32(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *x, int64_t ldx,
+                         const float *w, int64_t ldw, float *y, int64_t ldy, int accumulate);
+
 /* y[m, k] = (accumulate ? y : 0) + sum_n g0[m, n] w0[n, k] (+ sum_n g1[m, n] w1[n, k] when g1
  * is not NULL, continuing the same sum) over columns [k0, k1). */
 void kt__fma_nn(kt__fma_src src, int64_t M, int64_t N, int64_t k0, int64_t k1, const void *g0,
