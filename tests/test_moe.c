@@ -399,7 +399,8 @@ static void test_reference_odd(void **state)
 /* Rows x H large enough (1200 x 2048 f32 = 9.4 MiB) that the gate/up input gradients are
  * stored past the caches (backward.c: GX_STREAM_BYTES), and 600 rows per expert: above 512,
  * where the down projection's input gradient runs in chunks of rows (GA_MAX_ROWS), NN in
- * chunks of rows and TN in its work buffer; against the float64 reference. */
+ * chunks of rows and TN in its work buffer; against the float64 reference, bf16 and f32
+ * weights (both tiled where the CPU has AVX-512). */
 static void test_reference_large_rows(void **state)
 {
     (void)state;
@@ -407,6 +408,7 @@ static void test_reference_large_rows(void **state)
     OK(kt_threadpool_create(2, &pool));
     const int64_t q[] = {600};
     run_modes(KT_BF16, KT_F32, 2048, 16, 2, 2, q, 1, KT_I32, pool);
+    run_modes(KT_F32, KT_F32, 2048, 16, 2, 2, q, 1, KT_I64, pool);
     kt_threadpool_destroy(pool);
 }
 
@@ -666,15 +668,17 @@ static void test_threads_bitwise(void **state)
                 "H 48 I 40");
 }
 
-/* 600 rows per expert and H = 320 (bf16): the paths for long row counts (NN in chunks of
- * rows, TN in its work buffer, the down gradient's row chunks) and LoRA's input-gradient adds
- * in 128-column steps with a ragged last one, bitwise over 1, 2 and 3 threads and between
- * kept and recomputed activations, in every mode. */
+/* 600 rows per expert and H = 320 (bf16 and f32 weights): the paths for long row counts (NN
+ * in chunks of rows, TN in its work buffer, the down gradient's row chunks) and LoRA's
+ * input-gradient adds in 128-column steps with a ragged last one, bitwise over 1, 2 and 3
+ * threads and between kept and recomputed activations, in every mode. */
 static void test_long_rows_bitwise(void **state)
 {
     (void)state;
-    for (int mode = 0; mode < 3; mode++) {
-        kt_moe_config c = make_cfg(KT_BF16, KT_F32, (kt_moe_mode)mode, 320, 16, 2, 2, 600);
+    for (int i = 0; i < 6; i++) {
+        const int mode = i % 3;
+        kt_moe_config c =
+            make_cfg(i < 3 ? KT_BF16 : KT_F32, KT_F32, (kt_moe_mode)mode, 320, 16, 2, 2, 600);
         expect_same_over_threads(c, 600, "H 320 I 16, 600 rows per expert");
         blob a = run_blob(c, 2, 600);
         c.keep_activations = 0;
@@ -694,14 +698,16 @@ static void test_wide_intermediate(void **state)
     OK(kt_threadpool_create(2, &pool));
     const int64_t q[] = {320, 5};
     run_modes(KT_BF16, KT_F32, 64, 330, 3, 2, q, 2, KT_I32, pool);
+    run_modes(KT_F32, KT_F32, 64, 330, 3, 2, q, 2, KT_I64, pool);
     const kt_moe_config c = make_cfg(KT_BF16, KT_F32, KT_MOE_FROZEN, 64, 330, 3, 2, 320);
     kt_moe *m = NULL;
     OK(kt_moe_create(&c, pool, &m));
     assert_true(kt__moe_ga_per_thread(m)); /* the path this test is for */
     kt_moe_destroy(m);
     kt_threadpool_destroy(pool);
-    for (int mode = 0; mode < 3; mode++)
-        expect_same_over_threads(make_cfg(KT_BF16, KT_F32, (kt_moe_mode)mode, 64, 330, 3, 2, 320),
+    for (int i = 0; i < 6; i++)
+        expect_same_over_threads(make_cfg(i < 3 ? KT_BF16 : KT_F32, KT_F32, (kt_moe_mode)(i % 3),
+                                          64, 330, 3, 2, 320),
                                  320, "I 330");
 }
 
