@@ -374,6 +374,69 @@ static void test_denormals_kept(void **state)
     }
 }
 
+/* tn overwriting whole 32-column tiles of a 64-byte-aligned dw whose row stride is a multiple
+ * of 16 floats: the tiles' streaming stores (the layer's case), bitwise the reference. */
+static void test_tn_streaming_store(void **state)
+{
+    (void)state;
+    enum { M = 40, N = 30, K = 96, LD = 112 };
+    tu_rng rng;
+    tu_rng_seed(&rng, 5);
+    float *g = rand_matrix(M, N, &rng), *x = rand_matrix(M, K, &rng);
+    float *dw = aligned_alloc(64, (size_t)N * LD * sizeof *dw);
+    float *want = malloc((size_t)N * LD * sizeof *want);
+    assert_non_null(dw);
+    assert_non_null(want);
+    for (int64_t i = 0; i < (int64_t)N * LD; i++)
+        dw[i] = want[i] = NAN;
+    kt__f32_gemm_tn(M, 0, N, K, g, N, x, K, dw, LD, 0.5f, 0, NULL);
+    kt__f32_gemm_tn_ref(M, 0, N, K, g, N, x, K, want, LD, 0.5f, 0);
+    for (int64_t n = 0; n < N; n++) {
+        assert_memory_equal(dw + n * LD, want + n * LD, (size_t)K * sizeof *dw);
+        for (int64_t k = K; k < LD; k++) /* the padding untouched */
+            assert_true(isnan(dw[n * LD + k]));
+    }
+    free(g), free(x), free(dw), free(want);
+}
+
+/* Empty products: no rows (tn: dw = 0, or unchanged when adding), an empty reduction (nt, nn:
+ * y = 0, or unchanged when adding), an empty block (nothing written). */
+static void test_empty(void **state)
+{
+    (void)state;
+    float a[64], b[64], y[16];
+    for (int i = 0; i < 64; i++)
+        a[i] = b[i] = 1.0f;
+    for (int acc = 0; acc < 2; acc++) {
+        for (int i = 0; i < 16; i++)
+            y[i] = 3.0f;
+        kt__f32_gemm_tn(0, 0, 2, 8, a, 8, b, 8, y, 8, 1.0f, acc, NULL);
+        for (int i = 0; i < 16; i++)
+            assert_true(y[i] == (acc ? 3.0f : 0.0f));
+        for (int64_t M = 1; M <= 6; M += 5) { /* the row-dot path and the tiles */
+            for (int i = 0; i < 16; i++)
+                y[i] = 3.0f;
+            kt__f32_gemm_nt(M, 0, 2, 0, a, 8, b, 8, y, 2, acc);
+            for (int i = 0; i < 2 * M; i++)
+                assert_true(y[i] == (acc ? 3.0f : 0.0f));
+            for (int i = 0; i < 16; i++)
+                y[i] = 3.0f;
+            kt__f32_gemm_nn(M, 0, 0, 2, a, 8, b, 8, y, 2, acc);
+            for (int i = 0; i < 2 * M; i++)
+                assert_true(y[i] == (acc ? 3.0f : 0.0f));
+        }
+    }
+    for (int i = 0; i < 16; i++)
+        y[i] = 3.0f;
+    kt__f32_gemm_nt(2, 1, 1, 8, a, 8, b, 8, y, 8, 0);
+    kt__f32_gemm_nn(2, 8, 1, 1, a, 8, b, 8, y, 8, 0);
+    kt__f32_gemm_nn2(2, 8, 1, 1, a, b, a, b, 8, 8, y, 8);
+    kt__f32_gemm_tn(2, 1, 1, 8, a, 8, b, 8, y, 8, 1.0f, 0, NULL);
+    kt__f32_gemm_nt(0, 0, 2, 8, a, 8, b, 8, y, 8, 0);
+    for (int i = 0; i < 16; i++)
+        assert_true(y[i] == 3.0f);
+}
+
 static void test_report(void **state)
 {
     (void)state;
@@ -400,6 +463,8 @@ int main(void)
         cmocka_unit_test(test_layer_shapes),
         cmocka_unit_test(test_tn_long),
         cmocka_unit_test(test_denormals_kept),
+        cmocka_unit_test(test_tn_streaming_store),
+        cmocka_unit_test(test_empty),
         cmocka_unit_test(test_report),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

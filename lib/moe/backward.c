@@ -121,8 +121,8 @@ size_t kt__moe_ga_floats(const kt_moe *m)
     return (f + 15) / 16 * 16; /* whole cache lines: no block shares one with the next */
 }
 
-/* This thread's TN work buffer (sized for T rows, the most an expert has), or NULL (T <= 512
- * or f32: the kernels need none) */
+/* This thread's TN work buffer (sized for T rows, the most an expert has), or NULL (T <= 512,
+ * or f32 through kt__sgemm: the kernels need none) */
 static void *tn_work(const kt_moe *m, int thread)
 {
     return m->tnw != NULL ? m->tnw + (size_t)thread * kt__moe_gemm_tn_work_bytes(m, m->T) : NULL;
@@ -188,7 +188,8 @@ static void ga_tasks(void *vctx, int64_t b, int64_t end, int thread)
 }
 
 /* gx is stored past the caches when it is this large (it is read back once, by the
- * per-token sum, after every expert's rows are written). */
+ * per-token sum, after every expert's rows are written). Only the bf16 vdpbf16ps kernel
+ * streams; the FMA tiles (bf16 on Intel, f32) store plainly. */
 #define GX_STREAM_BYTES (8u << 20)
 
 static int stream_gx(const kt_moe *m)

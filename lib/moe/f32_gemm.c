@@ -1,5 +1,5 @@
-/* f32 GEMMs for the MoE layer (see f32_gemm.h): the choice of path, the row-dot kernel for
- * products of a few rows, and the scalar references. */
+/* f32 GEMMs for the MoE layer (see f32_gemm.h): the choice of path and the scalar references;
+ * the kernels are fma_gemm.c's. */
 #include <math.h>
 #include <string.h>
 

@@ -8,7 +8,7 @@
  *  - "fma": fma_gemm.h's 12 x 32 register tiles; every element one f32 sum in index order,
  *    one FMA per step: bitwise kt__f32_gemm_*_ref without accumulate.
  *  - "fma_rows" (nt up to KT__FMA_ROWS_MAX_M rows): x w^T as dot products along w's rows
- *    (kt__fma_nt_rows), w streamed in long runs (a decoding step's product only reads the
+ *    (kt__fma_nt_rows_f32), w streamed in long runs (a decoding step's product only reads the
  *    weights).
  *  - "scalar": the references, where the kernels are not built or the CPU lacks AVX-512. */
 #ifndef KT_MOE_F32_GEMM_H

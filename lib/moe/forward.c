@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "moe/bf16_gemm.h"
+#include "moe/fma_gemm.h"
 #include "moe/moe_internal.h"
 #include "ops/gemm.h"
 
@@ -59,12 +60,18 @@ void kt__moe_gather(kt_moe *m, const kt__moe_job *job, int load_x)
 /* Columns of gate/up computed together before their SiLU product: the g and u blocks of an
  * expert (rows x 96 f32 each) are still in L2 when the product reads them, where a whole
  * expert's [rows, I] pair would already be on its way out. 96 = 16 tiles of 6 columns.
- * An expert of at most KT__BF16_NT_ROWS_MAX_M rows takes its task's columns at once instead:
+ * An expert of at most stream_rows_max rows (where nt only streams the weights: bf16's
+ * KT__BF16_NT_ROWS_MAX_M, f32's KT__FMA_ROWS_MAX_M) takes its task's columns at once instead:
  * its g and u rows are a few KiB, and the kernel then only streams the weights, which it
  * does best in long runs (each switch between gate and up starts a new stream; alternating
  * builds, frozen forward: dsv2lite qlen 1 2.13 -> 2.02 ms, qlen 16 17.0 -> 16.5, qwen3moe
  * qlen 1 1.03 -> 1.01). */
 #define GU_SUB_COLS 96
+
+static int64_t stream_rows_max(const kt_moe *m)
+{
+    return m->bf16 ? KT__BF16_NT_ROWS_MAX_M : KT__FMA_ROWS_MAX_M;
+}
 
 static void gate_up_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
@@ -76,7 +83,7 @@ static void gate_up_tasks(void *vctx, int64_t b, int64_t end, int thread)
         const kt__moe_task *t = &m->tasks[i];
         int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
         const void *x = kt__moe_cdt_at(m, m->xc, off * m->ldh);
-        const int64_t sub = me <= KT__BF16_NT_ROWS_MAX_M ? t->c1 - t->c0 : GU_SUB_COLS;
+        const int64_t sub = me <= stream_rows_max(m) ? t->c1 - t->c0 : GU_SUB_COLS;
         for (int64_t c0 = t->c0; c0 < t->c1; c0 += sub) {
             const kt__moe_task st = {t->e, c0, t->c1 - c0 < sub ? t->c1 : c0 + sub};
             if (m->tiled) {

@@ -129,8 +129,8 @@ struct kt_moe {
     float *gwp;   /* [N, kt__moe_gw_pieces]: the routing gradient's sums per 16 columns */
     float *row_w; /* [N] the routing weight of each row (backward) */
     float *ga;    /* [N,I], or per thread kt__moe_ga_floats each (kt__moe_ga_per_thread) */
-    /* full mode, bf16, experts of more than 512 rows possible: per thread, the weight
-     * gradient kernel's work buffer (kt__bf16_gemm_tn_work_bytes(T) each) */
+    /* full mode, tiled, experts of more than 512 rows possible: per thread, the weight
+     * gradient kernel's work buffer (kt__moe_gemm_tn_work_bytes(m, T) each) */
     unsigned char *tnw;
     void *ggc; /* [N,I] cdt */
     void *guc; /* [N,I] cdt */
@@ -244,7 +244,6 @@ static inline void kt__moe_prefetch_next_slot_row(const kt_moe *m, const float *
                        (size_t)len * sizeof(float), KT__PF_READ);
 }
 
-/* Element i of a buffer in the compute dtype (bf16 or f32, m->cs bytes each) */
 /* layer_gemm.c: one block of a product in the weight dtype (tiled layers; see bf16_gemm.h for
  * the operands) */
 void kt__moe_gemm_nt(const kt_moe *m, int64_t M, int64_t n0, int64_t n1, int64_t K, const void *x,
@@ -260,6 +259,7 @@ void kt__moe_gemm_tn(const kt_moe *m, int64_t M, int64_t n0, int64_t n1, int64_t
                      int64_t lddw, float scale, int accumulate, void *work);
 size_t kt__moe_gemm_tn_work_bytes(const kt_moe *m, int64_t M);
 
+/* Element i of a buffer in the compute dtype (bf16 or f32, m->cs bytes each) */
 static inline void *kt__moe_cdt_at(const kt_moe *m, const void *base, int64_t i)
 {
     return (unsigned char *)base + (size_t)i * m->cs;

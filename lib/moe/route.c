@@ -173,7 +173,8 @@ int64_t kt__moe_plan(kt_moe *m, int64_t cols)
  * stream path reads each of w's rows over the task's columns, so a piece of a hundred columns
  * is 200-byte runs 4 KiB apart, which stream badly (dsv2lite qlen 1, the gate/up input
  * gradients with the pieces 1.08 ms, without 0.86-0.91). */
-#define SHARE_WHOLE_MAX_ROWS KT__BF16_NN_STREAM_MAX_M
+#define SHARE_WHOLE_MAX_ROWS KT__BF16_NN_STREAM_MAX_M /* (f32 and bf16 on the FMA tiles have
+                                                      * no stream path; whole is harmless) */
 
 /* The (expert, column) at cost position b within experts [e0, e1): the column rounded to
  * KT__MOE_COL_ALIGN, (e1, 0) at or past the end. */
