@@ -19,6 +19,7 @@
 
 static kt_cpu_features features;
 static int f32_on_blas;
+static int vendor_intel;
 static char description[160];
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 
@@ -92,6 +93,7 @@ static void detect(void)
         __cpuid(0, v0, vb, vc, vd);
         (void)v0;
         const int intel = vb == 0x756e6547u && vd == 0x49656e69u && vc == 0x6c65746eu;
+        vendor_intel = intel;
         const int avx512 = features.avx512f && features.avx512bw;
         features.bf16_on_fma =
             avx512 && (widen || (!dpbf16 && (intel || !features.avx512_bf16)));
@@ -148,6 +150,12 @@ int kt__cpu_has_f16c(void)
 }
 
 int kt__cpu_bf16_on_fma(void) { return kt_cpu_get_features()->bf16_on_fma; }
+
+int kt__cpu_is_intel(void)
+{
+    pthread_once(&detect_once, detect);
+    return vendor_intel;
+}
 
 int kt__cpu_f32_on_blas(void)
 {

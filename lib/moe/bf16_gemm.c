@@ -332,6 +332,13 @@ static nt_pf nt_next_lines(const uint16_t *next, int64_t ldw, int64_t K, int64_t
  * 4 rows 30.4-31.7 -> 33.5-33.6 (2 threads, in the slow state: 47-49 -> 48-52). */
 #define NT_ROWS_MAX_M KT__BF16_NT_ROWS_MAX_M
 
+/* On Intel the rows' lines are also fetched this many bytes ahead of the loads: the Emerald
+ * Rapids VM's hardware prefetchers alone left the rows path at 0.76-0.80 of the memory
+ * bandwidth (dsv2lite qlen 1 frozen forward, 4.06-4.17 ms), 2 KiB ahead took it to 0.93-0.95
+ * (3.29-3.42 ms; 512 B 0.87, 1 KiB 0.88-0.94, 3-4 KiB as 2; qwen3moe 0.76 -> 0.93). The AMD
+ * Zen 5 VM reached 0.95-0.99 without it (thirteenth session) and has not run it: off there. */
+#define NT_ROWS_FETCH_BYTES 2048
+
 /* o[i] (o[mr + i]) = the 16-lane sums of x row i . w row wa (wb; NULL: none) over K (i < mr),
  * one accumulator each, the chunks of k in order: the tile's operations, so the tile's bits. */
 #define NT_ROW_DP(i, load)                                                                         \
@@ -343,13 +350,18 @@ static nt_pf nt_next_lines(const uint16_t *next, int64_t ldw, int64_t K, int64_t
     }
 #define NT_ROW_STEP(load)                                                                          \
     {                                                                                              \
+        if (fetch) {                                                                               \
+            _mm_prefetch((const char *)(wa + k) + NT_ROWS_FETCH_BYTES, _MM_HINT_T0);               \
+            if (two)                                                                               \
+                _mm_prefetch((const char *)(wb + k) + NT_ROWS_FETCH_BYTES, _MM_HINT_T0);           \
+        }                                                                                          \
         const __m512i wva = load(wa + k), wvb = two ? load(wb + k) : wva;                          \
         NT_ROW_DP(0, load) NT_ROW_DP(1, load) NT_ROW_DP(2, load) NT_ROW_DP(3, load)                \
     }
 #define NT_FULL_LOAD(p) _mm512_loadu_si512((const void *)(p))
 #define NT_TAIL_LOAD(p) _mm512_maskz_loadu_epi16(km, (p))
-BF_INLINE void nt_row_dots(const int mr, const int two, int64_t K, const uint16_t *x, int64_t ldx,
-                           const uint16_t *wa, const uint16_t *wb, __m512 *o)
+BF_INLINE void nt_row_dots(const int mr, const int two, int fetch, int64_t K, const uint16_t *x,
+                           int64_t ldx, const uint16_t *wa, const uint16_t *wb, __m512 *o)
 {
     const __m512 zf = _mm512_setzero_ps();
     __m512 a0 = zf, a1 = zf, a2 = zf, a3 = zf, b0 = zf, b1 = zf, b2 = zf, b3 = zf;
@@ -377,9 +389,9 @@ BF_INLINE void nt_row_dots(const int mr, const int two, int64_t K, const uint16_
  * order, which the hardware prefetchers follow; the tile's 6 rows 4 KiB apart at the same k
  * left them behind), row j of wa and of wb side by side, their dot products in slots
  * (1 + two) mr j + i and, of wb, 2 mr j + mr + i, all 16 reduced together by the tile's tree. */
-BF_INLINE void nt_rows_block(const int mr, const int two, int64_t K, const uint16_t *x, int64_t ldx,
-                             const uint16_t *wa, const uint16_t *wb, int64_t ldw, int nw, float *ya,
-                             float *yb, int64_t ldy, int accumulate)
+BF_INLINE void nt_rows_block(const int mr, const int two, int fetch, int64_t K, const uint16_t *x,
+                             int64_t ldx, const uint16_t *wa, const uint16_t *wb, int64_t ldw,
+                             int nw, float *ya, float *yb, int64_t ldy, int accumulate)
 {
     const __m512 zf = _mm512_setzero_ps();
     __m512 s[16];
@@ -387,7 +399,7 @@ BF_INLINE void nt_rows_block(const int mr, const int two, int64_t K, const uint1
         s[i] = zf;
     for (int j = 0; j < 16 / (1 + two) / mr; j++)
         if (j < nw)
-            nt_row_dots(mr, two, K, x, ldx, wa + j * ldw, two ? wb + j * ldw : NULL,
+            nt_row_dots(mr, two, fetch, K, x, ldx, wa + j * ldw, two ? wb + j * ldw : NULL,
                         s + (1 + two) * mr * j);
     _Alignas(64) float r[16];
     _mm512_store_ps(r, reduce16(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10],
@@ -403,15 +415,15 @@ BF_INLINE void nt_rows_block(const int mr, const int two, int64_t K, const uint1
     }
 }
 
-typedef void (*nt_rows_fn)(int64_t K, const uint16_t *x, int64_t ldx, const uint16_t *wa,
+typedef void (*nt_rows_fn)(int fetch, int64_t K, const uint16_t *x, int64_t ldx, const uint16_t *wa,
                            const uint16_t *wb, int64_t ldw, int nw, float *ya, float *yb,
                            int64_t ldy, int accumulate);
 #define NT_ROWS_VARIANT(MR, TWO, NAME)                                                             \
-    BF_TARGET static void NAME(int64_t K, const uint16_t *x, int64_t ldx, const uint16_t *wa,      \
-                               const uint16_t *wb, int64_t ldw, int nw, float *ya, float *yb,      \
-                               int64_t ldy, int accumulate)                                        \
+    BF_TARGET static void NAME(int fetch, int64_t K, const uint16_t *x, int64_t ldx,               \
+                               const uint16_t *wa, const uint16_t *wb, int64_t ldw, int nw,        \
+                               float *ya, float *yb, int64_t ldy, int accumulate)                  \
     {                                                                                              \
-        nt_rows_block(MR, TWO, K, x, ldx, wa, wb, ldw, nw, ya, yb, ldy, accumulate);               \
+        nt_rows_block(MR, TWO, fetch, K, x, ldx, wa, wb, ldw, nw, ya, yb, ldy, accumulate);        \
     }
 NT_ROWS_VARIANT(1, 0, nt_rows_1)
 NT_ROWS_VARIANT(2, 0, nt_rows_2)
@@ -442,16 +454,18 @@ _Static_assert(NT_TWO_STREAMS_MAX_M <= 2, "nt_rows_table has two-stream variants
 static void nt_rows(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
                     const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
+    const int fetch = kt__cpu_is_intel(); /* NT_ROWS_FETCH_BYTES */
     const int64_t h = M <= NT_TWO_STREAMS_MAX_M ? (n1 - n0) / 2 : 0;
     for (int64_t j = 0, step = 8 / M; j < h; j += step) { /* 16 slots: step rows of each half */
         const int nw = h - j < step ? (int)(h - j) : (int)step;
-        nt_rows_table[1][M](K, x, ldx, w + (n0 + j) * ldw, w + (n0 + h + j) * ldw, ldw, nw,
+        nt_rows_table[1][M](fetch, K, x, ldx, w + (n0 + j) * ldw, w + (n0 + h + j) * ldw, ldw, nw,
                             y + n0 + j, y + n0 + h + j, ldy, accumulate);
     }
     const int per = 16 / (int)M;
     for (int64_t n = n0 + 2 * h; n < n1; n += per) {
         const int nw = n1 - n < per ? (int)(n1 - n) : per;
-        nt_rows_table[0][M](K, x, ldx, w + n * ldw, NULL, ldw, nw, y + n, NULL, ldy, accumulate);
+        nt_rows_table[0][M](fetch, K, x, ldx, w + n * ldw, NULL, ldw, nw, y + n, NULL, ldy,
+                            accumulate);
     }
 }
 
