@@ -1,5 +1,6 @@
 /* rmsnorm, softmax, log_softmax: forward against float64 references, backward against
- * finite differences, bf16/f16 against f32, determinism (also across thread counts, since
+ * finite differences, rmsnorm at an RMS past f32's range for x^2 and rstd^3 (scale
+ * invariance), bf16/f16 against f32, determinism (also across thread counts, since
  * rmsnorm's dw is a reduction over rows), in-place forward, and bad input. */
 #include <math.h>
 #include <setjmp.h>
@@ -118,6 +119,58 @@ static void test_rmsnorm(void **state)
         }
         tu_free(&in[0]), tu_free(&in[1]);
     }
+}
+
+/* Rows at RMS 1e18 (x^2 past f32's range) and 1e14 (rstd^3 below it): scale-invariance, so
+ * y(s x) = y(x) and s dx(s x) = dx(x) up to rounding (eps is negligible against both). */
+static void test_rmsnorm_extreme_scale(void **state)
+{
+    (void)state;
+    tu_rng rng;
+    tu_rng_seed(&rng, 21);
+    const int64_t rows = 3, h = 700;
+    kt_tensor x = tu_new(KT_F32, rows, h), w = tu_new(KT_F32, h), g = tu_new(KT_F32, rows, h);
+    tu_fill_uniform(&x, &rng, -2, 2);
+    tu_fill_uniform(&w, &rng, 0.5, 1.5);
+    tu_fill_uniform(&g, &rng, -1, 1);
+    const kt_op_attrs at = {.eps = 1e-30f};
+    kt_tensor y0 = tu_new(KT_F32, rows, h), dx0 = tu_new(KT_F32, rows, h);
+    kt_tensor dw0 = tu_new(KT_F32, h);
+    kt_tensor in0[2] = {x, w}, gin0[2] = {dx0, dw0};
+    _Alignas(64) float scratch[64]; /* the backward's rstd per row */
+    kt_exec ex = {.scratch = scratch, .scratch_bytes = sizeof scratch};
+    assert_true(kt_op_scratch_bytes(KT_OP_RMSNORM, &at, in0, 2, 1) <= sizeof scratch);
+    assert_int_equal(kt_op_forward(KT_OP_RMSNORM, &at, in0, 2, &y0, 1, NULL), KT_OK);
+    assert_int_equal(kt_op_backward(KT_OP_RMSNORM, &at, in0, 2, &y0, 1, &g, gin0, &ex), KT_OK);
+    const float scales[2] = {1e18f, 1e14f};
+    for (int si = 0; si < 2; si++) {
+        const float s = scales[si];
+        kt_tensor xs = tu_clone(&x), y = tu_new(KT_F32, rows, h), dx = tu_new(KT_F32, rows, h);
+        kt_tensor dw = tu_new(KT_F32, h);
+        float *xd = xs.data;
+        for (int64_t i = 0; i < rows * h; i++)
+            xd[i] *= s;
+        kt_tensor in[2] = {xs, w}, gin[2] = {dx, dw};
+        assert_int_equal(kt_op_forward(KT_OP_RMSNORM, &at, in, 2, &y, 1, NULL), KT_OK);
+        assert_int_equal(kt_op_backward(KT_OP_RMSNORM, &at, in, 2, &y, 1, &g, gin, &ex), KT_OK);
+        const float *yd = y.data, *y0d = y0.data, *dxd = dx.data, *dx0d = dx0.data;
+        const float *dwd = dw.data, *dw0d = dw0.data;
+        for (int64_t i = 0; i < rows * h; i++) {
+            if (!(fabsf(yd[i] - y0d[i]) <= 1e-5f * (1.0f + fabsf(y0d[i]))))
+                fail_msg("scale %g: y[%lld] = %g, want %g", (double)s, (long long)i,
+                         (double)yd[i], (double)y0d[i]);
+            const double sdx = (double)dxd[i] * (double)s;
+            if (!(fabs(sdx - dx0d[i]) <= 1e-4 * (1.0 + fabs(dx0d[i]))))
+                fail_msg("scale %g: s dx[%lld] = %g, want %g", (double)s, (long long)i, sdx,
+                         (double)dx0d[i]);
+        }
+        for (int64_t i = 0; i < h; i++) /* dw = sum g x rstd: scale-free */
+            if (!(fabsf(dwd[i] - dw0d[i]) <= 1e-5f * (1.0f + fabsf(dw0d[i]))))
+                fail_msg("scale %g: dw[%lld] = %g, want %g", (double)s, (long long)i,
+                         (double)dwd[i], (double)dw0d[i]);
+        tu_free(&xs), tu_free(&y), tu_free(&dx), tu_free(&dw);
+    }
+    tu_free(&x), tu_free(&w), tu_free(&g), tu_free(&y0), tu_free(&dx0), tu_free(&dw0);
 }
 
 /* ---- softmax, log_softmax ------------------------------------------------------------------ */
@@ -288,7 +341,8 @@ static void test_bad_input(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rmsnorm),       cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_rmsnorm),       cmocka_unit_test(test_rmsnorm_extreme_scale),
+        cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_softmax_stable), cmocka_unit_test(test_low_precision),
         cmocka_unit_test(test_deterministic), cmocka_unit_test(test_inplace),
         cmocka_unit_test(test_bad_input),

@@ -1,9 +1,12 @@
 /* rmsnorm: y = x * rstd * w over the last dim H, rstd = 1 / sqrt(mean(x^2) + eps).
  *
  * Rows are independent and split over the pool; each row is walked in KT__CHUNK pieces so
- * rows of any length need only fixed stack buffers. The weight gradient sums over rows: the
- * backward first stores every row's rstd in scratch, then splits dw's columns (never its
- * rows) over the threads, so each column is summed in row order whatever the thread count. */
+ * rows of any length need only fixed stack buffers. A row's sums (of x^2, and backward's of
+ * g w x) and its rstd are kept in double: in f32, x^2 overflows from |x| ~ 1.8e19 (rstd 0,
+ * y 0) and the backward's rstd^3 underflows from an RMS of ~1e13 (dx's second term lost).
+ * The weight gradient sums over rows: the backward first stores every row's rstd in scratch,
+ * then splits dw's columns (never its rows) over the threads, so each column is summed in row
+ * order whatever the thread count. */
 #include <math.h>
 
 #include "ops/op_desc.h"
@@ -43,17 +46,17 @@ static size_t scratch_rmsnorm_bwd(const kt_op_attrs *at, const kt_tensor *in, in
 }
 
 /* rstd of the row that starts at element `off` */
-static float row_rstd(const kt_tensor *x, int64_t off, int64_t h, float eps)
+static double row_rstd(const kt_tensor *x, int64_t off, int64_t h, float eps)
 {
     float buf[KT__CHUNK];
-    float ss = 0.0f;
+    double ss = 0.0;
     for (int64_t i = 0; i < h; i += KT__CHUNK) {
         int64_t n = h - i < KT__CHUNK ? h - i : KT__CHUNK;
         const float *xs = kt__load_f32(x, off + i, n, buf);
         for (int64_t k = 0; k < n; k++)
-            ss += xs[k] * xs[k];
+            ss += (double)xs[k] * (double)xs[k];
     }
-    return 1.0f / sqrtf(ss / (float)h + eps);
+    return 1.0 / sqrt(ss / (double)h + (double)eps);
 }
 
 typedef struct norm_job {
@@ -71,7 +74,7 @@ static void fwd_rows(void *ctx, int64_t begin, int64_t end, int thread)
     float xbuf[KT__CHUNK], wbuf[KT__CHUNK], ybuf[KT__CHUNK];
     for (int64_t r = begin; r < end; r++) {
         int64_t off = r * j->h;
-        float rs = row_rstd(j->x, off, j->h, j->eps);
+        const float rs = (float)row_rstd(j->x, off, j->h, j->eps);
         /* each chunk is read before its output is written: safe when y aliases x */
         for (int64_t i = 0; i < j->h; i += KT__CHUNK) {
             int64_t n = j->h - i < KT__CHUNK ? j->h - i : KT__CHUNK;
@@ -104,20 +107,21 @@ static void bwd_rows(void *ctx, int64_t begin, int64_t end, int thread)
     float xbuf[KT__CHUNK], wbuf[KT__CHUNK], gbuf[KT__CHUNK], dbuf[KT__CHUNK];
     for (int64_t r = begin; r < end; r++) {
         int64_t off = r * j->h;
-        float rs = row_rstd(j->x, off, j->h, j->eps);
+        const double rsd = row_rstd(j->x, off, j->h, j->eps);
+        const float rs = (float)rsd;
         j->rstd[r] = rs;
         if (j->dx == NULL)
             continue;
-        float dot = 0.0f;
+        double dot = 0.0;
         for (int64_t i = 0; i < j->h; i += KT__CHUNK) {
             int64_t n = j->h - i < KT__CHUNK ? j->h - i : KT__CHUNK;
             const float *xs = kt__load_f32(j->x, off + i, n, xbuf);
             const float *ws = kt__load_f32(j->w, i, n, wbuf);
             const float *gs = kt__load_f32(j->g, off + i, n, gbuf);
             for (int64_t k = 0; k < n; k++)
-                dot += gs[k] * ws[k] * xs[k];
+                dot += (double)(gs[k] * ws[k]) * (double)xs[k];
         }
-        const float coef = rs * rs * rs * dot / (float)j->h;
+        const float coef = (float)(rsd * rsd * rsd * dot / (double)j->h);
         for (int64_t i = 0; i < j->h; i += KT__CHUNK) {
             int64_t n = j->h - i < KT__CHUNK ? j->h - i : KT__CHUNK;
             const float *xs = kt__load_f32(j->x, off + i, n, xbuf);
