@@ -290,8 +290,8 @@ static void test_sgemm_portable(void **state)
 static void test_sgemm_degenerate(void **state)
 {
     (void)state;
-    sgemm_fn fns[2] = {kt__sgemm_portable, kt__sgemm};
-    for (int f = 0; f < 2; f++) {
+    sgemm_fn fns[3] = {kt__sgemm_portable, kt__sgemm, kt__sgemm_openblas};
+    for (int f = 0; f < 3; f++) {
         float C[6] = {1, 2, 3, 4, 5, NAN}, A[6] = {1, 1, 1, 1, 1, 1};
         assert_int_equal(fns[f](NULL, 0, 0, 2, 3, 0, 1.0f, NULL, 0, NULL, 0, 2.0f, C, 3), KT_OK);
         assert_true(C[0] == 2 && C[4] == 10 && isnan(C[5]));
@@ -311,22 +311,27 @@ static void test_sgemm_degenerate(void **state)
     }
 }
 
-/* kt__sgemm (OpenBLAS in builds that have it) and the portable kernel agree within the
- * float64 bound each is held to; without OpenBLAS both are the portable kernel. */
+/* OpenBLAS (kt__sgemm_openblas, in builds that have it), kt__sgemm (whichever it chose) and
+ * the portable kernel agree within the float64 bound each is held to; without OpenBLAS all
+ * are the portable kernel. */
 static void test_sgemm_openblas_agreement(void **state)
 {
     (void)state;
-    if (!kt__sgemm_is_openblas())
-        print_message("kt__sgemm is the portable kernel in this build\n");
+    print_message("kt__sgemm runs %s here (OpenBLAS's kernel set: %s)\n",
+                  kt__sgemm_is_openblas() ? "OpenBLAS" : "the blocked kernel",
+                  kt__sgemm_core_name());
     tu_rng rng;
     tu_rng_seed(&rng, 105);
     for (size_t s = 0; s < sizeof gemm_shapes / sizeof gemm_shapes[0]; s++) {
         for (int t = 0; t < 4; t++) {
             gemm_args g = make_gemm(&rng, t & 1, t >> 1, gemm_shapes[s].M, gemm_shapes[s].N,
                                     gemm_shapes[s].K, 1.25f, t == 3 ? 0.5f : 0.0f);
-            float *cb = run_gemm(&g, kt__sgemm, NULL);
+            float *cb = run_gemm(&g, kt__sgemm_openblas, NULL);
+            float *cs = run_gemm(&g, kt__sgemm, NULL);
+            check_gemm(&g, cs, "kt__sgemm");
+            free(cs);
             float *cp = run_gemm(&g, kt__sgemm_portable, NULL);
-            check_gemm(&g, cb, "kt__sgemm");
+            check_gemm(&g, cb, "OpenBLAS sgemm");
             check_gemm(&g, cp, "portable sgemm");
             /* two results within the bound of float64 are within twice it of each other */
             for (int64_t i = 0; i < g.M; i++)

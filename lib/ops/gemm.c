@@ -16,10 +16,12 @@
  * a portable one in generic vector types; KT_CPU=portable forces the latter. Results are
  * bitwise reproducible for a given microkernel, not across them (FMA rounds once). */
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "core/cpu_internal.h"
 #include "core/error.h"
+#include "kt/runtime.h"
 #include "ops/gemm.h"
 #include "ops/op_util.h"
 
@@ -312,18 +314,46 @@ kt_status kt__sgemm_portable(kt_threadpool *pool, int trans_a, int trans_b, int6
     return KT_OK;
 }
 
+#ifdef KT_HAVE_OPENBLAS
+char *openblas_get_corename(void); /* OpenBLAS's own; not in every cblas.h */
+
+/* OpenBLAS's kernel sets with AVX2 and FMA or more (0.3.21's DYNAMIC_ARCH names). */
+static const char *const openblas_avx2_cores[] = {
+    "Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids", "Excavator"};
+
+static int use_openblas;
+static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
+
+/* OpenBLAS, unless its kernel set predates the CPU's vector units: a DYNAMIC_ARCH build picks
+ * the set from the CPU model at load and falls back to an old one for models it does not know
+ * (Debian's 0.3.21 runs "Prescott", SSE3, on Emerald Rapids). On a CPU with AVX2 and FMA
+ * whose OpenBLAS set has neither, the blocked kernel here (AVX-512 or AVX2 microkernels, on
+ * the caller's pool) is used instead: the example model's training (examples/train_lm.sh, 200
+ * steps, 2 threads, the MoE on its own kernels) took 25.5 s with OpenBLAS's Prescott kernels,
+ * 17.6-20.3 s with this kernel and 20.0 s with OpenBLAS forced to its SkylakeX kernels.
+ * KT_CPU=blas keeps OpenBLAS. Where
+ * OpenBLAS has AVX2 kernels it stays, also on AVX-512 CPUs (not compared there). */
+static void choose_backend(void)
+{
+    const char *core = openblas_get_corename();
+    const kt_cpu_features *f = kt_cpu_get_features();
+    int current = core == NULL || !f->avx2 || kt__cpu_f32_on_blas();
+    for (size_t i = 0; core != NULL && i < sizeof openblas_avx2_cores / sizeof *openblas_avx2_cores;
+         i++)
+        current |= strcmp(core, openblas_avx2_cores[i]) == 0;
+    use_openblas = current;
+}
+#endif
+
 int kt__sgemm_is_openblas(void)
 {
 #ifdef KT_HAVE_OPENBLAS
-    return 1;
+    pthread_once(&choose_once, choose_backend);
+    return use_openblas;
 #else
     return 0;
 #endif
 }
-
-#ifdef KT_HAVE_OPENBLAS
-char *openblas_get_corename(void); /* OpenBLAS's own; not in every cblas.h */
-#endif
 
 const char *kt__sgemm_core_name(void)
 {
@@ -338,6 +368,16 @@ const char *kt__sgemm_core_name(void)
 kt_status kt__sgemm(kt_threadpool *pool, int trans_a, int trans_b, int64_t M, int64_t N,
                     int64_t K, float alpha, const float *A, int64_t lda, const float *B,
                     int64_t ldb, float beta, float *C, int64_t ldc)
+{
+    if (kt__sgemm_is_openblas())
+        return kt__sgemm_openblas(pool, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C,
+                                  ldc);
+    return kt__sgemm_portable(pool, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+kt_status kt__sgemm_openblas(kt_threadpool *pool, int trans_a, int trans_b, int64_t M, int64_t N,
+                             int64_t K, float alpha, const float *A, int64_t lda, const float *B,
+                             int64_t ldb, float beta, float *C, int64_t ldc)
 {
 #ifdef KT_HAVE_OPENBLAS
     (void)pool;

@@ -29,8 +29,14 @@ kt_status kt__sgemm_portable(kt_threadpool *pool, int trans_a, int trans_b, int6
                              int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                              const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
-/* 1 when kt__sgemm is OpenBLAS in this build. */
+/* 1 when kt__sgemm runs OpenBLAS (which threads itself and ignores the pool): in builds
+ * with it, unless its kernel set predates the CPU's AVX2 (gemm.c) or KT_CPU=blas says so. */
 int kt__sgemm_is_openblas(void);
+/* OpenBLAS's sgemm in builds that have it (whatever kt__sgemm chooses), else the portable
+ * kernel: for the tests and kt-bench's library peer. */
+kt_status kt__sgemm_openblas(kt_threadpool *pool, int trans_a, int trans_b, int64_t M, int64_t N,
+                             int64_t K, float alpha, const float *A, int64_t lda, const float *B,
+                             int64_t ldb, float beta, float *C, int64_t ldc);
 /* The kernels kt__sgemm runs: OpenBLAS's core name ("SkylakeX", "Haswell", ...; a
  * DYNAMIC_ARCH build picks it at load from the CPU model and falls back to an older one for
  * models it does not know: Debian's 0.3.21 runs "Prescott" (SSE3) on Emerald Rapids), or

@@ -201,7 +201,8 @@ static double flops(const moe_args *a, int backward)
     return pairs * per * (a->mode == KT_MOE_FULL ? 3.0 : 2.0);
 }
 
-/* OpenBLAS (kt__sgemm) on the same per-expert shapes, in the same order: the f32 limit. */
+/* OpenBLAS (kt__sgemm_openblas, whatever kt__sgemm chooses) on the same per-expert shapes, in
+ * the same order: the f32 limit the issue names. */
 static double sgemm_rate_gflops(const moe_args *a, const moe_inputs *in, kt_threadpool *pool)
 {
     const shape *s = a->shape;
@@ -217,9 +218,9 @@ static double sgemm_rate_gflops(const moe_args *a, const moe_inputs *in, kt_thre
             int64_t m = in->counts[e];
             if (m == 0)
                 continue;
-            kt__sgemm(pool, 0, 1, m, I, H, 1.0f, x, H, w, H, 0.0f, h, I);
-            kt__sgemm(pool, 0, 1, m, I, H, 1.0f, x, H, w, H, 0.0f, h, I);
-            kt__sgemm(pool, 0, 1, m, H, I, 1.0f, h, I, w, I, 0.0f, y, H);
+            kt__sgemm_openblas(pool, 0, 1, m, I, H, 1.0f, x, H, w, H, 0.0f, h, I);
+            kt__sgemm_openblas(pool, 0, 1, m, I, H, 1.0f, x, H, w, H, 0.0f, h, I);
+            kt__sgemm_openblas(pool, 0, 1, m, H, I, 1.0f, h, I, w, I, 0.0f, y, H);
         }
         double dt = bench_now_s() - t0;
         best = dt < best ? dt : best;
