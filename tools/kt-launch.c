@@ -195,17 +195,32 @@ static int exit_code(int status)
 static pid_t spawn(int rank, int n, int port, const char *transport, const char *timeout,
                    char **argv, int out_fd[2], int err_fd[2])
 {
+    /* kt-launch's handlers must never run in a rank: a SIGTERM between fork and the reset
+     * below (kt-launch stopping the ranks as this one starts, on a loaded machine) ran them in
+     * the child, which wrote to kt-launch's signal pipe, so kt-launch took its own stop for a
+     * signal to itself (exit 143 instead of the failed rank's status), and the rank lived on
+     * until the grace period's SIGKILL. Signals stay blocked across fork; the child unblocks
+     * them once the defaults are back, and a pending one then acts as the default. */
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &block, &old);
     pid_t pid = fork();
-    if (pid != 0)
+    if (pid != 0) {
+        sigprocmask(SIG_SETMASK, &old, NULL);
         return pid;
-#ifdef __linux__
-    prctl(PR_SET_PDEATHSIG, SIGKILL); /* no orphaned ranks if kt-launch itself is killed */
-#endif
-    setpgid(0, 0); /* signals reach a rank once, through kt-launch */
+    }
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     signal(SIGCHLD, SIG_DFL);
     signal(SIGPIPE, SIG_DFL);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+#ifdef __linux__
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* no orphaned ranks if kt-launch itself is killed */
+#endif
+    setpgid(0, 0); /* signals reach a rank once, through kt-launch */
     dup2(out_fd[1], STDOUT_FILENO);
     dup2(err_fd[1], STDERR_FILENO);
     close(out_fd[0]);
