@@ -272,8 +272,10 @@ static void run_case(int kind, int64_t M, int64_t N, int64_t K, tu_rng *rng)
 static const int64_t rows_sizes[] = {1, 2, 3, 4, 5, 11, 12, 13, 25, 37, 129};
 static const int64_t dims[] = {1, 15, 16, 33, 130, 257};
 
-static void sweep(int kind)
+/* One kind's sweep; the kind comes as the test's state (main's kinds[]). */
+static void test_sweep(void **state)
 {
+    const int kind = *(const int *)*state;
     tu_rng rng;
     tu_rng_seed(&rng, 0x5eed0000u + (uint64_t)kind);
     for (size_t i = 0; i < sizeof rows_sizes / sizeof *rows_sizes; i++)
@@ -281,30 +283,6 @@ static void sweep(int kind)
             const int64_t a = dims[j], b = dims[(j + i) % (sizeof dims / sizeof *dims)];
             run_case(kind, rows_sizes[i], a, b, &rng);
         }
-}
-
-static void test_nt(void **state)
-{
-    (void)state;
-    sweep(NT);
-}
-
-static void test_nn(void **state)
-{
-    (void)state;
-    sweep(NN);
-}
-
-static void test_nn2(void **state)
-{
-    (void)state;
-    sweep(NN2);
-}
-
-static void test_tn(void **state)
-{
-    (void)state;
-    sweep(TN);
 }
 
 /* The layer's shapes at a few row counts (dsv2lite's gate/up and down), sampled. */
@@ -455,11 +433,13 @@ static void test_report(void **state)
 
 int main(void)
 {
+    static int kinds[4] = {NT, NN, NN2, TN};
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_nt),
-        cmocka_unit_test(test_nn),
-        cmocka_unit_test(test_nn2),
-        cmocka_unit_test(test_tn),
+        /* (cmocka_unit_test_prestate's fields, with a name per kind) */
+        {"test_nt", test_sweep, NULL, NULL, &kinds[NT]},
+        {"test_nn", test_sweep, NULL, NULL, &kinds[NN]},
+        {"test_nn2", test_sweep, NULL, NULL, &kinds[NN2]},
+        {"test_tn", test_sweep, NULL, NULL, &kinds[TN]},
         cmocka_unit_test(test_layer_shapes),
         cmocka_unit_test(test_tn_long),
         cmocka_unit_test(test_denormals_kept),

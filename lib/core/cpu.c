@@ -46,8 +46,8 @@ static void detect(void)
      * (and compared with the vector ones) on a machine that has them; KT_CPU=noamx hides AMX
      * alone, so the AVX-512 kernels can be measured against the tiles on one machine;
      * KT_CPU=dpbf16 and KT_CPU=widen choose the bf16 GEMMs' AVX-512 path against the vendor
-     * rule below (to test and time both on one machine); KT_CPU=blas sends the MoE layer's
-     * f32 GEMMs to kt__sgemm (OpenBLAS) instead of its own kernels (to compare the two). */
+     * rule below (to test and time both on one machine); KT_CPU=blas sends every f32 GEMM
+     * to OpenBLAS: the MoE layer's and kt__sgemm's (to compare them with the own kernels). */
     const char *forced = getenv("KT_CPU");
     int portable = forced != NULL && strcmp(forced, "portable") == 0;
     int noamx = forced != NULL && strcmp(forced, "noamx") == 0;

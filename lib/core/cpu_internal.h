@@ -7,6 +7,6 @@ int kt__cpu_has_avx512_bf16(void);
 int kt__cpu_has_f16c(void);         /* avx2 + f16c, OS-enabled */
 int kt__cpu_bf16_on_fma(void);      /* kt_cpu_features.bf16_on_fma */
 int kt__cpu_is_intel(void);         /* cpuid vendor GenuineIntel (tuning choices) */
-int kt__cpu_f32_on_blas(void);      /* KT_CPU=blas: the MoE layer's f32 GEMMs through kt__sgemm */
+int kt__cpu_f32_on_blas(void);      /* KT_CPU=blas: every f32 GEMM through OpenBLAS */
 
 #endif

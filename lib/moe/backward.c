@@ -319,8 +319,8 @@ static kt_status sgemm_dw(kt_moe *m, int proj, const float *g, int64_t gw, int64
         if (me == 0)
             continue;
         float *dw = m->wgrad + (e * 3 + proj) * m->H * m->I;
-        KT__TRY(kt__sgemm(m->gemm_pool, 1, 0, gw, inw, me, scale, g + off * ldg, ldg,
-                          in + off * ldin, ldin, overwrite ? 0.0f : 1.0f, dw, inw));
+        KT__TRY(kt__sgemm(m->pool, 1, 0, gw, inw, me, scale, g + off * ldg, ldg, in + off * ldin,
+                          ldin, overwrite ? 0.0f : 1.0f, dw, inw));
     }
     return KT_OK;
 }
@@ -334,7 +334,7 @@ static kt_status sgemm_nn(kt_moe *m, int proj, const float *g, int64_t gw, int64
         int64_t off = m->off[e], me = m->off[e + 1] - off;
         if (me == 0)
             continue;
-        KT__TRY(kt__sgemm(m->gemm_pool, 0, 0, me, outw, gw, 1.0f, g + off * ldg, ldg,
+        KT__TRY(kt__sgemm(m->pool, 0, 0, me, outw, gw, 1.0f, g + off * ldg, ldg,
                           kt__moe_weight_ptr(m, e, proj), outw, beta, out + off * outw, outw));
     }
     return KT_OK;

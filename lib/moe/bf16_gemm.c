@@ -334,8 +334,9 @@ static nt_pf nt_next_lines(const uint16_t *next, int64_t ldw, int64_t K, int64_t
 
 /* On Intel the rows' lines are also fetched this many bytes ahead of the loads: the Emerald
  * Rapids VM's hardware prefetchers alone left the rows path at 0.76-0.80 of the memory
- * bandwidth (dsv2lite qlen 1 frozen forward, 4.06-4.17 ms), 2 KiB ahead took it to 0.93-0.95
- * (3.29-3.42 ms; 512 B 0.87, 1 KiB 0.88-0.94, 3-4 KiB as 2; qwen3moe 0.76 -> 0.93). The AMD
+ * bandwidth (dsv2lite qlen 1 frozen forward, 3.99-4.36 ms), 2 KiB ahead took it to 0.92-0.96
+ * (3.35-3.66 ms, alternating builds; 512 B 0.87, 1 KiB 0.88-0.94, 3-4 KiB as 2; qwen3moe
+ * 0.76 -> 0.94). The AMD
  * Zen 5 VM reached 0.95-0.99 without it (thirteenth session) and has not run it: off there. */
 #define NT_ROWS_FETCH_BYTES 2048
 

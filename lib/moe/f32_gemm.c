@@ -27,30 +27,32 @@ const char *kt__f32_gemm_path(const char *kind, int64_t M)
 
 /* ---- the references --------------------------------------------------------------------- */
 
-/* (Built for baseline x86-64, which has no FMA instruction, the compiler cannot contract the
- * separate multiply and add of TN's finish into one.) */
+/* s + sum a[i * sa] b[i * sb] over i < n, one fmaf per step in index order. (Built for
+ * baseline x86-64, which has no FMA instruction, the compiler cannot contract the separate
+ * multiply and add of TN's finish into one.) */
+static float dot_ref(float s, const float *a, int64_t sa, const float *b, int64_t sb, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        s = fmaf(a[i * sa], b[i * sb], s);
+    return s;
+}
+
 void kt__f32_gemm_nt_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *x, int64_t ldx,
                          const float *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
     for (int64_t m = 0; m < M; m++)
-        for (int64_t n = n0; n < n1; n++) {
-            float s = accumulate ? y[m * ldy + n] : 0.0f;
-            for (int64_t k = 0; k < K; k++)
-                s = fmaf(x[m * ldx + k], w[n * ldw + k], s);
-            y[m * ldy + n] = s;
-        }
+        for (int64_t n = n0; n < n1; n++)
+            y[m * ldy + n] =
+                dot_ref(accumulate ? y[m * ldy + n] : 0.0f, x + m * ldx, 1, w + n * ldw, 1, K);
 }
 
 void kt__f32_gemm_nn_ref(int64_t M, int64_t N, int64_t k0, int64_t k1, const float *g, int64_t ldg,
                          const float *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
     for (int64_t m = 0; m < M; m++)
-        for (int64_t k = k0; k < k1; k++) {
-            float s = accumulate ? y[m * ldy + k] : 0.0f;
-            for (int64_t n = 0; n < N; n++)
-                s = fmaf(g[m * ldg + n], w[n * ldw + k], s);
-            y[m * ldy + k] = s;
-        }
+        for (int64_t k = k0; k < k1; k++)
+            y[m * ldy + k] =
+                dot_ref(accumulate ? y[m * ldy + k] : 0.0f, g + m * ldg, 1, w + k, ldw, N);
 }
 
 void kt__f32_gemm_tn_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *g, int64_t ldg,
@@ -59,10 +61,7 @@ void kt__f32_gemm_tn_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const flo
 {
     for (int64_t n = n0; n < n1; n++)
         for (int64_t k = 0; k < K; k++) {
-            float s = 0.0f;
-            for (int64_t m = 0; m < M; m++)
-                s = fmaf(g[m * ldg + n], x[m * ldx + k], s);
-            const float v = scale * s;
+            const float v = scale * dot_ref(0.0f, g + n, ldg, x + k, ldx, M);
             dw[n * lddw + k] = accumulate ? dw[n * lddw + k] + v : v;
         }
 }

@@ -3,7 +3,7 @@
  *
  * One register tile serves the three products: up to 12 rows x 32 columns of f32 sums; per
  * step of the reduction two zmm of a packed panel [step][32] (in L1) and one broadcast per
- * row, 24 FMAs. The broadcast operand is either rows of a widened chunk ([row][WK], NN and
+ * row, 24 FMAs. The broadcast operand is either rows of a converted chunk ([row][WK], NN and
  * NT: element (i, k) at i * WK + k) or a packed panel ([step][12], TN: at k * 12 + i); both
  * strides are compile-time constants, so every address in the loop is a displacement. */
 #include <string.h>
@@ -14,7 +14,7 @@
 #define WR 12       /* rows of a tile */
 #define WC 32       /* columns of a tile and of a panel */
 #define WK 128      /* reduction chunk of NN and NT: a panel [WK][32] f32 is 16 KiB */
-#define WM 128      /* rows of g / x widened at once (NN, NT): [WM][WK] f32 is 64 KiB */
+#define WM 128      /* rows of g / x converted at once (NN, NT): [WM][WK] f32 is 64 KiB */
 #define NN_PANELS 4 /* NN packs 4 panels (128 columns: 256 bytes of each weight row) at once */
 
 #ifdef KT__FMA_GEMM

@@ -126,8 +126,8 @@ static void down_tasks(void *vctx, int64_t b, int64_t end, int thread)
     }
 }
 
-/* f32 weights without the layer's own kernels: one kt__sgemm per active expert (it threads
- * itself), out = in * W^T. */
+/* f32 weights without the layer's own kernels: one kt__sgemm per active expert (on the pool,
+ * or OpenBLAS's own threads), out = in * W^T. */
 static kt_status sgemm_experts(kt_moe *m, int proj, const float *in, int64_t K, int64_t ldin,
                                float *out, int64_t N)
 {
@@ -135,7 +135,7 @@ static kt_status sgemm_experts(kt_moe *m, int proj, const float *in, int64_t K, 
         int64_t off = m->off[e], me = m->off[e + 1] - off;
         if (me == 0)
             continue;
-        KT__TRY(kt__sgemm(m->gemm_pool, 0, 1, me, N, K, 1.0f, in + off * ldin, ldin,
+        KT__TRY(kt__sgemm(m->pool, 0, 1, me, N, K, 1.0f, in + off * ldin, ldin,
                           kt__moe_weight_ptr(m, e, proj), K, 0.0f, out + off * N, N));
     }
     return KT_OK;

@@ -11,7 +11,6 @@
 #include "moe/bf16_gemm.h"
 #include "moe/f32_gemm.h"
 #include "moe/moe_internal.h"
-#include "ops/gemm.h"
 
 #define ALIGN 64
 
@@ -354,7 +353,6 @@ kt_status kt_moe_create(const kt_moe_config *config, kt_threadpool *pool, kt_moe
     }
     m->pool = pool;
     m->n_threads = kt_threadpool_size(pool);
-    m->gemm_pool = kt__sgemm_is_openblas() ? NULL : pool;
     m->bf16 = config->weight_dtype == KT_BF16;
     m->tiled = m->bf16 || kt__f32_gemm_tiled();
     m->cs = kt_dtype_size(config->weight_dtype);

@@ -63,7 +63,6 @@ struct kt_moe {
     kt_moe_config cfg;
     char name[KT__MOE_NAME_MAX];
     kt_threadpool *pool;
-    kt_threadpool *gemm_pool; /* f32 path: NULL when kt__sgemm is OpenBLAS (own threads) */
     int n_threads;
     int bf16;  /* weights (and the compute dtype) are bf16 */
     /* the GEMMs run as blocks over the layer's pool through layer_gemm.c (bf16, and f32 where

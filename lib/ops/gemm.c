@@ -331,8 +331,8 @@ static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
  * the caller's pool) is used instead: the example model's training (examples/train_lm.sh, 200
  * steps, 2 threads, the MoE on its own kernels) took 25.5 s with OpenBLAS's Prescott kernels,
  * 17.6-20.3 s with this kernel and 20.0 s with OpenBLAS forced to its SkylakeX kernels.
- * KT_CPU=blas keeps OpenBLAS. Where
- * OpenBLAS has AVX2 kernels it stays, also on AVX-512 CPUs (not compared there). */
+ * KT_CPU=blas keeps OpenBLAS. Where OpenBLAS has AVX2 kernels it stays, also on AVX-512 CPUs
+ * (not compared there). */
 static void choose_backend(void)
 {
     const char *core = openblas_get_corename();

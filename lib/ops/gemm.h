@@ -37,10 +37,9 @@ int kt__sgemm_is_openblas(void);
 kt_status kt__sgemm_openblas(kt_threadpool *pool, int trans_a, int trans_b, int64_t M, int64_t N,
                              int64_t K, float alpha, const float *A, int64_t lda, const float *B,
                              int64_t ldb, float beta, float *C, int64_t ldc);
-/* The kernels kt__sgemm runs: OpenBLAS's core name ("SkylakeX", "Haswell", ...; a
- * DYNAMIC_ARCH build picks it at load from the CPU model and falls back to an older one for
- * models it does not know: Debian's 0.3.21 runs "Prescott" (SSE3) on Emerald Rapids), or
- * "portable". */
+/* OpenBLAS's kernel set ("SkylakeX", "Haswell", ...; a DYNAMIC_ARCH build picks it at load
+ * from the CPU model and falls back to an older one for models it does not know: Debian's
+ * 0.3.21 runs "Prescott" (SSE3) on Emerald Rapids), or "portable" in builds without it. */
 const char *kt__sgemm_core_name(void);
 
 /* ---- f32 staging for bf16/f16 operands -------------------------------------------------- */

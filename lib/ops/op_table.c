@@ -163,6 +163,14 @@ static int overlaps(const kt_tensor *a, const kt_tensor *b)
     return a0 < b0 + nb && b0 < a0 + na;
 }
 
+/* Whether a (an output, or an input gradient) lies exactly over b (an input, or output 0's
+ * gradient) where the op computes output 0 in place over input i. */
+static int exactly_in_place(const kt__op_desc *d, int i, const kt_tensor *a, const kt_tensor *b)
+{
+    return ((d->inplace_in >> i) & 1u) && a->data == b->data &&
+           kt_tensor_nbytes(a) == kt_tensor_nbytes(b);
+}
+
 /* An output may share memory with an input only where the op computes in place (output 0
  * exactly over an input its table row allows): any other overlap, or two outputs sharing
  * memory, would be read after it was overwritten, giving wrong numbers without an error. */
@@ -173,10 +181,7 @@ static kt_status check_aliasing(const kt__op_desc *d, const kt_tensor *in, int n
         for (int i = 0; i < n_in; i++) {
             if (!overlaps(&out[o], &in[i]))
                 continue;
-            const int in_place = o == 0 && ((d->inplace_in >> i) & 1u) &&
-                                 out[o].data == in[i].data &&
-                                 kt_tensor_nbytes(&out[o]) == kt_tensor_nbytes(&in[i]);
-            if (!in_place)
+            if (o != 0 || !exactly_in_place(d, i, &out[o], &in[i]))
                 return kt__error(KT_EINVAL,
                                  "%s: output %d overlaps input %d (an op computes in place only "
                                  "as output 0 exactly over an input it allows)",
@@ -233,9 +238,7 @@ static kt_status check_grad_aliasing(const kt__op_desc *d, const kt_tensor *in, 
                                  d->name, i, o);
             /* (the in-place case mirrored: input gradient i exactly over output gradient 0,
              * where the op computes output 0 in place over input i) */
-            const int in_place = o == 0 && ((d->inplace_in >> i) & 1u) &&
-                                 grad_in[i].data == grad_out[0].data &&
-                                 kt_tensor_nbytes(&grad_in[i]) == kt_tensor_nbytes(&grad_out[0]);
+            const int in_place = o == 0 && exactly_in_place(d, i, &grad_in[i], &grad_out[0]);
             if (grad_out[o].data != NULL && !in_place && overlaps(&grad_in[i], &grad_out[o]))
                 return kt__error(KT_EINVAL,
                                  "%s backward: input gradient %d overlaps output gradient %d",
