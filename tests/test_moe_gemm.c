@@ -20,10 +20,13 @@
 #include "core/cpu_internal.h"
 #include "moe/amx_gemm.h"
 #include "moe/bf16_gemm.h"
+#include "moe/fma_gemm.h"
 #include "test_util.h"
 
-enum { NT = 0, NN = 1, TN = 2 };
-static const char *kind_name[3] = {"nt", "nn", "tn"};
+/* NT_DOTS: nt by kt__fma_nt_dots_bf16 called directly (every row count, whichever path the
+ * dispatch takes on this CPU) */
+enum { NT = 0, NN = 1, TN = 2, NT_DOTS = 3 };
+static const char *kind_name[4] = {"nt", "nn", "tn", "nt_dots"};
 
 static int vector_path(void) { return kt__cpu_has_avx512() && kt__cpu_has_avx512_bf16(); }
 
@@ -32,7 +35,9 @@ static int vector_path(void) { return kt__cpu_has_avx512() && kt__cpu_has_avx512
  * to y's value product by product where the reference adds the sum. */
 static int ref_bits(int64_t M, int kind, int accumulate)
 {
-    const char *path = kt__bf16_gemm_path(M);
+    if (kind == NT_DOTS)
+        return 0;
+    const char *path = kind == NT ? kt__bf16_gemm_nt_path(M) : kt__bf16_gemm_path(M);
     if (strcmp(path, "scalar") == 0)
         return 1;
     return strcmp(path, "fma") == 0 && (!accumulate || kind == TN);
@@ -56,6 +61,8 @@ typedef struct prob {
 
 static int64_t split_size(const prob *p) { return p->kind == NN ? p->K : p->N; }
 
+static int reduces_k(int kind) { return kind == NT || kind == NT_DOTS; }
+
 static void prob_init(prob *p, int kind, int64_t M, int64_t N, int64_t K, tu_rng *rng)
 {
     memset(p, 0, sizeof *p);
@@ -64,6 +71,7 @@ static void prob_init(prob *p, int kind, int64_t M, int64_t N, int64_t K, tu_rng
     int64_t acols, bcols;
     switch (kind) {
     case NT:
+    case NT_DOTS:
         p->ar = M, acols = K, p->br = N, bcols = K, p->cr = M, p->cc = N;
         break;
     case NN:
@@ -128,6 +136,12 @@ static void call_block(const prob *p, int64_t s0, int64_t s1, float *c)
     case NT:
         kt__bf16_gemm_nt(p->M, s0, s1, p->K, p->a, p->lda, p->b, p->ldb, c, p->ldc, p->accumulate);
         break;
+    case NT_DOTS:
+#ifdef KT__FMA_GEMM
+        kt__fma_nt_dots_bf16(p->M, s0, s1, p->K, p->a, p->lda, p->b, p->ldb, c, p->ldc,
+                             p->accumulate);
+#endif
+        break;
     case NN:
         kt__bf16_gemm_nn(p->M, p->N, s0, s1, p->a, p->lda, p->b, p->ldb, c, p->ldc, p->accumulate);
         break;
@@ -165,6 +179,7 @@ static double ref_elem(const prob *p, int64_t r, int64_t col, double *tol)
     int64_t nred;
     switch (p->kind) {
     case NT:
+    case NT_DOTS:
         nred = p->K;
         for (int64_t k = 0; k < p->K; k++) {
             const double t = bf(p->a[r * p->lda + k]) * bf(p->b[col * p->ldb + k]);
@@ -201,8 +216,9 @@ static double ref_elem(const prob *p, int64_t r, int64_t col, double *tol)
 }
 
 static int64_t g_checked, g_cases;
-/* row counts whose product takes another path than the rows it is compared with */
-static int64_t g_path_skips;
+/* row counts whose product takes another path than the rows it is compared with (NN's stream
+ * path, NT's rows path) */
+static int64_t g_path_skips, g_nt_path_skips;
 
 /* Runs the whole block once and checks it: every element when small, else a sample. */
 static void check_prob(prob *p, tu_rng *rng)
@@ -210,7 +226,7 @@ static void check_prob(prob *p, tu_rng *rng)
     const int64_t S = split_size(p);
     reset_c(p);
     call_block(p, 0, S, p->c);
-    const int64_t nred = p->kind == NT ? p->K : p->kind == NN ? p->N : p->M;
+    const int64_t nred = reduces_k(p->kind) ? p->K : p->kind == NN ? p->N : p->M;
     const double work = (double)p->cr * (double)p->cc * (double)(nred + 1);
     const int all = work <= 2e6;
     const int64_t samples = all ? p->cr * p->cc : 400;
@@ -329,6 +345,33 @@ static void test_tn_small(void **state)
 {
     (void)state;
     sweep_small(TN);
+}
+
+/* The NT dot-product kernel called directly, on any CPU with AVX-512: every block height and
+ * group width (1 to 8 rows a block, groups of 2 to 4 rows of w and their ragged ends), several
+ * passes of 32 rows, reductions with a masked tail, of one chunk and of several (chunks shrink
+ * as rows are added). */
+static void test_nt_dots(void **state)
+{
+    (void)state;
+#ifdef KT__FMA_GEMM
+    if (kt__cpu_has_avx512()) {
+        static const int64_t rows[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 21, 31, 32, 33, 40, 70};
+        static const int64_t nk[][2] = {{1, 1}, {3, 31}, {5, 33}, {37, 300}, {13, 2100}, {6, 4100}};
+        tu_rng rng;
+        tu_rng_seed(&rng, 4321);
+        for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+            for (size_t j = 0; j < sizeof nk / sizeof nk[0]; j++) {
+                prob p;
+                prob_init(&p, NT_DOTS, rows[i], nk[j][0], nk[j][1], &rng);
+                check_prob(&p, &rng);
+                check_split(&p, &rng);
+                prob_free(&p);
+            }
+        return;
+    }
+#endif
+    print_message("nt dots kernel skipped: no AVX-512 (F and BW) on this CPU or in this build\n");
 }
 
 /* Model-sized dimensions (768, 1408, 2048) with small and odd ones, per kind. */
@@ -572,6 +615,10 @@ static void test_nt_rows_path(void **state)
             memcpy(big, y0, (size_t)(BIG_M * ldy) * sizeof *big);
             kt__bf16_gemm_nt(BIG_M, n0, n1, K, x, ldx, w, ldw, big, ldy, acc);
             for (int64_t M = 1; M <= KT__BF16_NT_ROWS_MAX_M; M++) {
+                if (strcmp(kt__bf16_gemm_nt_path(M), kt__bf16_gemm_nt_path(BIG_M)) != 0) {
+                    g_nt_path_skips++; /* other sums; checked against the reference elsewhere */
+                    continue;
+                }
                 memcpy(few, y0, (size_t)(BIG_M * ldy) * sizeof *few);
                 kt__bf16_gemm_nt(M, n0, n1, K, x, ldx, w, ldw, few, ldy, acc);
                 check_first_rows(few, big, y0, M, BIG_M, ldy, n1 - n0);
@@ -709,16 +756,21 @@ static void test_report(void **state)
 {
     (void)state;
     const char *forced = getenv("KT_CPU");
-    print_message("bf16 gemm path: %s below 16 rows, %s from 16 (cpu: %s%s%s); %lld cases, %lld "
-                  "elements checked\n",
-                  kt__bf16_gemm_path(1), kt__bf16_gemm_path(16), kt_cpu_describe(),
-                  forced ? ", KT_CPU=" : "", forced ? forced : "", (long long)g_cases,
-                  (long long)g_checked);
+    print_message("bf16 gemm path: %s below 16 rows, %s from 16, nt of 8 rows %s (cpu: %s%s%s); "
+                  "%lld cases, %lld elements checked\n",
+                  kt__bf16_gemm_path(1), kt__bf16_gemm_path(16), kt__bf16_gemm_nt_path(8),
+                  kt_cpu_describe(), forced ? ", KT_CPU=" : "", forced ? forced : "",
+                  (long long)g_cases, (long long)g_checked);
     if (g_path_skips)
         print_message("%lld stream-path comparisons skipped: those row counts take the %s path and "
                       "the compared calls the %s path (test_moe_gemm_dpbf16 runs them)\n",
                       (long long)g_path_skips, kt__bf16_gemm_path(1),
                       kt__bf16_gemm_path(KT__BF16_NN_STREAM_MAX_M + 2));
+    if (g_nt_path_skips)
+        print_message("%lld nt rows-path comparisons skipped: those row counts take the %s path "
+                      "and the compared calls the %s path (test_moe_gemm_dpbf16 runs them)\n",
+                      (long long)g_nt_path_skips, kt__bf16_gemm_nt_path(1),
+                      kt__bf16_gemm_nt_path(KT__BF16_NT_ROWS_MAX_M + 5));
     if (kt__amx_usable())
         print_message("AMX is usable: products of 16 rows and more ran on AMX tiles, so the "
                       "AVX-512 paths for them (NN's row chunks, TN's work buffer) were not "
@@ -735,19 +787,13 @@ static void test_report(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_nt_small),
-        cmocka_unit_test(test_nn_small),
-        cmocka_unit_test(test_tn_small),
-        cmocka_unit_test(test_big_shapes),
-        cmocka_unit_test(test_tn_long_reduction),
-        cmocka_unit_test(test_nn_rows_path),
-        cmocka_unit_test(test_nn2),
-        cmocka_unit_test(test_nn_stream_path),
-        cmocka_unit_test(test_nt_rows_path),
-        cmocka_unit_test(test_nt_next),
-        cmocka_unit_test(test_empty),
-        cmocka_unit_test(test_scale_store),
-        cmocka_unit_test(test_report),
+        cmocka_unit_test(test_nt_small),       cmocka_unit_test(test_nn_small),
+        cmocka_unit_test(test_tn_small),       cmocka_unit_test(test_nt_dots),
+        cmocka_unit_test(test_big_shapes),     cmocka_unit_test(test_tn_long_reduction),
+        cmocka_unit_test(test_nn_rows_path),   cmocka_unit_test(test_nn2),
+        cmocka_unit_test(test_nn_stream_path), cmocka_unit_test(test_nt_rows_path),
+        cmocka_unit_test(test_nt_next),        cmocka_unit_test(test_empty),
+        cmocka_unit_test(test_scale_store),    cmocka_unit_test(test_report),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1623,6 +1623,23 @@ static int use_widen(int64_t M)
 }
 #endif
 
+/* NT of KT__BF16_NT_ROWS_MAX_M + 1 to NT_DOTS_MAX_M rows, where the CPU multiplies bf16
+ * faster widened: dot products along the rows of w (fma_dots.c). There the tiles' transposed
+ * panel costs more than their FMAs save, and vdpbf16ps runs at a quarter of the FMA rate.
+ * dsv2lite frozen forward, 2 threads (alternating runs): qlen 64 70 -> 54 ms, qlen 128 108
+ * -> 82. The kernels alone (one thread, dsv2lite's gate from memory, 96-column calls) cross
+ * at 24 rows: 20 rows 1.38 ms against the tiles' 1.45-1.72, 24 rows 1.61-1.66 against
+ * 1.58-1.66, 28 rows 1.99 against 1.73, 32 rows 2.29-2.49 against 1.86-1.92 (a chunk of x for
+ * more rows holds fewer values, and the lanes are added once per chunk). */
+#define NT_DOTS_MAX_M 24
+
+#ifdef BF_HAVE_AVX512
+static int use_dots(int64_t M)
+{
+    return M > KT__BF16_NT_ROWS_MAX_M && M <= NT_DOTS_MAX_M && kt__cpu_bf16_on_fma() && !use_amx(M);
+}
+#endif
+
 const char *kt__bf16_gemm_path(int64_t M)
 {
     if (use_amx(M))
@@ -1636,6 +1653,15 @@ const char *kt__bf16_gemm_path(int64_t M)
     return "scalar";
 }
 
+const char *kt__bf16_gemm_nt_path(int64_t M)
+{
+#ifdef BF_HAVE_AVX512
+    if (use_dots(M))
+        return "fma_dots";
+#endif
+    return kt__bf16_gemm_path(M);
+}
+
 void kt__bf16_gemm_nt_next(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
                            int64_t ldx, const uint16_t *w, int64_t ldw, const uint16_t *next,
                            float *y, int64_t ldy, int accumulate)
@@ -1647,6 +1673,10 @@ void kt__bf16_gemm_nt_next(int64_t M, int64_t n0, int64_t n1, int64_t K, const u
         return;
     }
 #ifdef BF_HAVE_AVX512
+    if (use_dots(M)) {
+        kt__fma_nt_dots_bf16(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+        return;
+    }
     if (use_widen(M)) {
         kt__fma_nt(KT__FMA_BF16, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
         return;

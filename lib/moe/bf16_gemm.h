@@ -69,6 +69,8 @@ void kt__bf16_gemm_tn_acc(int64_t M, int64_t n0, int64_t n1, int64_t K, const ui
 /* The path a product of M rows takes on this CPU (a function of M alone; each sums in its own
  * order): "amx", "fma" (fma_gemm.h), "avx512_bf16" (vdpbf16ps) or "scalar". */
 const char *kt__bf16_gemm_path(int64_t M);
+/* NT's: that, or "fma_dots" (kt__fma_nt_dots_bf16) for its middling row counts. */
+const char *kt__bf16_gemm_nt_path(int64_t M);
 
 /* The plain scalar versions: the reference the fast kernels are tested against, and the
  * portable path when the CPU lacks AVX-512 BF16. */
