@@ -37,7 +37,9 @@ static int ref_bits(int64_t M, int kind, int accumulate)
 {
     if (kind == NT_DOTS)
         return 0;
-    const char *path = kind == NT ? kt__bf16_gemm_nt_path(M) : kt__bf16_gemm_path(M);
+    const char *path = kind == NT   ? kt__bf16_gemm_nt_path(M)
+                       : kind == NN ? kt__bf16_gemm_nn_path(M)
+                                    : kt__bf16_gemm_path(M);
     if (strcmp(path, "scalar") == 0)
         return 1;
     return strcmp(path, "fma") == 0 && (!accumulate || kind == TN);
@@ -374,6 +376,68 @@ static void test_nt_dots(void **state)
     print_message("nt dots kernel skipped: no AVX-512 (F and BW) on this CPU or in this build\n");
 }
 
+/* The NN kernel that widens w's rows in registers, called directly on any CPU with AVX-512:
+ * bitwise the FMA tiles' sums (kt__fma_nn), for nn and nn2, overwriting and adding, on every
+ * block height (1 to 12 rows, passes of 32), reductions cut into chunks by the buffer of g (up
+ * to 325 rows) and by the 512 KiB of w a chunk may hold (wide column ranges), ragged column
+ * ends, and w's rows 4 KiB apart. */
+static void test_nn_direct(void **state)
+{
+    (void)state;
+#ifdef KT__FMA_GEMM
+    if (kt__cpu_has_avx512()) {
+        static const int64_t rows[] = {1, 3, 6, 8, 11, 12, 13, 15, 24, 33, 45};
+        static const int64_t shapes[][4] = {/* N, ldw, k0, k1 */
+                                            {1, 40, 0, 33},
+                                            {700, 130, 3, 127},
+                                            {300, 2048, 0, 2048},
+                                            {40, 3000, 17, 2900}};
+        tu_rng rng;
+        tu_rng_seed(&rng, 4322);
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+            const int64_t N = shapes[i][0], ldw = shapes[i][1], k0 = shapes[i][2];
+            const int64_t k1 = shapes[i][3], ldg = N + 5, ldy = ldw + 3, big = 45;
+            uint16_t *g = malloc((size_t)(2 * big * ldg) * sizeof *g);
+            uint16_t *w = malloc((size_t)(2 * N * ldw) * sizeof *w);
+            float *y0 = malloc((size_t)(big * ldy) * sizeof *y0);
+            float *ya = malloc((size_t)(big * ldy) * sizeof *ya);
+            float *yb = malloc((size_t)(big * ldy) * sizeof *yb);
+            assert_true(g && w && y0 && ya && yb);
+            for (int64_t j = 0; j < 2 * big * ldg; j++)
+                g[j] = kt_f32_to_bf16_1((float)tu_rng_uniform(&rng, -1, 1));
+            for (int64_t j = 0; j < 2 * N * ldw; j++)
+                w[j] = kt_f32_to_bf16_1((float)tu_rng_uniform(&rng, -1, 1));
+            for (int64_t j = 0; j < big * ldy; j++)
+                y0[j] = (float)tu_rng_uniform(&rng, -2, 2);
+            const uint16_t *g1 = g + big * ldg, *w1 = w + N * ldw;
+            for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++)
+                for (int kind = 0; kind < 3; kind++) { /* nn, nn adding, nn2 */
+                    const int64_t M = rows[r];
+                    const int add = kind == 1;
+                    memcpy(ya, y0, (size_t)(big * ldy) * sizeof *ya);
+                    memcpy(yb, y0, (size_t)(big * ldy) * sizeof *yb);
+                    kt__fma_nn(KT__FMA_BF16, M, N, k0, k1, g, w, kind == 2 ? g1 : NULL,
+                               kind == 2 ? w1 : NULL, ldg, ldw, ya, ldy, add);
+                    kt__fma_nn_direct_bf16(M, N, k0, k1, g, w, kind == 2 ? g1 : NULL,
+                                           kind == 2 ? w1 : NULL, ldg, ldw, yb, ldy, add);
+                    if (memcmp(ya, yb, (size_t)(big * ldy) * sizeof *ya) != 0) {
+                        print_error("nn_direct M=%lld N=%lld k=[%lld, %lld) kind %d: not the "
+                                    "tiles' bits\n",
+                                    (long long)M, (long long)N, (long long)k0, (long long)k1, kind);
+                        fail();
+                    }
+                    g_cases++;
+                    g_checked += M * (k1 - k0);
+                }
+            free(g), free(w), free(y0), free(ya), free(yb);
+        }
+        return;
+    }
+#endif
+    print_message("nn direct kernel skipped: no AVX-512 (F and BW) on this CPU or in this "
+                  "build\n");
+}
+
 /* Model-sized dimensions (768, 1408, 2048) with small and odd ones, per kind. */
 typedef struct big_shape {
     int kind;
@@ -502,7 +566,7 @@ static void test_nn2(void **state)
             }
             free(ya), free(yb);
         }
-        if (strcmp(kt__bf16_gemm_path(M), "scalar") == 0) {
+        if (strcmp(kt__bf16_gemm_nn_path(M), "scalar") == 0) {
             kt__bf16_gemm_nn_ref(M, N, 0, K, g0, ldg, w0, ldw, y2, ldy, 0);
             kt__bf16_gemm_nn_ref(M, N, 0, K, g1, ldg, w1, ldw, y2, ldy, 1);
             assert_memory_equal(y, y2, (size_t)(M * ldy) * sizeof *y);
@@ -565,7 +629,7 @@ static void test_nn_stream_path(void **state)
             else
                 kt__bf16_gemm_nn2(BIG_M, N, k0, k1, g, w, g1, w1, ldg, ldw, big, ldy, 0);
             for (int64_t M = 1; M <= KT__BF16_NN_STREAM_MAX_M; M++) {
-                if (strcmp(kt__bf16_gemm_path(M), kt__bf16_gemm_path(BIG_M)) != 0) {
+                if (strcmp(kt__bf16_gemm_nn_path(M), kt__bf16_gemm_nn_path(BIG_M)) != 0) {
                     g_path_skips++; /* other sums; checked against the reference elsewhere */
                     continue;
                 }
@@ -756,11 +820,11 @@ static void test_report(void **state)
 {
     (void)state;
     const char *forced = getenv("KT_CPU");
-    print_message("bf16 gemm path: %s below 16 rows, %s from 16, nt of 8 rows %s (cpu: %s%s%s); "
-                  "%lld cases, %lld elements checked\n",
+    print_message("bf16 gemm path: %s below 16 rows, %s from 16, nt of 8 rows %s, nn of 8 rows "
+                  "%s (cpu: %s%s%s); %lld cases, %lld elements checked\n",
                   kt__bf16_gemm_path(1), kt__bf16_gemm_path(16), kt__bf16_gemm_nt_path(8),
-                  kt_cpu_describe(), forced ? ", KT_CPU=" : "", forced ? forced : "",
-                  (long long)g_cases, (long long)g_checked);
+                  kt__bf16_gemm_nn_path(8), kt_cpu_describe(), forced ? ", KT_CPU=" : "",
+                  forced ? forced : "", (long long)g_cases, (long long)g_checked);
     if (g_path_skips)
         print_message("%lld stream-path comparisons skipped: those row counts take the %s path and "
                       "the compared calls the %s path (test_moe_gemm_dpbf16 runs them)\n",
@@ -787,13 +851,21 @@ static void test_report(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_nt_small),       cmocka_unit_test(test_nn_small),
-        cmocka_unit_test(test_tn_small),       cmocka_unit_test(test_nt_dots),
-        cmocka_unit_test(test_big_shapes),     cmocka_unit_test(test_tn_long_reduction),
-        cmocka_unit_test(test_nn_rows_path),   cmocka_unit_test(test_nn2),
-        cmocka_unit_test(test_nn_stream_path), cmocka_unit_test(test_nt_rows_path),
-        cmocka_unit_test(test_nt_next),        cmocka_unit_test(test_empty),
-        cmocka_unit_test(test_scale_store),    cmocka_unit_test(test_report),
+        cmocka_unit_test(test_nt_small),
+        cmocka_unit_test(test_nn_small),
+        cmocka_unit_test(test_tn_small),
+        cmocka_unit_test(test_nt_dots),
+        cmocka_unit_test(test_nn_direct),
+        cmocka_unit_test(test_big_shapes),
+        cmocka_unit_test(test_tn_long_reduction),
+        cmocka_unit_test(test_nn_rows_path),
+        cmocka_unit_test(test_nn2),
+        cmocka_unit_test(test_nn_stream_path),
+        cmocka_unit_test(test_nt_rows_path),
+        cmocka_unit_test(test_nt_next),
+        cmocka_unit_test(test_empty),
+        cmocka_unit_test(test_scale_store),
+        cmocka_unit_test(test_report),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

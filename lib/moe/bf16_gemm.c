@@ -1624,7 +1624,7 @@ static int use_widen(int64_t M)
 #endif
 
 /* NT of KT__BF16_NT_ROWS_MAX_M + 1 to NT_DOTS_MAX_M rows, where the CPU multiplies bf16
- * faster widened: dot products along the rows of w (fma_dots.c). There the tiles' transposed
+ * faster widened: dot products along the rows of w (fma_unpacked.c). There the tiles' transposed
  * panel costs more than their FMAs save, and vdpbf16ps runs at a quarter of the FMA rate.
  * dsv2lite frozen forward, 2 threads (alternating runs): qlen 64 70 -> 54 ms, qlen 128 108
  * -> 82. The kernels alone (one thread, dsv2lite's gate from memory, 96-column calls) cross
@@ -1651,6 +1651,29 @@ const char *kt__bf16_gemm_path(int64_t M)
         return "avx512_bf16";
 #endif
     return "scalar";
+}
+
+/* NN of NN_DIRECT_MIN_M to WIDEN_MIN_M - 1 rows where the CPU multiplies bf16 faster widened:
+ * w's rows widened in registers (kt__fma_nn_direct_bf16), the FMA path's sums without its
+ * packed panels. One thread, dsv2lite's down (2048 x 1408) from memory, against vdpbf16ps:
+ * 6 rows 0.78-0.81 -> 0.66-0.68 ms, 12 rows 1.26-1.40 -> 0.89-0.93; at 5 rows a tie, below
+ * slower; from 16 the tiles are as fast. */
+#define NN_DIRECT_MIN_M 6
+
+#ifdef BF_HAVE_AVX512
+static int use_nn_direct(int64_t M)
+{
+    return M >= NN_DIRECT_MIN_M && M < WIDEN_MIN_M && kt__cpu_bf16_on_fma() && !use_amx(M);
+}
+#endif
+
+const char *kt__bf16_gemm_nn_path(int64_t M)
+{
+#ifdef BF_HAVE_AVX512
+    if (use_nn_direct(M))
+        return "fma";
+#endif
+    return kt__bf16_gemm_path(M);
 }
 
 const char *kt__bf16_gemm_nt_path(int64_t M)
@@ -1706,6 +1729,10 @@ void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16
         return;
     }
 #ifdef BF_HAVE_AVX512
+    if (use_nn_direct(M)) {
+        kt__fma_nn_direct_bf16(M, N, k0, k1, g, w, NULL, NULL, ldg, ldw, y, ldy, accumulate);
+        return;
+    }
     if (use_widen(M)) {
         kt__fma_nn(KT__FMA_BF16, M, N, k0, k1, g, w, NULL, NULL, ldg, ldw, y, ldy, accumulate);
         return;
@@ -1724,6 +1751,10 @@ void kt__bf16_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint1
                        int64_t ldw, float *y, int64_t ldy, int stream)
 {
 #ifdef BF_HAVE_AVX512
+    if (M > 0 && use_nn_direct(M)) {
+        kt__fma_nn_direct_bf16(M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, 0);
+        return;
+    }
     if (M > 0 && !use_amx(M) && use_widen(M)) {
         kt__fma_nn(KT__FMA_BF16, M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, 0);
         return;

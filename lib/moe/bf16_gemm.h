@@ -71,6 +71,8 @@ void kt__bf16_gemm_tn_acc(int64_t M, int64_t n0, int64_t n1, int64_t K, const ui
 const char *kt__bf16_gemm_path(int64_t M);
 /* NT's: that, or "fma_dots" (kt__fma_nt_dots_bf16) for its middling row counts. */
 const char *kt__bf16_gemm_nt_path(int64_t M);
+/* NN's (and nn2's): that, or "fma" where kt__fma_nn_direct_bf16 computes the FMA path's sums. */
+const char *kt__bf16_gemm_nn_path(int64_t M);
 
 /* The plain scalar versions: the reference the fast kernels are tested against, and the
  * portable path when the CPU lacks AVX-512 BF16. */
