@@ -285,6 +285,55 @@ static void test_sweep(void **state)
         }
 }
 
+/* The in-place kernels (fma_unpacked.c) called directly at row counts the dispatch gives the
+ * tiles, where they run as passes of 32 rows: nt against float64, nn and nn2 bitwise the
+ * tiles' sums (kt__fma_nn), overwriting and adding. */
+static void test_unpacked_passes(void **state)
+{
+    (void)state;
+#ifdef KT__FMA_GEMM
+    if (kt__cpu_has_avx512()) {
+        tu_rng rng;
+        tu_rng_seed(&rng, 0x5eed1111u);
+        const int64_t ms[] = {25, 33, 45, 70};
+        for (size_t i = 0; i < sizeof ms / sizeof *ms; i++)
+            for (int acc = 0; acc < 2; acc++) {
+                prob p;
+                prob_init(&p, NT, ms[i], 37, 300, acc, &rng);
+                float *c = fresh_c(&p);
+                kt__fma_nt_dots(KT__FMA_F32, p.M, 0, p.N, p.K, p.a, p.lda, p.b, p.ldb, c, p.ldc,
+                                p.accumulate);
+                for (int64_t r = 0; r < p.cr; r++)
+                    for (int64_t j = 0; j < p.cc; j++) {
+                        double tol;
+                        const double want = ref_elem(&p, r, j, &tol);
+                        assert_true(fabs(c[r * p.ldc + j] - want) <= tol);
+                    }
+                g_checked += p.cr * p.cc;
+                free(c);
+                prob_free(&p);
+                for (int kind = NN; kind <= NN2; kind++) {
+                    prob_init(&p, kind, ms[i], 300, 70, acc, &rng);
+                    float *ct = fresh_c(&p), *cd = fresh_c(&p);
+                    const float *a2 = kind == NN2 ? p.a2 : NULL, *b2 = kind == NN2 ? p.b2 : NULL;
+                    kt__fma_nn(KT__FMA_F32, p.M, p.N, 0, p.K, p.a, p.b, a2, b2, p.lda, p.ldb, ct,
+                               p.ldc, p.accumulate);
+                    kt__fma_nn_direct(KT__FMA_F32, p.M, p.N, 0, p.K, p.a, p.b, a2, b2, p.lda, p.ldb,
+                                      cd, p.ldc, p.accumulate);
+                    assert_memory_equal(ct, cd, (size_t)(p.cr * p.ldc) * sizeof *ct);
+                    g_bitwise += p.cr * p.cc;
+                    free(ct), free(cd);
+                    prob_free(&p);
+                }
+                g_cases += 3;
+            }
+        return;
+    }
+#endif
+    print_message("in-place kernels skipped: no AVX-512 (F and BW) on this CPU or in this "
+                  "build\n");
+}
+
 /* The layer's shapes at a few row counts (dsv2lite's gate/up and down), sampled. */
 static void test_layer_shapes(void **state)
 {
@@ -440,6 +489,7 @@ int main(void)
         {"test_nn", test_sweep, NULL, NULL, &kinds[NN]},
         {"test_nn2", test_sweep, NULL, NULL, &kinds[NN2]},
         {"test_tn", test_sweep, NULL, NULL, &kinds[TN]},
+        cmocka_unit_test(test_unpacked_passes),
         cmocka_unit_test(test_layer_shapes),
         cmocka_unit_test(test_tn_long),
         cmocka_unit_test(test_denormals_kept),

@@ -23,7 +23,7 @@
 #include "moe/fma_gemm.h"
 #include "test_util.h"
 
-/* NT_DOTS: nt by kt__fma_nt_dots_bf16 called directly (every row count, whichever path the
+/* NT_DOTS: nt by kt__fma_nt_dots called directly (every row count, whichever path the
  * dispatch takes on this CPU) */
 enum { NT = 0, NN = 1, TN = 2, NT_DOTS = 3 };
 static const char *kind_name[4] = {"nt", "nn", "tn", "nt_dots"};
@@ -140,8 +140,8 @@ static void call_block(const prob *p, int64_t s0, int64_t s1, float *c)
         break;
     case NT_DOTS:
 #ifdef KT__FMA_GEMM
-        kt__fma_nt_dots_bf16(p->M, s0, s1, p->K, p->a, p->lda, p->b, p->ldb, c, p->ldc,
-                             p->accumulate);
+        kt__fma_nt_dots(KT__FMA_BF16, p->M, s0, s1, p->K, p->a, p->lda, p->b, p->ldb, c, p->ldc,
+                        p->accumulate);
 #endif
         break;
     case NN:
@@ -418,8 +418,8 @@ static void test_nn_direct(void **state)
                     memcpy(yb, y0, (size_t)(big * ldy) * sizeof *yb);
                     kt__fma_nn(KT__FMA_BF16, M, N, k0, k1, g, w, kind == 2 ? g1 : NULL,
                                kind == 2 ? w1 : NULL, ldg, ldw, ya, ldy, add);
-                    kt__fma_nn_direct_bf16(M, N, k0, k1, g, w, kind == 2 ? g1 : NULL,
-                                           kind == 2 ? w1 : NULL, ldg, ldw, yb, ldy, add);
+                    kt__fma_nn_direct(KT__FMA_BF16, M, N, k0, k1, g, w, kind == 2 ? g1 : NULL,
+                                      kind == 2 ? w1 : NULL, ldg, ldw, yb, ldy, add);
                     if (memcmp(ya, yb, (size_t)(big * ldy) * sizeof *ya) != 0) {
                         print_error("nn_direct M=%lld N=%lld k=[%lld, %lld) kind %d: not the "
                                     "tiles' bits\n",

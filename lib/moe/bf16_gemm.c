@@ -1654,7 +1654,7 @@ const char *kt__bf16_gemm_path(int64_t M)
 }
 
 /* NN of NN_DIRECT_MIN_M to WIDEN_MIN_M - 1 rows where the CPU multiplies bf16 faster widened:
- * w's rows widened in registers (kt__fma_nn_direct_bf16), the FMA path's sums without its
+ * w's rows widened in registers (kt__fma_nn_direct), the FMA path's sums without its
  * packed panels. One thread, dsv2lite's down (2048 x 1408) from memory, against vdpbf16ps:
  * 6 rows 0.78-0.81 -> 0.66-0.68 ms, 12 rows 1.26-1.40 -> 0.89-0.93; at 5 rows a tie, below
  * slower; from 16 the tiles are as fast. */
@@ -1697,7 +1697,7 @@ void kt__bf16_gemm_nt_next(int64_t M, int64_t n0, int64_t n1, int64_t K, const u
     }
 #ifdef BF_HAVE_AVX512
     if (use_dots(M)) {
-        kt__fma_nt_dots_bf16(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+        kt__fma_nt_dots(KT__FMA_BF16, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
         return;
     }
     if (use_widen(M)) {
@@ -1730,7 +1730,8 @@ void kt__bf16_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16
     }
 #ifdef BF_HAVE_AVX512
     if (use_nn_direct(M)) {
-        kt__fma_nn_direct_bf16(M, N, k0, k1, g, w, NULL, NULL, ldg, ldw, y, ldy, accumulate);
+        kt__fma_nn_direct(KT__FMA_BF16, M, N, k0, k1, g, w, NULL, NULL, ldg, ldw, y, ldy,
+                          accumulate);
         return;
     }
     if (use_widen(M)) {
@@ -1752,7 +1753,7 @@ void kt__bf16_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint1
 {
 #ifdef BF_HAVE_AVX512
     if (M > 0 && use_nn_direct(M)) {
-        kt__fma_nn_direct_bf16(M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, 0);
+        kt__fma_nn_direct(KT__FMA_BF16, M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, 0);
         return;
     }
     if (M > 0 && !use_amx(M) && use_widen(M)) {

@@ -18,11 +18,23 @@ int kt__f32_gemm_tiled(void)
 
 static int use_rows(int64_t M) { return M <= KT__FMA_ROWS_MAX_M; }
 
+/* From the rows path up to UNPACKED_MAX_M rows, NT and NN read w in place (fma_unpacked.c)
+ * instead of packing panels: one thread, dsv2lite's gate/up (1408 x 2048, x W^T in 96-column
+ * calls) and down (2048 x 1408, g W) from memory, ms, tiles -> in place: nt 8 rows 1.46-1.51 ->
+ * 0.92, 12 rows 1.63-1.67 -> 1.26, 24 rows 2.04-2.06 -> 1.76; nn 8 rows 1.30-1.46 -> 1.14,
+ * 12 rows 1.42-1.45 -> 1.15, 16 rows 1.53-1.59 -> 1.39-1.41; at 32 rows the tiles were faster
+ * (nt 2.33 against 4.47, nn 2.01 against 2.66). Measured on Intel; assumed alike elsewhere. */
+#define UNPACKED_MAX_M 24
+
+static int use_unpacked(int64_t M) { return M > KT__FMA_ROWS_MAX_M && M <= UNPACKED_MAX_M; }
+
 const char *kt__f32_gemm_path(const char *kind, int64_t M)
 {
     if (!kt__f32_gemm_tiled())
         return "scalar";
-    return strcmp(kind, "nt") == 0 && use_rows(M) ? "fma_rows" : "fma";
+    if (strcmp(kind, "nt") == 0)
+        return use_rows(M) ? "fma_rows" : use_unpacked(M) ? "fma_dots" : "fma";
+    return "fma"; /* nn in place sums as the tiles do */
 }
 
 /* ---- the references --------------------------------------------------------------------- */
@@ -77,6 +89,8 @@ void kt__f32_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *
     if (kt__f32_gemm_tiled()) {
         if (use_rows(M))
             kt__fma_nt_rows_f32(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+        else if (use_unpacked(M))
+            kt__fma_nt_dots(KT__FMA_F32, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
         else
             kt__fma_nt(KT__FMA_F32, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
         return;
@@ -92,7 +106,8 @@ void kt__f32_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const float *
         return;
 #ifdef KT__FMA_GEMM
     if (kt__f32_gemm_tiled()) {
-        kt__fma_nn(KT__FMA_F32, M, N, k0, k1, g, w, NULL, NULL, ldg, ldw, y, ldy, accumulate);
+        (use_unpacked(M) ? kt__fma_nn_direct : kt__fma_nn)(KT__FMA_F32, M, N, k0, k1, g, w, NULL,
+                                                           NULL, ldg, ldw, y, ldy, accumulate);
         return;
     }
 #endif
@@ -107,7 +122,8 @@ void kt__f32_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const float 
         return;
 #ifdef KT__FMA_GEMM
     if (kt__f32_gemm_tiled()) {
-        kt__fma_nn(KT__FMA_F32, M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, 0);
+        (use_unpacked(M) ? kt__fma_nn_direct : kt__fma_nn)(KT__FMA_F32, M, N, k0, k1, g0, w0, g1,
+                                                           w1, ldg, ldw, y, ldy, 0);
         return;
     }
 #endif
