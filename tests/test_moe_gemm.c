@@ -768,6 +768,13 @@ static void test_empty(void **state)
     prob_init(&p, NN, 4, 0, 9, &rng);
     check_prob(&p, &rng);
     prob_free(&p);
+    /* the same at the row counts of the in-place kernels (fma_unpacked.c) where they run */
+    prob_init(&p, NT, 9, 5, 0, &rng);
+    check_prob(&p, &rng);
+    prob_free(&p);
+    prob_init(&p, NN, 9, 0, 9, &rng);
+    check_prob(&p, &rng);
+    prob_free(&p);
     prob_init(&p, TN, 0, 6, 9, &rng);
     check_prob(&p, &rng);
     prob_free(&p);

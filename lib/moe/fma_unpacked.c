@@ -19,6 +19,8 @@
  * of a chunk as f32 in L1, broadcast from there), then groups of 32 columns, then blocks of up to
  * 12 rows of g; the next chunk's rows of w are fetched into L2 in address order while this one
  * computes. */
+#include <string.h>
+
 #include "moe/fma_gemm.h"
 #include "moe/lane_mask.h"
 
@@ -67,6 +69,13 @@ W_INLINE __m512 load_half(const kt__fma_src src, const char *p, __mmask32 lanes,
     const __m512i v = _mm512_maskz_loadu_epi16(lanes, p);
     return _mm512_castsi512_ps(h ? _mm512_and_si512(v, _mm512_set1_epi32(ODD_BITS))
                                  : _mm512_slli_epi32(v, 16));
+}
+
+/* y[m, c0:c1] = 0 for m < M. */
+static void zero_block(float *y, int64_t ldy, int64_t M, int64_t c0, int64_t c1)
+{
+    for (int64_t m = 0; m < M; m++)
+        memset(y + m * ldy + c0, 0, (size_t)(c1 - c0) * sizeof *y);
 }
 
 /* bf16: the FTZ and DAZ bits on (as vdpbf16ps flushes), restored by the caller; f32 keeps the
@@ -257,11 +266,9 @@ W_TARGET void kt__fma_nt_dots(kt__fma_src src, int64_t M, int64_t n0, int64_t n1
 {
     if (M <= 0 || n1 <= n0)
         return;
-    if (K <= 0) {
+    if (K <= 0) { /* no products: y is the empty sum, or stays */
         if (!accumulate)
-            for (int64_t m = 0; m < M; m++)
-                for (int64_t n = n0; n < n1; n++)
-                    y[m * ldy + n] = 0.0f;
+            zero_block(y, ldy, M, n0, n1);
         return;
     }
     const unsigned csr = enter_mode(src);
@@ -456,11 +463,9 @@ W_TARGET void kt__fma_nn_direct(kt__fma_src src, int64_t M, int64_t N, int64_t k
 {
     if (M <= 0 || k1 <= k0)
         return;
-    if (N <= 0) {
+    if (N <= 0) { /* no products: y is the empty sum, or stays */
         if (!accumulate)
-            for (int64_t m = 0; m < M; m++)
-                for (int64_t k = k0; k < k1; k++)
-                    y[m * ldy + k] = 0.0f;
+            zero_block(y, ldy, M, k0, k1);
         return;
     }
     const unsigned csr = enter_mode(src);
