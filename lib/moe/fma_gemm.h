@@ -58,26 +58,28 @@ void kt__fma_nt(kt__fma_src src, int64_t M, int64_t n0, int64_t n1, int64_t K, c
 void kt__fma_nt_rows_f32(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *x, int64_t ldx,
                          const float *w, int64_t ldw, float *y, int64_t ldy, int accumulate);
 
-/* nt as dot products along k (fma_unpacked.c; for middling row counts): passes of up to 32
- * rows of x, blocks of up to 8 rows against 2-4 rows of w at a time, 16 lanes of partial sums
- * per output (for bf16 lane j sums the values 32 s + 2 j and 32 s + 2 j + 1 in order, for f32
- * 32 s + j and 32 s + 16 + j), the lanes added in a fixed tree at the end of each chunk of k
- * (chunks a function of the pass's rows and K), the chunks' sums added to y in order. */
-void kt__fma_nt_dots(kt__fma_src src, int64_t M, int64_t n0, int64_t n1, int64_t K, const void *x,
-                     int64_t ldx, const void *w, int64_t ldw, float *y, int64_t ldy,
-                     int accumulate);
-
-/* nn with w's rows read in place (no packed panel, fma_unpacked.c): kt__fma_nn's sums in its
- * order, bit for bit. */
-void kt__fma_nn_direct(kt__fma_src src, int64_t M, int64_t N, int64_t k0, int64_t k1,
-                       const void *g0, const void *w0, const void *g1, const void *w1, int64_t ldg,
-                       int64_t ldw, float *y, int64_t ldy, int accumulate);
-
 /* y[m, k] = (accumulate ? y : 0) + sum_n g0[m, n] w0[n, k] (+ sum_n g1[m, n] w1[n, k] when g1
  * is not NULL, continuing the same sum) over columns [k0, k1). */
 void kt__fma_nn(kt__fma_src src, int64_t M, int64_t N, int64_t k0, int64_t k1, const void *g0,
                 const void *w0, const void *g1, const void *w1, int64_t ldg, int64_t ldw, float *y,
                 int64_t ldy, int accumulate);
+
+/* For middling row counts, nt and nn with w read in place (fma_unpacked.c, no packed panels).
+ *
+ * kt__fma_nt_dots: kt__fma_nt's product as dot products along k. Passes of up to 32 rows of x,
+ * blocks of up to 8 rows against 2-4 rows of w at a time, 16 lanes of partial sums per output
+ * (for bf16 lane j sums the values 32 s + 2 j and 32 s + 2 j + 1 in order, for f32 32 s + j and
+ * 32 s + 16 + j), the lanes added in a fixed tree at the end of each chunk of k, the chunks'
+ * sums added to y in order. The chunks depend on the pass's rows and K: a row's sums depend on
+ * M (call it with the product's rows whole), not on the split of [n0, n1).
+ *
+ * kt__fma_nn_direct: kt__fma_nn's product, with its sums in its order, bit for bit. */
+void kt__fma_nt_dots(kt__fma_src src, int64_t M, int64_t n0, int64_t n1, int64_t K, const void *x,
+                     int64_t ldx, const void *w, int64_t ldw, float *y, int64_t ldy,
+                     int accumulate);
+void kt__fma_nn_direct(kt__fma_src src, int64_t M, int64_t N, int64_t k0, int64_t k1,
+                       const void *g0, const void *w0, const void *g1, const void *w1, int64_t ldg,
+                       int64_t ldw, float *y, int64_t ldy, int accumulate);
 
 /* dw[n, k] = (accumulate ? dw : 0) + scale sum_m g[m, n] x[m, k] for n in [n0, n1) */
 void kt__fma_tn(kt__fma_src src, int64_t M, int64_t n0, int64_t n1, int64_t K, const void *g,

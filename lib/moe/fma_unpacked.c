@@ -193,6 +193,10 @@ W_INLINE void dots_block(const kt__fma_src src, const int R, const int C, int64_
  * stay in registers (with R = 8 and C = 3 GCC ran out and read x from L1 for every FMA). For
  * bf16, two integer ops per 32 weights against 2 R FMAs: the more rows the better. */
 static int cols_for(int64_t rmax) { return rmax <= 4 ? 4 : rmax == 5 ? 3 : 2; }
+/* block_bf16/block_f32 have a case for every (R, C) this gives up to DOT_R rows (R or R - 1
+ * rows a block, C from the larger), and a pass's chunk holds at least one step of 32 */
+_Static_assert(DOT_R == 8 && DOT_R * 2 <= DOT_ACC, "one block case per (R, C) up to 8 rows");
+_Static_assert(XP_FLOATS / PASS_M - XP_PAD >= 32, "a chunk of x for PASS_M rows fits xp");
 
 #define BLOCK_CASE(S, R, C)                                                                        \
     case R * 8 + C:                                                                                \
@@ -266,8 +270,8 @@ W_TARGET void kt__fma_nt_dots(kt__fma_src src, int64_t M, int64_t n0, int64_t n1
 {
     if (M <= 0 || n1 <= n0)
         return;
-    if (K <= 0) { /* no products: y is the empty sum, or stays */
-        if (!accumulate)
+    if (K <= 0) { /* no products: y is the empty sum, or stays (as kt__fma_nt) */
+        if (K == 0 && !accumulate)
             zero_block(y, ldy, M, n0, n1);
         return;
     }
@@ -328,13 +332,16 @@ typedef struct line_cursor {
     int64_t ld_bytes, rows, row_bytes, row, off;
 } line_cursor;
 
+/* Fetches the cursor's next line: every line a row touches (its start need not be aligned). */
 W_INLINE void cursor_step(line_cursor *f)
 {
     if (f->row >= f->rows)
         return;
-    _mm_prefetch(f->base + f->row * f->ld_bytes + f->off, _MM_HINT_T1);
+    const char *start = f->base + f->row * f->ld_bytes;
+    const int64_t lead = (int64_t)((uintptr_t)start & 63);
+    _mm_prefetch(start - lead + f->off, _MM_HINT_T1);
     f->off += 64;
-    if (f->off >= f->row_bytes)
+    if (f->off >= lead + f->row_bytes)
         f->off = 0, f->row++;
 }
 
@@ -369,6 +376,9 @@ W_INLINE void nn_block(const kt__fma_src src, const int R, int64_t nc, const flo
     for (int r = 0; r < R; r++)
         store_y_halves(src, y + r * ldy, lanes, acc[r][0], acc[r][1]);
 }
+
+_Static_assert(NN_R == 12, "nn_block_any has one case per height up to 12");
+_Static_assert(GF_FLOATS / PASS_M - 16 >= 16, "a chunk of g for PASS_M rows fits gf");
 
 #define NN_CASE(R)                                                                                 \
     case R:                                                                                        \
@@ -463,8 +473,8 @@ W_TARGET void kt__fma_nn_direct(kt__fma_src src, int64_t M, int64_t N, int64_t k
 {
     if (M <= 0 || k1 <= k0)
         return;
-    if (N <= 0) { /* no products: y is the empty sum, or stays */
-        if (!accumulate)
+    if (N <= 0) { /* no products: y is the empty sum, or stays (as kt__fma_nn) */
+        if (N == 0 && !accumulate)
             zero_block(y, ldy, M, k0, k1);
         return;
     }
