@@ -11,7 +11,7 @@
  *    (kt__fma_nt_rows_f32), w streamed in long runs (a decoding step's product only reads the
  *    weights).
  *  - "fma_dots" (nt of KT__FMA_ROWS_MAX_M + 1 to 24 rows): dot products along w's rows
- *    (kt__fma_nt_dots), w read in place; nn of those rows reads w in place too
+ *    (kt__fma_nt_dots), w read in place. nn of 1 to 24 rows reads w in place too
  *    (kt__fma_nn_direct), with the tiles' sums ("fma").
  *  - "scalar": the references, where the kernels are not built or the CPU lacks AVX-512. */
 #ifndef KT_MOE_F32_GEMM_H
