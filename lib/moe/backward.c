@@ -199,10 +199,19 @@ static int stream_gx(const kt_moe *m)
            (size_t)m->off[m->E] * (size_t)m->H * sizeof(float) >= GX_STREAM_BYTES;
 }
 
-/* LoRA's adapters add to a block of gx right after the GEMM has written it, GX_LORA_COLS
- * columns at a time, while it is still in L2: added after a whole task's columns, gx came
- * back from L3 or memory (9 of LoRA's 94 ms of gate_up_grad at dsv2lite qlen 1024). */
+/* LoRA's adapters add to a block of gx right after the GEMM has written it, while it is still
+ * in L2: added after a whole task's columns, gx came back from L3 or memory (9 of LoRA's 94 ms
+ * of gate_up_grad at dsv2lite qlen 1024). A block is GX_LORA_BLOCK_BYTES of gx, at least
+ * GX_LORA_COLS columns: with 128 columns at every row count, an expert of a dozen rows walked
+ * the weights 256 bytes a row per call (dsv2lite qlen 128 gate_up_grad 103 ms, frozen's 63). */
 #define GX_LORA_COLS 128
+#define GX_LORA_BLOCK_BYTES (256 * 1024)
+
+static int64_t gx_lora_step(int64_t rows)
+{
+    const int64_t cols = GX_LORA_BLOCK_BYTES / ((rows > 0 ? rows : 1) * (int64_t)sizeof(float));
+    return cols > GX_LORA_COLS ? cols / KT__MOE_COL_ALIGN * KT__MOE_COL_ALIGN : GX_LORA_COLS;
+}
 
 static void gx_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
@@ -212,7 +221,7 @@ static void gx_tasks(void *vctx, int64_t b, int64_t end, int thread)
     for (int64_t i = b; i < end; i++) {
         const kt__moe_task *t = &m->tasks[i];
         const int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
-        const int64_t step = lora ? GX_LORA_COLS : t->c1 - t->c0;
+        const int64_t step = lora ? gx_lora_step(me) : t->c1 - t->c0;
         for (int64_t c0 = t->c0; c0 < t->c1; c0 += step) {
             const kt__moe_task st = {t->e, c0, t->c1 - c0 < step ? t->c1 : c0 + step};
             if (m->tiled) {
