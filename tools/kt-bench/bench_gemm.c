@@ -262,24 +262,28 @@ static void report(const bench_args *common, const char *model, const char *shap
     const double gf = flop / t.median_s * 1e-9, gf_best = flop / t.best_s * 1e-9;
     const double wbytes = (double)N * (double)K * (kind == K_TN ? 8.0 : 2.0);
     const double gbs = wbytes / t.median_s * 1e-9;
+    /* the kernel that ran: the path depends on the kind and the rows */
+    const char *path = kind == K_NT   ? kt__bf16_gemm_nt_path(M)
+                       : kind == K_NN ? kt__bf16_gemm_nn_path(M)
+                                      : kt__bf16_gemm_path(M);
     if (common->json) {
         printf("{\"bench\":\"gemm\",\"model\":\"%s\",\"shape\":\"%s\",\"kind\":\"%s\","
-               "\"m\":%lld,\"n\":%lld,\"k\":%lld,\"threads\":%d,\"weights\":\"%s\","
+               "\"path\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"threads\":%d,\"weights\":\"%s\","
                "\"median_ms\":%.4f,\"best_ms\":%.4f,\"gflops\":%.2f,\"gflops_best\":%.2f,"
                "\"peak_gflops\":%.2f,\"fraction_of_peak\":%.4f,\"weight_gbs\":%.2f,"
                "\"onednn_ms\":",
-               model, shape, kind_names[kind], (long long)M, (long long)N, (long long)K, threads,
-               hot ? "hot" : "cold", t.median_s * 1e3, t.best_s * 1e3, gf, gf_best, peak, gf / peak,
-               gbs);
+               model, shape, kind_names[kind], path, (long long)M, (long long)N, (long long)K,
+               threads, hot ? "hot" : "cold", t.median_s * 1e3, t.best_s * 1e3, gf, gf_best, peak,
+               gf / peak, gbs);
         if (vs > 0)
             printf("%.4f,\"ratio_vs_onednn\":%.3f}\n", peer.median_s * 1e3, vs);
         else
             printf("null,\"ratio_vs_onednn\":null}\n");
     } else {
-        printf("%-9s %-3s %-2s m=%-5lld n=%-5lld k=%-5lld thr=%d  %9.3f ms  %7.1f GFLOP/s "
+        printf("%-9s %-3s %-2s %-11s m=%-5lld n=%-5lld k=%-5lld thr=%d  %9.3f ms  %7.1f GFLOP/s "
                "(best %7.1f)  fraction_of_peak %.3f  weights %6.1f GB/s",
-               model, shape, kind_names[kind], (long long)M, (long long)N, (long long)K, threads,
-               t.median_s * 1e3, gf, gf_best, gf / peak, gbs);
+               model, shape, kind_names[kind], path, (long long)M, (long long)N, (long long)K,
+               threads, t.median_s * 1e3, gf, gf_best, gf / peak, gbs);
         if (vs > 0)
             printf("  onednn %7.1f GFLOP/s: %.2fx\n", flop / peer.median_s * 1e-9, vs);
         else
@@ -310,7 +314,8 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                    "to f32) measured in the same run. Without --m/--n/--k: the dsv2lite and\n"
                    "qwen3moe expert shapes for m = 1, 8, 64, 256, 1024. Kernel sizes:\n"
                    "nt y[M,N] = x[M,K] w[N,K]^T, nn y[M,K] = g[M,N] w[N,K],\n"
-                   "tn dw[N,K] += g[M,N]^T x[M,K].\n"
+                   "tn dw[N,K] += g[M,N]^T x[M,K]. Each line names the kernel's path\n"
+                   "(amx, fma, fma_dots, avx512_bf16, scalar; by kind and rows).\n"
                    "--hot: one weight copy (default: copies over 64 MiB, from memory);\n"
                    "--single: skip the pool runs. Beside each line: oneDNN's bf16 GEMM on\n"
                    "the same operands and threads (libdnnl.so.2, loaded if installed) and\n"
