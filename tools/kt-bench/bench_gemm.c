@@ -253,6 +253,14 @@ static timing time_kernel(int kind, int64_t M, int64_t N, int64_t K, const buffe
 }
 
 /* peer: oneDNN's timing on the same configuration (median_s 0: not measured) */
+/* The kernel a product runs: the path depends on the kind and the rows. */
+static const char *kernel_path(int kind, int64_t M)
+{
+    return kind == K_NT   ? kt__bf16_gemm_nt_path(M)
+           : kind == K_NN ? kt__bf16_gemm_nn_path(M)
+                          : kt__bf16_gemm_path(M);
+}
+
 static void report(const bench_args *common, const char *model, const char *shape, int kind,
                    int64_t M, int64_t N, int64_t K, int threads, timing t, double peak, int hot,
                    timing peer)
@@ -262,10 +270,7 @@ static void report(const bench_args *common, const char *model, const char *shap
     const double gf = flop / t.median_s * 1e-9, gf_best = flop / t.best_s * 1e-9;
     const double wbytes = (double)N * (double)K * (kind == K_TN ? 8.0 : 2.0);
     const double gbs = wbytes / t.median_s * 1e-9;
-    /* the kernel that ran: the path depends on the kind and the rows */
-    const char *path = kind == K_NT   ? kt__bf16_gemm_nt_path(M)
-                       : kind == K_NN ? kt__bf16_gemm_nn_path(M)
-                                      : kt__bf16_gemm_path(M);
+    const char *path = kernel_path(kind, M);
     if (common->json) {
         printf("{\"bench\":\"gemm\",\"model\":\"%s\",\"shape\":\"%s\",\"kind\":\"%s\","
                "\"path\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"threads\":%d,\"weights\":\"%s\","
@@ -281,9 +286,9 @@ static void report(const bench_args *common, const char *model, const char *shap
             printf("null,\"ratio_vs_onednn\":null}\n");
     } else {
         printf("%-9s %-3s %-2s %-11s m=%-5lld n=%-5lld k=%-5lld thr=%d  %9.3f ms  %7.1f GFLOP/s "
-               "(best %7.1f)  fraction_of_peak %.3f  weights %6.1f GB/s",
+               "(best %7.1f)  fraction_of_peak %.3f (%s)  weights %6.1f GB/s",
                model, shape, kind_names[kind], path, (long long)M, (long long)N, (long long)K,
-               threads, t.median_s * 1e3, gf, gf_best, gf / peak, gbs);
+               threads, t.median_s * 1e3, gf, gf_best, gf / peak, bench_path_peak_name(path), gbs);
         if (vs > 0)
             printf("  onednn %7.1f GFLOP/s: %.2fx\n", flop / peer.median_s * 1e-9, vs);
         else
@@ -309,10 +314,11 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
             printf("usage: kt-bench gemm [--m M] [--n N] [--k K] [--kind nt|nn|tn] [--hot]\n"
                    "                     [--single] [--json] [--repeats N] [--threads N]\n"
                    "Times the bf16 MoE GEMM kernels on 1 thread and on the pool (--threads,\n"
-                   "default: all CPUs) against the register peak of their instruction\n"
-                   "(vdpbf16ps, or vfmadd231ps where the CPU multiplies bf16 faster widened\n"
-                   "to f32) measured in the same run. Without --m/--n/--k: the dsv2lite and\n"
-                   "qwen3moe expert shapes for m = 1, 8, 64, 256, 1024. Kernel sizes:\n"
+                   "default: all CPUs) against the register peak of the instruction each\n"
+                   "line's kernel multiplies with (vdpbf16ps, or vfmadd231ps where bf16 is\n"
+                   "widened to f32; named on the line) measured right before it. Without\n"
+                   "--m/--n/--k: the dsv2lite and qwen3moe expert shapes for m = 1, 8, 64,\n"
+                   "256, 1024. Kernel sizes:\n"
                    "nt y[M,N] = x[M,K] w[N,K]^T, nn y[M,K] = g[M,N] w[N,K],\n"
                    "tn dw[N,K] += g[M,N]^T x[M,K]. Each line names the kernel's path\n"
                    "(amx, fma, fma_dots, avx512_bf16, scalar; by kind and rows).\n"
@@ -403,7 +409,9 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                     }
                     /* the peak again right before each run: the machine may be shared,
                      * and the fraction should compare like with like */
-                    const double pk1 = have_peak ? bench_bf16_peak_gflops(NULL, 1, 5) : 1.0;
+                    /* the peak of the instruction this product's kernel multiplies with */
+                    const char *kpath = kernel_path(kd, M);
+                    const double pk1 = have_peak ? bench_path_peak_gflops(kpath, NULL, 1, 5) : 1.0;
                     timing t1 = time_kernel(kd, M, N, K, &bu, NULL, common, 0);
                     const double pd = peer ? peer_difference(kd, M, N, K, &bu) : 0.0;
                     /* a peer that computes something else gets no ratio (null) */
@@ -417,7 +425,7 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                     report(common, mname, sname, kd, M, N, K, 1, t1, pk1, hot, p1);
                     if (!single_only && threads > 1) {
                         const double pkp =
-                            have_peak ? bench_bf16_peak_gflops(pool, threads, 5) : 1.0;
+                            have_peak ? bench_path_peak_gflops(kpath, pool, threads, 5) : 1.0;
                         timing tp = time_kernel(kd, M, N, K, &bu, pool, common, 0);
                         timing pp =
                             peer_ok ? time_kernel(kd, M, N, K, &bu, NULL, common, threads) : none;

@@ -225,3 +225,23 @@ double bench_fma_peak_gflops(kt_threadpool *pool, int threads, int repeats)
         return 0.0;
     return peak_gflops(pool, threads, repeats, 1);
 }
+
+static int path_on_fma(const char *path) { return strncmp(path, "fma", 3) == 0; }
+
+double bench_path_peak_gflops(const char *path, kt_threadpool *pool, int threads, int repeats)
+{
+    if (path_on_fma(path))
+        return bench_fma_peak_gflops(pool, threads, repeats);
+    if (strcmp(path, "avx512_bf16") == 0)
+        return kt_cpu_get_features()->avx512_bf16 ? peak_gflops(pool, threads, repeats, 0) : 0.0;
+    return bench_bf16_peak_gflops(pool, threads, repeats);
+}
+
+const char *bench_path_peak_name(const char *path)
+{
+    if (path_on_fma(path))
+        return "vfmadd231ps";
+    if (strcmp(path, "avx512_bf16") == 0)
+        return "vdpbf16ps";
+    return bench_bf16_peak_name();
+}
