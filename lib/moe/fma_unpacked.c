@@ -71,11 +71,20 @@ W_INLINE __m512 load_half(const kt__fma_src src, const char *p, __mmask32 lanes,
                                  : _mm512_slli_epi32(v, 16));
 }
 
-/* y[m, c0:c1] = 0 for m < M. */
-static void zero_block(float *y, int64_t ldy, int64_t M, int64_t c0, int64_t c1)
+/* Whether a call over rows [0, M), columns [c0, c1) of y and a reduction of length `red` is
+ * done without a kernel: no rows or columns, or no products (y then the empty sum, or left as
+ * it is when accumulating; a negative length leaves it too, as the tiles do). */
+static int nothing_to_sum(int64_t M, int64_t c0, int64_t c1, int64_t red, float *y, int64_t ldy,
+                          int accumulate)
 {
-    for (int64_t m = 0; m < M; m++)
-        memset(y + m * ldy + c0, 0, (size_t)(c1 - c0) * sizeof *y);
+    if (M <= 0 || c1 <= c0)
+        return 1;
+    if (red > 0)
+        return 0;
+    if (red == 0 && !accumulate)
+        for (int64_t m = 0; m < M; m++)
+            memset(y + m * ldy + c0, 0, (size_t)(c1 - c0) * sizeof *y);
+    return 1;
 }
 
 /* bf16: the FTZ and DAZ bits on (as vdpbf16ps flushes), restored by the caller; f32 keeps the
@@ -268,13 +277,8 @@ W_TARGET void kt__fma_nt_dots(kt__fma_src src, int64_t M, int64_t n0, int64_t n1
                               const void *x, int64_t ldx, const void *w, int64_t ldw, float *y,
                               int64_t ldy, int accumulate)
 {
-    if (M <= 0 || n1 <= n0)
+    if (nothing_to_sum(M, n0, n1, K, y, ldy, accumulate))
         return;
-    if (K <= 0) { /* no products: y is the empty sum, or stays (as kt__fma_nt) */
-        if (K == 0 && !accumulate)
-            zero_block(y, ldy, M, n0, n1);
-        return;
-    }
     const unsigned csr = enter_mode(src);
     float xp[XP_FLOATS] __attribute__((aligned(64)));
     for (int64_t m0 = 0; m0 < M; m0 += PASS_M)
@@ -471,13 +475,8 @@ W_TARGET void kt__fma_nn_direct(kt__fma_src src, int64_t M, int64_t N, int64_t k
                                 const void *g0, const void *w0, const void *g1, const void *w1,
                                 int64_t ldg, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {
-    if (M <= 0 || k1 <= k0)
+    if (nothing_to_sum(M, k0, k1, N, y, ldy, accumulate))
         return;
-    if (N <= 0) { /* no products: y is the empty sum, or stays (as kt__fma_nn) */
-        if (N == 0 && !accumulate)
-            zero_block(y, ldy, M, k0, k1);
-        return;
-    }
     const unsigned csr = enter_mode(src);
     float gf[GF_FLOATS] __attribute__((aligned(64)));
     const void *ws[2] = {w0, w1};
