@@ -37,9 +37,7 @@ static int ref_bits(int64_t M, int kind, int accumulate)
 {
     if (kind == NT_DOTS)
         return 0;
-    const char *path = kind == NT   ? kt__bf16_gemm_nt_path(M)
-                       : kind == NN ? kt__bf16_gemm_nn_path(M)
-                                    : kt__bf16_gemm_path(M);
+    const char *path = kt__bf16_gemm_kind_path(kind_name[kind], M);
     if (strcmp(path, "scalar") == 0)
         return 1;
     return strcmp(path, "fma") == 0 && (!accumulate || kind == TN);
@@ -566,7 +564,7 @@ static void test_nn2(void **state)
             }
             free(ya), free(yb);
         }
-        if (strcmp(kt__bf16_gemm_nn_path(M), "scalar") == 0) {
+        if (strcmp(kt__bf16_gemm_kind_path("nn", M), "scalar") == 0) {
             kt__bf16_gemm_nn_ref(M, N, 0, K, g0, ldg, w0, ldw, y2, ldy, 0);
             kt__bf16_gemm_nn_ref(M, N, 0, K, g1, ldg, w1, ldw, y2, ldy, 1);
             assert_memory_equal(y, y2, (size_t)(M * ldy) * sizeof *y);
@@ -629,7 +627,8 @@ static void test_nn_stream_path(void **state)
             else
                 kt__bf16_gemm_nn2(BIG_M, N, k0, k1, g, w, g1, w1, ldg, ldw, big, ldy, 0);
             for (int64_t M = 1; M <= KT__BF16_NN_STREAM_MAX_M; M++) {
-                if (strcmp(kt__bf16_gemm_nn_path(M), kt__bf16_gemm_nn_path(BIG_M)) != 0) {
+                if (strcmp(kt__bf16_gemm_kind_path("nn", M),
+                           kt__bf16_gemm_kind_path("nn", BIG_M)) != 0) {
                     g_path_skips++; /* other sums; checked against the reference elsewhere */
                     continue;
                 }
@@ -679,7 +678,8 @@ static void test_nt_rows_path(void **state)
             memcpy(big, y0, (size_t)(BIG_M * ldy) * sizeof *big);
             kt__bf16_gemm_nt(BIG_M, n0, n1, K, x, ldx, w, ldw, big, ldy, acc);
             for (int64_t M = 1; M <= KT__BF16_NT_ROWS_MAX_M; M++) {
-                if (strcmp(kt__bf16_gemm_nt_path(M), kt__bf16_gemm_nt_path(BIG_M)) != 0) {
+                if (strcmp(kt__bf16_gemm_kind_path("nt", M),
+                           kt__bf16_gemm_kind_path("nt", BIG_M)) != 0) {
                     g_nt_path_skips++; /* other sums; checked against the reference elsewhere */
                     continue;
                 }
@@ -829,8 +829,8 @@ static void test_report(void **state)
     const char *forced = getenv("KT_CPU");
     print_message("bf16 gemm path: %s below 16 rows, %s from 16, nt of 8 rows %s, nn of 8 rows "
                   "%s (cpu: %s%s%s); %lld cases, %lld elements checked\n",
-                  kt__bf16_gemm_path(1), kt__bf16_gemm_path(16), kt__bf16_gemm_nt_path(8),
-                  kt__bf16_gemm_nn_path(8), kt_cpu_describe(), forced ? ", KT_CPU=" : "",
+                  kt__bf16_gemm_path(1), kt__bf16_gemm_path(16), kt__bf16_gemm_kind_path("nt", 8),
+                  kt__bf16_gemm_kind_path("nn", 8), kt_cpu_describe(), forced ? ", KT_CPU=" : "",
                   forced ? forced : "", (long long)g_cases, (long long)g_checked);
     if (g_path_skips)
         print_message("%lld stream-path comparisons skipped: those row counts take the %s path and "
@@ -840,8 +840,8 @@ static void test_report(void **state)
     if (g_nt_path_skips)
         print_message("%lld nt rows-path comparisons skipped: those row counts take the %s path "
                       "and the compared calls the %s path (test_moe_gemm_dpbf16 runs them)\n",
-                      (long long)g_nt_path_skips, kt__bf16_gemm_nt_path(1),
-                      kt__bf16_gemm_nt_path(KT__BF16_NT_ROWS_MAX_M + 5));
+                      (long long)g_nt_path_skips, kt__bf16_gemm_kind_path("nt", 1),
+                      kt__bf16_gemm_kind_path("nt", KT__BF16_NT_ROWS_MAX_M + 5));
     if (kt__amx_usable())
         print_message("AMX is usable: products of 16 rows and more ran on AMX tiles, so the "
                       "AVX-512 paths for them (NN's row chunks, TN's work buffer) were not "

@@ -189,7 +189,7 @@ static void ga_tasks(void *vctx, int64_t b, int64_t end, int thread)
 
 /* gx is stored past the caches when it is this large (it is read back once, by the
  * per-token sum, after every expert's rows are written). Only the bf16 vdpbf16ps kernel
- * streams; the FMA tiles (bf16 on Intel, f32) store plainly. */
+ * streams; the FMA tiles and the in-place kernels (bf16 on Intel, f32) store plainly. */
 #define GX_STREAM_BYTES (8u << 20)
 
 static int stream_gx(const kt_moe *m)

@@ -1667,20 +1667,13 @@ static int use_nn_direct(int64_t M)
 }
 #endif
 
-const char *kt__bf16_gemm_nn_path(int64_t M)
+const char *kt__bf16_gemm_kind_path(const char *kind, int64_t M)
 {
 #ifdef BF_HAVE_AVX512
-    if (use_nn_direct(M))
-        return "fma";
-#endif
-    return kt__bf16_gemm_path(M);
-}
-
-const char *kt__bf16_gemm_nt_path(int64_t M)
-{
-#ifdef BF_HAVE_AVX512
-    if (use_dots(M))
+    if (strcmp(kind, "nt") == 0 && use_dots(M))
         return "fma_dots";
+    if (strcmp(kind, "nn") == 0 && use_nn_direct(M))
+        return "fma"; /* the tiles' sums */
 #endif
     return kt__bf16_gemm_path(M);
 }

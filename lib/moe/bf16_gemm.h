@@ -69,10 +69,10 @@ void kt__bf16_gemm_tn_acc(int64_t M, int64_t n0, int64_t n1, int64_t K, const ui
 /* The path a product of M rows takes on this CPU (a function of M alone; each sums in its own
  * order): "amx", "fma" (fma_gemm.h), "avx512_bf16" (vdpbf16ps) or "scalar". */
 const char *kt__bf16_gemm_path(int64_t M);
-/* NT's: that, or "fma_dots" (kt__fma_nt_dots) for its middling row counts. */
-const char *kt__bf16_gemm_nt_path(int64_t M);
-/* NN's (and nn2's): that, or "fma" where kt__fma_nn_direct computes the FMA path's sums. */
-const char *kt__bf16_gemm_nn_path(int64_t M);
+/* The path of one kind of product ("nt", "nn" (nn2 too) or "tn"): kt__bf16_gemm_path's, except
+ * "fma_dots" for NT's middling row counts (kt__fma_nt_dots), and "fma" where NN reads w in
+ * place (kt__fma_nn_direct, the tiles' sums). */
+const char *kt__bf16_gemm_kind_path(const char *kind, int64_t M);
 
 /* The plain scalar versions: the reference the fast kernels are tested against, and the
  * portable path when the CPU lacks AVX-512 BF16. */

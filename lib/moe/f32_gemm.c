@@ -23,7 +23,8 @@ static int use_rows(int64_t M) { return M <= KT__FMA_ROWS_MAX_M; }
  * calls) and down (2048 x 1408, g W) from memory, ms, tiles -> in place: nt 8 rows 1.46-1.51 ->
  * 0.92, 12 rows 1.63-1.67 -> 1.26, 24 rows 2.04-2.06 -> 1.76; nn 8 rows 1.30-1.46 -> 1.14,
  * 12 rows 1.42-1.45 -> 1.15, 16 rows 1.53-1.59 -> 1.39-1.41; at 32 rows the tiles were faster
- * (nt 2.33 against 4.47, nn 2.01 against 2.66). Measured on Intel; assumed alike elsewhere. */
+ * (nt 2.33 against 4.47, before the fetches covered both lines of a step; nn 2.01 against
+ * 2.66). Measured on Intel; assumed alike elsewhere. */
 #define UNPACKED_MAX_M 24
 
 static int use_unpacked(int64_t M) { return M > KT__FMA_ROWS_MAX_M && M <= UNPACKED_MAX_M; }
@@ -105,36 +106,37 @@ void kt__f32_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *
     kt__f32_gemm_nt_ref(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
 }
 
-void kt__f32_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const float *g, int64_t ldg,
-                     const float *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
-{
-    if (M <= 0 || k1 <= k0)
-        return;
-#ifdef KT__FMA_GEMM
-    if (kt__f32_gemm_tiled()) {
-        (use_nn_direct(M) ? kt__fma_nn_direct : kt__fma_nn)(KT__FMA_F32, M, N, k0, k1, g, w, NULL,
-                                                            NULL, ldg, ldw, y, ldy, accumulate);
-        return;
-    }
-#endif
-    kt__f32_gemm_nn_ref(M, N, k0, k1, g, ldg, w, ldw, y, ldy, accumulate);
-}
-
-void kt__f32_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const float *g0,
-                      const float *w0, const float *g1, const float *w1, int64_t ldg, int64_t ldw,
-                      float *y, int64_t ldy)
+/* y = (accumulate ? y : 0) + g0 w0 (+ g1 w1 when g1 is not NULL) over columns [k0, k1): nn and
+ * nn2 alike. */
+static void nn_sources(int64_t M, int64_t N, int64_t k0, int64_t k1, const float *g0,
+                       const float *w0, const float *g1, const float *w1, int64_t ldg, int64_t ldw,
+                       float *y, int64_t ldy, int accumulate)
 {
     if (M <= 0 || k1 <= k0)
         return;
 #ifdef KT__FMA_GEMM
     if (kt__f32_gemm_tiled()) {
         (use_nn_direct(M) ? kt__fma_nn_direct : kt__fma_nn)(KT__FMA_F32, M, N, k0, k1, g0, w0, g1,
-                                                            w1, ldg, ldw, y, ldy, 0);
+                                                            w1, ldg, ldw, y, ldy, accumulate);
         return;
     }
 #endif
-    kt__f32_gemm_nn_ref(M, N, k0, k1, g0, ldg, w0, ldw, y, ldy, 0);
-    kt__f32_gemm_nn_ref(M, N, k0, k1, g1, ldg, w1, ldw, y, ldy, 1);
+    kt__f32_gemm_nn_ref(M, N, k0, k1, g0, ldg, w0, ldw, y, ldy, accumulate);
+    if (g1 != NULL)
+        kt__f32_gemm_nn_ref(M, N, k0, k1, g1, ldg, w1, ldw, y, ldy, 1);
+}
+
+void kt__f32_gemm_nn(int64_t M, int64_t N, int64_t k0, int64_t k1, const float *g, int64_t ldg,
+                     const float *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
+{
+    nn_sources(M, N, k0, k1, g, w, NULL, NULL, ldg, ldw, y, ldy, accumulate);
+}
+
+void kt__f32_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const float *g0,
+                      const float *w0, const float *g1, const float *w1, int64_t ldg, int64_t ldw,
+                      float *y, int64_t ldy)
+{
+    nn_sources(M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, 0);
 }
 
 size_t kt__f32_gemm_tn_work_bytes(int64_t M)

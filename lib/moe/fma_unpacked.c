@@ -47,21 +47,8 @@ static inline const char *at(const void *p, int64_t i, kt__fma_src src)
     return (const char *)p + bytes_of(i, src);
 }
 
-/* The two halves of 32 values at p (the first of `lanes`; zeros past them). */
-W_INLINE void load_halves(const kt__fma_src src, const char *p, __mmask32 lanes, __m512 *h0,
-                          __m512 *h1)
-{
-    if (src == KT__FMA_F32) {
-        *h0 = _mm512_maskz_loadu_ps((__mmask16)lanes, p);
-        *h1 = _mm512_maskz_loadu_ps((__mmask16)(lanes >> 16), p + 64);
-        return;
-    }
-    const __m512i v = _mm512_maskz_loadu_epi16(lanes, p);
-    *h0 = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-    *h1 = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(ODD_BITS)));
-}
-
-/* Half h of load_halves (bf16: the same load again, for the other half). */
+/* Half h of the 32 values at p (the first of `lanes`; zeros past them): bf16 one load, its
+ * even values (h = 0) or its odd ones; f32 values 16 h to 16 h + 15. */
 W_INLINE __m512 load_half(const kt__fma_src src, const char *p, __mmask32 lanes, const int h)
 {
     if (src == KT__FMA_F32)
@@ -69,6 +56,14 @@ W_INLINE __m512 load_half(const kt__fma_src src, const char *p, __mmask32 lanes,
     const __m512i v = _mm512_maskz_loadu_epi16(lanes, p);
     return _mm512_castsi512_ps(h ? _mm512_and_si512(v, _mm512_set1_epi32(ODD_BITS))
                                  : _mm512_slli_epi32(v, 16));
+}
+
+/* Both halves (bf16: the two halves' loads are the same one). */
+W_INLINE void load_halves(const kt__fma_src src, const char *p, __mmask32 lanes, __m512 *h0,
+                          __m512 *h1)
+{
+    *h0 = load_half(src, p, lanes, 0);
+    *h1 = load_half(src, p, lanes, 1);
 }
 
 /* Whether a call over rows [0, M), columns [c0, c1) of y and a reduction of length `red` is
@@ -333,20 +328,37 @@ W_INLINE void store_y_halves(const kt__fma_src src, float *y, __mmask32 lanes, _
  * hardware prefetchers do not follow). */
 typedef struct line_cursor {
     const char *base;
-    int64_t ld_bytes, rows, row_bytes, row, off;
+    int64_t ld_bytes, rows, row_bytes, row;
+    const char *line, *end; /* the next line of this row, and the row's end */
 } line_cursor;
 
-/* Fetches the cursor's next line: every line a row touches (its start need not be aligned). */
+/* Starts row `row`: every line it touches (its start need not be on a line). */
+static inline void cursor_row(line_cursor *f, int64_t row)
+{
+    const char *start = f->base + row * f->ld_bytes;
+    f->row = row;
+    f->line = start - ((uintptr_t)start & 63);
+    f->end = start + f->row_bytes;
+}
+
+static inline void cursor_init(line_cursor *f, const char *base, int64_t ld_bytes, int64_t rows,
+                               int64_t row_bytes)
+{
+    f->base = base, f->ld_bytes = ld_bytes, f->rows = base != NULL ? rows : 0;
+    f->row_bytes = row_bytes, f->row = 0, f->line = f->end = NULL;
+    if (f->rows > 0)
+        cursor_row(f, 0);
+}
+
+/* Fetches the cursor's next line. */
 W_INLINE void cursor_step(line_cursor *f)
 {
     if (f->row >= f->rows)
         return;
-    const char *start = f->base + f->row * f->ld_bytes;
-    const int64_t lead = (int64_t)((uintptr_t)start & 63);
-    _mm_prefetch(start - lead + f->off, _MM_HINT_T1);
-    f->off += 64;
-    if (f->off >= lead + f->row_bytes)
-        f->off = 0, f->row++;
+    _mm_prefetch(f->line, _MM_HINT_T1);
+    f->line += 64;
+    if (f->line >= f->end)
+        cursor_row(f, f->row + 1);
 }
 
 /* y[r, 0:ncols] = (load ? y : 0) + sum over n < nc of gf[r][n] w[n, 0:ncols] for r < R,
@@ -453,12 +465,13 @@ W_TARGET static void nn_pass(kt__fma_src src, int64_t M, int64_t N, int64_t k0, 
             const int64_t ldgf = ((nc + 15) & ~(int64_t)15) + 16;
             g_rows_f32(src, gf, ldgf, at(gs[s], n0, src), ldg, M, nc);
             /* the next chunk: this source's next rows, or the next source's first */
-            line_cursor next = {NULL, bytes_of(ldw, src), 0, row_bytes, 0, 0};
+            line_cursor next;
             if (n0 + nc < N)
-                next.base = at(ws[s], (n0 + nc) * ldw + k0, src),
-                next.rows = N - n0 - nc < ncmax ? N - n0 - nc : ncmax;
-            else if (s + 1 < nsrc)
-                next.base = at(ws[s + 1], k0, src), next.rows = N < ncmax ? N : ncmax;
+                cursor_init(&next, at(ws[s], (n0 + nc) * ldw + k0, src), bytes_of(ldw, src),
+                            N - n0 - nc < ncmax ? N - n0 - nc : ncmax, row_bytes);
+            else
+                cursor_init(&next, s + 1 < nsrc ? at(ws[s + 1], k0, src) : NULL, bytes_of(ldw, src),
+                            N < ncmax ? N : ncmax, row_bytes);
             for (int64_t c = k0; c < k1; c += 32)
                 for (int64_t b = 0; b < blocks; b++) {
                     const int64_t r0 = b * (M / blocks) + (b < M % blocks ? b : M % blocks);

@@ -256,9 +256,7 @@ static timing time_kernel(int kind, int64_t M, int64_t N, int64_t K, const buffe
 /* The kernel a product runs: the path depends on the kind and the rows. */
 static const char *kernel_path(int kind, int64_t M)
 {
-    return kind == K_NT   ? kt__bf16_gemm_nt_path(M)
-           : kind == K_NN ? kt__bf16_gemm_nn_path(M)
-                          : kt__bf16_gemm_path(M);
+    return kt__bf16_gemm_kind_path(kind_names[kind], M);
 }
 
 static void report(const bench_args *common, const char *model, const char *shape, int kind,

@@ -173,10 +173,13 @@ __attribute__((target("avx512f"))) static float fma_peak_loop(const float *seed)
 
 static volatile float peak_sink;
 
-/* Whether the bf16 GEMMs of large products run on the FMA units (else vdpbf16ps). */
-static int peak_on_fma(void) { return strcmp(kt__bf16_gemm_path(1024), "fma") == 0; }
+/* Whether a bf16 GEMM path multiplies on the FMA units (else vdpbf16ps). */
+static int path_on_fma(const char *path) { return strncmp(path, "fma", 3) == 0; }
 
-const char *bench_bf16_peak_name(void) { return peak_on_fma() ? "vfmadd231ps" : "vdpbf16ps"; }
+/* The path of large products, whose instruction bench_bf16_peak_* time. */
+static const char *large_path(void) { return kt__bf16_gemm_path(1024); }
+
+const char *bench_bf16_peak_name(void) { return bench_path_peak_name(large_path()); }
 
 static void peak_part(void *ctx, int64_t begin, int64_t end, int thread)
 {
@@ -212,10 +215,7 @@ static double peak_gflops(kt_threadpool *pool, int threads, int repeats, int fma
 
 double bench_bf16_peak_gflops(kt_threadpool *pool, int threads, int repeats)
 {
-    const int fma = peak_on_fma();
-    if (!fma && !kt_cpu_get_features()->avx512_bf16)
-        return 0.0;
-    return peak_gflops(pool, threads, repeats, fma);
+    return bench_path_peak_gflops(large_path(), pool, threads, repeats);
 }
 
 double bench_fma_peak_gflops(kt_threadpool *pool, int threads, int repeats)
@@ -226,22 +226,14 @@ double bench_fma_peak_gflops(kt_threadpool *pool, int threads, int repeats)
     return peak_gflops(pool, threads, repeats, 1);
 }
 
-static int path_on_fma(const char *path) { return strncmp(path, "fma", 3) == 0; }
-
 double bench_path_peak_gflops(const char *path, kt_threadpool *pool, int threads, int repeats)
 {
     if (path_on_fma(path))
         return bench_fma_peak_gflops(pool, threads, repeats);
-    if (strcmp(path, "avx512_bf16") == 0)
-        return kt_cpu_get_features()->avx512_bf16 ? peak_gflops(pool, threads, repeats, 0) : 0.0;
-    return bench_bf16_peak_gflops(pool, threads, repeats);
+    return kt_cpu_get_features()->avx512_bf16 ? peak_gflops(pool, threads, repeats, 0) : 0.0;
 }
 
 const char *bench_path_peak_name(const char *path)
 {
-    if (path_on_fma(path))
-        return "vfmadd231ps";
-    if (strcmp(path, "avx512_bf16") == 0)
-        return "vdpbf16ps";
-    return bench_bf16_peak_name();
+    return path_on_fma(path) ? "vfmadd231ps" : "vdpbf16ps";
 }

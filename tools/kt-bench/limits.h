@@ -23,9 +23,9 @@ double bench_bf16_peak_gflops(kt_threadpool *pool, int threads, int repeats);
 const char *bench_bf16_peak_name(void);
 /* The vfmadd231ps register peak alone (that of the f32 MoE kernels), 0 without AVX-512. */
 double bench_fma_peak_gflops(kt_threadpool *pool, int threads, int repeats);
-/* The same for the instruction a bf16 GEMM path (kt__bf16_gemm_path's names) multiplies with:
- * vfmadd231ps for "fma" and "fma_dots", vdpbf16ps for "avx512_bf16", else as
- * bench_bf16_peak_gflops; and that instruction's name. */
+/* The same for the instruction a bf16 GEMM path (kt__bf16_gemm_kind_path's names) multiplies
+ * with: vfmadd231ps for "fma" and "fma_dots", else vdpbf16ps (0 without AVX-512 BF16); and that
+ * instruction's name. */
 double bench_path_peak_gflops(const char *path, kt_threadpool *pool, int threads, int repeats);
 const char *bench_path_peak_name(const char *path);
 
