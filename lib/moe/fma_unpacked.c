@@ -23,6 +23,7 @@
 
 #include "moe/fma_gemm.h"
 #include "moe/lane_mask.h"
+#include "moe/prefetch.h"
 
 #ifdef KT__FMA_GEMM
 #include <immintrin.h>
@@ -323,49 +324,11 @@ W_INLINE void store_y_halves(const kt__fma_src src, float *y, __mmask32 lanes, _
     _mm512_mask_storeu_ps(y + 16, (__mmask16)(lanes >> 16), b);
 }
 
-/* Lines fetched into L2 in address order, one per step: the next chunk's rows of w while this
- * chunk computes (its column groups walk 64-byte pieces of rows kilobytes apart, which the
- * hardware prefetchers do not follow). */
-typedef struct line_cursor {
-    const char *base;
-    int64_t ld_bytes, rows, row_bytes, row;
-    const char *line, *end; /* the next line of this row, and the row's end */
-} line_cursor;
-
-/* Starts row `row`: every line it touches (its start need not be on a line). */
-static inline void cursor_row(line_cursor *f, int64_t row)
-{
-    const char *start = f->base + row * f->ld_bytes;
-    f->row = row;
-    f->line = start - ((uintptr_t)start & 63);
-    f->end = start + f->row_bytes;
-}
-
-static inline void cursor_init(line_cursor *f, const char *base, int64_t ld_bytes, int64_t rows,
-                               int64_t row_bytes)
-{
-    f->base = base, f->ld_bytes = ld_bytes, f->rows = base != NULL ? rows : 0;
-    f->row_bytes = row_bytes, f->row = 0, f->line = f->end = NULL;
-    if (f->rows > 0)
-        cursor_row(f, 0);
-}
-
-/* Fetches the cursor's next line. */
-W_INLINE void cursor_step(line_cursor *f)
-{
-    if (f->row >= f->rows)
-        return;
-    _mm_prefetch(f->line, _MM_HINT_T1);
-    f->line += 64;
-    if (f->line >= f->end)
-        cursor_row(f, f->row + 1);
-}
-
 /* y[r, 0:ncols] = (load ? y : 0) + sum over n < nc of gf[r][n] w[n, 0:ncols] for r < R,
  * ncols <= 32, each product added in n's order. fetch: a line of it per step (or NULL). */
 W_INLINE void nn_block(const kt__fma_src src, const int R, int64_t nc, const float *gf,
                        int64_t ldgf, const void *w, int64_t ldw, int64_t ncols, float *y,
-                       int64_t ldy, int load, line_cursor *fetch)
+                       int64_t ldy, int load, kt__line_cursor *fetch)
 {
     const __mmask32 lanes = kt__lanes32(ncols);
     __m512 acc[NN_R][2];
@@ -382,7 +345,7 @@ W_INLINE void nn_block(const kt__fma_src src, const int R, int64_t nc, const flo
         load_halves(src, at(w, n * ldw, src), lanes, &w0, &w1);
         if (fetch) /* as many lines as the step reads: one for bf16, two for f32 */
             for (int64_t o = 0; o < bytes_of(32, src); o += 64)
-                cursor_step(fetch);
+                kt__cursor_step(fetch);
         for (int r = 0; r < R; r++) {
             const __m512 gb = _mm512_set1_ps(gf[r * ldgf + n]);
             acc[r][0] = _mm512_fmadd_ps(gb, w0, acc[r][0]);
@@ -406,7 +369,7 @@ _Static_assert(GF_FLOATS / PASS_M - 16 >= 16, "a chunk of g for PASS_M rows fits
 
 W_TARGET static void nn_block_any(kt__fma_src src, int R, int64_t nc, const float *gf, int64_t ldgf,
                                   const void *w, int64_t ldw, int64_t ncols, float *y, int64_t ldy,
-                                  int load, line_cursor *fetch)
+                                  int load, kt__line_cursor *fetch)
 {
     switch (R) {
         NN_CASE(1)
@@ -465,13 +428,13 @@ W_TARGET static void nn_pass(kt__fma_src src, int64_t M, int64_t N, int64_t k0, 
             const int64_t ldgf = ((nc + 15) & ~(int64_t)15) + 16;
             g_rows_f32(src, gf, ldgf, at(gs[s], n0, src), ldg, M, nc);
             /* the next chunk: this source's next rows, or the next source's first */
-            line_cursor next;
+            kt__line_cursor next;
             if (n0 + nc < N)
-                cursor_init(&next, at(ws[s], (n0 + nc) * ldw + k0, src), bytes_of(ldw, src),
-                            N - n0 - nc < ncmax ? N - n0 - nc : ncmax, row_bytes);
+                kt__cursor_init(&next, at(ws[s], (n0 + nc) * ldw + k0, src), bytes_of(ldw, src),
+                                N - n0 - nc < ncmax ? N - n0 - nc : ncmax, row_bytes);
             else
-                cursor_init(&next, s + 1 < nsrc ? at(ws[s + 1], k0, src) : NULL, bytes_of(ldw, src),
-                            N < ncmax ? N : ncmax, row_bytes);
+                kt__cursor_init(&next, s + 1 < nsrc ? at(ws[s + 1], k0, src) : NULL,
+                                bytes_of(ldw, src), N < ncmax ? N : ncmax, row_bytes);
             for (int64_t c = k0; c < k1; c += 32)
                 for (int64_t b = 0; b < blocks; b++) {
                     const int64_t r0 = b * (M / blocks) + (b < M % blocks ? b : M % blocks);

@@ -42,4 +42,56 @@ static inline void kt__prefetch_range(const void *p, size_t bytes, int how)
         kt__prefetch_line((const void *)a, how);
 }
 
+/* Lines fetched in address order, one per step: rows of row_bytes (their start need not be on
+ * a line), ld_bytes apart. The kernels walk a block of the weights in pieces of a few hundred
+ * bytes of rows kilobytes apart, which the hardware prefetchers do not follow; a cursor fetches
+ * the next block's lines into L2 spread over this block's steps (a burst of hundreds of
+ * fetches waits on the miss buffers). */
+typedef struct kt__line_cursor {
+    const char *base;
+    int64_t ld_bytes, rows, row_bytes, row;
+    const char *line, *end; /* the next line of this row, and the row's end */
+} kt__line_cursor;
+
+static inline void kt__cursor_row(kt__line_cursor *f, int64_t row)
+{
+    const char *start = f->base + row * f->ld_bytes;
+    f->row = row;
+    f->line = start - ((uintptr_t)start & 63);
+    f->end = start + f->row_bytes;
+}
+
+/* A cursor over `rows` rows from base (none when base is NULL). */
+static inline void kt__cursor_init(kt__line_cursor *f, const void *base, int64_t ld_bytes,
+                                   int64_t rows, int64_t row_bytes)
+{
+    f->base = base, f->ld_bytes = ld_bytes, f->rows = base != NULL && row_bytes > 0 ? rows : 0;
+    f->row_bytes = row_bytes, f->row = 0, f->line = f->end = NULL;
+    if (f->rows > 0)
+        kt__cursor_row(f, 0);
+}
+
+/* Fetches the cursor's next line into L2 (nothing once past its last row). */
+static inline void kt__cursor_step(kt__line_cursor *f)
+{
+    if (f->row >= f->rows)
+        return;
+    /* the builtin, not kt__prefetch_line's asm statement: inside the FMA tiles' loop the asm
+     * made GCC 12 keep the 24 accumulators in memory (NT at 48 rows 1.4x slower). The builtin
+     * can be dropped (above); objdump showed prefetcht1 in each of the tiles' and fma_unpacked.c's
+     * loops (gcc 12, -O3), and a dropped fetch shows in kt-bench gemm as slower, not wrong. */
+    __builtin_prefetch(f->line, 0, 2);
+    f->line += 64;
+    if (f->line >= f->end)
+        kt__cursor_row(f, f->row + 1);
+}
+
+/* Steps per line that spread the cursor's lines over `steps` steps (at least 1; a bound on
+ * the lines: a row may touch one more line than its bytes fill). */
+static inline int64_t kt__cursor_period(const kt__line_cursor *f, int64_t steps)
+{
+    const int64_t lines = f->rows * ((f->row_bytes + 63) / 64 + 1);
+    return lines > 0 && steps > lines ? steps / lines : 1;
+}
+
 #endif
