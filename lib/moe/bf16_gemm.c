@@ -1628,10 +1628,12 @@ static int use_widen(int64_t M)
  * panel costs more than their FMAs save, and vdpbf16ps runs at a quarter of the FMA rate.
  * dsv2lite frozen forward, 2 threads (alternating runs): qlen 64 70 -> 54 ms, qlen 128 108
  * -> 82. The kernels alone (one thread, dsv2lite's gate from memory, 96-column calls) cross
- * at 24 rows: 20 rows 1.38 ms against the tiles' 1.45-1.72, 24 rows 1.61-1.66 against
- * 1.58-1.66, 28 rows 1.99 against 1.73, 32 rows 2.29-2.49 against 1.86-1.92 (a chunk of x for
- * more rows holds fewer values, and the lanes are added once per chunk). */
-#define NT_DOTS_MAX_M 24
+ * at 20 rows since the tiles fetch their next panels spread over their steps (fma_gemm.c),
+ * 2 runs each: 18 rows 1.15-1.18 ms against the tiles' 1.18-1.20, 20 rows 1.26-1.28 against
+ * 1.23-1.31, 21 rows 1.31-1.33 against 1.21-1.26, 24 rows 1.47 against 1.36, 28 rows 1.83
+ * against 1.42 (a chunk of x for more rows holds fewer values, and the lanes are added once
+ * per chunk). Before that change they crossed at 24 rows. */
+#define NT_DOTS_MAX_M 20
 
 #ifdef BF_HAVE_AVX512
 static int use_dots(int64_t M)
