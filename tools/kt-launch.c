@@ -13,7 +13,8 @@
  * fault tests, where one rank is meant to die). Signals go to each rank's process group, so
  * what a rank started goes too, also after the rank itself has exited; once every rank has
  * exited, processes they left behind holding their output get the grace period, then SIGTERM
- * and SIGKILL. */
+ * and SIGKILL. If kt-launch itself is killed (SIGKILL), its guard process kills the process
+ * groups of the ranks still running. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -44,7 +45,8 @@ typedef struct stream {
 typedef struct rank_proc {
     pid_t pid;
     int running;
-    int status; /* waitpid status */
+    int status;  /* waitpid status */
+    int guarded; /* the guard holds its process group (started, group not yet known empty) */
     stream streams[2];
 } rank_proc;
 
@@ -92,7 +94,10 @@ static void usage(FILE *f)
             "\n"
             "exit status: 0 when every rank exited 0; else the first failing rank's status\n"
             "(128 + signal number when it was killed by a signal); 128 + the signal when\n"
-            "kt-launch itself got SIGINT or SIGTERM; 2 for a usage error.\n");
+            "kt-launch itself got SIGINT or SIGTERM; 2 for a usage error.\n"
+            "\n"
+            "Each rank runs in its own process group. If kt-launch is killed (SIGKILL), a\n"
+            "guard process it started kills the groups of the ranks still running.\n");
 }
 
 static int parse_int(const char *s, int lo, int hi, int *out)
@@ -180,6 +185,92 @@ static void signal_all(rank_proc *ranks, int n, int sig)
                 kill(ranks[r].pid, sig);
             if (sig == SIGTERM && kill(-ranks[r].pid, SIGCONT) != 0 && ranks[r].running)
                 kill(ranks[r].pid, SIGCONT); /* a stopped rank must run to see SIGTERM */
+        }
+}
+
+/* ---- the guard --------------------------------------------------------------------------
+ * A SIGKILLed kt-launch cannot stop anything itself. Each rank gets PR_SET_PDEATHSIG, but that
+ * reaches the rank's own process only, not what it started (a wrapper shell's children keep
+ * running, and keep GPUs, ports and files). So kt-launch starts a guard process first: it is
+ * sent each rank's pid as the rank starts (the rank's process group id) and the pid negated
+ * once that group is known to be empty (group_alive above: after that its id may be another
+ * process's). When the pipe from kt-launch reaches its end, kt-launch is gone: the groups
+ * still held get SIGKILL. A normal exit forgets every group first, so the guard kills nothing. */
+static int guard_fd = -1;
+
+static void guard_run(int fd, pid_t *groups, int max)
+{
+    signal(SIGINT, SIG_IGN); /* a terminal's ^C is kt-launch's to forward */
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    int null = open("/dev/null", O_RDWR);
+    if (null >= 0) { /* not holding kt-launch's output open after it */
+        dup2(null, STDIN_FILENO);
+        dup2(null, STDOUT_FILENO);
+        dup2(null, STDERR_FILENO);
+    }
+    int n = 0;
+    pid_t msg;
+    for (;;) {
+        ssize_t got = read(fd, &msg, sizeof msg); /* messages are written whole (< PIPE_BUF) */
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got != (ssize_t)sizeof msg)
+            break;
+        if (msg > 0 && n < max) {
+            groups[n++] = msg;
+        } else if (msg < 0) {
+            for (int i = 0; i < n; i++)
+                if (groups[i] == -msg) {
+                    groups[i] = groups[--n];
+                    break;
+                }
+        }
+    }
+    for (int i = 0; i < n; i++)
+        kill(-groups[i], SIGKILL);
+    _exit(0);
+}
+
+/* Starts the guard for up to n ranks (none if it cannot: the ranks still get PDEATHSIG). */
+static void guard_start(int n)
+{
+    int p[2];
+    pid_t *groups = calloc((size_t)n, sizeof *groups);
+    if (groups == NULL || pipe(p) != 0) {
+        free(groups);
+        return;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(p[1]);
+        guard_run(p[0], groups, n);
+    }
+    free(groups);
+    close(p[0]);
+    if (pid < 0) {
+        close(p[1]);
+        return;
+    }
+    fcntl(p[1], F_SETFD, FD_CLOEXEC); /* the ranks must not hold it open */
+    guard_fd = p[1];
+}
+
+static void guard_send(pid_t msg)
+{
+    if (guard_fd >= 0 && write(guard_fd, &msg, sizeof msg) != (ssize_t)sizeof msg) {
+        close(guard_fd); /* the guard is gone (it never exits first): nothing left to tell */
+        guard_fd = -1;
+    }
+}
+
+/* Tells the guard which ranks' groups are now empty. */
+static void guard_forget_finished(rank_proc *ranks, int n)
+{
+    for (int r = 0; r < n; r++)
+        if (ranks[r].guarded && !group_alive(&ranks[r])) {
+            guard_send(-ranks[r].pid);
+            ranks[r].guarded = 0;
         }
 }
 
@@ -325,6 +416,7 @@ int main(int argc, char **argv)
         return 1;
     }
 
+    guard_start(n); /* first: it must hold none of the pipes below */
     rank_proc *ranks = calloc((size_t)n, sizeof *ranks);
     struct pollfd *pfd = calloc((size_t)(2 * n + 1), sizeof *pfd);
     int *pfd_rank = calloc((size_t)(2 * n + 1), sizeof *pfd_rank);
@@ -364,7 +456,8 @@ int main(int argc, char **argv)
             signal_all(ranks, r, SIGKILL);
             return 1;
         }
-        ranks[r] = (rank_proc){.pid = pid, .running = 1};
+        ranks[r] = (rank_proc){.pid = pid, .running = 1, .guarded = 1};
+        guard_send(pid);
         ranks[r].streams[0] = (stream){.fd = out_fd[0], .out = stdout};
         ranks[r].streams[1] = (stream){.fd = err_fd[0], .out = stderr};
     }
@@ -477,7 +570,9 @@ int main(int argc, char **argv)
             }
             linger_stage++;
         }
+        guard_forget_finished(ranks, n);
     }
+    guard_forget_finished(ranks, n);
     free(ranks);
     free(pfd);
     free(pfd_rank);

@@ -87,6 +87,36 @@ launch_check 0 5 "kt-launch stops what exited ranks left behind holding their ou
 launch_check 143 5 "SIGTERM reaches what an exited rank left behind (exit 143)" \
   "SIGTERM to kt-launch with a rank's leftover process" \
   term_after_1s "$launch" -n 1 --grace-ms 20000 -- sh -c 'sleep 30 & exit 0'
+# kt-launch killed by SIGKILL: the ranks' own processes get PR_SET_PDEATHSIG, and its guard
+# process kills what they started (here each wrapper shell's sleep) within 3 seconds
+orphan_dir=$(mktemp -d)
+"$launch" -n 2 -- sh -c "sleep 300 & echo \$! > $orphan_dir/pid.\$KT_RANK; wait" \
+  > /dev/null 2>&1 &
+orphan_launch=$!
+for _ in $(seq 100); do
+  [ -s "$orphan_dir/pid.0" ] && [ -s "$orphan_dir/pid.1" ] && break
+  sleep 0.1
+done
+kill -KILL "$orphan_launch"
+wait "$orphan_launch" 2> /dev/null
+orphans=-1
+for _ in $(seq 30); do
+  orphans=0
+  for f in "$orphan_dir"/pid.*; do
+    if [ -s "$f" ] && kill -0 "$(cat "$f")" 2> /dev/null; then orphans=$((orphans + 1)); fi
+  done
+  [ "$(ls "$orphan_dir" | wc -l)" -eq 2 ] && [ "$orphans" -eq 0 ] && break
+  sleep 0.1
+done
+if [ "$(ls "$orphan_dir" | wc -l)" -ne 2 ] || [ "$orphans" -ne 0 ]; then
+  echo "FAIL: after SIGKILL to kt-launch, $orphans of the ranks' children still run" \
+    "($(ls "$orphan_dir" | wc -l) of 2 started)"
+  failures=$((failures + 1))
+else
+  echo "ok: SIGKILL to kt-launch: what the ranks started is killed too"
+fi
+for f in "$orphan_dir"/pid.*; do kill -KILL "$(cat "$f")" 2> /dev/null; done
+rm -rf "$orphan_dir"
 out=$("$launch" -n 2 -- sh -c 'echo "hello $KT_RANK of $KT_WORLD_SIZE at $KT_MASTER_ADDR"')
 if ! grep -q '^\[rank 1\] hello 1 of 2 at 127.0.0.1$' <<< "$out"; then
   echo "FAIL: kt-launch output prefix: $out"
