@@ -51,10 +51,30 @@ static float value_at(uint64_t seed, int64_t i)
     return (float)((double)(x >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
+/* f32 or bf16 (rounded) values */
 static void fill(kt_tensor *t, uint64_t seed, int64_t offset)
 {
-    for (int64_t i = 0; i < kt_tensor_numel(t); i++)
-        ((float *)t->data)[i] = value_at(seed, i + offset);
+    for (int64_t i = 0; i < kt_tensor_numel(t); i++) {
+        const float v = value_at(seed, i + offset);
+        if (t->dtype == KT_BF16)
+            ((uint16_t *)t->data)[i] = kt_f32_to_bf16_1(v);
+        else
+            ((float *)t->data)[i] = v;
+    }
+}
+
+/* A copy of an f32 or bf16 tensor's values as f32 (bf16 widened exactly). */
+static float *copy_f32(const kt_tensor *t)
+{
+    const int64_t n = kt_tensor_numel(t);
+    float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
+    if (v == NULL)
+        fail("out of memory");
+    if (t->dtype == KT_BF16)
+        kt_bf16_to_f32(v, t->data, (size_t)n);
+    else
+        memcpy(v, t->data, (size_t)n * sizeof *v);
+    return v;
 }
 
 static double rel_err(const float *a, const float *b, int64_t n)
@@ -67,20 +87,28 @@ static double rel_err(const float *a, const float *b, int64_t n)
     return err / scale;
 }
 
-/* ---- halo: x -> mul(x, s) -> halo -> conv1d valid -> cross-entropy ---------------------- */
+/* ---- halo: x -> mul(x, s) -> halo -> conv1d valid -> cross-entropy ----------------------
+ * f32: s and w trained (forward, backward, the gradients compared). bf16: a frozen model (a
+ * graph's trainable parameters are f32 and an op takes one dtype, so bf16 runs forward only):
+ * x, s and w bf16, the halo's slabs carry bf16 frames, the outputs are compared. */
 
 enum { SHARD_T = 12, C = 6, CLASSES = 6 };
 
 static kt_program *halo_model(int64_t t, int kernel, int64_t left, int64_t right, int sharded,
-                              kt_halo_mode mode)
+                              kt_halo_mode mode, kt_dtype dt)
 {
     kt_graph *g;
     kt_value x, y, s, w, h, out, loss;
     OK(kt_graph_create(&g));
-    OK(kt_graph_input(g, "x", KT_F32, 2, (int64_t[]){t, C}, &x));
-    OK(kt_graph_input(g, "y", KT_I32, 1, (int64_t[]){t}, &y));
-    OK(kt_graph_param(g, "s", KT_F32, 1, (int64_t[]){C}, kt_init_zeros(), &s));
-    OK(kt_graph_param(g, "w", KT_F32, 3, (int64_t[]){C, kernel, C}, kt_init_zeros(), &w));
+    OK(kt_graph_input(g, "x", dt, 2, (int64_t[]){t, C}, &x));
+    if (dt == KT_F32) {
+        OK(kt_graph_input(g, "y", KT_I32, 1, (int64_t[]){t}, &y));
+        OK(kt_graph_param(g, "s", dt, 1, (int64_t[]){C}, kt_init_zeros(), &s));
+        OK(kt_graph_param(g, "w", dt, 3, (int64_t[]){C, kernel, C}, kt_init_zeros(), &w));
+    } else {
+        OK(kt_graph_const_param(g, "s", dt, 1, (int64_t[]){C}, kt_init_zeros(), &s));
+        OK(kt_graph_const_param(g, "w", dt, 3, (int64_t[]){C, kernel, C}, kt_init_zeros(), &w));
+    }
     OK(kt_graph_op(g, "scale", KT_OP_MUL, NULL, (kt_value[]){x, s}, 2, &h));
     if (sharded) {
         kt_op_attrs ha = {.dim = 0, .halo_left = left, .halo_right = right, .halo_mode = mode};
@@ -92,10 +120,12 @@ static kt_program *halo_model(int64_t t, int kernel, int64_t left, int64_t right
         kt_op_attrs ca = {.conv_mode = right == 0 ? KT_CONV_CAUSAL : KT_CONV_SAME};
         OK(kt_graph_op(g, "conv", KT_OP_CONV1D, &ca, (kt_value[]){h, w}, 2, &out));
     }
-    kt_op_attrs ce = {.ignore_index = -100};
-    OK(kt_graph_op(g, "loss", KT_OP_CROSS_ENTROPY, &ce, (kt_value[]){out, y}, 2, &loss));
     OK(kt_graph_output(g, out, "out"));
-    OK(kt_graph_set_loss(g, loss));
+    if (dt == KT_F32) { /* the frozen bf16 model has no loss: a forward-only program */
+        kt_op_attrs ce = {.ignore_index = -100};
+        OK(kt_graph_op(g, "loss", KT_OP_CROSS_ENTROPY, &ce, (kt_value[]){out, y}, 2, &loss));
+        OK(kt_graph_set_loss(g, loss));
+    }
     kt_program *p;
     OK(kt_compile(g, NULL, &p));
     kt_graph_destroy(g);
@@ -115,53 +145,63 @@ static void run_halo(kt_program *p, kt_comm *comm, int64_t t, int64_t offset, in
     OK(kt_session_create(p, &so, &s));
     kt_tensor x, y, ps, pw, out, gs, gw;
     OK(kt_session_tensor(s, KT_ROLE_INPUT, "x", &x));
-    OK(kt_session_tensor(s, KT_ROLE_INPUT, "y", &y));
     OK(kt_session_tensor(s, KT_ROLE_PARAM, "s", &ps));
     OK(kt_session_tensor(s, KT_ROLE_PARAM, "w", &pw));
     fill(&x, 1, offset * C);
-    for (int64_t i = 0; i < t; i++)
-        ((int32_t *)y.data)[i] = (int32_t)((i + offset) * 7 % CLASSES);
+    if (x.dtype == KT_F32) {
+        OK(kt_session_tensor(s, KT_ROLE_INPUT, "y", &y));
+        for (int64_t i = 0; i < t; i++)
+            ((int32_t *)y.data)[i] = (int32_t)((i + offset) * 7 % CLASSES);
+    }
     fill(&ps, 2, 0);
     fill(&pw, 3 + (uint64_t)kernel, 0);
     OK(kt_session_forward(s));
-    OK(kt_session_backward(s));
-    OK(kt_session_step(s)); /* lr 0: only averages gradients and the loss over the ranks */
     OK(kt_session_tensor(s, KT_ROLE_OUTPUT, "out", &out));
-    OK(kt_session_tensor(s, KT_ROLE_GRAD, "s", &gs));
-    OK(kt_session_tensor(s, KT_ROLE_GRAD, "w", &gw));
-    r->out = malloc(kt_tensor_nbytes(&out));
-    r->gs = malloc(kt_tensor_nbytes(&gs));
-    r->gw = malloc(kt_tensor_nbytes(&gw));
-    memcpy(r->out, out.data, kt_tensor_nbytes(&out));
-    memcpy(r->gs, gs.data, kt_tensor_nbytes(&gs));
-    memcpy(r->gw, gw.data, kt_tensor_nbytes(&gw));
-    r->loss = kt_session_loss(s);
+    r->out = copy_f32(&out);
+    r->gs = r->gw = NULL;
+    r->loss = 0;
+    if (x.dtype == KT_F32) {
+        OK(kt_session_backward(s));
+        OK(kt_session_step(s)); /* lr 0: only averages gradients and the loss over the ranks */
+        OK(kt_session_tensor(s, KT_ROLE_GRAD, "s", &gs));
+        OK(kt_session_tensor(s, KT_ROLE_GRAD, "w", &gw));
+        r->gs = copy_f32(&gs);
+        r->gw = copy_f32(&gw);
+        r->loss = kt_session_loss(s);
+    }
     kt_session_destroy(s);
 }
 
 static void result_free(result *r) { free(r->out), free(r->gs), free(r->gw); }
 
-static void scenario_halo(kt_comm *comm, kt_halo_mode mode)
+/* bf16: the sharded output must equal the whole run's bit for bit (the halo moves frames
+ * unchanged, and the conv sums each output in the same order either way). */
+static void scenario_halo(kt_comm *comm, kt_halo_mode mode, kt_dtype dt)
 {
+    const double bound = dt == KT_BF16 ? 0 : 1e-5;
     int world = kt_comm_size(comm), rank = kt_comm_rank(comm);
     int cases = 0;
     for (int kernel = 1; kernel <= 5; kernel++) {
         for (int both = 0; both <= 1; both++) {
             int64_t left = both ? kernel / 2 : kernel - 1, right = both ? kernel - 1 - kernel / 2 : 0;
-            kt_program *sharded = halo_model(SHARD_T, kernel, left, right, 1, mode);
-            kt_program *whole = halo_model(SHARD_T * world, kernel, left, right, 0, mode);
+            kt_program *sharded = halo_model(SHARD_T, kernel, left, right, 1, mode, dt);
+            kt_program *whole = halo_model(SHARD_T * world, kernel, left, right, 0, mode, dt);
             result a, b;
             run_halo(sharded, comm, SHARD_T, (int64_t)rank * SHARD_T, kernel, &a);
             run_halo(whole, NULL, SHARD_T * world, 0, kernel, &b);
             /* this rank's rows of the whole sequence's output */
             double e_out = rel_err(a.out, b.out + (int64_t)rank * SHARD_T * CLASSES,
                                    SHARD_T * CLASSES);
-            double e_s = rel_err(a.gs, b.gs, C), e_w = rel_err(a.gw, b.gw, C * kernel * C);
-            double e_l = fabs((double)a.loss - (double)b.loss) / fmax(fabs((double)b.loss), 1e-12);
-            if (e_out > 1e-5 || e_s > 1e-5 || e_w > 1e-5 || e_l > 1e-5)
-                fail("halo %s K=%d %s: relative errors out %.3g, grad s %.3g, grad w %.3g, "
-                     "loss %.3g (bound 1e-5)", mode == KT_HALO_P2P ? "p2p" : "allgather", kernel,
-                     both ? "both sides" : "causal", e_out, e_s, e_w, e_l);
+            double e_s = 0, e_w = 0, e_l = 0;
+            if (dt == KT_F32) {
+                e_s = rel_err(a.gs, b.gs, C), e_w = rel_err(a.gw, b.gw, C * kernel * C);
+                e_l = fabs((double)a.loss - (double)b.loss) / fmax(fabs((double)b.loss), 1e-12);
+            }
+            if (e_out > bound || e_s > bound || e_w > bound || e_l > bound)
+                fail("halo %s %s K=%d %s: relative errors out %.3g, grad s %.3g, grad w %.3g, "
+                     "loss %.3g (bound %g)",
+                     mode == KT_HALO_P2P ? "p2p" : "allgather", kt_dtype_name(dt), kernel,
+                     both ? "both sides" : "causal", e_out, e_s, e_w, e_l, bound);
             result_free(&a);
             result_free(&b);
             kt_program_destroy(sharded);
@@ -169,8 +209,9 @@ static void scenario_halo(kt_comm *comm, kt_halo_mode mode)
             cases++;
         }
     }
-    printf("PASS rank %d: halo %s, %d cases over %d ranks\n", rank,
-           mode == KT_HALO_P2P ? "p2p" : "allgather", cases, world);
+    printf("PASS rank %d: halo %s %s (%s), %d cases over %d ranks\n", rank,
+           mode == KT_HALO_P2P ? "p2p" : "allgather", kt_dtype_name(dt),
+           dt == KT_F32 ? "forward and backward" : "frozen, forward, bitwise", cases, world);
 }
 
 /* ---- distributed MoE ---------------------------------------------------------------------- */
@@ -342,7 +383,8 @@ static void scenario_moe_fail(kt_comm *comm, int in_backward)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: cp_rank_test halo p2p|allgather | moe | moe_fail | moe_fail_bwd\n");
+        fprintf(stderr, "usage: cp_rank_test halo p2p|allgather [bf16] | moe | moe_fail | "
+                        "moe_fail_bwd\n");
         return 2;
     }
     kt_comm *comm;
@@ -351,7 +393,8 @@ int main(int argc, char **argv)
         fail("kt_comm_create_ucx: %s", kt_last_error());
     rank_id = kt_comm_rank(comm);
     if (strcmp(argv[1], "halo") == 0 && argc > 2)
-        scenario_halo(comm, strcmp(argv[2], "allgather") == 0 ? KT_HALO_ALLGATHER : KT_HALO_P2P);
+        scenario_halo(comm, strcmp(argv[2], "allgather") == 0 ? KT_HALO_ALLGATHER : KT_HALO_P2P,
+                      argc > 3 && strcmp(argv[3], "bf16") == 0 ? KT_BF16 : KT_F32);
     else if (strcmp(argv[1], "moe") == 0)
         scenario_moe(comm);
     else if (strcmp(argv[1], "moe_fail") == 0)
