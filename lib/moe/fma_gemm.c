@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "moe/fma_gemm.h"
+#include "moe/fma_util.h"
 #include "moe/lane_mask.h"
 #include "moe/prefetch.h"
 
@@ -19,9 +20,6 @@
 #define NN_PANELS 4 /* NN packs 4 panels (128 columns: 256 bytes of each weight row) at once */
 
 #ifdef KT__FMA_GEMM
-#include <immintrin.h>
-#define W_TARGET __attribute__((target("avx512f,avx512bw")))
-#define W_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw")))
 
 /* ---- the tile ------------------------------------------------------------------------------ */
 
@@ -127,64 +125,7 @@ W_TARGET static void tile(int mr, int packed, const float *a, const float *b, in
     }
 }
 
-/* Rows [0, rows) cut into tiles of as equal heights as possible (at most 12): tile t starts
- * at tile_start(t) and has tile_height(t) rows. */
-typedef struct tiling {
-    int64_t n, base, extra;
-} tiling;
-
-static tiling tiles_of(int64_t rows)
-{
-    tiling t;
-    t.n = (rows + WR - 1) / WR;
-    t.base = t.n ? rows / t.n : 0;
-    t.extra = t.n ? rows % t.n : 0;
-    return t;
-}
-
-static int64_t tile_start(const tiling *t, int64_t i)
-{
-    return i * t->base + (i < t->extra ? i : t->extra);
-}
-
-static int tile_height(const tiling *t, int64_t i) { return (int)(t->base + (i < t->extra)); }
-
 /* ---- loading operands ---------------------------------------------------------------------- */
-
-/* Operands are addressed as bytes with the element size of their source dtype (2 or 4). */
-static inline int64_t bytes_of(int64_t n, kt__fma_src src)
-{
-    return n * (src == KT__FMA_F32 ? 4 : 2);
-}
-
-static inline const char *elem(const void *base, int64_t i, kt__fma_src src)
-{
-    return (const char *)base + bytes_of(i, src);
-}
-
-/* 16 values from p (the first n; the rest zeros) as f32: bf16 widened, f32 as is. */
-W_INLINE __m512 load16(const void *p, int64_t n, kt__fma_src src)
-{
-    if (src == KT__FMA_F32)
-        return _mm512_maskz_loadu_ps(kt__lanes16(n), p);
-    const __m256i v = _mm512_castsi512_si256(_mm512_maskz_loadu_epi16(kt__lanes16(n), p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
-}
-
-/* dst[0:n] = src[0:n] as f32, then zeros up to `width` (a multiple of 16). */
-W_INLINE void load_row(float *dst, const void *row, int64_t n, int64_t width, kt__fma_src src)
-{
-    for (int64_t j = 0; j < width; j += 16)
-        _mm512_storeu_ps(dst + j, load16(elem(row, j, src), n - j, src));
-}
-
-/* rows x kc of a matrix (row stride ld elements) into f32 rows of stride WK. */
-W_TARGET static void load_rows(float *dst, const void *m, int64_t ld, int64_t rows, int64_t kc,
-                               kt__fma_src src)
-{
-    for (int64_t r = 0; r < rows; r++)
-        load_row(dst + r * WK, elem(m, r * ld, src), kc, (kc + 15) & ~(int64_t)15, src);
-}
 
 /* 16 x 16 f32 transpose in registers: r[i] lane j -> r[j] lane i. */
 W_INLINE void transpose16(__m512 r[16])
@@ -224,7 +165,6 @@ W_INLINE void transpose16(__m512 r[16])
 W_TARGET static void pack_transposed_bf16(float *p, const uint16_t *w, int64_t ldw, int64_t nrows,
                                           int64_t kc)
 {
-    const __m512i odd = _mm512_set1_epi32((int)0xffff0000u);
     for (int64_t j0 = 0; j0 < WC; j0 += 16)
         for (int64_t k0 = 0; k0 < kc; k0 += 32) {
             const __mmask32 mk = kt__lanes32(kc - k0);
@@ -238,11 +178,9 @@ W_TARGET static void pack_transposed_bf16(float *p, const uint16_t *w, int64_t l
             const int64_t kn = kc - k0 < 32 ? kc - k0 : 32;
             for (int64_t s = 0; 2 * s < kn; s++) {
                 const __m512i v = _mm512_castps_si512(r[s]);
-                _mm512_store_ps(p + (k0 + 2 * s) * WC + j0,
-                                _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+                _mm512_store_ps(p + (k0 + 2 * s) * WC + j0, pair_half(v, 0));
                 if (2 * s + 1 < kn)
-                    _mm512_store_ps(p + (k0 + 2 * s + 1) * WC + j0,
-                                    _mm512_castsi512_ps(_mm512_and_si512(v, odd)));
+                    _mm512_store_ps(p + (k0 + 2 * s + 1) * WC + j0, pair_half(v, 1));
             }
         }
 }
@@ -275,16 +213,6 @@ W_TARGET static void pack_rows(float *p, const void *m, int64_t ld, int64_t nrow
 {
     for (int64_t r = 0; r < nrows; r++)
         load_row(p + r * WC, elem(m, r * ld, src), ncols, WC, src);
-}
-
-/* bf16: the FTZ and DAZ bits on for a kernel's duration (restored after); f32 keeps the
- * caller's mode. */
-W_INLINE unsigned flush_denormals(kt__fma_src src)
-{
-    const unsigned old = _mm_getcsr();
-    if (src == KT__FMA_BF16)
-        _mm_setcsr(old | 0x8040);
-    return old;
 }
 
 /* ---- row dots: x w^T for a few rows of x ------------------------------------------------- */
@@ -359,13 +287,13 @@ W_TARGET void kt__fma_nt(kt__fma_src src, int64_t M, int64_t n0, int64_t n1, int
     float panel[WK * WC] __attribute__((aligned(64)));
     for (int64_t m0 = 0; m0 < M; m0 += WM) {
         const int64_t mc = M - m0 < WM ? M - m0 : WM;
-        const tiling tl = tiles_of(mc);
+        const tiling tl = tiles_of(mc, WR);
         if (K == 0 && !accumulate)
             for (int64_t m = m0; m < m0 + mc; m++)
                 memset(y + m * ldy + n0, 0, (size_t)(n1 - n0) * sizeof(float));
         for (int64_t k0 = 0; k0 < K; k0 += WK) {
             const int64_t kc = K - k0 < WK ? K - k0 : WK;
-            load_rows(xf, elem(x, m0 * ldx + k0, src), ldx, mc, kc, src);
+            widen_rows(xf, WK, elem(x, m0 * ldx + k0, src), ldx, mc, kc, src);
             const tile_io io = {k0 > 0 || accumulate, 0, 0, 1.0f, NULL, 0};
             for (int64_t nb = n0; nb < n1; nb += WC) {
                 const int64_t nc = n1 - nb < WC ? n1 - nb : WC;
@@ -403,7 +331,7 @@ W_TARGET void kt__fma_nn(kt__fma_src src, int64_t M, int64_t N, int64_t k0, int6
     const int64_t group = NN_PANELS * WC;
     for (int64_t m0 = 0; m0 < M; m0 += WM) {
         const int64_t mc = M - m0 < WM ? M - m0 : WM;
-        const tiling tl = tiles_of(mc);
+        const tiling tl = tiles_of(mc, WR);
         int started = accumulate;
         if (N == 0 && !accumulate)
             for (int64_t m = m0; m < m0 + mc; m++)
@@ -411,7 +339,7 @@ W_TARGET void kt__fma_nn(kt__fma_src src, int64_t M, int64_t N, int64_t k0, int6
         for (int s = 0; s < nsrc; s++)
             for (int64_t r0 = 0; r0 < N; r0 += WK) {
                 const int64_t kc = N - r0 < WK ? N - r0 : WK;
-                load_rows(gf, elem(gs[s], m0 * ldg + r0, src), ldg, mc, kc, src);
+                widen_rows(gf, WK, elem(gs[s], m0 * ldg + r0, src), ldg, mc, kc, src);
                 const tile_io io = {started, 0, 0, 1.0f, NULL, 0};
                 const char *wr = elem(ws[s], r0 * ldw, src);
                 for (int64_t c0 = k0; c0 < k1; c0 += group) {
@@ -494,7 +422,7 @@ W_TARGET static void tn_run(kt__fma_src src, int64_t M, int64_t n0, int64_t n1, 
     const tile_io io = {0, 1, accumulate, scale, NULL, 0};
     for (int64_t nt0 = n0; nt0 < n1; nt0 += grp * WR) {
         const int64_t gend = nt0 + grp * WR < n1 ? nt0 + grp * WR : n1;
-        const tiling tl = tiles_of(gend - nt0);
+        const tiling tl = tiles_of(gend - nt0, WR);
         for (int64_t t = 0; t < tl.n; t++)
             pack_g_columns(ap + t * M * WR, elem(g, nt0 + tile_start(&tl, t), src), ldg, M,
                            tile_height(&tl, t), src);
@@ -521,7 +449,7 @@ W_TARGET static void tn_run_chunked(kt__fma_src src, int64_t M, int64_t n0, int6
     float xp[CH * WC] __attribute__((aligned(64)));
     float ap[CH * WR] __attribute__((aligned(64)));
     float part[WR * WC] __attribute__((aligned(64)));
-    const tiling tl = tiles_of(n1 - n0);
+    const tiling tl = tiles_of(n1 - n0, WR);
     for (int64_t t = 0; t < tl.n; t++) {
         const int64_t r = n0 + tile_start(&tl, t);
         const int h = tile_height(&tl, t);

@@ -22,31 +22,15 @@
 #include <string.h>
 
 #include "moe/fma_gemm.h"
+#include "moe/fma_util.h"
 #include "moe/lane_mask.h"
 #include "moe/prefetch.h"
 
 #ifdef KT__FMA_GEMM
-#include <immintrin.h>
 
-#define W_TARGET __attribute__((target("avx512f,avx512bw")))
-#define W_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw")))
-
-/* Bits of a bf16 pair's odd value in its 32-bit word. */
-#define ODD_BITS ((int)0xffff0000u)
 /* Rows per pass over w: NT's chunks of the reduction get shorter as rows are added (more sums
  * per chunk), NN's too (g's chunk as f32), so a call of more rows runs as several passes. */
 #define PASS_M 32
-
-/* Bytes of n elements of src's dtype, and element i from p. */
-static inline int64_t bytes_of(int64_t n, kt__fma_src src)
-{
-    return n * (src == KT__FMA_F32 ? 4 : 2);
-}
-
-static inline const char *at(const void *p, int64_t i, kt__fma_src src)
-{
-    return (const char *)p + bytes_of(i, src);
-}
 
 /* Half h of the 32 values at p (the first of `lanes`; zeros past them): bf16 one load, its
  * even values (h = 0) or its odd ones; f32 values 16 h to 16 h + 15. */
@@ -54,9 +38,7 @@ W_INLINE __m512 load_half(const kt__fma_src src, const char *p, __mmask32 lanes,
 {
     if (src == KT__FMA_F32)
         return _mm512_maskz_loadu_ps((__mmask16)(h ? lanes >> 16 : lanes), p + 64 * h);
-    const __m512i v = _mm512_maskz_loadu_epi16(lanes, p);
-    return _mm512_castsi512_ps(h ? _mm512_and_si512(v, _mm512_set1_epi32(ODD_BITS))
-                                 : _mm512_slli_epi32(v, 16));
+    return pair_half(_mm512_maskz_loadu_epi16(lanes, p), h);
 }
 
 /* Both halves (bf16: the two halves' loads are the same one). */
@@ -83,16 +65,6 @@ static int nothing_to_sum(int64_t M, int64_t c0, int64_t c1, int64_t red, float 
     return 1;
 }
 
-/* bf16: the FTZ and DAZ bits on (as vdpbf16ps flushes), restored by the caller; f32 keeps the
- * caller's mode. */
-W_INLINE unsigned enter_mode(kt__fma_src src)
-{
-    const unsigned old = _mm_getcsr();
-    if (src == KT__FMA_BF16)
-        _mm_setcsr(old | 0x8040);
-    return old;
-}
-
 /* ---- NT ------------------------------------------------------------------------------------ */
 
 #define DOT_R 8        /* rows of x per block at most */
@@ -111,7 +83,7 @@ W_INLINE void pack_halves(const kt__fma_src src, float *xp, int64_t ldxp, const 
     for (int r = 0; r < rows; r++)
         for (int64_t k = 0; k < kc; k += 32) {
             __m512 h0, h1;
-            load_halves(src, at(x, r * ldx + k, src), kt__lanes32(kc - k), &h0, &h1);
+            load_halves(src, elem(x, r * ldx + k, src), kt__lanes32(kc - k), &h0, &h1);
             _mm512_store_ps(xp + r * ldxp + k, h0);
             _mm512_store_ps(xp + r * ldxp + k + 16, h1);
         }
@@ -156,12 +128,12 @@ W_INLINE void dots_step(const kt__fma_src src, const int R, const int C, __m512 
     if (fetch) /* the step's lines of a later group: one for bf16, two for f32 */
         for (int c = 0; c < C; c++)
             for (int64_t o = 0; o < bytes_of(32, src); o += 64)
-                _mm_prefetch(at(wc[c], k, src) + fetch + o, _MM_HINT_T1);
+                _mm_prefetch(elem(wc[c], k, src) + fetch + o, _MM_HINT_T1);
     /* one half at a time (with both halves of every row loaded first GCC kept acc in memory) */
     for (int h = 0; h < 2; h++) {
         __m512 wv[4];
         for (int c = 0; c < C; c++)
-            wv[c] = load_half(src, at(wc[c], k, src), lanes, h);
+            wv[c] = load_half(src, elem(wc[c], k, src), lanes, h);
         for (int r = 0; r < R; r++) {
             const __m512 xv = _mm512_load_ps(xs + r * ldxp + 16 * h);
             for (int c = 0; c < C; c++)
@@ -179,7 +151,7 @@ W_INLINE void dots_block(const kt__fma_src src, const int R, const int C, int64_
     __m512 acc[DOT_ACC];
     const char *wc[4];
     for (int c = 0; c < C; c++)
-        wc[c] = at(w, (c < nw ? c : 0) * ldw, src);
+        wc[c] = elem(w, (c < nw ? c : 0) * ldw, src);
     for (int i = 0; i < DOT_ACC; i++)
         acc[i] = _mm512_setzero_ps();
     int64_t k = 0;
@@ -239,8 +211,8 @@ W_TARGET static void dots_pass(kt__fma_src src, int64_t M, int64_t n0, int64_t n
                                const void *x, int64_t ldx, const void *w, int64_t ldw, float *y,
                                int64_t ldy, int accumulate, float *xp)
 {
-    const int64_t blocks = (M + DOT_R - 1) / DOT_R;
-    const int C = cols_for((M + blocks - 1) / blocks);
+    const tiling tl = tiles_of(M, DOT_R);
+    const int C = cols_for(tile_height(&tl, 0));
     /* chunks of the reduction: as few as fit xp, of equal whole steps of 32; a function of M and
      * K only, so every block split of n sums alike */
     const int64_t kfit = (XP_FLOATS / M - XP_PAD) & ~(int64_t)31;
@@ -250,14 +222,14 @@ W_TARGET static void dots_pass(kt__fma_src src, int64_t M, int64_t n0, int64_t n
     for (int64_t k0 = 0; k0 < K; k0 += kstep) {
         const int64_t kc = K - k0 < kstep ? K - k0 : kstep;
         const int64_t ldxp = ((kc + 31) & ~(int64_t)31) + XP_PAD;
-        pack_halves_any(src, xp, ldxp, at(x, k0, src), ldx, (int)M, kc);
+        pack_halves_any(src, xp, ldxp, elem(x, k0, src), ldx, (int)M, kc);
         for (int64_t n = n0; n < n1; n += C) {
             const int64_t nw = n1 - n < C ? n1 - n : C;
-            for (int64_t b = 0; b < blocks; b++) {
-                const int64_t r0 = b * (M / blocks) + (b < M % blocks ? b : M % blocks);
-                const int R = (int)(M / blocks + (b < M % blocks));
+            for (int64_t b = 0; b < tl.n; b++) {
+                const int64_t r0 = tile_start(&tl, b);
+                const int R = tile_height(&tl, b);
                 const float *xb = xp + r0 * ldxp;
-                const void *wb = at(w, n * ldw + k0, src);
+                const void *wb = elem(w, n * ldw + k0, src);
                 float *yb = y + r0 * ldy + n;
                 const int add = accumulate || k0 > 0;
                 if (src == KT__FMA_F32)
@@ -275,10 +247,10 @@ W_TARGET void kt__fma_nt_dots(kt__fma_src src, int64_t M, int64_t n0, int64_t n1
 {
     if (nothing_to_sum(M, n0, n1, K, y, ldy, accumulate))
         return;
-    const unsigned csr = enter_mode(src);
+    const unsigned csr = flush_denormals(src);
     float xp[XP_FLOATS] __attribute__((aligned(64)));
     for (int64_t m0 = 0; m0 < M; m0 += PASS_M)
-        dots_pass(src, M - m0 < PASS_M ? M - m0 : PASS_M, n0, n1, K, at(x, m0 * ldx, src), ldx, w,
+        dots_pass(src, M - m0 < PASS_M ? M - m0 : PASS_M, n0, n1, K, elem(x, m0 * ldx, src), ldx, w,
                   ldw, y + m0 * ldy, ldy, accumulate, xp);
     _mm_setcsr(csr);
 }
@@ -342,7 +314,7 @@ W_INLINE void nn_block(const kt__fma_src src, const int R, int64_t nc, const flo
     }
     for (int64_t n = 0; n < nc; n++) {
         __m512 w0, w1;
-        load_halves(src, at(w, n * ldw, src), lanes, &w0, &w1);
+        load_halves(src, elem(w, n * ldw, src), lanes, &w0, &w1);
         if (fetch) /* as many lines as the step reads: one for bf16, two for f32 */
             for (int64_t o = 0; o < bytes_of(32, src); o += 64)
                 kt__cursor_step(fetch);
@@ -390,32 +362,13 @@ W_TARGET static void nn_block_any(kt__fma_src src, int R, int64_t nc, const floa
 }
 #undef NN_CASE
 
-/* gf[r][0:nc] = g[r][0:nc] as f32, rows ldgf apart. */
-W_TARGET static void g_rows_f32(kt__fma_src src, float *gf, int64_t ldgf, const void *g,
-                                int64_t ldg, int64_t rows, int64_t nc)
-{
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t n = 0; n < nc; n += 16) {
-            const __mmask16 mk = kt__lanes16(nc - n);
-            const char *p = at(g, r * ldg + n, src);
-            __m512 v;
-            if (src == KT__FMA_F32) {
-                v = _mm512_maskz_loadu_ps(mk, p);
-            } else {
-                const __m256i b = _mm512_castsi512_si256(_mm512_maskz_loadu_epi16(mk, p));
-                v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
-            }
-            _mm512_storeu_ps(gf + r * ldgf + n, v);
-        }
-}
-
 /* Rows [0, M) of g (M <= PASS_M). */
 W_TARGET static void nn_pass(kt__fma_src src, int64_t M, int64_t N, int64_t k0, int64_t k1,
                              const void *const gs[2], const void *const ws[2], int nsrc,
                              int64_t ldg, int64_t ldw, float *y, int64_t ldy, int accumulate,
                              float *gf)
 {
-    const int64_t blocks = (M + NN_R - 1) / NN_R;
+    const tiling tl = tiles_of(M, NN_R);
     const int64_t row_bytes = bytes_of(k1 - k0, src);
     int64_t ncmax = (GF_FLOATS / M - 16) & ~(int64_t)15;
     const int64_t wrows = W_CHUNK_BYTES / row_bytes;
@@ -426,20 +379,20 @@ W_TARGET static void nn_pass(kt__fma_src src, int64_t M, int64_t N, int64_t k0, 
         for (int64_t n0 = 0; n0 < N; n0 += ncmax) {
             const int64_t nc = N - n0 < ncmax ? N - n0 : ncmax;
             const int64_t ldgf = ((nc + 15) & ~(int64_t)15) + 16;
-            g_rows_f32(src, gf, ldgf, at(gs[s], n0, src), ldg, M, nc);
+            widen_rows(gf, ldgf, elem(gs[s], n0, src), ldg, M, nc, src);
             /* the next chunk: this source's next rows, or the next source's first */
             kt__line_cursor next;
             if (n0 + nc < N)
-                kt__cursor_init(&next, at(ws[s], (n0 + nc) * ldw + k0, src), bytes_of(ldw, src),
+                kt__cursor_init(&next, elem(ws[s], (n0 + nc) * ldw + k0, src), bytes_of(ldw, src),
                                 N - n0 - nc < ncmax ? N - n0 - nc : ncmax, row_bytes);
             else
-                kt__cursor_init(&next, s + 1 < nsrc ? at(ws[s + 1], k0, src) : NULL,
+                kt__cursor_init(&next, s + 1 < nsrc ? elem(ws[s + 1], k0, src) : NULL,
                                 bytes_of(ldw, src), N < ncmax ? N : ncmax, row_bytes);
             for (int64_t c = k0; c < k1; c += 32)
-                for (int64_t b = 0; b < blocks; b++) {
-                    const int64_t r0 = b * (M / blocks) + (b < M % blocks ? b : M % blocks);
-                    const int R = (int)(M / blocks + (b < M % blocks));
-                    nn_block_any(src, R, nc, gf + r0 * ldgf, ldgf, at(ws[s], n0 * ldw + c, src),
+                for (int64_t b = 0; b < tl.n; b++) {
+                    const int64_t r0 = tile_start(&tl, b);
+                    const int R = tile_height(&tl, b);
+                    nn_block_any(src, R, nc, gf + r0 * ldgf, ldgf, elem(ws[s], n0 * ldw + c, src),
                                  ldw, k1 - c < 32 ? k1 - c : 32, y + r0 * ldy + c, ldy, started,
                                  b == 0 ? &next : NULL);
                 }
@@ -453,11 +406,11 @@ W_TARGET void kt__fma_nn_direct(kt__fma_src src, int64_t M, int64_t N, int64_t k
 {
     if (nothing_to_sum(M, k0, k1, N, y, ldy, accumulate))
         return;
-    const unsigned csr = enter_mode(src);
+    const unsigned csr = flush_denormals(src);
     float gf[GF_FLOATS] __attribute__((aligned(64)));
     const void *ws[2] = {w0, w1};
     for (int64_t m0 = 0; m0 < M; m0 += PASS_M) {
-        const void *gs[2] = {at(g0, m0 * ldg, src), g1 != NULL ? at(g1, m0 * ldg, src) : NULL};
+        const void *gs[2] = {elem(g0, m0 * ldg, src), g1 != NULL ? elem(g1, m0 * ldg, src) : NULL};
         nn_pass(src, M - m0 < PASS_M ? M - m0 : PASS_M, N, k0, k1, gs, ws, g1 != NULL ? 2 : 1, ldg,
                 ldw, y + m0 * ldy, ldy, accumulate, gf);
     }
