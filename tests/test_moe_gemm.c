@@ -374,6 +374,41 @@ static void test_nt_dots(void **state)
     print_message("nt dots kernel skipped: no AVX-512 (F and BW) on this CPU or in this build\n");
 }
 
+/* Operands of nn and nn2 for up to `rows` rows: two stacked sources (g then g1, rows ldg
+ * apart; w then w1, N rows ldw apart) of bf16 values in [-1, 1], a random initial y0 and two
+ * outputs of the same size to compare. */
+typedef struct nn_operands {
+    uint16_t *g, *w;
+    const uint16_t *g1, *w1;
+    float *y0, *ya, *yb;
+    size_t ybytes;
+} nn_operands;
+
+static void nn_operands_init(nn_operands *o, tu_rng *rng, int64_t rows, int64_t N, int64_t ldg,
+                             int64_t ldw, int64_t ldy)
+{
+    o->g = malloc((size_t)(2 * rows * ldg) * sizeof *o->g);
+    o->w = malloc((size_t)(2 * N * ldw) * sizeof *o->w);
+    o->ybytes = (size_t)(rows * ldy) * sizeof(float);
+    o->y0 = malloc(o->ybytes);
+    o->ya = malloc(o->ybytes);
+    o->yb = malloc(o->ybytes);
+    assert_true(o->g && o->w && o->y0 && o->ya && o->yb);
+    for (int64_t j = 0; j < 2 * rows * ldg; j++)
+        o->g[j] = kt_f32_to_bf16_1((float)tu_rng_uniform(rng, -1, 1));
+    for (int64_t j = 0; j < 2 * N * ldw; j++)
+        o->w[j] = kt_f32_to_bf16_1((float)tu_rng_uniform(rng, -1, 1));
+    for (int64_t j = 0; j < rows * ldy; j++)
+        o->y0[j] = (float)tu_rng_uniform(rng, -2, 2);
+    o->g1 = o->g + rows * ldg;
+    o->w1 = o->w + N * ldw;
+}
+
+static void nn_operands_free(nn_operands *o)
+{
+    free(o->g), free(o->w), free(o->y0), free(o->ya), free(o->yb);
+}
+
 /* The NN kernel that widens w's rows in registers, called directly on any CPU with AVX-512:
  * bitwise the FMA tiles' sums (kt__fma_nn), for nn and nn2, overwriting and adding, on every
  * block height (1 to 12 rows, passes of 32), reductions cut into chunks by the buffer of g (up
@@ -395,30 +430,19 @@ static void test_nn_direct(void **state)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
             const int64_t N = shapes[i][0], ldw = shapes[i][1], k0 = shapes[i][2];
             const int64_t k1 = shapes[i][3], ldg = N + 5, ldy = ldw + 3, big = 45;
-            uint16_t *g = malloc((size_t)(2 * big * ldg) * sizeof *g);
-            uint16_t *w = malloc((size_t)(2 * N * ldw) * sizeof *w);
-            float *y0 = malloc((size_t)(big * ldy) * sizeof *y0);
-            float *ya = malloc((size_t)(big * ldy) * sizeof *ya);
-            float *yb = malloc((size_t)(big * ldy) * sizeof *yb);
-            assert_true(g && w && y0 && ya && yb);
-            for (int64_t j = 0; j < 2 * big * ldg; j++)
-                g[j] = kt_f32_to_bf16_1((float)tu_rng_uniform(&rng, -1, 1));
-            for (int64_t j = 0; j < 2 * N * ldw; j++)
-                w[j] = kt_f32_to_bf16_1((float)tu_rng_uniform(&rng, -1, 1));
-            for (int64_t j = 0; j < big * ldy; j++)
-                y0[j] = (float)tu_rng_uniform(&rng, -2, 2);
-            const uint16_t *g1 = g + big * ldg, *w1 = w + N * ldw;
+            nn_operands o;
+            nn_operands_init(&o, &rng, big, N, ldg, ldw, ldy);
             for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++)
                 for (int kind = 0; kind < 3; kind++) { /* nn, nn adding, nn2 */
                     const int64_t M = rows[r];
                     const int add = kind == 1;
-                    memcpy(ya, y0, (size_t)(big * ldy) * sizeof *ya);
-                    memcpy(yb, y0, (size_t)(big * ldy) * sizeof *yb);
-                    kt__fma_nn(KT__FMA_BF16, M, N, k0, k1, g, w, kind == 2 ? g1 : NULL,
-                               kind == 2 ? w1 : NULL, ldg, ldw, ya, ldy, add);
-                    kt__fma_nn_direct(KT__FMA_BF16, M, N, k0, k1, g, w, kind == 2 ? g1 : NULL,
-                                      kind == 2 ? w1 : NULL, ldg, ldw, yb, ldy, add);
-                    if (memcmp(ya, yb, (size_t)(big * ldy) * sizeof *ya) != 0) {
+                    memcpy(o.ya, o.y0, o.ybytes);
+                    memcpy(o.yb, o.y0, o.ybytes);
+                    kt__fma_nn(KT__FMA_BF16, M, N, k0, k1, o.g, o.w, kind == 2 ? o.g1 : NULL,
+                               kind == 2 ? o.w1 : NULL, ldg, ldw, o.ya, ldy, add);
+                    kt__fma_nn_direct(KT__FMA_BF16, M, N, k0, k1, o.g, o.w, kind == 2 ? o.g1 : NULL,
+                                      kind == 2 ? o.w1 : NULL, ldg, ldw, o.yb, ldy, add);
+                    if (memcmp(o.ya, o.yb, o.ybytes) != 0) {
                         print_error("nn_direct M=%lld N=%lld k=[%lld, %lld) kind %d: not the "
                                     "tiles' bits\n",
                                     (long long)M, (long long)N, (long long)k0, (long long)k1, kind);
@@ -427,7 +451,7 @@ static void test_nn_direct(void **state)
                     g_cases++;
                     g_checked += M * (k1 - k0);
                 }
-            free(g), free(w), free(y0), free(ya), free(yb);
+            nn_operands_free(&o);
         }
         return;
     }
@@ -607,19 +631,11 @@ static void test_nn_stream_path(void **state)
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const int64_t N = shapes[i][0], K = shapes[i][1], k0 = shapes[i][2], k1 = shapes[i][3];
         const int64_t ldg = N + 3, ldw = K + 5, ldy = K + 2;
-        uint16_t *g = malloc((size_t)(2 * BIG_M * ldg) * sizeof *g);
-        uint16_t *w = malloc((size_t)(2 * N * ldw) * sizeof *w);
-        float *y0 = malloc((size_t)(BIG_M * ldy) * sizeof *y0);
-        float *big = malloc((size_t)(BIG_M * ldy) * sizeof *big);
-        float *few = malloc((size_t)(BIG_M * ldy) * sizeof *few);
-        assert_true(g && w && y0 && big && few);
-        for (int64_t j = 0; j < 2 * BIG_M * ldg; j++)
-            g[j] = kt_f32_to_bf16_1((float)tu_rng_uniform(&rng, -1, 1));
-        for (int64_t j = 0; j < 2 * N * ldw; j++)
-            w[j] = kt_f32_to_bf16_1((float)tu_rng_uniform(&rng, -1, 1));
-        for (int64_t j = 0; j < BIG_M * ldy; j++)
-            y0[j] = (float)tu_rng_uniform(&rng, -2, 2);
-        const uint16_t *g1 = g + BIG_M * ldg, *w1 = w + N * ldw;
+        nn_operands o;
+        nn_operands_init(&o, &rng, BIG_M, N, ldg, ldw, ldy);
+        const uint16_t *g = o.g, *w = o.w, *g1 = o.g1, *w1 = o.w1;
+        const float *y0 = o.y0;
+        float *big = o.ya, *few = o.yb;
         for (int kind = 0; kind < 3; kind++) { /* nn, nn adding, nn2 */
             memcpy(big, y0, (size_t)(BIG_M * ldy) * sizeof *big);
             if (kind < 2)
@@ -640,7 +656,7 @@ static void test_nn_stream_path(void **state)
                 check_first_rows(few, big, y0, M, BIG_M, ldy, k1 - k0);
             }
         }
-        free(g), free(w), free(y0), free(big), free(few);
+        nn_operands_free(&o);
     }
 }
 

@@ -252,13 +252,13 @@ static timing time_kernel(int kind, int64_t M, int64_t N, int64_t K, const buffe
     return out;
 }
 
-/* peer: oneDNN's timing on the same configuration (median_s 0: not measured) */
 /* The kernel a product runs: the path depends on the kind and the rows. */
 static const char *kernel_path(int kind, int64_t M)
 {
     return kt__bf16_gemm_kind_path(kind_names[kind], M);
 }
 
+/* peer: oneDNN's timing on the same configuration (median_s 0: not measured) */
 static void report(const bench_args *common, const char *model, const char *shape, int kind,
                    int64_t M, int64_t N, int64_t K, int threads, timing t, double peak, int hot,
                    timing peer)
