@@ -27,12 +27,20 @@
 
 enum { T = 12, H = 32, I = 24, E = 6, K = 2, V = 5, MAX_LAYERS = 4 };
 
-/* A frozen bf16 expert layer with seeded weights (the same seed gives the same layer). */
-static kt_moe *make_layer(uint64_t seed)
+/* A frozen bf16 expert layer with seeded weights (the same seed gives the same layer),
+ * keeping its intermediates for backward or (keep 0) recomputing them there. */
+static kt_moe *make_layer_keeping(uint64_t seed, int keep)
 {
-    kt_moe_config c = {.n_experts = E, .hidden = H, .intermediate = I, .top_k = K,
-                       .max_tokens = T, .weight_dtype = KT_BF16, .act_dtype = KT_F32,
-                       .mode = KT_MOE_FROZEN, .keep_activations = 1, .name = "layer"};
+    kt_moe_config c = {.n_experts = E,
+                       .hidden = H,
+                       .intermediate = I,
+                       .top_k = K,
+                       .max_tokens = T,
+                       .weight_dtype = KT_BF16,
+                       .act_dtype = KT_F32,
+                       .mode = KT_MOE_FROZEN,
+                       .keep_activations = keep,
+                       .name = "layer"};
     kt_moe *m;
     OK(kt_moe_create(&c, NULL, &m));
     tu_rng rng;
@@ -45,6 +53,8 @@ static kt_moe *make_layer(uint64_t seed)
         }
     return m;
 }
+
+static kt_moe *make_layer(uint64_t seed) { return make_layer_keeping(seed, 1); }
 
 /* L blocks: h = h + moe(h, topk_router(h W_r)); loss = CE(h W_head, y). Each block may sit in
  * a checkpoint segment. */
@@ -254,6 +264,81 @@ static void test_checkpoint_with_moe(void **state)
     kt_graph_destroy(g);
     for (int l = 0; l < MAX_LAYERS; l++)
         kt_moe_destroy(layers[l]);
+}
+
+/* The layer's intermediates follow the checkpoint pass: a moe op in a recomputed segment
+ * (every block but the last) is marked to keep none, whether its output is kept or
+ * recomputed; without checkpointing every op keeps them. The mark survives a save and load,
+ * the loader refuses it on any other step, and layers created as the program advises give
+ * the uncheckpointed program's gradients bit for bit while keeping less per token. */
+static void test_checkpoint_chooses_moe_keep(void **state)
+{
+    (void)state;
+    kt_graph *g = build(MAX_LAYERS, 1);
+    kt_compile_options none = {.training = 1, .override_checkpoint = 1};
+    kt_compile_options segs = {
+        .training = 1, .override_checkpoint = 1, .checkpoint = {.kind = KT_CHECKPOINT_SEGMENTS}};
+    kt_compile_options recompute = segs;
+    recompute.recompute_must_save = 1;
+    kt_program *p0, *p1, *p2, *loaded;
+    OK(kt_compile(g, &none, &p0));
+    OK(kt_compile(g, &segs, &p1));
+    OK(kt_compile(g, &recompute, &p2));
+    size_t bytes;
+    OK(kt_program_serialized_size(p1, &bytes));
+    void *file = malloc(bytes);
+    assert_non_null(file);
+    OK(kt_program_serialize(p1, file, bytes));
+    OK(kt_program_load_memory(file, bytes, &loaded));
+    free(file);
+    const kt_program *progs[] = {p0, p1, p2, loaded};
+    for (int l = 0; l < MAX_LAYERS; l++) {
+        kt_program_moe info[4];
+        for (int i = 0; i < 4; i++)
+            OK(kt_program_moe_info(progs[i], l, &info[i]));
+        assert_int_equal(info[0].keep_activations, 1);
+        for (int i = 1; i < 4; i++)
+            if (info[i].keep_activations != (l == MAX_LAYERS - 1))
+                fail_msg("program %d, moe%d: keep_activations %d", i, l, info[i].keep_activations);
+    }
+
+    /* the mark on a step that is not a moe forward of the forward schedule (a clone, a
+     * backward, any other op) is a format error */
+    for (int32_t at = 0; at < loaded->n_steps; at++) {
+        kt__pstep *s = &loaded->steps[at];
+        if (s->kind == KT__STEP_FORWARD && s->op == KT_OP_MOE && at < loaded->n_forward)
+            continue; /* where the mark may be */
+        const int32_t saved = s->flags;
+        s->flags |= KT__STEP_MOE_RECOMPUTES;
+        TU_EXPECT_ERROR(kt__program_validate(loaded), KT_EFORMAT, "invalid flags");
+        s->flags = saved;
+    }
+    OK(kt__program_validate(loaded));
+
+    kt_moe *kept[MAX_LAYERS], *advised[MAX_LAYERS];
+    for (int l = 0; l < MAX_LAYERS; l++) {
+        kt_program_moe info;
+        OK(kt_program_moe_info(p1, l, &info));
+        kept[l] = make_layer_keeping(200 + (uint64_t)l, 1);
+        advised[l] = make_layer_keeping(200 + (uint64_t)l, info.keep_activations);
+        kt_moe_memory ma, mb;
+        kt_moe_get_memory(kept[l], &ma);
+        kt_moe_get_memory(advised[l], &mb);
+        uint64_t a = ma.saved_bytes_per_token, b = mb.saved_bytes_per_token;
+        if (info.keep_activations ? a != b : b + (uint64_t)K * 2 * I * 4 != a)
+            fail_msg("moe%d: %llu bytes a token kept, %llu as advised", l, (unsigned long long)a,
+                     (unsigned long long)b);
+    }
+    run_out r0, r1;
+    OK(run(p0, kept, MAX_LAYERS, &r0, NULL));
+    OK(run(p1, advised, MAX_LAYERS, &r1, NULL));
+    expect_same(&r1, &r0, "layers keeping what the checkpointed program advises");
+    out_free(&r0), out_free(&r1);
+    for (int l = 0; l < MAX_LAYERS; l++)
+        kt_moe_destroy(kept[l]), kt_moe_destroy(advised[l]);
+    kt_program_destroy(p0), kt_program_destroy(p1), kt_program_destroy(p2);
+    kt_program_destroy(loaded);
+    kt_graph_destroy(g);
 }
 
 /* A failure during a recompute poisons the caches; the next forward reports it naming the
@@ -505,6 +590,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_moe_op_matches_layer),
         cmocka_unit_test(test_checkpoint_with_moe),
+        cmocka_unit_test(test_checkpoint_chooses_moe_keep),
         cmocka_unit_test(test_failure_injection),
         cmocka_unit_test(test_bindings),
         cmocka_unit_test(test_moe_lora_trains),

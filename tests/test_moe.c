@@ -1083,8 +1083,8 @@ static void test_memory(void **state)
     assert_int_equal(a.backward_buffer_bytes, 0);
     assert_true(a.workspace_bytes > 0);
     assert_int_equal(a.grad_bytes >= 8 * 3 * 64 * 48 * 4, 1);
-    assert_int_equal(a.saved_bytes_per_token, 2 * 20 + 64 * 2 + 2 * 2 * 48 * 4);
-    assert_int_equal(b.saved_bytes_per_token, 2 * 20 + 64 * 2);
+    assert_int_equal(a.saved_bytes_per_token, 2 * 16 + 64 * 2 + 2 * 2 * 48 * 4);
+    assert_int_equal(b.saved_bytes_per_token, 2 * 16 + 64 * 2);
     /* LoRA (rank 4) also keeps each projection's x A^T, or nothing without activations */
     for (int keep = 1; keep >= 0; keep--) {
         c = make_cfg(KT_BF16, KT_F32, KT_MOE_LORA, 64, 48, 8, 2, 16);
@@ -1093,7 +1093,7 @@ static void test_memory(void **state)
         kt_moe_get_memory(m, &a);
         kt_moe_destroy(m);
         assert_int_equal(a.saved_bytes_per_token,
-                         2 * 20 + 64 * 2 + (keep ? 2 * 2 * 48 * 4 + 2 * 3 * 4 * 4 : 0));
+                         2 * 16 + 64 * 2 + (keep ? 2 * 2 * 48 * 4 + 2 * 3 * 4 * 4 : 0));
     }
 }
 

@@ -11,7 +11,14 @@
  * are bitwise those of the uncheckpointed program.
  *
  * Nodes on the save-list (kt_graph_mark_save, or ops the table marks must-save: the router,
- * the MoE layer) are never cloned: their outputs are kept, and the clones read them. */
+ * the MoE layer) are never cloned: their outputs are kept, and the clones read them.
+ *
+ * A MoE layer keeps its own intermediates for its backward, outside the plan: the f32 gate
+ * and up activations, 2 k I floats a token (dsv2lite: 66 KiB, against 4 KiB of its input).
+ * In a recomputed segment, where the graph trades compute for memory, the pass marks its
+ * forward step KT__STEP_MOE_RECOMPUTES: whoever creates the layer (kt_program_moe's
+ * keep_activations, read by kt-train) creates it keeping none, so that its backward
+ * recomputes them from the input it keeps. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -265,6 +272,17 @@ int32_t kt__checkpoint_group_size(const kt__compiler *c, int32_t n_units)
     }
 }
 
+/* The moe forward steps inside the recomputed segments: their layers keep no intermediates. */
+static void mark_moe_recompute(kt__compiler *c, const range *segs, int32_t n_segs)
+{
+    for (int32_t at = 0; at < c->n_forward; at++) {
+        kt__pstep *s = &c->steps[at];
+        for (int32_t k = 0; s->kind == KT__STEP_FORWARD && s->op == KT_OP_MOE && k < n_segs; k++)
+            if (in_segment(s, segs[k]))
+                s->flags |= KT__STEP_MOE_RECOMPUTES;
+    }
+}
+
 kt_status kt__pass_checkpoint(kt__compiler *c, int32_t group)
 {
     if (!c->opt.training || group <= 0)
@@ -285,8 +303,10 @@ kt_status kt__pass_checkpoint(kt__compiler *c, int32_t group)
      * right after the forward, while its activations are still alive) */
     for (int32_t i = 0; i + group < n_units; i += group)
         segs[n_segs++] = (range){u[i].first, u[i + group - 1].last};
-    if (n_segs > 0)
+    if (n_segs > 0) {
+        mark_moe_recompute(c, segs, n_segs);
         status = apply(c, segs, n_segs);
+    }
 out:
     free(u);
     free(segs);

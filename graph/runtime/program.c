@@ -163,8 +163,10 @@ static kt_status check_step(const kt_program *p, int32_t at)
     const kt__pstep *s = &p->steps[at];
     if (!name_ok(p, s->name))
         return kt__error(KT_EFORMAT, "step %d: invalid name", at);
-    if ((s->flags & ~KT__STEP_RECOMPUTE) != 0 ||
-        ((s->flags & KT__STEP_RECOMPUTE) && (s->kind != KT__STEP_FORWARD || at < p->n_forward)))
+    if ((s->flags & ~(KT__STEP_RECOMPUTE | KT__STEP_MOE_RECOMPUTES)) != 0 ||
+        ((s->flags & KT__STEP_RECOMPUTE) && (s->kind != KT__STEP_FORWARD || at < p->n_forward)) ||
+        ((s->flags & KT__STEP_MOE_RECOMPUTES) &&
+         (s->kind != KT__STEP_FORWARD || s->op != KT_OP_MOE || at >= p->n_forward)))
         return kt__error(KT_EFORMAT, "step %d: invalid flags 0x%x", at, (unsigned)s->flags);
     if (!isfinite(s->flops) || s->flops < 0.0) /* statistics only, but never nonsense */
         return kt__error(KT_EFORMAT, "step %d: invalid FLOP count %g", at, s->flops);

@@ -129,14 +129,15 @@ kt_status kt_program_moe_info(const kt_program *p, int i, kt_program_moe *info_o
                          "has %d moe ops)", i, kt_program_moe_count(p));
     const kt_tensor *x = &p->bufs[ps->in[0]].meta, *ids = &p->bufs[ps->in[1]].meta;
     /* validation has checked the moe step's shapes: x [T,H], ids [T,k] */
-    *info_out = (kt_program_moe){.name = ps->name >= 0 ? kt__strings_get(&p->strings, ps->name)
-                                                       : "",
-                                 .binding = ps->attrs.binding,
-                                 .tokens = x->shape[0],
-                                 .hidden = x->shape[1],
-                                 .top_k = ids->shape[1],
-                                 .n_experts = experts_of(p, ps->in[1]),
-                                 .act_dtype = x->dtype};
+    *info_out =
+        (kt_program_moe){.name = ps->name >= 0 ? kt__strings_get(&p->strings, ps->name) : "",
+                         .binding = ps->attrs.binding,
+                         .tokens = x->shape[0],
+                         .hidden = x->shape[1],
+                         .top_k = ids->shape[1],
+                         .n_experts = experts_of(p, ps->in[1]),
+                         .act_dtype = x->dtype,
+                         .keep_activations = !(ps->flags & KT__STEP_MOE_RECOMPUTES)};
     return KT_OK;
 }
 

@@ -179,7 +179,7 @@ typedef struct kt_moe_memory {
     uint64_t raw_weight_bytes;      /* E * 3 * H * I * dtype size */
     uint64_t backward_buffer_bytes; /* transposed/repacked weights for backward, if any */
     uint64_t saved_bytes_per_token; /* kept from forward to backward, per token: the routing
-                                     * (20 bytes per slot), x in the weight dtype, and with
+                                     * (16 bytes per slot), x in the weight dtype, and with
                                      * keep_activations the f32 gate and up pre-activations
                                      * (k * 2I * 4 bytes), and in LoRA mode each projection's
                                      * x A^T (k * 3r * 4 bytes) */

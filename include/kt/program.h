@@ -91,6 +91,12 @@ typedef struct kt_program_moe {
     int64_t n_experts;  /* E: the width of the logits of the topk_router op that chose the
                          * ids; 0 when the ids come from elsewhere (an input, another op) */
     kt_dtype act_dtype; /* x's dtype, the layer's act_dtype */
+    /* What the layer should keep for its backward (kt_moe_config.keep_activations): 0 when
+     * the checkpoint pass put the op in a recomputed segment (the graph trades compute for
+     * memory there, and the layer's gate/up intermediates, 2 k I floats a token, are most of
+     * it), 1 otherwise. Advice for whoever creates the layer; either value computes the same
+     * gradients. */
+    int keep_activations;
 } kt_program_moe;
 
 int kt_program_moe_count(const kt_program *p);

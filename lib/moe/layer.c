@@ -275,18 +275,17 @@ static kt_status alloc_work(kt_moe *m)
     m->workspace_bytes = total;
     if (m->cfg.check_finite) /* the output is staged (forward.c) */
         KT__TRY(kt__moe_alloc_staged_y(m));
-    /* Kept from forward to backward: the routing (5 x 4 bytes per slot), the input in the
-     * compute dtype, and with keep_activations the f32 gate/up pre-activations (f32 keeps
-     * recompute bitwise equal to the kept values) and LoRA's x A^T of each projection (r
-     * floats each: rebuilding them took a dozen ms of backward's recompute at dsv2lite's
-     * qlen 1024). The expert outputs are not kept: the routing gradient <grad_y, down(a)> is
-     * taken as <grad_y down, a> in backward. */
-    uint64_t k = (uint64_t)m->K;
-    m->saved_bytes_per_token = k * 20 + H * cs;
-    if (m->cfg.keep_activations)
-        m->saved_bytes_per_token += k * 2 * I * 4;
-    if (m->cfg.keep_activations && m->cfg.mode == KT_MOE_LORA)
-        m->saved_bytes_per_token += k * 3 * R * 4;
+    /* Kept from forward to backward, the work buffers but the per-call expert offsets: the
+     * routing (4 x 4 bytes per slot), the input in the compute dtype, and with
+     * keep_activations the f32 gate/up pre-activations (f32 keeps recompute bitwise equal to
+     * the kept values) and LoRA's x A^T of each projection (r floats each: rebuilding them
+     * took a dozen ms of backward's recompute at dsv2lite's qlen 1024). The expert outputs
+     * are not kept: the routing gradient <grad_y, down(a)> is taken as <grad_y down, a> in
+     * backward. Summed from the buffers themselves, so the figure is what is held. */
+    uint64_t per_call = 0;
+    for (int i = 0; i < n; i++)
+        per_call += s[i].ptr == (void **)&m->off ? 0 : s[i].bytes;
+    m->saved_bytes_per_token = per_call / T;
     return KT_OK;
 }
 

@@ -59,6 +59,22 @@ for dtype in bf16 f32; do
   done
 done
 
+# --recompute: the layer keeps no gate/up intermediates, k * 2I * 4 bytes a token fewer
+# (small: k 2, I 256, so 4096), and says so in its config
+saved() { sed -n 's/.*"saved_bytes_per_token":\([0-9]*\).*/\1/p' | head -1; }
+kept=0 recomputed=0
+for flag in "" --recompute; do
+  out=$("$bench" moe --shape small --qlen 8 --mode full --no-peer --json --repeats 2 $flag 2>&1) ||
+    fail "moe $flag exited $?: $out"
+  check_json moe <<<"$out" || fail "moe $flag JSON: $out"
+  want=false; [ -n "$flag" ] && want=true
+  grep -q "\"recompute\":$want" <<<"$out" || fail "moe $flag: config has no recompute $want"
+  if [ -z "$flag" ]; then kept=$(saved <<<"$out"); else recomputed=$(saved <<<"$out"); fi
+  kept=${kept:-0} recomputed=${recomputed:-0}
+done
+[ "$((kept - recomputed))" = 4096 ] ||
+  fail "moe --recompute keeps $recomputed bytes a token, against $kept: not 4096 fewer"
+
 for kind in nt nn tn; do
   out=$("$bench" gemm --m 13 --n 70 --k 96 --kind $kind --single --no-peer --json --repeats 2 \
           2>&1) || { fail "gemm $kind exited $?"; continue; }

@@ -42,6 +42,7 @@ typedef struct moe_args {
     const char *peer_script;
     int numa_split; /* --numa-split: experts split over the NUMA nodes */
     int phases;     /* --phases: where the time goes, per phase of the layer */
+    int recompute;  /* --recompute: the layer keeps no intermediates (keep_activations 0) */
 } moe_args;
 
 typedef struct moe_inputs {
@@ -283,7 +284,8 @@ static int parse(int argc, char **argv, moe_args *a)
                    "                    [--mode frozen|lora|full] [--dtype bf16|f32]\n"
                    "                    [--no-peer] [--peer-dtype bf16|f32|both] [--peer-script "
                    "PATH]\n"
-                   "                    [--threads N] [--numa-split] [--phases] [--json]\n"
+                   "                    [--threads N] [--numa-split] [--phases] [--recompute]\n"
+                   "                    [--json]\n"
                    "Times the MoE layer forward and forward+backward; prints tokens/s,\n"
                    "GFLOP/s, the fraction of the bf16 GEMMs' register peak (vdpbf16ps, or\n"
                    "vfmadd231ps where bf16 is widened to f32) or of OpenBLAS sgemm on\n"
@@ -310,7 +312,11 @@ static int parse(int argc, char **argv, moe_args *a)
                    "--numa-split: a NUMA-placed pool and the experts split over the nodes\n"
                    "(KT_MOE_NUMA_SPLIT; the same as without on a one-node machine).\n"
                    "--phases: also the time of each phase of the layer per call, averaged\n"
-                   "over the timed runs of each pass (kt_moe_get_phase_times).\n");
+                   "over the timed runs of each pass (kt_moe_get_phase_times).\n"
+                   "--recompute: the layer keeps no gate/up intermediates for backward and\n"
+                   "recomputes them there (keep_activations 0, as a checkpointed program\n"
+                   "advises); the saved bytes per token printed drop accordingly. GFLOP/s\n"
+                   "counts the layer's FLOPs once, not the recomputed ones.\n");
             exit(0);
         }
         static const char *const with_value[] = {"--shape", "--qlen",       "--mode",
@@ -354,6 +360,8 @@ static int parse(int argc, char **argv, moe_args *a)
             a->numa_split = 1;
         } else if (strcmp(s, "--phases") == 0) {
             a->phases = 1;
+        } else if (strcmp(s, "--recompute") == 0) {
+            a->recompute = 1;
         } else if (strcmp(s, "--peer-dtype") == 0) {
             a->peer_dtypes = strcmp(v, "bf16") == 0 ? 1u : strcmp(v, "f32") == 0 ? 2u : 3u;
             if (strcmp(v, "bf16") && strcmp(v, "f32") && strcmp(v, "both")) {
@@ -505,7 +513,7 @@ int bench_moe(int argc, char **argv, const bench_args *common)
                          .mode = a.mode,
                          .lora_rank = 8,
                          .lora_alpha = 16.0f,
-                         .keep_activations = 1,
+                         .keep_activations = !a.recompute,
                          .name = "bench",
                          .numa_node = a.numa_split ? KT_MOE_NUMA_SPLIT : -1};
     kt_moe *m;
@@ -614,11 +622,11 @@ int bench_moe(int argc, char **argv, const bench_args *common)
             ratio[k] = have[k] ? (pass ? t_fb[k] : t_fwd[k]) * 1e-3 / t : -1.0;
         if (common->json) {
             printf("{\"bench\":\"moe\",\"config\":{\"shape\":\"%s\",\"qlen\":%lld,\"mode\":\"%s\","
-                   "\"dtype\":\"%s\",\"pass\":\"%s\",\"threads\":%d},"
+                   "\"dtype\":\"%s\",\"pass\":\"%s\",\"threads\":%d,\"recompute\":%s},"
                    "\"%s_ms\":%.4f,\"tokens_per_s\":%.1f,\"gflops\":%.2f,",
                    s->name, (long long)a.qlen, mode_names[a.mode], kt_dtype_name(a.dtype),
-                   pass ? "fwdbwd" : "fwd", threads, pass ? "fwdbwd" : "fwd", t * 1e3,
-                   (double)a.qlen / t, gf);
+                   pass ? "fwdbwd" : "fwd", threads, a.recompute ? "true" : "false",
+                   pass ? "fwdbwd" : "fwd", t * 1e3, (double)a.qlen / t, gf);
             printf("\"%s\":%.2f,\"fraction_of_peak\":%.3f,",
                    a.dtype == KT_BF16 ? "peak_gflops" : "sgemm_gflops", peak, frac_peak);
             if (a.dtype == KT_F32) {
@@ -654,9 +662,10 @@ int bench_moe(int argc, char **argv, const bench_args *common)
             }
             printf("}\n");
         } else {
-            printf("moe %s qlen=%lld %s %s %s: %.3f ms, %.0f tokens/s, %.1f GFLOP/s, %.3f of the "
-                   "%s (%.1f GFLOP/s",
-                   s->name, (long long)a.qlen, mode_names[a.mode], kt_dtype_name(a.dtype),
+            printf("moe %s qlen=%lld %s%s %s %s: %.3f ms, %.0f tokens/s, %.1f GFLOP/s, %.3f of "
+                   "the %s (%.1f GFLOP/s",
+                   s->name, (long long)a.qlen, mode_names[a.mode],
+                   a.recompute ? " (recompute)" : "", kt_dtype_name(a.dtype),
                    pass ? "fwd+bwd" : "fwd", t * 1e3, (double)a.qlen / t, gf, frac_peak,
                    a.dtype == KT_BF16 ? peak_name : "OpenBLAS sgemm rate", peak);
             if (a.dtype == KT_F32)

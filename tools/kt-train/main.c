@@ -281,11 +281,13 @@ static void print_summary(const trainer *t, const train_args *a)
     if (t->moe.n_ops > 0) {
         static const char *const modes[] = {"frozen", "lora", "full"};
         const kt_moe_config *c = &t->moe.first;
-        printf("kt-train: %d MoE layer%s (E=%lld, k=%lld, H=%lld, I=%lld, %s, %s)%s\n",
-               t->moe.n_ops, t->moe.n_ops == 1 ? "" : "s", (long long)c->n_experts,
-               (long long)c->top_k, (long long)c->hidden, (long long)c->intermediate,
-               kt_dtype_name(c->weight_dtype), modes[c->mode],
-               t->r.world > 1 ? ", experts on rank 0" : "");
+        printf("kt-train: %d MoE layer%s (E=%lld, k=%lld, H=%lld, I=%lld, %s, %s)%s", t->moe.n_ops,
+               t->moe.n_ops == 1 ? "" : "s", (long long)c->n_experts, (long long)c->top_k,
+               (long long)c->hidden, (long long)c->intermediate, kt_dtype_name(c->weight_dtype),
+               modes[c->mode], t->r.world > 1 ? ", experts on rank 0" : "");
+        if (t->moe.n_recompute > 0) /* the checkpoint pass's choice */
+            printf(", %d recomputing gate/up in backward (checkpointed)", t->moe.n_recompute);
+        printf("\n");
     }
     printf("kt-train: data %s: %lld tokens\n", a->data, (long long)t->data.n_tokens);
     fflush(stdout);

@@ -75,7 +75,7 @@ static int layer_config(const train_args *a, const kt_program_moe *info, const r
                          .mode = a->moe_mode,
                          .lora_rank = a->moe_mode == KT_MOE_LORA ? LORA_RANK : 0,
                          .lora_alpha = LORA_ALPHA,
-                         .keep_activations = 1,
+                         .keep_activations = info->keep_activations,
                          .name = name,
                          .numa_node = -1};
     return 0;
@@ -178,6 +178,7 @@ int moe_setup(moe_layers *m, const train_args *a, const kt_program *p, const ran
         if (layer_config(a, &info, r, &c, name, sizeof name) != 0)
             return 1;
         c.scratch = m->scratch;
+        m->n_recompute += !c.keep_activations;
         if (i == 0)
             m->first = c, m->first.name = NULL;
         if (r->rank != 0 || m->layers[info.binding] != NULL)

@@ -94,6 +94,8 @@ typedef struct moe_layers {
     int n;
     int n_ops;       /* moe ops in the program */
     kt_moe_config first; /* the first op's configuration, for the summary line */
+    int n_recompute;     /* ops whose layers keep no intermediates (the checkpoint pass's
+                          * choice, kt_program_moe.keep_activations) */
     kt_moe_scratch *scratch; /* one per-call scratch for all layers (they run one at a time) */
 } moe_layers;
 
