@@ -15,6 +15,8 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <pthread.h>
+#include <stdatomic.h>
 
 #include "moe/bf16_gemm.h"
 #include "moe/moe_internal.h"
@@ -290,6 +292,26 @@ static double rel_err(const double *got, const double *want, int64_t n)
     return err / scale;
 }
 
+/* rel_err of the weight gradients taken per tensor (each expert's gate, up and down, or each
+ * LoRA A and B, in the reference's layout) and the worst kept: normalised over all of them
+ * at once, an error in small tensors (LoRA's A next to its B) would hide under the large. */
+static double rel_err_per_tensor(const double *got, const double *want, const kt_moe_config *c)
+{
+    int64_t H = c->hidden, I = c->intermediate, R = c->lora_rank, at = 0;
+    double worst = 0;
+    for (int64_t e = 0; e < c->n_experts; e++)
+        for (int p = 0; p < 3; p++) {
+            const int64_t sizes[2] = {c->mode == KT_MOE_LORA ? R * pin(c, p) : H * I,
+                                      c->mode == KT_MOE_LORA ? R * (H + I - pin(c, p)) : 0};
+            for (int k = 0; k < 2; k++) {
+                if (sizes[k] > 0)
+                    worst = fmax(worst, rel_err(got + at, want + at, sizes[k]));
+                at += sizes[k];
+            }
+        }
+    return worst;
+}
+
 /* The layer's gradients in the reference's layout. */
 static double *collect_grads(kt_moe *m, int lora)
 {
@@ -328,8 +350,7 @@ static void check_against_ref(kt_moe *m, const inputs *in, const ref *o, double 
     if (c->mode != KT_MOE_FROZEN) {
         int lora = c->mode == KT_MOE_LORA;
         double *g = collect_grads(m, lora);
-        e_g = rel_err(g, lora ? o->dl : o->dw,
-                      lora ? lora_size(c) : c->n_experts * 3 * H * c->intermediate);
+        e_g = rel_err_per_tensor(g, lora ? o->dl : o->dw, c);
         free(g);
     }
     if (getenv("KT_TEST_VERBOSE") != NULL)
@@ -1012,8 +1033,10 @@ static void test_validation(void **state)
     TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_ERANGE, "token 3",
                     "expert id -1");
     ids[3 * 2 + 1] = ids[3 * 2];
+    char twice[48];
+    snprintf(twice, sizeof twice, "expert %d appears twice", (int)ids[3 * 2]);
     TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_EINVAL, "L7", "token 3",
-                    "appears twice");
+                    twice);
     ids[3 * 2 + 1] = saved;
 
     /* still usable */
@@ -1058,7 +1081,26 @@ static void test_validation(void **state)
     bad = tu_new(KT_BF16, 32, 16);
     TU_EXPECT_ERROR(kt_moe_set_weight(m, 0, KT_MOE_GATE, &bad), KT_EINVAL, "L7", "gate_proj",
                     "bf16[16,32]");
-    OK(kt_moe_set_weight(m, 0, KT_MOE_DOWN, &bad));
+    /* set_weight copies into that expert's projection and nowhere else */
+    tu_rng wr;
+    tu_rng_seed(&wr, 41);
+    tu_fill_uniform(&bad, &wr, -1, 1);
+    kt_tensor before[4][3];
+    for (int e = 0; e < 4; e++)
+        for (int p = 0; p < 3; p++) {
+            OK(kt_moe_weight(m, e, (kt_moe_proj)p, &v));
+            before[e][p] = tu_clone(&v);
+        }
+    OK(kt_moe_set_weight(m, 2, KT_MOE_DOWN, &bad));
+    for (int e = 0; e < 4; e++)
+        for (int p = 0; p < 3; p++) {
+            OK(kt_moe_weight(m, e, (kt_moe_proj)p, &v));
+            const int target = e == 2 && p == KT_MOE_DOWN;
+            if (!tu_bitwise_equal(&v, target ? &bad : &before[e][p]))
+                fail_msg("set_weight(2, down): expert %d projection %d %s", e, p,
+                         target ? "does not hold the new values" : "changed");
+            tu_free(&before[e][p]);
+        }
     tu_free(&bad);
     free_inputs(&in);
     kt_moe_destroy(m);
@@ -1269,6 +1311,25 @@ static void test_cache(void **state)
         assert_true(gxv[i] == 7.0f);
     ((uint16_t *)gv.data)[3] = keep;
     OK(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f));
+
+    /* the same failure in backward with the cache on poisons it: the recompute that would
+     * follow must not reuse the output, nor a backward run again, until cleared */
+    OK(kt_moe_cache_enable(m, 1));
+    OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
+    assert_int_equal(kt_moe_cache_get_state(m), KT_MOE_CACHE_READY);
+    ((uint16_t *)gv.data)[3] = 0x7fc0;
+    TU_EXPECT_ERROR(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f), KT_ERANGE, "L7",
+                    "non-finite grad_x", tok, exp_s);
+    assert_int_equal(kt_moe_cache_get_state(m), KT_MOE_CACHE_POISONED);
+    ((uint16_t *)gv.data)[3] = keep;
+    TU_EXPECT_ERROR(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y), KT_ESTATE, "L7",
+                    "non-finite grad_x");
+    TU_EXPECT_ERROR(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f), KT_ESTATE,
+                    "non-finite grad_x");
+    kt_moe_cache_clear(m);
+    OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
+    assert_true(tu_bitwise_equal(&in.y, &y1));
+    OK(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f));
     tu_free(&y1);
     free_inputs(&in), free_inputs(&other);
     kt_moe_destroy(m);
@@ -1400,6 +1461,85 @@ static void test_submit_sync(void **state)
     kt_moe_destroy(m);
     tu_free(&y1);
     free_inputs(&in);
+    kt_threadpool_destroy(pool);
+}
+
+static void sleep_us(long us)
+{
+    nanosleep(&(struct timespec){us / 1000000, us % 1000000 * 1000}, NULL);
+}
+
+/* Holds a pool from another thread: one job whose part 0 waits for `release` (20 s at most,
+ * so a broken submit fails the test instead of hanging it). The pool runs a job of one part
+ * on the caller alone, without taking the pool, so the job has two. */
+typedef struct pool_holder {
+    kt_threadpool *pool;
+    atomic_int holding, release;
+} pool_holder;
+
+static void hold_part(void *ctx, int64_t begin, int64_t end, int thread)
+{
+    (void)end, (void)thread;
+    pool_holder *h = ctx;
+    if (begin != 0)
+        return;
+    atomic_store(&h->holding, 1);
+    for (int i = 0; i < 20000 && !atomic_load(&h->release); i++)
+        sleep_us(1000);
+}
+
+static void *hold_pool(void *arg)
+{
+    pool_holder *h = arg;
+    kt_parallel_for(h->pool, 2, 1, hold_part, h); /* two parts: a job that takes the pool */
+    return NULL;
+}
+
+/* submit hands the forward over and returns: with the layer's pool held by another thread,
+ * where the forward cannot run, submit still returns at once and y is untouched; once the
+ * pool is free, sync returns the same output as a blocking forward. A submit that ran the
+ * forward itself would wait out the holder (20 s) and find y written. */
+static void test_submit_returns_at_once(void **state)
+{
+    (void)state;
+    kt_threadpool *pool = NULL;
+    OK(kt_threadpool_create(2, &pool));
+    kt_moe_config cfg = make_cfg(KT_BF16, KT_F32, KT_MOE_FROZEN, 64, 48, 8, 2, 33);
+    kt_moe *m = NULL;
+    OK(kt_moe_create(&cfg, pool, &m));
+    fill_params(m, 5);
+    inputs in;
+    make_inputs(&in, &cfg, 33, KT_I32, 6);
+    OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
+    kt_tensor blocking = tu_clone(&in.y);
+    for (int64_t i = 0; i < kt_tensor_numel(&in.y); i++)
+        ((float *)in.y.data)[i] = -7.0f;
+    kt_tensor untouched = tu_clone(&in.y);
+
+    pool_holder h = {.pool = pool};
+    pthread_t holder;
+    assert_int_equal(pthread_create(&holder, NULL, hold_pool, &h), 0);
+    while (!atomic_load(&h.holding))
+        sleep_us(100);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    OK(kt_moe_submit_forward(m, &in.x, &in.ids, &in.w, &in.y));
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double submit_s =
+        (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    sleep_us(50000); /* time enough for a forward this small, were the pool free */
+    const int y_was_untouched = tu_bitwise_equal(&in.y, &untouched);
+    atomic_store(&h.release, 1);
+    assert_int_equal(pthread_join(holder, NULL), 0);
+    assert_true(y_was_untouched);
+    assert_true(submit_s < 10.0);
+    OK(kt_moe_sync(m));
+    assert_true(tu_bitwise_equal(&in.y, &blocking));
+    print_message("submit returned in %.3f ms with the pool held elsewhere\n", submit_s * 1e3);
+    tu_free(&blocking);
+    tu_free(&untouched);
+    free_inputs(&in);
+    kt_moe_destroy(m);
     kt_threadpool_destroy(pool);
 }
 
@@ -1569,6 +1709,7 @@ int main(void)
         cmocka_unit_test(test_phase_times),
         cmocka_unit_test(test_cache),
         cmocka_unit_test(test_submit_sync),
+        cmocka_unit_test(test_submit_returns_at_once),
         cmocka_unit_test(test_load_save),
         cmocka_unit_test(test_load_partial_lora),
         cmocka_unit_test(test_check_finite_overflow),

@@ -1,10 +1,13 @@
 /* Runs the MoE layer for tests/moe/torch_moe_check.py.
  *
- * usage: moe_helper DIR bf16|f32 frozen|full
+ * usage: moe_helper DIR bf16|f32 frozen|full [read]
  * Writes DIR/weights.safetensors (kt_moe_save, prefix "mlp."), DIR/inputs.safetensors
  * (x, ids, weights, grad_y), runs forward and backward (weight_grad_scale 1), and writes
  * DIR/outputs.safetensors: y, grad_x, grad_weights and, in full mode,
- * "experts.<e>.<proj>.grad" (f32). Values come from a fixed xorshift sequence. */
+ * "experts.<e>.<proj>.grad" (f32). Values come from a fixed xorshift sequence.
+ * With `read` the weights and inputs come from those two files instead, as PyTorch wrote
+ * them: the experts through kt_moe_load under the prefix "model.layers.0.mlp.", the inputs
+ * through kt_st_read (ids int64). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,13 +33,34 @@ static int check(kt_status st, const char *what)
     return st != KT_OK;
 }
 
+/* The `read` mode: the experts and the inputs from the files PyTorch wrote in dir. */
+static int read_inputs(const char *dir, kt_moe *m, kt_st_item in[4])
+{
+    char path[1024];
+    kt_st_file *f = NULL;
+    snprintf(path, sizeof path, "%s/weights.safetensors", dir);
+    if (check(kt_st_open(path, &f), "open weights") ||
+        check(kt_moe_load(m, f, "model.layers.0.mlp."), "load experts"))
+        return 1;
+    kt_st_close(f);
+    snprintf(path, sizeof path, "%s/inputs.safetensors", dir);
+    if (check(kt_st_open(path, &f), "open inputs"))
+        return 1;
+    for (int i = 0; i < 4; i++)
+        if (check(kt_st_read(f, in[i].name, &in[i].tensor), in[i].name))
+            return 1;
+    kt_st_close(f);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 4) {
-        fprintf(stderr, "usage: moe_helper DIR bf16|f32 frozen|full\n");
+    if (argc != 4 && !(argc == 5 && strcmp(argv[4], "read") == 0)) {
+        fprintf(stderr, "usage: moe_helper DIR bf16|f32 frozen|full [read]\n");
         return 2;
     }
     int bf16 = strcmp(argv[2], "bf16") == 0, full = strcmp(argv[3], "full") == 0;
+    int read = argc == 5;
     char path[1024];
     kt_moe_config c;
     memset(&c, 0, sizeof c);
@@ -52,7 +76,7 @@ int main(int argc, char **argv)
     kt_moe *m = NULL;
     if (check(kt_threadpool_create(2, &pool), "pool") || check(kt_moe_create(&c, pool, &m), "create"))
         return 1;
-    for (int e = 0; e < E; e++)
+    for (int e = 0; !read && e < E; e++)
         for (int p = 0; p < 3; p++) {
             kt_tensor v;
             if (check(kt_moe_weight(m, e, (kt_moe_proj)p, &v), "weight"))
@@ -67,11 +91,11 @@ int main(int argc, char **argv)
         }
     static float x[Q * H], w[Q * K], gy[Q * H], y[Q * H], gx[Q * H], gw[Q * K];
     static int64_t ids[Q * K];
-    for (int i = 0; i < Q * H; i++) {
+    for (int i = 0; !read && i < Q * H; i++) {
         x[i] = (float)uniform(-1, 1);
         gy[i] = (float)uniform(-1, 1);
     }
-    for (int t = 0; t < Q; t++) {
+    for (int t = 0; !read && t < Q; t++) {
         for (int j = 0; j < K; j++) {
             int64_t e;
             int dup;
@@ -93,12 +117,14 @@ int main(int argc, char **argv)
     kt_tensor_init(&ty, y, KT_F32, 2, (int64_t[]){Q, H});
     kt_tensor_init(&tgx, gx, KT_F32, 2, (int64_t[]){Q, H});
     kt_tensor_init(&tgw, gw, KT_F32, 2, (int64_t[]){Q, K});
-    snprintf(path, sizeof path, "%s/weights.safetensors", argv[1]);
-    if (check(kt_moe_save(m, path, "mlp."), "save"))
-        return 1;
     kt_st_item in[4] = {{"x", tx}, {"ids", tids}, {"weights", tw}, {"grad_y", tgy}};
+    if (read && read_inputs(argv[1], m, in) != 0)
+        return 1;
+    snprintf(path, sizeof path, "%s/weights.safetensors", argv[1]);
+    if (!read && check(kt_moe_save(m, path, "mlp."), "save"))
+        return 1;
     snprintf(path, sizeof path, "%s/inputs.safetensors", argv[1]);
-    if (check(kt_st_save(path, in, 4, NULL), "save inputs"))
+    if (!read && check(kt_st_save(path, in, 4, NULL), "save inputs"))
         return 1;
     if (check(kt_moe_forward(m, &tx, &tids, &tw, &ty), "forward") ||
         check(kt_moe_backward(m, &tgy, &tgx, &tgw, 1.0f), "backward"))
