@@ -1407,19 +1407,38 @@ static void test_check_finite_overflow(void **state)
 /* ---- submit / sync ----------------------------------------------------------------------------
  */
 
+/* A layer on a two-thread pool (bf16 weights, H 64, I 48, 8 experts, k 2), 33 tokens of
+ * inputs, and the output of a blocking forward on them (y1), to compare submitted ones with. */
+typedef struct pooled_layer {
+    kt_threadpool *pool;
+    kt_moe *m;
+    kt_moe_config cfg;
+    inputs in;
+    kt_tensor y1;
+} pooled_layer;
+
+static void pooled_layer_init(pooled_layer *p, kt_moe_mode mode, uint64_t seed)
+{
+    p->pool = NULL, p->m = NULL;
+    OK(kt_threadpool_create(2, &p->pool));
+    p->cfg = make_cfg(KT_BF16, KT_F32, mode, 64, 48, 8, 2, 33);
+    OK(kt_moe_create(&p->cfg, p->pool, &p->m));
+    fill_params(p->m, seed);
+    make_inputs(&p->in, &p->cfg, 33, KT_I32, seed + 1);
+    OK(kt_moe_forward(p->m, &p->in.x, &p->in.ids, &p->in.w, &p->in.y));
+    p->y1 = tu_clone(&p->in.y);
+}
+
 static void test_submit_sync(void **state)
 {
     (void)state;
-    kt_threadpool *pool = NULL;
-    OK(kt_threadpool_create(2, &pool));
-    kt_moe_config cfg = make_cfg(KT_BF16, KT_F32, KT_MOE_FULL, 64, 48, 8, 2, 33);
-    kt_moe *m = NULL;
-    OK(kt_moe_create(&cfg, pool, &m));
-    fill_params(m, 3);
-    inputs in;
-    make_inputs(&in, &cfg, 33, KT_I32, 4);
-    OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
-    kt_tensor y1 = tu_clone(&in.y);
+    pooled_layer pl;
+    pooled_layer_init(&pl, KT_MOE_FULL, 3);
+    kt_threadpool *pool = pl.pool;
+    kt_moe *m = pl.m;
+    kt_moe_config cfg = pl.cfg;
+    inputs in = pl.in;
+    kt_tensor y1 = pl.y1;
     memset(in.y.data, 0, kt_tensor_nbytes(&in.y));
 
     TU_EXPECT_ERROR(kt_moe_sync(m), KT_ESTATE, "L7", "without a submitted forward");
@@ -1502,16 +1521,12 @@ static void *hold_pool(void *arg)
 static void test_submit_returns_at_once(void **state)
 {
     (void)state;
-    kt_threadpool *pool = NULL;
-    OK(kt_threadpool_create(2, &pool));
-    kt_moe_config cfg = make_cfg(KT_BF16, KT_F32, KT_MOE_FROZEN, 64, 48, 8, 2, 33);
-    kt_moe *m = NULL;
-    OK(kt_moe_create(&cfg, pool, &m));
-    fill_params(m, 5);
-    inputs in;
-    make_inputs(&in, &cfg, 33, KT_I32, 6);
-    OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
-    kt_tensor blocking = tu_clone(&in.y);
+    pooled_layer pl;
+    pooled_layer_init(&pl, KT_MOE_FROZEN, 5);
+    kt_threadpool *pool = pl.pool;
+    kt_moe *m = pl.m;
+    inputs in = pl.in;
+    kt_tensor blocking = pl.y1;
     for (int64_t i = 0; i < kt_tensor_numel(&in.y); i++)
         ((float *)in.y.data)[i] = -7.0f;
     kt_tensor untouched = tu_clone(&in.y);
