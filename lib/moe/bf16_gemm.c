@@ -749,12 +749,18 @@ EACH_TILE_HEIGHT(PAIR_VARIANT)
 
 static const pair_fn pair_fns[PAIR_MR + 1] = TILE_HEIGHT_TABLE(pair_);
 
-/* tn's packed path: `tiles` tiles of MR rows in one call over the same packed block of x
- * (b), tile t's pairs at a + t * a_tile and its output rows from out + t * MR * ldo. With
- * the few pairs of a typical expert (48 for 96 tokens) a call per tile cost as much as a
- * tenth of the tile's work. */
-typedef void (*tn_run_fn)(int64_t np, int tail, const uint16_t *a, int64_t a_tile, int64_t tiles,
-                          const uint16_t *b, __mmask32 jm, float *out, int64_t ldo, int mode,
+/* tn's packed path: `steps` tiles of MR rows by 32 columns in one call, step t's pairs at
+ * a + t * a_step, its packed block of x at b + t * b_step and its output from
+ * out + t * out_step: down the rows over one block of x (a_step a tile's panel, b_step 0,
+ * out_step MR rows), or along one tile's rows over consecutive blocks (a_step 0, b_step a
+ * block, out_step 32 columns). With the few pairs of a typical expert (48 for 96 tokens) a
+ * call per tile cost as much as a tenth of the tile's work. */
+typedef struct tn_walk {
+    int64_t a_step, b_step, out_step;
+} tn_walk;
+
+typedef void (*tn_run_fn)(int64_t np, int tail, const uint16_t *a, const uint16_t *b, tn_walk walk,
+                          int64_t steps, __mmask32 jm, float *out, int64_t ldo, int mode,
                           float scale);
 
 /* How a run's tiles leave: whole blocks go straight from the accumulators (streamed where
@@ -787,16 +793,17 @@ BF_INLINE void tn_store_whole(const int mr, const int kind, const int scaled,
 }
 
 BF_INLINE void tn_tiles(const int mr, const int kind, const int scaled, int64_t np, int tail,
-                        const uint16_t *a, int64_t a_tile, int64_t tiles, const uint16_t *b,
+                        const uint16_t *a, const uint16_t *b, tn_walk walk, int64_t steps,
                         __mmask32 jm, float *out, int64_t ldo, int mode, float scale)
 {
     const __m512 vs = _mm512_set1_ps(scale);
-    for (int64_t t = 0; t < tiles; t++) {
+    for (int64_t t = 0; t < steps; t++) {
         __m512 acc[PAIR_MR][2];
         for (int i = 0; i < mr; i++)
             acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-        pair_tile(mr, B_PACKED, np, tail, a + t * a_tile, 2, 2 * mr, b, 0, jm, NULL, acc);
-        float *o = out + t * mr * ldo;
+        pair_tile(mr, B_PACKED, np, tail, a + t * walk.a_step, 2, 2 * mr, b + t * walk.b_step, 0,
+                  jm, NULL, acc);
+        float *o = out + t * walk.out_step;
         if (kind == TN_GENERAL) {
             _Alignas(64) float accs[PAIR_MR * 32];
             for (int i = 0; i < mr; i++)
@@ -810,22 +817,22 @@ BF_INLINE void tn_tiles(const int mr, const int kind, const int scaled, int64_t 
 }
 
 #define TN_RUN_VARIANT(MR)                                                                         \
-    BF_TARGET static void tn_run_##MR(int64_t np, int tail, const uint16_t *a, int64_t a_tile,     \
-                                      int64_t tiles, const uint16_t *b, __mmask32 jm, float *out,  \
+    BF_TARGET static void tn_run_##MR(int64_t np, int tail, const uint16_t *a, const uint16_t *b,  \
+                                      tn_walk walk, int64_t steps, __mmask32 jm, float *out,       \
                                       int64_t ldo, int mode, float scale)                          \
     {                                                                                              \
         const int whole = jm == 0xffffffffu;                                                       \
         if (whole && mode == OUT_SCALE_STREAM && ((uintptr_t)out & 63) == 0 && (ldo & 15) == 0) {  \
             if (scale == 1.0f)                                                                     \
-                tn_tiles(MR, TN_STREAM, 0, np, tail, a, a_tile, tiles, b, jm, out, ldo, mode,      \
+                tn_tiles(MR, TN_STREAM, 0, np, tail, a, b, walk, steps, jm, out, ldo, mode,        \
                          scale);                                                                   \
             else                                                                                   \
-                tn_tiles(MR, TN_STREAM, 1, np, tail, a, a_tile, tiles, b, jm, out, ldo, mode,      \
+                tn_tiles(MR, TN_STREAM, 1, np, tail, a, b, walk, steps, jm, out, ldo, mode,        \
                          scale);                                                                   \
         } else if (whole && mode == OUT_SCALE_ADD) {                                               \
-            tn_tiles(MR, TN_ADD, 1, np, tail, a, a_tile, tiles, b, jm, out, ldo, mode, scale);     \
+            tn_tiles(MR, TN_ADD, 1, np, tail, a, b, walk, steps, jm, out, ldo, mode, scale);       \
         } else {                                                                                   \
-            tn_tiles(MR, TN_GENERAL, 1, np, tail, a, a_tile, tiles, b, jm, out, ldo, mode, scale); \
+            tn_tiles(MR, TN_GENERAL, 1, np, tail, a, b, walk, steps, jm, out, ldo, mode, scale);   \
         }                                                                                          \
     }
 EACH_TILE_HEIGHT(TN_RUN_VARIANT)
@@ -1350,12 +1357,51 @@ static void tn_packed_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const
             tn_pack_x(x + jb, ldx, M, 0, pairs, jm, xpack);
             for (int64_t r = 0; r < runs; r++)
                 tn_run_fns[run_mr[r]](pairs - tail, tail,
-                                      (const uint16_t *)(apack + run_first[r] * per_tile),
-                                      2 * per_tile, run_len[r], xpack, jm,
+                                      (const uint16_t *)(apack + run_first[r] * per_tile), xpack,
+                                      (tn_walk){2 * per_tile, 0, run_mr[r] * lddw}, run_len[r], jm,
                                       dw + run_row[r] * lddw + jb, lddw, mode, scale);
             if (next_end > n)
                 tn_fetch_a(g, ldg, b * M / blocks, (b + 1) * M / blocks, n, next_end);
         }
+    }
+}
+
+/* TN adding to dw for few rows of g and x (up to TN_ROWS_MAX_PAIRS pairs): x's pairs packed
+ * once for every 32-column block (pairs * K * 4 bytes, read from L2 by every tile), then each
+ * tile of dw's rows walks along its rows block after block. The packed path's order (down a
+ * group of tiles for each block) reads two cache lines of a row, then the next row's 8 KiB on;
+ * with this little arithmetic per element of dw, it lost to oneDNN's GEMM on one thread
+ * (0.40-0.81 of its speed at 1-8 rows). Measured (kt-bench gemm tn, dsv2lite's gate,
+ * alternating builds, medians of 5, one thread / two): 1 row 1.46 -> 1.08 / 0.69 -> 0.53 ms,
+ * 8 rows 1.48 -> 1.29 / 0.74 -> 0.61, 12 rows 2.00 -> 1.45 / 1.12 -> 1.02, 15 rows
+ * 2.48 -> 1.80 / 1.21 -> 1.26; against oneDNN in the same runs 1.14-1.62 on one thread,
+ * 1.17-2.23 on two, on both shapes' products. Overwriting dw (streaming stores, a training
+ * step's first micro-batch) stays on the packed path: there the layer's weight_grad at
+ * dsv2lite qlen 128 took 83-102 ms this way against 82-90 (6 alternating runs each). The
+ * same operations on each element, so the same bits. apack: one tile's panel
+ * (PAIR_MR * pairs words), xall: the packed x. */
+#define TN_ROWS_MAX_PAIRS 8
+static void tn_rows_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                           int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
+                           float scale, int mode, uint32_t *apack, uint16_t *xall)
+{
+    const int64_t pairs = (M + 1) / 2;
+    const int tail = (int)(M & 1);
+    const int64_t whole = K / 32, block = 64 * pairs; /* a block's packed pairs, uint16_t */
+    for (int64_t b = 0; 32 * b < K; b++)
+        tn_pack_x(x + 32 * b, ldx, M, 0, pairs, kt__lanes32(K - 32 * b), xall + b * block);
+    const uint16_t *a = (const uint16_t *)apack;
+    for (int64_t n = n0, i = 0; n < n1; i++) {
+        const int mr = tile_height(n1 - n0, i);
+        const tn_run_fn run = tn_run_fns[mr];
+        tn_pack_a(M, 0, pairs, mr, g + n, ldg, apack);
+        if (whole > 0)
+            run(pairs - tail, tail, a, xall, (tn_walk){0, block, 32}, whole, 0xffffffffu,
+                dw + n * lddw, lddw, mode, scale);
+        if (K % 32 != 0)
+            run(pairs - tail, tail, a, xall + whole * block, (tn_walk){0, 0, 0}, 1,
+                kt__lanes32(K % 32), dw + n * lddw + 32 * whole, lddw, mode, scale);
+        n += mr;
     }
 }
 
@@ -1367,6 +1413,14 @@ static void tn_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16
     if ((M + 1) / 2 <= TN_PACKED_MAX_PAIRS) {
         _Alignas(64) uint32_t apack[TN_APACK_WORDS];
         _Alignas(64) uint16_t xpack[TN_PACKED_MAX_PAIRS * 64];
+        /* the rows path keeps one tile's panel in apack's first 512 bytes, x after them */
+        const int64_t pairs = (M + 1) / 2, panel_words = 128;
+        if (mode == OUT_SCALE_ADD && pairs <= TN_ROWS_MAX_PAIRS &&
+            64 * pairs * ((K + 31) / 32) <= 2 * (TN_APACK_WORDS - panel_words)) {
+            tn_rows_avx512(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, mode, apack,
+                           (uint16_t *)(apack + panel_words));
+            return;
+        }
         tn_packed_avx512(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, mode, apack, TN_APACK_WORDS,
                          xpack);
         return;
