@@ -481,10 +481,18 @@ static void test_truncated_and_flipped(void **state)
     c[0] = 'X';
     TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "bad magic");
     memcpy(c, bytes, n);
-    wr_u32(c, H_VERSION, 3);
+    wr_u32(c, H_VERSION, 4);
     fix_crc(c, n);
-    TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "version 3",
-                    "reads version 2");
+    TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "version 4",
+                    "reads versions 2 to 3");
+    wr_u32(c, H_VERSION, 1);
+    fix_crc(c, n);
+    TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "version 1");
+    /* version 2 (before the moe keep-none flag) has the same layout: it loads */
+    wr_u32(c, H_VERSION, 2);
+    fix_crc(c, n);
+    OK(kt_program_load_memory(c, n, &q));
+    kt_program_destroy(q);
     memcpy(c, bytes, n);
     wr_u32(c, H_FLAGS, 0x10);
     fix_crc(c, n);

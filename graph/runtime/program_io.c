@@ -21,7 +21,11 @@
 #include "graph/runtime/bytes.h"
 
 #define KTP_MAGIC "KTPROGRM"
-#define KTP_VERSION 2u /* 2: step flags (recompute) */
+/* 2: step flags (recompute); 3: the moe keep-none flag (KT__STEP_MOE_RECOMPUTES). Version 2
+ * files load unchanged (they never set it); a libkt that reads only 2 refuses a 3 by its
+ * version instead of by an unknown flag. */
+#define KTP_VERSION 3u
+#define KTP_OLDEST_VERSION 2u
 #define KTP_MAX_OP_NAME 32
 
 /* Smallest encoded record sizes, to bound counts before allocating. */
@@ -316,9 +320,9 @@ kt_status kt_program_load_memory(const void *data, size_t size, kt_program **pro
     uint32_t version = kt__get_u32(&r);
     uint32_t flags = kt__get_u32(&r);
     uint64_t body = kt__get_u64(&r);
-    if (version != KTP_VERSION)
-        return kt__error(KT_EFORMAT, "program file version %u, this libkt reads version %u",
-                         version, KTP_VERSION);
+    if (version < KTP_OLDEST_VERSION || version > KTP_VERSION)
+        return kt__error(KT_EFORMAT, "program file version %u, this libkt reads versions %u to %u",
+                         version, KTP_OLDEST_VERSION, KTP_VERSION);
     if (flags != 0)
         return kt__error(KT_EFORMAT, "program file: unknown flags 0x%x", flags);
     if (body > size - 28 || 24 + body + 4 != size)
