@@ -1538,14 +1538,15 @@ static void test_submit_returns_at_once(void **state)
         sleep_us(100);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    OK(kt_moe_submit_forward(m, &in.x, &in.ids, &in.w, &in.y));
+    const kt_status submitted = kt_moe_submit_forward(m, &in.x, &in.ids, &in.w, &in.y);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     const double submit_s =
         (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     sleep_us(50000); /* time enough for a forward this small, were the pool free */
     const int y_was_untouched = tu_bitwise_equal(&in.y, &untouched);
-    atomic_store(&h.release, 1);
+    atomic_store(&h.release, 1); /* before any assertion: h lives in this frame */
     assert_int_equal(pthread_join(holder, NULL), 0);
+    OK(submitted);
     assert_true(y_was_untouched);
     assert_true(submit_s < 10.0);
     OK(kt_moe_sync(m));

@@ -18,7 +18,10 @@
  * In a recomputed segment, where the graph trades compute for memory, the pass marks its
  * forward step KT__STEP_MOE_RECOMPUTES: whoever creates the layer (kt_program_moe's
  * keep_activations, read by kt-train) creates it keeping none, so that its backward
- * recomputes them from the input it keeps. */
+ * recomputes them from the input it keeps. With recompute_must_save and the layer's forward
+ * cache off, gate and up then run three times (forward, the clone, backward's recompute)
+ * where keeping them would run them twice: the price of the layer's smaller buffers, which it
+ * holds for its whole life. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -3,12 +3,13 @@
  * The same model (examples-like: causal conv, silu, router, CPU MoE, residual, rmsnorm per
  * layer, each layer a checkpoint block) is compiled with every policy, with the MoE output
  * kept (moe_cache on: the MoE forward cache of the design) or recomputed (off), and trained
- * for a few steps. Reported per configuration: the planned activation peak plus what the MoE
- * layers hold for their backward, the allocated arena, the step time, the recomputed FLOPs
- * and the expert FLOPs run again, each as a ratio to the uncheckpointed program. The MoE
- * layers' working buffers (sized for a forward, held per layer whatever is saved) are
- * reported on their own (moe_workspace_bytes): they are not activations kept for backward,
- * but they are memory, and the figure says how much. */
+ * for a few steps. The MoE layers keep what the program advises (their gate/up intermediates
+ * only outside the recomputed segments), as kt-train creates them. Reported per configuration: the
+ * planned activation peak plus what the MoE layers hold for their backward, the allocated arena,
+ * the step time, the recomputed FLOPs and the expert FLOPs run again, each as a ratio to the
+ * uncheckpointed program. The MoE layers' working buffers (sized for a forward, held per layer
+ * whatever is saved) are reported on their own (moe_workspace_bytes): they are not activations kept
+ * for backward, but they are memory, and the figure says how much. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,14 +75,29 @@ static int fail(const char *what)
     return 1;
 }
 
-static int make_layers(int layers, int keep, kt_moe **out)
+/* The layers of the program's moe ops, each keeping what the program advises
+ * (kt_program_moe.keep_activations: nothing inside a recomputed segment), as kt-train
+ * creates them. */
+static int make_layers(const kt_program *prog, int layers, kt_moe **out)
 {
-    kt_moe_config c = {.n_experts = EXPERTS, .hidden = HIDDEN, .intermediate = INTER,
-                       .top_k = TOP_K, .max_tokens = TOKENS, .weight_dtype = KT_BF16,
-                       .act_dtype = KT_F32, .mode = KT_MOE_FROZEN, .keep_activations = keep,
-                       .name = "bench", .numa_node = -1};
+    kt_moe_config c = {.n_experts = EXPERTS,
+                       .hidden = HIDDEN,
+                       .intermediate = INTER,
+                       .top_k = TOP_K,
+                       .max_tokens = TOKENS,
+                       .weight_dtype = KT_BF16,
+                       .act_dtype = KT_F32,
+                       .mode = KT_MOE_FROZEN,
+                       .name = "bench",
+                       .numa_node = -1};
     uint64_t s = 12345;
-    for (int l = 0; l < layers; l++) {
+    for (int op = 0; op < layers; op++) {
+        kt_program_moe info;
+        if (kt_program_moe_info(prog, op, &info) != KT_OK || info.binding < 0 ||
+            info.binding >= layers || out[info.binding] != NULL)
+            return 1;
+        const int l = info.binding;
+        c.keep_activations = info.keep_activations;
         if (kt_moe_create(&c, NULL, &out[l]) != KT_OK)
             return 1;
         for (int64_t e = 0; e < EXPERTS; e++)
@@ -103,15 +119,15 @@ static int run_config(const kt_graph *g, int layers, const config *c, int reps,
                       kt_threadpool *pool, measured *out)
 {
     kt_moe *moe[MAX_LAYERS] = {0};
-    /* with the cache off the layers keep nothing and the graph recomputes them */
-    if (make_layers(layers, c->moe_cache, moe) != 0)
-        return fail("MoE layers");
+    /* with the cache off the graph recomputes the MoE output */
     kt_compile_options o = {.training = 1, .override_checkpoint = 1,
                             .checkpoint = {.kind = c->kind, .k = c->k},
                             .recompute_must_save = !c->moe_cache};
     kt_program *p;
     if (kt_compile(g, &o, &p) != KT_OK)
         return fail("compile");
+    if (make_layers(p, layers, moe) != 0)
+        return fail("MoE layers");
     kt_program_stats st;
     kt_program_get_stats(p, &st);
     kt_session_options so = {.pool = pool, .seed = 1, .moe_layers = moe, .n_moe_layers = layers,
