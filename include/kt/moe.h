@@ -63,7 +63,9 @@ typedef struct kt_moe_config {
     int64_t lora_rank; /* LoRA: r, 1 to min(H, I, 256) */
     float lora_alpha;  /* LoRA: the adapter output is scaled by alpha / r */
     /* 1: forward keeps the intermediate activations backward needs; 0: keep nothing and
-     * recompute them inside backward (less memory, one more forward's worth of GEMMs). */
+     * recompute them inside backward (less memory: 2 k I floats a token; the gate and up
+     * GEMMs run again). A compiled program says which its checkpointing wants for each moe
+     * op (kt_program_moe_info's keep_activations). */
     int keep_activations;
     int check_finite; /* check the output for NaN/Inf and fail naming token and expert (the
                        * values as stored: after the per-token sum, and after rounding to bf16
