@@ -75,6 +75,18 @@ done
 [ "$((kept - recomputed))" = 4096 ] ||
   fail "moe --recompute keeps $recomputed bytes a token, against $kept: not 4096 fewer"
 
+# kt-bench checkpoint on 2 layers: every policy runs, and the layers keep what the program
+# advises: under segments the first layer's MoE keeps no gate/up intermediates, k 2I floats
+# for each of 256 tokens (k 2, I 128: 524288 bytes) fewer than without checkpointing
+out=$("$bench" checkpoint --layers 2 --repeats 1 --json 2>&1) || fail "checkpoint exited $?: $out"
+python3 -c '
+import json, sys
+lines = [json.loads(l) for l in sys.stdin.read().splitlines() if l.startswith("{")]
+assert len(lines) == 7, len(lines)
+saved = {(o["config"]["policy"], o["config"]["moe_cache"]): o["moe_saved_bytes"] for o in lines}
+assert saved[("none", True)] - saved[("segments", True)] == 524288, saved
+' <<<"$out" || fail "checkpoint: $out"
+
 for kind in nt nn tn; do
   out=$("$bench" gemm --m 13 --n 70 --k 96 --kind $kind --single --no-peer --json --repeats 2 \
           2>&1) || { fail "gemm $kind exited $?"; continue; }
@@ -136,5 +148,6 @@ if [ $failures -gt 0 ]; then
   echo "$failures failure(s)" >&2
   exit 1
 fi
-echo "kt-bench: --help on 7 commands, moe 6 configurations, the peer protocol, gemm 3 kinds," \
+echo "kt-bench: --help on 7 commands, moe 6 configurations and --recompute, checkpoint," \
+  "the peer protocol, gemm 3 kinds," \
   "3 usage errors: ok"
