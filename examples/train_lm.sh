@@ -5,7 +5,7 @@
 #
 # usage: examples/train_lm.sh [BUILD_DIR] [STEPS] [RANKS]
 #   BUILD_DIR  where kt-graphc/kt-train were built (default: build)
-#   STEPS      optimizer steps (default 200: about 15 s on 2 cores)
+#   STEPS      optimizer steps (default 200: 15-25 s on 2 cores)
 #   RANKS      1 (default), or context-parallel over that many local ranks with kt-launch
 #              (the 256-token window split along the sequence; needs the UCX build)
 # Output goes to BUILD_DIR/lm/: the program, the text, losses.txt, lm.safetensors and
