@@ -321,11 +321,13 @@ static void test_checkpoint_chooses_moe_keep(void **state)
         OK(kt_program_moe_info(p1, l, &info));
         kept[l] = make_layer_keeping(200 + (uint64_t)l, 1);
         advised[l] = make_layer_keeping(200 + (uint64_t)l, info.keep_activations);
+        if (info.keep_activations)
+            continue; /* created alike: nothing to compare */
         kt_moe_memory ma, mb;
         kt_moe_get_memory(kept[l], &ma);
         kt_moe_get_memory(advised[l], &mb);
         uint64_t a = ma.saved_bytes_per_token, b = mb.saved_bytes_per_token;
-        if (info.keep_activations ? a != b : b + (uint64_t)K * 2 * I * 4 != a)
+        if (b + (uint64_t)K * 2 * I * 4 != a)
             fail_msg("moe%d: %llu bytes a token kept, %llu as advised", l, (unsigned long long)a,
                      (unsigned long long)b);
     }

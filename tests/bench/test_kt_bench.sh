@@ -106,11 +106,12 @@ if command -v /usr/bin/python3 >/dev/null; then
     # failed once under ctest -j2 with a 2 s bound on every run (its output was not kept; a
     # peer started late on the loaded machine is the likely cause).
     if [ "$2" = hang ]; then
-      set -- "$1" 2 FAKE_PEER_HANG_AFTER=2 KT_BENCH_PEER_TIMEOUT_S=5
+      set -- "$1" 2
+      peer_env=(FAKE_PEER_HANG_AFTER=2 KT_BENCH_PEER_TIMEOUT_S=5)
     else
-      set -- "$1" "$2" FAKE_PEER_FAIL_AFTER=$2 KT_BENCH_UNUSED=0
+      peer_env=(FAKE_PEER_FAIL_AFTER=$2)
     fi
-    out=$(env "$3" "$4" "$bench" moe --shape small --qlen $1 --mode frozen \
+    out=$(env "${peer_env[@]}" "$bench" moe --shape small --qlen $1 --mode frozen \
             --dtype bf16 --json --repeats 3 --peer-dtype bf16 --peer-script "$fake_peer" 2>&1) ||
       { fail "moe with the fake peer exited $?: $out"; continue; }
     python3 -c '
