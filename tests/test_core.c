@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -591,6 +592,61 @@ static void test_version_and_machine(void **state)
         print_message("%d CUDA device(s)\n", gpus);
 }
 
+/* ---- environment and memory ------------------------------------------------------------- */
+
+/* Sets NAME=value, checks kt_check_environment's verdict, and unsets it again. */
+static void expect_env(const char *name, const char *value, int ok)
+{
+    assert_int_equal(setenv(name, value, 1), 0);
+    if (ok)
+        assert_int_equal(kt_check_environment(), KT_OK);
+    else
+        TU_EXPECT_ERROR(kt_check_environment(), KT_EINVAL, name, value);
+    assert_int_equal(unsetenv(name), 0);
+}
+
+static void test_environment_strict(void **state)
+{
+    (void)state;
+    assert_int_equal(kt_check_environment(), KT_OK);
+    expect_env("KT_CPU", "portable", 1);
+    expect_env("KT_CPU", "blas", 1);
+    expect_env("KT_CPU", "portabel", 0);
+    expect_env("KT_CPU", "PORTABLE", 0);
+    expect_env("KT_NUM_THREADS", "2", 1);
+    expect_env("KT_NUM_THREADS", "2x", 0);
+    expect_env("KT_NUMA_FAKE_NODES", "65", 0);
+    expect_env("KT_COMM_TIMEOUT_MS", "0", 0);
+    expect_env("KT_COMM_TIMEOUT_MS", "99999999999", 0);
+    expect_env("KT_COMM_TRANSPORT", "udp", 0);
+    expect_env("KT_COMM_TRANSPORT", "tcp", 1);
+    expect_env("KT_MEMORY_LIMIT", "512M", 1);
+    expect_env("KT_MEMORY_LIMIT", "17179869184", 1);
+    expect_env("KT_MEMORY_LIMIT", "1.5G", 0);
+    expect_env("KT_MEMORY_LIMIT", "0", 0);
+    expect_env("KT_MEMORY_LIMIT", "4Q", 0);
+    expect_env("KT_MEMORY_LIMIT", "99999999999T", 0);
+    /* a value of other bytes is shown escaped, not echoed raw */
+    assert_int_equal(setenv("KT_CPU", "\xff\x1b[2J", 1), 0);
+    TU_EXPECT_ERROR(kt_check_environment(), KT_EINVAL, "KT_CPU='??[2J'");
+    assert_int_equal(unsetenv("KT_CPU"), 0);
+}
+
+static void test_memory_available(void **state)
+{
+    (void)state;
+    uint64_t all = 0, capped = 0;
+    assert_int_equal(kt_memory_available(&all), KT_OK);
+    assert_true(all > ((uint64_t)16 << 20)); /* some memory is free on any machine that runs this */
+    assert_int_equal(setenv("KT_MEMORY_LIMIT", "3M", 1), 0);
+    assert_int_equal(kt_memory_available(&capped), KT_OK);
+    assert_true(capped == ((uint64_t)3 << 20) || capped == all);
+    assert_true(capped <= all);
+    assert_int_equal(setenv("KT_MEMORY_LIMIT", "junk", 1), 0);
+    TU_EXPECT_ERROR(kt_memory_available(&capped), KT_EINVAL, "KT_MEMORY_LIMIT='junk'");
+    assert_int_equal(unsetenv("KT_MEMORY_LIMIT"), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -610,6 +666,8 @@ int main(void)
         cmocka_unit_test(test_arena_init_buffer),
         cmocka_unit_test(test_arena_numa),
         cmocka_unit_test(test_version_and_machine),
+        cmocka_unit_test(test_environment_strict),
+        cmocka_unit_test(test_memory_available),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -266,11 +266,15 @@ static void test_env_thread_count(void **state)
     expect_default_size("3", 3);
     expect_default_size("1", 1);
     expect_default_size("5", 5);
-    /* unusable values fall back to the CPU count */
-    expect_default_size("abc", online_cpus());
-    expect_default_size("0", online_cpus());
-    expect_default_size("-4", online_cpus());
-    expect_default_size("3x", online_cpus());
+    /* a value that is set must be a thread count: anything else is refused, naming it */
+    static const char *const bad[] = {"abc", "0", "-4", "3x", "5000", "99999999999", " 2"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kt_threadpool *none = NULL;
+        assert_int_equal(setenv("KT_NUM_THREADS", bad[i], 1), 0);
+        TU_EXPECT_ERROR(kt_threadpool_create(0, &none), KT_EINVAL, "KT_NUM_THREADS", bad[i]);
+        assert_null(none);
+        TU_EXPECT_ERROR(kt_check_environment(), KT_EINVAL, "KT_NUM_THREADS", "1 to 1024");
+    }
     expect_default_size("", online_cpus());
     expect_default_size(NULL, online_cpus());
     /* a negative request also means "the default" */

@@ -44,7 +44,10 @@ size_t kt_arena_available(const kt_arena *arena);
 
 typedef struct kt_threadpool kt_threadpool;
 
-/* n_threads <= 0: KT_NUM_THREADS from the environment, else the number of online CPUs.
+#define KT_MAX_THREADS 1024 /* threads in one pool */
+
+/* n_threads <= 0: KT_NUM_THREADS from the environment (1 to KT_MAX_THREADS; any other value
+ * is an error), else the number of online CPUs.
  * The caller's thread is thread 0, so n_threads - 1 workers are started. */
 kt_status kt_threadpool_create(int n_threads, kt_threadpool **pool_out);
 void kt_threadpool_destroy(kt_threadpool *pool);
@@ -104,6 +107,21 @@ int kt_threadpool_thread_node(const kt_threadpool *pool, int thread);
 /* Number of usable CUDA devices: 0 in a build without CUDA or on a machine without a GPU
  * (never an error). */
 int kt_cuda_device_count(void);
+
+/* ---- Environment and memory ---------------------------------------------------------- */
+
+/* Checks every environment variable libkt reads (KT_NUM_THREADS, KT_CPU, KT_NUMA_FAKE_NODES,
+ * KT_COMM_TIMEOUT_MS, KT_COMM_TRANSPORT, KT_MEMORY_LIMIT): one that is set must hold a valid
+ * value, else KT_EINVAL naming it. Functions that read a variable refuse a bad value too
+ * where they can fail; kt_cpu_features cannot, and treats a bad KT_CPU as unset, so tools
+ * call this first. */
+kt_status kt_check_environment(void);
+
+/* The bytes this process can still commit: the kernel's MemAvailable, lowered to what the
+ * cgroup's memory limit leaves, and to KT_MEMORY_LIMIT when set (a byte count with an
+ * optional K/M/G/T suffix). Sessions and MoE layers check what they are about to allocate
+ * against it before committing anything. */
+kt_status kt_memory_available(uint64_t *bytes_out);
 
 #ifdef __cplusplus
 }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "comm/comm_internal.h"
+#include "core/env.h"
 #include "core/error.h"
 
 void kt__comm_init(kt_comm *comm, const kt__comm_ops *ops, int rank, int size, int timeout_ms)
@@ -25,17 +26,9 @@ void kt__comm_init(kt_comm *comm, const kt__comm_ops *ops, int rank, int size, i
 
 kt_status kt__comm_env_timeout(int *timeout_ms_out)
 {
-    const char *v = getenv("KT_COMM_TIMEOUT_MS");
-    if (v == NULL || v[0] == '\0') {
-        *timeout_ms_out = 60000;
-        return KT_OK;
-    }
-    char *end = NULL;
-    errno = 0;
-    long ms = strtol(v, &end, 10);
-    if (errno != 0 || end == v || *end != '\0' || ms <= 0 || ms > INT_MAX)
-        return kt__error(KT_EINVAL,
-                         "KT_COMM_TIMEOUT_MS='%s' is not a positive number of milliseconds", v);
+    long long ms = 60000;
+    int found;
+    KT__TRY(kt__env_int("KT_COMM_TIMEOUT_MS", 1, INT_MAX, "a time in milliseconds", &ms, &found));
     *timeout_ms_out = (int)ms;
     return KT_OK;
 }

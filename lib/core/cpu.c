@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/cpu_internal.h"
+#include "core/env.h"
 #include "kt/runtime.h"
 
 #if defined(__x86_64__)
@@ -48,12 +49,12 @@ static void detect(void)
      * KT_CPU=dpbf16 and KT_CPU=widen choose the bf16 GEMMs' AVX-512 path against the vendor
      * rule below (to test and time both on one machine); KT_CPU=blas sends every f32 GEMM
      * to OpenBLAS: the MoE layer's and kt__sgemm's (to compare them with the own kernels). */
-    const char *forced = getenv("KT_CPU");
-    int portable = forced != NULL && strcmp(forced, "portable") == 0;
-    int noamx = forced != NULL && strcmp(forced, "noamx") == 0;
-    int dpbf16 = forced != NULL && strcmp(forced, "dpbf16") == 0;
-    int widen = forced != NULL && strcmp(forced, "widen") == 0;
-    f32_on_blas = forced != NULL && strcmp(forced, "blas") == 0;
+    int forced; /* a bad value counts as unset here; kt_check_environment reports it */
+    if (kt__env_choice("KT_CPU", kt__cpu_choices, KT__CPU_CHOICES, &forced) != KT_OK)
+        forced = -1;
+    int portable = forced == KT__CPU_PORTABLE, noamx = forced == KT__CPU_NOAMX;
+    int dpbf16 = forced == KT__CPU_DPBF16, widen = forced == KT__CPU_WIDEN;
+    f32_on_blas = forced == KT__CPU_BLAS;
 #if defined(__x86_64__)
     if (!portable) {
     unsigned a, b, c, d;

@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/numa_internal.h"
 #include "kt/runtime.h"
@@ -41,12 +42,10 @@ static int real_node_count(void)
  * threads) run on a machine with one node. 0 when unset or invalid. */
 static int fake_node_count(void)
 {
-    const char *env = getenv("KT_NUMA_FAKE_NODES");
-    if (env == NULL || *env == '\0')
-        return 0;
-    char *end = NULL;
-    long v = strtol(env, &end, 10);
-    return end != env && *end == '\0' && v >= 1 && v <= 64 ? (int)v : 0;
+    long long v = 0;
+    int found;
+    kt_status st = kt__env_int("KT_NUMA_FAKE_NODES", 1, 64, "a node count", &v, &found);
+    return st == KT_OK && found ? (int)v : 0; /* kt_check_environment reports a bad one */
 }
 
 int kt_numa_node_count(void)

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/numa_internal.h"
 #include "core/thread_internal.h"
@@ -29,7 +30,6 @@
  * out its whole budget keeps the one it waits for off the CPU, and each job then costs a
  * scheduler time slice (about 1 ms) instead of microseconds. */
 #define KT__SPIN_YIELD_MASK 63
-#define KT__MAX_THREADS 1024
 #define KT__MAX_NODES 64
 
 typedef struct worker_arg {
@@ -117,17 +117,14 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-static int default_thread_count(void)
+static kt_status default_thread_count(int *n_out)
 {
-    const char *env = getenv("KT_NUM_THREADS");
-    if (env != NULL && *env != '\0') {
-        char *end = NULL;
-        long v = strtol(env, &end, 10);
-        if (end != env && *end == '\0' && v > 0 && v <= KT__MAX_THREADS)
-            return (int)v;
-    }
+    long long v = 0;
+    int found;
+    KT__TRY(kt__env_int("KT_NUM_THREADS", 1, KT_MAX_THREADS, "a thread count", &v, &found));
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    return cpus > 0 ? (int)(cpus > KT__MAX_THREADS ? KT__MAX_THREADS : cpus) : 1;
+    *n_out = found ? (int)v : cpus > 0 ? (int)(cpus > KT_MAX_THREADS ? KT_MAX_THREADS : cpus) : 1;
+    return KT_OK;
 }
 
 int kt__thread_start(pthread_t *thread, void *(*fn)(void *), void *arg)
@@ -147,11 +144,11 @@ kt_status kt_threadpool_create(int n_threads, kt_threadpool **pool_out)
 {
     if (pool_out == NULL)
         return kt__error(KT_EINVAL, "kt_threadpool_create: pool_out is NULL");
-    if (n_threads > KT__MAX_THREADS)
+    if (n_threads > KT_MAX_THREADS)
         return kt__error(KT_EINVAL, "kt_threadpool_create: %d threads requested, at most %d",
-                         n_threads, KT__MAX_THREADS);
+                         n_threads, KT_MAX_THREADS);
     if (n_threads <= 0)
-        n_threads = default_thread_count();
+        KT__TRY(default_thread_count(&n_threads));
     kt_threadpool *p = calloc(1, sizeof *p);
     if (p == NULL)
         return kt__error(KT_ENOMEM, "kt_threadpool_create: out of memory");
