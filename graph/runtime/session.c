@@ -6,6 +6,7 @@
 
 #include "core/mix.h"
 #include "core/error.h"
+#include "core/memory.h"
 #include "core/numa_internal.h"
 #include "graph/runtime/session_internal.h"
 #include "kt/comm.h"
@@ -78,6 +79,12 @@ static void bind_step(kt_session *s, int32_t at, kt_tensor **cursor)
     }
 }
 
+/* The optimizer's state tensors per trainable value. */
+static int optimizer_states(const kt_optimizer_config *o)
+{
+    return o->kind == KT_OPTIM_ADAMW ? 2 : o->momentum != 0;
+}
+
 /* Optimizer state for what the bound MoE layers train. */
 static kt_status alloc_moe_training(kt_session *s)
 {
@@ -89,13 +96,14 @@ static kt_status alloc_moe_training(kt_session *s)
     s->moe_train = calloc((size_t)s->opt.n_moe_layers, sizeof *s->moe_train);
     if (s->moe_train == NULL)
         return kt__error(KT_ENOMEM, "session: out of memory");
-    int states = s->opt.optimizer.kind == KT_OPTIM_ADAMW ? 2 : s->opt.optimizer.momentum != 0;
+    int states = optimizer_states(&s->opt.optimizer);
     for (int i = 0; i < s->opt.n_moe_layers; i++) {
         kt_moe *m = s->opt.moe_layers[i];
         if (m == NULL)
             continue;
         kt__moe_train *t = &s->moe_train[s->n_moe_train];
         t->n = kt__moe_trainable(m, &t->param, &t->grad);
+        t->binding = i;
         if (t->n < 0)
             return kt__error(KT_EUNSUPPORTED, "session: MoE layer %d ('%s') trains bf16 expert "
                              "weights, which need f32 master copies: use f32 weights or LoRA",
@@ -236,6 +244,27 @@ static kt_status check_optimizer(const kt_optimizer_config *o)
     return KT_OK;
 }
 
+kt_status kt_session_memory_bytes(const kt_program *p, const kt_session_options *options,
+                                  uint64_t *bytes_out)
+{
+    if (p == NULL || bytes_out == NULL)
+        return kt__error(KT_EINVAL, "kt_session_memory_bytes: NULL argument");
+    const kt_session_options none = {0}, *o = options != NULL ? options : &none;
+    const int states = optimizer_states(&o->optimizer);
+    uint64_t total = 0;
+    for (int r = 0; r < KT__REGION_COUNT; r++)
+        total += region_alloc_size(p->region_bytes[r]);
+    total += (uint64_t)states * region_alloc_size(p->region_bytes[KT__REGION_GRAD]);
+    for (int i = 0; i < o->n_moe_layers && o->moe_layers != NULL; i++) {
+        float *param, *grad;
+        int64_t n = o->moe_layers[i] != NULL ? kt__moe_trainable(o->moe_layers[i], &param, &grad)
+                                             : 0;
+        total += n > 0 ? (uint64_t)n * sizeof(float) * (uint64_t)states : 0;
+    }
+    *bytes_out = total;
+    return KT_OK;
+}
+
 kt_status kt_session_create(const kt_program *p, const kt_session_options *options,
                             kt_session **session_out)
 {
@@ -266,10 +295,14 @@ kt_status kt_session_create(const kt_program *p, const kt_session_options *optio
             goto fail;
         s->own_pool = 1;
     }
+    uint64_t need = 0; /* all of it checked before any is committed */
+    if ((status = kt_session_memory_bytes(p, &s->opt, &need)) != KT_OK ||
+        (status = kt__memory_admit(need, "session: the program's memory plan")) != KT_OK)
+        goto fail;
     for (int r = 0; r < KT__REGION_COUNT; r++)
         if ((status = alloc_zeroed(p->region_bytes[r], &s->region[r])) != KT_OK)
             goto fail;
-    int states = s->opt.optimizer.kind == KT_OPTIM_ADAMW ? 2 : s->opt.optimizer.momentum != 0;
+    int states = optimizer_states(&s->opt.optimizer);
     for (int k = 0; k < states; k++)
         if ((status = alloc_zeroed(p->region_bytes[KT__REGION_GRAD],
                                    (unsigned char **)&s->opt_state[k])) != KT_OK)

@@ -40,6 +40,7 @@ struct kt_session {
 typedef struct kt__moe_train {
     float *param, *grad, *state[2];
     int64_t n;
+    int binding; /* the layer's index in kt_session_options.moe_layers */
 } kt__moe_train;
 
 /* Tests: makes step `step` (one that runs an op kernel) fail the next time it runs. */

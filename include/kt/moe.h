@@ -32,6 +32,10 @@ extern "C" {
 
 typedef struct kt_moe kt_moe;
 
+/* Layer indices a program's moe ops may name (the .ktg `layer`, kt_op_attrs.binding): 0 to
+ * this - 1, so that a session's table of layers stays small. */
+#define KT_MOE_MAX_LAYERS 4096
+
 typedef enum kt_moe_mode { KT_MOE_FROZEN = 0, KT_MOE_LORA = 1, KT_MOE_FULL = 2 } kt_moe_mode;
 
 #define KT_MOE_NUMA_SPLIT (-2)
@@ -86,6 +90,13 @@ typedef struct kt_moe_config {
  * A uniform in +-1/sqrt(in) from a fixed seed (the same for every layer and run), B zero. */
 kt_status kt_moe_create(const kt_moe_config *config, kt_threadpool *pool, kt_moe **moe_out);
 void kt_moe_destroy(kt_moe *moe);
+/* The bytes a layer of this configuration holds that grow with its experts (the weights,
+ * and the adapters or weight gradients it trains), plus optimizer_states f32 values per
+ * trained value (what a session's optimizer keeps for them: 2 for AdamW, 0 to leave it out):
+ * for checking a whole model against kt_memory_available before creating any layer.
+ * kt_moe_create checks its own part. */
+kt_status kt_moe_memory_need(const kt_moe_config *config, int optimizer_states,
+                             uint64_t *bytes_out);
 const kt_moe_config *kt_moe_get_config(const kt_moe *moe);
 
 /* ---- weights ------------------------------------------------------------------------------ */

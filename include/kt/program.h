@@ -174,6 +174,12 @@ typedef struct kt_session_options {
 kt_status kt_session_create(const kt_program *p, const kt_session_options *options,
                             kt_session **session_out);
 void kt_session_destroy(kt_session *s);
+/* The bytes kt_session_create commits for this program and these options (the arenas, the
+ * optimizer state, and that of the bound MoE layers' trainable weights; not the layers
+ * themselves: kt_moe_memory_need). kt_session_create checks it against kt_memory_available
+ * before it allocates anything, and refuses a plan that does not fit with KT_ENOMEM. */
+kt_status kt_session_memory_bytes(const kt_program *p, const kt_session_options *options,
+                                  uint64_t *bytes_out);
 
 /* A view of a session tensor by role and name: write inputs and parameters through it, read
  * outputs and gradients. Stays valid for the session's life. */
@@ -205,9 +211,13 @@ int64_t kt_session_step_count(const kt_session *s);
 size_t kt_session_trace_count(const kt_session *s);
 void kt_session_trace_reset(kt_session *s);
 
-/* Weights and optimizer state as safetensors (kt/io.h). Parameters are saved under their
- * names; with_optimizer adds the optimizer state ("optimizer.momentum.<name>",
- * "optimizer.m.<name>", "optimizer.v.<name>") and the step count (metadata "kt.step"). */
+/* The session as one safetensors file (kt/io.h), written whole or not at all (kt_st_save:
+ * a crash or a full disk leaves the previous file). Parameters are saved under their names,
+ * and the MoE layers bound to the session (kt_session_options.moe_layers) under
+ * "moe.<layer>.", as kt_moe_save names them (metadata "kt.moe_layers" lists them).
+ * with_optimizer adds the optimizer state ("optimizer.momentum.<name>", "optimizer.m.<name>",
+ * "optimizer.v.<name>"; "optimizer.m.moe.<layer>" ... for a layer's trainable values, flat)
+ * and the step count (metadata "kt.step"). */
 kt_status kt_session_save(kt_session *s, const char *path, int with_optimizer);
 
 #define KT_LOAD_ALLOW_MISSING 1u /* parameters absent from the file keep their values */
@@ -216,9 +226,10 @@ kt_status kt_session_save(kt_session *s, const char *path, int with_optimizer);
 
 /* Loads every parameter from the file, checking each one's dtype and shape against the
  * program; a missing parameter is an error unless KT_LOAD_ALLOW_MISSING, and a tensor that
- * is neither a parameter nor a parameter's optimizer state ("optimizer.m.<name>", ...) is an
- * error unless KT_LOAD_ALLOW_UNUSED (as PyTorch's strict load_state_dict). Nothing is changed
- * when any check fails. */
+ * is neither a parameter, a MoE layer's, nor an optimizer state of one is an error unless
+ * KT_LOAD_ALLOW_UNUSED (as PyTorch's strict load_state_dict). When the file holds MoE
+ * experts, it must hold every bound layer's, whole. Everything is checked before anything is
+ * copied: when any check fails, nothing is changed. */
 kt_status kt_session_load(kt_session *s, const char *path, unsigned flags);
 
 /* Writes events as Chrome trace-event JSON (chrome://tracing, Perfetto). */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "core/mix.h"
 #include "core/numa_internal.h"
 #include "moe/bf16_gemm.h"
@@ -335,11 +336,44 @@ static int64_t max_tasks_for(const kt_moe *m)
     return m->E * ((cols + KT__MOE_COL_ALIGN - 1) / KT__MOE_COL_ALIGN);
 }
 
+/* The values a session's optimizer updates: the adapters (LoRA) or the weights (full). */
+static uint64_t trainable_values(const kt_moe_config *c)
+{
+    const uint64_t E = (uint64_t)c->n_experts, H = (uint64_t)c->hidden,
+                   I = (uint64_t)c->intermediate, R = (uint64_t)c->lora_rank;
+    return c->mode == KT_MOE_LORA ? E * 3 * R * (H + I) : c->mode == KT_MOE_FULL ? E * 3 * H * I : 0;
+}
+
+/* The weight store, and the adapters with their gradients (LoRA) or the weight gradients
+ * (full): the parts that grow with the experts, as alloc_params sizes them. */
+static uint64_t weight_bytes(const kt_moe_config *c)
+{
+    const uint64_t raw = (uint64_t)c->n_experts * 3 * (uint64_t)c->hidden *
+                         (uint64_t)c->intermediate * kt_dtype_size(c->weight_dtype);
+    const uint64_t trained = trainable_values(c) * sizeof(float);
+    return raw + (c->mode == KT_MOE_LORA ? 2 * trained : trained);
+}
+
+kt_status kt_moe_memory_need(const kt_moe_config *config, int optimizer_states,
+                             uint64_t *bytes_out)
+{
+    if (config == NULL || bytes_out == NULL || optimizer_states < 0)
+        return kt__error(KT_EINVAL, "kt_moe_memory_need: NULL argument or negative state count");
+    KT__TRY(check_config(config));
+    *bytes_out = weight_bytes(config) +
+                 trainable_values(config) * sizeof(float) * (uint64_t)optimizer_states;
+    return KT_OK;
+}
+
 kt_status kt_moe_create(const kt_moe_config *config, kt_threadpool *pool, kt_moe **moe_out)
 {
     if (config == NULL || moe_out == NULL)
         return kt__error(KT_EINVAL, "kt_moe_create: NULL argument");
     KT__TRY(check_config(config));
+    char what[96];
+    snprintf(what, sizeof what, "moe '%.40s': the expert weights%s", config->name ? config->name
+             : "moe", config->mode == KT_MOE_FROZEN ? "" : " and their gradients");
+    KT__TRY(kt__memory_admit(weight_bytes(config), what));
     kt_moe *m = calloc(1, sizeof *m);
     if (m == NULL)
         return kt__error(KT_ENOMEM, "kt_moe_create: out of memory");

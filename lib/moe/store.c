@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "moe/moe_internal.h"
+#include "moe/trainable.h"
 
 static const char *const proj_names[3] = {"gate_proj", "up_proj", "down_proj"};
 
@@ -108,7 +109,7 @@ kt_status kt_moe_weight_grad(kt_moe *moe, int64_t expert, kt_moe_proj proj, kt_t
 
 /* ---- safetensors --------------------------------------------------------------------------- */
 
-#define NAME_MAX_LEN 512
+#define NAME_MAX_LEN KT__MOE_NAME_BYTES
 
 /* kind: 0 the weight, 1 lora_A, 2 lora_B */
 static kt_status tensor_name(const kt_moe *m, char *buf, const char *prefix, int64_t e, int proj,
@@ -130,10 +131,10 @@ static void param_view(const kt_moe *m, int64_t e, int proj, int kind, kt_tensor
         lora_view(m, m->lora, e, proj, kind == 2, t);
 }
 
-kt_status kt_moe_load(kt_moe *moe, const kt_st_file *file, const char *prefix)
+/* Pass 0 checks every tensor the layer would read (name, dtype, shape); pass 1 copies. */
+static kt_status load_passes(kt_moe *moe, const kt_st_file *file, const char *prefix,
+                             int last_pass)
 {
-    if (moe == NULL || file == NULL)
-        return kt__error(KT_EINVAL, "kt_moe_load: NULL argument");
     if (moe->busy)
         return kt__error(KT_ESTATE, "moe '%s': load while a forward is in flight", moe->name);
     if (prefix == NULL)
@@ -152,9 +153,7 @@ kt_status kt_moe_load(kt_moe *moe, const kt_st_file *file, const char *prefix)
                 kt_clear_error();
             }
     int kinds = with_lora ? 3 : 1;
-    /* Check everything before copying anything, so a bad file leaves the weights as they
-     * were. */
-    for (int pass = 0; pass < 2; pass++)
+    for (int pass = 0; pass <= last_pass; pass++)
         for (int64_t e = 0; e < moe->E; e++)
             for (int p = 0; p < 3; p++)
                 for (int kind = 0; kind < kinds; kind++) {
@@ -177,6 +176,40 @@ kt_status kt_moe_load(kt_moe *moe, const kt_st_file *file, const char *prefix)
     return KT_OK;
 }
 
+kt_status kt_moe_load(kt_moe *moe, const kt_st_file *file, const char *prefix)
+{
+    if (moe == NULL || file == NULL)
+        return kt__error(KT_EINVAL, "kt_moe_load: NULL argument");
+    /* everything checked before anything is copied: a bad file leaves the weights */
+    return load_passes(moe, file, prefix, 1);
+}
+
+kt_status kt__moe_load_check(kt_moe *moe, const kt_st_file *file, const char *prefix)
+{
+    return load_passes(moe, file, prefix, 0);
+}
+
+size_t kt__moe_st_count(const kt_moe *moe)
+{
+    return (size_t)(moe->E * 3 * (moe->cfg.mode == KT_MOE_LORA ? 3 : 1));
+}
+
+kt_status kt__moe_st_items(const kt_moe *moe, const char *prefix, kt_st_item *items,
+                           char *names)
+{
+    const int kinds = moe->cfg.mode == KT_MOE_LORA ? 3 : 1;
+    size_t i = 0;
+    for (int64_t e = 0; e < moe->E; e++)
+        for (int p = 0; p < 3; p++)
+            for (int kind = 0; kind < kinds; kind++, i++) {
+                char *name = names + i * KT__MOE_NAME_BYTES;
+                KT__TRY(tensor_name(moe, name, prefix ? prefix : "", e, p, kind));
+                items[i].name = name;
+                param_view(moe, e, p, kind, &items[i].tensor);
+            }
+    return KT_OK;
+}
+
 kt_status kt_moe_save_layers(const kt_moe *const *layers, const char *const *prefixes, int n,
                              const char *path)
 {
@@ -186,33 +219,23 @@ kt_status kt_moe_save_layers(const kt_moe *const *layers, const char *const *pre
     for (int l = 0; l < n; l++) {
         if (layers[l] == NULL)
             return kt__error(KT_EINVAL, "kt_moe_save_layers: layer %d is NULL", l);
-        total += (size_t)(layers[l]->E * 3 * (layers[l]->cfg.mode == KT_MOE_LORA ? 3 : 1));
+        total += kt__moe_st_count(layers[l]);
     }
     /* Saving is I/O, not a training step: it may allocate its item list. */
     kt_st_item *items = calloc(total + 1, sizeof *items);
-    char *names = calloc(total + 1, NAME_MAX_LEN);
+    char *names = calloc(total + 1, KT__MOE_NAME_BYTES);
     kt_status st = KT_OK;
     if (items == NULL || names == NULL) {
         st = kt__error(KT_ENOMEM, "kt_moe_save_layers: out of memory");
         goto done;
     }
     size_t i = 0;
-    for (int l = 0; l < n; l++) {
-        const kt_moe *moe = layers[l];
-        const char *prefix = prefixes[l] ? prefixes[l] : "";
-        const int kinds = moe->cfg.mode == KT_MOE_LORA ? 3 : 1;
-        for (int64_t e = 0; e < moe->E; e++)
-            for (int p = 0; p < 3; p++)
-                for (int kind = 0; kind < kinds; kind++, i++) {
-                    char *name = names + i * NAME_MAX_LEN;
-                    st = tensor_name(moe, name, prefix, e, p, kind);
-                    if (st != KT_OK)
-                        goto done;
-                    items[i].name = name;
-                    param_view(moe, e, p, kind, &items[i].tensor);
-                }
+    for (int l = 0; l < n && st == KT_OK; l++) {
+        st = kt__moe_st_items(layers[l], prefixes[l], items + i, names + i * KT__MOE_NAME_BYTES);
+        i += kt__moe_st_count(layers[l]);
     }
-    st = kt_st_save(path, items, total, NULL);
+    if (st == KT_OK)
+        st = kt_st_save(path, items, total, NULL);
     if (st != KT_OK) {
         if (n == 1)
             kt__error_context(st, "moe '%s': save", layers[0]->name);

@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 
+#include "kt/io.h"
 #include "kt/moe.h"
 
 /* The layer's trainable f32 values and their gradients, each one flat array in the same
@@ -11,5 +12,19 @@
  * Returns their count; 0 when nothing is trained (frozen); -1 when the layer trains bf16
  * weights, which need f32 master copies this layer does not keep. */
 int64_t kt__moe_trainable(kt_moe *m, float **param_out, float **grad_out);
+
+/* ---- the layer's tensors in a session's checkpoint (session_io.c) ---- */
+
+#define KT__MOE_NAME_BYTES 512 /* room for each name kt__moe_st_items writes */
+
+/* How many tensors kt__moe_st_items lists: every expert's gate/up/down weight (and its two
+ * LoRA adapters in LoRA mode). */
+size_t kt__moe_st_count(const kt_moe *moe);
+/* Lists them as kt_moe_save names them under `prefix`, as views of the layer's memory;
+ * names: kt__moe_st_count * KT__MOE_NAME_BYTES bytes for the names. */
+kt_status kt__moe_st_items(const kt_moe *moe, const char *prefix, kt_st_item *items,
+                           char *names);
+/* Checks what kt_moe_load would read (names, dtypes, shapes) and copies nothing. */
+kt_status kt__moe_load_check(kt_moe *moe, const kt_st_file *file, const char *prefix);
 
 #endif

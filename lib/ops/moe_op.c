@@ -20,8 +20,9 @@ static kt_status infer_moe(const kt_op_attrs *at, const kt_tensor *in, int n, kt
     KT__TRY(kt__check_dim("moe", "ids", ids, 0, x->shape[0]));
     KT__TRY(kt__check_f32("moe", "weights", w));
     KT__TRY(kt__check_same_shape("moe", "weights", w, ids));
-    if (at->binding < 0)
-        return kt__error(KT_EINVAL, "moe: binding %d is negative", at->binding);
+    if (at->binding < 0 || at->binding >= KT_MOE_MAX_LAYERS)
+        return kt__error(KT_EINVAL, "moe: layer %d is outside 0 to %d", at->binding,
+                         KT_MOE_MAX_LAYERS - 1);
     kt__like(&out[0], x);
     return KT_OK;
 }

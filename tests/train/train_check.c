@@ -10,6 +10,7 @@
  *       the files have the same number of lines and every loss of A equals B's within TOL,
  *       relative: |a - b| <= TOL * |b|
  *   train_check params A.safetensors B.safetensors TOL
+ *   train_check select IN.safetensors OUT.safetensors PREFIX
  *       the same tensors (names, dtypes, shapes), each of A equal to B's within TOL relative
  *       to B's largest magnitude: max |a - b| / max |b| (tests/comm/cp_rank_test.c's measure)
  *   train_check decrease LOSSES RATIO
@@ -188,8 +189,34 @@ static int params(const char *pa, const char *pb, double tol)
     return rc;
 }
 
+/* The tensors of IN whose names start with PREFIX, into OUT (an experts-only file made from
+ * a file kt-train --save wrote). */
+static int select_prefix(const char *in, const char *out, const char *prefix)
+{
+    kt_st_file *f = NULL;
+    if (kt_st_open(in, &f) != KT_OK) {
+        fprintf(stderr, "train_check: %s\n", kt_last_error());
+        return 2;
+    }
+    kt_st_item *items = calloc(kt_st_count(f) + 1, sizeof *items);
+    size_t n = 0;
+    for (size_t i = 0; items != NULL && i < kt_st_count(f); i++) {
+        kt_st_entry(f, i, &items[n].name, &items[n].tensor);
+        n += strncmp(items[n].name, prefix, strlen(prefix)) == 0;
+    }
+    int rc = items == NULL || n == 0 || kt_st_save(out, items, n, NULL) != KT_OK;
+    if (rc)
+        fprintf(stderr, "train_check: no '%s' tensors in %s, or %s\n", prefix, in,
+                kt_last_error());
+    free(items);
+    kt_st_close(f);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 5 && strcmp(argv[1], "select") == 0)
+        return select_prefix(argv[2], argv[3], argv[4]);
     if (argc >= 6 && strcmp(argv[1], "tokens") == 0)
         return tokens(argv[2], atol(argv[3]), atol(argv[4]), argv[5],
                       argc > 6 ? atol(argv[6]) : -1);
@@ -200,6 +227,7 @@ int main(int argc, char **argv)
     if (argc == 4 && strcmp(argv[1], "decrease") == 0)
         return decrease(argv[2], atof(argv[3]));
     fprintf(stderr, "usage: train_check tokens OUT N VOCAB markov|repeat [BAD_AT]\n"
-                    "       train_check losses A B TOL | params A B TOL | decrease LOSSES RATIO\n");
+                    "       train_check losses A B TOL | params A B TOL | decrease LOSSES RATIO\n"
+                    "       train_check select IN OUT PREFIX\n");
     return 2;
 }

@@ -28,14 +28,21 @@ static int find_input(const kt_program *p, const char *name)
     return -1;
 }
 
-static int bind_feed(feed *f, const char *name, int shift, const kt_program *p, kt_session *s,
-                     const ranks *r)
+/* The input's shape and dtype from the program (no session yet: the file is checked before
+ * any memory is committed); data_bind points the view at the session's tensor. */
+static int describe_feed(feed *f, const char *name, int shift, const kt_program *p,
+                         const ranks *r)
 {
     f->name = name;
     f->shift = shift;
-    if (kt_session_tensor(s, KT_ROLE_INPUT, name, &f->view) != KT_OK ||
-        kt_program_shard_dim(p, name, &f->shard_dim) != KT_OK)
-        return train_fail("cannot bind a program input", kt_last_error());
+    for (int i = 0; i < kt_program_count(p, KT_ROLE_INPUT); i++) {
+        const char *n;
+        if (kt_program_tensor_info(p, KT_ROLE_INPUT, i, &n, &f->view) == KT_OK &&
+            strcmp(n, name) == 0)
+            break;
+    }
+    if (kt_program_shard_dim(p, name, &f->shard_dim) != KT_OK)
+        return train_fail("cannot read a program input", kt_last_error());
     if (f->view.dtype != KT_I32 && f->view.dtype != KT_I64) {
         train_error("program input '%s' is %s; token ids need i32 or i64", name,
                     kt_dtype_name(f->view.dtype));
@@ -79,19 +86,19 @@ static int check_inputs_fed(const token_data *d, const train_args *a, const kt_p
     return 0;
 }
 
-static int bind_inputs(token_data *d, const train_args *a, const kt_program *p, kt_session *s,
-                       const ranks *r)
+static int describe_inputs(token_data *d, const train_args *a, const kt_program *p,
+                           const ranks *r)
 {
     if (find_input(p, a->tokens_input) < 0) {
         train_error("%s has no input named '%s' (the token ids; see "
                     "--input-tokens)", a->program, a->tokens_input);
         return 1;
     }
-    if (bind_feed(&d->feeds[0], a->tokens_input, 0, p, s, r) != 0)
+    if (describe_feed(&d->feeds[0], a->tokens_input, 0, p, r) != 0)
         return 1;
     d->n_feeds = 1;
     if (find_input(p, a->targets_input) >= 0) {
-        if (bind_feed(&d->feeds[1], a->targets_input, 1, p, s, r) != 0)
+        if (describe_feed(&d->feeds[1], a->targets_input, 1, p, r) != 0)
             return 1;
         d->n_feeds = 2;
     }
@@ -187,15 +194,22 @@ static int check_all_ids(token_data *d)
     return failed;
 }
 
-int data_open(token_data *d, const train_args *a, const kt_program *p, kt_session *s,
-              const ranks *r)
+int data_open(token_data *d, const train_args *a, const kt_program *p, const ranks *r)
 {
     memset(d, 0, sizeof *d);
-    if (bind_inputs(d, a, p, s, r) != 0 || open_file(d, a) != 0 || check_all_ids(d) != 0)
+    if (describe_inputs(d, a, p, r) != 0 || open_file(d, a) != 0 || check_all_ids(d) != 0)
         return 1;
     d->buf = malloc(sizeof *d->buf * (size_t)(d->window + 1));
     if (d->buf == NULL)
         return train_fail("out of memory for the token window", NULL);
+    return 0;
+}
+
+int data_bind(token_data *d, kt_session *s)
+{
+    for (int k = 0; k < d->n_feeds; k++)
+        if (kt_session_tensor(s, KT_ROLE_INPUT, d->feeds[k].name, &d->feeds[k].view) != KT_OK)
+            return train_fail("cannot bind a program input", kt_last_error());
     return 0;
 }
 

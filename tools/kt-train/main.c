@@ -45,7 +45,8 @@ static void usage(FILE *f)
         "  --seed S              parameter and expert initialisation (default 1); the same\n"
         "                        on every rank\n"
         "  --params FILE         start from these parameters (safetensors, every one of the\n"
-        "                        program's and nothing else) instead of the seed's\n"
+        "                        program's and nothing else) instead of the seed's; a file\n"
+        "                        --save wrote brings the experts too, whole\n"
         "  --threads N           threads per rank (default: KT_NUM_THREADS or the CPU count)\n"
         "\n"
         "MoE layers (one per moe op; E and k from the program's router, H from its input):\n"
@@ -53,17 +54,19 @@ static void usage(FILE *f)
         "  --moe-dtype D         expert weights f32 (default) or bf16\n"
         "  --moe-mode M          full (default: train every expert weight; needs f32), lora\n"
         "                        (rank-8 adapters, alpha 16) or frozen\n"
-        "  --experts FILE        start from these expert weights (as --save writes them;\n"
-        "                        every layer's, and no other model's experts or adapters)\n"
+        "  --experts FILE        start from these expert weights (as kt_moe_save_layers\n"
+        "                        writes them: every layer's, and no other model's experts or\n"
+        "                        adapters); not with a --params file that holds experts\n"
         "\n"
         "output:\n"
         "  --log-every K         progress line every K steps (default 1), on rank 0:\n"
         "                        'step 3/20 loss 6.2145 (123 ms, 2100 tokens/s)'\n"
         "  --losses FILE         one loss per line (%%.9g), the mean over the ranks\n"
-        "  --save FILE           the parameters at the end (safetensors, by name), on rank\n"
-        "                        0; the experts (and LoRA adapters) of every MoE layer go\n"
-        "                        to out.experts.safetensors for --save out.safetensors, as\n"
-        "                        moe.<layer>.experts.<e>.<proj>.weight (kt_moe_save's names)\n"
+        "  --save FILE           at the end, on rank 0, one safetensors file: the\n"
+        "                        parameters by name, the experts (and LoRA adapters) of\n"
+        "                        every MoE layer as moe.<layer>.experts.<e>.<proj>.weight,\n"
+        "                        and the optimizer state; written whole or not at all (a\n"
+        "                        kill or a full disk leaves the previous file as it was)\n"
         "  -h, --help            this text\n"
         "\n"
         "Exit status: 0 success, 1 error, 2 usage error.\n");
@@ -359,20 +362,71 @@ static int check_same_run(const trainer *t, const train_args *a)
     return rc;
 }
 
-/* Everything before the first step. The parts that differ between ranks (rank 0's MoE
- * layers and the sessions that bind them) are agreed on, so that no rank starts training
- * while another has failed; the rest fails the same way on every rank. */
+/* The --params and --experts files open as safetensors (a file of no bytes, or not one, is
+ * refused here, before any memory is committed), and do not both bring experts. */
+static int check_weight_files(const train_args *a)
+{
+    int params_has_experts = 0;
+    const char *paths[2] = {a->params, a->experts}, *what[2] = {"parameters", "experts"};
+    for (int k = 0; k < 2; k++) {
+        kt_st_file *f;
+        if (paths[k] == NULL)
+            continue;
+        if (kt_st_open(paths[k], &f) != KT_OK) {
+            train_error("cannot read the %s: %s", what[k], kt_last_error());
+            return 1;
+        }
+        if (k == 0)
+            params_has_experts = kt_st_metadata(f, "kt.moe_layers") != NULL;
+        kt_st_close(f);
+    }
+    if (params_has_experts && a->experts != NULL)
+        return train_error("--params %s holds the experts already (kt-train --save wrote it): "
+                           "leave out --experts %s", a->params, a->experts);
+    return 0;
+}
+
+/* What the session and the MoE layers will commit, against what the machine can give: a run
+ * that cannot fit stops here, in well under a second, with nothing allocated. */
+static int check_memory(const trainer *t, const train_args *a)
+{
+    const kt_session_options so = {.optimizer = {.kind = a->optimizer}};
+    const int states = a->optimizer == KT_OPTIM_ADAMW ? 2 : 0;
+    uint64_t session = 0, experts = 0, avail = 0;
+    if (kt_session_memory_bytes(t->p, &so, &session) != KT_OK ||
+        moe_memory_need(a, t->p, &t->r, states, &experts) != 0)
+        return train_fail("cannot size the run's memory", kt_last_error());
+    if (kt_memory_available(&avail) != KT_OK)
+        return train_fail("cannot read the memory available", kt_last_error());
+    if (session + experts <= avail)
+        return 0;
+    return train_error("%s needs %.2f GB of memory (%.2f GB for the program's memory plan, "
+                       "%.2f GB for the MoE experts), but %.2f GB is available: nothing was "
+                       "allocated", a->program, (double)(session + experts) * 1e-9,
+                       (double)session * 1e-9, (double)experts * 1e-9, (double)avail * 1e-9);
+}
+
+/* Everything before the first step. Every argument and input file is checked, and the whole
+ * run's memory admitted, before anything large is allocated. The parts that differ between
+ * ranks (rank 0's MoE layers and the sessions that bind them) are agreed on, so that no rank
+ * starts training while another has failed; the rest fails the same way on every rank. */
 static int setup(trainer *t, const train_args *a)
 {
     if (ranks_open(&t->r) != 0 || load_program(t, a) != 0)
         return 1;
-    if (kt_threadpool_create(a->threads, &t->pool) != KT_OK)
-        return train_fail("cannot start the thread pool", kt_last_error());
-    int rc = moe_setup(&t->moe, a, t->p, &t->r, t->pool);
+    int rc = data_open(&t->data, a, t->p, &t->r);
+    if (rc == 0)
+        rc = check_weight_files(a);
+    if (rc == 0)
+        rc = check_memory(t, a);
+    if (rc == 0 && kt_threadpool_create(a->threads, &t->pool) != KT_OK)
+        rc = train_fail("cannot start the thread pool", kt_last_error());
+    if (rc == 0)
+        rc = moe_setup(&t->moe, a, t->p, &t->r, t->pool);
     if (rc == 0)
         rc = create_session(t, a);
     if (rc == 0)
-        rc = data_open(&t->data, a, t->p, t->s, &t->r);
+        rc = data_bind(&t->data, t->s);
     if (rc == 0 && t->r.rank == 0 && a->losses != NULL &&
         (t->losses = fopen(a->losses, "w")) == NULL)
         rc = train_fail("cannot create the losses file", strerror(errno));
@@ -388,31 +442,15 @@ static int setup(trainer *t, const train_args *a)
     return 0;
 }
 
-/* "out.safetensors" -> "out.experts.safetensors"; other names get ".experts.safetensors". */
-static char *experts_path(const char *save)
-{
-    static const char ext[] = ".safetensors";
-    size_t n = strlen(save), e = sizeof ext - 1;
-    size_t stem = n >= e && strcmp(save + n - e, ext) == 0 ? n - e : n;
-    char *path = malloc(stem + sizeof ".experts" + e);
-    if (path != NULL)
-        snprintf(path, stem + sizeof ".experts" + e, "%.*s.experts%s", (int)stem, save, ext);
-    return path;
-}
-
+/* One file, written whole or not at all: the parameters, the experts and the optimizer state
+ * never come from two different saves. */
 static int save(trainer *t, const train_args *a)
 {
-    if (kt_session_save(t->s, a->save, 0) != KT_OK)
-        return train_fail("cannot save the parameters", kt_last_error());
-    printf("kt-train: saved the parameters to %s\n", a->save);
-    if (t->moe.n_ops == 0)
-        return 0;
-    char *path = experts_path(a->save);
-    int rc = path == NULL ? train_fail("out of memory", NULL) : moe_save(&t->moe, path);
-    if (rc == 0)
-        printf("kt-train: saved the experts to %s\n", path);
-    free(path);
-    return rc;
+    if (kt_session_save(t->s, a->save, 1) != KT_OK)
+        return train_fail("cannot save", kt_last_error());
+    printf("kt-train: saved the parameters%s and the optimizer state to %s\n",
+           t->moe.n_ops > 0 ? ", the experts" : "", a->save);
+    return 0;
 }
 
 static void teardown(trainer *t)
@@ -435,6 +473,8 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &a);
     if (rc != 0)
         return rc < 0 ? 0 : rc;
+    if (kt_check_environment() != KT_OK)
+        return usage_error("%s", kt_last_error());
     trainer t;
     memset(&t, 0, sizeof t);
     rc = setup(&t, &a);

@@ -89,9 +89,9 @@ static int alloc_slots(moe_layers *m, const kt_program *p)
         kt_program_moe info;
         if (kt_program_moe_info(p, i, &info) != KT_OK)
             return train_fail("cannot read the program's moe ops", kt_last_error());
-        if (info.binding < 0 || info.binding >= KT_TRAIN_MAX_LAYERS) {
+        if (info.binding < 0 || info.binding >= KT_MOE_MAX_LAYERS) {
             train_error("moe node '%s' runs layer %d: kt-train creates layers 0 to "
-                        "%d", info.name, info.binding, KT_TRAIN_MAX_LAYERS - 1);
+                        "%d", info.name, info.binding, KT_MOE_MAX_LAYERS - 1);
             return 1;
         }
         if (info.binding > max_binding)
@@ -196,30 +196,27 @@ int moe_setup(moe_layers *m, const train_args *a, const kt_program *p, const ran
     return 0;
 }
 
-/* ---- saving: one file for all layers ------------------------------------------------------- */
-
-/* kt_moe_save's names under the prefix "moe.<layer>.", so kt_moe_load reads each back. */
-int moe_save(const moe_layers *m, const char *path)
+int moe_memory_need(const train_args *a, const kt_program *p, const ranks *r, int states,
+                    uint64_t *bytes_out)
 {
-    const kt_moe **layers = calloc((size_t)m->n + 1, sizeof *layers);
-    const char **prefixes = calloc((size_t)m->n + 1, sizeof *prefixes);
-    char (*names)[32] = calloc((size_t)m->n + 1, sizeof *names);
-    int n = 0, rc = 0;
-    if (layers == NULL || prefixes == NULL || names == NULL)
-        rc = train_fail("out of memory", NULL);
-    for (int b = 0; b < m->n && rc == 0; b++)
-        if (m->layers[b] != NULL) {
-            snprintf(names[n], sizeof names[n], "moe.%d.", b);
-            layers[n] = m->layers[b];
-            prefixes[n] = names[n];
-            n++;
-        }
-    if (rc == 0 && kt_moe_save_layers(layers, prefixes, n, path) != KT_OK)
-        rc = train_fail("cannot write the experts", kt_last_error());
-    free(layers);
-    free(prefixes);
-    free(names);
-    return rc;
+    uint64_t total = 0;
+    const int n_ops = kt_program_moe_count(p);
+    for (int i = 0; i < n_ops && r->rank == 0; i++) { /* rank 0 owns the experts */
+        kt_program_moe info;
+        kt_moe_config c;
+        char name[32];
+        uint64_t bytes;
+        if (kt_program_moe_info(p, i, &info) != KT_OK)
+            return train_fail("cannot read the program's moe ops", kt_last_error());
+        if (layer_config(a, &info, r, &c, name, sizeof name) != 0)
+            return 1;
+        if (kt_moe_memory_need(&c, states, &bytes) != KT_OK)
+            return train_error("MoE layer %d for moe node '%s': %s", info.binding, info.name,
+                               kt_last_error());
+        total += bytes;
+    }
+    *bytes_out = total;
+    return 0;
 }
 
 void moe_free(moe_layers *m)

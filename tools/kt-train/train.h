@@ -12,9 +12,6 @@
 #ifndef KT_TRAIN_H
 #define KT_TRAIN_H
 
-/* MoE layer bindings (the .ktg `layer`) kt-train creates layers for: 0 to this - 1 */
-#define KT_TRAIN_MAX_LAYERS 4096
-
 #include <stdint.h>
 #include <stdio.h>
 
@@ -78,10 +75,11 @@ typedef struct token_data {
     int n_feeds;
 } token_data;
 
-/* Finds the program's token inputs, checks the file against them and binds the session's
- * input tensors. */
-int data_open(token_data *d, const train_args *a, const kt_program *p, kt_session *s,
-              const ranks *r);
+/* Finds the program's token inputs and checks the file against them, every id included:
+ * before any memory is committed. */
+int data_open(token_data *d, const train_args *a, const kt_program *p, const ranks *r);
+/* Points the inputs at the session's tensors. */
+int data_bind(token_data *d, kt_session *s);
 /* Writes step `step`'s window (tokens and targets) into the session's inputs: this rank's
  * slice along each input's shard dimension. */
 int data_load_step(token_data *d, int64_t step, const ranks *r);
@@ -103,9 +101,10 @@ typedef struct moe_layers {
  * ranks: rank 0 owns the experts), initialised from the seed, or loaded from --experts. */
 int moe_setup(moe_layers *m, const train_args *a, const kt_program *p, const ranks *r,
               kt_threadpool *pool);
-/* Writes every layer's experts (and LoRA adapters) to one safetensors file, layer l under
- * "moe.<l>.experts.<e>.<proj>.weight". */
-int moe_save(const moe_layers *m, const char *path);
+/* The bytes the layers moe_setup creates on this rank will hold (kt_moe_memory_need), with
+ * `states` optimizer values per trained value. */
+int moe_memory_need(const train_args *a, const kt_program *p, const ranks *r, int states,
+                    uint64_t *bytes_out);
 void moe_free(moe_layers *m);
 
 /* ---- loop.c ------------------------------------------------------------------------------ */
