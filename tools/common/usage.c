@@ -1,7 +1,10 @@
 #include "common/usage.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 int kt_tool_usage_error(const char *tool, const char *fmt, ...)
 {
@@ -12,4 +15,23 @@ int kt_tool_usage_error(const char *tool, const char *fmt, ...)
     va_end(ap);
     fprintf(stderr, "\n(see %s --help)\n", tool);
     return 2;
+}
+
+int kt_tool_parse_int(const char *tool, const char *opt, const char *v, long long lo,
+                      long long hi, long long *out)
+{
+    char *end = NULL;
+    errno = 0;
+    /* strtoll alone would skip leading blanks and accept a '+' */
+    const int starts = (v[0] >= '0' && v[0] <= '9') || (v[0] == '-' && v[1] >= '0' && v[1] <= '9');
+    long long x = starts ? strtoll(v, &end, 10) : 0;
+    if (!starts || errno != 0 || *end != '\0' || x < lo || x > hi) {
+        if (hi == LLONG_MAX)
+            return kt_tool_usage_error(tool, "%s needs a whole number >= %lld, not '%s'", opt, lo,
+                                       v);
+        return kt_tool_usage_error(tool, "%s needs a whole number from %lld to %lld, not '%s'", opt,
+                                   lo, hi, v);
+    }
+    *out = x;
+    return 0;
 }

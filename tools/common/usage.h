@@ -7,4 +7,10 @@
 int kt_tool_usage_error(const char *tool, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* Parses v, the value of option opt, as a whole decimal number in [lo, hi]: "2abc",
+ * "99999999999" (out of range), " 5" and "" are refused. 0 with *out set, or 2 after printing
+ * "TOOL: OPT needs a whole number from LO to HI, not 'V'" (">= LO" for hi LLONG_MAX). */
+int kt_tool_parse_int(const char *tool, const char *opt, const char *v, long long lo,
+                      long long hi, long long *out);
+
 #endif

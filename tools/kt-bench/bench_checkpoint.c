@@ -18,6 +18,7 @@
 #include <kt/kt.h>
 
 #include "bench.h"
+#include "common/usage.h"
 #include "moe/moe_internal.h"
 
 #define MAX_LAYERS 64
@@ -188,7 +189,10 @@ int bench_checkpoint(int argc, char **argv, const bench_args *common)
                    "prints peaks, step times and recomputed FLOPs against no checkpointing.\n");
             return 0;
         } else if (strcmp(argv[i], "--layers") == 0 && i + 1 < argc) {
-            layers = atoi(argv[++i]);
+            long long v;
+            if (kt_tool_parse_int("kt-bench checkpoint", "--layers", argv[++i], 1, MAX_LAYERS, &v))
+                return 2;
+            layers = (int)v;
         } else {
             fprintf(stderr, "kt-bench checkpoint: unknown option %s (see --help)\n", argv[i]);
             return 2;

@@ -29,6 +29,7 @@
 #include <kt/kt.h>
 
 #include "bench.h"
+#include "common/usage.h"
 #include "limits.h"
 #include "core/cpu_internal.h"
 #include "core/numa_internal.h"
@@ -305,7 +306,7 @@ static int parse_kind(const char *s)
 
 int bench_gemm(int argc, char **argv, const bench_args *common)
 {
-    int64_t m = -1, n = -1, k = -1;
+    long long m = -1, n = -1, k = -1;
     int kind = -1, hot = 0, single_only = 0, no_peer = 0;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -326,11 +327,14 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                    "its time over libkt's (> 1: libkt faster); --no-peer skips it.\n");
             return 0;
         } else if (strcmp(argv[i], "--m") == 0 && i + 1 < argc) {
-            m = atoll(argv[++i]);
+            if (kt_tool_parse_int("kt-bench gemm", "--m", argv[++i], 1, 1 << 20, &m))
+                return 2;
         } else if (strcmp(argv[i], "--n") == 0 && i + 1 < argc) {
-            n = atoll(argv[++i]);
+            if (kt_tool_parse_int("kt-bench gemm", "--n", argv[++i], 1, 1 << 20, &n))
+                return 2;
         } else if (strcmp(argv[i], "--k") == 0 && i + 1 < argc) {
-            k = atoll(argv[++i]);
+            if (kt_tool_parse_int("kt-bench gemm", "--k", argv[++i], 1, 1 << 20, &k))
+                return 2;
         } else if (strcmp(argv[i], "--kind") == 0 && i + 1 < argc) {
             kind = parse_kind(argv[++i]);
             if (kind < 0) {

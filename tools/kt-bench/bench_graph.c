@@ -11,6 +11,7 @@
 #include <kt/kt.h>
 
 #include "bench.h"
+#include "common/usage.h"
 #include "ops/op_desc.h"
 
 static int fail(const char *what)
@@ -30,9 +31,15 @@ int bench_graph(int argc, char **argv, const bench_args *common)
                    "reports the executor overhead in ns per step (target: under 100).\n");
             return 0;
         } else if (strcmp(argv[i], "--ops") == 0 && i + 1 < argc) {
-            n_ops = atoi(argv[++i]);
+            long long v;
+            if (kt_tool_parse_int("kt-bench graph", "--ops", argv[++i], 1, 1 << 20, &v))
+                return 2;
+            n_ops = (int)v;
         } else if (strcmp(argv[i], "--numel") == 0 && i + 1 < argc) {
-            numel = atoll(argv[++i]);
+            long long v;
+            if (kt_tool_parse_int("kt-bench graph", "--numel", argv[++i], 1, 1ll << 30, &v))
+                return 2;
+            numel = v;
         } else {
             fprintf(stderr, "kt-bench graph: unknown option %s (see --help)\n", argv[i]);
             return 2;

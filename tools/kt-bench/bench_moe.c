@@ -15,6 +15,7 @@
 #include <kt/kt.h>
 
 #include "bench.h"
+#include "common/usage.h"
 #include "limits.h"
 #include "moe/f32_gemm.h"
 #include "moe_peer.h"
@@ -348,7 +349,10 @@ static int parse(int argc, char **argv, moe_args *a)
             }
             i++;
         } else if (strcmp(s, "--qlen") == 0) {
-            a->qlen = atoll(v);
+            long long q;
+            if (kt_tool_parse_int("kt-bench moe", "--qlen", v, 1, 1 << 20, &q))
+                return 2;
+            a->qlen = q;
             i++;
         } else if (strcmp(s, "--mode") == 0) {
             a->mode = strcmp(v, "lora") == 0   ? KT_MOE_LORA

@@ -10,6 +10,8 @@
 #include <time.h>
 
 #include "bench.h"
+#include "common/usage.h"
+#include "kt/kt.h"
 
 double bench_now_s(void)
 {
@@ -106,6 +108,8 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "__rank") == 0) /* a rank kt-bench comm / halo started */
         return bench_rank(argc - 2, argv + 2);
+    if (kt_check_environment() != KT_OK)
+        return kt_tool_usage_error("kt-bench", "%s", kt_last_error());
     bench_args common = {.json = 0, .repeats = 15, .warmup = 3, .threads = 1};
     /* common options may appear anywhere after the subcommand; the rest go to it */
     char **rest = calloc((size_t)argc + 1, sizeof *rest);
@@ -117,17 +121,17 @@ int main(int argc, char **argv)
             common.json = 1;
         } else if ((strcmp(argv[i], "--repeats") == 0 || strcmp(argv[i], "--threads") == 0) &&
                    i + 1 < argc) {
-            int v = atoi(argv[i + 1]);
-            if (v <= 0) {
-                fprintf(stderr, "kt-bench: %s needs a positive number\n", argv[i]);
+            long long v = 0;
+            const long long hi = argv[i][2] == 'r' ? 1000000 : KT_MAX_THREADS;
+            if (kt_tool_parse_int("kt-bench", argv[i], argv[i + 1], 1, hi, &v) != 0) {
                 free(rest);
                 return 2;
             }
             if (argv[i][2] == 'r') {
-                common.repeats = v;
+                common.repeats = (int)v;
                 common.repeats_given = 1;
             } else {
-                common.threads = v;
+                common.threads = (int)v;
                 common.threads_given = 1;
             }
             i++;

@@ -6,6 +6,7 @@
  * Exit status: 0 success, 1 error (one line "kt-train: ..." naming what and where), 2 usage
  * error. */
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,13 +99,9 @@ int train_fail(const char *what, const char *detail)
 
 static int parse_i64(const char *opt, const char *v, int64_t lo, int64_t *out)
 {
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (*v == '\0' || *end != '\0' || errno != 0 || x < lo) {
-        return kt_tool_usage_error("kt-train", "%s needs a whole number >= %lld, not '%s'", opt,
-                                   (long long)lo, v);
-    }
+    long long x;
+    if (kt_tool_parse_int("kt-train", opt, v, lo, LLONG_MAX, &x) != 0)
+        return 2;
     *out = x;
     return 0;
 }
