@@ -128,18 +128,36 @@ static void test_error_context(void **state)
     kt_clear_error();
     assert_int_equal(kt__error_context(KT_ETIMEDOUT, "rank %d", 1), KT_ETIMEDOUT);
     assert_string_equal(kt_last_error(), "rank 1: timed out");
-    /* a message beyond the buffer is cut, NUL-terminated, never overflows */
+    /* a message beyond the buffer keeps its reason: an overlong word (a name) is cut to its
+     * start and end first */
     char big[3000];
     memset(big, 'x', sizeof big - 1);
     big[sizeof big - 1] = '\0';
-    kt__error(KT_EINVAL, "%s", big);
-    size_t len = strlen(kt_last_error());
-    assert_true(len > 0 && len < sizeof big - 1);
+    kt__error(KT_EINVAL, "%s: tensor '%s' is not a parameter of the program", "p.safetensors",
+              big);
+    const char *m = kt_last_error();
+    assert_true(strlen(m) < 200);
+    assert_memory_equal(m, "p.safetensors: tensor 'xxxx", 27);
+    assert_non_null(strstr(m, "xxx...xxx"));
+    assert_non_null(strstr(m, "' is not a parameter of the program"));
     kt__error_context(KT_EINVAL, "ctx");
-    assert_int_equal(strlen(kt_last_error()), len);
-    assert_memory_equal(kt_last_error(), "ctx: xxx", 8);
-    kt__error_context(KT_EINVAL, "%s", big);
-    assert_int_equal(strlen(kt_last_error()), len);
+    assert_memory_equal(kt_last_error(), "ctx: p.safetensors", 18);
+    /* prose alone longer than the buffer is cut at its end, NUL-terminated, never overflows */
+    char words[3000];
+    for (size_t i = 0; i + 1 < sizeof words; i++)
+        words[i] = i % 5 == 4 ? ' ' : 'w';
+    words[sizeof words - 1] = '\0';
+    kt__error(KT_EINVAL, "%s", words);
+    size_t len = strlen(kt_last_error());
+    assert_true(len > 900 && len < 1024);
+    assert_string_equal(kt_last_error() + len - 3, "...");
+    kt__error_context(KT_EINVAL, "%s", words);
+    assert_true(strlen(kt_last_error()) < 1024);
+    /* bytes that are not UTF-8, and control characters, are stored escaped; UTF-8 as it is */
+    kt__error(KT_EINVAL, "name '%s' and '%s'", "a\xff\x1b[2Jb", "gr\xc3\xb6\xc3\x9f" "e");
+    assert_string_equal(kt_last_error(), "name 'a\\xff\\x1b[2Jb' and 'gr\xc3\xb6\xc3\x9f" "e'");
+    kt__error(KT_EINVAL, "%s", "\xc0\xaf \xed\xa0\x80 \xf4\x90\x80\x80 \xe2\x82"); /* invalid forms */
+    assert_string_equal(kt_last_error(), "\\xc0\\xaf \\xed\\xa0\\x80 \\xf4\\x90\\x80\\x80 \\xe2\\x82");
     /* the KT__TRY macro passes a failure through */
     kt_clear_error();
 }

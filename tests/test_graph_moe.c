@@ -433,6 +433,31 @@ static void test_bindings(void **state)
                     "H=16");
     kt_program_destroy(p);
     kt_graph_destroy(g);
+    /* two nodes of one name on one layer: the message tells them apart by their steps */
+    OK(kt_graph_create(&g));
+    kt_value vx, h, r, out[2], wr;
+    OK(kt_graph_input(g, "x", KT_F32, 2, TU_SHAPE(T, H), &vx));
+    OK(kt_graph_param(g, "route.w", KT_F32, 2, TU_SHAPE(H, E), kt_init_normal(0.3f), &wr));
+    h = vx;
+    for (int k = 0; k < 2; k++) {
+        OK(kt_graph_op(g, NULL, KT_OP_MATMUL, NULL, (kt_value[]){h, wr}, 2, &r));
+        OK(kt_graph_op(g, NULL, KT_OP_TOPK_ROUTER, &(kt_op_attrs){.k = K, .norm_topk = 1}, &r,
+                       1, out));
+        OK(kt_graph_op(g, "m", KT_OP_MOE, &(kt_op_attrs){.binding = 0},
+                       (kt_value[]){h, out[0], out[1]}, 3, &h));
+    }
+    OK(kt_graph_output(g, h, "y"));
+    OK(kt_compile(g, NULL, &p));
+    so.moe_layers = &one;
+    so.n_moe_layers = 1;
+    TU_EXPECT_ERROR(kt_session_create(p, &so, &s), KT_EINVAL, "moe node 'm' (step ",
+                    "runs MoE layer 0, which moe node 'm' (step ");
+    kt_program_destroy(p);
+    /* a layer index past what a session's table holds is refused where it is written */
+    TU_EXPECT_ERROR(kt_graph_op(g, "far", KT_OP_MOE, &(kt_op_attrs){.binding = 1000000000},
+                                (kt_value[]){vx, out[0], out[1]}, 3, &h),
+                    KT_EINVAL, "layer 1000000000 is outside 0 to 4095");
+    kt_graph_destroy(g);
     /* a direct call has no layer to run */
     kt_tensor x = tu_new(KT_F32, T, H), ids = tu_new(KT_I32, T, K), w = tu_new(KT_F32, T, K);
     kt_tensor y = tu_new(KT_F32, T, H);

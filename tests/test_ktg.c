@@ -203,6 +203,14 @@ static void test_exact_format(void **state)
     assert_non_null(strstr(diag, "m.ktg:2:10: error: 'w3.b' is not defined\n"
                                  "    h = silu(w{i}.b)\n"
                                  "             ^~~~~~\n"));
+    /* bytes that are not UTF-8 are shown as '?', UTF-8 as it is, one caret column each */
+    assert_int_equal(parse_d("h = silu(\xc3\xb6 \xff q)\n", NULL, 0, &g, &n), KT_EFORMAT);
+    assert_non_null(strstr(diag, "    h = silu(\xc3\xb6 ? q)\n"
+                                 "             ^\n"));
+    /* a UTF-8 byte-order mark before the text is not part of it */
+    kt_graph_destroy(parse_ok("\xef\xbb\xbfinput x: f32[4]\ny = silu(x)\noutput y\n"));
+    assert_int_equal(parse_d("\xef\xbb\xbfh = silu(q)\n", NULL, 0, &g, &n), KT_EFORMAT);
+    assert_non_null(strstr(diag, "m.ktg:1:10: error: 'q' is not defined"));
     /* a small buffer is cut and stays terminated */
     char small[16];
     memset(small, 'z', sizeof small);

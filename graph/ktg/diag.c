@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/error.h"
 #include "graph/ktg/ktg_internal.h"
 
 #define KT__KTG_SHOW_MAX 240 /* bytes of a source line shown; long lines are cut */
@@ -33,9 +34,16 @@ static void show_line(kt__ktg_diag *d, kt__ktg_span at)
         end++;
     char line[KT__KTG_SHOW_MAX + 8], caret[KT__KTG_SHOW_MAX + 8];
     size_t n = 0;
-    for (size_t i = begin; i < end; i++) {
-        unsigned char c = (unsigned char)d->src[i];
-        line[n++] = (c == '\t' || c >= 0x20) && c != 0x7f ? (char)c : ' ';
+    for (size_t i = begin; i < end;) { /* bytes that are not UTF-8 shown as '?' */
+        const unsigned char *c = (const unsigned char *)d->src + i;
+        size_t len = kt__utf8_char(c, end - i);
+        if (len > 1) {
+            memcpy(line + n, c, len);
+            n += len, i += len;
+            continue;
+        }
+        line[n++] = len == 0 ? '?' : (c[0] == '\t' || c[0] >= 0x20) && c[0] != 0x7f ? (char)c[0] : ' ';
+        i++;
     }
     while (n > 0 && (line[n - 1] == ' ' || line[n - 1] == '\r'))
         n--;
@@ -45,8 +53,12 @@ static void show_line(kt__ktg_diag *d, kt__ktg_span at)
     size_t start = at.off - begin, m = 0;
     if (start > KT__KTG_SHOW_MAX)
         start = KT__KTG_SHOW_MAX;
-    for (size_t i = 0; i < start; i++)
-        caret[m++] = begin + i < d->src_len && d->src[begin + i] == '\t' ? '\t' : ' ';
+    for (size_t i = 0; i < start;) { /* one column per character, as the line shows it */
+        const unsigned char *c = (const unsigned char *)d->src + begin + i;
+        size_t len = begin + i < d->src_len ? kt__utf8_char(c, d->src_len - begin - i) : 1;
+        caret[m++] = len == 1 && c[0] == '\t' ? '\t' : ' ';
+        i += len > 1 ? len : 1;
+    }
     caret[m++] = '^';
     /* a span that runs onto a continued line is underlined to the end of this one */
     for (size_t i = 1; i < at.len && at.off + i < end && m < KT__KTG_SHOW_MAX + 1; i++)

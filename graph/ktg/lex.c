@@ -1,6 +1,8 @@
 /* The .ktg lexer: tokens with their line and column. It never reads past `len` (the text
  * need not be NUL-terminated) and every call consumes at least one byte or returns EOF, so
  * lexing always terminates. */
+#include <string.h>
+
 #include "graph/ktg/ktg_internal.h"
 
 static int is_alpha(int c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_'; }
@@ -11,7 +13,8 @@ void kt__ktg_lex_init(kt__ktg_lexer *lx, const char *src, size_t len)
 {
     lx->src = src;
     lx->len = len;
-    lx->pos = 0;
+    /* a UTF-8 byte-order mark (editors on Windows write one) is not part of the text */
+    lx->pos = len >= 3 && memcmp(src, "\xef\xbb\xbf", 3) == 0 ? 3 : 0;
     lx->line = 1;
     lx->col = 1;
     lx->prev_kind = KT__KTG_NEWLINE;

@@ -170,9 +170,11 @@ static kt_status check_moe_bindings(const kt_session *s)
         for (int32_t other = 0; other < at; other++)
             if (p->steps[other].op == KT_OP_MOE && p->steps[other].kind == KT__STEP_FORWARD &&
                 p->steps[other].attrs.binding == b)
-                return kt__error(KT_EINVAL, "session: moe nodes '%s' and '%s' both run MoE "
-                                 "layer %d; each layer keeps one forward for its backward",
-                                 kt__strings_get(&p->strings, p->steps[other].name), node, b);
+                return kt__error(KT_EINVAL, "session: moe node '%s' (step %d) runs MoE layer "
+                                 "%d, which moe node '%s' (step %d) runs already; each layer "
+                                 "keeps one forward for its backward: give each moe op a "
+                                 "layer of its own", node, at, b,
+                                 kt__strings_get(&p->strings, p->steps[other].name), other);
         const kt_moe_config *cfg = kt_moe_get_config(s->opt.moe_layers[b]);
         const kt_tensor *x = &p->bufs[ps->in[0]].meta, *ids = &p->bufs[ps->in[1]].meta;
         int64_t world = s->opt.comm ? kt_comm_size(s->opt.comm) : 1;
