@@ -379,6 +379,14 @@ static void relay_run(rank_proc *ranks, int n, int ctl)
         _exit(1);
     int open_streams = 2 * n, ctl_open = 1;
     while (q[0].len > 0 || q[1].len > 0 || (ctl_open && open_streams > 0)) {
+        for (int k = 0; k < 2 && (!ctl_open || open_streams == 0); k++)
+            if (q[k].dropped > 0) { /* the end: no later line would carry the notice */
+                char note[160];
+                int len = snprintf(note, sizeof note, "[kt-launch] %lu line(s) of output "
+                                   "dropped here: nothing read it in time\n", q[k].dropped);
+                q[k].dropped = 0;
+                queue_put(&q[k], note, (size_t)len);
+            }
         int np = 0;
         for (int k = 0; k < 2; k++)
             if (q[k].len > 0) {
