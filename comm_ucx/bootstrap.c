@@ -25,7 +25,12 @@
 #include "comm_ucx/ucx_internal.h"
 #include "core/error.h"
 
-#define BOOT_MAGIC 0x4b544331u /* "KTC1" */
+/* The hello (rank -> master): magic, rank, world size, address length, job id length, then
+ * the job id and the address. Every reply (master -> rank) starts with its own magic, the
+ * status and a length (the world size in the table, else the reason's length), so that a
+ * rank that reached something else on the port can say what it got. */
+#define BOOT_MAGIC 0x4b544332u /* "KTC2": with the job id */
+#define BOOT_REPLY_MAGIC 0x4b545232u /* "KTR2" */
 #define BOOT_MAX_ADDR (1u << 20) /* a UCX worker address is a few hundred bytes */
 
 struct kt__ucx_boot {
@@ -58,6 +63,28 @@ static kt_status env_int(const char *name, long lo, long hi, int *out, int *foun
                          name, v, lo, hi);
     *out = (int)x;
     *found = 1;
+    return KT_OK;
+}
+
+/* The job id: the options', else the first launcher's that is set. Slurm's job id names an
+ * allocation, which may run several steps (several jobs) at once: the step goes with it. */
+static kt_status resolve_job_id(const kt_comm_options *o, kt__ucx_setup *s)
+{
+    static const char *const vars[] = {"KT_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
+                                       "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"};
+    const char *id = o != NULL ? o->job_id : NULL, *from = "kt_comm_options.job_id";
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0] && (id == NULL || id[0] == '\0'); i++) {
+        id = getenv(vars[i]);
+        from = vars[i];
+    }
+    if (id == NULL)
+        id = "";
+    const char *step = strcmp(from, "SLURM_JOB_ID") == 0 ? getenv("SLURM_STEP_ID") : NULL;
+    int n = snprintf(s->job_id, sizeof s->job_id, "%s%s%s", id, step != NULL ? "." : "",
+                     step != NULL ? step : "");
+    if (n < 0 || (size_t)n >= sizeof s->job_id)
+        return kt__error(KT_EINVAL, "kt_comm_create_ucx: the job id from %s ('%.40s...') is "
+                         "longer than %zu bytes", from, id, sizeof s->job_id - 1);
     return KT_OK;
 }
 
@@ -138,8 +165,17 @@ kt_status kt__ucx_resolve(const kt_comm_options *o, kt__ucx_setup *out)
         return kt__error(KT_EINVAL, "kt_comm_create_ucx: timeout %d ms is negative", s.timeout_ms);
     if (s.timeout_ms == 0)
         KT__TRY(kt__comm_env_timeout(&s.timeout_ms));
+    KT__TRY(resolve_job_id(o, &s));
     *out = s;
     return KT_OK;
+}
+
+const char *kt__ucx_job_name(const kt__ucx_setup *s, char buf[136])
+{
+    if (s->job_id[0] == '\0')
+        return "(unnamed)";
+    snprintf(buf, 136, "'%s'", s->job_id);
+    return buf;
 }
 
 /* ---- sockets with deadlines ------------------------------------------------------------ */
@@ -233,15 +269,59 @@ static kt_status read_all(int fd, void *buf, size_t n, int64_t deadline, const c
 
 static kt_status put_u32s(int fd, const uint32_t *v, int n, int64_t deadline, const char **why)
 {
-    uint32_t be[4];
+    uint32_t be[8];
     for (int i = 0; i < n; i++)
         be[i] = htonl(v[i]);
     return write_all(fd, be, (size_t)n * 4, deadline, why);
 }
 
+/* Reads up to n bytes by the deadline; the count read (short: *why says why). */
+static size_t read_upto(int fd, void *buf, size_t n, int64_t deadline, const char **why)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = recv(fd, (char *)buf + got, n - got, 0);
+        if (k > 0) {
+            got += (size_t)k;
+            continue;
+        }
+        if (k == 0) {
+            *why = "the connection was closed";
+            break;
+        }
+        if (errno == EINTR)
+            continue;
+        if ((errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int w = wait_fd(fd, POLLIN, deadline);
+            if (w > 0)
+                continue;
+            if (w == 0) {
+                *why = "timed out waiting for data";
+                break;
+            }
+        }
+        *why = strerror(errno);
+        break;
+    }
+    return got;
+}
+
+/* Bytes as text for a message: printable ASCII as is, the rest as \xNN. */
+static void show_bytes(const unsigned char *p, size_t n, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n && o + 5 < cap; i++) {
+        if (p[i] >= 0x20 && p[i] < 0x7f && p[i] != '\\' && p[i] != '"')
+            out[o++] = (char)p[i];
+        else
+            o += (size_t)snprintf(out + o, cap - o, "\\x%02x", p[i]);
+    }
+    out[o] = '\0';
+}
+
 static kt_status get_u32s(int fd, uint32_t *v, int n, int64_t deadline, const char **why)
 {
-    uint32_t be[4];
+    uint32_t be[8];
     kt_status st = read_all(fd, be, (size_t)n * 4, deadline, why);
     for (int i = 0; st == KT_OK && i < n; i++)
         v[i] = ntohl(be[i]);
@@ -297,9 +377,12 @@ static kt_status listen_master(const kt__ucx_setup *s, int *fd_out)
         nanosleep(&ts, NULL);
     }
     freeaddrinfo(res);
+    char job[136];
     if (fd < 0)
-        return kt__error(KT_EIO, "rank 0: cannot listen on the master address %s:%d: %s",
-                         s->master_addr, s->master_port, strerror(err));
+        return kt__error(KT_EIO, "rank 0 of job %s: cannot listen on the master address %s:%d: "
+                         "%s%s", kt__ucx_job_name(s, job), s->master_addr, s->master_port,
+                         strerror(err), err == EADDRINUSE ? " (another job's master, or another "
+                         "program, holds the port)" : "");
     *fd_out = fd;
     return KT_OK;
 }
@@ -309,8 +392,8 @@ static void report_to(int fd, kt_status status, const char *text, int64_t deadli
 {
     const char *why;
     size_t len = strlen(text);
-    uint32_t hdr[2] = {(uint32_t)(int32_t)status, (uint32_t)len};
-    if (put_u32s(fd, hdr, 2, deadline, &why) == KT_OK)
+    uint32_t hdr[3] = {BOOT_REPLY_MAGIC, (uint32_t)(int32_t)status, (uint32_t)len};
+    if (put_u32s(fd, hdr, 3, deadline, &why) == KT_OK)
         write_all(fd, text, len, deadline, &why);
 }
 
@@ -341,9 +424,9 @@ static void close_after_reply(int fd, int64_t deadline)
 
 /* After a failed rendezvous: the processes whose connections wait in the listen queue (or
  * come within a moment) are told why too; closing the socket would only reset them. */
-static void refuse_pending(int lfd, kt_status status, const char *text)
+static void refuse_pending(int lfd, kt_status status, const char *text, int wait_ms)
 {
-    const int64_t deadline = kt__ucx_now_ms() + 200;
+    const int64_t deadline = kt__ucx_now_ms() + wait_ms;
     while (wait_fd(lfd, POLLIN, deadline) > 0) {
         int cfd = accept(lfd, NULL, NULL);
         if (cfd < 0)
@@ -367,6 +450,8 @@ static kt_status master_gather(kt__ucx_boot *b, int lfd, const void *addr, size_
     void **addrs = calloc((size_t)s->size, sizeof *addrs);
     kt_status st = KT_OK;
     const char *why = NULL;
+    char stranger[200] = "";
+    int strangers = 0;
     if (addrs == NULL)
         return kt__error(KT_ENOMEM, "rank 0: rendezvous: out of memory");
     lens[0] = addr_len;
@@ -378,38 +463,66 @@ static kt_status master_gather(kt__ucx_boot *b, int lfd, const void *addr, size_
             for (int r = 1; r < s->size && m + 12 < sizeof missing; r++)
                 if (b->fds[r] < 0)
                     m += (size_t)snprintf(missing + m, sizeof missing - m, "%s%d", m ? ", " : "", r);
+            char name[136];
             st = kt__error(KT_ETIMEDOUT,
-                           "rank 0: rank(s) %s did not join the rendezvous at %s:%d within %d ms",
-                           missing, s->master_addr, s->master_port, s->timeout_ms);
+                           "rank 0 of job %s: rank(s) %s did not join the rendezvous at %s:%d "
+                           "within %d ms%s", kt__ucx_job_name(s, name), missing, s->master_addr,
+                           s->master_port, s->timeout_ms, stranger);
             break;
         }
         int cfd = accept(lfd, NULL, NULL);
         if (cfd < 0)
             continue; /* the connecting process gave up, or EINTR: keep waiting */
-        uint32_t hdr[4];
+        uint32_t hdr[5];
+        char job[128];
         int bad = set_nonblocking(cfd) != 0;
         int64_t hello = kt__ucx_now_ms() + BOOT_HELLO_MS;
         hello = hello < b->deadline ? hello : b->deadline;
-        kt_status rs = bad ? KT_EIO : get_u32s(cfd, hdr, 4, hello, &why);
-        if (rs != KT_OK || hdr[0] != BOOT_MAGIC || hdr[2] != (uint32_t)s->size ||
-            hdr[1] == 0 || hdr[1] >= (uint32_t)s->size || b->fds[hdr[1]] >= 0 ||
-            hdr[3] == 0 || hdr[3] > BOOT_MAX_ADDR) {
-            /* A stray connection (a port scanner, an old run) must not end the rendezvous,
-             * but a rank that disagrees about the world is an error. */
-            if (rs == KT_OK && hdr[0] == BOOT_MAGIC &&
-                (hdr[2] != (uint32_t)s->size || (hdr[1] < (uint32_t)s->size && hdr[1] > 0 &&
-                                                 b->fds[hdr[1]] >= 0))) {
-                st = kt__error(KT_EINVAL,
-                               "rank 0: a process claiming rank %u of world size %u joined the "
-                               "rendezvous at %s:%d (this world has size %d%s)",
-                               hdr[1], hdr[2], s->master_addr, s->master_port, s->size,
-                               hdr[2] == (uint32_t)s->size ? "; that rank already joined" : "");
-                /* the process that disagrees learns why too, not just a closed socket */
-                report_to(cfd, st, kt_last_error(), kt__ucx_now_ms() + 500);
-                close_after_reply(cfd, kt__ucx_now_ms() + 500);
-                continue;
-            }
+        kt_status rs = bad ? KT_EIO : get_u32s(cfd, hdr, 5, hello, &why);
+        if (rs == KT_OK && hdr[0] == BOOT_MAGIC && hdr[4] < sizeof job)
+            rs = read_all(cfd, job, hdr[4], hello, &why);
+        if (rs != KT_OK || hdr[0] != BOOT_MAGIC || hdr[4] >= sizeof job) {
+            /* A stray connection (a port scanner, an idle or older client) must not end the
+             * rendezvous. */
             close(cfd);
+            continue;
+        }
+        job[hdr[4]] = '\0';
+        if (strcmp(job, s->job_id) != 0) {
+            /* A rank of another job on the same port: refused, and this job keeps waiting
+             * for its own ranks; the stranger learns which job it reached. */
+            kt__ucx_setup other = *s;
+            memcpy(other.job_id, job, hdr[4] + 1);
+            char mine_name[136], other_name[136], text[KT__COMM_MSG_MAX];
+            snprintf(text, sizeof text, "the master at %s:%d is rank 0 of job %s, not of job %s "
+                     "(which this process, claiming rank %u of %u, belongs to): two jobs share "
+                     "the rendezvous port; give each its own (kt-launch --port, MASTER_PORT)",
+                     s->master_addr, s->master_port, kt__ucx_job_name(s, mine_name),
+                     kt__ucx_job_name(&other, other_name), hdr[1], hdr[2]);
+            snprintf(stranger, sizeof stranger, "; refused %d process(es) of other jobs, "
+                     "the last of job %s", ++strangers, other_name);
+            report_to(cfd, KT_EPEER, text, kt__ucx_now_ms() + 500);
+            close_after_reply(cfd, kt__ucx_now_ms() + 500);
+            continue;
+        }
+        if (hdr[2] != (uint32_t)s->size || hdr[1] == 0 || hdr[1] >= (uint32_t)s->size ||
+            b->fds[hdr[1]] >= 0 || hdr[3] == 0 || hdr[3] > BOOT_MAX_ADDR) {
+            /* A rank of this job that disagrees about the world, or a second claim to a rank
+             * number, leaves no way to tell which process is right: the job fails, and the
+             * process that disagrees learns why too, not just a closed socket. */
+            const char *what = hdr[2] != (uint32_t)s->size ? "" :
+                               hdr[1] == 0 ? "; rank 0 is this master" :
+                               hdr[1] >= (uint32_t)s->size ? "; no such rank" :
+                               b->fds[hdr[1]] >= 0 ? "; that rank already joined" :
+                               "; with an invalid address length";
+            char name[136];
+            st = kt__error(KT_EINVAL,
+                           "rank 0 of job %s: a process claiming rank %u of world size %u "
+                           "joined the rendezvous at %s:%d (this world has size %d%s)",
+                           kt__ucx_job_name(s, name), hdr[1], hdr[2], s->master_addr,
+                           s->master_port, s->size, what);
+            report_to(cfd, st, kt_last_error(), kt__ucx_now_ms() + 500);
+            close_after_reply(cfd, kt__ucx_now_ms() + 500);
             continue;
         }
         int r = (int)hdr[1];
@@ -446,8 +559,8 @@ static kt_status master_gather(kt__ucx_boot *b, int lfd, const void *addr, size_
         }
         /* The table: status 0, size, the lengths, then the addresses in rank order. */
         for (int r = 1; r < s->size && st == KT_OK; r++) {
-            uint32_t hdr[2] = {0, (uint32_t)s->size};
-            kt_status ws = put_u32s(b->fds[r], hdr, 2, b->deadline, &why);
+            uint32_t hdr[3] = {BOOT_REPLY_MAGIC, 0, (uint32_t)s->size};
+            kt_status ws = put_u32s(b->fds[r], hdr, 3, b->deadline, &why);
             for (int q = 0; q < s->size && ws == KT_OK; q++) {
                 uint32_t l = (uint32_t)lens[q];
                 ws = put_u32s(b->fds[r], &l, 1, b->deadline, &why);
@@ -460,9 +573,16 @@ static kt_status master_gather(kt__ucx_boot *b, int lfd, const void *addr, size_
     }
     if (st != KT_OK) {
         master_report(b, st, kt_last_error());
-        refuse_pending(lfd, st, kt_last_error());
+        refuse_pending(lfd, st, kt_last_error(), 200);
         free(blk);
     } else {
+        /* Connections already queued come from no rank of this job (they have all joined):
+         * they are told so, without waiting for more. */
+        char name[136], text[KT__COMM_MSG_MAX];
+        snprintf(text, sizeof text, "the rendezvous of job %s at %s:%d is already complete (all "
+                 "%d ranks joined): a process of another job on the same port, or one rank "
+                 "too many", kt__ucx_job_name(s, name), s->master_addr, s->master_port, s->size);
+        refuse_pending(lfd, KT_EPEER, text, 0);
         *block = blk;
     }
     for (int r = 0; r < s->size; r++)
@@ -542,33 +662,65 @@ static kt_status client_exchange(kt__ucx_boot *b, const void *addr, size_t addr_
     const kt__ucx_setup *s = &b->s;
     const char *why = NULL;
     int fd = b->fds[0];
-    uint32_t hdr[4] = {BOOT_MAGIC, (uint32_t)s->rank, (uint32_t)s->size, (uint32_t)addr_len};
-    kt_status st = put_u32s(fd, hdr, 4, b->deadline, &why);
+    size_t job_len = strlen(s->job_id);
+    char job[136];
+    uint32_t hdr[5] = {BOOT_MAGIC, (uint32_t)s->rank, (uint32_t)s->size, (uint32_t)addr_len,
+                       (uint32_t)job_len};
+    kt_status st = put_u32s(fd, hdr, 5, b->deadline, &why);
+    if (st == KT_OK)
+        st = write_all(fd, s->job_id, job_len, b->deadline, &why);
     if (st == KT_OK)
         st = write_all(fd, addr, addr_len, b->deadline, &why);
-    uint32_t reply[2] = {0, 0};
+    if (st != KT_OK)
+        return kt__error(st, "rank %d of job %s: rendezvous with the master at %s:%d: %s",
+                         s->rank, kt__ucx_job_name(s, job), s->master_addr, s->master_port, why);
     /* The master's deadline decides the rendezvous; it may have started later than this
      * rank, so its answer (the table, or which rank never came) gets a little longer. */
-    if (st == KT_OK)
-        st = get_u32s(fd, reply, 2, b->deadline + 1000 + s->timeout_ms / 4, &why);
-    if (st != KT_OK)
-        return kt__error(st, "rank %d: rendezvous with the master at %s:%d: %s", s->rank,
-                         s->master_addr, s->master_port, why);
-    if ((int32_t)reply[0] != 0) {
+    const int64_t answer_by = b->deadline + 1000 + s->timeout_ms / 4;
+    unsigned char raw[12];
+    size_t got = read_upto(fd, raw, sizeof raw, answer_by, &why);
+    if (got == 0)
+        return kt__error(KT_EPEER, "rank %d of job %s: rendezvous with the master at %s:%d: %s",
+                         s->rank, kt__ucx_job_name(s, job), s->master_addr, s->master_port, why);
+    uint32_t reply[3];
+    memcpy(reply, raw, sizeof reply);
+    for (int i = 0; i < 3; i++)
+        reply[i] = ntohl(reply[i]);
+    if (got < sizeof raw || reply[0] != BOOT_REPLY_MAGIC) {
+        /* Not a libkt master (another service on the port, another protocol version):
+         * say what came back, a little more of it if there is more. */
+        unsigned char more[64];
+        memcpy(more, raw, got);
+        if (got == sizeof raw)
+            got += read_upto(fd, more + got, sizeof more - got, kt__ucx_now_ms() + 100, &why);
+        char shown[4 * sizeof more + 1];
+        show_bytes(more, got, shown, sizeof shown);
+        return kt__error(KT_EPEER, "rank %d of job %s: what answers at %s:%d is not a libkt "
+                         "rendezvous master of this version: it sent %zu byte(s) \"%s\"%s%s",
+                         s->rank, kt__ucx_job_name(s, job), s->master_addr, s->master_port, got,
+                         shown, got < sizeof raw ? ", then " : "", got < sizeof raw ? why : "");
+    }
+    if ((int32_t)reply[1] != 0) {
         char text[KT__COMM_MSG_MAX];
-        size_t n = reply[1] < sizeof text - 1 ? reply[1] : sizeof text - 1;
+        size_t n = reply[2] < sizeof text - 1 ? reply[2] : sizeof text - 1;
         /* the reason follows the header at once; this rank's own deadline has usually
          * passed by now (the master waited for the same deadline), so give it the same
          * grace as the header */
-        if (read_all(fd, text, n, b->deadline + 1000 + s->timeout_ms / 4, &why) != KT_OK)
-            n = 0;
-        text[n] = '\0';
-        kt_status rs = (int32_t)reply[0] < 0 && (int32_t)reply[0] >= KT_EINTERNAL
-                           ? (kt_status)(int32_t)reply[0]
+        size_t k = read_upto(fd, text, n, answer_by, &why);
+        text[k] = '\0';
+        kt_status rs = (int32_t)reply[1] < 0 && (int32_t)reply[1] >= KT_EINTERNAL
+                           ? (kt_status)(int32_t)reply[1]
                            : KT_EPEER;
-        return kt__error(rs, "rank %d: the rendezvous at %s:%d failed at the master: %s", s->rank,
-                         s->master_addr, s->master_port, n ? text : "(no reason given)");
+        if (k < n || n == 0)
+            return kt__error(rs, "rank %d of job %s: the rendezvous at %s:%d failed at the "
+                             "master (%s) with a reason of %u bytes, of which %zu arrived "
+                             "(%s): %s", s->rank, kt__ucx_job_name(s, job), s->master_addr,
+                             s->master_port, kt_status_str(rs), reply[2], k,
+                             n == 0 ? "none sent" : why, text);
+        return kt__error(rs, "rank %d of job %s: the rendezvous at %s:%d refused it: %s", s->rank,
+                         kt__ucx_job_name(s, job), s->master_addr, s->master_port, text);
     }
+    reply[1] = reply[2];
     if (reply[1] != (uint32_t)s->size)
         return kt__error(KT_EFORMAT, "rank %d: the master at %s:%d sent a table of %u ranks, "
                          "expected %d", s->rank, s->master_addr, s->master_port, reply[1], s->size);

@@ -79,20 +79,40 @@ static ucp_tag_t op_tag(const kt__ucx_op *op, unsigned low, int src)
                : kt__tag_make(KT__TAG_CLASS_COLL, op->kind, op->seq, src, low);
 }
 
-static kt_status peer_failed_error(kt__ucx_comm *c, const kt__ucx_op *op, int peer)
+/* What a request is, for messages: "broadcast #12", or for point to point "recv #3 (tag 7)",
+ * the fourth message from that peer. */
+typedef struct op_label {
+    char s[64];
+} op_label;
+
+static op_label label(const kt__ucx_op *op, const kt__ucx_req *r)
 {
-    return kt__error(KT_EPEER, "rank %d: peer %d failed during %s #%u (%s)", c->base.rank, peer,
-                     kt__ucx_kind_name(op->kind), op->seq,
-                     ucs_status_string(c->peers[peer].failed));
+    op_label l;
+    if (op->kind == KT__KIND_P2P && r == NULL)
+        snprintf(l.s, sizeof l.s, "a point-to-point wait");
+    else if (op->kind == KT__KIND_P2P)
+        snprintf(l.s, sizeof l.s, "%s #%u (tag %u)", r->is_recv ? "recv" : "send", r->nth,
+                 r->step);
+    else
+        snprintf(l.s, sizeof l.s, "%s #%u", kt__ucx_kind_name(op->kind), op->seq);
+    return l;
+}
+
+static kt_status peer_failed_error(kt__ucx_comm *c, const kt__ucx_op *op, const kt__ucx_req *r,
+                                   int peer)
+{
+    return kt__error(KT_EPEER, "rank %d: peer %d failed during %s (%s)", c->base.rank, peer,
+                     label(op, r).s, ucs_status_string(c->peers[peer].failed));
 }
 
 kt_status kt__ucx_post_send(kt__ucx_comm *c, const kt__ucx_op *op, unsigned low, int peer,
                             const void *buf, size_t bytes, kt__ucx_req *r)
 {
     static const char empty = 0;
-    *r = (kt__ucx_req){.req = NULL, .peer = peer, .is_recv = 0, .step = low, .bytes = bytes};
+    *r = (kt__ucx_req){.req = NULL, .peer = peer, .is_recv = 0, .step = low, .bytes = bytes,
+                       .nth = op->kind == KT__KIND_P2P ? c->peers[peer].sent++ : 0};
     if (c->peers[peer].failed != UCS_OK)
-        return peer_failed_error(c, op, peer);
+        return peer_failed_error(c, op, r, peer);
     /* FAST_CMPL: every send is waited for at once, and it keeps messages up to UCX's local
      * threshold on the eager path (64 KiB exchange 2.7 instead of 6.2 us, note 2.6). Not
      * over TCP, where that eager path is the slow one (kt-bench comm --transport tcp: 16 KiB
@@ -101,9 +121,8 @@ kt_status kt__ucx_post_send(kt__ucx_comm *c, const kt__ucx_op *op, unsigned low,
     ucs_status_ptr_t p = ucp_tag_send_nbx(c->peers[peer].ep, bytes ? buf : &empty, bytes,
                                           op_tag(op, low, c->base.rank), &prm);
     if (UCS_PTR_IS_ERR(p))
-        return kt__error(KT_EPEER, "rank %d: sending %s #%u to peer %d failed: %s", c->base.rank,
-                         kt__ucx_kind_name(op->kind), op->seq, peer,
-                         ucs_status_string(UCS_PTR_STATUS(p)));
+        return kt__error(KT_EPEER, "rank %d: sending %s to peer %d failed: %s", c->base.rank,
+                         label(op, r).s, peer, ucs_status_string(UCS_PTR_STATUS(p)));
     r->req = p; /* NULL: already complete */
     return KT_OK;
 }
@@ -112,15 +131,16 @@ kt_status kt__ucx_post_recv(kt__ucx_comm *c, const kt__ucx_op *op, unsigned low,
                             void *buf, size_t bytes, kt__ucx_req *r)
 {
     static char empty;
-    *r = (kt__ucx_req){.req = NULL, .peer = peer, .is_recv = 1, .step = low, .bytes = bytes};
+    *r = (kt__ucx_req){.req = NULL, .peer = peer, .is_recv = 1, .step = low, .bytes = bytes,
+                       .nth = op->kind == KT__KIND_P2P ? c->peers[peer].received++ : 0};
     /* A request always comes back, so the received tag and length can be checked. */
     ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL};
     ucp_tag_t mask = op->kind == KT__KIND_P2P ? KT__TAG_MASK_FULL : KT__TAG_MASK_COLL;
     ucs_status_ptr_t p = ucp_tag_recv_nbx(c->worker, bytes ? buf : &empty, bytes,
                                           op_tag(op, low, peer), mask, &prm);
     if (UCS_PTR_IS_ERR(p))
-        return kt__error(KT_EINTERNAL, "rank %d: posting the receive of %s #%u from peer %d "
-                         "failed: %s", c->base.rank, kt__ucx_kind_name(op->kind), op->seq, peer,
+        return kt__error(KT_EINTERNAL, "rank %d: posting the receive of %s from peer %d "
+                         "failed: %s", c->base.rank, label(op, r).s, peer,
                          ucs_status_string(UCS_PTR_STATUS(p)));
     r->req = p;
     return KT_OK;
@@ -149,30 +169,31 @@ void kt__ucx_drop(kt__ucx_comm *c, kt__ucx_req *reqs, int n)
 static kt_status check_recv(kt__ucx_comm *c, const kt__ucx_op *op, const kt__ucx_req *r,
                             ucs_status_t s, const ucp_tag_recv_info_t *info)
 {
-    const char *name = kt__ucx_kind_name(op->kind);
+    const op_label l = label(op, r);
+    const char *name = l.s;
     int rank = c->base.rank;
     if (s == UCS_ERR_MESSAGE_TRUNCATED)
         return kt__error(op->kind == KT__KIND_P2P ? KT_EINVAL : KT_ESTATE,
-                         "rank %d: %s: the message from peer %d for %s #%u is larger than the "
+                         "rank %d: %s: the message from peer %d for %s is larger than the "
                          "%zu bytes expected", rank,
                          op->kind == KT__KIND_P2P ? "message too long"
                                                   : "mismatched collectives or counts",
-                         r->peer, name, op->seq, r->bytes);
+                         r->peer, name, r->bytes);
     if (s != UCS_OK)
-        return kt__error(KT_EPEER, "rank %d: receiving %s #%u from peer %d failed: %s", rank,
-                         name, op->seq, r->peer, ucs_status_string(s));
+        return kt__error(KT_EPEER, "rank %d: receiving %s from peer %d failed: %s", rank,
+                         name, r->peer, ucs_status_string(s));
     if (op->kind != KT__KIND_P2P) {
         unsigned kind = kt__tag_kind(info->sender_tag);
         if (kind != (unsigned)op->kind || kt__tag_low(info->sender_tag) != r->step)
-            return kt__error(KT_ESTATE, "rank %d: mismatched collectives: this rank is in %s #%u "
+            return kt__error(KT_ESTATE, "rank %d: mismatched collectives: this rank is in %s "
                              "but peer %d sent %s #%u (every rank must call the same collectives "
-                             "in the same order)", rank, name, op->seq, r->peer,
+                             "in the same order)", rank, name, r->peer,
                              kt__ucx_kind_name(kind), kt__tag_seq(info->sender_tag));
     }
     if (info->length != r->bytes)
         return kt__error(op->kind == KT__KIND_P2P ? KT_EINVAL : KT_ESTATE,
-                         "rank %d: %s #%u: peer %d sent %zu bytes, %zu expected", rank, name,
-                         op->seq, r->peer, info->length, r->bytes);
+                         "rank %d: %s: peer %d sent %zu bytes, %zu expected", rank, name,
+                         r->peer, info->length, r->bytes);
     return KT_OK;
 }
 
@@ -299,9 +320,8 @@ kt_status kt__ucx_wait(kt__ucx_comm *c, const kt__ucx_op *op, kt__ucx_req *reqs,
             if (r->is_recv)
                 st = check_recv(c, op, r, s, &info);
             else if (s != UCS_OK)
-                st = kt__error(KT_EPEER, "rank %d: sending %s #%u to peer %d failed: %s",
-                               c->base.rank, kt__ucx_kind_name(op->kind), op->seq, r->peer,
-                               ucs_status_string(s));
+                st = kt__error(KT_EPEER, "rank %d: sending %s to peer %d failed: %s",
+                               c->base.rank, label(op, r).s, r->peer, ucs_status_string(s));
         }
         if (st != KT_OK)
             break;
@@ -317,15 +337,18 @@ kt_status kt__ucx_wait(kt__ucx_comm *c, const kt__ucx_op *op, kt__ucx_req *reqs,
         /* A failed peer: name the one this wait needs, else any (the collective cannot
          * finish without every member). */
         int failed = -1;
+        const kt__ucx_req *failed_req = NULL;
         for (int i = 0; i < n && failed < 0; i++)
-            if (reqs[i].req != NULL && c->peers[reqs[i].peer].failed != UCS_OK)
+            if (reqs[i].req != NULL && c->peers[reqs[i].peer].failed != UCS_OK) {
                 failed = reqs[i].peer;
+                failed_req = &reqs[i];
+            }
         for (int p = 0; p < c->base.size && failed < 0; p++)
             if (c->peers[p].failed != UCS_OK)
                 failed = p;
         if (failed >= 0) {
             c->blame = failed;
-            st = peer_failed_error(c, op, failed);
+            st = peer_failed_error(c, op, failed_req, failed);
             break;
         }
         if (kt__ucx_now_ms() >= deadline) {
@@ -335,13 +358,13 @@ kt_status kt__ucx_wait(kt__ucx_comm *c, const kt__ucx_op *op, kt__ucx_req *reqs,
                     r = &reqs[i];
             char mine[KT__COMM_MSG_MAX];
             if (r->is_recv)
-                snprintf(mine, sizeof mine, "rank %d timed out after %d ms waiting for %s #%u "
-                         "from peer %d", c->base.rank, c->base.timeout_ms,
-                         kt__ucx_kind_name(op->kind), op->seq, r->peer);
+                snprintf(mine, sizeof mine, "rank %d timed out after %d ms waiting for %s "
+                         "from peer %d", c->base.rank, c->base.timeout_ms, label(op, r).s,
+                         r->peer);
             else
                 snprintf(mine, sizeof mine, "rank %d timed out after %d ms waiting for peer %d "
-                         "to take %s #%u", c->base.rank, c->base.timeout_ms, r->peer,
-                         kt__ucx_kind_name(op->kind), op->seq);
+                         "to take %s", c->base.rank, c->base.timeout_ms, r->peer,
+                         label(op, r).s);
             c->blame = r->peer;
             send_notices(c, KT_ETIMEDOUT, mine);
             /* The peer may itself be waiting for another rank and time out moments later;

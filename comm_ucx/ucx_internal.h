@@ -74,6 +74,9 @@ typedef struct kt__ucx_peer {
     int rank;
     ucp_ep_h ep;
     ucs_status_t failed; /* set by the endpoint's error callback; UCS_OK while healthy */
+    /* point-to-point messages posted to / from this peer (any tag), to name them in errors:
+     * the tag layout has no room for a point-to-point sequence number */
+    uint32_t sent, received;
 } kt__ucx_peer;
 
 struct kt__ucx_comm {
@@ -103,6 +106,7 @@ typedef struct kt__ucx_req {
     int is_recv;
     unsigned step;  /* the step a collective receive expects (checked after completion) */
     size_t bytes;   /* receive: the length expected exactly */
+    uint32_t nth;   /* point to point: this message's number among those to / from peer */
 } kt__ucx_req;
 
 /* What a wait is for, to name it in messages: "broadcast #12". */
@@ -147,7 +151,11 @@ typedef struct kt__ucx_setup {
     int master_port;
     kt_comm_transport transport;
     int timeout_ms;
+    char job_id[128]; /* "" when the job is unnamed */
 } kt__ucx_setup;
+
+/* The job id as messages show it: quoted, or "(unnamed)". */
+const char *kt__ucx_job_name(const kt__ucx_setup *s, char buf[136]);
 
 /* Options, else the environment (KT_*, torchrun, Open MPI, Slurm), with defaults. */
 kt_status kt__ucx_resolve(const kt_comm_options *options, kt__ucx_setup *setup_out);

@@ -19,8 +19,10 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +39,6 @@
 
 typedef struct stream {
     int fd;      /* -1 once closed */
-    FILE *out;
     char buf[4096];
     size_t len;
 } stream;
@@ -47,7 +48,8 @@ typedef struct rank_proc {
     int running;
     int status;  /* waitpid status */
     int guarded; /* the guard holds its process group (started, group not yet known empty) */
-    stream streams[2];
+    int open[2]; /* its stdout / stderr pipe has a writer still (the relay reports the ends) */
+    stream streams[2]; /* the read ends: the relay's */
 } rank_proc;
 
 static int sig_pipe[2] = {-1, -1};
@@ -111,53 +113,35 @@ static int parse_int(const char *s, int lo, int hi, int *out)
     return 0;
 }
 
-static void emit_line(int rank, stream *s, const char *line, size_t n)
+/* A job id for this launch, from /dev/urandom (else the clock and pid): the communicator's
+ * master refuses ranks of another job that reach its port (KT_JOB_ID). */
+static void make_job_id(char out[32])
 {
-    fprintf(s->out, "[rank %d] %.*s\n", rank, (int)n, line);
-    fflush(s->out);
-}
-
-/* Reads what is there; prints whole lines; 0 at EOF. */
-static int drain(int rank, stream *s)
-{
-    ssize_t k = read(s->fd, s->buf + s->len, sizeof s->buf - s->len);
-    if (k < 0 && (errno == EINTR || errno == EAGAIN))
-        return 1;
-    if (k <= 0) {
-        if (s->len > 0)
-            emit_line(rank, s, s->buf, s->len);
-        s->len = 0;
-        close(s->fd);
-        s->fd = -1;
-        return 0;
+    uint64_t x = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || read(fd, &x, sizeof x) != (ssize_t)sizeof x) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        x = ((uint64_t)ts.tv_sec * 1000000007u) ^ (uint64_t)ts.tv_nsec ^
+            ((uint64_t)getpid() << 32);
     }
-    s->len += (size_t)k;
-    size_t start = 0;
-    for (size_t i = 0; i < s->len; i++) {
-        if (s->buf[i] == '\n') {
-            emit_line(rank, s, s->buf + start, i - start);
-            start = i + 1;
-        }
-    }
-    if (start == 0 && s->len == sizeof s->buf) { /* a line longer than the buffer */
-        emit_line(rank, s, s->buf, s->len);
-        start = s->len;
-    }
-    memmove(s->buf, s->buf + start, s->len - start);
-    s->len -= start;
-    return 1;
+    if (fd >= 0)
+        close(fd);
+    snprintf(out, 32, "kt-%016llx", (unsigned long long)x);
 }
 
 static int print_env(int per_host, int port, const char *transport, const char *timeout,
                      int n_hosts, char **hosts)
 {
+    char job_id[32];
+    make_job_id(job_id);
     int world = per_host * n_hosts;
     printf("# %d host(s) x %d rank(s); start each line's command on its host\n", n_hosts,
            per_host);
     for (int h = 0; h < n_hosts; h++)
         for (int i = 0; i < per_host; i++) {
-            printf("%s: KT_RANK=%d KT_WORLD_SIZE=%d KT_MASTER_ADDR=%s KT_MASTER_PORT=%d", hosts[h],
-                   h * per_host + i, world, hosts[0], port);
+            printf("%s: KT_RANK=%d KT_WORLD_SIZE=%d KT_MASTER_ADDR=%s KT_MASTER_PORT=%d "
+                   "KT_JOB_ID=%s", hosts[h], h * per_host + i, world, hosts[0], port, job_id);
             if (transport != NULL)
                 printf(" KT_COMM_TRANSPORT=%s", transport);
             if (timeout != NULL)
@@ -172,7 +156,7 @@ static int print_env(int per_host, int port, const char *transport, const char *
  * not signalled: its pid, and so its group id, may belong to another process by now. */
 static int group_alive(const rank_proc *r)
 {
-    return r->running || r->streams[0].fd >= 0 || r->streams[1].fd >= 0;
+    return r->running || r->open[0] || r->open[1];
 }
 
 static void signal_all(rank_proc *ranks, int n, int sig)
@@ -274,6 +258,206 @@ static void guard_forget_finished(rank_proc *ranks, int n)
         }
 }
 
+/* ---- the relay ------------------------------------------------------------------------
+ * The ranks' output goes through pipes to a relay process that prefixes the lines. A rank
+ * blocks when its pipe is full, and a stopped reader never empties it: so the reader is not
+ * kt-launch, which Ctrl-Z or SIGSTOP may stop while the ranks (in their own process groups)
+ * run on, but this relay, which ignores the terminal's stop signals, and which itself never
+ * blocks on its output: it writes only what poll says fits, keeps up to RELAY_QUEUE_MAX
+ * bytes per destination, and drops whole lines beyond that, saying how many. A rank's
+ * progress never waits for a terminal, a pipe reader or kt-launch. */
+#define RELAY_QUEUE_MAX (8u << 20)
+
+typedef struct out_queue {
+    int fd;
+    char *buf;
+    size_t len, cap;
+    unsigned long dropped; /* lines dropped since the last that fitted */
+} out_queue;
+
+static void queue_put(out_queue *q, const char *p, size_t n)
+{
+    if (q->len + n > q->cap) {
+        size_t cap = q->cap ? q->cap : 65536;
+        while (cap < q->len + n && cap < RELAY_QUEUE_MAX)
+            cap *= 2;
+        char *b = cap >= q->len + n ? realloc(q->buf, cap) : NULL;
+        if (b == NULL) {
+            q->dropped++;
+            return;
+        }
+        q->buf = b;
+        q->cap = cap;
+    }
+    memcpy(q->buf + q->len, p, n);
+    q->len += n;
+}
+
+static void emit_line(out_queue *q, int rank, const char *line, size_t n)
+{
+    char head[160];
+    if (q->dropped > 0 && q->len + 160 + n + 16 <= RELAY_QUEUE_MAX) {
+        int k = snprintf(head, sizeof head, "[kt-launch] %lu line(s) of output dropped here: "
+                         "nothing read it in time\n", q->dropped);
+        q->dropped = 0;
+        queue_put(q, head, (size_t)k);
+    }
+    int k = snprintf(head, sizeof head, "[rank %d] ", rank);
+    if (q->len + (size_t)k + n + 1 > RELAY_QUEUE_MAX) {
+        q->dropped++;
+        return;
+    }
+    queue_put(q, head, (size_t)k);
+    queue_put(q, line, n);
+    queue_put(q, "\n", 1);
+}
+
+/* Writes what fits now (poll said POLLOUT: a pipe then takes PIPE_BUF bytes at once). */
+static void queue_flush_some(out_queue *q)
+{
+    size_t n = q->len < PIPE_BUF ? q->len : PIPE_BUF;
+    ssize_t k = write(q->fd, q->buf, n);
+    if (k < 0 && (errno == EINTR || errno == EAGAIN))
+        return;
+    if (k <= 0) {
+        q->len = 0; /* the output is gone (closed pipe, hung-up terminal): nowhere to go */
+        return;
+    }
+    memmove(q->buf, q->buf + k, q->len - (size_t)k);
+    q->len -= (size_t)k;
+}
+
+/* Reads what is there; queues whole lines; 0 at EOF. */
+static int drain(int rank, stream *s, out_queue *q)
+{
+    ssize_t k = read(s->fd, s->buf + s->len, sizeof s->buf - s->len);
+    if (k < 0 && (errno == EINTR || errno == EAGAIN))
+        return 1;
+    if (k <= 0) {
+        if (s->len > 0)
+            emit_line(q, rank, s->buf, s->len);
+        s->len = 0;
+        close(s->fd);
+        s->fd = -1;
+        return 0;
+    }
+    s->len += (size_t)k;
+    size_t start = 0;
+    for (size_t i = 0; i < s->len; i++) {
+        if (s->buf[i] == '\n') {
+            emit_line(q, rank, s->buf + start, i - start);
+            start = i + 1;
+        }
+    }
+    if (start == 0 && s->len == sizeof s->buf) { /* a line longer than the buffer */
+        emit_line(q, rank, s->buf, s->len);
+        start = s->len;
+    }
+    memmove(s->buf, s->buf + start, s->len - start);
+    s->len -= start;
+    return 1;
+}
+
+/* The relay's loop: ranks[r].streams to stdout / stderr; each stream's end is reported to
+ * kt-launch on ctl (its index, r * 2 + k). When ctl reaches its end (kt-launch has finished,
+ * or died), the streams still open are abandoned; what is queued is written out, then the
+ * relay exits. */
+static void relay_run(rank_proc *ranks, int n, int ctl)
+{
+    signal(SIGINT, SIG_IGN); /* kt-launch forwards ^C to the ranks; their output must flow */
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    signal(SIGTSTP, SIG_IGN);
+    signal(SIGTTOU, SIG_IGN);
+    signal(SIGTTIN, SIG_IGN);
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGCHLD, SIG_DFL);
+    out_queue q[2] = {{.fd = STDOUT_FILENO}, {.fd = STDERR_FILENO}};
+    struct pollfd *pfd = calloc((size_t)(2 * n + 3), sizeof *pfd);
+    int *idx = calloc((size_t)(2 * n + 3), sizeof *idx);
+    if (pfd == NULL || idx == NULL)
+        _exit(1);
+    int open_streams = 2 * n, ctl_open = 1;
+    while (q[0].len > 0 || q[1].len > 0 || (ctl_open && open_streams > 0)) {
+        for (int k = 0; k < 2 && (!ctl_open || open_streams == 0); k++)
+            if (q[k].dropped > 0) { /* the end: no later line would carry the notice */
+                char note[160];
+                int len = snprintf(note, sizeof note, "[kt-launch] %lu line(s) of output "
+                                   "dropped here: nothing read it in time\n", q[k].dropped);
+                q[k].dropped = 0;
+                queue_put(&q[k], note, (size_t)len);
+            }
+        int np = 0;
+        for (int k = 0; k < 2; k++)
+            if (q[k].len > 0) {
+                pfd[np] = (struct pollfd){.fd = q[k].fd, .events = POLLOUT};
+                idx[np++] = -1 - k;
+            }
+        if (ctl_open) {
+            pfd[np] = (struct pollfd){.fd = ctl, .events = POLLIN};
+            idx[np++] = -3;
+            for (int r = 0; r < n; r++)
+                for (int k = 0; k < 2; k++)
+                    if (ranks[r].streams[k].fd >= 0) {
+                        pfd[np] = (struct pollfd){.fd = ranks[r].streams[k].fd, .events = POLLIN};
+                        idx[np++] = r * 2 + k;
+                    }
+        }
+        if (poll(pfd, (nfds_t)np, -1) < 0 && errno != EINTR)
+            break;
+        for (int j = 0; j < np; j++) {
+            if (pfd[j].revents == 0)
+                continue;
+            if (idx[j] < -2) {
+                char c;
+                if (read(ctl, &c, 1) <= 0)
+                    ctl_open = 0;
+            } else if (idx[j] < 0) {
+                queue_flush_some(&q[-1 - idx[j]]);
+            } else {
+                int r = idx[j] / 2, k = idx[j] % 2;
+                if (!drain(r, &ranks[r].streams[k], &q[k])) {
+                    int32_t msg = idx[j];
+                    open_streams--;
+                    if (write(ctl, &msg, sizeof msg) != (ssize_t)sizeof msg)
+                        ctl_open = 0;
+                }
+            }
+        }
+    }
+    _exit(0);
+}
+
+/* Starts the relay over every rank's read ends, which kt-launch then closes; *ctl_out is
+ * kt-launch's end of the socket the relay reports on. -1 if it cannot be started. */
+static pid_t relay_start(rank_proc *ranks, int n, int *ctl_out)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(sv[0]);
+        if (guard_fd >= 0)
+            close(guard_fd); /* the guard must see kt-launch's end, not the relay's */
+        close(sig_pipe[0]);
+        close(sig_pipe[1]);
+        relay_run(ranks, n, sv[1]);
+    }
+    close(sv[1]);
+    if (pid < 0) {
+        close(sv[0]);
+        return -1;
+    }
+    for (int r = 0; r < n; r++)
+        for (int k = 0; k < 2; k++) {
+            close(ranks[r].streams[k].fd);
+            ranks[r].streams[k].fd = -1;
+        }
+    *ctl_out = sv[0];
+    return pid;
+}
+
 static int exit_code(int status)
 {
     if (WIFEXITED(status))
@@ -283,8 +467,8 @@ static int exit_code(int status)
     return 1;
 }
 
-static pid_t spawn(int rank, int n, int port, const char *transport, const char *timeout,
-                   char **argv, int out_fd[2], int err_fd[2])
+static pid_t spawn(int rank, int n, int port, const char *job_id, const char *transport,
+                   const char *timeout, char **argv, int out_fd[2], int err_fd[2])
 {
     /* kt-launch's handlers must never run in a rank: a SIGTERM between fork and the reset
      * below (kt-launch stopping the ranks as this one starts, on a loaded machine) ran them in
@@ -326,6 +510,7 @@ static pid_t spawn(int rank, int n, int port, const char *transport, const char 
     setenv("KT_MASTER_ADDR", "127.0.0.1", 1);
     snprintf(v, sizeof v, "%d", port);
     setenv("KT_MASTER_PORT", v, 1);
+    setenv("KT_JOB_ID", job_id, 1);
     if (transport != NULL)
         setenv("KT_COMM_TRANSPORT", transport, 1);
     if (timeout != NULL)
@@ -416,6 +601,8 @@ int main(int argc, char **argv)
         return 1;
     }
 
+    char job_id[32];
+    make_job_id(job_id);
     guard_start(n); /* first: it must hold none of the pipes below */
     rank_proc *ranks = calloc((size_t)n, sizeof *ranks);
     struct pollfd *pfd = calloc((size_t)(2 * n + 1), sizeof *pfd);
@@ -446,7 +633,7 @@ int main(int argc, char **argv)
         }
         fcntl(out_fd[0], F_SETFD, FD_CLOEXEC);
         fcntl(err_fd[0], F_SETFD, FD_CLOEXEC);
-        pid_t pid = spawn(r, n, port, transport, timeout, prog, out_fd, err_fd);
+        pid_t pid = spawn(r, n, port, job_id, transport, timeout, prog, out_fd, err_fd);
         close(out_fd[1]);
         close(err_fd[1]);
         if (pid > 0)
@@ -456,10 +643,17 @@ int main(int argc, char **argv)
             signal_all(ranks, r, SIGKILL);
             return 1;
         }
-        ranks[r] = (rank_proc){.pid = pid, .running = 1, .guarded = 1};
+        ranks[r] = (rank_proc){.pid = pid, .running = 1, .guarded = 1, .open = {1, 1}};
         guard_send(pid);
-        ranks[r].streams[0] = (stream){.fd = out_fd[0], .out = stdout};
-        ranks[r].streams[1] = (stream){.fd = err_fd[0], .out = stderr};
+        ranks[r].streams[0] = (stream){.fd = out_fd[0]};
+        ranks[r].streams[1] = (stream){.fd = err_fd[0]};
+    }
+    int ctl = -1;
+    pid_t relay = relay_start(ranks, n, &ctl);
+    if (relay < 0) {
+        fprintf(stderr, "kt-launch: cannot start the output relay: %s\n", strerror(errno));
+        signal_all(ranks, n, SIGKILL);
+        return 1;
     }
 
     int failed_rank = -1, result = 0, running = n, open_streams = 2 * n;
@@ -471,12 +665,10 @@ int main(int argc, char **argv)
         int np = 0;
         pfd[np] = (struct pollfd){.fd = sig_pipe[0], .events = POLLIN};
         pfd_rank[np++] = -1;
-        for (int r = 0; r < n; r++)
-            for (int k = 0; k < 2; k++)
-                if (ranks[r].streams[k].fd >= 0) {
-                    pfd[np] = (struct pollfd){.fd = ranks[r].streams[k].fd, .events = POLLIN};
-                    pfd_rank[np++] = r * 2 + k;
-                }
+        if (ctl >= 0) {
+            pfd[np] = (struct pollfd){.fd = ctl, .events = POLLIN};
+            pfd_rank[np++] = 0;
+        }
         int64_t next = kill_at >= 0 && (linger_at < 0 || kill_at < linger_at) ? kill_at
                                                                                : linger_at;
         int wait = -1;
@@ -490,12 +682,25 @@ int main(int argc, char **argv)
             signal_all(ranks, n, SIGKILL);
             return 1;
         }
-        for (int j = 1; k > 0 && j < np; j++)
-            if (pfd[j].revents != 0) {
-                int r = pfd_rank[j] / 2;
-                if (!drain(r, &ranks[r].streams[pfd_rank[j] % 2]))
-                    open_streams--;
+        if (k > 0 && np > 1 && pfd[1].revents != 0) {
+            int32_t ends[64];
+            ssize_t got = read(ctl, ends, sizeof ends);
+            if (got <= 0 && !(got < 0 && (errno == EINTR || errno == EAGAIN))) {
+                /* the relay is gone: nothing holds the ranks' output any more */
+                close(ctl);
+                ctl = -1;
+                for (int r = 0; r < n; r++)
+                    ranks[r].open[0] = ranks[r].open[1] = 0;
+                open_streams = 0;
             }
+            for (ssize_t e = 0; e < got / (ssize_t)sizeof ends[0]; e++) {
+                int32_t x = ends[e]; /* whole messages: 4 bytes, written at once */
+                if (x >= 0 && x < 2 * n && ranks[x / 2].open[x % 2]) {
+                    ranks[x / 2].open[x % 2] = 0;
+                    open_streams--;
+                }
+            }
+        }
         if (k > 0 && pfd[0].revents != 0) {
             unsigned char sigs[64];
             ssize_t got = read(sig_pipe[0], sigs, sizeof sigs);
@@ -515,10 +720,32 @@ int main(int argc, char **argv)
         }
         pid_t pid;
         int status;
-        while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        while ((pid = waitpid(-1, &status, WNOHANG | WUNTRACED)) > 0) {
+            if (pid == relay)
+                relay = -1;
             for (int r = 0; r < n; r++) {
                 if (ranks[r].pid != pid || !ranks[r].running)
                     continue;
+                if (WIFSTOPPED(status)) {
+                    /* A stopped rank stalls every collective: its peers would wait for their
+                     * deadline (60 s by default). Unless the stop is the point (--keep-going,
+                     * the fault tests), the job ends now, named. */
+                    fprintf(stderr, "kt-launch: rank %d was stopped by signal %d (%s)%s\n", r,
+                            WSTOPSIG(status), strsignal(WSTOPSIG(status)),
+                            WSTOPSIG(status) == SIGTTIN || WSTOPSIG(status) == SIGTTOU
+                                ? ": it used the terminal, which belongs to kt-launch"
+                                : "");
+                    if (keep_going || failed_rank >= 0 || stopping)
+                        continue;
+                    failed_rank = r;
+                    if (!got_signal)
+                        result = 128 + WSTOPSIG(status);
+                    fprintf(stderr, "kt-launch: stopping the job\n");
+                    signal_all(ranks, n, SIGTERM); /* with SIGCONT, so the stopped one sees it */
+                    stopping = 1;
+                    kill_at = now_ms() + grace_ms;
+                    continue;
+                }
                 ranks[r].running = 0;
                 ranks[r].status = status;
                 running--;
@@ -561,11 +788,7 @@ int main(int argc, char **argv)
                 fprintf(stderr, "kt-launch: the ranks' output is held open outside their "
                         "process groups; not waiting for it\n");
                 for (int r = 0; r < n; r++)
-                    for (int j = 0; j < 2; j++)
-                        if (ranks[r].streams[j].fd >= 0) {
-                            close(ranks[r].streams[j].fd);
-                            ranks[r].streams[j].fd = -1;
-                        }
+                    ranks[r].open[0] = ranks[r].open[1] = 0;
                 open_streams = 0;
             }
             linger_stage++;
@@ -573,6 +796,16 @@ int main(int argc, char **argv)
         guard_forget_finished(ranks, n);
     }
     guard_forget_finished(ranks, n);
+    if (ctl >= 0)
+        close(ctl); /* the relay writes out what it holds, then exits */
+    /* Its last lines before kt-launch's exit, unless nothing reads them: then it finishes
+     * on its own (it holds the output, so a pipe's reader still gets everything). */
+    for (int64_t until = now_ms() + 2000; relay > 0 && now_ms() < until;) {
+        if (waitpid(relay, NULL, WNOHANG) == relay)
+            break;
+        struct timespec ts = {0, 5 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     free(ranks);
     free(pfd);
     free(pfd_rank);

@@ -44,6 +44,12 @@ typedef struct kt_comm_options {
     int master_port;
     kt_comm_transport transport; /* DEFAULT: KT_COMM_TRANSPORT (shm|tcp), else UCX's choice */
     int timeout_ms; /* 0: KT_COMM_TIMEOUT_MS or 60000 */
+    /* The job's identity (at most 127 bytes): the master refuses a process of another job
+     * that reaches its port. NULL: KT_JOB_ID (kt-launch sets a random one per launch), else
+     * TORCHELASTIC_RUN_ID, SLURM_JOB_ID.SLURM_STEP_ID, Open MPI's OMPI_MCA_ess_base_jobid,
+     * PMIX_NAMESPACE; with none of them the job is unnamed, and unnamed jobs cannot be told
+     * apart from each other (docs/parallel.md). */
+    const char *job_id;
 } kt_comm_options;
 
 /* A communicator of one rank: collectives are copies, send/recv to self fail. */

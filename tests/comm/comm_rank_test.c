@@ -395,6 +395,97 @@ static int idle_connection(void)
     return -1;
 }
 
+/* jobs: the rank sleeps TEST_DELAY_US first (the test staggers two jobs on one port), then
+ * every rank all-gathers its job's TEST_TOKEN: a rank of another job in this world shows up
+ * as a different token ("WRONG"). A refused rank prints REFUSED with the message. */
+static int scenario_jobs(void)
+{
+    const char *d = getenv("TEST_DELAY_US"), *tok = getenv("TEST_TOKEN");
+    if (d != NULL)
+        nanosleep(&(struct timespec){atol(d) / 1000000, (atol(d) % 1000000) * 1000}, NULL);
+    uint64_t mine = tok != NULL ? strtoull(tok, NULL, 10) : 0, all[64];
+    kt_comm *c = NULL;
+    kt_status s = kt_comm_create_ucx(NULL, &c);
+    if (s != KT_OK) {
+        printf("REFUSED rank %d: %s\n", g_rank, kt_last_error());
+        return 1;
+    }
+    s = g_size <= 64 ? kt_comm_all_gather(c, &mine, sizeof mine, all) : KT_EINVAL;
+    if (s == KT_OK)
+        s = kt_comm_barrier(c);
+    if (s != KT_OK) {
+        printf("REFUSED rank %d (after joining): %s\n", g_rank, kt_last_error());
+        kt_comm_destroy(c);
+        return 1;
+    }
+    for (int r = 0; r < g_size; r++)
+        if (all[r] != mine) {
+            printf("WRONG rank %d: rank %d of this world has token %llu, mine is %llu\n", g_rank,
+                   r, (unsigned long long)all[r], (unsigned long long)mine);
+            kt_comm_destroy(c);
+            return 1;
+        }
+    printf("PASS rank %d jobs token %llu\n", g_rank, (unsigned long long)mine);
+    kt_comm_destroy(c);
+    return 0;
+}
+
+/* garbage: rank 0 is no master but a listener that answers with text; rank 1's error must
+ * say what it received and from where. */
+static int scenario_garbage(void)
+{
+    const char *port = getenv("KT_MASTER_PORT");
+    if (g_rank == 0) {
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(port))};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        int one = 1, fd = socket(AF_INET, SOCK_STREAM, 0);
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 4) != 0)
+            fail("cannot listen on %s", port);
+        int cfd = accept(fd, NULL, NULL);
+        static const char text[] = "HTTP/1.0 400 Bad Request\r\n\r\n";
+        if (cfd < 0 || write(cfd, text, sizeof text - 1) != (ssize_t)(sizeof text - 1))
+            fail("accept / write");
+        nanosleep(&(struct timespec){0, 300000000}, NULL);
+        close(cfd);
+        close(fd);
+        printf("PASS rank 0 garbage (the listener)\n");
+        return 0;
+    }
+    kt_comm *c = NULL;
+    if (kt_comm_create_ucx(NULL, &c) == KT_OK)
+        fail("joined a listener that is no master");
+    char where[64];
+    snprintf(where, sizeof where, "127.0.0.1:%s", port);
+    if (strstr(kt_last_error(), "HTTP/1.0 400 Bad Request") == NULL ||
+        strstr(kt_last_error(), where) == NULL)
+        fail("the error does not show what came from %s: %s", where, kt_last_error());
+    printf("PASS rank %d garbage: %s\n", g_rank, kt_last_error());
+    return 0;
+}
+
+/* p2pseq: rank 0 sends three messages of tag 7; rank 1 receives them and waits for a fourth,
+ * which times out: the error must name recv #3, tag 7 and peer 0 (not "#0"). */
+static void scenario_p2pseq(kt_comm *c)
+{
+    int v = 0;
+    if (g_rank == 0) {
+        for (int i = 0; i < 3; i++)
+            CHECK(kt_comm_send(c, 1, 7, &v, sizeof v));
+        kt_status s = kt_comm_recv(c, 1, 9, &v, sizeof v); /* fails when rank 1 gives up */
+        if (s == KT_OK)
+            fail("a receive nobody sent completed");
+        printf("PASS rank 0 p2pseq: %s\n", kt_last_error());
+        return;
+    }
+    for (int i = 0; i < 3; i++)
+        CHECK(kt_comm_recv(c, 0, 7, &v, sizeof v));
+    kt_status s = kt_comm_recv(c, 0, 7, &v, sizeof v);
+    if (s != KT_ETIMEDOUT || strstr(kt_last_error(), "recv #3 (tag 7) from peer 0") == NULL)
+        fail("%s: %s", kt_status_str(s), kt_last_error());
+    printf("PASS rank 1 p2pseq: %s\n", kt_last_error());
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -406,6 +497,10 @@ int main(int argc, char **argv)
     const char *r = getenv("KT_RANK"), *n = getenv("KT_WORLD_SIZE");
     g_rank = r ? atoi(r) : -1;
     g_size = n ? atoi(n) : 0;
+    if (strcmp(g_scenario, "jobs") == 0)
+        return scenario_jobs();
+    if (strcmp(g_scenario, "garbage") == 0)
+        return scenario_garbage();
     if (strcmp(g_scenario, "absent") == 0 && g_rank == g_size - 1)
         return 0; /* never arrives */
     /* worldsize: the last rank believes in a larger world; every rank must fail, naming it
@@ -477,10 +572,12 @@ int main(int argc, char **argv)
         scenario_fault(c, SIGKILL);
     else if (strcmp(g_scenario, "stop") == 0)
         scenario_fault(c, SIGSTOP);
+    else if (strcmp(g_scenario, "p2pseq") == 0)
+        scenario_p2pseq(c);
     else
         fail("unknown scenario");
     int faulty = strcmp(g_scenario, "mismatch") == 0 || strcmp(g_scenario, "kill") == 0 ||
-                 strcmp(g_scenario, "stop") == 0;
+                 strcmp(g_scenario, "stop") == 0 || strcmp(g_scenario, "p2pseq") == 0;
     if (!faulty)
         printf("PASS rank %d %s in %.2f s\n", g_rank, g_scenario, now_s() - t0);
     double td = now_s();

@@ -124,7 +124,8 @@ if ! grep -q '^\[rank 1\] hello 1 of 2 at 127.0.0.1$' <<< "$out"; then
 fi
 out=$("$launch" --print-env -n 2 --port 4000 --timeout-ms 9000 hostA hostB)
 if ! grep -q '^hostB: KT_RANK=3 KT_WORLD_SIZE=4 KT_MASTER_ADDR=hostA KT_MASTER_PORT=4000 '\
-'KT_COMM_TIMEOUT_MS=9000$' <<< "$out"; then
+'KT_JOB_ID=kt-[0-9a-f]\{16\} KT_COMM_TIMEOUT_MS=9000$' <<< "$out" ||
+   [ "$(grep -o 'KT_JOB_ID=[^ ]*' <<< "$out" | sort -u | wc -l)" -ne 1 ]; then
   echo "FAIL: kt-launch --print-env: $out"
   failures=$((failures + 1))
 fi
