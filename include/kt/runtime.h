@@ -122,6 +122,8 @@ kt_status kt_check_environment(void);
  * optional K/M/G/T suffix). Sessions and MoE layers check what they are about to allocate
  * against it before committing anything. */
 kt_status kt_memory_available(uint64_t *bytes_out);
+/* A byte count for people: "33.6 GB", "512 KB", "17 bytes" (decimal units); returns buf. */
+const char *kt_format_bytes(uint64_t bytes, char *buf, size_t size);
 
 #ifdef __cplusplus
 }

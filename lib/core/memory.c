@@ -93,7 +93,7 @@ kt_status kt_memory_available(uint64_t *bytes_out)
     return available(bytes_out, &source);
 }
 
-const char *kt__format_bytes(uint64_t bytes, char *buf, size_t size)
+const char *kt_format_bytes(uint64_t bytes, char *buf, size_t size)
 {
     static const char *const units[] = {"KB", "MB", "GB", "TB", "PB"};
     if (bytes < 1000) {
@@ -117,6 +117,6 @@ kt_status kt__memory_admit(uint64_t bytes, const char *what)
         return KT_OK;
     char need[32], have[32];
     return kt__error(KT_ENOMEM, "%s needs %s of memory, but %s is available (%s): nothing was "
-                     "allocated", what, kt__format_bytes(bytes, need, sizeof need),
-                     kt__format_bytes(avail, have, sizeof have), source);
+                     "allocated", what, kt_format_bytes(bytes, need, sizeof need),
+                     kt_format_bytes(avail, have, sizeof have), source);
 }

@@ -12,7 +12,5 @@
 /* KT_OK when `bytes` fits in what is available; else KT_ENOMEM "<what> needs 33.6 GB of
  * memory, but 21.9 GB is available (MemAvailable ...)". */
 kt_status kt__memory_admit(uint64_t bytes, const char *what);
-/* "33.6 GB", "512 KB", "17 bytes" (decimal units) into buf. */
-const char *kt__format_bytes(uint64_t bytes, char *buf, size_t size);
 
 #endif

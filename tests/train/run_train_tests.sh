@@ -156,25 +156,46 @@ if "$check" tokens short.bin 100 64 markov &&
 fi
 
 # ---- errors: each a clear message and exit 1, on every rank, without waiting --------------------
-# expect_error NAME PATTERN COMMAND...
-expect_error() {
-  local name=$1 pattern=$2
-  shift 2
+# expect_exit RC NAME PATTERN COMMAND...; expect_error: RC 1 (2 is a usage error)
+expect_exit() {
+  local want=$1 name=$2 pattern=$3
+  shift 3
   timeout 60 "$@" > "$name.log" 2>&1
   local rc=$?
-  if [ "$rc" -eq 1 ] && grep -q -- "$pattern" "$name.log"; then
-    ok "$name: exit 1, $(grep -h -m1 -- "$pattern" "$name.log")"
+  if [ "$rc" -eq "$want" ] && grep -q -- "$pattern" "$name.log"; then
+    ok "$name: exit $rc, $(grep -h -m1 -- "$pattern" "$name.log")"
   else
-    fail "$name: exit $rc (want 1 and '$pattern')"
+    fail "$name: exit $rc (want $want and '$pattern')"
     sed 's/^/    /' "$name.log"
   fi
 }
+expect_error() { expect_exit 1 "$@"; }
 expect_error header "is larger than markov.bin" \
   "$train" lm1.ktp --data markov.bin --data-header 99999 --steps 1 --threads 1
 expect_error world_size "KT_WORLD_SIZE=abc is not a world size" \
   env KT_RANK=0 KT_WORLD_SIZE=abc "$train" lm1.ktp --data markov.bin --steps 1 --threads 1
 expect_error rank_of_one "KT_RANK=1 with KT_WORLD_SIZE=1" \
   env KT_RANK=1 KT_WORLD_SIZE=1 "$train" lm1.ktp --data markov.bin --steps 1 --threads 1
+# a run larger than the machine's memory is refused at once, before anything is allocated
+"$graphc" "$src/examples/lm.ktg" -o lm_huge.ktp -D T=4096 -D H=8192 -D VOCAB=65536 -D E=8 \
+  -D L=2 -D K=4 -D TOPK=2 > /dev/null
+t0=$(date +%s%N)
+expect_error memory_plan "nothing was allocated" \
+  "$train" lm_huge.ktp --data markov.bin --data-format u8 --steps 1 --threads 1
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+if [ "$ms" -lt 1000 ]; then ok "memory_plan: refused in $ms ms"; else fail "memory_plan: $ms ms"; fi
+expect_error memory_limit "but 102 KB is available" \
+  env KT_MEMORY_LIMIT=100K "$train" lm1.ktp --data markov.bin --steps 1 --threads 1
+expect_exit 2 memory_limit_bad "KT_MEMORY_LIMIT='lots' is not a byte count" \
+  env KT_MEMORY_LIMIT=lots "$train" lm1.ktp --data markov.bin --steps 1 --threads 1
+# every argument and input file is checked before memory is committed: an empty --params
+# file is refused as fast as a missing one
+: > empty.safetensors
+expect_error empty_params "empty.safetensors" \
+  "$train" lm_huge.ktp --data markov.bin --data-format u8 --steps 1 --params empty.safetensors
+expect_exit 2 bad_env "KT_NUM_THREADS='2x' is not a thread count" \
+  env KT_NUM_THREADS=2x "$train" lm1.ktp --data markov.bin --steps 1
+
 # a checkpoint is loaded whole or not at all: resuming works, another model's files do not
 "$check" select ref_sgd.safetensors ref_sgd.experts.safetensors moe. > /dev/null
 "$check" select ref_lora.safetensors ref_lora.experts.safetensors moe. > /dev/null
@@ -215,6 +236,11 @@ if [ "$launch" != none ]; then
     "$launch" -n 2 --timeout-ms 20000 -- "$train" lm2_noshard.ktp --data markov.bin --steps 1 \
     --threads 1
   # ranks started with different options (another launcher, by hand): refused before step 1
+  # ...also in the contents of a data file of the same size
+  expect_error ranks_differ_data "rank 1's the data file's contents differs" \
+    "$launch" -n 2 --timeout-ms 20000 -- sh -c \
+    'if [ "$KT_RANK" = 1 ]; then exec "$@" --data repeat.bin; else exec "$@"; fi' sh \
+    "$train" lm2.ktp --data markov.bin --steps 3 --threads 1
   expect_error ranks_differ "rank 1's --lr differs from rank 0's" \
     "$launch" -n 2 --timeout-ms 20000 -- sh -c \
     'if [ "$KT_RANK" = 1 ]; then exec "$@" --lr 0.5; else exec "$@"; fi' sh \

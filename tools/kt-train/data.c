@@ -184,11 +184,14 @@ static int check_all_ids(token_data *d)
     if (ids == NULL)
         return train_fail("out of memory checking the data", NULL);
     int failed = 0;
+    d->content_hash = 0xcbf29ce484222325ull; /* FNV-1a over the ids, for the same-run check */
     for (int64_t first = 0; first < d->n_tokens && !failed; first += RUN) {
         const int64_t n = d->n_tokens - first < RUN ? d->n_tokens - first : RUN;
         failed = read_run(d, first, n, ids);
-        for (int64_t i = 0; i < n && !failed; i++)
+        for (int64_t i = 0; i < n && !failed; i++) {
             failed = bad_id(d, first + i, ids[i]);
+            d->content_hash = (d->content_hash ^ (uint64_t)ids[i]) * 0x100000001b3ull;
+        }
     }
     free(ids);
     return failed;

@@ -328,10 +328,11 @@ static uint64_t params_hash(const trainer *t)
  * values are gathered and compared with rank 0's before the first step. */
 static int check_same_run(const trainer *t, const train_args *a)
 {
-    enum { N = 13 };
+    enum { N = 14 };
     static const char *const names[N] = {
         "--steps", "--seed", "--lr", "--optimizer", "--moe-inter", "--moe-dtype", "--moe-mode",
         "--data-format", "--data-header", "the data file's token count",
+        "the data file's contents",
         "the program's tokens per step", "--input-tokens / --input-targets",
         "the initial parameters (--params, --seed)"};
     uint32_t lr_bits;
@@ -343,6 +344,7 @@ static int check_same_run(const trainer *t, const train_args *a)
                              (uint64_t)a->moe_inter, (uint64_t)a->moe_dtype,
                              (uint64_t)a->moe_mode, (uint64_t)a->token_bytes,
                              (uint64_t)a->data_header, (uint64_t)t->data.n_tokens,
+                             t->data.content_hash,
                              (uint64_t)t->data.window, names_hash, params_hash(t)};
     uint64_t *all = malloc(sizeof own * (size_t)t->r.world);
     if (all == NULL)
@@ -397,10 +399,13 @@ static int check_memory(const trainer *t, const train_args *a)
         return train_fail("cannot read the memory available", kt_last_error());
     if (session + experts <= avail)
         return 0;
-    return train_error("%s needs %.2f GB of memory (%.2f GB for the program's memory plan, "
-                       "%.2f GB for the MoE experts), but %.2f GB is available: nothing was "
-                       "allocated", a->program, (double)(session + experts) * 1e-9,
-                       (double)session * 1e-9, (double)experts * 1e-9, (double)avail * 1e-9);
+    char total[32], plan[32], moe[32], have[32];
+    return train_error("%s needs %s of memory (%s for the program's memory plan, %s for the "
+                       "MoE experts), but %s is available: nothing was allocated", a->program,
+                       kt_format_bytes(session + experts, total, sizeof total),
+                       kt_format_bytes(session, plan, sizeof plan),
+                       kt_format_bytes(experts, moe, sizeof moe),
+                       kt_format_bytes(avail, have, sizeof have));
 }
 
 /* Everything before the first step. Every argument and input file is checked, and the whole

@@ -68,6 +68,7 @@ typedef struct token_data {
     FILE *file;
     int token_bytes;
     int64_t header, n_tokens;
+    uint64_t content_hash; /* of every id in the file (the ranks compare it) */
     int64_t window;   /* tokens per step over all ranks (T) */
     int64_t bound;    /* token ids must be in [0, bound); -1: no check here */
     int64_t *buf;     /* window + 1 tokens */
