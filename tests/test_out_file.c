@@ -19,6 +19,7 @@
 
 #include <cmocka.h>
 
+#include "io/out_file.h"
 #include "kt/io.h"
 #include "test_util.h"
 
@@ -179,8 +180,10 @@ static void test_write_and_replace(void **state)
     assert_int_equal(kt_out_write(f, "x", 1), KT_OK);
     kt_out_discard(f);
     kt_out_discard(NULL);
-    assert_int_equal(get_file(path, &len) != NULL, 1);
+    got = get_file(path, &len);
+    assert_non_null(got);
     assert_int_equal(len, 4 + 2 * big + 1);
+    free(got);
     expect_listing(dir, "out.bin");
 
     /* a relative path (no directory part) works too */
@@ -402,6 +405,85 @@ static void test_stale_temporaries(void **state)
     free(dir);
 }
 
+/* The fallback for filesystems without unnamed temporaries: a hidden named one, present
+ * while writing, gone after a commit, a discard or a failed write, and after a kill -9
+ * removed by the next open of the same path. */
+static void test_named_fallback(void **state)
+{
+    (void)state;
+    kt__out_force_named = 1;
+    char *dir = temp_dir(), *path = join(dir, "f.bin");
+    put_file(path, "old");
+    kt_out_file *f = NULL;
+    assert_int_equal(kt_out_open(path, &f), KT_OK);
+    char *names = listing(dir);
+    assert_true(strncmp(names, ".f.bin.kt-tmp.", 14) == 0);
+    free(names);
+    assert_int_equal(kt_out_write(f, "new", 3), KT_OK);
+    expect_file(path, "old");
+    assert_int_equal(kt_out_commit(f), KT_OK);
+    expect_file(path, "new");
+    expect_listing(dir, "f.bin");
+    assert_int_equal(kt_out_open(path, &f), KT_OK);
+    kt_out_discard(f);
+    expect_listing(dir, "f.bin");
+
+    fflush(NULL);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0)
+        child_full_disk(path);
+    int ws;
+    assert_int_equal(waitpid(child, &ws, 0), child);
+    assert_true(WIFEXITED(ws));
+    assert_int_equal(WEXITSTATUS(ws), 0);
+    expect_file(path, "new");
+    expect_listing(dir, "f.bin");
+
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    fflush(NULL);
+    child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        close(ready[0]);
+        if (kt_out_open(path, &f) != KT_OK || kt_out_write(f, "partial", 7) != KT_OK ||
+            write(ready[1], "r", 1) != 1)
+            _exit(4);
+        for (;;)
+            pause();
+    }
+    close(ready[1]);
+    char c;
+    assert_int_equal(read(ready[0], &c, 1), 1);
+    close(ready[0]);
+    assert_int_equal(kill(child, SIGKILL), 0);
+    assert_int_equal(waitpid(child, &ws, 0), child);
+    names = listing(dir);
+    assert_non_null(strstr(names, ".f.bin.kt-tmp.")); /* what the dead writer left */
+    free(names);
+    expect_file(path, "new");
+    write_whole(path, "newer");
+    expect_file(path, "newer");
+    expect_listing(dir, "f.bin");
+    /* permissions as with unnamed temporaries */
+    mode_t old = umask(027);
+    assert_int_equal(chmod(path, 0604), 0);
+    write_whole(path, "newest");
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0604);
+    assert_int_equal(unlink(path), 0);
+    write_whole(path, "new file");
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0640);
+    umask(old);
+    kt__out_force_named = 0;
+    remove_tree(dir);
+    free(path);
+    free(dir);
+}
+
 /* ---- inputs ---------------------------------------------------------------------------------- */
 
 static void test_in_open(void **state)
@@ -459,6 +541,7 @@ int main(void)
         cmocka_unit_test(test_failed_write_keeps_old),
         cmocka_unit_test(test_kill_during_write),
         cmocka_unit_test(test_stale_temporaries),
+        cmocka_unit_test(test_named_fallback),
         cmocka_unit_test(test_in_open),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "io/out_file.h"
 
 /* Text from kt_out_printf is gathered here so that a trace of many small records does not
  * cost a system call each. */
@@ -29,6 +30,8 @@
  * for the rest (".", ".kt-tmp.", a PID and a counter). */
 #define BASE_SHOWN 200
 #define TMP_TAG ".kt-tmp."
+
+int kt__out_force_named;
 
 struct kt_out_file {
     char *path;  /* as given, for messages */
@@ -162,6 +165,14 @@ static kt_status name_temp(kt_out_file *f, int link_fd)
         } else {
             f->fd = openat(f->dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, f->mode);
             ok = f->fd >= 0;
+            /* the umask applies once more: a replaced file's own bits may lie outside it */
+            if (ok && fchmod(f->fd, f->mode) != 0) {
+                kt_status s = sys_error(errno, f->path, "cannot set the new file's mode");
+                close(f->fd);
+                f->fd = -1;
+                unlinkat(f->dirfd, name, 0);
+                return s;
+            }
         }
         if (ok) {
             f->tmp = strdup(name);
@@ -181,7 +192,7 @@ static kt_status name_temp(kt_out_file *f, int link_fd)
 /* An unnamed temporary, where the filesystem has them and /proc can link one in later. */
 static int open_unnamed(kt_out_file *f)
 {
-    if (access("/proc/self/fd", X_OK) != 0)
+    if (kt__out_force_named || access("/proc/self/fd", X_OK) != 0)
         return -1;
     int fd = openat(f->dirfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, f->mode);
     /* the mode the kernel gives an O_TMPFILE differs between versions: set it */
