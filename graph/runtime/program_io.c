@@ -8,7 +8,6 @@
  * bytes present, the checksum, and then validates the whole program (shapes re-inferred,
  * lifetimes, the memory plan), so a damaged file is an error, never a crash. */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
