@@ -9,6 +9,7 @@
  *
  * usage: kt-demo [--steps N] [--threads T] [--lr X]
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,7 +78,7 @@ static int parse_args(int argc, char **argv, int *steps, int *threads, float *lr
             printf("usage: kt-demo [--steps N] [--threads T] [--lr X]\n"
                    "Trains a two-layer MLP classifier on synthetic clusters with libkt's\n"
                    "kernels and prints the loss and accuracy as it goes.\n");
-            exit(0);
+            return -1;
         }
         const int known = strcmp(argv[i], "--steps") == 0 || strcmp(argv[i], "--threads") == 0 ||
                           strcmp(argv[i], "--lr") == 0;
@@ -103,12 +104,13 @@ static int parse_args(int argc, char **argv, int *steps, int *threads, float *lr
     return 0;
 }
 
-int main(int argc, char **argv)
+static int demo(int argc, char **argv)
 {
     int steps = 200, threads = 0;
     float lr = 0.5f;
-    if (parse_args(argc, argv, &steps, &threads, &lr))
-        return 2;
+    int parsed = parse_args(argc, argv, &steps, &threads, &lr);
+    if (parsed != 0)
+        return parsed < 0 ? 0 : 2;
 
     die_on(kt_arena_create(&arena, 64u << 20, -1), "arena");
     kt_threadpool *pool = NULL;
@@ -217,4 +219,17 @@ int main(int argc, char **argv)
     kt_threadpool_destroy(pool);
     kt_arena_destroy(&arena);
     return last < first ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    int rc = demo(argc, argv);
+    /* output redirected to a full disk or a closed pipe is a failure, not a quiet exit 0 */
+    errno = 0;
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "kt-demo: cannot write to standard output: %s\n",
+                errno != 0 ? strerror(errno) : "an earlier write failed");
+        return 1;
+    }
+    return rc;
 }

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -979,8 +980,14 @@ static void test_program_files(void **state)
     TU_EXPECT_ERROR(kt_program_load(path, &q), KT_EFORMAT, "declares a 1099511627776-byte body",
                     "more than a program file holds");
     close(fd);
-    /* a device that never ends is not read to its end */
-    TU_EXPECT_ERROR(kt_program_load("/dev/zero", &q), KT_EFORMAT, "/dev/zero", "bad magic");
+    /* a device is refused (one that never ends used to be read, one that waits to block) */
+    TU_EXPECT_ERROR(kt_program_load("/dev/zero", &q), KT_EINVAL, "/dev/zero", "character device");
+    /* a named FIFO nobody writes is refused at once (open() used to wait for a writer) */
+    char fifo[128];
+    snprintf(fifo, sizeof fifo, "%s/fifo.ktp", dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    TU_EXPECT_ERROR(kt_program_load(fifo, &q), KT_EINVAL, fifo, "FIFO");
+    assert_int_equal(unlink(fifo), 0);
 
     /* a regular file larger than any program (sparse: no disk used) is refused unread */
     char big[] = "/tmp/kt_test_program_big_XXXXXX";

@@ -9,9 +9,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "kt/io.h"
 #include "kt/kt.h"
 #include "kt/program.h"
+#include "common/files.h"
 #include "common/usage.h"
 
 #define MAX_DEFINES 64
@@ -166,11 +169,15 @@ static int parse_args(args *a, int argc, char **argv)
 #define MAX_SOURCE_BYTES (64u << 20)
 
 /* NULL with errno set (EFBIG past MAX_SOURCE_BYTES) */
-static char *read_file(const char *path, size_t *len_out)
+static char *read_file(int fd, size_t *len_out)
 {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
+    FILE *f = fdopen(fd, "rb");
+    if (f == NULL) {
+        int err = errno;
+        close(fd);
+        errno = err;
         return NULL;
+    }
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap);
     while (buf != NULL) {
@@ -202,13 +209,16 @@ static char *read_file(const char *path, size_t *len_out)
     return buf;
 }
 
-static int write_text(const char *path, const char *text, size_t len)
+static kt_status write_text(const char *path, const char *text, size_t len)
 {
-    FILE *f = fopen(path, "wb");
-    if (f == NULL)
-        return 0;
-    int ok = fwrite(text, 1, len, f) == len;
-    return fclose(f) == 0 && ok;
+    kt_out_file *f = NULL;
+    kt_status s = kt_out_open(path, &f);
+    if (s == KT_OK)
+        s = kt_out_write(f, text, len);
+    if (s == KT_OK)
+        return kt_out_commit(f);
+    kt_out_discard(f);
+    return s;
 }
 
 /* A kt_program_describe/kt_program_dot result as a heap string. */
@@ -226,7 +236,10 @@ static char *render(size_t (*fn)(const kt_program *, char *, size_t), const kt_p
 static int run(const args *a)
 {
     size_t len;
-    char *text = read_file(a->input, &len);
+    int fd;
+    if (tool_open_input("kt-graphc", "the model file", a->input, &fd) != 0)
+        return 1;
+    char *text = read_file(fd, &len);
     if (text == NULL) {
         if (errno == EFBIG)
             fprintf(stderr, "kt-graphc: '%s' is larger than %u MiB: not a model description\n",
@@ -301,10 +314,11 @@ static int run(const args *a)
     if (a->dot != NULL) {
         size_t n;
         char *dot = render(kt_program_dot, p, &n);
-        errno = 0;
-        if (dot == NULL || !write_text(a->dot, dot, n)) {
-            fprintf(stderr, "kt-graphc: cannot write '%s': %s\n", a->dot,
-                    dot == NULL ? "out of memory" : strerror(errno ? errno : EIO));
+        if (dot == NULL) {
+            fprintf(stderr, "kt-graphc: cannot write '%s': out of memory\n", a->dot);
+            rc = 1;
+        } else if (write_text(a->dot, dot, n) != KT_OK) {
+            fprintf(stderr, "kt-graphc: cannot write the graph: %s\n", kt_last_error());
             rc = 1;
         }
         free(dot);
@@ -319,7 +333,7 @@ static int run(const args *a)
         rc = 1;
     }
     if (rc == 0 && a->output != NULL && kt_program_save(p, a->output) != KT_OK) {
-        fprintf(stderr, "kt-graphc: cannot write '%s': %s\n", a->output, kt_last_error());
+        fprintf(stderr, "kt-graphc: cannot write the program: %s\n", kt_last_error());
         rc = 1;
     }
     if (rc == 0)
@@ -336,11 +350,17 @@ int main(int argc, char **argv)
     args a;
     memset(&a, 0, sizeof a);
     int rc = parse_args(&a, argc, argv);
+    if (rc == 0) {
+        const tool_path paths[] = {
+            {"the model file", a.input, 0}, {"-o", a.output, 1}, {"--dot", a.dot, 1}};
+        rc = tool_check_paths("kt-graphc", paths, 3);
+    }
     if (rc == 0)
         rc = run(&a);
     else if (rc < 0)
         rc = 0;
     for (int i = 0; i < a.n_defines; i++)
         free((void *)a.defines[i].name);
-    return rc;
+    int out = tool_finish_stdout("kt-graphc");
+    return rc != 0 ? rc : out;
 }

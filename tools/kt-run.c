@@ -14,6 +14,7 @@
 
 #include "kt/io.h"
 #include "kt/program.h"
+#include "common/files.h"
 #include "common/usage.h"
 
 #define GRAD_PREFIX "grad."
@@ -382,7 +383,18 @@ int main(int argc, char **argv)
     }
     run_args a;
     int rc = parse_args(argc, argv, &a);
-    if (rc != 0)
-        return rc < 0 ? 0 : rc;
-    return run(&a);
+    if (rc == 0) {
+        const tool_path paths[] = {{"the program file", a.program, 0},
+                                   {"--params", a.params, 0},
+                                   {"--inputs", a.inputs, 0},
+                                   {"--out", a.out, 1},
+                                   {"--trace", a.trace, 1}};
+        rc = tool_check_paths("kt-run", paths, 5);
+    }
+    if (rc == 0)
+        rc = run(&a);
+    else if (rc < 0)
+        rc = 0;
+    int out = tool_finish_stdout("kt-run");
+    return rc != 0 ? rc : out;
 }

@@ -8,7 +8,6 @@
  * bytes present, the checksum, and then validates the whole program (shapes re-inferred,
  * lifetimes, the memory plan), so a damaged file is an error, never a crash. */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +18,7 @@
 #include "core/read_upto.h"
 #include "graph/program_internal.h"
 #include "graph/runtime/bytes.h"
+#include "kt/io.h"
 
 #define KTP_MAGIC "KTPROGRM"
 /* 2: step flags (recompute); 3: the moe keep-none flag (KT__STEP_MOE_RECOMPUTES). Version 2
@@ -193,16 +193,14 @@ kt_status kt_program_save(const kt_program *p, const char *path)
     if (buf == NULL)
         return kt__error(KT_ENOMEM, "kt_program_save: out of memory (%zu bytes)", n);
     encode(p, buf, n);
-    kt_status status = KT_OK;
-    FILE *f = fopen(path, "wb");
-    if (f == NULL) {
-        status = kt__error(KT_EIO, "%s: cannot open for writing: %s", path, strerror(errno));
-    } else {
-        if (fwrite(buf, 1, n, f) != n)
-            status = kt__error(KT_EIO, "%s: write failed: %s", path, strerror(errno));
-        if (fclose(f) != 0 && status == KT_OK)
-            status = kt__error(KT_EIO, "%s: close failed: %s", path, strerror(errno));
-    }
+    kt_out_file *out = NULL;
+    kt_status status = kt_out_open(path, &out);
+    if (status == KT_OK)
+        status = kt_out_write(out, buf, n);
+    if (status == KT_OK)
+        status = kt_out_commit(out);
+    else
+        kt_out_discard(out);
     free(buf);
     return status;
 }
@@ -418,9 +416,8 @@ kt_status kt_program_load(const char *path, kt_program **program_out)
 {
     if (path == NULL || program_out == NULL)
         return kt__error(KT_EINVAL, "kt_program_load: NULL argument");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return kt__error(KT_EIO, "%s: cannot open: %s", path, strerror(errno));
+    int fd = -1;
+    KT__TRY(kt_in_open(path, &fd, NULL));
     unsigned char *buf = NULL;
     size_t len = 0;
     kt_status status = read_file(fd, path, &buf, &len);

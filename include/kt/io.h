@@ -31,8 +31,9 @@ extern "C" {
 
 typedef struct kt_st_file kt_st_file;
 
-/* Maps the file read-only (or reads it, where it cannot be mapped: pipes, special files)
- * and parses its header. A mapped file must not be truncated while it is open: the views
+/* Opens the file with kt_in_open below (a regular file or an anonymous pipe; a named FIFO, a
+ * device or a directory is refused without waiting), maps it read-only (or reads it, where it
+ * cannot be mapped: pipes) and parses its header. A mapped file must not be truncated while it is open: the views
  * would then point at pages that no longer exist (SIGBUS). Errors name the path; failures
  * to open or read are KT_EIO with the system's reason. */
 kt_status kt_st_open(const char *path, kt_st_file **file_out);
@@ -73,10 +74,62 @@ kt_status kt_st_serialized_size(const kt_st_item *items, size_t n, const char *c
 /* Writes the file image into buf (at least kt_st_serialized_size bytes). */
 kt_status kt_st_serialize(const kt_st_item *items, size_t n, const char *const *metadata,
                           void *buf, size_t size);
-/* Writes the file atomically: a temporary file next to `path`, synced, then renamed over it;
- * on failure the temporary file is removed and `path` is unchanged. */
+/* Writes the file through kt_out_open/kt_out_commit below: `path` ends up holding the whole
+ * new file or, on any failure, exactly what it held before. */
 kt_status kt_st_save(const char *path, const kt_st_item *items, size_t n,
                      const char *const *metadata);
+
+/* ---- output files: whole or not at all -------------------------------------------------------
+ *
+ * Every file libkt writes (safetensors, programs, traces) goes through this writer, and tools
+ * and applications may use it for their own. The data goes to a temporary file in the same
+ * directory as `path`; kt_out_commit syncs it and renames it over `path` in one step, so a
+ * reader, a crash, Ctrl-C, kill -9 or a full disk sees either the old file or the new one,
+ * never a mix or a truncated file.
+ *
+ * The temporary is an unnamed file (O_TMPFILE) where the filesystem allows, which vanishes by
+ * itself when the process dies; it gets a name only for the instant between the last sync and
+ * the rename. Elsewhere it is a hidden ".NAME.kt-tmp.PID.N" beside the target; kt_out_open
+ * removes such files left by processes that no longer exist (by PID; a temporary written from
+ * another PID namespace is left alone), so a killed writer leaves nothing lasting behind.
+ *
+ * kt_out_open refuses (KT_EINVAL, naming the path and what it is) a path that exists and is not
+ * a regular file: a symbolic link, a device, a FIFO, a socket or a directory is never replaced
+ * or written through. A new file gets the mode a plain create gives (0666 less the umask); a
+ * replaced one keeps its permission bits. Errors name the path and the system's reason (KT_EIO,
+ * "No space left on device"; a missing directory says so). Not for use by several threads on
+ * one kt_out_file at once. */
+typedef struct kt_out_file kt_out_file;
+
+kt_status kt_out_open(const char *path, kt_out_file **file_out);
+/* Appends n bytes (any size; short writes and EINTR are retried). A failure is remembered:
+ * kt_out_commit then fails too, so a writer may check only the commit. */
+kt_status kt_out_write(kt_out_file *f, const void *data, size_t n);
+/* Appends formatted text (buffered; for text writers: traces, Graphviz). */
+kt_status kt_out_printf(kt_out_file *f, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+/* Flushes, syncs the data, renames the temporary over the path and syncs the directory. It
+ * frees f whatever happens: on failure the temporary is removed and the path is untouched
+ * (only a failure to sync the directory, reported too, comes after the path holds the new
+ * file). */
+kt_status kt_out_commit(kt_out_file *f);
+/* Abandons the file: removes the temporary, leaves the path as it was, frees f. NULL is
+ * fine. */
+void kt_out_discard(kt_out_file *f);
+
+/* ---- input files: never blocking -------------------------------------------------------------
+ *
+ * Opens `path` for reading (close-on-exec) without waiting: the open itself never blocks, and
+ * only what can be read to an end is accepted: regular files, and anonymous pipes (a shell's
+ * `<(...)` or `|`, whose writer already exists). A named FIFO (which would wait for a writer
+ * that may never come), a directory, a device or a socket is refused with KT_EINVAL naming the
+ * path and what it is; other failures are KT_EIO with the system's reason. kt_st_open and
+ * kt_program_load open their files this way. The descriptor is blocking again on return;
+ * *is_regular_out (may be NULL) says whether it is a regular file. */
+kt_status kt_in_open(const char *path, int *fd_out, int *is_regular_out);
 
 #ifdef __cplusplus
 }

@@ -121,9 +121,13 @@ size_t kt_program_dot(const kt_program *p, char *buf, size_t size);
 
 kt_status kt_program_serialized_size(const kt_program *p, size_t *bytes_out);
 kt_status kt_program_serialize(const kt_program *p, void *buf, size_t size);
+/* Writes through kt_out_open/kt_out_commit (kt/io.h): the path holds the whole new program or,
+ * on any failure, what it held before; a path that is not a regular file is refused. */
 kt_status kt_program_save(const kt_program *p, const char *path);
 /* Loading validates everything: magic, version, sizes, checksum, every table entry. */
 kt_status kt_program_load_memory(const void *data, size_t size, kt_program **program_out);
+/* Opens the file with kt_in_open (kt/io.h): a regular file or an anonymous pipe; a named FIFO,
+ * a device or a directory is refused without waiting. */
 kt_status kt_program_load(const char *path, kt_program **program_out);
 
 /* ---- sessions ------------------------------------------------------------------------------------ */
@@ -232,7 +236,8 @@ kt_status kt_session_save(kt_session *s, const char *path, int with_optimizer);
  * copied: when any check fails, nothing is changed. */
 kt_status kt_session_load(kt_session *s, const char *path, unsigned flags);
 
-/* Writes events as Chrome trace-event JSON (chrome://tracing, Perfetto). */
+/* Writes events as Chrome trace-event JSON (chrome://tracing, Perfetto), whole or not at all
+ * (kt_out_open, kt/io.h). */
 kt_status kt_trace_write_json(const kt_trace_event *events, size_t n, const char *path);
 
 #ifdef __cplusplus

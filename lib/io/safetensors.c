@@ -9,8 +9,6 @@
 #include "kt/io.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -491,11 +489,10 @@ kt_status kt_st_open(const char *path, kt_st_file **file_out)
     size_t size = 0;
     unsigned char *buf = NULL;
     kt_st_file *f = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        s = errno_error(errno, path, "cannot open");
+    int fd = -1;
+    s = kt_in_open(path, &fd, NULL);
+    if (s != KT_OK)
         goto done;
-    }
     struct stat st;
     if (fstat(fd, &st) != 0) {
         s = errno_error(errno, path, "cannot stat");
@@ -886,56 +883,6 @@ kt_status kt_st_serialize(const kt_st_item *items, size_t n, const char *const *
     return KT_OK;
 }
 
-static kt_status write_all(int fd, const char *path, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    while (n > 0) {
-        /* Linux writes at most about 2 GiB per call; asking for less keeps that portable. */
-        size_t chunk = n < ((size_t)1 << 30) ? n : ((size_t)1 << 30);
-        ssize_t w = write(fd, b, chunk);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return errno_error(errno, path, "cannot write");
-        b += w;
-        n -= (size_t)w;
-    }
-    return KT_OK;
-}
-
-/* Opens a fresh file next to `path`; O_EXCL plus a per-process counter keeps concurrent
- * savers (threads or processes) from sharing one. The mode leaves permissions to umask. */
-static kt_status create_temp(const char *path, char **tmp_out, int *fd_out)
-{
-    static atomic_uint counter;
-    kt_status s = KT_OK;
-    int fd = -1;
-    size_t cap = strlen(path) + 64;
-    char *tmp = malloc(cap);
-    if (tmp == NULL) {
-        s = kt__error(KT_ENOMEM, "%s: out of memory", path);
-        goto done;
-    }
-    for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
-        snprintf(tmp, cap, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&counter, 1u));
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd < 0 && errno != EEXIST) {
-            s = errno_error(errno, tmp, "cannot create");
-            goto done;
-        }
-    }
-    if (fd < 0)
-        s = kt__error(KT_EIO, "%s: cannot find an unused temporary file name", path);
-done:
-    if (s != KT_OK) {
-        free(tmp);
-        return s;
-    }
-    *tmp_out = tmp;
-    *fd_out = fd;
-    return KT_OK;
-}
-
 kt_status kt_st_save(const char *path, const kt_st_item *items, size_t n,
                      const char *const *metadata)
 {
@@ -944,35 +891,24 @@ kt_status kt_st_save(const char *path, const kt_st_item *items, size_t n,
     size_t header, data;
     KT__TRY(plan("kt_st_save", items, n, metadata, &header, &data));
     kt_status s = KT_OK;
-    char *tmp = NULL;
-    int fd = -1;
+    kt_out_file *out = NULL;
     sink k = {.buf = malloc(8 + header)};
     if (k.buf == NULL) {
         s = kt__error(KT_ENOMEM, "%s: out of memory", path);
         goto done;
     }
     put_prefix(&k, header, items, n, metadata);
-    s = create_temp(path, &tmp, &fd);
+    s = kt_out_open(path, &out);
     if (s != KT_OK)
         goto done;
-    s = write_all(fd, tmp, k.buf, k.len);
+    s = kt_out_write(out, k.buf, k.len);
     for (size_t i = 0; i < n && s == KT_OK; i++)
-        s = write_all(fd, tmp, items[i].tensor.data, kt_tensor_nbytes(&items[i].tensor));
-    /* fsync before rename: otherwise a crash can leave the new name over empty data. */
-    if (s == KT_OK && fsync(fd) != 0)
-        s = errno_error(errno, tmp, "cannot sync");
-    int fd_closed = close(fd);
-    fd = -1;
-    if (s == KT_OK && fd_closed != 0)
-        s = errno_error(errno, tmp, "cannot close");
-    if (s == KT_OK && rename(tmp, path) != 0)
-        s = errno_error(errno, path, "cannot replace it with the temporary file");
+        s = kt_out_write(out, items[i].tensor.data, kt_tensor_nbytes(&items[i].tensor));
+    if (s == KT_OK)
+        s = kt_out_commit(out);
+    else
+        kt_out_discard(out);
 done:
-    if (fd >= 0)
-        close(fd);
-    if (s != KT_OK && tmp != NULL)
-        unlink(tmp);
-    free(tmp);
     free(k.buf);
     return s;
 }

@@ -15,6 +15,10 @@ for what in "" graph gemm moe checkpoint comm halo; do
   out=$("$bench" $what --help 2>&1) || fail "kt-bench $what --help exited $?"
   grep -q "usage: kt-bench" <<<"$out" || fail "kt-bench $what --help printed no usage"
 done
+# standard output on a full disk is an error (it used to exit 0)
+if "$bench" --help > /dev/full 2> /dev/null; then
+  fail "kt-bench --help > /dev/full exited 0"
+fi
 
 # check_json KIND: every stdin line a JSON object with the keys of KIND
 check_json() {

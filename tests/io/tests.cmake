@@ -1,5 +1,6 @@
 # safetensors tests (owned by the io work)
 kt_add_test(test_io_safetensors LABELS io)
+kt_add_test(test_out_file LABELS io)
 
 # Cross-check against PyTorch's safetensors: the helper writes and checks files whose values
 # follow a formula that tests/io/st_torch_roundtrip.py computes too. The script exits 77

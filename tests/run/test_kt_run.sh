@@ -85,6 +85,80 @@ expect_error usage_threads 2 "^kt-run: --threads needs a positive number" \
 
 "$run" --help | grep -q "usage: kt-run" || fail "--help"
 
+# ---- the files kt-run writes and reads (docs/files.md) ----
+same() { # NAME FILE COPY: FILE is byte-identical to COPY
+  cmp -s "$2" "$3" || fail "$1: $2 changed"
+}
+cp "$dir/inputs.safetensors" "$dir/in2.safetensors" && cp "$dir/inputs.safetensors" "$dir/in2.orig"
+cp "$dir/fwd.safetensors" "$dir/prev.safetensors" && cp "$dir/fwd.safetensors" "$dir/prev.orig"
+in_args=(--inputs "$dir/inputs.safetensors")
+# an output naming an input, or the other output: a usage error, the input as it was
+expect_error out_is_input 2 "^kt-run: --out names the same file as --inputs .*must not overwrite an input" \
+  "$dir/model.ktp" "${common[@]}" --inputs "$dir/in2.safetensors" --out "$dir/in2.safetensors"
+same out_is_input "$dir/in2.safetensors" "$dir/in2.orig"
+cp "$dir/params.safetensors" "$dir/p2.safetensors" && cp "$dir/params.safetensors" "$dir/p2.orig"
+ln "$dir/p2.safetensors" "$dir/p2_hard.safetensors"
+expect_error trace_is_params 2 "^kt-run: --trace names the same file as --params" \
+  "$dir/model.ktp" --params "$dir/p2.safetensors" "${in_args[@]}" --out "$dir/y.safetensors" \
+  --trace "$dir/p2_hard.safetensors"
+same trace_is_params "$dir/p2.safetensors" "$dir/p2.orig"
+cp "$dir/model.ktp" "$dir/m2.ktp" && cp "$dir/model.ktp" "$dir/m2.orig"
+expect_error trace_is_program 2 "^kt-run: --trace names the same file as the program file" \
+  "$dir/m2.ktp" "${common[@]}" "${in_args[@]}" --out "$dir/y.safetensors" --trace "$dir/m2.ktp"
+same trace_is_program "$dir/m2.ktp" "$dir/m2.orig"
+expect_error trace_is_out 2 "^kt-run: --trace names the same file as --out .*two outputs" \
+  "$dir/model.ktp" "${common[@]}" "${in_args[@]}" --out "$dir/y.safetensors" \
+  --trace "$dir/y.safetensors"
+[ -e "$dir/y.safetensors" ] && fail "a refused run wrote its output file"
+
+# --out onto a symbolic link or a FIFO: refused, both left as they were
+ln -s prev.safetensors "$dir/link.safetensors"
+expect_error out_symlink 1 "link\.safetensors: is a symbolic link" \
+  "$dir/model.ktp" "${common[@]}" "${in_args[@]}" --out "$dir/link.safetensors"
+[ "$(readlink "$dir/link.safetensors")" = prev.safetensors ] || fail "out_symlink: link replaced"
+same out_symlink "$dir/prev.safetensors" "$dir/prev.orig"
+mkfifo "$dir/out.fifo"
+expect_error out_fifo 1 "out\.fifo: is a FIFO" \
+  "$dir/model.ktp" "${common[@]}" "${in_args[@]}" --out "$dir/out.fifo"
+[ -p "$dir/out.fifo" ] || fail "out_fifo: the FIFO was replaced"
+expect_error trace_fifo 1 "out\.fifo: is a FIFO" \
+  "$dir/model.ktp" "${common[@]}" "${in_args[@]}" --out "$dir/z.safetensors" \
+  --trace "$dir/out.fifo"
+[ -p "$dir/out.fifo" ] || fail "trace_fifo: the FIFO was replaced"
+
+# a FIFO as any input is refused at once (open() used to wait for a writer forever)
+mkfifo "$dir/in.fifo"
+run_timeout() { timeout 10 "$run" "$@"; }
+for which in inputs params program; do
+  args=("$dir/model.ktp" "${common[@]}" "${in_args[@]}" --out "$dir/w.safetensors")
+  case $which in
+    inputs) args=("$dir/model.ktp" "${common[@]}" --inputs "$dir/in.fifo" --out "$dir/w.safetensors") ;;
+    params) args=("$dir/model.ktp" --params "$dir/in.fifo" "${in_args[@]}" --out "$dir/w.safetensors") ;;
+    program) args=("$dir/in.fifo" "${common[@]}" "${in_args[@]}" --out "$dir/w.safetensors") ;;
+  esac
+  timeout 10 "$run" "${args[@]}" > /dev/null 2> "$dir/fifo_$which.err"
+  rc=$?
+  if [ "$rc" -ne 1 ] || ! grep -q "in\.fifo: is a named FIFO" "$dir/fifo_$which.err"; then
+    fail "fifo_$which: exit $rc: $(cat "$dir/fifo_$which.err")"
+  else
+    echo "ok: fifo_$which: $(head -n 1 "$dir/fifo_$which.err")"
+  fi
+done
+
+# a full disk (writes past 1 KiB fail; the backward outputs take 1.3 KiB) leaves the previous
+# outputs (the forward ones) as they were, and no temporary file
+(trap '' XFSZ; ulimit -f 1; exec "$run" "$dir/model.ktp" "${common[@]}" "${in_args[@]}" \
+  --backward --out "$dir/prev.safetensors") > /dev/null 2> "$dir/full.err"
+rc=$?
+if [ "$rc" -ne 1 ] || ! grep -q "prev\.safetensors.*File too large" "$dir/full.err"; then
+  fail "out_full: exit $rc: $(cat "$dir/full.err")"
+else
+  echo "ok: out_full: $(head -n 1 "$dir/full.err")"
+fi
+same out_full "$dir/prev.safetensors" "$dir/prev.orig"
+leftover=$(ls -A "$dir" | grep -e '\.kt-tmp\.' -e '\.tmp' || true)
+[ -z "$leftover" ] || fail "temporary files left: $leftover"
+
 if [ "$failures" -ne 0 ]; then
   echo "$failures failure(s)" >&2
   exit 1

@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <time.h>
 
+#include "common/files.h"
 #include "bench.h"
 #include "common/usage.h"
 #include "kt/kt.h"
@@ -100,7 +101,7 @@ static void usage(FILE *f)
                "  -h, --help     this text; 'kt-bench <what> --help' for a subcommand\n");
 }
 
-int main(int argc, char **argv)
+static int bench_main(int argc, char **argv)
 {
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(argc < 2 ? stderr : stdout);
@@ -159,4 +160,11 @@ int main(int argc, char **argv)
     }
     free(rest);
     return rc;
+}
+
+int main(int argc, char **argv)
+{
+    int rc = bench_main(argc, argv);
+    int out = tool_finish_stdout("kt-bench");
+    return rc != 0 ? rc : out;
 }

@@ -1,0 +1,29 @@
+/* Shared by the command-line tools: opening inputs, checking that no output overwrites an
+ * input, and reporting a failed standard output. Messages go to stderr as "TOOL: ..."; the
+ * functions return the tools' exit statuses (0, 1 an error, 2 a usage error). */
+#ifndef KT_TOOLS_FILES_H
+#define KT_TOOLS_FILES_H
+
+/* Opens path for reading through kt_in_open (kt/io.h): never blocking in open(), a regular
+ * file or an anonymous pipe (`<(...)`) only; a named FIFO, a directory or a device is refused.
+ * On failure prints "TOOL: cannot read WHAT: <reason naming the path>" and returns 1. */
+int tool_open_input(const char *tool, const char *what, const char *path, int *fd_out);
+
+typedef struct tool_path {
+    const char *option; /* as the user wrote it: "--data", "-o", "the model file" */
+    const char *path;   /* NULL: not given, skipped */
+    int is_output;
+} tool_path;
+
+/* Refuses (usage error, 2) an output that is the same file as an input or as another output:
+ * the same (device, inode) where the file exists (symbolic and hard links count), the same
+ * directory and name where it does not yet. Prints, e.g., "kt-train: --losses names the same
+ * file as --data (data.bin): an output must not overwrite an input". 0 when all differ. */
+int tool_check_paths(const char *tool, const tool_path *entries, int n);
+
+/* Flushes stdout and checks it for write errors (a full disk, a closed pipe): prints
+ * "TOOL: cannot write to standard output: <reason>" and returns 1, else 0. Every tool's main
+ * returns through it, so that `tool > /dev/full` does not exit 0. */
+int tool_finish_stdout(const char *tool);
+
+#endif
