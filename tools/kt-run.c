@@ -279,6 +279,12 @@ static int run(const run_args *a)
         fail("cannot load the program", kt_last_error());
         goto done;
     }
+    /* the files are checked before the session commits memory */
+    if (tool_probe_safetensors("kt-run", "the parameters", a->params) != 0 ||
+        tool_probe_safetensors("kt-run", "the inputs", a->inputs) != 0 ||
+        tool_probe_output("kt-run", "the outputs", a->out) != 0 ||
+        tool_probe_output("kt-run", "the trace", a->trace) != 0)
+        goto done;
     kt_program_stats st;
     kt_program_get_stats(p, &st);
     if (a->backward && st.n_backward_steps == 0) {

@@ -196,6 +196,42 @@ expect_error empty_params "empty.safetensors" \
 expect_exit 2 bad_env "KT_NUM_THREADS='2x' is not a thread count" \
   env KT_NUM_THREADS=2x "$train" lm1.ktp --data markov.bin --steps 1
 
+# outputs never spoil inputs, nor what is not a regular file; a FIFO input never blocks
+cp markov.bin data_copy.bin
+expect_exit 2 losses_is_data "--losses names the same file as --data" \
+  "$train" lm1.ktp --data data_copy.bin --steps 1 --threads 1 --losses data_copy.bin
+ln -sf data_copy.bin data_link.bin
+expect_exit 2 save_is_data_link "--save names the same file as --data" \
+  "$train" lm1.ktp --data data_copy.bin --steps 1 --threads 1 --save data_link.bin
+if cmp -s data_copy.bin markov.bin; then ok "the data file is unchanged"; else fail "data spoiled"; fi
+ln -sf /dev/null save_link.safetensors
+expect_error save_symlink "is a symbolic link" \
+  "$train" lm1.ktp --data markov.bin --steps 1 --threads 1 --save save_link.safetensors
+if [ -L save_link.safetensors ] && ! grep -q "^step" save_symlink.log; then
+  ok "the symlink is left as it was, refused before the first step"
+else
+  fail "symlink replaced, or refused only after training"
+fi
+rm -f fifo.bin && mkfifo fifo.bin
+expect_error data_fifo "fifo.bin" "$train" lm1.ktp --data fifo.bin --steps 1 --threads 1
+if "$train" --help > /dev/full 2> help_full.log; then
+  fail "kt-train --help > /dev/full exited 0"
+else
+  ok "kt-train --help > /dev/full: $(head -1 help_full.log)"
+fi
+# the losses of a run that is killed never replace the previous file
+cp ref_sgd.txt losses_keep.txt
+timeout -s KILL 0.3 "$train" lm_huge.ktp --data markov.bin --steps 1000000 --threads 1 \
+  --losses losses_keep.txt > /dev/null 2>&1
+"$train" lm1.ktp --data markov.bin --steps 1000000 --threads 1 --log-every 1000000 \
+  --losses losses_keep.txt > /dev/null 2>&1 &
+sleep 1; kill -9 $! 2> /dev/null; wait $! 2> /dev/null
+if cmp -s losses_keep.txt ref_sgd.txt && [ -z "$(ls -A | grep kt-tmp)" ]; then
+  ok "a killed run leaves the previous losses file whole, and no temporary"
+else
+  fail "a killed run changed losses_keep.txt or left a temporary: $(ls -A | grep kt-tmp)"
+fi
+
 # a checkpoint is loaded whole or not at all: resuming works, another model's files do not
 "$check" select ref_sgd.safetensors ref_sgd.experts.safetensors moe. > /dev/null
 "$check" select ref_lora.safetensors ref_lora.experts.safetensors moe. > /dev/null
@@ -222,11 +258,11 @@ expect_error lora_adapters_not_lora "lora_A.weight' is not one this run loads" \
   --experts ref_lora.experts.safetensors
 if [ "$launch" != none ]; then
   # rank 0 cannot create its losses file: rank 1 must not sit in the first step's collectives
-  expect_error losses_2_ranks "cannot create the losses file" \
+  expect_error losses_2_ranks "cannot write --losses: /nonexistent-dir/losses.txt" \
     "$launch" -n 2 --timeout-ms 20000 -- "$train" lm2.ktp --data markov.bin --steps 3 \
     --threads 1 --losses /nonexistent-dir/losses.txt
   # ...and rank 1 learns that reason, not a bare status
-  expect_error losses_reason_rank_1 "\[rank 1\] .*stopping: rank 0: cannot create the losses" \
+  expect_error losses_reason_rank_1 "\[rank 1\] .*stopping: rank 0: cannot write --losses" \
     "$launch" -n 2 --timeout-ms 20000 -- "$train" lm2.ktp --data markov.bin --steps 3 \
     --threads 1 --losses /nonexistent-dir/losses.txt
   # a model (with halo ops) that shards no token input: every rank would get the same window

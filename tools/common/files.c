@@ -96,3 +96,29 @@ int tool_finish_stdout(const char *tool)
             err != 0 ? strerror(err) : "an earlier write failed");
     return 1;
 }
+
+int tool_probe_output(const char *tool, const char *what, const char *path)
+{
+    kt_out_file *f = NULL;
+    if (path == NULL)
+        return 0;
+    if (kt_out_open(path, &f) != KT_OK) {
+        fprintf(stderr, "%s: cannot write %s: %s\n", tool, what, kt_last_error());
+        return 1;
+    }
+    kt_out_discard(f); /* the target is left as it was */
+    return 0;
+}
+
+int tool_probe_safetensors(const char *tool, const char *what, const char *path)
+{
+    kt_st_file *f = NULL;
+    if (path == NULL)
+        return 0;
+    if (kt_st_open(path, &f) != KT_OK) {
+        fprintf(stderr, "%s: cannot read %s: %s\n", tool, what, kt_last_error());
+        return 1;
+    }
+    kt_st_close(f);
+    return 0;
+}

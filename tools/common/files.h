@@ -21,6 +21,13 @@ typedef struct tool_path {
  * file as --data (data.bin): an output must not overwrite an input". 0 when all differ. */
 int tool_check_paths(const char *tool, const tool_path *entries, int n);
 
+/* Checked before any work, so that a run does not end in a refusal it could have had at
+ * once: whether `path` can be written (kt_out_open, then discarded: the target is not
+ * touched), and whether it opens as safetensors (a missing, empty or damaged file). NULL
+ * paths pass. Each prints "TOOL: cannot write|read WHAT: <reason>" and returns 1, else 0. */
+int tool_probe_output(const char *tool, const char *what, const char *path);
+int tool_probe_safetensors(const char *tool, const char *what, const char *path);
+
 /* Flushes stdout and checks it for write errors (a full disk, a closed pipe): prints
  * "TOOL: cannot write to standard output: <reason>" and returns 1, else 0. Every tool's main
  * returns through it, so that `tool > /dev/full` does not exit 0. */

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "train.h"
 
@@ -140,14 +141,18 @@ static int open_file(token_data *d, const train_args *a)
     d->path = a->data;
     d->token_bytes = a->token_bytes;
     d->header = a->data_header;
-    d->file = fopen(a->data, "rb");
+    int fd = -1;
     struct stat st;
-    if (d->file == NULL || fstat(fileno(d->file), &st) != 0) {
+    if (kt_in_open(a->data, &fd, NULL) != KT_OK)
+        return train_fail("cannot open the data file", kt_last_error());
+    if ((d->file = fdopen(fd, "rb")) == NULL || fstat(fd, &st) != 0) {
         train_error("cannot open the data file %s: %s", a->data, strerror(errno));
+        if (d->file == NULL)
+            close(fd);
         return 1;
     }
-    if (!S_ISREG(st.st_mode)) {
-        train_error("the data file %s is not a regular file", a->data);
+    if (!S_ISREG(st.st_mode)) { /* a pipe: the windows are read at offsets */
+        train_error("the data file %s is not a regular file (a pipe?)", a->data);
         return 1;
     }
     int64_t payload = (int64_t)st.st_size - d->header;

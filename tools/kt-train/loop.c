@@ -35,25 +35,20 @@ static int run_step(kt_session *s, token_data *d, int64_t step, const ranks *r)
     return 0;
 }
 
-/* A failed write stops the logging, not the training: rank 0 alone stopping would leave the
- * other ranks waiting in the next step's collectives. The failure is the run's exit status. */
-static int log_loss(FILE **losses, const char *path, float loss)
+/* The losses are written through the library's writer: the file appears, whole, when the run
+ * ends (a killed run leaves any previous file as it was). A failed write is sticky there and
+ * reported once, at the end: rank 0 stopping here would leave the other ranks waiting in the
+ * next step's collectives. */
+static void log_loss(kt_out_file *losses, float loss)
 {
-    if (*losses == NULL)
-        return 0;
-    if (fprintf(*losses, "%.9g\n", (double)loss) < 0 || fflush(*losses) != 0) {
-        fprintf(stderr, "kt-train: cannot write the losses to %s: %s (training goes on)\n",
-                path, strerror(errno));
-        fclose(*losses);
-        *losses = NULL;
-        return 1;
-    }
-    return 0;
+    if (losses != NULL)
+        kt_out_printf(losses, "%.9g\n", (double)loss);
 }
 
-int train_loop(const train_args *a, kt_session *s, token_data *d, const ranks *r, FILE *losses)
+int train_loop(const train_args *a, kt_session *s, token_data *d, const ranks *r,
+               kt_out_file *losses)
 {
-    int rc = 0, log_failed = 0;
+    int rc = 0;
     double since = now_s();
     int64_t logged = 0; /* steps since the last progress line */
     for (int64_t step = 0; step < a->steps && rc == 0; step++) {
@@ -65,7 +60,7 @@ int train_loop(const train_args *a, kt_session *s, token_data *d, const ranks *r
         logged++;
         if (r->rank != 0)
             continue;
-        log_failed |= log_loss(&losses, a->losses, loss);
+        log_loss(losses, loss);
         if (!isfinite(loss))
             fprintf(stderr, "kt-train: warning: step %lld: the loss is %g\n",
                     (long long)step + 1, (double)loss);
@@ -79,7 +74,10 @@ int train_loop(const train_args *a, kt_session *s, token_data *d, const ranks *r
             logged = 0;
         }
     }
-    if (losses != NULL && fclose(losses) != 0 && rc == 0)
-        rc = train_fail("cannot write the losses", strerror(errno));
-    return rc != 0 ? rc : log_failed;
+    /* the record of the run, also of one that failed part way */
+    if (losses != NULL && kt_out_commit(losses) != KT_OK) {
+        fprintf(stderr, "kt-train: cannot write the losses: %s\n", kt_last_error());
+        rc = rc != 0 ? rc : 1;
+    }
+    return rc;
 }

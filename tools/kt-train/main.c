@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "train.h"
+#include "common/files.h"
 #include "common/usage.h"
 
 static void usage(FILE *f)
@@ -225,7 +226,10 @@ static int parse_args(int argc, char **argv, train_args *a)
                            "f32, or --moe-mode lora or frozen with bf16");
     if (a->lr < 0)
         a->lr = a->optimizer == KT_OPTIM_SGD ? 0.1f : 1e-3f;
-    return 0;
+    const tool_path paths[] = {{"the program", a->program, 0}, {"--data", a->data, 0},
+                               {"--params", a->params, 0},     {"--experts", a->experts, 0},
+                               {"--save", a->save, 1},         {"--losses", a->losses, 1}};
+    return tool_check_paths("kt-train", paths, sizeof paths / sizeof paths[0]);
 }
 
 /* ---- setup and teardown ------------------------------------------------------------------ */
@@ -237,7 +241,7 @@ typedef struct trainer {
     moe_layers moe;
     kt_session *s;
     token_data data;
-    FILE *losses; /* rank 0's --losses file, opened before the first step */
+    kt_out_file *losses; /* rank 0's --losses file, opened before the first step */
 } trainer;
 
 static int load_program(trainer *t, const train_args *a)
@@ -361,10 +365,18 @@ static int check_same_run(const trainer *t, const train_args *a)
     return rc;
 }
 
-/* The --params and --experts files open as safetensors (a file of no bytes, or not one, is
- * refused here, before any memory is committed), and do not both bring experts. */
-static int check_weight_files(const train_args *a)
+/* Before any memory is committed: rank 0's output files can be written, the --params and
+ * --experts files open as safetensors (a file of no bytes, or not one, is refused), and they
+ * do not both bring experts. */
+static int check_weight_files(const train_args *a, const ranks *r)
 {
+    const char *outputs[2][2] = {{"--save", a->save}, {"--losses", a->losses}};
+    for (int k = 0; k < 2 && r->rank == 0; k++) {
+        kt_out_file *probe = NULL; /* opened and discarded: the target is not touched */
+        if (outputs[k][1] != NULL && kt_out_open(outputs[k][1], &probe) != KT_OK)
+            return train_error("cannot write %s: %s", outputs[k][0], kt_last_error());
+        kt_out_discard(probe);
+    }
     int params_has_experts = 0;
     const char *paths[2] = {a->params, a->experts}, *what[2] = {"parameters", "experts"};
     for (int k = 0; k < 2; k++) {
@@ -418,7 +430,7 @@ static int setup(trainer *t, const train_args *a)
         return 1;
     int rc = data_open(&t->data, a, t->p, &t->r);
     if (rc == 0)
-        rc = check_weight_files(a);
+        rc = check_weight_files(a, &t->r);
     if (rc == 0)
         rc = check_memory(t, a);
     if (rc == 0 && kt_threadpool_create(a->threads, &t->pool) != KT_OK)
@@ -430,8 +442,8 @@ static int setup(trainer *t, const train_args *a)
     if (rc == 0)
         rc = data_bind(&t->data, t->s);
     if (rc == 0 && t->r.rank == 0 && a->losses != NULL &&
-        (t->losses = fopen(a->losses, "w")) == NULL)
-        rc = train_fail("cannot create the losses file", strerror(errno));
+        kt_out_open(a->losses, &t->losses) != KT_OK)
+        rc = train_fail("cannot create the losses file", kt_last_error());
     if (ranks_agree(&t->r, rc == 0 ? KT_OK : KT_EINVAL) != KT_OK) {
         if (rc == 0) /* another rank failed and has said why; say where this one stopped */
             train_error("rank %d: stopping: %s", t->r.rank, kt_last_error());
@@ -474,7 +486,7 @@ int main(int argc, char **argv)
     train_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc != 0)
-        return rc < 0 ? 0 : rc;
+        return rc < 0 ? tool_finish_stdout("kt-train") : rc;
     if (kt_check_environment() != KT_OK)
         return usage_error("%s", kt_last_error());
     trainer t;
@@ -482,8 +494,8 @@ int main(int argc, char **argv)
     rc = setup(&t, &a);
     if (rc == 0)
         rc = train_loop(&a, t.s, &t.data, &t.r, t.losses);
-    else if (t.losses != NULL)
-        fclose(t.losses);
+    else
+        kt_out_discard(t.losses);
     if (rc == 0) {
         /* rank 0 writes the files; the others wait for it and learn whether it could */
         kt_status saved = KT_OK;
@@ -496,5 +508,6 @@ int main(int argc, char **argv)
         }
     }
     teardown(&t);
-    return rc;
+    int out = tool_finish_stdout("kt-train");
+    return rc != 0 ? rc : out;
 }

@@ -110,7 +110,8 @@ void moe_free(moe_layers *m);
 
 /* ---- loop.c ------------------------------------------------------------------------------ */
 
-/* losses: the open --losses file on rank 0 (else NULL); closed by the loop */
-int train_loop(const train_args *a, kt_session *s, token_data *d, const ranks *r, FILE *losses);
+/* losses: rank 0's --losses file (else NULL), committed by the loop at its end */
+int train_loop(const train_args *a, kt_session *s, token_data *d, const ranks *r,
+               kt_out_file *losses);
 
 #endif
