@@ -8,8 +8,8 @@
 #   STEPS      optimizer steps (default 200: 15-25 s on 2 cores)
 #   RANKS      1 (default), or context-parallel over that many local ranks with kt-launch
 #              (the 256-token window split along the sequence; needs the UCX build)
-# Output goes to BUILD_DIR/lm/: the program, the text, losses.txt, lm.safetensors and
-# lm.experts.safetensors.
+# Output goes to BUILD_DIR/lm/: the program, the text, losses.txt and lm.safetensors (the
+# parameters, the experts and the optimizer state, one file).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-build} steps=${2:-200} ranks=${3:-1}
