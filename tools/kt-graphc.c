@@ -350,6 +350,8 @@ int main(int argc, char **argv)
     args a;
     memset(&a, 0, sizeof a);
     int rc = parse_args(&a, argc, argv);
+    if (rc == 0 && kt_check_environment() != KT_OK)
+        rc = kt_tool_usage_error("kt-graphc", "%s", kt_last_error());
     if (rc == 0) {
         const tool_path paths[] = {
             {"the model file", a.input, 0}, {"-o", a.output, 1}, {"--dot", a.dot, 1}};

@@ -14,6 +14,7 @@
 
 #include "kt/io.h"
 #include "kt/program.h"
+#include "kt/runtime.h"
 #include "common/files.h"
 #include "common/usage.h"
 
@@ -389,6 +390,8 @@ int main(int argc, char **argv)
     }
     run_args a;
     int rc = parse_args(argc, argv, &a);
+    if (rc == 0 && kt_check_environment() != KT_OK)
+        rc = kt_tool_usage_error("kt-run", "%s", kt_last_error());
     if (rc == 0) {
         const tool_path paths[] = {{"the program file", a.program, 0},
                                    {"--params", a.params, 0},
