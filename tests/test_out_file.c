@@ -303,11 +303,9 @@ static void child_full_disk(const char *path)
     _exit(ok ? 0 : 5);
 }
 
-static void test_failed_write_keeps_old(void **state)
+/* A write that runs into RLIMIT_FSIZE (a full disk) in a child: the writer reports it. */
+static void expect_full_disk_fails(const char *path)
 {
-    (void)state;
-    char *dir = temp_dir(), *path = join(dir, "prog.ktp");
-    put_file(path, "the previous good file");
     fflush(NULL);
     pid_t child = fork();
     assert_true(child >= 0);
@@ -317,6 +315,14 @@ static void test_failed_write_keeps_old(void **state)
     assert_int_equal(waitpid(child, &ws, 0), child);
     assert_true(WIFEXITED(ws));
     assert_int_equal(WEXITSTATUS(ws), 0);
+}
+
+static void test_failed_write_keeps_old(void **state)
+{
+    (void)state;
+    char *dir = temp_dir(), *path = join(dir, "prog.ktp");
+    put_file(path, "the previous good file");
+    expect_full_disk_fails(path);
     expect_file(path, "the previous good file");
     expect_listing(dir, "prog.ktp");
     remove_tree(dir);
@@ -428,22 +434,14 @@ static void test_named_fallback(void **state)
     kt_out_discard(f);
     expect_listing(dir, "f.bin");
 
-    fflush(NULL);
-    pid_t child = fork();
-    assert_true(child >= 0);
-    if (child == 0)
-        child_full_disk(path);
-    int ws;
-    assert_int_equal(waitpid(child, &ws, 0), child);
-    assert_true(WIFEXITED(ws));
-    assert_int_equal(WEXITSTATUS(ws), 0);
+    expect_full_disk_fails(path);
     expect_file(path, "new");
     expect_listing(dir, "f.bin");
 
-    int ready[2];
+    int ready[2], ws;
     assert_int_equal(pipe(ready), 0);
     fflush(NULL);
-    child = fork();
+    pid_t child = fork();
     assert_true(child >= 0);
     if (child == 0) {
         close(ready[0]);

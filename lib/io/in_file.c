@@ -11,22 +11,10 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "io/out_file.h"
 
 /* Anonymous pipes live on this in-kernel filesystem; named FIFOs on the disk's. */
 #define PIPEFS_MAGIC_NUMBER 0x50495045
-
-static const char *kind_of(mode_t m)
-{
-    if (S_ISFIFO(m))
-        return "a named FIFO";
-    if (S_ISSOCK(m))
-        return "a socket";
-    if (S_ISCHR(m))
-        return "a character device";
-    if (S_ISBLK(m))
-        return "a block device";
-    return "not a regular file";
-}
 
 /* An anonymous pipe has (or had) its writer already: reading it ends. */
 static int is_anonymous_pipe(int fd, mode_t m)
@@ -57,7 +45,7 @@ kt_status kt_in_open(const char *path, int *fd_out, int *is_regular_out)
     }
     if (!S_ISREG(st.st_mode) && !is_anonymous_pipe(fd, st.st_mode)) {
         s = kt__error(KT_EINVAL, "%s: is %s; an input must be a regular file (or a pipe)",
-                      path, kind_of(st.st_mode));
+                      path, kt__file_kind(st.st_mode));
         goto done;
     }
     int fl = fcntl(fd, F_GETFL);

@@ -52,14 +52,14 @@ static kt_status sys_error(int err, const char *path, const char *what)
     return kt__error(KT_EIO, "%s: %s: %s", path, what, strerror(err));
 }
 
-static const char *kind_of(mode_t m)
+const char *kt__file_kind(mode_t m)
 {
     if (S_ISLNK(m))
         return "a symbolic link";
     if (S_ISDIR(m))
         return "a directory";
     if (S_ISFIFO(m))
-        return "a FIFO";
+        return "a named FIFO";
     if (S_ISSOCK(m))
         return "a socket";
     if (S_ISCHR(m))
@@ -84,7 +84,7 @@ static kt_status check_target(int dirfd, const char *base, const char *path, int
     }
     if (!S_ISREG(st.st_mode))
         return kt__error(KT_EINVAL, "%s: is %s; an output is written only to a regular file or "
-                         "a new name, so it is left as it is", path, kind_of(st.st_mode));
+                         "a new name, so it is left as it is", path, kt__file_kind(st.st_mode));
     *exists_out = 1;
     *mode_out = st.st_mode & 07777;
     return KT_OK;

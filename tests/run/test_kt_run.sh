@@ -118,10 +118,10 @@ expect_error out_symlink 1 "link\.safetensors: is a symbolic link" \
 [ "$(readlink "$dir/link.safetensors")" = prev.safetensors ] || fail "out_symlink: link replaced"
 same out_symlink "$dir/prev.safetensors" "$dir/prev.orig"
 mkfifo "$dir/out.fifo"
-expect_error out_fifo 1 "out\.fifo: is a FIFO" \
+expect_error out_fifo 1 "out\.fifo: is a named FIFO" \
   "$dir/model.ktp" "${common[@]}" "${in_args[@]}" --out "$dir/out.fifo"
 [ -p "$dir/out.fifo" ] || fail "out_fifo: the FIFO was replaced"
-expect_error trace_fifo 1 "out\.fifo: is a FIFO" \
+expect_error trace_fifo 1 "out\.fifo: is a named FIFO" \
   "$dir/model.ktp" "${common[@]}" "${in_args[@]}" --out "$dir/z.safetensors" \
   --trace "$dir/out.fifo"
 [ -p "$dir/out.fifo" ] || fail "trace_fifo: the FIFO was replaced"
