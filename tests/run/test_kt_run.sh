@@ -5,7 +5,7 @@
 #
 # usage: test_kt_run.sh KT_RUN MAKE_FIXTURE WORKDIR
 set -uo pipefail
-run=$1 fixture=$2 dir=$3
+run=$1 fixture=$2 dir=$3 graphc=${4:-}
 rm -rf "$dir" && mkdir -p "$dir" || exit 1
 failures=0
 
@@ -158,6 +158,20 @@ fi
 same out_full "$dir/prev.safetensors" "$dir/prev.orig"
 leftover=$(ls -A "$dir" | grep -e '\.kt-tmp\.' -e '\.tmp' || true)
 [ -z "$leftover" ] || fail "temporary files left: $leftover"
+
+# a program larger than memory: a missing input file, and then the plan itself, are refused at
+# once, before anything is committed (a 40 GB plan used to be zero-filled first)
+if [ -n "$graphc" ]; then
+  printf 'input x: f32[100000, 100000]\ny = silu(x)\noutput y\n' > "$dir/huge.ktg"
+  "$graphc" "$dir/huge.ktg" -o "$dir/huge.ktp" > /dev/null
+  t0=$(date +%s%N)
+  expect_error huge_missing_inputs 1 "cannot read the inputs: .*nonexistent.safetensors" \
+    "$dir/huge.ktp" --inputs "$dir/nonexistent.safetensors" --out "$dir/huge_out.safetensors"
+  expect_error huge_plan 1 "memory plan needs 80.0 GB of memory, but .* is available" \
+    "$dir/huge.ktp" --inputs "$dir/inputs.safetensors" --out "$dir/huge_out.safetensors"
+  ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  if [ "$ms" -lt 2000 ]; then echo "ok: both refused in $ms ms"; else fail "refusals took $ms ms"; fi
+fi
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures failure(s)" >&2
