@@ -231,7 +231,7 @@ summary_cat tokens
 bad_values=(abc 2abc -1 0 99999999999 99999999999999999999 ' 5')
 [ $quick = 1 ] && bad_values=(2abc -1 ' 5')
 n=0
-# numopt TOOL OPTION OK SKIP -- COMMAND-BEFORE-OPTION...: OK lists the values that are valid
+# numopt TOOL OPTION OK SKIP -- COMMAND-BEFORE-OPTION...: OK lists the values that are valid (H: 1e20, a valid ratio)
 # for this option (0 / h for 99999999999: "any"), SKIP the ones not run (h: a valid value that
 # would run for hours, --steps 99999999999)
 numopt() {
@@ -239,7 +239,7 @@ numopt() {
   shift 5
   for v in "${bad_values[@]}"; do
     n=$((n + 1)) e=refuse
-    local key=$v; [ "$v" = 99999999999 ] && key=h
+    local key=$v; [ "$v" = 99999999999 ] && key=h; [ "$v" = 99999999999999999999 ] && key=H
     case " ${skip//,/ } " in *" $key "*) continue ;; esac
     case " ${oks//,/ } " in *" $key "*) e=any ;; esac
     case_ args "${tool}_${opt%%|*}_$n" "$e" 20 "$tool" "$opt" -- "$@" "${opt%%|*}" "$v"
@@ -251,7 +251,7 @@ numopt kt-train --threads - - -- "$train" "$B/lm1.ktp" "${train_args[@]}"
 numopt kt-train --log-every h - -- "$train" "$B/lm1.ktp" "${train_args[@]}"
 numopt kt-train "--moe-inter|intermediate" - - -- "$train" "$B/lm1.ktp" "${train_args[@]}"
 numopt kt-train --data-header 0 - -- "$train" "$B/lm1.ktp" "${train_args[@]}"
-numopt kt-graphc --check-peak h - -- "$graphc" "$src/examples/mlp.ktg" -o out.ktp
+numopt kt-graphc --check-peak h,H - -- "$graphc" "$src/examples/mlp.ktg" -o out.ktp
 if [ -n "$launch" ]; then
   numopt kt-launch -n - - -- "$launch" --timeout-ms 3000
   numopt kt-launch --timeout-ms - - -- "$launch" -n 1
