@@ -176,8 +176,8 @@ case_ ktg dev_zero refuse 20 kt-graphc /dev/zero -- "$graphc" /dev/zero -o out.k
 case_ ktg dev_zero_link refuse 20 kt-graphc zero_link.ktg -- "$graphc" "$G/zero_link.ktg" -o out.ktp
 case_ ktg missing refuse 20 kt-graphc nothere.ktg -- "$graphc" "$G/nothere.ktg" -o out.ktp
 case_ ktg define_unknown refuse 20 kt-graphc "NN" -- "$graphc" "$src/examples/mlp.ktg" -D NN=3 -o out.ktp
-case_ ktg define_huge refuse 20 kt-graphc "N=" -- "$graphc" "$src/examples/mlp.ktg" -D N=99999999999999999999 -o out.ktp
-case_ ktg define_junk refuse 20 kt-graphc "N=" -- "$graphc" "$src/examples/mlp.ktg" -D N=3x -o out.ktp
+case_ ktg define_huge refuse 20 kt-graphc "-D N" -- "$graphc" "$src/examples/mlp.ktg" -D N=99999999999999999999 -o out.ktp
+case_ ktg define_junk refuse 20 kt-graphc "-D N" -- "$graphc" "$src/examples/mlp.ktg" -D N=3x -o out.ktp
 summary_cat ktg
 
 # ---- 2. mutated .ktp (kt-run; kt-graphc reads no .ktp) ---------------------------------------

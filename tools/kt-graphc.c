@@ -6,6 +6,7 @@
  * Exit status: 0 compiled; 1 the model has errors (all diagnostics on stderr), could not be
  * compiled or written, or its planned peak exceeds --check-peak; 2 a usage error. */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,11 +66,11 @@ static int parse_define(args *a, const char *spec)
         return usage_error("-D needs NAME=VALUE, got '%s'", spec);
     if (a->n_defines == MAX_DEFINES)
         return usage_error("too many -D options (at most 64), at '%s'", spec);
-    char *end;
-    errno = 0;
-    long long v = strtoll(eq + 1, &end, 10);
-    if (eq[1] == '\0' || *end != '\0' || errno == ERANGE)
-        return usage_error("-D value must be an integer, got '%s'", spec);
+    long long v;
+    char opt[80];
+    snprintf(opt, sizeof opt, "-D %.*s", (int)(eq - spec < 64 ? eq - spec : 64), spec);
+    if (kt_tool_parse_int("kt-graphc", opt, eq + 1, LLONG_MIN, LLONG_MAX, &v) != 0)
+        return 2;
     size_t n = (size_t)(eq - spec);
     char *name = malloc(n + 1);
     if (name == NULL)
@@ -96,8 +97,9 @@ static int parse_policy(args *a, const char *spec)
         c->kind = KT_CHECKPOINT_SQRTN;
     else if (strncmp(spec, "every:", 6) == 0) {
         c->kind = KT_CHECKPOINT_EVERY_K;
-        c->k = strtoll(spec + 6, &end, 10);
-        if (end == spec + 6 || *end != '\0' || c->k < 1)
+        const char *k = spec + 6;
+        c->k = k[0] >= '0' && k[0] <= '9' ? strtoll(k, &end, 10) : 0;
+        if (c->k < 1 || *end != '\0')
             return usage_error("--checkpoint every:K needs K >= 1, got '%s'", spec);
     } else if (strncmp(spec, "budget:", 7) == 0) {
         c->kind = KT_CHECKPOINT_BUDGET;
@@ -139,9 +141,9 @@ static int parse_args(args *a, int argc, char **argv)
                 if (parse_policy(a, v) != 0)
                     return 2;
             } else {
-                char *end;
-                a->check_peak = strtod(v, &end);
-                if (*end != '\0' || !(a->check_peak >= 1.0))
+                char *end = NULL; /* strtod would skip leading blanks */
+                a->check_peak = v[0] >= '0' && v[0] <= '9' ? strtod(v, &end) : 0.0;
+                if (end == NULL || *end != '\0' || !(a->check_peak >= 1.0))
                     return usage_error("--check-peak needs a ratio >= 1, got '%s'", v);
             }
         } else if (strncmp(s, "-D", 2) == 0) {

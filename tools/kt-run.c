@@ -83,10 +83,9 @@ static int parse_args(int argc, char **argv, run_args *a)
         } else if (strcmp(arg, "--threads") == 0) {
             if (i + 1 >= argc)
                 return usage_error("%s needs a value", arg);
-            char *end;
-            long v = strtol(argv[++i], &end, 10);
-            if (*argv[i] == '\0' || *end != '\0' || v <= 0 || v > 4096)
-                return usage_error("--threads needs a positive number, not '%s'", argv[i]);
+            long long v;
+            if (kt_tool_parse_int("kt-run", arg, argv[++i], 1, KT_MAX_THREADS, &v) != 0)
+                return 2;
             a->threads = (int)v;
         } else if (arg[0] == '-' && arg[1] != '\0') {
             return usage_error("unknown option '%s'", arg);

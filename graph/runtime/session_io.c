@@ -178,13 +178,14 @@ static kt_status load_params(kt_session *s, const kt_st_file *f, unsigned flags,
         const kt__pentry *e = &s->p->entries[KT_ROLE_PARAM][i];
         const char *pname = kt__strings_get(&s->p->strings, e->name);
         KT__TRY(load_one(f, pname, &s->tensors[e->buf], dry_run, allow, path));
-        if (!(flags & KT_LOAD_OPTIMIZER) || e->grad_buf < 0)
+        if (e->grad_buf < 0 || (!dry_run && !(flags & KT_LOAD_OPTIMIZER)))
             continue;
+        /* state in the file is checked even when not loaded: a file is good whole or not */
         for (int k = 0; k < n_states(s); k++) {
             char name[NAME_BYTES];
             snprintf(name, sizeof name, "%s%s", state_prefix[kind][k], pname);
             kt_tensor t = state_tensor(s, e, k);
-            KT__TRY(load_one(f, name, &t, dry_run, 0, path));
+            KT__TRY(load_one(f, name, &t, dry_run, !(flags & KT_LOAD_OPTIMIZER), path));
         }
     }
     return KT_OK;
@@ -206,14 +207,14 @@ static kt_status load_layers(kt_session *s, const kt_st_file *f, unsigned flags,
         if (st != KT_OK)
             return kt__error_context(st, "%s: MoE layer %d", path, b);
     }
-    if (!(flags & KT_LOAD_OPTIMIZER))
+    if (!dry_run && !(flags & KT_LOAD_OPTIMIZER))
         return KT_OK;
-    for (int k = 0; k < n_states(s); k++)
+    for (int k = 0; k < n_states(s); k++) /* checked when present, as load_params does */
         for (int i = 0; i < s->n_moe_train; i++) {
             char name[NAME_BYTES];
             snprintf(name, sizeof name, "%smoe.%d", state_prefix[kind][k], s->moe_train[i].binding);
             kt_tensor t = moe_state_tensor(&s->moe_train[i], k);
-            KT__TRY(load_one(f, name, &t, dry_run, 0, path));
+            KT__TRY(load_one(f, name, &t, dry_run, !(flags & KT_LOAD_OPTIMIZER), path));
         }
     return KT_OK;
 }

@@ -146,7 +146,7 @@ expect_usage_error() {
   grep -q -- "$want" <<<"$out" || fail "kt-bench $*: no '$want' in: $out"
 }
 expect_usage_error "unknown shape 'nosuch'" moe --shape nosuch --qlen 8 --mode frozen --dtype bf16
-expect_usage_error "qlen must be positive" moe --shape small --qlen -3 --mode frozen --dtype bf16
+expect_usage_error "--qlen needs a whole number from 1 to" moe --shape small --qlen -3 --mode frozen --dtype bf16
 expect_usage_error "unknown benchmark 'bogus'" bogus
 
 if [ $failures -gt 0 ]; then

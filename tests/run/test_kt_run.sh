@@ -75,7 +75,7 @@ expect_error usage_no_out 2 "^kt-run: --out is required" \
   "$dir/model.ktp" "${common[@]}" --inputs "$dir/inputs.safetensors"
 expect_error usage_unknown 2 "^kt-run: unknown option '--frobnicate'" \
   "$dir/model.ktp" --frobnicate
-expect_error usage_threads 2 "^kt-run: --threads needs a positive number" \
+expect_error usage_threads 2 "^kt-run: --threads needs a whole number from 1 to 1024" \
   "$dir/model.ktp" --threads zero --out "$dir/x.safetensors"
 [ -e "$dir/x.safetensors" ] && fail "a failed run wrote its output file"
 

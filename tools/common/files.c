@@ -85,18 +85,6 @@ int tool_check_paths(const char *tool, const tool_path *entries, int n)
     return 0;
 }
 
-int tool_finish_stdout(const char *tool)
-{
-    errno = 0;
-    int flushed = fflush(stdout) == 0;
-    int err = errno;
-    if (flushed && !ferror(stdout))
-        return 0;
-    fprintf(stderr, "%s: cannot write to standard output: %s\n", tool,
-            err != 0 ? strerror(err) : "an earlier write failed");
-    return 1;
-}
-
 int tool_probe_output(const char *tool, const char *what, const char *path)
 {
     kt_out_file *f = NULL;

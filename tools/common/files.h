@@ -4,6 +4,8 @@
 #ifndef KT_TOOLS_FILES_H
 #define KT_TOOLS_FILES_H
 
+#include "common/usage.h" /* tool_finish_stdout */
+
 /* Opens path for reading through kt_in_open (kt/io.h): never blocking in open(), a regular
  * file or an anonymous pipe (`<(...)`) only; a named FIFO, a directory or a device is refused.
  * On failure prints "TOOL: cannot read WHAT: <reason naming the path>" and returns 1. */
@@ -28,9 +30,5 @@ int tool_check_paths(const char *tool, const tool_path *entries, int n);
 int tool_probe_output(const char *tool, const char *what, const char *path);
 int tool_probe_safetensors(const char *tool, const char *what, const char *path);
 
-/* Flushes stdout and checks it for write errors (a full disk, a closed pipe): prints
- * "TOOL: cannot write to standard output: <reason>" and returns 1, else 0. Every tool's main
- * returns through it, so that `tool > /dev/full` does not exit 0. */
-int tool_finish_stdout(const char *tool);
 
 #endif

@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int kt_tool_usage_error(const char *tool, const char *fmt, ...)
 {
@@ -26,6 +27,8 @@ int kt_tool_parse_int(const char *tool, const char *opt, const char *v, long lon
     const int starts = (v[0] >= '0' && v[0] <= '9') || (v[0] == '-' && v[1] >= '0' && v[1] <= '9');
     long long x = starts ? strtoll(v, &end, 10) : 0;
     if (!starts || errno != 0 || *end != '\0' || x < lo || x > hi) {
+        if (lo == LLONG_MIN && hi == LLONG_MAX)
+            return kt_tool_usage_error(tool, "%s needs a whole number, not '%s'", opt, v);
         if (hi == LLONG_MAX)
             return kt_tool_usage_error(tool, "%s needs a whole number >= %lld, not '%s'", opt, lo,
                                        v);
@@ -34,4 +37,16 @@ int kt_tool_parse_int(const char *tool, const char *opt, const char *v, long lon
     }
     *out = x;
     return 0;
+}
+
+int tool_finish_stdout(const char *tool)
+{
+    errno = 0;
+    int flushed = fflush(stdout) == 0;
+    int err = errno;
+    if (flushed && !ferror(stdout))
+        return 0;
+    fprintf(stderr, "%s: cannot write to standard output: %s\n", tool,
+            err != 0 ? strerror(err) : "an earlier write failed");
+    return 1;
 }

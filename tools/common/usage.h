@@ -13,4 +13,9 @@ int kt_tool_usage_error(const char *tool, const char *fmt, ...)
 int kt_tool_parse_int(const char *tool, const char *opt, const char *v, long long lo,
                       long long hi, long long *out);
 
+/* Flushes stdout and checks it for write errors (a full disk, a closed pipe): prints
+ * "TOOL: cannot write to standard output: <reason>" and returns 1, else 0. Every tool's main
+ * returns through it, so that `tool > /dev/full` does not exit 0. */
+int tool_finish_stdout(const char *tool);
+
 #endif

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "common/free_port.h"
+#include "common/usage.h"
 #include "launch.h"
 #ifdef __linux__
 #include <sys/prctl.h>
@@ -225,7 +226,7 @@ int main(int argc, char **argv)
             break;
         } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             usage(stdout);
-            return 0;
+            return tool_finish_stdout("kt-launch");
         } else if (strcmp(a, "-n") == 0 && has) {
             if (parse_int(argv[++i], 1, 4096, &n) != 0) {
                 fprintf(stderr, "kt-launch: -n needs a number of ranks in 1..4096\n");
@@ -280,8 +281,10 @@ int main(int argc, char **argv)
                         argv[h]);
                 return 2;
             }
-        return print_env(n > 0 ? n : 1, port > 0 ? port : 29500, transport, timeout, argc - i,
-                         argv + i);
+        int rc = print_env(n > 0 ? n : 1, port > 0 ? port : 29500, transport, timeout,
+                           argc - i, argv + i);
+        int out = tool_finish_stdout("kt-launch");
+        return rc != 0 ? rc : out;
     }
     if (n <= 0 || i >= argc) {
         usage(stderr);

@@ -86,8 +86,10 @@ int train_error(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "kt-train: %s\n", msg);
-    kt_set_error(KT_EINVAL, "%s", msg); /* what ranks_agree tells the other ranks */
+    /* recorded first: what ranks_agree tells the other ranks, and the library's message
+     * store escapes what is not printable UTF-8 (a tensor name from a file) */
+    kt_set_error(KT_EINVAL, "%s", msg);
+    fprintf(stderr, "kt-train: %s\n", kt_last_error());
     return 1;
 }
 

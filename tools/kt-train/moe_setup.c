@@ -153,7 +153,7 @@ static int load_experts(moe_layers *m, const char *path)
         char prefix[32];
         snprintf(prefix, sizeof prefix, "moe.%d.", b);
         if (m->layers[b] != NULL && kt_moe_load(m->layers[b], f, prefix) != KT_OK)
-            rc = train_fail("cannot load the experts", kt_last_error());
+            rc = train_error("cannot load the experts from %s: %s", path, kt_last_error());
     }
     kt_st_close(f);
     return rc;
@@ -211,7 +211,8 @@ int moe_memory_need(const train_args *a, const kt_program *p, const ranks *r, in
         if (layer_config(a, &info, r, &c, name, sizeof name) != 0)
             return 1;
         if (kt_moe_memory_need(&c, states, &bytes) != KT_OK)
-            return train_error("MoE layer %d for moe node '%s': %s", info.binding, info.name,
+            return train_error("MoE layer %d for moe node '%s' (--moe-inter %lld): %s",
+                               info.binding, info.name, (long long)c.intermediate,
                                kt_last_error());
         total += bytes;
     }
