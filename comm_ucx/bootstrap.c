@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "comm_ucx/ucx_internal.h"
+#include "core/env.h"
 #include "core/error.h"
 
 /* The hello (rank -> master): magic, rank, world size, address length, job id length, then
@@ -49,20 +50,15 @@ int64_t kt__ucx_now_ms(void)
 
 /* ---- environment ---------------------------------------------------------------------- */
 
+/* libkt's strict reading (core/env.h: " 5" or "5x" is refused), into an int */
 static kt_status env_int(const char *name, long lo, long hi, int *out, int *found)
 {
-    const char *v = getenv(name);
-    *found = 0;
-    if (v == NULL || v[0] == '\0')
-        return KT_OK;
-    char *end = NULL;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi)
-        return kt__error(KT_EINVAL, "kt_comm_create_ucx: %s='%s' is not a number in %ld..%ld",
-                         name, v, lo, hi);
-    *out = (int)x;
-    *found = 1;
+    long long x = 0;
+    kt_status st = kt__env_int(name, lo, hi, "a number", &x, found);
+    if (st != KT_OK)
+        return kt__error_context(st, "kt_comm_create_ucx");
+    if (*found)
+        *out = (int)x;
     return KT_OK;
 }
 
@@ -146,16 +142,10 @@ kt_status kt__ucx_resolve(const kt_comm_options *o, kt__ucx_setup *out)
 
     s.transport = o != NULL ? o->transport : KT_COMM_TRANSPORT_DEFAULT;
     if (s.transport == KT_COMM_TRANSPORT_DEFAULT) {
-        const char *t = getenv("KT_COMM_TRANSPORT");
-        if (t == NULL || t[0] == '\0' || strcmp(t, "default") == 0)
-            s.transport = KT_COMM_TRANSPORT_DEFAULT;
-        else if (strcmp(t, "shm") == 0)
-            s.transport = KT_COMM_TRANSPORT_SHM;
-        else if (strcmp(t, "tcp") == 0)
-            s.transport = KT_COMM_TRANSPORT_TCP;
-        else
-            return kt__error(KT_EINVAL,
-                             "kt_comm_create_ucx: KT_COMM_TRANSPORT='%s' (shm, tcp or default)", t);
+        int t = -1; /* the choices are in kt_comm_transport's order */
+        if (kt__env_choice("KT_COMM_TRANSPORT", kt__transport_choices, 3, &t) != KT_OK)
+            return kt__error_context(KT_EINVAL, "kt_comm_create_ucx");
+        s.transport = t >= 0 ? (kt_comm_transport)t : KT_COMM_TRANSPORT_DEFAULT;
     } else if (s.transport != KT_COMM_TRANSPORT_SHM && s.transport != KT_COMM_TRANSPORT_TCP) {
         return kt__error(KT_EINVAL, "kt_comm_create_ucx: unknown transport %d", (int)s.transport);
     }

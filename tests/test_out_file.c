@@ -330,12 +330,11 @@ static void test_failed_write_keeps_old(void **state)
     free(dir);
 }
 
-static void test_kill_during_write(void **state)
+/* A writer of `path` (mib MiB, or a few bytes for 0) killed with SIGKILL mid-write, the
+ * file not committed. */
+static void kill_mid_write(const char *path, int mib)
 {
-    (void)state;
-    char *dir = temp_dir(), *path = join(dir, "model.st");
-    put_file(path, "old weights");
-    int ready[2];
+    int ready[2], ws;
     assert_int_equal(pipe(ready), 0);
     fflush(NULL);
     pid_t child = fork();
@@ -347,8 +346,8 @@ static void test_kill_during_write(void **state)
         kt_out_file *f = NULL;
         if (kt_out_open(path, &f) != KT_OK)
             _exit(4);
-        for (int i = 0; i < 8; i++)
-            if (kt_out_write(f, mb, sizeof mb) != KT_OK)
+        for (int i = 0; i < (mib > 0 ? mib : 1); i++)
+            if (kt_out_write(f, mb, mib > 0 ? sizeof mb : 7) != KT_OK)
                 _exit(5);
         if (write(ready[1], "r", 1) != 1)
             _exit(6);
@@ -360,9 +359,16 @@ static void test_kill_during_write(void **state)
     assert_int_equal(read(ready[0], &c, 1), 1);
     close(ready[0]);
     assert_int_equal(kill(child, SIGKILL), 0);
-    int ws;
     assert_int_equal(waitpid(child, &ws, 0), child);
     assert_true(WIFSIGNALED(ws));
+}
+
+static void test_kill_during_write(void **state)
+{
+    (void)state;
+    char *dir = temp_dir(), *path = join(dir, "model.st");
+    put_file(path, "old weights");
+    kill_mid_write(path, 8);
     expect_file(path, "old weights");
     /* whatever the dead writer left (a named temporary, where unnamed ones are not to be had),
      * the next writer of the path removes */
@@ -438,25 +444,7 @@ static void test_named_fallback(void **state)
     expect_file(path, "new");
     expect_listing(dir, "f.bin");
 
-    int ready[2], ws;
-    assert_int_equal(pipe(ready), 0);
-    fflush(NULL);
-    pid_t child = fork();
-    assert_true(child >= 0);
-    if (child == 0) {
-        close(ready[0]);
-        if (kt_out_open(path, &f) != KT_OK || kt_out_write(f, "partial", 7) != KT_OK ||
-            write(ready[1], "r", 1) != 1)
-            _exit(4);
-        for (;;)
-            pause();
-    }
-    close(ready[1]);
-    char c;
-    assert_int_equal(read(ready[0], &c, 1), 1);
-    close(ready[0]);
-    assert_int_equal(kill(child, SIGKILL), 0);
-    assert_int_equal(waitpid(child, &ws, 0), child);
+    kill_mid_write(path, 0);
     names = listing(dir);
     assert_non_null(strstr(names, ".f.bin.kt-tmp.")); /* what the dead writer left */
     free(names);

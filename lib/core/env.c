@@ -12,6 +12,7 @@
 
 const char *const kt__cpu_choices[KT__CPU_CHOICES] = {"portable", "noamx", "dpbf16", "widen",
                                                       "blas"};
+const char *const kt__transport_choices[3] = {"default", "shm", "tcp"};
 
 /* Shown in messages: at most 40 bytes, anything but printable ASCII as '?' (an environment
  * value may be any bytes). */
@@ -96,6 +97,5 @@ kt_status kt_check_environment(void)
     KT__TRY(kt__env_int("KT_NUMA_FAKE_NODES", 1, 64, "a node count", &x, &found));
     KT__TRY(kt__env_int("KT_COMM_TIMEOUT_MS", 1, INT_MAX, "a time in milliseconds", &x, &found));
     KT__TRY(kt__env_bytes("KT_MEMORY_LIMIT", &bytes, &found));
-    static const char *const transports[] = {"default", "shm", "tcp"};
-    return kt__env_choice("KT_COMM_TRANSPORT", transports, 3, &choice);
+    return kt__env_choice("KT_COMM_TRANSPORT", kt__transport_choices, 3, &choice);
 }

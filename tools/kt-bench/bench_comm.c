@@ -34,6 +34,7 @@
 
 #include "bench.h"
 #include "common/free_port.h"
+#include "common/rank_env.h"
 
 #ifndef KT_BENCH_COMM_PEER_SCRIPT
 #define KT_BENCH_COMM_PEER_SCRIPT "tools/kt-bench/comm_gloo_peer.py"
@@ -130,15 +131,7 @@ int bench_spawn_ranks(int n, const char *transport, char *const *args, int n_arg
         if (pid == 0) {
             char v[32];
             close(fds[0]);
-            snprintf(v, sizeof v, "%d", r);
-            setenv("KT_RANK", v, 1);
-            snprintf(v, sizeof v, "%d", n);
-            setenv("KT_WORLD_SIZE", v, 1);
-            setenv("KT_MASTER_ADDR", "127.0.0.1", 1);
-            snprintf(v, sizeof v, "%d", port);
-            setenv("KT_MASTER_PORT", v, 1);
-            if (transport != NULL)
-                setenv("KT_COMM_TRANSPORT", transport, 1);
+            kt_tool_set_rank_env(r, n, port, NULL, transport);
             setenv("KT_COMM_TIMEOUT_MS", "30000", 0);
             pin_to(bench_cpu(r));
             if (r == 0) {

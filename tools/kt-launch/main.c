@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "common/free_port.h"
+#include "common/rank_env.h"
 #include "common/usage.h"
 #include "launch.h"
 #ifdef __linux__
@@ -195,17 +196,7 @@ static pid_t spawn(int rank, int n, int port, const char *job_id, const char *tr
     close(out_fd[1]);
     close(err_fd[0]);
     close(err_fd[1]);
-    char v[32];
-    snprintf(v, sizeof v, "%d", rank);
-    setenv("KT_RANK", v, 1);
-    snprintf(v, sizeof v, "%d", n);
-    setenv("KT_WORLD_SIZE", v, 1);
-    setenv("KT_MASTER_ADDR", "127.0.0.1", 1);
-    snprintf(v, sizeof v, "%d", port);
-    setenv("KT_MASTER_PORT", v, 1);
-    setenv("KT_JOB_ID", job_id, 1);
-    if (transport != NULL)
-        setenv("KT_COMM_TRANSPORT", transport, 1);
+    kt_tool_set_rank_env(rank, n, port, job_id, transport);
     if (timeout != NULL)
         setenv("KT_COMM_TIMEOUT_MS", timeout, 1);
     execvp(argv[0], argv);
