@@ -145,7 +145,8 @@ static int demo(int argc, char **argv)
     kt_tensor g_h1 = new_tensor(KT_F32, N, H), g_h0 = new_tensor(KT_F32, N, H);
     *(float *)g_loss.data = 1.0f;
 
-    kt_op_attrs none = {0}, ce = {.ignore_index = -100};
+    /* NULL attributes are the op's defaults; cross_entropy's ignore_index defaults to -100 */
+    const kt_op_attrs ce = kt_op_defaults(KT_OP_CROSS_ENTROPY);
     const kt_tensor in_mm1[2] = {x, w1}, in_b1[2] = {h0, b1}, in_mm2[2] = {h2, w2};
     const kt_tensor in_b2[2] = {l0, b2}, in_ce[2] = {l1, y};
 
@@ -155,9 +156,9 @@ static int demo(int argc, char **argv)
         kt_op op;
         const kt_op_attrs *attrs;
         const kt_tensor *in;
-    } calls[] = {{KT_OP_MATMUL, &none, in_mm1}, {KT_OP_ADD, &none, in_b1},
-                 {KT_OP_SILU, &none, &h1},      {KT_OP_MATMUL, &none, in_mm2},
-                 {KT_OP_ADD, &none, in_b2},     {KT_OP_CROSS_ENTROPY, &ce, in_ce}};
+    } calls[] = {{KT_OP_MATMUL, NULL, in_mm1}, {KT_OP_ADD, NULL, in_b1},
+                 {KT_OP_SILU, NULL, &h1},      {KT_OP_MATMUL, NULL, in_mm2},
+                 {KT_OP_ADD, NULL, in_b2},     {KT_OP_CROSS_ENTROPY, &ce, in_ce}};
     for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
         int n_in;
         die_on(kt_op_arity(calls[i].op, &n_in, NULL, NULL), "arity");
@@ -174,26 +175,26 @@ static int demo(int argc, char **argv)
            kt_version_string(), kt_cpu_describe(), kt_threadpool_size(pool), D, H, C, N);
     float first = 0.0f, last = 0.0f;
     for (int step = 0; step < steps; step++) {
-        die_on(kt_op_forward(KT_OP_MATMUL, &none, in_mm1, 2, &h0, 1, &ex), "matmul 1");
-        die_on(kt_op_forward(KT_OP_ADD, &none, in_b1, 2, &h1, 1, &ex), "bias 1");
-        die_on(kt_op_forward(KT_OP_SILU, &none, &h1, 1, &h2, 1, &ex), "silu");
-        die_on(kt_op_forward(KT_OP_MATMUL, &none, in_mm2, 2, &l0, 1, &ex), "matmul 2");
-        die_on(kt_op_forward(KT_OP_ADD, &none, in_b2, 2, &l1, 1, &ex), "bias 2");
+        die_on(kt_op_forward(KT_OP_MATMUL, NULL, in_mm1, 2, &h0, 1, &ex), "matmul 1");
+        die_on(kt_op_forward(KT_OP_ADD, NULL, in_b1, 2, &h1, 1, &ex), "bias 1");
+        die_on(kt_op_forward(KT_OP_SILU, NULL, &h1, 1, &h2, 1, &ex), "silu");
+        die_on(kt_op_forward(KT_OP_MATMUL, NULL, in_mm2, 2, &l0, 1, &ex), "matmul 2");
+        die_on(kt_op_forward(KT_OP_ADD, NULL, in_b2, 2, &l1, 1, &ex), "bias 2");
         die_on(kt_op_forward(KT_OP_CROSS_ENTROPY, &ce, in_ce, 2, &loss, 1, &ex), "loss");
 
         kt_tensor g_ce[2] = {g_l1, {0}}, g_add2[2] = {g_l0, gb2}, g_mm2[2] = {g_h2, gw2};
         kt_tensor g_add1[2] = {g_h0, gb1}, g_mm1[2] = {{0}, gw1};
         die_on(kt_op_backward(KT_OP_CROSS_ENTROPY, &ce, in_ce, 2, &loss, 1, &g_loss, g_ce, &ex),
                "loss backward");
-        die_on(kt_op_backward(KT_OP_ADD, &none, in_b2, 2, &l1, 1, &g_l1, g_add2, &ex),
+        die_on(kt_op_backward(KT_OP_ADD, NULL, in_b2, 2, &l1, 1, &g_l1, g_add2, &ex),
                "bias 2 backward");
-        die_on(kt_op_backward(KT_OP_MATMUL, &none, in_mm2, 2, &l0, 1, &g_l0, g_mm2, &ex),
+        die_on(kt_op_backward(KT_OP_MATMUL, NULL, in_mm2, 2, &l0, 1, &g_l0, g_mm2, &ex),
                "matmul 2 backward");
-        die_on(kt_op_backward(KT_OP_SILU, &none, &h1, 1, &h2, 1, &g_h2, &g_h1, &ex),
+        die_on(kt_op_backward(KT_OP_SILU, NULL, &h1, 1, &h2, 1, &g_h2, &g_h1, &ex),
                "silu backward");
-        die_on(kt_op_backward(KT_OP_ADD, &none, in_b1, 2, &h1, 1, &g_h1, g_add1, &ex),
+        die_on(kt_op_backward(KT_OP_ADD, NULL, in_b1, 2, &h1, 1, &g_h1, g_add1, &ex),
                "bias 1 backward");
-        die_on(kt_op_backward(KT_OP_MATMUL, &none, in_mm1, 2, &h0, 1, &g_h0, g_mm1, &ex),
+        die_on(kt_op_backward(KT_OP_MATMUL, NULL, in_mm1, 2, &h0, 1, &g_h0, g_mm1, &ex),
                "matmul 1 backward");
 
         sgd(&w1, &gw1, lr), sgd(&b1, &gb1, lr), sgd(&w2, &gw2, lr), sgd(&b2, &gb2, lr);

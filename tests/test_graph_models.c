@@ -75,10 +75,7 @@ static void pool_free(tpool *tp)
 static kt_tensor direct_fwd(tpool *tp, kt_op op, const kt_op_attrs *attrs, const kt_tensor *in,
                             int n_in)
 {
-    kt_op_attrs a;
-    memset(&a, 0, sizeof a);
-    if (attrs != NULL)
-        a = *attrs;
+    const kt_op_attrs a = attrs != NULL ? *attrs : kt_op_defaults(op);
     kt_tensor out;
     OK(kt_op_infer(op, &a, in, n_in, &out, 1));
     out = keep(tp, tu_alloc(out.dtype, out.ndim, out.shape));
@@ -105,10 +102,7 @@ static void direct_bwd(tpool *tp, kt_op op, const kt_op_attrs *attrs, const kt_t
                        int n_in, kt_tensor out, kt_tensor gout, const int *wanted,
                        kt_tensor *gin)
 {
-    kt_op_attrs a;
-    memset(&a, 0, sizeof a);
-    if (attrs != NULL)
-        a = *attrs;
+    const kt_op_attrs a = attrs != NULL ? *attrs : kt_op_defaults(op);
     for (int i = 0; i < n_in; i++) {
         gin[i] = in[i];
         gin[i].data = NULL;
@@ -277,7 +271,7 @@ static kt_graph *build_mlp(int n)
     h = tu_op2(g, "bias1", KT_OP_ADD, NULL, h, b1);
     h = tu_op1(g, "act", KT_OP_SILU, NULL, h);
     logits = tu_op2(g, "fc2", KT_OP_MATMUL, NULL, h, w2);
-    kt_op_attrs ce = {.ignore_index = IGNORE};
+    kt_op_attrs ce = TU_ATTRS(KT_OP_CROSS_ENTROPY, .ignore_index = IGNORE);
     loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, &ce, logits, y);
     OK(kt_graph_output(g, logits, "logits"));
     OK(kt_graph_set_loss(g, loss));
@@ -342,7 +336,7 @@ static void test_mlp_matches_kernels(void **state)
 
     kt_tensor w1 = get(s, KT_ROLE_PARAM, "w1"), b1 = get(s, KT_ROLE_PARAM, "b1");
     kt_tensor w2 = get(s, KT_ROLE_PARAM, "w2");
-    kt_op_attrs ce = {.ignore_index = IGNORE};
+    kt_op_attrs ce = TU_ATTRS(KT_OP_CROSS_ENTROPY, .ignore_index = IGNORE);
     kt_tensor h0 = F2(&tp, KT_OP_MATMUL, NULL, x, w1);
     kt_tensor h1 = F2(&tp, KT_OP_ADD, NULL, h0, b1);
     kt_tensor h2 = F1(&tp, KT_OP_SILU, NULL, h1);
@@ -380,9 +374,9 @@ static void test_mlp_matches_kernels(void **state)
  * partial gradients must be summed) -> rmsnorm -> matmul to classes -> cross_entropy. */
 enum { CT = 32, CI = 6, CC = 8, CK = 4 };
 
-static const kt_op_attrs conv_causal = {.conv_mode = KT_CONV_CAUSAL};
-static const kt_op_attrs conv_dw_same = {.conv_mode = KT_CONV_SAME, .depthwise = 1};
-static const kt_op_attrs norm_attrs = {.eps = 1e-5f};
+#define conv_causal TU_ATTRS(KT_OP_CONV1D, .conv_mode = KT_CONV_CAUSAL)
+#define conv_dw_same TU_ATTRS(KT_OP_CONV1D, .conv_mode = KT_CONV_SAME, .depthwise = 1)
+#define norm_attrs TU_ATTRS(KT_OP_RMSNORM, .eps = 1e-5f)
 
 static kt_graph *build_conv(int t)
 {
@@ -403,7 +397,7 @@ static kt_graph *build_conv(int t)
     r = tu_op2(g, "residual", KT_OP_ADD, NULL, c2, h);
     n = tu_op2(g, "norm", KT_OP_RMSNORM, &norm_attrs, r, gain);
     logits = tu_op2(g, "head", KT_OP_MATMUL, NULL, n, w_out);
-    kt_op_attrs ce = {.ignore_index = IGNORE};
+    kt_op_attrs ce = TU_ATTRS(KT_OP_CROSS_ENTROPY, .ignore_index = IGNORE);
     loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, &ce, logits, y);
     OK(kt_graph_output(g, logits, "logits"));
     OK(kt_graph_set_loss(g, loss));
@@ -463,7 +457,7 @@ static void test_conv_matches_kernels(void **state)
     kt_tensor w_in = get(s, KT_ROLE_PARAM, "w_in"), w_c1 = get(s, KT_ROLE_PARAM, "w_c1");
     kt_tensor w_dw = get(s, KT_ROLE_PARAM, "w_dw"), gain = get(s, KT_ROLE_PARAM, "gain");
     kt_tensor w_out = get(s, KT_ROLE_PARAM, "w_out");
-    kt_op_attrs ce = {.ignore_index = IGNORE};
+    kt_op_attrs ce = TU_ATTRS(KT_OP_CROSS_ENTROPY, .ignore_index = IGNORE);
     kt_tensor h = F2(&tp, KT_OP_MATMUL, NULL, x, w_in);
     kt_tensor c1 = F2(&tp, KT_OP_CONV1D, &conv_causal, h, w_c1);
     kt_tensor a = F1(&tp, KT_OP_SILU, NULL, c1);
@@ -525,7 +519,7 @@ static kt_graph *build_lm(int n)
     e = tu_op2(g, "embed", KT_OP_EMBEDDING, NULL, emb, ids);
     logits = tu_op2(g, "unembed", KT_OP_MATMUL, NULL, e, w);
     lsm = tu_op1(g, "logprobs", KT_OP_LOG_SOFTMAX, NULL, logits);
-    kt_op_attrs ce = {.ignore_index = LM_IGNORE};
+    kt_op_attrs ce = TU_ATTRS(KT_OP_CROSS_ENTROPY, .ignore_index = LM_IGNORE);
     loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, &ce, logits, tgt);
     OK(kt_graph_output(g, lsm, "logprobs"));
     OK(kt_graph_set_loss(g, loss));
@@ -582,7 +576,7 @@ static void test_lm_matches_kernels(void **state)
     OK(kt_session_backward(s));
 
     kt_tensor emb = get(s, KT_ROLE_PARAM, "embed"), w = get(s, KT_ROLE_PARAM, "unembed");
-    kt_op_attrs ce = {.ignore_index = LM_IGNORE};
+    kt_op_attrs ce = TU_ATTRS(KT_OP_CROSS_ENTROPY, .ignore_index = LM_IGNORE);
     kt_tensor e = F2(&tp, KT_OP_EMBEDDING, NULL, emb, ids);
     kt_tensor lg = F2(&tp, KT_OP_MATMUL, NULL, e, w);
     kt_tensor lsm = F1(&tp, KT_OP_LOG_SOFTMAX, NULL, lg);
@@ -651,9 +645,9 @@ static kt_graph *build_tied(void)
     m = tu_op2(g, "gate", KT_OP_MUL, NULL, e, sv);
     r = tu_op2(g, "skip", KT_OP_ADD, NULL, m, e);
     n = tu_op2(g, "norm", KT_OP_RMSNORM, &norm_attrs, r, gain);
-    kt_op_attrs tb = {.trans_b = 1};
+    kt_op_attrs tb = TU_ATTRS(KT_OP_MATMUL, .trans_b = 1);
     logits = tu_op2(g, "tied_head", KT_OP_MATMUL, &tb, n, E);
-    kt_op_attrs ce = {.ignore_index = IGNORE};
+    kt_op_attrs ce = TU_ATTRS(KT_OP_CROSS_ENTROPY, .ignore_index = IGNORE);
     loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, &ce, logits, y);
     OK(kt_graph_output(g, logits, "logits"));
     OK(kt_graph_set_loss(g, loss));
@@ -681,7 +675,8 @@ static void test_tied_matches_kernels(void **state)
     OK(kt_session_backward(s));
 
     kt_tensor E = get(s, KT_ROLE_PARAM, "E"), gain = get(s, KT_ROLE_PARAM, "gain");
-    kt_op_attrs tb = {.trans_b = 1}, ce = {.ignore_index = IGNORE};
+    kt_op_attrs tb = TU_ATTRS(KT_OP_MATMUL, .trans_b = 1);
+    kt_op_attrs ce = TU_ATTRS(KT_OP_CROSS_ENTROPY, .ignore_index = IGNORE);
     kt_tensor e = F2(&tp, KT_OP_EMBEDDING, NULL, E, ids);
     kt_tensor sv = F1(&tp, KT_OP_SILU, NULL, e);
     kt_tensor m = F2(&tp, KT_OP_MUL, NULL, e, sv);
@@ -1199,8 +1194,7 @@ static void test_param_without_gradient(void **state)
     OK(kt_graph_param(g, "u", KT_F32, 2, TU_SHAPE(8, 3), kt_init_normal(0.3f), &u));
     kt_value h = tu_op2(g, "proj", KT_OP_MATMUL, NULL, x, w);
     kt_value side = tu_op2(g, "side", KT_OP_MATMUL, NULL, x, u);
-    kt_value loss = tu_op2(g, "ce", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100},
-                           h, y);
+    kt_value loss = tu_op2(g, "ce", KT_OP_CROSS_ENTROPY, NULL, h, y);
     OK(kt_graph_output(g, side, "side"));
     OK(kt_graph_set_loss(g, loss));
     kt_program *p = compile(g);
@@ -1657,7 +1651,7 @@ static kt_graph *build_frozen(void)
     h = tu_op1(g, "act", KT_OP_SILU, NULL, tu_op2(g, "fc1", KT_OP_MATMUL, NULL, x, w1));
     lg = tu_op2(g, "frozen_head", KT_OP_MATMUL, NULL, h, wf);
     lb = tu_op2(g, "bf16_head", KT_OP_MATMUL, NULL, xb, wb);
-    kt_op_attrs ce = {.ignore_index = IGNORE};
+    kt_op_attrs ce = TU_ATTRS(KT_OP_CROSS_ENTROPY, .ignore_index = IGNORE);
     la = tu_op2(g, "loss_f32", KT_OP_CROSS_ENTROPY, &ce, lg, y);
     l2 = tu_op2(g, "loss_bf16", KT_OP_CROSS_ENTROPY, &ce, lb, y);
     loss = tu_op2(g, "loss", KT_OP_ADD, NULL, la, l2);
@@ -1713,7 +1707,7 @@ static void test_frozen_params(void **state)
     OK(kt_session_forward(s));
     OK(kt_session_backward(s));
     kt_tensor w1 = get(s, KT_ROLE_PARAM, "w1"), wf = get(s, KT_ROLE_PARAM, "wf");
-    kt_op_attrs ce = {.ignore_index = IGNORE};
+    kt_op_attrs ce = TU_ATTRS(KT_OP_CROSS_ENTROPY, .ignore_index = IGNORE);
     kt_tensor h0 = F2(&tp, KT_OP_MATMUL, NULL, x, w1), h = F1(&tp, KT_OP_SILU, NULL, h0);
     kt_tensor lg = F2(&tp, KT_OP_MATMUL, NULL, h, wf);
     kt_tensor lb = F2(&tp, KT_OP_MATMUL, NULL, xb, wb);
@@ -1781,7 +1775,7 @@ static kt_graph *build_traced(void)
     OK(kt_graph_param(g, "b", KT_F32, 1, TU_SHAPE(MC), kt_init_zeros(), &b));
     h = tu_op2(g, ODD_NAME, KT_OP_MATMUL, NULL, x, w);
     h = tu_op2(g, "bias", KT_OP_ADD, NULL, h, b);
-    kt_op_attrs ce = {.ignore_index = IGNORE};
+    kt_op_attrs ce = TU_ATTRS(KT_OP_CROSS_ENTROPY, .ignore_index = IGNORE);
     loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, &ce, h, y);
     OK(kt_graph_set_loss(g, loss));
     return g;

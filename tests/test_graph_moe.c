@@ -75,10 +75,10 @@ static kt_graph *build(int layers, int segments)
         OK(kt_graph_param(g, name, KT_F32, 2, TU_SHAPE(H, E), kt_init_normal(0.3f), &wr));
         in2[0] = h, in2[1] = wr;
         OK(kt_graph_op(g, NULL, KT_OP_MATMUL, NULL, in2, 2, &r));
-        kt_op_attrs ra = {.k = K, .norm_topk = 1};
+        kt_op_attrs ra = TU_ATTRS(KT_OP_TOPK_ROUTER, .k = K, .norm_topk = 1);
         OK(kt_graph_op(g, NULL, KT_OP_TOPK_ROUTER, &ra, &r, 1, out));
         in3[0] = h, in3[1] = out[0], in3[2] = out[1];
-        kt_op_attrs ma = {.binding = l};
+        kt_op_attrs ma = TU_ATTRS(KT_OP_MOE, .binding = l);
         snprintf(name, sizeof name, "moe%d", l);
         OK(kt_graph_op(g, name, KT_OP_MOE, &ma, in3, 3, &m));
         kt_value s;
@@ -91,7 +91,7 @@ static kt_graph *build(int layers, int segments)
     OK(kt_graph_param(g, "head", KT_F32, 2, TU_SHAPE(H, V), kt_init_normal(0.3f), &head));
     kt_value in2[2] = {h, head};
     OK(kt_graph_op(g, NULL, KT_OP_MATMUL, NULL, in2, 2, &logits));
-    kt_op_attrs ce = {.ignore_index = -100};
+    kt_op_attrs ce = TU_ATTRS(KT_OP_CROSS_ENTROPY, .ignore_index = -100);
     in2[0] = logits, in2[1] = y;
     OK(kt_graph_op(g, "loss", KT_OP_CROSS_ENTROPY, &ce, in2, 2, &loss));
     OK(kt_graph_output(g, logits, "logits"));
@@ -184,7 +184,7 @@ static void test_moe_op_matches_layer(void **state)
     kt_tensor logits = tu_new(KT_F32, T, E), ids = tu_new(KT_I32, T, K), w = tu_new(KT_F32, T, K);
     kt_tensor in2[2] = {x, wr};
     OK(kt_op_forward(KT_OP_MATMUL, NULL, in2, 2, &logits, 1, NULL));
-    kt_op_attrs ra = {.k = K, .norm_topk = 1};
+    kt_op_attrs ra = TU_ATTRS(KT_OP_TOPK_ROUTER, .k = K, .norm_topk = 1);
     kt_tensor rout[2] = {ids, w};
     OK(kt_op_forward(KT_OP_TOPK_ROUTER, &ra, &logits, 1, rout, 2, NULL));
     kt_tensor y = tu_new(KT_F32, T, H), a = tu_new(KT_F32, T, H), h = tu_new(KT_F32, T, H);
@@ -441,9 +441,9 @@ static void test_bindings(void **state)
     h = vx;
     for (int k = 0; k < 2; k++) {
         OK(kt_graph_op(g, NULL, KT_OP_MATMUL, NULL, (kt_value[]){h, wr}, 2, &r));
-        OK(kt_graph_op(g, NULL, KT_OP_TOPK_ROUTER, &(kt_op_attrs){.k = K, .norm_topk = 1}, &r,
-                       1, out));
-        OK(kt_graph_op(g, "m", KT_OP_MOE, &(kt_op_attrs){.binding = 0},
+        OK(kt_graph_op(g, NULL, KT_OP_TOPK_ROUTER,
+                       &TU_ATTRS(KT_OP_TOPK_ROUTER, .k = K, .norm_topk = 1), &r, 1, out));
+        OK(kt_graph_op(g, "m", KT_OP_MOE, &TU_ATTRS(KT_OP_MOE, .binding = 0),
                        (kt_value[]){h, out[0], out[1]}, 3, &h));
     }
     OK(kt_graph_output(g, h, "y"));
@@ -454,7 +454,7 @@ static void test_bindings(void **state)
                     "runs MoE layer 0, which moe node 'm' (step ");
     kt_program_destroy(p);
     /* a layer index past what a session's table holds is refused where it is written */
-    TU_EXPECT_ERROR(kt_graph_op(g, "far", KT_OP_MOE, &(kt_op_attrs){.binding = 1000000000},
+    TU_EXPECT_ERROR(kt_graph_op(g, "far", KT_OP_MOE, &TU_ATTRS(KT_OP_MOE, .binding = 1000000000),
                                 (kt_value[]){vx, out[0], out[1]}, 3, &h),
                     KT_EINVAL, "layer 1000000000 is outside 0 to 4095");
     kt_graph_destroy(g);
@@ -513,11 +513,10 @@ static void test_program_queries(void **state)
     OK(kt_graph_param(g, "table", KT_F32, 2, TU_SHAPE(7, H), kt_init_normal(0.3f), &table));
     OK(kt_graph_param(g, "head", KT_F32, 2, TU_SHAPE(H, 9), kt_init_normal(0.3f), &head));
     h = tu_op2(g, "embed", KT_OP_EMBEDDING, NULL, table, tok);
-    OK(kt_graph_op(g, "moe", KT_OP_MOE, &(kt_op_attrs){.binding = 3}, (kt_value[]){h, ids, w},
+    OK(kt_graph_op(g, "moe", KT_OP_MOE, &TU_ATTRS(KT_OP_MOE, .binding = 3), (kt_value[]){h, ids, w},
                    3, &m));
     logits = tu_op2(g, "logits", KT_OP_MATMUL, NULL, m, head);
-    loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100}, logits,
-                  y);
+    loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, NULL, logits, y);
     OK(kt_graph_set_loss(g, loss));
     OK(kt_compile(g, NULL, &p));
     OK(kt_program_moe_info(p, 0, &info));

@@ -318,11 +318,11 @@ static kt_graph *build_mlp_c(void)
         OK(kt_graph_param(g, nw, KT_F32, 2, TU_SHAPE(H, H), kt_init_normal(0.2f), &rw));
         OK(kt_graph_param(g, ng, KT_F32, 1, TU_SHAPE(H), (kt_init){KT_INIT_ONES, 0, 0}, &rg));
         kt_value a = op(g, KT_OP_MATMUL, NULL, h, rw, 2);
-        a = op(g, KT_OP_RMSNORM, &(kt_op_attrs){.eps = 1e-5f}, a, rg, 2);
+        a = op(g, KT_OP_RMSNORM, &TU_ATTRS(KT_OP_RMSNORM, .eps = 1e-5f), a, rg, 2);
         h = op(g, KT_OP_ADD, NULL, h, a, 2);
     }
     logits = op(g, KT_OP_MATMUL, NULL, h, w2, 2);
-    loss = op(g, KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100}, logits, y, 2);
+    loss = op(g, KT_OP_CROSS_ENTROPY, NULL, logits, y, 2);
     OK(kt_graph_output(g, logits, "logits"));
     OK(kt_graph_set_loss(g, loss));
     return g;

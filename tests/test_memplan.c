@@ -338,18 +338,18 @@ static kt_graph *random_dag(tu_rng *r, int n_nodes)
             break;
         case 3:
             out = tu_op2(g, nm, KT_OP_MUL, NULL, a, c);
-            out = tu_op1(g, NULL, KT_OP_SCALE, &(kt_op_attrs){.alpha = 0.5f}, out);
+            out = tu_op1(g, NULL, KT_OP_SCALE, &TU_ATTRS(KT_OP_SCALE, .alpha = 0.5f), out);
             break;
         case 4:
             out = tu_op1(g, nm, KT_OP_SILU, NULL, a);
             break;
         case 5:
-            out = tu_op1(g, nm, KT_OP_SCALE, &(kt_op_attrs){.alpha = rnd(r, 2) ? 0.75f : -1.25f},
-                      a);
+            out = tu_op1(g, nm, KT_OP_SCALE,
+                         &TU_ATTRS(KT_OP_SCALE, .alpha = rnd(r, 2) ? 0.75f : -1.25f), a);
             break;
         default: /* the same value used twice by one node */
             out = tu_op2(g, nm, rnd(r, 2) ? KT_OP_ADD : KT_OP_MUL, NULL, a, a);
-            out = tu_op1(g, NULL, KT_OP_SCALE, &(kt_op_attrs){.alpha = 0.5f}, out);
+            out = tu_op1(g, NULL, KT_OP_SCALE, &TU_ATTRS(KT_OP_SCALE, .alpha = 0.5f), out);
             break;
         }
         vals[nv++] = out;
@@ -362,8 +362,7 @@ static kt_graph *random_dag(tu_rng *r, int n_nodes)
     OK(kt_graph_param(g, "head", KT_F32, 2, TU_SHAPE(RD, RC), kt_init_normal(0.25f), &head));
     kt_value h = tu_op2(g, "mix", KT_OP_ADD, NULL, vals[nv - 1], vals[rnd(r, (uint64_t)nv)]);
     kt_value logits = tu_op2(g, "logits", KT_OP_MATMUL, NULL, h, head);
-    kt_value loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100},
-                        logits, y);
+    kt_value loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, NULL, logits, y);
     OK(kt_graph_output(g, logits, "logits"));
     OK(kt_graph_set_loss(g, loss));
     return g;
@@ -458,7 +457,7 @@ static kt_graph *build_mlp(void)
     h = tu_op2(g, "bias1", KT_OP_ADD, NULL, h, b1);
     h = tu_op1(g, "act", KT_OP_SILU, NULL, h);
     logits = tu_op2(g, "fc2", KT_OP_MATMUL, NULL, h, w2);
-    loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100}, logits, y);
+    loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, NULL, logits, y);
     OK(kt_graph_output(g, logits, "logits"));
     OK(kt_graph_set_loss(g, loss));
     return g;
@@ -476,16 +475,16 @@ static kt_graph *build_conv_stack(void)
     OK(kt_graph_param(g, "w1", KT_F32, 3, TU_SHAPE(16, 3, 8), kt_init_normal(0.2f), &w1));
     OK(kt_graph_param(g, "w2", KT_F32, 3, TU_SHAPE(16, 3, 16), kt_init_normal(0.15f), &w2));
     OK(kt_graph_param(g, "w3", KT_F32, 3, TU_SHAPE(5, 3, 16), kt_init_normal(0.15f), &w3));
-    kt_op_attrs causal = {.conv_mode = KT_CONV_CAUSAL};
+    kt_op_attrs causal = TU_ATTRS(KT_OP_CONV1D, .conv_mode = KT_CONV_CAUSAL);
     h = tu_op2(g, "conv1", KT_OP_CONV1D, &causal, x, w1);
     h = tu_op1(g, "act1", KT_OP_SILU, NULL, h);
     h2 = tu_op2(g, "conv2", KT_OP_CONV1D, &causal, h, w2);
     h = tu_op2(g, "res", KT_OP_ADD, NULL, h2, h);
     h = tu_op1(g, "act2", KT_OP_SILU, NULL, h);
     h = tu_op2(g, "conv3", KT_OP_CONV1D, &causal, h, w3);
-    kt_op_attrs rs = {.ndim = 2, .shape = {-1, 5}};
+    kt_op_attrs rs = TU_ATTRS(KT_OP_RESHAPE, .ndim = 2, .shape = {-1, 5});
     logits = tu_op1(g, "flat", KT_OP_RESHAPE, &rs, h);
-    loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100}, logits, y);
+    loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, NULL, logits, y);
     OK(kt_graph_set_loss(g, loss));
     return g;
 }

@@ -66,7 +66,7 @@ static void add_case(kt_op op, const char *variant, kt_op_attrs attrs, int ignor
     memset(c, 0, sizeof *c);
     snprintf(c->name, sizeof c->name, "%s/%s", kt_op_name(op), variant);
     c->op = op;
-    c->attrs = attrs;
+    tu_attrs_into(&c->attrs, op, attrs);
     c->ignore = ignore;
     c->n_in = n_in;
     memcpy(c->in, in, (size_t)n_in * sizeof *in);

@@ -86,10 +86,14 @@ static void test_conv1d_gradcheck(void **state)
                     kt_tensor in[2];
                     make_inputs(in, &s, &rng);
                     for (int threads = 0; threads <= 2; threads += 2) {
-                        gc_case c = {.op = KT_OP_CONV1D,
-                                     .attrs = {.depthwise = dw, .conv_mode = modes[m]},
-                                     .in = in, .n_in = 2, .ref = ref_conv1d,
-                                     .threads = threads, .seed = seed++};
+                        gc_case c = {
+                            .op = KT_OP_CONV1D,
+                            .attrs = TU_ATTRS(KT_OP_CONV1D, .depthwise = dw, .conv_mode = modes[m]),
+                            .in = in,
+                            .n_in = 2,
+                            .ref = ref_conv1d,
+                            .threads = threads,
+                            .seed = seed++};
                         gc_check(&c);
                     }
                     tu_free(&in[0]);
@@ -114,8 +118,13 @@ static void test_conv1d_shapes(void **state)
         kt_tensor in[2];
         make_inputs(in, &shapes[i], &rng);
         gc_case c = {.op = KT_OP_CONV1D,
-                     .attrs = {.depthwise = shapes[i].depthwise, .conv_mode = shapes[i].mode},
-                     .in = in, .n_in = 2, .ref = ref_conv1d, .probes = 40, .threads = 2,
+                     .attrs = TU_ATTRS(KT_OP_CONV1D, .depthwise = shapes[i].depthwise,
+                                       .conv_mode = shapes[i].mode),
+                     .in = in,
+                     .n_in = 2,
+                     .ref = ref_conv1d,
+                     .probes = 40,
+                     .threads = 2,
                      .seed = 50 + i};
         gc_check(&c);
         tu_free(&in[0]);
@@ -139,8 +148,12 @@ static void test_conv1d_low_precision(void **state)
         kt_tensor in[2];
         make_inputs(in, &shapes[i], &rng);
         gc_case c = {.op = KT_OP_CONV1D,
-                     .attrs = {.depthwise = shapes[i].depthwise, .conv_mode = shapes[i].mode},
-                     .in = in, .n_in = 2, .threads = 2, .seed = 60 + i};
+                     .attrs = TU_ATTRS(KT_OP_CONV1D, .depthwise = shapes[i].depthwise,
+                                       .conv_mode = shapes[i].mode),
+                     .in = in,
+                     .n_in = 2,
+                     .threads = 2,
+                     .seed = 60 + i};
         gc_check_lowp(&c, KT_BF16, 1e-2);
         gc_check_lowp(&c, KT_F16, 2e-3);
         tu_free(&in[0]);
@@ -159,8 +172,11 @@ static void test_conv1d_deterministic(void **state)
         kt_tensor in[2];
         make_inputs(in, &shapes[i], &rng);
         gc_case c = {.op = KT_OP_CONV1D,
-                     .attrs = {.depthwise = shapes[i].depthwise, .conv_mode = shapes[i].mode},
-                     .in = in, .n_in = 2, .seed = 70 + i};
+                     .attrs = TU_ATTRS(KT_OP_CONV1D, .depthwise = shapes[i].depthwise,
+                                       .conv_mode = shapes[i].mode),
+                     .in = in,
+                     .n_in = 2,
+                     .seed = 70 + i};
         gc_check_deterministic(&c, 2);
         gc_check_deterministic(&c, 3);
         tu_free(&in[0]);
@@ -172,7 +188,7 @@ static void test_conv1d_flops(void **state)
 {
     (void)state;
     kt_tensor in[2] = {tu_new(KT_F32, 2, 10, 3), tu_new(KT_F32, 4, 3, 3)};
-    kt_op_attrs at = {.conv_mode = KT_CONV_VALID};
+    kt_op_attrs at = TU_ATTRS(KT_OP_CONV1D, .conv_mode = KT_CONV_VALID);
     assert_true(kt_op_flops(KT_OP_CONV1D, &at, in, 2) == 2.0 * 2 * 8 * 4 * 3 * 3);
     assert_int_equal(kt_op_scratch_bytes(KT_OP_CONV1D, &at, in, 2, 0), 0);
     assert_int_equal(kt_op_scratch_bytes(KT_OP_CONV1D, &at, in, 2, 1), 0);
@@ -208,7 +224,7 @@ static void test_conv1d_bad_input(void **state)
     TU_EXPECT_ERROR(kt_op_forward(KT_OP_CONV1D, NULL, in, 2, &y, 1, NULL), KT_EINVAL,
                     "conv1d", "w", "kernel size");
     /* depthwise weights: [C,K] with C = x's channels */
-    kt_op_attrs dwa = {.depthwise = 1};
+    kt_op_attrs dwa = TU_ATTRS(KT_OP_CONV1D, .depthwise = 1);
     kt_tensor wd_bad = tu_new(KT_F32, 5, 3);
     in[1] = wd_bad;
     TU_EXPECT_ERROR(kt_op_forward(KT_OP_CONV1D, &dwa, in, 2, &y, 1, NULL), KT_EINVAL,
@@ -218,11 +234,11 @@ static void test_conv1d_bad_input(void **state)
                     "conv1d", "w (depthwise", "2 dimensions");
     /* valid mode needs T >= K */
     kt_tensor xs = tu_new(KT_F32, 2, 2, 4);
-    kt_op_attrs va = {.conv_mode = KT_CONV_VALID};
+    kt_op_attrs va = TU_ATTRS(KT_OP_CONV1D, .conv_mode = KT_CONV_VALID);
     in[0] = xs, in[1] = w;
     TU_EXPECT_ERROR(kt_op_forward(KT_OP_CONV1D, &va, in, 2, &y, 1, NULL), KT_EINVAL, "conv1d",
                     "x", "2 time steps", "kernel size 3", "valid");
-    kt_op_attrs bad_mode = {.conv_mode = (kt_conv_mode)7};
+    kt_op_attrs bad_mode = TU_ATTRS(KT_OP_CONV1D, .conv_mode = (kt_conv_mode)7);
     in[0] = x;
     TU_EXPECT_ERROR(kt_op_forward(KT_OP_CONV1D, &bad_mode, in, 2, &y, 1, NULL), KT_EINVAL,
                     "conv1d", "conv_mode");

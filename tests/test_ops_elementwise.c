@@ -99,8 +99,12 @@ static void test_unary_ops(void **state)
     tu_rng_seed(&rng, 2);
     kt_tensor x = tu_new(KT_F32, 3, 5, 41);
     tu_fill_uniform(&x, &rng, -6, 6);
-    gc_case scale = {.op = KT_OP_SCALE, .attrs = {.alpha = -1.75f}, .in = &x, .n_in = 1,
-                     .ref = ref_scale, .seed = 3};
+    gc_case scale = {.op = KT_OP_SCALE,
+                     .attrs = TU_ATTRS(KT_OP_SCALE, .alpha = -1.75f),
+                     .in = &x,
+                     .n_in = 1,
+                     .ref = ref_scale,
+                     .seed = 3};
     gc_check(&scale);
     gc_case silu = {.op = KT_OP_SILU, .in = &x, .n_in = 1, .ref = ref_silu, .seed = 4};
     gc_check(&silu);

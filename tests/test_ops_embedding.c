@@ -247,8 +247,13 @@ static void test_router(void **state)
         for (int norm = 0; norm <= 1; norm++)
             for (int threads = 0; threads <= 2; threads += 2) {
                 gc_case c = {.op = KT_OP_TOPK_ROUTER,
-                             .attrs = {.k = cases[s].k, .norm_topk = norm}, .in = &x,
-                             .n_in = 1, .ref = ref_router, .threads = threads, .probes = 500,
+                             .attrs =
+                                 TU_ATTRS(KT_OP_TOPK_ROUTER, .k = cases[s].k, .norm_topk = norm),
+                             .in = &x,
+                             .n_in = 1,
+                             .ref = ref_router,
+                             .threads = threads,
+                             .probes = 500,
                              .seed = (uint64_t)(100 * s + 10 * (size_t)norm + (size_t)threads)};
                 gc_check(&c);
             }
@@ -266,7 +271,7 @@ static void test_router_ties(void **state)
     kt_tensor x = tu_new(KT_F32, 4, 5);
     memcpy(x.data, logits, sizeof logits);
     for (int norm = 0; norm <= 1; norm++) {
-        const kt_op_attrs at = {.k = 3, .norm_topk = norm};
+        const kt_op_attrs at = TU_ATTRS(KT_OP_TOPK_ROUTER, .k = 3, .norm_topk = norm);
         kt_tensor out[2] = {tu_new(KT_I32, 4, 3), tu_new(KT_F32, 4, 3)};
         assert_int_equal(kt_op_forward(KT_OP_TOPK_ROUTER, &at, &x, 1, out, 2, NULL), KT_OK);
         const int32_t *ids = out[0].data;
@@ -302,8 +307,11 @@ static void test_router_deterministic(void **state)
     tu_rng_seed(&rng, 7);
     kt_tensor x = router_logits(&rng, 600, 64, 0.05);
     for (int norm = 0; norm <= 1; norm++) {
-        gc_case c = {.op = KT_OP_TOPK_ROUTER, .attrs = {.k = 4, .norm_topk = norm}, .in = &x,
-                     .n_in = 1, .seed = 8};
+        gc_case c = {.op = KT_OP_TOPK_ROUTER,
+                     .attrs = TU_ATTRS(KT_OP_TOPK_ROUTER, .k = 4, .norm_topk = norm),
+                     .in = &x,
+                     .n_in = 1,
+                     .seed = 8};
         gc_check_deterministic(&c, 2);
         gc_check_deterministic(&c, 3);
         check_thread_invariant(KT_OP_TOPK_ROUTER, &c.attrs, &x, 1, 0, 3);
@@ -320,7 +328,7 @@ static void test_router_bad_input(void **state)
     kt_tensor x = tu_new(KT_F32, 4, 6), ids = tu_new(KT_I32, 4, 2), w = tu_new(KT_F32, 4, 2);
     kt_tensor xb = tu_new(KT_BF16, 4, 6), x3 = tu_new(KT_F32, 1, 4, 6);
     kt_tensor out[2] = {ids, w};
-    kt_op_attrs at = {.k = 2};
+    kt_op_attrs at = TU_ATTRS(KT_OP_TOPK_ROUTER, .k = 2);
     /* k outside 1..E */
     at.k = 0;
     TU_EXPECT_ERROR(kt_op_forward(KT_OP_TOPK_ROUTER, &at, &x, 1, out, 2, NULL), KT_EINVAL,

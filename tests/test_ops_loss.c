@@ -89,8 +89,13 @@ static void test_cross_entropy(void **state)
         kt_tensor in[2];
         make_case(&rng, in, sizes[s][0], sizes[s][1], s % 2 ? KT_I64 : KT_I32, -4, 4, 3, -100);
         for (int threads = 0; threads <= 2; threads += 2) {
-            gc_case c = {.op = KT_OP_CROSS_ENTROPY, .attrs = {.ignore_index = -100}, .in = in,
-                         .n_in = 2, .ref = ref_ce, .threads = threads, .probes = 500,
+            gc_case c = {.op = KT_OP_CROSS_ENTROPY,
+                         .attrs = TU_ATTRS(KT_OP_CROSS_ENTROPY, .ignore_index = -100),
+                         .in = in,
+                         .n_in = 2,
+                         .ref = ref_ce,
+                         .threads = threads,
+                         .probes = 500,
                          .seed = (uint64_t)(10 * s + threads)};
             gc_check(&c);
         }
@@ -111,7 +116,8 @@ static void test_ignore_index(void **state)
         tu_set(&in[1], i, 2); /* some tokens of class 2 for sure */
     for (int64_t i = 1; i < 40; i += 5)
         tu_set(&in[1], i, 0);
-    const kt_op_attrs variants[2] = {{.ignore_index = 2}, {0}};
+    const kt_op_attrs variants[2] = {TU_ATTRS(KT_OP_CROSS_ENTROPY, .ignore_index = 2),
+                                     TU_ATTRS(KT_OP_CROSS_ENTROPY, .ignore_index = 0)};
     for (int v = 0; v < 2; v++) {
         gc_case c = {.op = KT_OP_CROSS_ENTROPY, .attrs = variants[v], .in = in, .n_in = 2,
                      .ref = ref_ce, .seed = (uint64_t)(3 + v)};
@@ -137,7 +143,7 @@ static void test_all_ignored(void **state)
     tu_rng_seed(&rng, 4);
     kt_tensor in[2];
     make_case(&rng, in, 5, 9, KT_I32, -3, 3, 1, -100);
-    const kt_op_attrs at = {.ignore_index = -100};
+    const kt_op_attrs at = TU_ATTRS(KT_OP_CROSS_ENTROPY, .ignore_index = -100);
     kt_tensor loss, d;
     run_fb(&at, in, 2, &loss, &d);
     assert_true(tu_get(&loss, 0) == 0.0);
@@ -165,8 +171,12 @@ static void test_stable(void **state)
     make_case(&rng, in, 4, 30, KT_I32, -3, 3, 0, 0);
     for (int64_t i = 0; i < 60; i++)
         tu_set(&in[0], i, tu_get(&in[0], i) + (i < 30 ? 1000.0 : -1000.0));
-    gc_case c = {.op = KT_OP_CROSS_ENTROPY, .attrs = {.ignore_index = -100}, .in = in,
-                 .n_in = 2, .ref = ref_ce, .seed = 7};
+    gc_case c = {.op = KT_OP_CROSS_ENTROPY,
+                 .attrs = TU_ATTRS(KT_OP_CROSS_ENTROPY, .ignore_index = -100),
+                 .in = in,
+                 .n_in = 2,
+                 .ref = ref_ce,
+                 .seed = 7};
     gc_check(&c);
     tu_free(&in[0]), tu_free(&in[1]);
 }
@@ -184,8 +194,12 @@ static void test_low_precision(void **state)
     tu_rng_seed(&rng, 8);
     kt_tensor in[2];
     make_case(&rng, in, 24, 700, KT_I32, -4, 4, 5, -100);
-    gc_case c = {.op = KT_OP_CROSS_ENTROPY, .attrs = {.ignore_index = -100}, .in = in,
-                 .n_in = 2, .threads = 2, .seed = 9};
+    gc_case c = {.op = KT_OP_CROSS_ENTROPY,
+                 .attrs = TU_ATTRS(KT_OP_CROSS_ENTROPY, .ignore_index = -100),
+                 .in = in,
+                 .n_in = 2,
+                 .threads = 2,
+                 .seed = 9};
     gc_check_lowp(&c, KT_BF16, 8e-3);
     gc_check_lowp(&c, KT_F16, 1e-3);
     tu_free(&in[0]), tu_free(&in[1]);
@@ -198,8 +212,11 @@ static void test_deterministic(void **state)
     tu_rng_seed(&rng, 10);
     kt_tensor in[2];
     make_case(&rng, in, 700, 160, KT_I64, -5, 5, 7, -100);
-    gc_case c = {.op = KT_OP_CROSS_ENTROPY, .attrs = {.ignore_index = -100}, .in = in,
-                 .n_in = 2, .seed = 11};
+    gc_case c = {.op = KT_OP_CROSS_ENTROPY,
+                 .attrs = TU_ATTRS(KT_OP_CROSS_ENTROPY, .ignore_index = -100),
+                 .in = in,
+                 .n_in = 2,
+                 .seed = 11};
     gc_check_deterministic(&c, 2);
     gc_check_deterministic(&c, 3);
     /* the loss sums the tokens in order whatever the split: bitwise the same for any count */
@@ -219,7 +236,7 @@ static void test_bad_input(void **state)
     kt_tensor loss = tu_alloc(KT_F32, 0, NULL), gl = tu_new(KT_F32, 5, 11);
     kt_tensor lg3 = tu_new(KT_F32, 1, 5, 11), lgi = tu_new(KT_I32, 5, 11);
     kt_tensor t6 = tu_new(KT_I32, 6), tf = tu_new(KT_F32, 5), t2 = tu_new(KT_I32, 5, 1);
-    const kt_op_attrs at = {.ignore_index = -100};
+    const kt_op_attrs at = TU_ATTRS(KT_OP_CROSS_ENTROPY, .ignore_index = -100);
     kt_tensor in[2] = {lg, t};
     /* out-of-range targets: reported with their position and value, forward and backward */
     tu_set(&t, 3, 11);
@@ -232,11 +249,13 @@ static void test_bad_input(void **state)
     tu_set(&t, 1, -1);
     TU_EXPECT_ERROR(kt_op_forward(KT_OP_CROSS_ENTROPY, &at, in, 2, &loss, 1, NULL), KT_ERANGE,
                     "cross_entropy", "targets[1] = -1");
-    /* -100 is only a sentinel when ignore_index says so: the zeroed default is 0 */
+    /* -100 is only a sentinel when ignore_index says so: with ignore_index 0 it is a target */
     tu_set(&t64, 4, -100);
     in[1] = t64;
-    TU_EXPECT_ERROR(kt_op_forward(KT_OP_CROSS_ENTROPY, NULL, in, 2, &loss, 1, NULL), KT_ERANGE,
-                    "cross_entropy", "targets[4] = -100", "ignore_index (0)");
+    TU_EXPECT_ERROR(kt_op_forward(KT_OP_CROSS_ENTROPY,
+                                  &TU_ATTRS(KT_OP_CROSS_ENTROPY, .ignore_index = 0), in, 2, &loss,
+                                  1, NULL),
+                    KT_ERANGE, "cross_entropy", "targets[4] = -100", "ignore_index (0)");
     assert_int_equal(kt_op_forward(KT_OP_CROSS_ENTROPY, &at, in, 2, &loss, 1, NULL), KT_OK);
     /* ranks, shapes, dtypes */
     in[0] = lg3, in[1] = t;

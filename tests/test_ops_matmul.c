@@ -70,9 +70,13 @@ static void test_matmul_gradcheck(void **state)
                 kt_tensor in[2];
                 make_operands(in, shapes[s].M, shapes[s].K, shapes[s].N, ta, tb, &rng);
                 for (int threads = 0; threads <= 2; threads += 2) {
-                    gc_case c = {.op = KT_OP_MATMUL, .attrs = {.trans_a = ta, .trans_b = tb},
-                                 .in = in, .n_in = 2, .ref = ref_matmul,
-                                 .probes = shapes[s].probes, .threads = threads,
+                    gc_case c = {.op = KT_OP_MATMUL,
+                                 .attrs = TU_ATTRS(KT_OP_MATMUL, .trans_a = ta, .trans_b = tb),
+                                 .in = in,
+                                 .n_in = 2,
+                                 .ref = ref_matmul,
+                                 .probes = shapes[s].probes,
+                                 .threads = threads,
                                  .seed = seed++};
                     gc_check(&c);
                 }
@@ -115,8 +119,12 @@ static void test_matmul_low_precision(void **state)
         for (int tb = 0; tb <= 1; tb++) {
             kt_tensor in[2];
             make_operands(in, 37, 70, 29, ta, tb, &rng);
-            gc_case c = {.op = KT_OP_MATMUL, .attrs = {.trans_a = ta, .trans_b = tb},
-                         .in = in, .n_in = 2, .threads = 2, .seed = 20u + (unsigned)(2 * ta + tb)};
+            gc_case c = {.op = KT_OP_MATMUL,
+                         .attrs = TU_ATTRS(KT_OP_MATMUL, .trans_a = ta, .trans_b = tb),
+                         .in = in,
+                         .n_in = 2,
+                         .threads = 2,
+                         .seed = 20u + (unsigned)(2 * ta + tb)};
             gc_check_lowp(&c, KT_BF16, 1e-2);
             gc_check_lowp(&c, KT_F16, 2e-3);
             tu_free(&in[0]);
@@ -132,7 +140,11 @@ static void test_matmul_deterministic(void **state)
     tu_rng_seed(&rng, 103);
     kt_tensor in[2];
     make_operands(in, 200, 300, 150, 0, 1, &rng);
-    gc_case c = {.op = KT_OP_MATMUL, .attrs = {.trans_b = 1}, .in = in, .n_in = 2, .seed = 30};
+    gc_case c = {.op = KT_OP_MATMUL,
+                 .attrs = TU_ATTRS(KT_OP_MATMUL, .trans_b = 1),
+                 .in = in,
+                 .n_in = 2,
+                 .seed = 30};
     gc_check_deterministic(&c, 2);
     gc_check_deterministic(&c, 3);
     tu_free(&in[0]);
@@ -143,7 +155,7 @@ static void test_matmul_flops_scratch(void **state)
 {
     (void)state;
     kt_tensor in[2] = {tu_new(KT_F32, 6, 5), tu_new(KT_F32, 7, 5)};
-    kt_op_attrs at = {.trans_b = 1};
+    kt_op_attrs at = TU_ATTRS(KT_OP_MATMUL, .trans_b = 1);
     assert_true(kt_op_flops(KT_OP_MATMUL, &at, in, 2) == 2.0 * 6 * 7 * 5);
     assert_int_equal(kt_op_scratch_bytes(KT_OP_MATMUL, &at, in, 2, 0), 0);
     assert_int_equal(kt_op_scratch_bytes(KT_OP_MATMUL, &at, in, 2, 1), 0);
@@ -361,10 +373,10 @@ static void test_matmul_bad_input(void **state)
     kt_tensor in[2] = {a, b};
     TU_EXPECT_ERROR(kt_op_forward(KT_OP_MATMUL, NULL, in, 2, &out, 1, NULL), KT_EINVAL,
                     "matmul: b dimension 0 must be 64 (a's K), got f32[32,16]");
-    kt_op_attrs tb = {.trans_b = 1};
+    kt_op_attrs tb = TU_ATTRS(KT_OP_MATMUL, .trans_b = 1);
     TU_EXPECT_ERROR(kt_op_forward(KT_OP_MATMUL, &tb, in, 2, &out, 1, NULL), KT_EINVAL,
                     "matmul", "b dimension 1", "64");
-    kt_op_attrs ta = {.trans_a = 1};
+    kt_op_attrs ta = TU_ATTRS(KT_OP_MATMUL, .trans_a = 1);
     in[1] = bok;
     TU_EXPECT_ERROR(kt_op_forward(KT_OP_MATMUL, &ta, in, 2, &out, 1, NULL), KT_EINVAL,
                     "matmul", "b dimension 0", "must be 8");

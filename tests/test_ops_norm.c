@@ -112,8 +112,14 @@ static void test_rmsnorm(void **state)
         tu_fill_uniform(&in[0], &rng, -2, 2);
         tu_fill_uniform(&in[1], &rng, 0.5, 1.5);
         for (int threads = 0; threads <= 2; threads += 2) {
-            gc_case c = {.op = KT_OP_RMSNORM, .attrs = {.eps = epss[s]}, .in = in, .n_in = 2,
-                         .ref = ref_rmsnorm, .threads = threads, .probes = 400,
+            gc_case c = {.op = KT_OP_RMSNORM,
+                         .attrs = epss[s] == 0.0f ? kt_op_defaults(KT_OP_RMSNORM)
+                                                  : TU_ATTRS(KT_OP_RMSNORM, .eps = epss[s]),
+                         .in = in,
+                         .n_in = 2,
+                         .ref = ref_rmsnorm,
+                         .threads = threads,
+                         .probes = 400,
                          .seed = (uint64_t)(10 * s + threads)};
             gc_check(&c);
         }
@@ -133,7 +139,7 @@ static void test_rmsnorm_extreme_scale(void **state)
     tu_fill_uniform(&x, &rng, -2, 2);
     tu_fill_uniform(&w, &rng, 0.5, 1.5);
     tu_fill_uniform(&g, &rng, -1, 1);
-    const kt_op_attrs at = {.eps = 1e-30f};
+    const kt_op_attrs at = TU_ATTRS(KT_OP_RMSNORM, .eps = 1e-30f);
     kt_tensor y0 = tu_new(KT_F32, rows, h), dx0 = tu_new(KT_F32, rows, h);
     kt_tensor dw0 = tu_new(KT_F32, h);
     kt_tensor in0[2] = {x, w}, gin0[2] = {dx0, dw0};
@@ -236,7 +242,12 @@ static void test_low_precision(void **state)
     kt_tensor in[2] = {tu_new(KT_F32, 6, 600), tu_new(KT_F32, 600)};
     tu_fill_uniform(&in[0], &rng, -3, 3);
     tu_fill_uniform(&in[1], &rng, 0.5, 1.5);
-    gc_case c = {.op = KT_OP_RMSNORM, .in = in, .n_in = 2, .threads = 2, .seed = 5};
+    gc_case c = {.op = KT_OP_RMSNORM,
+                 .attrs = kt_op_defaults(KT_OP_RMSNORM),
+                 .in = in,
+                 .n_in = 2,
+                 .threads = 2,
+                 .seed = 5};
     gc_check_lowp(&c, KT_BF16, 3e-2);
     gc_check_lowp(&c, KT_F16, 4e-3);
     for (int o = 0; o < 2; o++) {
@@ -266,7 +277,8 @@ static void test_deterministic(void **state)
         check_thread_invariant(ops[o], &c.attrs, in, n_in, 2, 3);
     }
     kt_tensor lp[2] = {tu_convert(&in[0], KT_BF16), tu_convert(&in[1], KT_BF16)};
-    check_thread_invariant(KT_OP_RMSNORM, &(kt_op_attrs){0}, lp, 2, 0, 3);
+    check_thread_invariant(KT_OP_RMSNORM, &(kt_op_attrs[]){kt_op_defaults(KT_OP_RMSNORM)}[0], lp, 2,
+                           0, 3);
     tu_free(&lp[0]), tu_free(&lp[1]);
     tu_free(&in[0]), tu_free(&in[1]);
 }
@@ -279,7 +291,7 @@ static void test_inplace(void **state)
     kt_tensor in[2] = {tu_new(KT_F32, 3, 1100), tu_new(KT_F32, 1100)};
     tu_fill_uniform(&in[0], &rng, -4, 4);
     tu_fill_uniform(&in[1], &rng, -2, 2);
-    const kt_op_attrs at = {0};
+    const kt_op_attrs at = kt_op_defaults(KT_OP_RMSNORM);
     for (int d = 0; d < 2; d++) {
         kt_tensor x[2] = {d ? tu_convert(&in[0], KT_BF16) : tu_clone(&in[0]),
                           d ? tu_convert(&in[1], KT_BF16) : tu_clone(&in[1])};
@@ -313,12 +325,12 @@ static void test_bad_input(void **state)
     TU_EXPECT_ERROR(kt_op_forward(KT_OP_RMSNORM, NULL, in, 2, &out, 1, NULL), KT_EINVAL,
                     "rmsnorm", "x", "dimensions");
     in[0] = x;
-    TU_EXPECT_ERROR(kt_op_forward(KT_OP_RMSNORM, &(kt_op_attrs){.eps = -1e-5f}, in, 2, &out, 1,
-                                  NULL),
-                    KT_EINVAL, "rmsnorm", "eps");
-    TU_EXPECT_ERROR(kt_op_forward(KT_OP_RMSNORM, &(kt_op_attrs){.eps = NAN}, in, 2, &out, 1,
-                                  NULL),
-                    KT_EINVAL, "rmsnorm", "eps");
+    TU_EXPECT_ERROR(
+        kt_op_forward(KT_OP_RMSNORM, &TU_ATTRS(KT_OP_RMSNORM, .eps = -1e-5f), in, 2, &out, 1, NULL),
+        KT_EINVAL, "rmsnorm", "eps");
+    TU_EXPECT_ERROR(
+        kt_op_forward(KT_OP_RMSNORM, &TU_ATTRS(KT_OP_RMSNORM, .eps = NAN), in, 2, &out, 1, NULL),
+        KT_EINVAL, "rmsnorm", "eps");
     TU_EXPECT_ERROR(kt_op_forward(KT_OP_RMSNORM, NULL, in, 1, &out, 1, NULL), KT_EINVAL,
                     "rmsnorm", "2 inputs");
     /* the backward keeps each row's rstd in scratch and says so when none is given */

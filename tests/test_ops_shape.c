@@ -170,8 +170,11 @@ static void test_concat(void **state)
                     in[i] = tu_alloc(KT_F32, ndims[b], s);
                     tu_fill_uniform(&in[i], &rng, -3, 3);
                 }
-                gc_case c = {.op = KT_OP_CONCAT, .attrs = {.dim = dim}, .in = in,
-                             .n_in = counts[ci], .ref = ref_concat,
+                gc_case c = {.op = KT_OP_CONCAT,
+                             .attrs = TU_ATTRS(KT_OP_CONCAT, .dim = dim),
+                             .in = in,
+                             .n_in = counts[ci],
+                             .ref = ref_concat,
                              .threads = (dim + ci) % 2 ? 2 : 0,
                              .seed = (uint64_t)(100 * b + 10 * dim + ci)};
                 gc_check(&c);
@@ -184,8 +187,12 @@ static void test_concat(void **state)
     kt_tensor in[3] = {tu_new(KT_F32, 2, 3), tu_new(KT_F32, 2, 0), tu_new(KT_F32, 2, 4)};
     tu_fill_uniform(&in[0], &rng, -1, 1);
     tu_fill_uniform(&in[2], &rng, -1, 1);
-    gc_case c = {.op = KT_OP_CONCAT, .attrs = {.dim = 1}, .in = in, .n_in = 3,
-                 .ref = ref_concat, .seed = 7};
+    gc_case c = {.op = KT_OP_CONCAT,
+                 .attrs = TU_ATTRS(KT_OP_CONCAT, .dim = 1),
+                 .in = in,
+                 .n_in = 3,
+                 .ref = ref_concat,
+                 .seed = 7};
     gc_check(&c);
     for (int i = 0; i < 3; i++)
         tu_free(&in[i]);
@@ -216,8 +223,12 @@ static void test_narrow(void **state)
         const int64_t ranges[][2] = {{0, 1}, {n - 1, 1}, {0, n}, {1, n - 2}, {0, 0}, {n, 0}};
         for (size_t r = 0; r < sizeof ranges / sizeof ranges[0]; r++) {
             gc_case c = {.op = KT_OP_NARROW,
-                         .attrs = {.dim = dim, .start = ranges[r][0], .length = ranges[r][1]},
-                         .in = &x, .n_in = 1, .ref = ref_narrow, .threads = r % 2 ? 2 : 0,
+                         .attrs = TU_ATTRS(KT_OP_NARROW, .dim = dim, .start = ranges[r][0],
+                                           .length = ranges[r][1]),
+                         .in = &x,
+                         .n_in = 1,
+                         .ref = ref_narrow,
+                         .threads = r % 2 ? 2 : 0,
                          .seed = (uint64_t)(10 * dim + (int)r)};
             gc_check(&c);
         }
@@ -225,8 +236,12 @@ static void test_narrow(void **state)
     tu_free(&x);
     kt_tensor v = tu_new(KT_F32, 9);
     tu_fill_uniform(&v, &rng, -1, 1);
-    gc_case c = {.op = KT_OP_NARROW, .attrs = {.start = 8, .length = 1}, .in = &v, .n_in = 1,
-                 .ref = ref_narrow, .seed = 3};
+    gc_case c = {.op = KT_OP_NARROW,
+                 .attrs = TU_ATTRS(KT_OP_NARROW, .start = 8, .length = 1),
+                 .in = &v,
+                 .n_in = 1,
+                 .ref = ref_narrow,
+                 .seed = 3};
     gc_check(&c);
     tu_free(&v);
 }
@@ -241,8 +256,12 @@ static void test_transpose(void **state)
     tu_fill_uniform(&x, &rng, -3, 3);
     for (int d0 = 0; d0 < 4; d0++) {
         for (int d1 = 0; d1 < 4; d1++) {
-            gc_case c = {.op = KT_OP_TRANSPOSE, .attrs = {.dim0 = d0, .dim1 = d1}, .in = &x,
-                         .n_in = 1, .ref = ref_transpose, .threads = (d0 + d1) % 2 ? 2 : 0,
+            gc_case c = {.op = KT_OP_TRANSPOSE,
+                         .attrs = TU_ATTRS(KT_OP_TRANSPOSE, .dim0 = d0, .dim1 = d1),
+                         .in = &x,
+                         .n_in = 1,
+                         .ref = ref_transpose,
+                         .threads = (d0 + d1) % 2 ? 2 : 0,
                          .seed = (uint64_t)(4 * d0 + d1)};
             gc_check(&c);
         }
@@ -252,8 +271,12 @@ static void test_transpose(void **state)
     for (int nd = 1; nd <= 3; nd++) {
         kt_tensor t = tu_alloc(KT_F32, nd, shapes[nd - 1]);
         tu_fill_uniform(&t, &rng, -1, 1);
-        gc_case c = {.op = KT_OP_TRANSPOSE, .attrs = {.dim0 = 0, .dim1 = nd - 1}, .in = &t,
-                     .n_in = 1, .ref = ref_transpose, .seed = (uint64_t)(50 + nd)};
+        gc_case c = {.op = KT_OP_TRANSPOSE,
+                     .attrs = TU_ATTRS(KT_OP_TRANSPOSE, .dim0 = 0, .dim1 = nd - 1),
+                     .in = &t,
+                     .n_in = 1,
+                     .ref = ref_transpose,
+                     .seed = (uint64_t)(50 + nd)};
         gc_check(&c);
         tu_free(&t);
     }
@@ -287,8 +310,12 @@ static void test_reshape(void **state)
     tu_free(&one);
     kt_tensor sc = tu_alloc(KT_F32, 0, NULL);
     tu_set(&sc, 0, -1.5);
-    gc_case u = {.op = KT_OP_RESHAPE, .attrs = {.ndim = 2, .shape = {1, -1}}, .in = &sc,
-                 .n_in = 1, .ref = ref_reshape, .seed = 10};
+    gc_case u = {.op = KT_OP_RESHAPE,
+                 .attrs = TU_ATTRS(KT_OP_RESHAPE, .ndim = 2, .shape = {1, -1}),
+                 .in = &sc,
+                 .n_in = 1,
+                 .ref = ref_reshape,
+                 .seed = 10};
     gc_check(&u);
     tu_free(&sc);
 }
@@ -305,8 +332,11 @@ typedef struct op_case {
 
 /* Runs forward and (for float dtypes) backward on random bytes and compares every byte with
  * the source map; gradients not in the map must be zero, skipped ones must stay untouched. */
-static void check_exact(const op_case *oc, kt_dtype dtype, int threads, tu_rng *rng)
+static void check_exact(const op_case *oc_in, kt_dtype dtype, int threads, tu_rng *rng)
 {
+    op_case stamped = *oc_in; /* the attributes as the case wrote them, made for its op */
+    tu_attrs_into(&stamped.attrs, oc_in->op, oc_in->attrs);
+    const op_case *oc = &stamped;
     const char *name = kt_op_name(oc->op);
     const size_t es = kt_dtype_size(dtype);
     kt_tensor in[3], gin[3], out, gout;
@@ -446,8 +476,14 @@ static void test_big_threaded(void **state)
     kt_tensor in[2] = {tu_new(KT_F32, 300, 257), tu_new(KT_F32, 300, 301)};
     tu_fill_uniform(&in[0], &rng, -1, 1);
     tu_fill_uniform(&in[1], &rng, -1, 1);
-    gc_case c = {.op = KT_OP_CONCAT, .attrs = {.dim = 1}, .in = in, .n_in = 2,
-                 .ref = ref_concat, .probes = 12, .threads = 4, .seed = 11};
+    gc_case c = {.op = KT_OP_CONCAT,
+                 .attrs = TU_ATTRS(KT_OP_CONCAT, .dim = 1),
+                 .in = in,
+                 .n_in = 2,
+                 .ref = ref_concat,
+                 .probes = 12,
+                 .threads = 4,
+                 .seed = 11};
     gc_check(&c);
     tu_free(&in[0]);
     tu_free(&in[1]);
@@ -465,7 +501,7 @@ static void test_integer_values(void **state)
     pb[0] = INT64_MIN;
     pb[1] = (int64_t)1 << 62 | 1;
     kt_tensor in[2] = {a, b}, out = tu_new(KT_I64, 2, 4);
-    kt_op_attrs at = {.dim = 1};
+    kt_op_attrs at = TU_ATTRS(KT_OP_CONCAT, .dim = 1);
     assert_int_equal(kt_op_forward(KT_OP_CONCAT, &at, in, 2, &out, 1, NULL), KT_OK);
     const int64_t *po = out.data;
     const int64_t want[8] = {INT64_MAX, INT64_MAX - 1, INT64_MAX - 2, INT64_MIN,
@@ -473,7 +509,7 @@ static void test_integer_values(void **state)
     for (int i = 0; i < 8; i++)
         assert_true(po[i] == want[i]);
     kt_tensor tr = tu_new(KT_I64, 4, 2);
-    kt_op_attrs tat = {.dim0 = 0, .dim1 = 1};
+    kt_op_attrs tat = TU_ATTRS(KT_OP_TRANSPOSE, .dim0 = 0, .dim1 = 1);
     assert_int_equal(kt_op_forward(KT_OP_TRANSPOSE, &tat, &out, 1, &tr, 1, NULL), KT_OK);
     const int64_t *pt = tr.data;
     for (int r = 0; r < 4; r++)
@@ -492,7 +528,7 @@ static void test_reshape_inplace(void **state)
     kt_tensor x = tu_new(KT_BF16, 4, 6), keep;
     fill_random_bytes(&x, &rng);
     keep = tu_clone(&x);
-    kt_op_attrs at = {.ndim = 3, .shape = {2, -1, 3}};
+    kt_op_attrs at = TU_ATTRS(KT_OP_RESHAPE, .ndim = 3, .shape = {2, -1, 3});
     kt_tensor out;
     assert_int_equal(kt_op_infer(KT_OP_RESHAPE, &at, &x, 1, &out, 1), KT_OK);
     assert_int_equal(out.ndim, 3);
@@ -537,7 +573,7 @@ static void test_bad_input(void **state)
     kt_tensor a = tu_new(KT_F32, 4, 3), b = tu_new(KT_F32, 4, 2), c = tu_new(KT_F32, 5, 3);
     kt_tensor h = tu_new(KT_BF16, 4, 3), v = tu_new(KT_F32, 4), x = tu_new(KT_F32, 2, 8);
     kt_tensor s = tu_alloc(KT_F32, 0, NULL), out;
-    kt_op_attrs at = {.dim = 1};
+    kt_op_attrs at = TU_ATTRS(KT_OP_CONCAT, .dim = 1);
 
     /* concat */
     kt_tensor in3[3] = {a, b, c};
@@ -549,10 +585,10 @@ static void test_bad_input(void **state)
     kt_tensor inv[2] = {a, v};
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_CONCAT, &at, inv, 2, &out, 1), KT_EINVAL, "concat",
                     "input 1", "2 dimensions");
-    kt_op_attrs far = {.dim = 2};
+    kt_op_attrs far = TU_ATTRS(KT_OP_CONCAT, .dim = 2);
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_CONCAT, &far, in3, 2, &out, 1), KT_EINVAL, "concat",
                     "dim 2");
-    kt_op_attrs neg = {.dim = -1};
+    kt_op_attrs neg = TU_ATTRS(KT_OP_CONCAT, .dim = -1);
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_CONCAT, &neg, in3, 2, &out, 1), KT_EINVAL, "concat",
                     "dim -1");
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_CONCAT, &at, &s, 1, &out, 1), KT_EINVAL, "concat",
@@ -569,52 +605,52 @@ static void test_bad_input(void **state)
                     "concat", "output 0", "f32[4,5]", "f32[4,6]");
 
     /* narrow */
-    kt_op_attrs nr = {.dim = 1, .start = 3, .length = 6};
+    kt_op_attrs nr = TU_ATTRS(KT_OP_NARROW, .dim = 1, .start = 3, .length = 6);
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_NARROW, &nr, &x, 1, &out, 1), KT_EINVAL,
                     "narrow: range [3, 9) outside dim 1 of size 8");
-    nr = (kt_op_attrs){.dim = 1, .start = -1, .length = 2};
+    nr = TU_ATTRS(KT_OP_NARROW, .dim = 1, .start = -1, .length = 2);
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_NARROW, &nr, &x, 1, &out, 1), KT_EINVAL, "narrow",
                     "range [-1, 1)");
-    nr = (kt_op_attrs){.dim = 0, .start = 1, .length = -1};
+    nr = TU_ATTRS(KT_OP_NARROW, .dim = 0, .start = 1, .length = -1);
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_NARROW, &nr, &x, 1, &out, 1), KT_EINVAL, "narrow",
                     "range", "dim 0");
-    nr = (kt_op_attrs){.dim = 2, .start = 0, .length = 1};
+    nr = TU_ATTRS(KT_OP_NARROW, .dim = 2, .start = 0, .length = 1);
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_NARROW, &nr, &x, 1, &out, 1), KT_EINVAL, "narrow",
                     "dim 2");
-    nr = (kt_op_attrs){.dim = 0, .start = 0, .length = 1};
+    nr = TU_ATTRS(KT_OP_NARROW, .dim = 0, .start = 0, .length = 1);
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_NARROW, &nr, &s, 1, &out, 1), KT_EINVAL, "narrow", "x");
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_NARROW, &nr, in3, 2, &out, 1), KT_EINVAL, "narrow",
                     "1 input");
 
     /* transpose */
-    kt_op_attrs tr = {.dim0 = 0, .dim1 = 2};
+    kt_op_attrs tr = TU_ATTRS(KT_OP_TRANSPOSE, .dim0 = 0, .dim1 = 2);
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_TRANSPOSE, &tr, &x, 1, &out, 1), KT_EINVAL, "transpose",
                     "dim1 2");
-    tr = (kt_op_attrs){.dim0 = -1, .dim1 = 0};
+    tr = TU_ATTRS(KT_OP_TRANSPOSE, .dim0 = -1, .dim1 = 0);
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_TRANSPOSE, &tr, &x, 1, &out, 1), KT_EINVAL, "transpose",
                     "dim0 -1");
-    tr = (kt_op_attrs){0};
+    tr = TU_ATTRS(KT_OP_TRANSPOSE, .dim0 = 0);
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_TRANSPOSE, &tr, &s, 1, &out, 1), KT_EINVAL, "transpose",
                     "x");
 
     /* reshape */
-    kt_op_attrs rs = {.ndim = 2, .shape = {-1, -1}};
+    kt_op_attrs rs = TU_ATTRS(KT_OP_RESHAPE, .ndim = 2, .shape = {-1, -1});
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_RESHAPE, &rs, &x, 1, &out, 1), KT_EINVAL, "reshape",
                     "-1");
-    rs = (kt_op_attrs){.ndim = 2, .shape = {3, 5}};
+    rs = TU_ATTRS(KT_OP_RESHAPE, .ndim = 2, .shape = {3, 5});
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_RESHAPE, &rs, &x, 1, &out, 1), KT_EINVAL, "reshape",
                     "16 elements", "15");
-    rs = (kt_op_attrs){.ndim = 2, .shape = {3, -1}};
+    rs = TU_ATTRS(KT_OP_RESHAPE, .ndim = 2, .shape = {3, -1});
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_RESHAPE, &rs, &x, 1, &out, 1), KT_EINVAL, "reshape",
                     "infer", "16");
-    rs = (kt_op_attrs){.ndim = 2, .shape = {-4, -4}};
+    rs = TU_ATTRS(KT_OP_RESHAPE, .ndim = 2, .shape = {-4, -4});
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_RESHAPE, &rs, &x, 1, &out, 1), KT_EINVAL, "reshape",
                     "negative");
-    rs = (kt_op_attrs){.ndim = 5, .shape = {16}};
+    rs = TU_ATTRS(KT_OP_RESHAPE, .ndim = 5, .shape = {16});
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_RESHAPE, &rs, &x, 1, &out, 1), KT_EINVAL, "reshape",
                     "ndim 5");
     /* a gradient of the wrong dtype */
-    kt_op_attrs ok = {.ndim = 1, .shape = {-1}};
+    kt_op_attrs ok = TU_ATTRS(KT_OP_RESHAPE, .ndim = 1, .shape = {-1});
     kt_tensor flat = tu_new(KT_F32, 16), gbad = tu_new(KT_BF16, 2, 8);
     TU_EXPECT_ERROR(kt_op_backward(KT_OP_RESHAPE, &ok, &x, 1, &flat, 1, &flat, &gbad, NULL),
                     KT_EINVAL, "reshape", "input gradient 0", "bf16[2,8]");

@@ -126,7 +126,7 @@ static kt_graph *build_mlp(void)
     h = tu_op2(g, "bias1", KT_OP_ADD, NULL, h, b1);
     h = tu_op1(g, "act", KT_OP_SILU, NULL, h);
     logits = tu_op2(g, "fc2", KT_OP_MATMUL, NULL, h, w2);
-    loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100}, logits, y);
+    loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, NULL, logits, y);
     OK(kt_graph_output(g, logits, "logits"));
     OK(kt_graph_set_loss(g, loss));
     return g;
@@ -1423,10 +1423,10 @@ static void test_bad_builds(void **state)
     TU_EXPECT_ERROR(kt_graph_set_loss(g, h), KT_EINVAL, "scalar f32", "f32[4,3]");
     OK(kt_graph_input(g, "scalar", KT_F32, 0, NULL, &scalar_in));
     TU_EXPECT_ERROR(kt_graph_set_loss(g, scalar_in), KT_EINVAL, "computed by an op");
-    kt_op_attrs rs = {.ndim = 0};
+    kt_op_attrs rs = TU_ATTRS(KT_OP_RESHAPE, .ndim = 0);
     kt_value int_scalar;
     kt_value y1;
-    kt_op_attrs nar = {.dim = 0, .start = 0, .length = 1};
+    kt_op_attrs nar = TU_ATTRS(KT_OP_NARROW, .dim = 0, .start = 0, .length = 1);
     OK(kt_graph_op(g, NULL, KT_OP_NARROW, &nar, &y, 1, &y1));
     OK(kt_graph_op(g, NULL, KT_OP_RESHAPE, &rs, &y1, 1, &int_scalar));
     TU_EXPECT_ERROR(kt_graph_set_loss(g, int_scalar), KT_EINVAL, "scalar f32", "i32");
@@ -1452,13 +1452,11 @@ static void test_bad_builds(void **state)
     OK(kt_graph_param(g, "w", KT_F32, 2, TU_SHAPE(8, 3), kt_init_normal(0.1f), &w));
     OK(kt_graph_param(g, "w_unused", KT_F32, 2, TU_SHAPE(8, 3), kt_init_normal(0.1f), &ci));
     h = tu_op2(g, "proj", KT_OP_MATMUL, NULL, x, w);
-    kt_value loss = tu_op2(g, "ce", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100}, h,
-                        y);
+    kt_value loss = tu_op2(g, "ce", KT_OP_CROSS_ENTROPY, NULL, h, y);
     /* the loss of an input-only computation: CE(x[:, :3], y) */
-    kt_op_attrs n3 = {.dim = 1, .start = 0, .length = 3};
+    kt_op_attrs n3 = TU_ATTRS(KT_OP_NARROW, .dim = 1, .start = 0, .length = 3);
     kt_value x3 = tu_op1(g, "x3", KT_OP_NARROW, &n3, x);
-    kt_value loss_x = tu_op2(g, "ce_x", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100},
-                          x3, y);
+    kt_value loss_x = tu_op2(g, "ce_x", KT_OP_CROSS_ENTROPY, NULL, x3, y);
     OK(kt_graph_set_loss(g, loss_x));
     TU_EXPECT_ERROR(kt_compile(g, NULL, &p), KT_EINVAL, "does not depend on any trainable");
     TU_EXPECT_ERROR(kt_compile(g, &train, &p), KT_EINVAL, "does not depend on any trainable");
@@ -1512,15 +1510,15 @@ static kt_graph *build_duplicates(void)
     a = tu_op2(g, "mm_a", KT_OP_MATMUL, NULL, x, w);
     b = tu_op2(g, "mm_b", KT_OP_MATMUL, NULL, x, w);
     s = tu_op2(g, "sum", KT_OP_ADD, NULL, a, b);
-    kt_value s1 = tu_op1(g, "half", KT_OP_SCALE, &(kt_op_attrs){.alpha = 0.5f}, s);
-    kt_value s2 = tu_op1(g, "third", KT_OP_SCALE, &(kt_op_attrs){.alpha = 1.0f / 3}, s);
+    kt_value s1 = tu_op1(g, "half", KT_OP_SCALE, &TU_ATTRS(KT_OP_SCALE, .alpha = 0.5f), s);
+    kt_value s2 = tu_op1(g, "third", KT_OP_SCALE, &TU_ATTRS(KT_OP_SCALE, .alpha = 1.0f / 3), s);
     s = tu_op2(g, "both", KT_OP_ADD, NULL, s1, s2);
     /* dead: feeds nothing that an output or the loss reads */
     kt_value d = tu_op1(g, "dead_silu", KT_OP_SILU, NULL, x_unused);
     d = tu_op2(g, "dead_mm", KT_OP_MATMUL, NULL, d, w);
     (void)d;
     logits = tu_op2(g, "head", KT_OP_MATMUL, NULL, s, v);
-    loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, &(kt_op_attrs){.ignore_index = -100}, logits, y);
+    loss = tu_op2(g, "loss", KT_OP_CROSS_ENTROPY, NULL, logits, y);
     OK(kt_graph_output(g, logits, "logits"));
     OK(kt_graph_set_loss(g, loss));
     return g;

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "graph/graph_internal.h"
+#include "ops/attrs.h"
 
 #define KT__NAME_MAX 127
 
@@ -154,10 +155,10 @@ kt_status kt_graph_op(kt_graph *g, const char *name, kt_op op, const kt_op_attrs
                              label, i, in[i].id);
         metas[i] = g->values[in[i].id].meta;
     }
+    /* the table's defaults for NULL; a struct not made by kt_op_defaults(op) is refused */
     kt_op_attrs a;
-    memset(&a, 0, sizeof a);
-    if (attrs != NULL)
-        a = *attrs;
+    if (kt__attrs_resolve(op, attrs, &a) != KT_OK)
+        return kt__error_context(KT_EINVAL, "%s", label);
     kt_tensor out_meta[KT_OP_MAX_OUT];
     if (kt_op_infer(op, &a, metas, n_in, out_meta, n_out) != KT_OK)
         return kt__error_context(KT_EINVAL, "%s", label);

@@ -1,31 +1,16 @@
 /* Common-subexpression elimination, then dead-code elimination.
  *
  * CSE: a node with the same op, attributes and (canonical) inputs as an earlier node is the
- * same computation; its outputs are remapped to the earlier node's. DCE: only nodes that an
- * output or the loss depends on are kept. Parameters and inputs are never removed (the
- * caller sets them by name). */
+ * same computation; its outputs are remapped to the earlier node's. Attributes compare as
+ * the op's table entry lists them (ops/attrs.h), so a new attribute takes part by itself.
+ * DCE: only nodes that an output or the loss depends on are kept. Parameters and inputs are
+ * never removed (the caller sets them by name). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
 #include "graph/compiler/compiler.h"
-
-static int attrs_equal(const kt_op_attrs *a, const kt_op_attrs *b)
-{
-    /* field by field: the struct may carry padding bytes */
-    if (a->trans_a != b->trans_a || a->trans_b != b->trans_b || a->alpha != b->alpha ||
-        a->eps != b->eps || a->ignore_index != b->ignore_index || a->k != b->k ||
-        a->norm_topk != b->norm_topk || a->depthwise != b->depthwise ||
-        a->conv_mode != b->conv_mode || a->dim != b->dim || a->start != b->start ||
-        a->length != b->length || a->dim0 != b->dim0 || a->dim1 != b->dim1 ||
-        a->ndim != b->ndim || a->binding != b->binding || a->halo_left != b->halo_left ||
-        a->halo_right != b->halo_right || a->halo_mode != b->halo_mode)
-        return 0;
-    for (int d = 0; d < KT_MAX_DIMS; d++)
-        if (a->shape[d] != b->shape[d])
-            return 0;
-    return 1;
-}
+#include "ops/attrs.h"
 
 static uint64_t node_hash(const kt__gnode *n, const int32_t *remap)
 {
@@ -37,7 +22,7 @@ static uint64_t node_hash(const kt__gnode *n, const int32_t *remap)
 
 static int same_computation(const kt__gnode *a, const kt__gnode *b, const int32_t *remap)
 {
-    if (a->op != b->op || a->n_in != b->n_in || !attrs_equal(&a->attrs, &b->attrs))
+    if (a->op != b->op || a->n_in != b->n_in || !kt__attrs_equal(a->op, &a->attrs, &b->attrs))
         return 0;
     for (int32_t i = 0; i < a->n_in; i++)
         if (remap[a->in[i]] != remap[b->in[i]])

@@ -1,188 +1,146 @@
 /* Op calls: NAME [, NAME] = op(values, attr = value, ...). The op is looked up by its name
- * in the op table; each attribute name maps to one field of kt_op_attrs (the table in
- * docs/ktg.md), and the builder then checks shapes and dtypes. */
+ * in the op table, and its attributes by the list in its table entry (ops/attrs.h: names,
+ * types, defaults, ranges; the generated table in docs/ktg.md); the builder then checks
+ * shapes and dtypes. */
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "graph/ktg/ktg_internal.h"
-
-typedef enum attr_type { A_BOOL, A_INT, A_I64, A_FLOAT, A_MODE, A_HALO_MODE, A_SHAPE } attr_type;
-
-typedef struct attr_desc {
-    kt_op op;
-    const char *name;
-    attr_type type;
-    size_t offset; /* of the field in kt_op_attrs */
-    int required;  /* no default: a zero would silently mean something else (scale by 0) */
-} attr_desc;
-
-enum { OPTIONAL = 0, REQUIRED = 1 };
-
-static const attr_desc attr_table[] = {
-    {KT_OP_MATMUL, "trans_a", A_BOOL, offsetof(kt_op_attrs, trans_a), OPTIONAL},
-    {KT_OP_MATMUL, "trans_b", A_BOOL, offsetof(kt_op_attrs, trans_b), OPTIONAL},
-    {KT_OP_SCALE, "alpha", A_FLOAT, offsetof(kt_op_attrs, alpha), REQUIRED},
-    {KT_OP_RMSNORM, "eps", A_FLOAT, offsetof(kt_op_attrs, eps), OPTIONAL},
-    {KT_OP_CROSS_ENTROPY, "ignore_index", A_I64, offsetof(kt_op_attrs, ignore_index), OPTIONAL},
-    {KT_OP_TOPK_ROUTER, "k", A_INT, offsetof(kt_op_attrs, k), REQUIRED},
-    {KT_OP_TOPK_ROUTER, "norm_topk", A_BOOL, offsetof(kt_op_attrs, norm_topk), OPTIONAL},
-    {KT_OP_CONV1D, "mode", A_MODE, offsetof(kt_op_attrs, conv_mode), OPTIONAL},
-    {KT_OP_CONV1D, "depthwise", A_BOOL, offsetof(kt_op_attrs, depthwise), OPTIONAL},
-    {KT_OP_CONCAT, "dim", A_INT, offsetof(kt_op_attrs, dim), OPTIONAL},
-    {KT_OP_NARROW, "dim", A_INT, offsetof(kt_op_attrs, dim), REQUIRED},
-    {KT_OP_NARROW, "start", A_I64, offsetof(kt_op_attrs, start), REQUIRED},
-    {KT_OP_NARROW, "length", A_I64, offsetof(kt_op_attrs, length), REQUIRED},
-    {KT_OP_TRANSPOSE, "dim0", A_INT, offsetof(kt_op_attrs, dim0), REQUIRED},
-    {KT_OP_TRANSPOSE, "dim1", A_INT, offsetof(kt_op_attrs, dim1), REQUIRED},
-    {KT_OP_RESHAPE, "shape", A_SHAPE, offsetof(kt_op_attrs, shape), REQUIRED},
-    {KT_OP_MOE, "layer", A_INT, offsetof(kt_op_attrs, binding), OPTIONAL},
-    {KT_OP_HALO, "dim", A_INT, offsetof(kt_op_attrs, dim), OPTIONAL},
-    {KT_OP_HALO, "left", A_I64, offsetof(kt_op_attrs, halo_left), OPTIONAL},
-    {KT_OP_HALO, "right", A_I64, offsetof(kt_op_attrs, halo_right), OPTIONAL},
-    {KT_OP_HALO, "mode", A_HALO_MODE, offsetof(kt_op_attrs, halo_mode), OPTIONAL},
-};
-enum { N_ATTRS = sizeof attr_table / sizeof attr_table[0] };
-
-static const char *const mode_names[] = {"causal", "same", "valid"};
-static const char *const halo_mode_names[] = {"p2p", "allgather"};
-
-/* "trans_a or trans_b", "dim, start or length" */
-static void allowed_list(kt_op op, const char **names, int *n, char *buf, size_t size)
-{
-    *n = 0;
-    for (int i = 0; i < N_ATTRS; i++)
-        if (attr_table[i].op == op)
-            names[(*n)++] = attr_table[i].name;
-    size_t len = 0;
-    buf[0] = '\0';
-    for (int i = 0; i < *n && len < size; i++) {
-        const char *sep = i == 0 ? "" : i == *n - 1 ? " or " : ", ";
-        int w = snprintf(buf + len, size - len, "%s%s", sep, names[i]);
-        if (w > 0)
-            len += (size_t)w;
-    }
-}
+#include "ops/attrs.h"
 
 static int unknown_attr(kt__ktg_parser *p, kt_op op, const char *word, kt__ktg_span at)
 {
-    const char *names[N_ATTRS];
     int n;
-    char list[160];
-    allowed_list(op, names, &n, list, sizeof list);
+    const kt__attr_desc *list = kt__attrs_of(op, &n);
+    const char *names[32];
+    for (int i = 0; i < n && i < 32; i++)
+        names[i] = list[i].name;
+    char allowed[160];
+    kt__attr_names_text(op, allowed, sizeof allowed);
     if (n == 0)
         return kt__ktg_error(p, at, "unknown attribute '%s' ('%s' takes no attributes), "
                              "expected only values", word, kt_op_name(op));
-    const char *near = kt__ktg_suggest(word, names, n);
+    const char *near = kt__ktg_suggest(word, names, n < 32 ? n : 32);
     if (near != NULL)
         return kt__ktg_error(p, at, "unknown attribute '%s' for '%s' (did you mean '%s'?), "
-                             "expected %s", word, kt_op_name(op), near, list);
+                             "expected %s", word, kt_op_name(op), near, allowed);
     return kt__ktg_error(p, at, "unknown attribute '%s' for '%s', expected %s", word,
-                         kt_op_name(op), list);
+                         kt_op_name(op), allowed);
 }
 
-static int int_value(kt__ktg_parser *p, const attr_desc *d, int64_t lo, int64_t hi,
-                     int64_t *v)
+/* An integer expression in the attribute's range. */
+static int int_value(kt__ktg_parser *p, const kt__attr_desc *d, int64_t *v)
 {
     kt__ktg_span start = p->tok.at;
     if (!kt__ktg_expr(p, v))
         return 0;
-    if (*v < lo || *v > hi) {
-        if (d->type == A_BOOL)
-            return kt__ktg_error(p, kt__ktg_span_to_here(p, start), "%s = %lld, expected 0 or "
-                                 "1", d->name, (long long)*v);
-        return kt__ktg_error(p, kt__ktg_span_to_here(p, start), "%s = %lld, expected a value "
-                             "in %lld..%lld", d->name, (long long)*v, (long long)lo,
-                             (long long)hi);
+    if (!kt__attr_in_range_i(d, *v)) {
+        char range[160];
+        kt__attr_range_text(d, range, sizeof range);
+        return kt__ktg_error(p, kt__ktg_span_to_here(p, start), "%s = %lld, expected %s",
+                             d->name, (long long)*v, range);
     }
     return 1;
 }
 
-/* A word naming one of an enum's values (its index in names). */
-static int word_value(kt__ktg_parser *p, const char *const *names, int n, const char *what,
-                      const char *expected, int *index)
+static int float_value(kt__ktg_parser *p, const kt__attr_desc *d, double *f)
 {
+    kt__ktg_span start = p->tok.at;
+    if (!kt__ktg_number(p, f))
+        return 0;
+    if (!kt__attr_in_range_f(d, *f)) {
+        char range[160];
+        kt__attr_range_text(d, range, sizeof range);
+        return kt__ktg_error(p, kt__ktg_span_to_here(p, start), "%s = %g, expected %s",
+                             d->name, *f, range);
+    }
+    return 1;
+}
+
+/* A word naming one of an enum attribute's values (its index). */
+static int word_value(kt__ktg_parser *p, kt_op op, const kt__attr_desc *d, int64_t *index)
+{
+    char expected[160], what[96];
+    kt__attr_range_text(d, expected, sizeof expected);
+    snprintf(what, sizeof what, "%s %s", kt_op_name(op), d->name);
     if (p->tok.kind != KT__KTG_IDENT)
         return kt__ktg_expected(p, expected);
     char word[64];
     kt__ktg_text(p, &p->tok, word, sizeof word);
-    for (int i = 0; i < n; i++)
-        if (p->tok.at.len == strlen(names[i]) && strcmp(word, names[i]) == 0) {
+    for (int i = 0; i < d->n_values; i++)
+        if (p->tok.at.len == strlen(d->values[i]) && strcmp(word, d->values[i]) == 0) {
             *index = i;
             kt__ktg_advance(p);
             return 1;
         }
-    const char *near = kt__ktg_suggest(word, names, n);
+    const char *near = kt__ktg_suggest(word, d->values, d->n_values);
     if (near != NULL)
         return kt__ktg_error(p, p->tok.at, "unknown %s '%s' (did you mean '%s'?), expected %s",
                              what, word, near, expected);
     return kt__ktg_error(p, p->tok.at, "unknown %s '%s', expected %s", what, word, expected);
 }
 
-/* IDENT "=" value, with the current token at IDENT. */
+/* A bracketed shape list, each entry in range (reshape's -1 at most once is its own check). */
+static int shape_value(kt__ktg_parser *p, const kt__attr_desc *d, kt_op_attrs *attrs)
+{
+    int64_t dims[KT_MAX_DIMS];
+    int ndim;
+    kt__ktg_span start = p->tok.at;
+    if (!kt__ktg_dims(p, dims, &ndim, 0))
+        return 0;
+    for (int k = 0; k < ndim; k++)
+        if (!kt__attr_in_range_i(d, dims[k])) {
+            char range[160];
+            kt__attr_range_text(d, range, sizeof range);
+            return kt__ktg_error(p, kt__ktg_span_to_here(p, start), "%s entry %d = %lld, "
+                                 "expected %s", d->name, k, (long long)dims[k], range);
+        }
+    kt__attr_set_shape(d, attrs, dims, ndim);
+    return 1;
+}
+
+/* IDENT "=" value, with the current token at IDENT. The op's table entry says which names
+ * it takes, their types and ranges; this function knows no op. */
 static int attribute(kt__ktg_parser *p, kt_op op, kt_op_attrs *attrs, unsigned *given)
 {
     kt__ktg_token t = p->tok;
     char word[64];
     kt__ktg_text(p, &t, word, sizeof word);
-    int which = -1;
-    for (int i = 0; i < N_ATTRS; i++)
-        if (attr_table[i].op == op && t.at.len == strlen(attr_table[i].name) &&
-            strcmp(word, attr_table[i].name) == 0)
-            which = i;
-    if (which < 0)
+    int n;
+    const kt__attr_desc *list = kt__attrs_of(op, &n);
+    const kt__attr_desc *d =
+        t.at.len < sizeof word ? kt__attr_find(op, word, t.at.len) : NULL;
+    if (d == NULL)
         return unknown_attr(p, op, word, t.at);
-    if (*given & (1u << which))
+    const unsigned bit = 1u << (unsigned)(d - list);
+    if (*given & bit)
         return kt__ktg_error(p, t.at, "attribute '%s' given twice, expected each attribute "
                              "once", word);
-    *given |= 1u << which;
+    *given |= bit;
     kt__ktg_advance(p);
     kt__ktg_advance(p); /* the '=' (checked by the caller's look-ahead) */
-    const attr_desc *d = &attr_table[which];
-    char *field = (char *)attrs + d->offset;
     int64_t v;
     double f;
     switch (d->type) {
-    case A_BOOL:
-    case A_INT:
-        if (!int_value(p, d, d->type == A_BOOL ? 0 : -((int64_t)1 << 30),
-                       d->type == A_BOOL ? 1 : (int64_t)1 << 30, &v))
+    case KT__ATTR_FLOAT:
+        if (!float_value(p, d, &f))
             return 0;
-        *(int *)(void *)field = (int)v;
+        kt__attr_set_f(d, attrs, f);
         return 1;
-    case A_I64:
-        if (!int_value(p, d, INT64_MIN, INT64_MAX, &v))
+    case KT__ATTR_ENUM:
+        if (!word_value(p, op, d, &v))
             return 0;
-        memcpy(field, &v, sizeof v);
+        kt__attr_set_i(d, attrs, v);
         return 1;
-    case A_FLOAT:
-        if (!kt__ktg_number(p, &f))
+    case KT__ATTR_SHAPE:
+        return shape_value(p, d, attrs);
+    default:
+        if (!int_value(p, d, &v))
             return 0;
-        *(float *)(void *)field = (float)f;
-        return 1;
-    case A_MODE: {
-        int i;
-        if (!word_value(p, mode_names, 3, "conv1d mode", "causal, same or valid", &i))
-            return 0;
-        attrs->conv_mode = (kt_conv_mode)i; /* the enum's values are the names' order */
+        kt__attr_set_i(d, attrs, v);
         return 1;
     }
-    case A_HALO_MODE: {
-        int i;
-        if (!word_value(p, halo_mode_names, 2, "halo mode", "p2p or allgather", &i))
-            return 0;
-        attrs->halo_mode = (kt_halo_mode)i;
-        return 1;
-    }
-    case A_SHAPE: {
-        int ndim;
-        if (!kt__ktg_dims(p, attrs->shape, &ndim, 0))
-            return 0;
-        attrs->ndim = ndim;
-        return 1;
-    }
-    }
-    return 0;
 }
 
 static int lookup_op(kt__ktg_parser *p, kt_op *op)
@@ -209,10 +167,12 @@ static int lookup_op(kt__ktg_parser *p, kt_op *op)
 /* The closing ')' at `at`: every attribute the op cannot do without was given. */
 static int required_given(kt__ktg_parser *p, kt_op op, unsigned given, kt__ktg_span at)
 {
-    for (int i = 0; i < N_ATTRS; i++)
-        if (attr_table[i].op == op && attr_table[i].required && !(given & (1u << i)))
+    int n;
+    const kt__attr_desc *list = kt__attrs_of(op, &n);
+    for (int i = 0; i < n; i++)
+        if (list[i].required && !(given & (1u << i)))
             return kt__ktg_error(p, at, "'%s' needs %s, expected %s = value", kt_op_name(op),
-                                 attr_table[i].name, attr_table[i].name);
+                                 list[i].name, list[i].name);
     return 1;
 }
 
@@ -315,14 +275,9 @@ static int rhs(kt__ktg_parser *p, const char (*names)[KT__KTG_NAME_MAX + 1],
     kt_op op;
     kt_value in[KT_OP_MAX_IN];
     int n_in;
-    kt_op_attrs attrs;
-    memset(&attrs, 0, sizeof attrs);
     if (!lookup_op(p, &op))
         return 0;
-    /* PyTorch's default: a zeroed struct would ignore class 0, which no model wants
-     * silently */
-    if (op == KT_OP_CROSS_ENTROPY)
-        attrs.ignore_index = -100;
+    kt_op_attrs attrs = kt_op_defaults(op); /* the table's defaults, the same as through C */
     if (!arguments(p, op, in, &n_in, &attrs) || !kt__ktg_end_of_statement(p))
         return 0;
     int min_in, max_in, n_out;

@@ -19,6 +19,7 @@
 #include "graph/program_internal.h"
 #include "graph/runtime/bytes.h"
 #include "kt/io.h"
+#include "ops/attrs.h"
 
 #define KTP_MAGIC "KTPROGRM"
 /* 2: step flags (recompute); 3: the moe keep-none flag (KT__STEP_MOE_RECOMPUTES). Version 2
@@ -33,55 +34,101 @@
 #define STEP_MIN_RECORD 64
 #define ENTRY_RECORD (4 + 4 + 4 + 4 + 4 + 4 + 4)
 
-static void put_attrs(kt__writer *w, const kt_op_attrs *a)
+/* The attribute record of a step: every kt_op_attrs field that some op's attribute list
+ * names (ops/attrs.h), once, in the order of the fields in the struct; bool, int and enum
+ * fields as i32, int64 as i64, float as f32, a shape as its i32 count then KT_MAX_DIMS i64.
+ * The layout is derived from the table, so no field is listed here; it is the layout
+ * versions 2 and 3 have always had (a field added to kt_op_attrs for a new attribute grows
+ * the record and needs a new KTP_VERSION). Non-op steps use it too (a fill's value is the
+ * alpha field). */
+#define KTP_MAX_SLOTS 64
+
+/* The distinct fields, by their first byte in kt_op_attrs (a shape starts at its count). */
+static size_t slot_start(const kt__attr_desc *a)
 {
-    kt__put_i32(w, a->trans_a);
-    kt__put_i32(w, a->trans_b);
-    kt__put_f32(w, a->alpha);
-    kt__put_f32(w, a->eps);
-    kt__put_i64(w, a->ignore_index);
-    kt__put_i32(w, a->k);
-    kt__put_i32(w, a->norm_topk);
-    kt__put_i32(w, a->depthwise);
-    kt__put_i32(w, (int32_t)a->conv_mode);
-    kt__put_i32(w, a->dim);
-    kt__put_i64(w, a->start);
-    kt__put_i64(w, a->length);
-    kt__put_i32(w, a->dim0);
-    kt__put_i32(w, a->dim1);
-    kt__put_i32(w, a->ndim);
-    for (int d = 0; d < KT_MAX_DIMS; d++)
-        kt__put_i64(w, a->shape[d]);
-    kt__put_i32(w, a->binding);
-    kt__put_i64(w, a->halo_left);
-    kt__put_i64(w, a->halo_right);
-    kt__put_i32(w, (int32_t)a->halo_mode);
+    return a->type == KT__ATTR_SHAPE && a->count_offset < a->offset ? a->count_offset
+                                                                      : a->offset;
 }
 
-static void get_attrs(kt__reader *r, kt_op_attrs *a)
+static int record_slots(const kt__attr_desc **slots)
+{
+    int n = 0;
+    for (int op = 0; op < KT_OP_COUNT; op++) {
+        int n_attrs;
+        const kt__attr_desc *list = kt__attrs_of((kt_op)op, &n_attrs);
+        for (int i = 0; i < n_attrs; i++) {
+            const size_t at = slot_start(&list[i]);
+            int k = 0;
+            while (k < n && slot_start(slots[k]) < at)
+                k++;
+            if ((k < n && slot_start(slots[k]) == at) || n == KTP_MAX_SLOTS)
+                continue; /* a field two ops share (dim) is one slot */
+            memmove(&slots[k + 1], &slots[k], (size_t)(n - k) * sizeof *slots);
+            slots[k] = &list[i];
+            n++;
+        }
+    }
+    return n;
+}
+
+static void put_attrs(kt__writer *w, const kt_op_attrs *a)
+{
+    const kt__attr_desc *slots[KTP_MAX_SLOTS];
+    const int n = record_slots(slots);
+    for (int i = 0; i < n; i++) {
+        const kt__attr_desc *d = slots[i];
+        int64_t dims[KT_MAX_DIMS];
+        switch (d->type) {
+        case KT__ATTR_FLOAT:
+            kt__put_f32(w, (float)kt__attr_get_f(d, a));
+            break;
+        case KT__ATTR_INT64:
+            kt__put_i64(w, kt__attr_get_i(d, a));
+            break;
+        case KT__ATTR_SHAPE:
+            kt__put_i32(w, kt__attr_get_shape(d, a, dims));
+            for (int k = 0; k < KT_MAX_DIMS; k++)
+                kt__put_i64(w, dims[k]);
+            break;
+        default:
+            kt__put_i32(w, (int32_t)kt__attr_get_i(d, a));
+            break;
+        }
+    }
+}
+
+/* The record into a zeroed struct; an op step's is then stamped for its op (the loader's
+ * validation checks every listed attribute against its range). */
+static void get_attrs(kt__reader *r, kt_op op, kt_op_attrs *a)
 {
     memset(a, 0, sizeof *a);
-    a->trans_a = kt__get_i32(r);
-    a->trans_b = kt__get_i32(r);
-    a->alpha = kt__get_f32(r);
-    a->eps = kt__get_f32(r);
-    a->ignore_index = kt__get_i64(r);
-    a->k = kt__get_i32(r);
-    a->norm_topk = kt__get_i32(r);
-    a->depthwise = kt__get_i32(r);
-    a->conv_mode = (kt_conv_mode)kt__get_i32(r);
-    a->dim = kt__get_i32(r);
-    a->start = kt__get_i64(r);
-    a->length = kt__get_i64(r);
-    a->dim0 = kt__get_i32(r);
-    a->dim1 = kt__get_i32(r);
-    a->ndim = kt__get_i32(r);
-    for (int d = 0; d < KT_MAX_DIMS; d++)
-        a->shape[d] = kt__get_i64(r);
-    a->binding = kt__get_i32(r);
-    a->halo_left = kt__get_i64(r);
-    a->halo_right = kt__get_i64(r);
-    a->halo_mode = (kt_halo_mode)kt__get_i32(r);
+    const kt__attr_desc *slots[KTP_MAX_SLOTS];
+    const int n = record_slots(slots);
+    for (int i = 0; i < n; i++) {
+        const kt__attr_desc *d = slots[i];
+        int64_t dims[KT_MAX_DIMS];
+        switch (d->type) {
+        case KT__ATTR_FLOAT:
+            kt__attr_set_f(d, a, kt__get_f32(r));
+            break;
+        case KT__ATTR_INT64:
+            kt__attr_set_i(d, a, kt__get_i64(r));
+            break;
+        case KT__ATTR_SHAPE: {
+            int32_t count = kt__get_i32(r);
+            for (int k = 0; k < KT_MAX_DIMS; k++)
+                dims[k] = kt__get_i64(r);
+            kt__attr_set_shape(d, a, dims, KT_MAX_DIMS);
+            memcpy((char *)a + d->count_offset, &count, sizeof count);
+            break;
+        }
+        default:
+            kt__attr_set_i(d, a, kt__get_i32(r));
+            break;
+        }
+    }
+    if (op < KT_OP_COUNT)
+        a->made_for = kt_op_defaults(op).made_for;
 }
 
 static void put_body(kt__writer *w, const kt_program *p)
@@ -272,7 +319,7 @@ static kt_status read_tables(kt__reader *r, kt_program *p)
                 return kt__error(KT_EFORMAT, "program file: step %d uses op '%s', which this "
                                  "libkt does not have", i, op);
         }
-        get_attrs(r, &s->attrs);
+        get_attrs(r, s->op, &s->attrs);
         s->n_in = kt__get_i32(r);
         s->n_out = kt__get_i32(r);
         for (int k = 0; k < KT_OP_MAX_IN; k++)

@@ -77,7 +77,9 @@ kt_status kt_graph_const_param(kt_graph *g, const char *name, kt_dtype dtype, in
                                const int64_t *shape, kt_init init, kt_value *value_out);
 
 /* Adds an op node; outs receives the op's outputs (kt_op_arity's n_out of them). name may be
- * NULL (the node is then called "<op>#<index>" in messages). */
+ * NULL (the node is then called "<op>#<index>" in messages). attrs is NULL (the op's
+ * defaults) or a struct made by kt_op_defaults(op) (kt/ops.h); anything else is refused for
+ * an op with attributes, as is a required attribute left unset. */
 kt_status kt_graph_op(kt_graph *g, const char *name, kt_op op, const kt_op_attrs *attrs,
                       const kt_value *in, int n_in, kt_value *outs);
 

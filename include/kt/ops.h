@@ -3,7 +3,11 @@
  * Ops are what graph nodes execute, and they can be called directly on tensors. One list
  * (KT_OP_LIST) generates the enum and the names; each op family lives in one file under
  * lib/ops/ that defines the op's table entry (shape inference, kernels, what the backward
- * reads, in-place safety, FLOP cost). Adding an op touches that list and one file.
+ * reads, in-place safety, FLOP cost, and its attributes: name, type, default, valid range).
+ * Parsing (.ktg), checking, CSE, the program file (.ktp) and the op reference in docs/ktg.md
+ * are all driven by that entry, so adding an op touches that list and one file (plus a field
+ * in kt_op_attrs below for an attribute no field holds yet; its tests and docs/ktg.md's
+ * generated table, as docs/internals.md lists).
  *
  * Conventions shared by every op:
  * - Inputs and outputs are contiguous CPU tensors. Shape inference rejects wrong ranks,
@@ -102,26 +106,46 @@ typedef enum kt_halo_mode {
     KT_HALO_ALLGATHER = 1 /* every rank joins the same all-gathers: deterministic pattern */
 } kt_halo_mode;
 
-/* Attributes of all ops in one plain struct; each op reads only its own fields and a
- * zeroed struct is a valid default where the op has one. */
+/* Attributes of all ops in one plain struct; each op reads only its own fields, which its
+ * table entry lists with their defaults and valid ranges (the table in docs/ktg.md).
+ *
+ * A zeroed struct is NOT a default (a zero ignore_index would silently drop class 0): start
+ * from kt_op_defaults(op), which fills the op's defaults and stamps made_for, then set the
+ * fields to change:
+ *
+ *     kt_op_attrs a = kt_op_defaults(KT_OP_MATMUL);
+ *     a.trans_b = 1;
+ *     kt_graph_op(g, "h", KT_OP_MATMUL, &a, in, 2, &h);
+ *
+ * Every function taking attributes accepts NULL (all defaults; an op with a required
+ * attribute then fails naming it) or a struct made by kt_op_defaults for that op; for an op
+ * with attributes, any other struct (zeroed, designated-initialised, made for another op) is
+ * refused with KT_EINVAL. Required attributes (scale's alpha, topk_router's k, narrow's
+ * dim/start/length, transpose's dims, reshape's shape) must be set after kt_op_defaults. */
 typedef struct kt_op_attrs {
+    unsigned made_for;          /* set by kt_op_defaults: the op this struct is for */
     int trans_a, trans_b;       /* matmul */
     float alpha;                /* scale */
-    float eps;                  /* rmsnorm (0 means 1e-6) */
-    int64_t ignore_index;       /* cross_entropy (targets equal to it do not count) */
+    float eps;                  /* rmsnorm (default 1e-6) */
+    int64_t ignore_index;       /* cross_entropy: targets equal to it do not count (-100) */
     int k;                      /* topk_router: experts per token */
     int norm_topk;              /* topk_router: renormalise the chosen weights */
     int depthwise;              /* conv1d */
     kt_conv_mode conv_mode;     /* conv1d */
-    int dim;                    /* concat, narrow */
+    int dim;                    /* concat, narrow, halo */
     int64_t start, length;      /* narrow */
     int dim0, dim1;             /* transpose */
-    int ndim;                   /* reshape */
+    int ndim;                   /* reshape: entries of shape */
     int64_t shape[KT_MAX_DIMS]; /* reshape */
     int binding;                /* moe: which of the session's MoE layers (kt/moe.h) runs it */
     int64_t halo_left, halo_right; /* halo: frames from the previous / next rank */
     kt_halo_mode halo_mode;        /* halo */
 } kt_op_attrs;
+
+/* op's attributes at their defaults, stamped for op (required ones are marked "not set" and
+ * must be given). An invalid op gives a zeroed struct, which every op with attributes
+ * refuses. */
+kt_op_attrs kt_op_defaults(kt_op op);
 
 /* How kernels run: the pool (NULL: the caller's thread only) and scratch memory of at least
  * kt_op_scratch_bytes() bytes (64-byte aligned). A NULL kt_exec means both are absent. */

@@ -324,8 +324,16 @@ static kt_status bwd_conv1d(const kt__op_call *c)
     return KT_OK;
 }
 
+static const char *const conv_modes[] = {"causal", "same", "valid"}; /* kt_conv_mode order */
+_Static_assert(sizeof(kt_conv_mode) == sizeof(int), "an enum attribute is stored as an int");
+static const kt__attr_desc conv1d_attrs[] = {
+    KT__A_ENUM("mode", conv_mode, KT_CONV_CAUSAL, conv_modes, "padding (kt_conv_mode)"),
+    KT__A_BOOL("depthwise", depthwise, 0, "w is [C,K], one filter per channel"),
+};
+
 const kt__op_desc kt__op_conv1d = {
     .name = "conv1d", .min_in = 2, .max_in = 2, .n_out = 1, .bwd_reads_in = 3u,
     .infer = infer_conv1d, .scratch_fwd = scratch_fwd_conv1d,
     .scratch_bwd = scratch_bwd_conv1d, .flops = flops_conv1d, .forward = fwd_conv1d,
-    .backward = bwd_conv1d};
+    .backward = bwd_conv1d,
+    KT__ATTR_LIST(conv1d_attrs)};

@@ -1,8 +1,7 @@
 /* cross_entropy: the mean over counted tokens of -log_softmax(logits)[target].
  *
- * attrs.ignore_index marks tokens that do not count. A zeroed kt_op_attrs makes it 0, which
- * is a valid class id, so callers that pad with a sentinel must set it (e.g. -100); with 0
- * left in place, every token whose target is class 0 is skipped.
+ * attrs.ignore_index marks tokens that do not count; its default is -100 (PyTorch's), for C
+ * (kt_op_defaults) and .ktg alike.
  *
  * Targets are checked on the caller's thread before any work, so a bad one is reported by
  * its position. A row's loss is its max-subtracted logsumexp minus the target's logit. The
@@ -179,7 +178,14 @@ static kt_status bwd_ce(const kt__op_call *c)
     return KT_OK;
 }
 
+/* -100 as in PyTorch: the one default for C and .ktg (a zero would drop class 0). */
+static const kt__attr_desc ce_attrs[] = {
+    KT__A_I64("ignore_index", ignore_index, -100, INT64_MIN, INT64_MAX,
+              "targets equal to it do not count"),
+};
+
 const kt__op_desc kt__op_cross_entropy = {
     .name = "cross_entropy", .min_in = 2, .max_in = 2, .n_out = 1, .bwd_reads_in = 3u,
     .no_grad_in = 2u, .infer = infer_ce, .flops = flops_ce, .forward = fwd_ce,
-    .backward = bwd_ce};
+    .backward = bwd_ce,
+    KT__ATTR_LIST(ce_attrs)};

@@ -1,4 +1,6 @@
 /* add, sub, mul (with b broadcast over a's leading dims) and scale. */
+#include <float.h>
+
 #include "ops/map.h"
 #include "ops/op_util.h"
 
@@ -185,6 +187,11 @@ static kt_status bwd_scale(const kt__op_call *c)
 
 /* ---- table rows -------------------------------------------------------------------------- */
 
+/* No default: a scale by 0 or 1 no model means silently. */
+static const kt__attr_desc scale_attrs[] = {
+    KT__A_FLOAT_REQ("alpha", alpha, -FLT_MAX, FLT_MAX, "the factor"),
+};
+
 const kt__op_desc kt__op_add = {
     .name = "add", .min_in = 2, .max_in = 2, .n_out = 1, .inplace_in = 1u,
     .infer = infer_add, .flops = flops_numel, .forward = fwd_add, .backward = bwd_add};
@@ -200,4 +207,5 @@ const kt__op_desc kt__op_mul = {
 
 const kt__op_desc kt__op_scale = {
     .name = "scale", .min_in = 1, .max_in = 1, .n_out = 1, .inplace_in = 1u,
-    .infer = infer_scale, .flops = flops_numel, .forward = fwd_scale, .backward = bwd_scale};
+    .infer = infer_scale, .flops = flops_numel, .forward = fwd_scale, .backward = bwd_scale,
+    KT__ATTR_LIST(scale_attrs)};

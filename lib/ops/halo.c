@@ -212,6 +212,17 @@ static kt_status bwd_halo(const kt__op_call *c)
     return KT_OK;
 }
 
+static const char *const halo_modes[] = {"p2p", "allgather"}; /* kt_halo_mode order */
+_Static_assert(sizeof(kt_halo_mode) == sizeof(int), "an enum attribute is stored as an int");
+static const kt__attr_desc halo_attrs[] = {
+    KT__A_INT("dim", dim, 0, 0, KT_MAX_DIMS - 1, "the sharded dimension"),
+    KT__A_I64("left", halo_left, 0, 0, INT64_MAX, "frames from the previous rank"),
+    KT__A_I64("right", halo_right, 0, 0, INT64_MAX, "frames from the next rank"),
+    KT__A_ENUM("mode", halo_mode, KT_HALO_P2P, halo_modes,
+               "the exchange (kt_halo_mode)"),
+};
+
 const kt__op_desc kt__op_halo = {
     .name = "halo", .min_in = 1, .max_in = 1, .n_out = 1, .infer = infer_halo,
-    .comm_scratch = comm_scratch_halo, .forward = fwd_halo, .backward = bwd_halo};
+    .comm_scratch = comm_scratch_halo, .forward = fwd_halo, .backward = bwd_halo,
+    KT__ATTR_LIST(halo_attrs)};

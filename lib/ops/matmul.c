@@ -138,8 +138,14 @@ static kt_status bwd_matmul(const kt__op_call *c)
     return KT_OK;
 }
 
+static const kt__attr_desc matmul_attrs[] = {
+    KT__A_BOOL("trans_a", trans_a, 0, "a is stored [K,M]"),
+    KT__A_BOOL("trans_b", trans_b, 0, "b is stored [N,K]"),
+};
+
 const kt__op_desc kt__op_matmul = {
     .name = "matmul", .min_in = 2, .max_in = 2, .n_out = 1, .bwd_reads_in = 3u,
     .infer = infer_matmul, .scratch_fwd = scratch_fwd_matmul,
     .scratch_bwd = scratch_bwd_matmul, .flops = flops_matmul, .forward = fwd_matmul,
-    .backward = bwd_matmul};
+    .backward = bwd_matmul,
+    KT__ATTR_LIST(matmul_attrs)};

@@ -217,7 +217,13 @@ static kt_status bwd_moe(const kt__op_call *c)
     return kt_moe_backward(m, &c->gout[0], &c->gin[0], &c->gin[2], 1.0f);
 }
 
+static const kt__attr_desc moe_attrs[] = {
+    KT__A_INT("layer", binding, 0, 0, KT_MOE_MAX_LAYERS - 1,
+              "which of the session's MoE layers runs it"),
+};
+
 const kt__op_desc kt__op_moe = {
     .name = "moe", .min_in = 3, .max_in = 3, .n_out = 1, .no_grad_in = 2u, .must_save = 1,
     .infer = infer_moe, .flops = flops_moe, .comm_scratch = comm_scratch_moe,
-    .forward = fwd_moe, .backward = bwd_moe};
+    .forward = fwd_moe, .backward = bwd_moe,
+    KT__ATTR_LIST(moe_attrs)};

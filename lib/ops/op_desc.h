@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "kt/ops.h"
+#include "ops/attrs.h"
 
 /* One kernel invocation. Forward reads in[] and writes out[]. Backward reads in[], out[]
  * and gout[] (gradients of the outputs) and writes the gin[] entries whose data is not
@@ -61,6 +62,9 @@ typedef struct kt__op_desc {
     kt__op_flops_fn flops;                      /* NULL: 0 */
     kt__op_comm_scratch_fn comm_scratch;        /* NULL: none */
     kt__op_kernel_fn forward, backward;
+    /* The op's attributes (attrs.h): defaults, checks, .ktg, CSE, .ktp and docs read them. */
+    const kt__attr_desc *attrs;
+    int n_attrs;
 } kt__op_desc;
 
 #define KT__OP_DECLARE(upper, lower) extern const kt__op_desc kt__op_##lower;

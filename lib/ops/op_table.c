@@ -53,8 +53,6 @@ kt_status kt_op_arity(kt_op op, int *min_in, int *max_in, int *n_out)
     return KT_OK;
 }
 
-static const kt_op_attrs zero_attrs;
-
 static kt_status check_inputs(const kt__op_desc *d, const kt_tensor *in, int n_in,
                               int need_data)
 {
@@ -98,9 +96,13 @@ kt_status kt_op_infer(kt_op op, const kt_op_attrs *attrs, const kt_tensor *in, i
         return kt__error(KT_EINVAL, "%s: produces %d output%s, %d given", d->name, d->n_out,
                          d->n_out == 1 ? "" : "s", out == NULL ? 0 : n_out);
     KT__TRY(check_inputs(d, in, n_in, 0));
+    kt_op_attrs a;
+    KT__TRY(kt__attrs_resolve(op, attrs, &a));
     kt_tensor tmp[KT_OP_MAX_OUT];
     memset(tmp, 0, sizeof tmp);
-    KT__TRY(d->infer(attrs ? attrs : &zero_attrs, in, n_in, tmp));
+    /* the op's own checks first: they know the inputs (k in 1..E, not just k >= 1) */
+    KT__TRY(d->infer(&a, in, n_in, tmp));
+    KT__TRY(kt__attrs_check_ranges(op, &a));
     memcpy(out, tmp, (size_t)n_out * sizeof *out);
     return KT_OK;
 }
@@ -112,15 +114,19 @@ size_t kt_op_scratch_bytes(kt_op op, const kt_op_attrs *attrs, const kt_tensor *
     if (d == NULL)
         return 0;
     kt__op_scratch_fn fn = backward ? d->scratch_bwd : d->scratch_fwd;
-    return fn ? fn(attrs ? attrs : &zero_attrs, in, n_in) : 0;
+    kt_op_attrs a;
+    if (fn == NULL || kt__attrs_resolve(op, attrs, &a) != KT_OK)
+        return 0; /* bad attributes: the kernel call that follows reports them */
+    return fn(&a, in, n_in);
 }
 
 double kt_op_flops(kt_op op, const kt_op_attrs *attrs, const kt_tensor *in, int n_in)
 {
     const kt__op_desc *d = kt__op_get(op);
-    if (d == NULL || d->flops == NULL)
+    kt_op_attrs a;
+    if (d == NULL || d->flops == NULL || kt__attrs_resolve(op, attrs, &a) != KT_OK)
         return 0.0;
-    return d->flops(attrs ? attrs : &zero_attrs, in, n_in);
+    return d->flops(&a, in, n_in);
 }
 
 /* t must match the expected dtype and shape, be contiguous and hold data. */
@@ -200,11 +206,12 @@ kt_status kt_op_forward(kt_op op, const kt_op_attrs *attrs, const kt_tensor *in,
     const kt__op_desc *d = kt__op_get(op);
     if (d == NULL)
         return kt__error(KT_EINVAL, "invalid op %d", (int)op);
-    if (attrs == NULL)
-        attrs = &zero_attrs;
     if (out == NULL && n_out > 0)
         return kt__error(KT_EINVAL, "%s: outputs are NULL", d->name);
     KT__TRY(check_inputs(d, in, n_in, 1));
+    kt_op_attrs resolved;
+    KT__TRY(kt__attrs_resolve(op, attrs, &resolved));
+    attrs = &resolved;
     kt_tensor expected[KT_OP_MAX_OUT];
     KT__TRY(kt_op_infer(op, attrs, in, n_in, expected, n_out));
     for (int i = 0; i < n_out; i++)
@@ -259,11 +266,12 @@ kt_status kt_op_backward(kt_op op, const kt_op_attrs *attrs, const kt_tensor *in
     const kt__op_desc *d = kt__op_get(op);
     if (d == NULL)
         return kt__error(KT_EINVAL, "invalid op %d", (int)op);
-    if (attrs == NULL)
-        attrs = &zero_attrs;
     if (out == NULL || grad_out == NULL || grad_in == NULL)
         return kt__error(KT_EINVAL, "%s backward: outputs or gradients are NULL", d->name);
     KT__TRY(check_inputs(d, in, n_in, 1));
+    kt_op_attrs resolved;
+    KT__TRY(kt__attrs_resolve(op, attrs, &resolved));
+    attrs = &resolved;
     kt_tensor expected[KT_OP_MAX_OUT];
     KT__TRY(kt_op_infer(op, attrs, in, n_in, expected, n_out));
     for (int i = 0; i < n_out; i++) {

@@ -7,12 +7,11 @@
  * The weight gradient sums over rows: the backward first stores every row's rstd in scratch,
  * then splits dw's columns (never its rows) over the threads, so each column is summed in row
  * order whatever the thread count. */
+#include <float.h>
 #include <math.h>
 
 #include "ops/op_desc.h"
 #include "ops/op_util.h"
-
-static float eps_of(const kt_op_attrs *at) { return at->eps == 0.0f ? 1e-6f : at->eps; }
 
 static kt_status infer_rmsnorm(const kt_op_attrs *at, const kt_tensor *in, int n,
                                kt_tensor *out)
@@ -92,7 +91,7 @@ static kt_status fwd_rmsnorm(const kt__op_call *c)
 {
     norm_job j = {.x = &c->in[0], .w = &c->in[1], .y = &c->out_w[0],
                   .h = kt__row_len(&c->in[0]), .rows = kt__rows(&c->in[0]),
-                  .eps = eps_of(c->attrs)};
+                  .eps = c->attrs->eps};
     kt_parallel_for(c->pool, j.rows, kt__rows_grain(j.h), fwd_rows, &j);
     return KT_OK;
 }
@@ -168,14 +167,19 @@ static kt_status bwd_rmsnorm(const kt__op_call *c)
         return KT_OK;
     norm_job j = {.x = &c->in[0], .w = &c->in[1], .g = &c->gout[0], .dx = dx, .dw = dw,
                   .rstd = c->scratch, .h = kt__row_len(&c->in[0]), .rows = kt__rows(&c->in[0]),
-                  .eps = eps_of(c->attrs)};
+                  .eps = c->attrs->eps};
     kt_parallel_for(c->pool, j.rows, kt__rows_grain(j.h), bwd_rows, &j);
     if (dw)
         kt_parallel_for(c->pool, j.h, kt__cols_grain(j.rows), dw_cols, &j);
     return KT_OK;
 }
 
+static const kt__attr_desc rmsnorm_attrs[] = {
+    KT__A_FLOAT("eps", eps, 1e-6, 0.0, FLT_MAX, "added to mean(x^2) before the root"),
+};
+
 const kt__op_desc kt__op_rmsnorm = {
     .name = "rmsnorm", .min_in = 2, .max_in = 2, .n_out = 1, .inplace_in = 1u,
     .bwd_reads_in = 3u, .infer = infer_rmsnorm, .scratch_bwd = scratch_rmsnorm_bwd,
-    .flops = flops_rmsnorm, .forward = fwd_rmsnorm, .backward = bwd_rmsnorm};
+    .flops = flops_rmsnorm, .forward = fwd_rmsnorm, .backward = bwd_rmsnorm,
+    KT__ATTR_LIST(rmsnorm_attrs)};

@@ -177,7 +177,13 @@ static kt_status bwd_router(const kt__op_call *c)
     return KT_OK;
 }
 
+static const kt__attr_desc router_attrs[] = {
+    KT__A_INT_REQ("k", k, 1, 1 << 30, "experts per token (at most the expert count)"),
+    KT__A_BOOL("norm_topk", norm_topk, 0, "renormalise the chosen weights to sum 1"),
+};
+
 const kt__op_desc kt__op_topk_router = {
     .name = "topk_router", .min_in = 1, .max_in = 1, .n_out = 2, .bwd_reads_in = 1u,
     .bwd_reads_out = 1u, .must_save = 1, .infer = infer_router, .flops = flops_router,
-    .forward = fwd_router, .backward = bwd_router};
+    .forward = fwd_router, .backward = bwd_router,
+    KT__ATTR_LIST(router_attrs)};

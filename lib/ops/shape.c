@@ -311,18 +311,40 @@ static kt_status bwd_reshape(const kt__op_call *c)
 
 /* No backward reads a forward tensor's data: the gradients only move bytes of grad_out, and
  * the shapes come from the inputs' descriptions. */
+#define DIM_MAX (KT_MAX_DIMS - 1)
+static const kt__attr_desc concat_attrs[] = {
+    KT__A_INT("dim", dim, 0, 0, DIM_MAX, "the dimension to join along"),
+};
+static const kt__attr_desc narrow_attrs[] = {
+    KT__A_INT_REQ("dim", dim, 0, DIM_MAX, "the dimension to cut"),
+    KT__A_I64_REQ("start", start, 0, INT64_MAX, "the first index kept"),
+    KT__A_I64_REQ("length", length, 0, INT64_MAX, "how many are kept"),
+};
+static const kt__attr_desc transpose_attrs[] = {
+    KT__A_INT_REQ("dim0", dim0, 0, DIM_MAX, "one dimension to swap"),
+    KT__A_INT_REQ("dim1", dim1, 0, DIM_MAX, "the other"),
+};
+static const kt__attr_desc reshape_attrs[] = {
+    KT__A_SHAPE_REQ("shape", shape, ndim, -1, INT64_MAX,
+                    "the new shape; one entry may be -1"),
+};
+
 const kt__op_desc kt__op_concat = {
     .name = "concat", .min_in = 1, .max_in = KT_OP_MAX_IN, .n_out = 1, .infer = infer_concat,
-    .forward = fwd_concat, .backward = bwd_concat};
+    .forward = fwd_concat, .backward = bwd_concat,
+    KT__ATTR_LIST(concat_attrs)};
 
 const kt__op_desc kt__op_narrow = {
     .name = "narrow", .min_in = 1, .max_in = 1, .n_out = 1, .infer = infer_narrow,
-    .forward = fwd_narrow, .backward = bwd_narrow};
+    .forward = fwd_narrow, .backward = bwd_narrow,
+    KT__ATTR_LIST(narrow_attrs)};
 
 const kt__op_desc kt__op_transpose = {
     .name = "transpose", .min_in = 1, .max_in = 1, .n_out = 1, .infer = infer_transpose,
-    .forward = fwd_transpose, .backward = bwd_transpose};
+    .forward = fwd_transpose, .backward = bwd_transpose,
+    KT__ATTR_LIST(transpose_attrs)};
 
 const kt__op_desc kt__op_reshape = {
     .name = "reshape", .min_in = 1, .max_in = 1, .n_out = 1, .inplace_in = 1u,
-    .infer = infer_reshape, .forward = fwd_reshape, .backward = bwd_reshape};
+    .infer = infer_reshape, .forward = fwd_reshape, .backward = bwd_reshape,
+    KT__ATTR_LIST(reshape_attrs)};

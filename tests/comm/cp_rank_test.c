@@ -111,18 +111,25 @@ static kt_program *halo_model(int64_t t, int kernel, int64_t left, int64_t right
     }
     OK(kt_graph_op(g, "scale", KT_OP_MUL, NULL, (kt_value[]){x, s}, 2, &h));
     if (sharded) {
-        kt_op_attrs ha = {.dim = 0, .halo_left = left, .halo_right = right, .halo_mode = mode};
+        kt_op_attrs ha = kt_op_defaults(KT_OP_HALO);
+        ha.dim = 0;
+        ha.halo_left = left;
+        ha.halo_right = right;
+        ha.halo_mode = mode;
         OK(kt_graph_op(g, "halo", KT_OP_HALO, &ha, &h, 1, &h));
-        kt_op_attrs ca = {.conv_mode = KT_CONV_VALID};
+        kt_op_attrs ca = kt_op_defaults(KT_OP_CONV1D);
+        ca.conv_mode = KT_CONV_VALID;
         OK(kt_graph_op(g, "conv", KT_OP_CONV1D, &ca, (kt_value[]){h, w}, 2, &out));
     } else {
         /* the unsharded reference pads the whole sequence the same way */
-        kt_op_attrs ca = {.conv_mode = right == 0 ? KT_CONV_CAUSAL : KT_CONV_SAME};
+        kt_op_attrs ca = kt_op_defaults(KT_OP_CONV1D);
+        ca.conv_mode = right == 0 ? KT_CONV_CAUSAL : KT_CONV_SAME;
         OK(kt_graph_op(g, "conv", KT_OP_CONV1D, &ca, (kt_value[]){h, w}, 2, &out));
     }
     OK(kt_graph_output(g, out, "out"));
     if (dt == KT_F32) { /* the frozen bf16 model has no loss: a forward-only program */
-        kt_op_attrs ce = {.ignore_index = -100};
+        kt_op_attrs ce = kt_op_defaults(KT_OP_CROSS_ENTROPY);
+        ce.ignore_index = -100;
         OK(kt_graph_op(g, "loss", KT_OP_CROSS_ENTROPY, &ce, (kt_value[]){out, y}, 2, &loss));
         OK(kt_graph_set_loss(g, loss));
     }
@@ -243,10 +250,13 @@ static kt_program *moe_model(int64_t t)
     OK(kt_graph_input(g, "y", KT_I32, 1, (int64_t[]){t}, &y));
     OK(kt_graph_param(g, "router", KT_F32, 2, (int64_t[]){MH, ME}, kt_init_zeros(), &r));
     OK(kt_graph_op(g, "route", KT_OP_MATMUL, NULL, (kt_value[]){x, r}, 2, &logits));
-    kt_op_attrs ra = {.k = MK, .norm_topk = 1};
+    kt_op_attrs ra = kt_op_defaults(KT_OP_TOPK_ROUTER);
+    ra.k = MK;
+    ra.norm_topk = 1;
     OK(kt_graph_op(g, "topk", KT_OP_TOPK_ROUTER, &ra, &logits, 1, out));
     OK(kt_graph_op(g, "moe", KT_OP_MOE, NULL, (kt_value[]){x, out[0], out[1]}, 3, &m));
-    kt_op_attrs ce = {.ignore_index = -100};
+    kt_op_attrs ce = kt_op_defaults(KT_OP_CROSS_ENTROPY);
+    ce.ignore_index = -100;
     OK(kt_graph_op(g, "loss", KT_OP_CROSS_ENTROPY, &ce, (kt_value[]){m, y}, 2, &loss));
     OK(kt_graph_output(g, m, "m"));
     OK(kt_graph_set_loss(g, loss));

@@ -54,7 +54,8 @@ static kt_program *compile_mlp(int training)
     h = op(g, "act", KT_OP_SILU, NULL, h, h, 1);
     logits = op(g, "fc2", KT_OP_MATMUL, NULL, h, w2, 2);
     logits = op(g, "bias2", KT_OP_ADD, NULL, logits, b2, 2);
-    kt_op_attrs ce = {.ignore_index = -100};
+    kt_op_attrs ce = kt_op_defaults(KT_OP_CROSS_ENTROPY);
+    ce.ignore_index = -100;
     loss = op(g, "loss", KT_OP_CROSS_ENTROPY, &ce, logits, y, 2);
     CHECK(kt_graph_output(g, logits, "logits"));
     CHECK(kt_graph_output(g, h, "hidden"));

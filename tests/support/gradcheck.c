@@ -134,8 +134,11 @@ static double ref_loss(const gc_case *c, gc_dt *din, const run_result *shapes,
     return loss;
 }
 
-void gc_check(const gc_case *c)
+void gc_check(const gc_case *c_in)
 {
+    gc_case stamped = *c_in; /* the attributes as the test wrote them, made for the op */
+    tu_attrs_into(&stamped.attrs, c_in->op, c_in->attrs);
+    const gc_case *c = &stamped;
     const double fwd_tol = c->fwd_tol > 0 ? c->fwd_tol : 1e-5;
     const double grad_tol = c->grad_tol > 0 ? c->grad_tol : 1e-4;
     const char *name = kt_op_name(c->op);
@@ -212,8 +215,11 @@ void gc_check(const gc_case *c)
     result_free(&r, c->n_in);
 }
 
-void gc_check_lowp(const gc_case *c, kt_dtype dtype, double tol)
+void gc_check_lowp(const gc_case *c_in, kt_dtype dtype, double tol)
 {
+    gc_case stamped = *c_in; /* the attributes as the test wrote them, made for the op */
+    tu_attrs_into(&stamped.attrs, c_in->op, c_in->attrs);
+    const gc_case *c = &stamped;
     tu_rng rng;
     tu_rng_seed(&rng, c->seed + 29);
     kt_tensor gout[KT_OP_MAX_OUT], gout_lp[KT_OP_MAX_OUT], in_lp[KT_OP_MAX_IN];
@@ -262,8 +268,11 @@ void gc_check_lowp(const gc_case *c, kt_dtype dtype, double tol)
 }
 
 /* Forward + backward with t1 and then t2 threads: bitwise the same results. */
-static void check_same_bits(const gc_case *c, int t1, int t2)
+static void check_same_bits(const gc_case *c_in, int t1, int t2)
 {
+    gc_case stamped = *c_in; /* the attributes as the test wrote them, made for the op */
+    tu_attrs_into(&stamped.attrs, c_in->op, c_in->attrs);
+    const gc_case *c = &stamped;
     tu_rng rng;
     tu_rng_seed(&rng, c->seed + 31);
     kt_tensor gout[KT_OP_MAX_OUT];

@@ -11,6 +11,8 @@
 
 #include "test_util.h"
 
+#include "ops/attrs.h"
+
 void tu_rng_seed(tu_rng *r, uint64_t seed) { r->s = seed * 0x9E3779B97F4A7C15ull + 1; }
 
 uint64_t tu_rng_next(tu_rng *r)
@@ -167,4 +169,26 @@ kt_value tu_op2(kt_graph *g, const char *name, kt_op op, const kt_op_attrs *attr
     if (kt_graph_op(g, name, op, attrs, in, 2, &out) != KT_OK)
         fail_msg("kt_graph_op(%s): %s", kt_op_name(op), kt_last_error());
     return out;
+}
+
+kt_op_attrs *tu_attrs_into(kt_op_attrs *dst, kt_op op, kt_op_attrs given)
+{
+    *dst = kt_op_defaults(op);
+    if (given.made_for == dst->made_for) {
+        *dst = given;
+        return dst;
+    }
+    int n;
+    const kt__attr_desc *list = kt__attrs_of(op, &n);
+    for (int i = 0; i < n; i++) {
+        const kt__attr_desc *a = &list[i];
+        memcpy((char *)dst + a->offset, (const char *)&given + a->offset,
+               a->type == KT__ATTR_SHAPE   ? KT_MAX_DIMS * sizeof(int64_t)
+               : a->type == KT__ATTR_INT64 ? sizeof(int64_t)
+                                           : sizeof(int));
+        if (a->type == KT__ATTR_SHAPE)
+            memcpy((char *)dst + a->count_offset, (const char *)&given + a->count_offset,
+                   sizeof(int));
+    }
+    return dst;
 }

@@ -46,6 +46,13 @@ kt_value tu_op1(kt_graph *g, const char *name, kt_op op, const kt_op_attrs *attr
 kt_value tu_op2(kt_graph *g, const char *name, kt_op op, const kt_op_attrs *attrs, kt_value a,
                 kt_value b);
 
+/* Attributes for op written as a designated initialiser: TU_ATTRS(KT_OP_MATMUL, .trans_b = 1)
+ * is kt_op_defaults(KT_OP_MATMUL) with every attribute matmul lists taken from the
+ * initialiser (0 where it names nothing, as tests wrote them before defaults were explicit).
+ * A struct already made for op is kept as it is. The result is an lvalue (&TU_ATTRS(...)). */
+kt_op_attrs *tu_attrs_into(kt_op_attrs *dst, kt_op op, kt_op_attrs given);
+#define TU_ATTRS(op, ...) (*tu_attrs_into(&(kt_op_attrs){0}, (op), (kt_op_attrs){__VA_ARGS__}))
+
 /* Asserts that the status equals `expected` and that the last error message contains
  * every one of the given substrings (NULL-terminated). */
 void tu_expect_error(kt_status got, kt_status expected, const char *first, ...);

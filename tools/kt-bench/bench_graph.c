@@ -54,7 +54,8 @@ int bench_graph(int argc, char **argv, const bench_args *common)
     kt_value v;
     if (kt_graph_create(&g) != KT_OK || kt_graph_input(g, "x", KT_F32, 1, &numel, &v) != KT_OK)
         return fail("build");
-    kt_op_attrs attrs = {.alpha = 1.0000001f};
+    kt_op_attrs attrs = kt_op_defaults(KT_OP_SCALE);
+    attrs.alpha = 1.0000001f;
     for (int i = 0; i < n_ops; i++)
         if (kt_graph_op(g, NULL, KT_OP_SCALE, &attrs, &v, 1, &v) != KT_OK)
             return fail("build");

@@ -38,8 +38,11 @@ static kt_status time_one(kt_comm *c, int mode, int64_t hidden, int64_t frames, 
     kt_session *s = NULL;
     kt_value x, y;
     int64_t shape[2] = {shard_for(frames), hidden};
-    kt_op_attrs ha = {.dim = 0, .halo_left = frames, .halo_right = 0,
-                      .halo_mode = (kt_halo_mode)mode};
+    kt_op_attrs ha = kt_op_defaults(KT_OP_HALO);
+    ha.dim = 0;
+    ha.halo_left = frames;
+    ha.halo_right = 0;
+    ha.halo_mode = (kt_halo_mode)mode;
     kt_compile_options co = {.training = 0};
     kt_session_options so = {.threads = 1, .comm = c};
     kt_status st = kt_graph_create(&g);
