@@ -619,6 +619,50 @@ static void test_alias_and_no_cascade(void **state)
     assert_non_null(strstr(diag, "redefinition of 'h' (a tensor"));
 }
 
+/* Statements that use a failed statement's name are still checked for their own mistakes
+ * (a missing ')', a bad attribute): only the name itself reports nothing more. One file,
+ * several independent mistakes, each reported once, in order. */
+static void test_recovery_after_failed(void **state)
+{
+    (void)state;
+    static const char src[] =
+        "input x: f32[4, 8]\n"
+        "param w: f32[8, 3] = normal(0.1)\n"
+        "h = matmull(x, w)\n"           /* 1: unknown op; h is poisoned */
+        "a = silu(h\n"                  /* 2: missing ')' after a poisoned name */
+        "b = matmul(h, w, trans_a = 2)\n" /* 3: its own attribute error */
+        "c = scale(h)\n"                /* 4: a required attribute missing */
+        "d = add(h, zz)\n"              /* 5: another name not defined */
+        "e = silu(h)\n"                 /* poisoned only: nothing to report */
+        "output e\n"                    /* nor here (e is poisoned in turn) */
+        "f = rmsnorm(x, w, eps = -1)\n" /* 6: out of the table's range */
+        "g2, g3 = silu(h)\n"            /* 7: output count, whatever h is */
+        "loss e\n";                     /* poisoned: nothing */
+    int n = -1;
+    kt_graph *g = (kt_graph *)1;
+    assert_int_equal(parse_d(src, NULL, 0, &g, &n), KT_EFORMAT);
+    assert_null(g);
+    static const char *const expected[] = {
+        "m.ktg:3:5: error: unknown op 'matmull'",
+        "m.ktg:4:11: error: unexpected end of line, expected ',' or ')'",
+        "m.ktg:5:28: error: trans_a = 2, expected 0 or 1",
+        "m.ktg:6:12: error: 'scale' needs alpha",
+        "m.ktg:7:12: error: 'zz' is not defined",
+        "m.ktg:10:25: error: eps = -1, expected a finite float >= 0",
+        "m.ktg:11:1: error: 'silu' has 1 output",
+    };
+    const int n_expected = (int)(sizeof expected / sizeof expected[0]);
+    if (n != n_expected)
+        fail_msg("%d errors, expected %d:\n%s", n, n_expected, diag);
+    const char *at = diag;
+    for (int i = 0; i < n_expected; i++) {
+        const char *hit = strstr(at, expected[i]);
+        if (hit == NULL)
+            fail_msg("no '%s' (in order) in:\n%s", expected[i], diag);
+        at = hit + 1;
+    }
+}
+
 static void parse_any(const char *buf, size_t len)
 {
     kt_graph *g = NULL;
@@ -706,6 +750,7 @@ int main(void)
         cmocka_unit_test(test_defines),        cmocka_unit_test(test_annotations),
         cmocka_unit_test(test_attributes),     cmocka_unit_test(test_dot),
         cmocka_unit_test(test_hostile_inputs), cmocka_unit_test(test_alias_and_no_cascade),
+        cmocka_unit_test(test_recovery_after_failed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

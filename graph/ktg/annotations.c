@@ -75,7 +75,7 @@ void kt__ktg_stmt_shard(kt__ktg_parser *p)
     if (!kt__ktg_value_ref(p, &v, name, &at))
         return;
     const kt__ktg_sym *s = kt__ktg_sym_find(&p->syms, name);
-    if (s == NULL || !s->is_input) {
+    if (!p->poisoned && (s == NULL || !s->is_input)) {
         kt__ktg_error(p, at, "'%s' is not an input, expected the name of an input", name);
         return;
     }
@@ -93,6 +93,6 @@ void kt__ktg_stmt_shard(kt__ktg_parser *p)
                       "the input", (long long)dim);
         return;
     }
-    if (kt_graph_shard_input(p->g, v, (int)dim) != KT_OK)
+    if (!p->poisoned && kt_graph_shard_input(p->g, v, (int)dim) != KT_OK)
         kt__ktg_graph_error(p, kw);
 }

@@ -147,6 +147,9 @@ typedef struct kt__ktg_parser {
     unsigned char *define_used;
     int stop;         /* the error cap or a budget was hit: unwind without reading on */
     int failed;       /* the current statement already reported its error */
+    /* The current statement uses a name whose statement failed: it is still read and checked
+     * for its own mistakes, but builds nothing and reports nothing about that name. */
+    int poisoned;
     int64_t n_statements;
     int block_depth, expr_depth;
 } kt__ktg_parser;

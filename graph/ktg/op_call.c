@@ -227,7 +227,8 @@ static int check_target(kt__ktg_parser *p, const char *name, kt__ktg_span at)
     return 1;
 }
 
-/* Binds each name to its value, or (failed) to a broken marker that silences later uses. */
+/* Binds each name to its value, or (failed, or poisoned by a failed name it uses) to a broken
+ * marker that silences later uses. */
 static void bind_names(kt__ktg_parser *p, char (*names)[KT__KTG_NAME_MAX + 1],
                        const kt__ktg_span *spans, int n_names, const kt_value *outs, int failed)
 {
@@ -256,7 +257,8 @@ static int alias(kt__ktg_parser *p, int n_names, kt_value *out)
     if (n_names != 1)
         return kt__ktg_error(p, p->tok.at, "a plain name gives one value, expected one name "
                              "before '='");
-    return kt__ktg_value_ref(p, out, NULL, NULL) && kt__ktg_end_of_statement(p);
+    return kt__ktg_value_ref(p, out, NULL, NULL) && kt__ktg_end_of_statement(p) &&
+           !p->poisoned;
 }
 
 /* The right-hand side: an op call (or a plain name); outs receives the values. */
@@ -297,6 +299,8 @@ static int rhs(kt__ktg_parser *p, const char (*names)[KT__KTG_NAME_MAX + 1],
                              kt_op_name(op), n_out, n_out == 1 ? "" : "s", n_out,
                              n_out == 1 ? "" : "s");
     }
+    if (p->poisoned)
+        return 0; /* checked for its own mistakes; a value it uses does not exist */
     if (kt_graph_op(p->g, names[0], op, &attrs, in, n_in, outs) != KT_OK)
         return kt__ktg_graph_error(p, op_at);
     return 1;

@@ -189,6 +189,7 @@ enum { N_KEYWORDS = sizeof keywords / sizeof keywords[0] };
 static void statement(kt__ktg_parser *p, int depth)
 {
     p->failed = 0;
+    p->poisoned = 0;
     if (++p->n_statements > KT__KTG_MAX_STATEMENTS) {
         kt__ktg_error(p, p->tok.at, "too many statements after expanding repeats, expected at "
                       "most %d", KT__KTG_MAX_STATEMENTS);

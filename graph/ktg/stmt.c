@@ -50,8 +50,11 @@ int kt__ktg_value_ref(kt__ktg_parser *p, kt_value *value_out, char *name_out,
         return 1;
     }
     if (s != NULL && s->kind == KT__KTG_SYM_BROKEN) {
-        p->failed = 1; /* the statement that bound it has been reported: no cascade */
-        return 0;
+        /* the statement that bound it has been reported: no cascade, but the rest of this
+         * statement is still checked (a missing ')' after it is an error of its own) */
+        p->poisoned = 1;
+        value_out->id = -1;
+        return 1;
     }
     if (s != NULL && s->kind != KT__KTG_SYM_NONE)
         return kt__ktg_error(p, at, "'%s' is an integer %s, expected a tensor", name,
@@ -269,7 +272,7 @@ void kt__ktg_stmt_output(kt__ktg_parser *p)
         if (!kt__ktg_name(p, name, NULL))
             return;
     }
-    if (!kt__ktg_end_of_statement(p))
+    if (!kt__ktg_end_of_statement(p) || p->poisoned)
         return;
     if (kt_graph_output(p->g, v, name) != KT_OK)
         kt__ktg_graph_error(p, kw);
@@ -280,7 +283,8 @@ void kt__ktg_stmt_loss(kt__ktg_parser *p)
     kt__ktg_span kw = p->tok.at;
     kt__ktg_advance(p);
     kt_value v;
-    if (!kt__ktg_value_ref(p, &v, NULL, NULL) || !kt__ktg_end_of_statement(p))
+    if (!kt__ktg_value_ref(p, &v, NULL, NULL) || !kt__ktg_end_of_statement(p) ||
+        p->poisoned)
         return;
     if (kt_graph_set_loss(p->g, v) != KT_OK)
         kt__ktg_graph_error(p, kw);
