@@ -309,8 +309,6 @@ static kt_status bwd_reshape(const kt__op_call *c)
 
 /* ---- table rows ------------------------------------------------------------------------------ */
 
-/* No backward reads a forward tensor's data: the gradients only move bytes of grad_out, and
- * the shapes come from the inputs' descriptions. */
 #define DIM_MAX (KT_MAX_DIMS - 1)
 static const kt__attr_desc concat_attrs[] = {
     KT__A_INT("dim", dim, 0, 0, DIM_MAX, "the dimension to join along"),
@@ -329,6 +327,8 @@ static const kt__attr_desc reshape_attrs[] = {
                     "the new shape; one entry may be -1"),
 };
 
+/* No backward reads a forward tensor's data: the gradients only move bytes of grad_out, and
+ * the shapes come from the inputs' descriptions. */
 const kt__op_desc kt__op_concat = {
     .name = "concat", .min_in = 1, .max_in = KT_OP_MAX_IN, .n_out = 1, .infer = infer_concat,
     .forward = fwd_concat, .backward = bwd_concat,
