@@ -21,7 +21,7 @@ typedef enum kt__attr_type {
 } kt__attr_type;
 
 typedef struct kt__attr_desc {
-    const char *name; /* as .ktg and .ktp spell it */
+    const char *name; /* as .ktg spells it (and messages and docs) */
     kt__attr_type type;
     size_t offset;       /* of the field in kt_op_attrs */
     size_t count_offset; /* shape: of its entry count */
