@@ -46,16 +46,17 @@ typedef struct kt__pstep {
     int32_t gin[KT_OP_MAX_IN];   /* backward: -1 = not wanted */
     int32_t scratch;             /* buffer id or -1 */
     int32_t name;                /* node name (string offset) or -1 */
-    int32_t flags;               /* KT__STEP_RECOMPUTE, KT__STEP_MOE_RECOMPUTES */
+    int32_t flags;               /* KT__STEP_RECOMPUTE, KT__STEP_STATE_RECOMPUTES */
     int32_t node;                /* compile time only: the graph node (-1: none); not saved */
     double flops;
 } kt__pstep;
 
 /* A forward step cloned into the backward schedule by the checkpoint pass. */
 #define KT__STEP_RECOMPUTE 1
-/* A moe forward step of the forward schedule inside a recomputed segment: its layer should
- * keep no intermediates and recompute them in backward (kt_program_moe.keep_activations 0). */
-#define KT__STEP_MOE_RECOMPUTES 2
+/* A forward step of the forward schedule, inside a recomputed segment, of a stateful op whose
+ * hooks ask for it (kt__op_state.state_recompute): whoever creates the op's state keeps no
+ * intermediates for it and recomputes them in backward. */
+#define KT__STEP_STATE_RECOMPUTES 2
 
 /* An input, parameter or output: a named buffer. */
 typedef struct kt__pentry {

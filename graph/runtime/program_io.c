@@ -21,7 +21,7 @@
 #include "kt/io.h"
 
 #define KTP_MAGIC "KTPROGRM"
-/* 2: step flags (recompute); 3: the moe keep-none flag (KT__STEP_MOE_RECOMPUTES). Version 2
+/* 2: step flags (recompute); 3: the state keep-none flag (KT__STEP_STATE_RECOMPUTES). Version 2
  * files load unchanged (they never set it); a libkt that reads only 2 refuses a 3 by its
  * version instead of by an unknown flag. */
 #define KTP_VERSION 3u

@@ -20,3 +20,10 @@ int64_t kt__moe_trainable(kt_moe *m, float **param_out, float **grad_out)
         return 0;
     }
 }
+
+void kt__moe_session_poison(kt_moe *moe) { kt__moe_poison(moe); }
+
+kt_status kt__moe_session_check(const kt_moe *moe, const char *what)
+{
+    return kt__moe_check_poison(moe, what);
+}
