@@ -4,6 +4,8 @@
 #ifndef KT_GRAPH_PROGRAM_INTERNAL_H
 #define KT_GRAPH_PROGRAM_INTERNAL_H
 
+#include <stdatomic.h>
+
 #include "graph/strings.h"
 #include "kt/program.h"
 
@@ -78,7 +80,14 @@ struct kt_program {
     uint64_t region_bytes[KT__REGION_COUNT];
     uint64_t lower_bound;
     kt__strings strings;
+    /* References beyond the creator's (0 when made): each session holds one, so that
+     * kt_program_destroy before kt_session_destroy is safe; the last release frees it. */
+    atomic_int extra_refs;
 };
+
+/* A session's reference (kt_session_create / kt_session_destroy). */
+void kt__program_retain(const kt_program *p);
+void kt__program_release(const kt_program *p);
 
 /* Frees a program's arrays (safe on a partly built program). */
 void kt__program_free(kt_program *p);

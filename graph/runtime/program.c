@@ -32,7 +32,19 @@ void kt__program_free(kt_program *p)
     free(p);
 }
 
-void kt_program_destroy(kt_program *p) { kt__program_free(p); }
+void kt__program_retain(const kt_program *p)
+{
+    /* the count is not part of the program's value: a const program may be shared */
+    atomic_fetch_add(&((kt_program *)p)->extra_refs, 1);
+}
+
+void kt__program_release(const kt_program *p)
+{
+    if (p != NULL && atomic_fetch_sub(&((kt_program *)p)->extra_refs, 1) == 0)
+        kt__program_free((kt_program *)p);
+}
+
+void kt_program_destroy(kt_program *p) { kt__program_release(p); }
 
 /* ---- validation ----------------------------------------------------------------------------- */
 

@@ -135,7 +135,7 @@ static kt_status bind(kt_session *s)
  * the step itself succeeds). 0 keeps its meaning of "the default" where the config says so. */
 static kt_status check_optimizer(const kt_optimizer_config *o)
 {
-    if (o->kind != KT_OPTIM_SGD && o->kind != KT_OPTIM_ADAMW)
+    if (o->kind != KT_OPTIM_SGD && o->kind != KT_OPTIM_ADAMW && o->kind != KT_OPTIM_NONE)
         return kt__error(KT_EINVAL, "session: unknown optimizer %d", o->kind);
     const struct {
         const char *name;
@@ -176,7 +176,9 @@ kt_status kt_session_memory_bytes(const kt_program *p, const kt_session_options 
     for (int r = 0; r < KT__REGION_COUNT; r++)
         total += region_alloc_size(p->region_bytes[r]);
     total += (uint64_t)states * region_alloc_size(p->region_bytes[KT__REGION_GRAD]);
-    total += kt__session_state_bytes(p, o, states);
+    uint64_t state_bytes = 0;
+    KT__TRY(kt__session_state_bytes(p, o, states, &state_bytes));
+    total += state_bytes;
     *bytes_out = total;
     return KT_OK;
 }
@@ -184,12 +186,15 @@ kt_status kt_session_memory_bytes(const kt_program *p, const kt_session_options 
 kt_status kt_session_create(const kt_program *p, const kt_session_options *options,
                             kt_session **session_out)
 {
+    if (session_out != NULL)
+        *session_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
     if (p == NULL || session_out == NULL)
         return kt__error(KT_EINVAL, "kt_session_create: NULL argument");
     kt_session *s = calloc(1, sizeof *s);
     if (s == NULL)
         return kt__error(KT_ENOMEM, "session: out of memory");
     s->p = p;
+    kt__program_retain(p); /* released by kt_session_destroy: the program may go first */
     if (options != NULL)
         s->opt = *options;
     s->loss = NAN;
@@ -223,7 +228,8 @@ kt_status kt_session_create(const kt_program *p, const kt_session_options *optio
         if ((status = alloc_zeroed(p->region_bytes[KT__REGION_GRAD],
                                    (unsigned char **)&s->opt_state[k])) != KT_OK)
             goto fail;
-    if ((status = kt__session_bind_state(s)) != KT_OK ||
+    if ((status = kt__session_keep_bindings(s)) != KT_OK ||
+        (status = kt__session_bind_state(s)) != KT_OK ||
         (status = alloc_comm_scratch(s)) != KT_OK || (status = bind(s)) != KT_OK ||
         (status = kt_session_init_params(s, s->opt.seed)) != KT_OK)
         goto fail;
@@ -252,6 +258,8 @@ void kt_session_destroy(kt_session *s)
         free(s->comm_scratch[at]);
     free(s->comm_scratch);
     kt__session_unbind_state(s);
+    kt__session_drop_bindings(s);
+    kt__program_release(s->p);
     free(s);
 }
 

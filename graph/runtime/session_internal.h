@@ -35,6 +35,7 @@ struct kt_session {
      * table order: the only ones the per-step hooks are called for */
     struct kt__stateful *stateful;
     int n_stateful;
+    void **bindings; /* the session's copy of the options' array (the caller's may go) */
 };
 
 /* A trainable span of a stateful op with the optimizer state the session keeps for it. */
@@ -59,9 +60,14 @@ typedef struct kt__stateful {
 kt_status kt__session_bind_state(kt_session *s);
 void kt__session_unbind_state(kt_session *s);
 /* The optimizer state bytes the stateful ops' spans would need under these options. */
-uint64_t kt__session_state_bytes(const kt_program *p, const kt_session_options *o, int states);
+kt_status kt__session_state_bytes(const kt_program *p, const kt_session_options *o, int states,
+                                  uint64_t *bytes_out);
 /* The objects the options bind to stateful ops (kt_session_options' layers), and their count. */
 void *const *kt__session_bindings(const kt_session_options *o, int *n_out);
+/* Copies the options' binding array into the session (and points the options at the copy);
+ * kt__session_drop_bindings frees it. */
+kt_status kt__session_keep_bindings(kt_session *s);
+void kt__session_drop_bindings(kt_session *s);
 /* The optimizer's state tensors per trainable value. */
 int kt__optimizer_states(const kt_optimizer_config *o);
 

@@ -148,7 +148,9 @@ kt_status kt_session_save(kt_session *s, const char *path, int with_optimizer)
     int m = 0;
     if (with_optimizer) {
         meta[m++] = "kt.step", meta[m++] = step;
-        meta[m++] = "kt.optimizer", meta[m++] = adamw(s) ? "adamw" : "sgd";
+        meta[m++] = "kt.optimizer", meta[m++] = adamw(s)                                         ? "adamw"
+                                       : s->opt.optimizer.kind == KT_OPTIM_NONE ? "none"
+                                                                                : "sgd";
     }
     if ((status = list_meta(s, meta, &m, values)) != KT_OK)
         goto out;

@@ -8,7 +8,7 @@
 
 int kt__optimizer_states(const kt_optimizer_config *o)
 {
-    return o->kind == KT_OPTIM_ADAMW ? 2 : o->momentum != 0;
+    return o->kind == KT_OPTIM_ADAMW ? 2 : o->kind == KT_OPTIM_SGD && o->momentum != 0;
 }
 
 /* The op's forward steps, or *n_out 0. */
@@ -50,6 +50,27 @@ void *const *kt__session_bindings(const kt_session_options *o, int *n_out)
     return (void *const *)o->moe_layers;
 }
 
+kt_status kt__session_keep_bindings(kt_session *s)
+{
+    int n = 0;
+    void *const *given = kt__session_bindings(&s->opt, &n);
+    if (given == NULL)
+        return KT_OK;
+    s->bindings = calloc((size_t)n + 1, sizeof *s->bindings);
+    if (s->bindings == NULL)
+        return kt__error(KT_ENOMEM, "session: out of memory");
+    for (int i = 0; i < n; i++)
+        s->bindings[i] = given[i];
+    s->opt.moe_layers = (void *)s->bindings;
+    return KT_OK;
+}
+
+void kt__session_drop_bindings(kt_session *s)
+{
+    free(s->bindings);
+    s->bindings = NULL;
+}
+
 static kt__op_bind bind_args(const kt_session_options *o, const kt__op_node *nodes, int n)
 {
     kt__op_bind b = {.nodes = nodes, .n_nodes = n, .comm = o->comm};
@@ -57,18 +78,23 @@ static kt__op_bind bind_args(const kt_session_options *o, const kt__op_node *nod
     return b;
 }
 
-uint64_t kt__session_state_bytes(const kt_program *p, const kt_session_options *o, int states)
+kt_status kt__session_state_bytes(const kt_program *p, const kt_session_options *o, int states,
+                                  uint64_t *bytes_out)
 {
-    (void)p; /* what a bind would train depends on the options' objects alone */
     uint64_t total = 0;
     for (int op = 0; op < KT_OP_COUNT; op++) {
         const kt__op_state *h = kt__op_get((kt_op)op)->state;
         if (h == NULL || h->span_floats == NULL)
             continue;
-        kt__op_bind b = bind_args(o, NULL, 0);
+        kt__op_node *nodes = NULL;
+        int n = 0;
+        KT__TRY(collect_nodes(p, (kt_op)op, &nodes, &n));
+        kt__op_bind b = bind_args(o, nodes, n);
         total += (uint64_t)h->span_floats(&b) * sizeof(float) * (uint64_t)states;
+        free(nodes);
     }
-    return total;
+    *bytes_out = total;
+    return KT_OK;
 }
 
 /* The spans of entry e, each with its optimizer state. */

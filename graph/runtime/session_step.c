@@ -34,6 +34,8 @@ static int param_arrays(const kt_session *s, int32_t i, float **param, float **g
 static void update(kt_session *s, float *param, float *grad, float *st0, float *st1, int64_t n)
 {
     const kt_optimizer_config *o = &s->opt.optimizer;
+    if (o->kind == KT_OPTIM_NONE)
+        return;
     if (o->kind == KT_OPTIM_ADAMW) {
         kt__adamw_params hp = {.lr = s->lr,
                                .beta1 = o->beta1 > 0 ? o->beta1 : 0.9f,
@@ -74,6 +76,10 @@ kt_status kt_session_step(kt_session *s)
         return kt__error(KT_EINVAL, "kt_session_step: session is NULL");
     if (s->micro == 0)
         return kt__error(KT_ESTATE, "step: no gradients accumulated (call backward first)");
+    if (s->opt.optimizer.lr == 0.0f && s->opt.optimizer.kind != KT_OPTIM_NONE)
+        return kt__error(KT_EINVAL, "step: the learning rate is 0, so the step would change "
+                         "nothing: set kt_session_options.optimizer.lr (e.g. 1e-3), or use "
+                         "KT_OPTIM_NONE to step without updating"); /* zeroed options */
     const kt_optimizer_config *o = &s->opt.optimizer;
     uint64_t t0 = s->opt.trace ? kt__now_ns() : 0;
     const int32_t n_params = s->p->n_entries[KT_ROLE_PARAM];

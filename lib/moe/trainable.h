@@ -34,10 +34,11 @@ void kt__moe_session_poison(kt_moe *moe);
 /* KT_OK, or the poisoned cache's failure (KT_ESTATE, naming the layer) for a `what`. */
 kt_status kt__moe_session_check(const kt_moe *moe, const char *what);
 
-/* The layer's owners: kt_moe_create makes one reference, each session bound to it adds one;
- * kt_moe_destroy and kt_session_destroy each drop one, the last frees the layer. */
+/* The layer's owners: kt_moe_create makes one reference, each session bound to it adds one
+ * (kt__moe_retain); kt_moe_destroy drops one and frees the layer with the last, so a session
+ * drops its own through kt_moe_destroy. */
 void kt__moe_retain(kt_moe *moe);
-/* Drops one reference; returns 1 when it was the last (the caller frees the layer). */
+/* Drops one reference; returns 1 when it was the last (kt_moe_destroy then frees). */
 int kt__moe_release(kt_moe *moe);
 
 #endif

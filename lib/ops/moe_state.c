@@ -26,6 +26,7 @@
 #define SPAN_NAME_BYTES 24
 
 typedef struct moe_state {
+    int retained; /* the layers hold a reference of this session's (see unbind_moe) */
     const kt__op_node *nodes;
     int n_nodes;
     kt_moe *const *layers;
@@ -75,6 +76,8 @@ static void unbind_moe(void *state)
     moe_state *m = state;
     if (m == NULL)
         return;
+    for (int b = 0; m->retained && b < m->n_layers; b++)
+        kt_moe_destroy(m->layers[b]); /* drops the session's reference; the last one frees */
     free(m->span_layer);
     free(m->span_names);
     free(m);
@@ -119,6 +122,11 @@ static kt_status bind_moe(const kt__op_bind *bd, void **state_out)
                  b);
         m->span_layer[m->n_spans++] = b;
     }
+    /* the session keeps its layers alive: kt_moe_destroy before kt_session_destroy is safe */
+    for (int b = 0; b < m->n_layers; b++)
+        if (m->layers[b] != NULL)
+            kt__moe_retain(m->layers[b]);
+    m->retained = 1;
     *state_out = m;
     return KT_OK;
 }
