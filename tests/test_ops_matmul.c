@@ -13,7 +13,7 @@
 #include <cmocka.h>
 
 #include "gradcheck.h"
-#include "ops/gemm.h"
+#include "kernels/sgemm.h"
 
 /* ---- float64 reference -------------------------------------------------------------------- */
 

@@ -1,7 +1,7 @@
 /* matmul: a [M,K] (trans_a: [K,M]) times b [K,N] (trans_b: [N,K]) -> [M,N], through
  * kt__sgemm. bf16/f16 operands are staged to f32 in the caller's scratch, multiplied in
  * f32 and rounded once on the way out. */
-#include "ops/gemm.h"
+#include "kernels/sgemm.h"
 #include "ops/op_desc.h"
 #include "ops/op_util.h"
 

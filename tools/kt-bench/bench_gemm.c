@@ -33,7 +33,7 @@
 #include "limits.h"
 #include "core/cpu_internal.h"
 #include "core/numa_internal.h"
-#include "moe/bf16_gemm.h"
+#include "kernels/bf16_gemm.h"
 #include "onednn_peer.h"
 
 enum { K_NT = 0, K_NN = 1, K_TN = 2 };

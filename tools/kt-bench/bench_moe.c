@@ -17,9 +17,9 @@
 #include "bench.h"
 #include "common/usage.h"
 #include "limits.h"
-#include "moe/f32_gemm.h"
+#include "kernels/f32_gemm.h"
 #include "moe_peer.h"
-#include "ops/gemm.h"
+#include "kernels/sgemm.h"
 
 #ifndef KT_BENCH_PEER_SCRIPT
 #define KT_BENCH_PEER_SCRIPT "tools/kt-bench/moe_torch_peer.py"

@@ -6,7 +6,7 @@
 #include <kt/kt.h>
 
 #include "core/numa_internal.h"
-#include "moe/bf16_gemm.h"
+#include "kernels/bf16_gemm.h"
 #include "limits.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)

@@ -3,8 +3,8 @@
 
 #include "core/cpu_internal.h"
 #include "kt/tensor.h"
-#include "moe/lane_mask.h"
-#include "moe/vec.h"
+#include "kernels/lane_mask.h"
+#include "kernels/vec.h"
 
 /* The 16 lane sums added by a fixed tree: l + l[8..], then halves, then pairs. */
 static float fold16(const float l[16])

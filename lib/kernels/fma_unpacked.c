@@ -21,10 +21,10 @@
  * computes. */
 #include <string.h>
 
-#include "moe/fma_gemm.h"
-#include "moe/fma_util.h"
-#include "moe/lane_mask.h"
-#include "moe/prefetch.h"
+#include "kernels/fma_gemm.h"
+#include "kernels/fma_util.h"
+#include "kernels/lane_mask.h"
+#include "kernels/prefetch.h"
 
 #ifdef KT__FMA_GEMM
 

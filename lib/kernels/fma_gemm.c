@@ -8,10 +8,10 @@
  * strides are compile-time constants, so every address in the loop is a displacement. */
 #include <string.h>
 
-#include "moe/fma_gemm.h"
-#include "moe/fma_util.h"
-#include "moe/lane_mask.h"
-#include "moe/prefetch.h"
+#include "kernels/fma_gemm.h"
+#include "kernels/fma_util.h"
+#include "kernels/lane_mask.h"
+#include "kernels/prefetch.h"
 
 #define WR 12       /* rows of a tile */
 #define WC 32       /* columns of a tile and of a panel */

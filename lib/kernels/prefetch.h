@@ -1,8 +1,8 @@
 /* Software fetches of a range of memory, a cache line at a time: the kernels and passes of
- * lib/moe use them where they read rows of a few hundred bytes that lie kilobytes apart,
+ * lib/kernels use them where they read rows of a few hundred bytes that lie kilobytes apart,
  * which the hardware prefetchers do not follow. Plain code, usable without a target attribute. */
-#ifndef KT_MOE_PREFETCH_H
-#define KT_MOE_PREFETCH_H
+#ifndef KT_KERNELS_PREFETCH_H
+#define KT_KERNELS_PREFETCH_H
 
 #include <stddef.h>
 #include <stdint.h>
