@@ -34,6 +34,7 @@
 #include "core/cpu_internal.h"
 #include "core/numa_internal.h"
 #include "kernels/bf16_gemm.h"
+#include "kernels/registry.h"
 #include "onednn_peer.h"
 
 enum { K_NT = 0, K_NN = 1, K_TN = 2 };
@@ -253,10 +254,12 @@ static timing time_kernel(int kind, int64_t M, int64_t N, int64_t K, const buffe
     return out;
 }
 
-/* The kernel a product runs: the path depends on the kind and the rows. */
-static const char *kernel_path(int kind, int64_t M)
+/* The kernel path a product runs (the registry's descriptor: it depends on the kind and the
+ * rows), and the path whose sums it computes (the name the lines print as "path"). */
+static const kt__kprod kind_prods[3] = {KT__KP_NT_BF16, KT__KP_NN_BF16, KT__KP_TN_BF16};
+static const kt__kpath *kernel_path(int kind, int64_t M)
 {
-    return kt__bf16_gemm_kind_path(kind_names[kind], M);
+    return kt__kpath_pick(kind_prods[kind], M);
 }
 
 /* peer: oneDNN's timing on the same configuration (median_s 0: not measured) */
@@ -269,15 +272,16 @@ static void report(const bench_args *common, const char *model, const char *shap
     const double gf = flop / t.median_s * 1e-9, gf_best = flop / t.best_s * 1e-9;
     const double wbytes = (double)N * (double)K * (kind == K_TN ? 8.0 : 2.0);
     const double gbs = wbytes / t.median_s * 1e-9;
-    const char *path = kernel_path(kind, M);
+    const kt__kpath *kp = kernel_path(kind, M);
+    const char *path = kt__kpaths[kp->sums_as].name, *insn = kt__kinsn_names[kp->insn];
     if (common->json) {
         printf("{\"bench\":\"gemm\",\"model\":\"%s\",\"shape\":\"%s\",\"kind\":\"%s\","
-               "\"path\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"threads\":%d,\"weights\":\"%s\","
+               "\"path\":\"%s\",\"kernel\":\"%s\",\"peak_insn\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"threads\":%d,\"weights\":\"%s\","
                "\"median_ms\":%.4f,\"best_ms\":%.4f,\"gflops\":%.2f,\"gflops_best\":%.2f,"
                "\"peak_gflops\":%.2f,\"fraction_of_peak\":%.4f,\"weight_gbs\":%.2f,"
                "\"onednn_ms\":",
-               model, shape, kind_names[kind], path, (long long)M, (long long)N, (long long)K,
-               threads, hot ? "hot" : "cold", t.median_s * 1e3, t.best_s * 1e3, gf, gf_best, peak,
+               model, shape, kind_names[kind], path, kp->name, insn, (long long)M, (long long)N,
+               (long long)K, threads, hot ? "hot" : "cold", t.median_s * 1e3, t.best_s * 1e3, gf, gf_best, peak,
                gf / peak, gbs);
         if (vs > 0)
             printf("%.4f,\"ratio_vs_onednn\":%.3f}\n", peer.median_s * 1e3, vs);
@@ -287,7 +291,7 @@ static void report(const bench_args *common, const char *model, const char *shap
         printf("%-9s %-3s %-2s %-11s m=%-5lld n=%-5lld k=%-5lld thr=%d  %9.3f ms  %7.1f GFLOP/s "
                "(best %7.1f)  fraction_of_peak %.3f (%s)  weights %6.1f GB/s",
                model, shape, kind_names[kind], path, (long long)M, (long long)N, (long long)K,
-               threads, t.median_s * 1e3, gf, gf_best, gf / peak, bench_path_peak_name(path), gbs);
+               threads, t.median_s * 1e3, gf, gf_best, gf / peak, insn, gbs);
         if (vs > 0)
             printf("  onednn %7.1f GFLOP/s: %.2fx\n", flop / peer.median_s * 1e-9, vs);
         else
@@ -320,7 +324,10 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                    "256, 1024. Kernel sizes:\n"
                    "nt y[M,N] = x[M,K] w[N,K]^T, nn y[M,K] = g[M,N] w[N,K],\n"
                    "tn dw[N,K] += g[M,N]^T x[M,K]. Each line names the kernel's path\n"
-                   "(amx, fma, fma_dots, avx512_bf16, scalar; by kind and rows).\n"
+                   "(by kind and rows; the registry's paths:");
+            for (int p = 0; p < kt__kpath_count; p++)
+                printf(" %s", kt__kpaths[p].name);
+            printf(").\n"
                    "--hot: one weight copy (default: copies over 64 MiB, from memory);\n"
                    "--single: skip the pool runs. Beside each line: oneDNN's bf16 GEMM on\n"
                    "the same operands and threads (libdnnl.so.2, loaded if installed) and\n"
@@ -412,8 +419,8 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                     /* the peak again right before each run: the machine may be shared,
                      * and the fraction should compare like with like */
                     /* the peak of the instruction this product's kernel multiplies with */
-                    const char *kpath = kernel_path(kd, M);
-                    const double pk1 = have_peak ? bench_path_peak_gflops(kpath, NULL, 1, 5) : 1.0;
+                    const kt__kinsn kinsn = kernel_path(kd, M)->insn;
+                    const double pk1 = have_peak ? bench_insn_peak_gflops(kinsn, NULL, 1, 5) : 1.0;
                     timing t1 = time_kernel(kd, M, N, K, &bu, NULL, common, 0);
                     const double pd = peer ? peer_difference(kd, M, N, K, &bu) : 0.0;
                     /* a peer that computes something else gets no ratio (null) */
@@ -427,7 +434,7 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                     report(common, mname, sname, kd, M, N, K, 1, t1, pk1, hot, p1);
                     if (!single_only && threads > 1) {
                         const double pkp =
-                            have_peak ? bench_path_peak_gflops(kpath, pool, threads, 5) : 1.0;
+                            have_peak ? bench_insn_peak_gflops(kinsn, pool, threads, 5) : 1.0;
                         timing tp = time_kernel(kd, M, N, K, &bu, pool, common, 0);
                         timing pp =
                             peer_ok ? time_kernel(kd, M, N, K, &bu, NULL, common, threads) : none;
