@@ -29,6 +29,7 @@
 #include <kt/kt.h>
 
 #include "bench.h"
+#include "bench_gemm_dense.h"
 #include "common/usage.h"
 #include "limits.h"
 #include "core/cpu_internal.h"
@@ -311,7 +312,7 @@ static int parse_kind(const char *s)
 int bench_gemm(int argc, char **argv, const bench_args *common)
 {
     long long m = -1, n = -1, k = -1;
-    int kind = -1, hot = 0, single_only = 0, no_peer = 0;
+    int kind = -1, hot = 0, single_only = 0, no_peer = 0, dense = 0, no_dense = 0;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             printf("usage: kt-bench gemm [--m M] [--n N] [--k K] [--kind nt|nn|tn] [--hot]\n"
@@ -331,7 +332,13 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                    "--hot: one weight copy (default: copies over 64 MiB, from memory);\n"
                    "--single: skip the pool runs. Beside each line: oneDNN's bf16 GEMM on\n"
                    "the same operands and threads (libdnnl.so.2, loaded if installed) and\n"
-                   "its time over libkt's (> 1: libkt faster); --no-peer skips it.\n");
+                   "its time over libkt's (> 1: libkt faster); --no-peer skips it.\n"
+                   "After the MoE table (or alone with --dense; --no-dense skips it): the\n"
+                   "dense bf16 matmul (y = x W^T through the op) at 2048^3 and at the\n"
+                   "attention projections of Mixtral and Qwen3-MoE for m = 1, 128, 1024\n"
+                   "tokens (with --dense, --m/--n/--k give one product), against the peak of\n"
+                   "its path's instruction, OpenBLAS's sgemm in f32 and the staged path it\n"
+                   "replaced (bf16 widened to f32, sgemm, rounded).\n");
             return 0;
         } else if (strcmp(argv[i], "--m") == 0 && i + 1 < argc) {
             if (kt_tool_parse_int("kt-bench gemm", "--m", argv[++i], 1, 1 << 20, &m))
@@ -354,6 +361,10 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
             single_only = 1;
         } else if (strcmp(argv[i], "--no-peer") == 0) {
             no_peer = 1;
+        } else if (strcmp(argv[i], "--dense") == 0) {
+            dense = 1;
+        } else if (strcmp(argv[i], "--no-dense") == 0) {
+            no_dense = 1;
         } else {
             fprintf(stderr, "kt-bench gemm: unknown option %s (see --help)\n", argv[i]);
             return 2;
@@ -362,6 +373,10 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
     const int custom = m >= 0 || n >= 0 || k >= 0;
     if (custom && (m < 1 || n < 1 || k < 1)) {
         fprintf(stderr, "kt-bench gemm: --m, --n and --k go together and must be positive\n");
+        return 2;
+    }
+    if (dense && (no_dense || kind >= 0)) {
+        fprintf(stderr, "kt-bench gemm: --dense runs the matmul op alone (no --no-dense, --kind)\n");
         return 2;
     }
     /* the path of products of 16 rows and more (below, vdpbf16ps where the CPU has it) */
@@ -398,7 +413,7 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
     if (!no_peer && !peer && !common->json)
         printf("note: oneDNN (libdnnl.so.2) not found: no library peer\n");
     int rc = 0;
-    for (int mi = 0; mi < n_models && rc == 0; mi++)
+    for (int mi = 0; mi < n_models && rc == 0 && !dense; mi++)
         for (int si = 0; si < n_ms && rc == 0; si++)
             for (int kd = 0; kd < 3 && rc == 0; kd++) {
                 if (kind >= 0 && kd != kind)
@@ -443,6 +458,9 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                     free_buffers(&bu);
                 }
             }
+    if (rc == 0 && (dense || (!custom && !no_dense && kind < 0)))
+        rc = bench_gemm_dense(common, pool, custom ? m : 0, custom ? n : 0, custom ? k : 0,
+                              single_only);
     if (have_peak && !common->json)
         printf("%s register peak at the end: %.1f GFLOP/s on 1 thread, %.1f on %d\n",
                bench_bf16_peak_name(),
