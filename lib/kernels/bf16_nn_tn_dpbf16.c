@@ -531,9 +531,7 @@ static void nn_rows_avx512(int64_t M, int64_t N, int64_t k0, int64_t k1, const n
 
 /* More than NN_ROWS_MAX_M rows go through the rows path in balanced chunks of rows (a row's
  * sums do not depend on the other rows, so the bits are those of one call; each chunk streams
- * w once more). Measured (kt-bench gemm, 1 thread, dsv2lite's shapes, 600 to 1536 rows):
- * 0.71-0.83 of the peak with the former walk of one 32-column block down all the rows,
- * 0.78-0.82 and 0.89-0.93 chunked; chunks of 192 to 384 rows measured the same as 512. */
+ * w once more), faster than walking one 32-column block down all the rows. */
 static void nn_rows_chunked(int64_t M, int64_t N, int64_t k0, int64_t k1, const nn_src *src,
                             int nsrc, int64_t ldg, int64_t ldw, float *y, int64_t ldy, int mode)
 {
@@ -549,24 +547,16 @@ static void nn_rows_chunked(int64_t M, int64_t N, int64_t k0, int64_t k1, const 
 
 /* NN at a few rows ("stream" path): with M <= NN_STREAM_MAX_M the kernel only streams w, and
  * the rows path's walk (a group of up to 128 columns down every row, rows 4 KiB apart) left the
- * prefetchers behind: 17 GB/s on one thread where x W^T streams 33-36 (kt-bench gemm, dsv2lite's
- * gate shape, weights from memory). Here each pair of w's rows is read whole, over all the
+ * prefetchers behind (half the rate at which x W^T streams the same weights). Here each pair of w's rows is read whole, over all the
  * call's columns (a pass takes as many as M x columns accumulators fit: NN_STREAM_ACC_FLOATS,
  * in L1, up to NN_GROUP_TILE rows, NN_GROUP_ACC_FLOATS, in L2, above), in address order, the
  * pair NN_STREAM_AHEAD_BYTES(M) on fetched into L1 as it goes. Below NN_GROUP_MIN_M rows the
  * accumulators are loaded and stored around each vdpbf16ps; from there they stay in
  * registers over a group of pairs (nn_stream_group). Every element still accumulates the pairs
  * of every source in order from zero, the tail last, so the bits are those of the rows path.
- * One thread / two, GB/s: M = 1 17 -> 29-30 / 32 -> 42-48, M = 4 17 -> 32-33 / 32 -> 53-54,
- * M = 6 15 -> 25-27 / 29 -> 41-45; from 6 rows the accumulators stay in registers over
- * groups of pairs (nn_stream_group), which took it to 12 rows, and as two row tiles a
- * column block to 16 (13 and 16 rows, one thread: 0.39-0.40 and 0.43-0.45 of the peak with
- * the rows path, 0.53 and 0.52-0.54 now; the tiles as two passes over the columns gave
- * 0.44-0.46 and 0.47-0.53; at 20 and 24 rows no faster than the rows path, which stays
- * above 16).
- * The distance (NN_STREAM_AHEAD_BYTES, at least one pair, at most NN_STREAM_AHEAD_MAX pairs):
- * at one row 4-8 KiB ahead was best, at four rows 16-32 KiB (more compute a pair); none at
- * all, 15 GB/s. */
+ * Up to 16 rows it beats the rows path (two row tiles a column block above 12); above, it does
+ * not. The fetch distance (NN_STREAM_AHEAD_BYTES, at least one pair, at most
+ * NN_STREAM_AHEAD_MAX pairs) grows with the rows: more compute a pair. */
 #define NN_STREAM_MAX_M KT__BF16_NN_STREAM_MAX_M
 #define NN_STREAM_ACC_FLOATS 6144 /* 24 KiB */
 #define NN_STREAM_AHEAD_BYTES(mr) (4096 * ((mr) + 1))
@@ -613,16 +603,13 @@ BF_INLINE void nn_stream_step(const int mr, const uint16_t *r0, const uint16_t *
 }
 
 /* Groups of pairs (nn_group_block, nn_stream_group). From NN_GROUP_MIN_M rows the accumulators'
- * loads and stores around every pair were the limit (kt-bench gemm nn at 8 rows: 0.31 of the peak,
- * hot or not); kept in registers over a group of 8 pairs (mr <= 12: 24 of them), 8 and 12 rows
- * from memory on one thread went 0.30 -> 0.47-0.50 and 0.32 (the rows path) -> 0.59-0.61
- * (4 pairs: 0.39-0.47 and 0.50-0.53). */
+ * loads and stores around every pair were the limit, hot or not; they are kept in registers over
+ * a group of 8 pairs (mr <= 12: 24 of them; 4 pairs a group were slower). */
 #define NN_GROUP_PAIRS 8
 #define NN_GROUP_MIN_M 6
 #define NN_GROUP_TILE 12 /* rows of accumulators in registers; more run as two tiles */
 /* Accumulators above NN_GROUP_TILE rows: 64 KiB (in L2; loaded and stored once a group), so
- * that a pass is still a few hundred columns wide; at most 12 rows 24 KiB (in L1) measured
- * faster (12 rows, one thread: 0.60-0.61 of the peak against 0.56 with 64 KiB). */
+ * that a pass is still a few hundred columns wide; at most 12 rows 24 KiB (in L1) is faster. */
 #define NN_GROUP_ACC_FLOATS 16384
 /* One tile of th <= NN_GROUP_TILE rows over one 32-column block (masked by jm) of the group's
  * pairs of rows from rb (row n at rb + n ldw): accumulators from ab (row i at ab + 32 i), in
@@ -791,10 +778,8 @@ BF_TARGET static void tn_pack_a(int64_t M, int64_t p0, int64_t cnt, int mr, cons
  * stack (144 + 32 KiB); above, in the caller's work buffer (tn_work_bytes), the group's A
  * panels within TN_WORK_APACK_BYTES.
  * The group is as many tiles as TN_APACK_WORDS holds the panels of, at most TN_GROUP_MAX: x's
- * pairs are packed again for every group, and with a group of 21 tiles (48 KiB of panels at
- * dsv2lite's 48 pairs) tn_pack_x took 3 % of the kernel's time; 64 tiles (144 KiB, the panels
- * then read from L2) took dsv2lite qlen 1024 full's weight_grad from 113.0 to 110.7 ms
- * (alternating builds, 5 runs each), and 128 tiles were no faster. */
+ * pairs are packed again for every group, so a group of 64 tiles (panels read from L2) packs x
+ * less often than one that fits L1; 128 tiles were no faster. */
 #define TN_PACKED_MAX_PAIRS 256
 #define TN_GROUP_MAX 64
 #define TN_APACK_PAIRS 48 /* the pairs of the usual expert's 96 rows (dsv2lite qlen 1024) */
@@ -825,10 +810,7 @@ static int64_t tn_group_end(int64_t n, int64_t n0, int64_t n1, int64_t tile, int
 
 /* Fetches rows [r0, r1) of g over columns [c0, c1) (what a group's A panels are packed from),
  * row by row along the columns. Packed tile by tile, the panels' loads walk down g's rows, a
- * cache miss each that the hardware prefetchers do not follow: at dsv2lite qlen 1024 the
- * packing waited on them for 3.5 % of the kernel's time, 1.3 % with the rows fetched (a
- * CPU-clock profile; the weight_grad phase 110.0 -> 108.7 ms, alternating builds, within its
- * noise). */
+ * cache miss each that the hardware prefetchers do not follow. */
 static void tn_fetch_a(const uint16_t *g, int64_t ldg, int64_t r0, int64_t r1, int64_t c0,
                        int64_t c1)
 {
@@ -886,15 +868,10 @@ static void tn_packed_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const
  * once for every 32-column block (pairs * K * 4 bytes, read from L2 by every tile), then each
  * tile of dw's rows walks along its rows block after block. The packed path's order (down a
  * group of tiles for each block) reads two cache lines of a row, then the next row's 8 KiB on;
- * with this little arithmetic per element of dw, it lost to oneDNN's GEMM on one thread
- * (0.40-0.81 of its speed at 1-8 rows). Measured (kt-bench gemm tn, dsv2lite's gate,
- * alternating builds, medians of 5, one thread / two): 1 row 1.46 -> 1.08 / 0.69 -> 0.53 ms,
- * 8 rows 1.48 -> 1.29 / 0.74 -> 0.61, 12 rows 2.00 -> 1.45 / 1.12 -> 1.02, 15 rows
- * 2.48 -> 1.80 / 1.21 -> 1.26; against oneDNN in the same runs 1.14-1.62 on one thread,
- * 1.17-2.23 on two, on both shapes' products. Overwriting dw (streaming stores, a training
- * step's first micro-batch) stays on the packed path: there the layer's weight_grad at
- * dsv2lite qlen 128 took 83-102 ms this way against 82-90 (6 alternating runs each). The
- * same operations on each element, so the same bits. apack: one tile's panel
+ * with this little arithmetic per element of dw, it lost to oneDNN's GEMM at 1-8 rows; this
+ * walk is faster there. Overwriting dw (streaming stores, a training step's first
+ * micro-batch) stays on the packed path, which was as fast or faster for it. The same
+ * operations on each element, so the same bits. apack: one tile's panel
  * (PAIR_MR * pairs words), xall: the packed x. */
 #define TN_ROWS_MAX_PAIRS 8
 static void tn_rows_avx512(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,

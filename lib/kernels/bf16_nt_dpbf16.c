@@ -182,12 +182,10 @@ NT_VARIANT(1, 1)
 /* The first row tile over a block of 6 w rows at 5 to 32 rows of x: it also prefetches the 6
  * rows of the block after next at the same k (NT_PF_AHEAD rows on), so they are on their way
  * two blocks before they are used (with few rows the tile is memory-bound, and 6 streams 4 KiB
- * apart are more than the hardware prefetchers follow well; measured when this tile also ran
- * one row, before nt_rows: one block ahead left every load waiting, dsv2lite qlen 1 2.36-2.56
- * -> 2.27-2.37 ms). Into L2, not L1: at a dozen rows (qlen 128) that streamed the weights about
- * 5 % faster (more lines in flight). Addresses past the last row are only prefetched, never
- * loaded. (Fetching the next block in address order into L1 instead was 7-10 % slower at two
- * or more row tiles a block.) */
+ * apart are more than the hardware prefetchers follow well; one block ahead left every load
+ * waiting). Into L2, not L1: more lines in flight. Addresses past the last row are only
+ * prefetched, never loaded. (Fetching the next block in address order into L1 instead was
+ * slower at two or more row tiles a block.) */
 #define NT_PF_MAX_M 32
 /* nt_<MR>x6<SUFFIX>: the 6-column tile of MR rows that fetches as KIND does */
 #define NT_TILE_FETCHING(MR, SUFFIX, KIND)                                                         \
@@ -237,21 +235,13 @@ static nt_pf nt_next_lines(const uint16_t *next, int64_t ldw, int64_t K, int64_t
 
 /* Up to this many rows of x, nt reads w one row at a time (nt_rows): the kernel then only
  * streams w, and rows read whole in address order are what the hardware prefetchers follow
- * best.
- * The tile's 6 rows of w 4 KiB apart at the same k, even with the next block fetched in
- * address order into L1, read memory more slowly: a loop over 923 MB of 1408 x 2048 weights,
- * 2 threads, in the VM's fast state: 6-row tile with that fetch 54-67 GB/s, one row at a time
- * 72-75, a plain read 75-83 (two rows 4 KiB apart at a time: 58). kt-bench gemm nt, dsv2lite
- * gate shape, 1 thread, from memory: 1 row 35.9 -> 38.6-38.9 GB/s, 2 rows 34-36 -> 38.0-38.6,
- * 4 rows 30.4-31.7 -> 33.5-33.6 (2 threads, in the slow state: 47-49 -> 48-52). */
+ * best; the tile's 6 rows of w 4 KiB apart at the same k read memory more slowly, even with
+ * the next block fetched in address order. */
 #define NT_ROWS_MAX_M KT__BF16_NT_ROWS_MAX_M
 
-/* On Intel the rows' lines are also fetched this many bytes ahead of the loads: the Emerald
- * Rapids VM's hardware prefetchers alone left the rows path at 0.76-0.80 of the memory
- * bandwidth (dsv2lite qlen 1 frozen forward, 3.99-4.36 ms), 2 KiB ahead took it to 0.92-0.96
- * (3.35-3.66 ms, alternating builds; 512 B 0.87, 1 KiB 0.88-0.94, 3-4 KiB as 2; qwen3moe
- * 0.76 -> 0.94). The AMD
- * Zen 5 VM reached 0.95-0.99 without it (thirteenth session) and has not run it: off there. */
+/* On Intel the rows' lines are also fetched this many bytes ahead of the loads: the hardware
+ * prefetchers alone left the rows path well short of the memory bandwidth (AMD Zen 5 was not,
+ * and has not run the fetch: off there). */
 #define NT_ROWS_FETCH_BYTES 2048
 
 /* o[i] (o[mr + i]) = the 16-lane sums of x row i . w row wa (wb; NULL: none) over K (i < mr),
@@ -355,12 +345,8 @@ static const nt_rows_fn nt_rows_table[2][NT_ROWS_MAX_M + 1] = {
 _Static_assert(NT_ROWS_MAX_M == 4, "nt_rows has variants and accumulators for 1 to 4 rows");
 
 /* Up to this many rows of x nt_rows reads the columns' rows of w as two halves side by side:
- * one row of x leaves each row's vdpbf16ps one chain, which two streams double (kt-bench gemm
- * nt, dsv2lite's gate shape from memory, the VM's fast state, one thread / two: 1 row
- * 38.9-41.0 -> 40.8-43.2 / 72.4-75.3 -> 72.5-83.5 GB/s, 2 rows 37.1-37.7 -> 40.6-42.0 /
- * 70.5-71.8 -> 76.9-77.2; alternating builds, frozen forward: dsv2lite qlen 1 1.38 -> 1.27 ms,
- * qwen3moe qlen 1 1.11 -> 0.93, dsv2lite qlen 16 14.8 -> 14.3). At 3 and 4 rows two streams
- * were slower (3 rows: 34 -> 29 GB/s on one thread; 4 rows 33 -> 26). */
+ * one row of x leaves each row's vdpbf16ps one chain, which two streams double. At 3 and 4
+ * rows two streams were slower. */
 #define NT_TWO_STREAMS_MAX_M 2
 _Static_assert(NT_TWO_STREAMS_MAX_M <= 2, "nt_rows_table has two-stream variants for 1 and 2 rows");
 
