@@ -3,6 +3,8 @@
  * arguments a path has no use for); the choice is made once per call, never per tile. */
 #include "kernels/registry.h"
 
+#include <pthread.h>
+
 #include "core/cpu_internal.h"
 #include "kernels/amx_gemm.h"
 #include "kernels/bf16_dpbf16.h"
@@ -13,7 +15,12 @@
 const char *const kt__kinsn_names[KT__KINSN_COUNT] = {"scalar", "vfmadd231ps", "vdpbf16ps",
                                                       "tdpbf16ps"};
 
-unsigned kt__kernel_features(void)
+/* The bits are computed once: the CPU's features, KT_CPU and the AMX self-test are each settled
+ * once per process (lib/core/cpu.c, amx_gemm.c), and every call of every GEMM reads them. */
+static pthread_once_t features_once = PTHREAD_ONCE_INIT;
+static unsigned features_bits;
+
+static void features_init(void)
 {
     unsigned f = 0;
     if (kt__cpu_has_avx512()) {
@@ -27,7 +34,13 @@ unsigned kt__kernel_features(void)
         f |= KT__KF_BF16_ON_FMA;
     if (!kt__cpu_f32_on_blas())
         f |= KT__KF_F32_OWN;
-    return f;
+    features_bits = f;
+}
+
+unsigned kt__kernel_features(void)
+{
+    pthread_once(&features_once, features_init);
+    return features_bits;
 }
 
 /* ---- AMX ---------------------------------------------------------------------------------- */
