@@ -345,20 +345,45 @@ static int has_kernel(const kt__kpath *p, kt__kprod prod)
     }
 }
 
-const kt__kpath *kt__kpath_pick(kt__kprod prod, int64_t M)
+/* Per product, the paths this CPU can run for it in table order with their effective rows:
+ * built once from the table (as the feature bits), so a pick is a walk over a few ranges. */
+typedef struct usable {
+    int n;
+    struct {
+        int64_t lo, hi;
+        const kt__kpath *path;
+    } e[8];
+} usable;
+static pthread_once_t usable_once = PTHREAD_ONCE_INIT;
+static usable usable_by_prod[KT__KPROD_COUNT];
+
+static void usable_init(void)
 {
     const unsigned have = kt__kernel_features();
-    const int bf16 = prod <= KT__KP_TN_BF16;
-    for (int i = 0; i < kt__kpath_count - 1; i++) {
-        const kt__kpath *p = &kt__kpaths[i];
-        const unsigned needs = p->needs | (bf16 ? p->needs_bf16 : p->needs_f32);
-        const kt__krows r = p->rows[prod];
-        if (r.max_m == 0 || !has_kernel(p, prod) || (have & needs) != needs)
-            continue;
-        const int64_t lo = (p->all_rows_without & ~have) ? 0 : r.min_m;
-        if (M >= lo && M <= r.max_m)
-            return p;
+    for (int prod = 0; prod < KT__KPROD_COUNT; prod++) {
+        usable *u = &usable_by_prod[prod];
+        const int bf16 = prod <= KT__KP_TN_BF16;
+        for (int i = 0; i < kt__kpath_count && u->n < 8; i++) {
+            const kt__kpath *p = &kt__kpaths[i];
+            const unsigned needs = p->needs | (bf16 ? p->needs_bf16 : p->needs_f32);
+            const kt__krows r = p->rows[prod];
+            if (r.max_m == 0 || !has_kernel(p, (kt__kprod)prod) || (have & needs) != needs)
+                continue;
+            u->e[u->n].lo = (p->all_rows_without & ~have) ? 0 : r.min_m;
+            u->e[u->n].hi = r.max_m;
+            u->e[u->n].path = p;
+            u->n++;
+        }
     }
+}
+
+const kt__kpath *kt__kpath_pick(kt__kprod prod, int64_t M)
+{
+    pthread_once(&usable_once, usable_init);
+    const usable *u = &usable_by_prod[prod];
+    for (int i = 0; i < u->n; i++)
+        if (M >= u->e[i].lo && M <= u->e[i].hi)
+            return u->e[i].path;
     return &kt__kpaths[kt__kpath_count - 1];
 }
 
