@@ -1,6 +1,6 @@
 /* Shared pieces of the AVX-512 BF16 (vdpbf16ps) kernels: the target attributes, the
  * multiply-add and the fixed reduction trees, the tile heights, and the kernels' entry points
- * (bf16_nt_dpbf16.c, bf16_nn_tn_dpbf16.c; the registry, kernels/registry.c, calls them).
+ * (bf16_nt_dpbf16.c, bf16_nn_dpbf16.c, bf16_tn_dpbf16.c; the registry, kernels/registry.c, calls them).
  * Their contracts are bf16_gemm.h's. */
 #ifndef KT_KERNELS_BF16_DPBF16_H
 #define KT_KERNELS_BF16_DPBF16_H

@@ -1,5 +1,5 @@
 /* The bf16 GEMM entry points (bf16_gemm.h): each picks its path once from the registry
- * (registry.h) and runs it. The kernels are bf16_nt_dpbf16.c, bf16_nn_tn_dpbf16.c (vdpbf16ps),
+ * (registry.h) and runs it. The kernels are bf16_nt_dpbf16.c, bf16_nn_dpbf16.c, bf16_tn_dpbf16.c (vdpbf16ps),
  * fma_gemm.c and fma_unpacked.c (bf16 widened to f32), amx_gemm.c and bf16_gemm_ref.c. */
 #include "kernels/bf16_gemm.h"
 
