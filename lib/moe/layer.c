@@ -9,8 +9,8 @@
 #include "core/memory.h"
 #include "core/mix.h"
 #include "core/numa_internal.h"
-#include "moe/bf16_gemm.h"
-#include "moe/f32_gemm.h"
+#include "kernels/bf16_gemm.h"
+#include "kernels/f32_gemm.h"
 #include "moe/moe_internal.h"
 #include "moe/trainable.h"
 
