@@ -20,9 +20,10 @@
 #include "graph/runtime/bytes.h"
 #include "kt/io.h"
 #include "ops/attrs.h"
+#include "ops/op_desc.h"
 
 #define KTP_MAGIC "KTPROGRM"
-/* 2: step flags (recompute); 3: the moe keep-none flag (KT__STEP_MOE_RECOMPUTES). Version 2
+/* 2: step flags (recompute); 3: the state keep-none flag (KT__STEP_STATE_RECOMPUTES). Version 2
  * files load unchanged (they never set it); a libkt that reads only 2 refuses a 3 by its
  * version instead of by an unknown flag. */
 #define KTP_VERSION 3u
@@ -54,8 +55,9 @@ static int record_slots(const kt__attr_desc **slots)
 {
     int n = 0;
     for (int op = 0; op < KT_OP_COUNT; op++) {
-        int n_attrs;
-        const kt__attr_desc *list = kt__attrs_of((kt_op)op, &n_attrs);
+        const kt__op_desc *row = kt__op_get_builtin((kt_op)op);
+        const int n_attrs = row->n_attrs;
+        const kt__attr_desc *list = row->attrs;
         for (int i = 0; i < n_attrs; i++) {
             const size_t at = slot_start(&list[i]);
             int k = 0;
@@ -355,6 +357,8 @@ static kt_status read_tables(kt__reader *r, kt_program *p)
 
 kt_status kt_program_load_memory(const void *data, size_t size, kt_program **program_out)
 {
+    if (program_out != NULL)
+        *program_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
     if ((data == NULL && size > 0) || program_out == NULL)
         return kt__error(KT_EINVAL, "kt_program_load_memory: NULL argument");
     const unsigned char *bytes = data;
@@ -461,6 +465,8 @@ static kt_status read_file(int fd, const char *path, unsigned char **buf, size_t
 
 kt_status kt_program_load(const char *path, kt_program **program_out)
 {
+    if (program_out != NULL)
+        *program_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
     if (path == NULL || program_out == NULL)
         return kt__error(KT_EINVAL, "kt_program_load: NULL argument");
     int fd = -1;

@@ -9,9 +9,10 @@
 #include "core/memory.h"
 #include "core/mix.h"
 #include "core/numa_internal.h"
-#include "moe/bf16_gemm.h"
-#include "moe/f32_gemm.h"
+#include "kernels/bf16_gemm.h"
+#include "kernels/f32_gemm.h"
 #include "moe/moe_internal.h"
+#include "moe/trainable.h"
 
 #define ALIGN 64
 
@@ -367,6 +368,8 @@ kt_status kt_moe_memory_need(const kt_moe_config *config, int optimizer_states,
 
 kt_status kt_moe_create(const kt_moe_config *config, kt_threadpool *pool, kt_moe **moe_out)
 {
+    if (moe_out != NULL)
+        *moe_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
     if (config == NULL || moe_out == NULL)
         return kt__error(KT_EINVAL, "kt_moe_create: NULL argument");
     KT__TRY(check_config(config));
@@ -434,7 +437,7 @@ fail:
 
 void kt_moe_destroy(kt_moe *moe)
 {
-    if (moe == NULL)
+    if (moe == NULL || !kt__moe_release(moe)) /* a session still holds it */
         return;
     if (moe->driver_started) {
         pthread_mutex_lock(&moe->mu);

@@ -23,7 +23,7 @@
 #include <stdint.h>
 
 #include "kt/moe.h"
-#include "moe/prefetch.h"
+#include "kernels/prefetch.h"
 
 #define KT__MOE_NAME_MAX 64
 #define KT__MOE_MSG_MAX 512
@@ -162,6 +162,7 @@ struct kt_moe {
     kt_status job_status;
     char job_msg[KT__MOE_MSG_MAX];
     kt__moe_job job;
+    atomic_int extra_refs; /* owners beyond the creator: sessions (trainable.h) */
 };
 
 /* The routing gradient's pieces per row: one per 16 columns of I (backward.c). */

@@ -32,6 +32,7 @@ typedef struct kt__op_call {
     struct kt_comm *comm;
     void *comm_scratch;
     size_t comm_scratch_bytes;
+    void *state; /* stateful ops: what the op's bind made for this session */
 } kt__op_call;
 
 typedef kt_status (*kt__op_infer_fn)(const kt_op_attrs *attrs, const kt_tensor *in, int n_in,
@@ -65,6 +66,7 @@ typedef struct kt__op_desc {
     /* The op's attributes (attrs.h): defaults, checks, .ktg, CSE, .ktp and docs read them. */
     const kt__attr_desc *attrs;
     int n_attrs;
+    const struct kt__op_state *state; /* lifecycle hooks (ops/op_state.h); NULL: stateless */
 } kt__op_desc;
 
 #define KT__OP_DECLARE(upper, lower) extern const kt__op_desc kt__op_##lower;
@@ -73,5 +75,11 @@ KT_OP_LIST(KT__OP_DECLARE)
 
 /* The row for op, or NULL for an invalid op. */
 const kt__op_desc *kt__op_get(kt_op op);
+/* The row KT_OP_LIST gave op, ignoring test overrides: for what must not change while a test
+ * swaps a row in (the .ktp attribute record's layout). */
+const kt__op_desc *kt__op_get_builtin(kt_op op);
+/* Tests: op's row is `row` until set back to NULL, so a test op runs through the whole stack
+ * without the public op list carrying it. Not thread-safe; nothing else calls it. */
+void kt__op_override_for_test(kt_op op, const kt__op_desc *row);
 
 #endif
