@@ -96,8 +96,7 @@ static void gw_part(void *vctx, int64_t t0, int64_t t1, int thread)
 #define GA_BLOCK_FLOATS 65536 /* 256 KiB */
 /* Above this many rows an expert's steps go in chunks of rows, so that a step of
  * GA_SUB_COLS columns fits the block: narrower steps (80 columns at 768 rows, as it was) read
- * each row of the weights as a shorter run, once per chunk of NN's rows. dsv2lite at qlen
- * 8192 (768 rows per expert): down_grad 412 -> 327 ms. */
+ * each row of the weights as a shorter run, once per chunk of NN's rows. */
 #define GA_MAX_ROWS (GA_BLOCK_FLOATS / GA_SUB_COLS)
 /* The derivative's rows this far ahead have their pieces of the kept g and u (read) and of
  * gg and gu (written) fetched early: pieces of a few hundred bytes out of rows kilobytes
@@ -213,10 +212,9 @@ static int stream_gx(const kt_moe *m)
 }
 
 /* LoRA's adapters add to a block of gx right after the GEMM has written it, while it is still
- * in L2: added after a whole task's columns, gx came back from L3 or memory (9 of LoRA's 94 ms
- * of gate_up_grad at dsv2lite qlen 1024). A block is GX_LORA_BLOCK_BYTES of gx, at least
- * GX_LORA_COLS columns: with 128 columns at every row count, an expert of a dozen rows walked
- * the weights 256 bytes a row per call (dsv2lite qlen 128 gate_up_grad 103 ms, frozen's 63). */
+ * in L2: added after a whole task's columns, gx came back from L3 or memory. A block is
+ * GX_LORA_BLOCK_BYTES of gx, at least GX_LORA_COLS columns: with 128 columns at every row
+ * count, an expert of a dozen rows walked the weights 256 bytes a row per call. */
 #define GX_LORA_COLS 128
 #define GX_LORA_BLOCK_BYTES (256 * 1024)
 

@@ -65,9 +65,8 @@ void kt__moe_gather(kt_moe *m, const kt__moe_job *job, int load_x)
  * An expert of at most stream_rows_max rows (where nt only streams the weights: bf16's
  * KT__BF16_NT_ROWS_MAX_M, f32's KT__FMA_ROWS_MAX_M) takes its task's columns at once instead:
  * its g and u rows are a few KiB, and the kernel then only streams the weights, which it
- * does best in long runs (each switch between gate and up starts a new stream; alternating
- * builds, frozen forward: dsv2lite qlen 1 2.13 -> 2.02 ms, qlen 16 17.0 -> 16.5, qwen3moe
- * qlen 1 1.03 -> 1.01). */
+ * does best in long runs (each switch between gate and up starts a new stream;
+ * docs/moe-measurements.md has the figures). */
 #define GU_SUB_COLS 96
 
 static int64_t stream_rows_max(const kt_moe *m)

@@ -191,7 +191,7 @@ static size_t plan_scratch(kt_moe *m)
     SCRATCH(m->route.tasks, (size_t)m->route.max_tasks * sizeof(kt__moe_task));
     SCRATCH(m->route.share, ((size_t)m->n_threads + 1) * 8);
     SCRATCH(m->route.share_left, (size_t)m->n_threads * sizeof(kt__moe_queue));
-    const size_t ldh = (size_t)m->dim.ld_h;
+    const size_t ld_h = (size_t)m->dim.ld_h;
     /* Backward's input gradients grad_x_rows (f32 [N, H]) and forward's expert_out (the same
      * size) lie over two [N, ld_h] buffers that are dead whenever they live: in LoRA and full
      * mode grad_y_rows and grad_y_weighted (grad_y's per-slot copies, unused in forward, and
@@ -202,11 +202,11 @@ static size_t plan_scratch(kt_moe *m)
     const int frozen = m->cfg.mode == KT_MOE_FROZEN;
     SCRATCH(m->fwd.act, N * I * cs);
     const int xc_slot = m->mem.n_scratch;
-    SCRATCH(m->fwd.x_rows, N * ldh * cs);
+    SCRATCH(m->fwd.x_rows, N * ld_h * cs);
     const int gyc_slot = m->mem.n_scratch;
-    SCRATCH(m->bwd.grad_y_rows, N * ldh * cs);
+    SCRATCH(m->bwd.grad_y_rows, N * ld_h * cs);
     if (!frozen)
-        SCRATCH(m->bwd.grad_y_weighted, N * ldh * cs);
+        SCRATCH(m->bwd.grad_y_weighted, N * ld_h * cs);
     /* the pair ends here; should grad_x_rows ever outgrow it, it would run on into space kept
      * for it (with ld_h >= H the pair holds 4 N ld_h >= N H 4 bytes in either dtype) */
     const int over_slot = frozen ? xc_slot : gyc_slot;
@@ -288,7 +288,7 @@ static kt_status alloc_work(kt_moe *m)
      * routing (4 x 4 bytes per slot), the input in the compute dtype, and with
      * keep_activations the f32 gate/up pre-activations (f32 keeps recompute bitwise equal to
      * the kept values) and LoRA's x A^T of each projection (r floats each: rebuilding them
-     * took a dozen ms of backward's recompute at dsv2lite's qlen 1024). The expert outputs
+     * was a visible part of backward's recompute). The expert outputs
      * are not kept: the routing gradient <grad_y, down(a)> is taken as <grad_y down, a> in
      * backward. Summed from the buffers themselves, so the figure is what is held. */
     uint64_t per_call = 0;
@@ -377,6 +377,8 @@ kt_status kt_moe_memory_need(const kt_moe_config *config, int optimizer_states, 
 
 kt_status kt_moe_create(const kt_moe_config *config, kt_threadpool *pool, kt_moe **moe_out)
 {
+    if (moe_out != NULL) /* a failed create leaves no handle that destroy would misread */
+        *moe_out = NULL;
     if (config == NULL || moe_out == NULL)
         return kt__error(KT_EINVAL, "kt_moe_create: NULL argument");
     KT__TRY(check_config(config));

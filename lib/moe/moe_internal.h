@@ -276,7 +276,7 @@ void kt__moe_run_parts(kt_moe *m, kt_range_fn fn, void *ctx);
 int64_t kt__moe_get_id(const kt_tensor *ids, int64_t i);
 
 /* forward.c */
-/* xt (the saved input) -> xc (rows by expert); load_x first converts the job's x into xt. */
+/* fwd.x_saved -> fwd.x_rows (rows by expert); load_x first converts the job's x into x_saved. */
 void kt__moe_gather(kt_moe *m, const kt__moe_job *job, int load_x);
 kt_status kt__moe_compute(kt_moe *m, int in_backward);
 kt_status kt__moe_forward_exec(kt_moe *m, kt__moe_job *job);
@@ -285,7 +285,7 @@ kt_status kt__moe_forward_exec(kt_moe *m, kt__moe_job *job);
  * each of its slots j in turn (rows of f32, H apart). Before reading (t, j)'s: the piece read
  * next (slot j + 1's, else the next piece's or the next token's first), fetched while this one
  * is summed. A row read after the other from memory waits for each new stream to be picked up
- * by the hardware prefetcher (dsv2lite qlen 1024, the forward's combine: 2.5 -> 1.9 ms). */
+ * by the hardware prefetcher. */
 static inline void kt__moe_prefetch_next_slot_row(const kt_moe *m, const float *rows, int64_t t,
                                                   int64_t j, int64_t h0, int64_t n)
 {
@@ -344,6 +344,15 @@ kt_status kt__moe_scratch_acquire(kt_moe *m);
 void kt__moe_scratch_release(kt_moe *m);
 /* Points the layer's scratch buffers at their offsets from base (a block of scratch_need). */
 void kt__moe_bind_scratch(kt_moe *m, void *base);
+
+/* tensor_check.c: whether t is a contiguous CPU tensor of dtype d1 (or d2) and the given
+ * shape; when not, writes into why every way it differs ("its strides are [1,128], not the
+ * contiguous [64,1]", "its dtype is bf16, not f32", the device, the shape) and returns 0.
+ * kt__moe_tensor_wanted describes what fits ("f32[128,64]", "i32 or i64 [5,2]"). */
+int kt__moe_tensor_fits(const kt_tensor *t, kt_dtype d1, kt_dtype d2, int ndim,
+                        const int64_t *shape, char *why, size_t size);
+char *kt__moe_tensor_wanted(kt_dtype d1, kt_dtype d2, int ndim, const int64_t *shape, char *buf,
+                            size_t size);
 
 /* cache.c */
 void kt__moe_poison(kt_moe *m);

@@ -13,27 +13,21 @@ int64_t kt__moe_get_id(const kt_tensor *ids, int64_t i)
                                 : ((const int64_t *)ids->data)[i];
 }
 
-/* A contiguous CPU 2-D tensor of `dtype` (or any of two dtypes) with the expected shape. */
+/* A contiguous CPU 2-D tensor of `dtype` (or any of two dtypes) with the expected shape; the
+ * message says every way it differs. */
 static kt_status check_2d(const kt_moe *m, const char *what, const kt_tensor *t, kt_dtype d1,
                           kt_dtype d2, int64_t rows, int64_t cols, int allow_null_data)
 {
-    char buf[64];
     if (t == NULL)
         return kt__error(KT_EINVAL, "moe '%s': %s is NULL", m->name, what);
     if (t->data == NULL && !allow_null_data && t->ndim == 2 && t->shape[0] * t->shape[1] > 0)
         return kt__error(KT_EINVAL, "moe '%s': %s has no data", m->name, what);
-    if (t->dtype != d1 && t->dtype != d2)
-        return kt__error(KT_EINVAL, "moe '%s': %s must be %s%s%s, got %s", m->name, what,
-                         kt_dtype_name(d1), d1 != d2 ? " or " : "",
-                         d1 != d2 ? kt_dtype_name(d2) : "", kt_tensor_describe(t, buf, sizeof buf));
-    if (t->device.type != KT_DEVICE_CPU)
-        return kt__error(KT_EINVAL, "moe '%s': %s must be on the CPU", m->name, what);
-    if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols)
-        return kt__error(KT_EINVAL, "moe '%s': %s must have shape [%lld,%lld], got %s", m->name,
-                         what, (long long)rows, (long long)cols,
-                         kt_tensor_describe(t, buf, sizeof buf));
-    if (!kt_tensor_is_contiguous(t))
-        return kt__error(KT_EINVAL, "moe '%s': %s must be contiguous", m->name, what);
+    const int64_t shape[2] = {rows, cols};
+    char why[256], want[64], got[64];
+    if (!kt__moe_tensor_fits(t, d1, d2, 2, shape, why, sizeof why))
+        return kt__error(KT_EINVAL, "moe '%s': %s must be a contiguous CPU %s, got %s: %s", m->name,
+                         what, kt__moe_tensor_wanted(d1, d2, 2, shape, want, sizeof want),
+                         kt_tensor_describe(t, got, sizeof got), why);
     return KT_OK;
 }
 
@@ -163,8 +157,8 @@ int64_t kt__moe_plan(kt_moe *m, int64_t cols)
  * order, so which thread runs a task never changes a bit.
  *
  * Equal costs are not equal times: experts with fewer rows stream their weights for fewer
- * products, and a virtual CPU can be slowed by its neighbours. Measured at dsv2lite qlen 1024
- * (2 threads), one thread idled 2-7 % of every phase waiting for the other. So the last
+ * products, and a virtual CPU can be slowed by its neighbours, so one thread would idle at the
+ * end of every phase waiting for the other. So the last
  * SHARE_TAIL_DIV-th of each share is cut into SHARE_PIECES pieces, which the threads that
  * finish first take from the back (kt__moe_run_parts): the wait at the end is at most about a
  * piece, 1/32 of a share. */
@@ -172,11 +166,9 @@ int64_t kt__moe_plan(kt_moe *m, int64_t cols)
 #define SHARE_PIECES 8
 /* With KT__MOE_CUT_KEEP_SMALL the pieces leave experts of at most this many rows whole: NN's
  * stream path reads each of w's rows over the task's columns, so a piece of a hundred columns
- * is 200-byte runs 4 KiB apart, which stream badly (dsv2lite qlen 1, the gate/up input
- * gradients with the pieces 1.08 ms, without 0.86-0.91). */
-#define SHARE_WHOLE_MAX_ROWS                                                                       \
-    KT__BF16_NN_STREAM_MAX_M /* (f32 and bf16 on the FMA tiles have                                \
-                              * no stream path; whole is harmless) */
+ * is 200-byte runs 4 KiB apart, which stream badly. (f32 and bf16 on the FMA tiles have no
+ * stream path; whole is harmless there.) */
+#define SHARE_WHOLE_MAX_ROWS KT__BF16_NN_STREAM_MAX_M
 
 /* The (expert, column) at cost position b within experts [e0, e1): the column rounded to
  * KT__MOE_COL_ALIGN, (e1, 0) at or past the end. */

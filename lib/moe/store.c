@@ -34,15 +34,17 @@ kt_status kt_moe_set_weight(kt_moe *moe, int64_t expert, kt_moe_proj proj, const
     KT__TRY(check_index(moe, "set_weight", expert, proj));
     kt_tensor dst;
     weight_view(moe, expert, proj, &dst);
-    char want[64], got[64];
-    if (w->dtype != dst.dtype || !kt_tensor_same_shape(w, &dst) || !kt_tensor_is_contiguous(w) ||
-        w->data == NULL || w->device.type != KT_DEVICE_CPU)
+    char want[64], got[64], why[256];
+    if (w->data == NULL)
+        return kt__error(KT_EINVAL, "moe '%s': set_weight expert %lld %s: the tensor has no data",
+                         moe->name, (long long)expert, proj_names[proj]);
+    if (!kt__moe_tensor_fits(w, dst.dtype, dst.dtype, dst.ndim, dst.shape, why, sizeof why))
         return kt__error(KT_EINVAL,
-                         "moe '%s': set_weight expert %lld %s: expected contiguous CPU %s, got "
-                         "%s",
+                         "moe '%s': set_weight expert %lld %s: expected a contiguous CPU %s, got "
+                         "%s: %s",
                          moe->name, (long long)expert, proj_names[proj],
                          kt_tensor_describe(&dst, want, sizeof want),
-                         kt_tensor_describe(w, got, sizeof got));
+                         kt_tensor_describe(w, got, sizeof got), why);
     memcpy(dst.data, w->data, kt_tensor_nbytes(&dst));
     return KT_OK;
 }
@@ -139,7 +141,7 @@ static kt_status load_passes(kt_moe *moe, const kt_st_file *file, const char *pr
         return kt__error(KT_ESTATE, "moe '%s': load while a forward is in flight", moe->name);
     if (prefix == NULL)
         prefix = "";
-    char name[NAME_MAX_LEN], want[64], got[64];
+    char name[NAME_MAX_LEN], want[64], got[64], why[256];
     /* LoRA adapters are loaded when the file has them, all or none: any one of them there
      * makes every one required (so a file missing some is an error naming the first, not a
      * silent load of the base weights alone). */
@@ -167,11 +169,12 @@ static kt_status load_passes(kt_moe *moe, const kt_st_file *file, const char *pr
                     kt_status st = kt_st_find(file, name, &src);
                     if (st != KT_OK)
                         return kt__error_context(st, "moe '%s': load", moe->name);
-                    if (src.dtype != dst.dtype || !kt_tensor_same_shape(&src, &dst))
-                        return kt__error(KT_EINVAL,
-                                         "moe '%s': load: tensor '%s' is %s, the layer needs %s",
-                                         moe->name, name, kt_tensor_describe(&src, got, sizeof got),
-                                         kt_tensor_describe(&dst, want, sizeof want));
+                    if (!kt__moe_tensor_fits(&src, dst.dtype, dst.dtype, dst.ndim, dst.shape, why,
+                                             sizeof why))
+                        return kt__error(
+                            KT_EINVAL, "moe '%s': load: tensor '%s' is %s, the layer needs %s: %s",
+                            moe->name, name, kt_tensor_describe(&src, got, sizeof got),
+                            kt_tensor_describe(&dst, want, sizeof want), why);
                 }
     return KT_OK;
 }
