@@ -13,6 +13,13 @@ for f in lib/libkt.a include/kt/kt.h lib/pkgconfig/kt.pc lib/cmake/kt/ktConfig.c
   [ -f "$work/prefix/$f" ] || { echo "FAIL: $f was not installed"; exit 1; }
 done
 
+# kt.pc names no path of the build machine (each backend's own .pc brings its paths) and
+# nothing of CUDA (the driver is loaded at run time): a consumer without the toolkit links
+pc="$work/prefix/lib/pkgconfig/kt.pc"
+if grep -Eq -- '-[LI]/|cuda' "$pc"; then
+  echo "FAIL: kt.pc holds a build-machine path or CUDA:"; cat "$pc"; exit 1
+fi
+
 # every installed header on its own, in C and (where there is a C++ compiler) in C++: the
 # headers carry extern "C" guards, so they must also be valid C++ (-pedantic: no compound
 # literals, for one)

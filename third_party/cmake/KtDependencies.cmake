@@ -3,7 +3,8 @@
 # an error; turning all OFF gives the embedded build (portable kernels, one rank).
 #
 # Packages: OpenBLAS (libopenblas-dev, pkg-config "openblas"), libnuma (libnuma-dev, "numa"),
-# UCX (libucx-dev, "ucx"), CUDA Toolkit (nvcc + cudart, when present).
+# UCX (libucx-dev, "ucx"), CUDA (the option is on when the CUDA Toolkit is found; the library
+# loads the driver at run time and links nothing of CUDA).
 
 find_package(PkgConfig QUIET)
 
@@ -37,32 +38,40 @@ if(KT_WITH_CUDA AND NOT CUDAToolkit_FOUND)
   message(FATAL_ERROR "KT_WITH_CUDA=ON but the CUDA Toolkit was not found")
 endif()
 
-# The private link flags of each backend, for kt.pc.
+# For kt.pc: the pkg-config modules of the backends (each brings its own paths, so kt.pc holds
+# none of this machine's) and the system libraries. libkt is static, so a consumer links them
+# too: they go in Requires/Libs, not the .private fields.
+set(KT_PC_REQUIRES "")
 set(KT_PC_LIBS "")
 
 function(kt_link_backends target)
+  set(pc_requires "")
   set(pc_libs "")
   if(KT_WITH_OPENBLAS)
     target_compile_definitions(${target} PRIVATE KT_HAVE_OPENBLAS=1)
     target_link_libraries(${target} PRIVATE PkgConfig::kt_openblas)
-    list(APPEND pc_libs ${kt_openblas_LDFLAGS})
+    list(APPEND pc_requires openblas)
   endif()
   if(KT_WITH_NUMA)
     target_compile_definitions(${target} PRIVATE KT_HAVE_NUMA=1)
     target_link_libraries(${target} PRIVATE PkgConfig::kt_numa)
-    list(APPEND pc_libs ${kt_numa_LDFLAGS})
+    list(APPEND pc_requires numa)
   endif()
   if(KT_WITH_UCX)
     target_compile_definitions(${target} PRIVATE KT_HAVE_UCX=1)
     target_link_libraries(${target} PRIVATE PkgConfig::kt_ucx)
-    list(APPEND pc_libs ${kt_ucx_LDFLAGS})
+    list(APPEND pc_requires ucx)
   endif()
   if(KT_WITH_CUDA)
     target_compile_definitions(${target} PRIVATE KT_HAVE_CUDA=1)
-    target_link_libraries(${target} PRIVATE CUDA::cudart_static)
-    list(APPEND pc_libs "-L${CUDAToolkit_LIBRARY_DIR}" -lcudart_static -ldl -lrt)
+    target_link_libraries(${target} PRIVATE ${CMAKE_DL_LIBS})
+    if(CMAKE_DL_LIBS)
+      list(APPEND pc_libs "-l${CMAKE_DL_LIBS}")
+    endif()
   endif()
   list(APPEND pc_libs -lpthread -lm)
+  list(JOIN pc_requires ", " pc_requires)
   list(JOIN pc_libs " " pc_libs)
+  set(KT_PC_REQUIRES "${pc_requires}" PARENT_SCOPE)
   set(KT_PC_LIBS "${pc_libs}" PARENT_SCOPE)
 endfunction()
