@@ -377,8 +377,8 @@ kt_status kt_moe_memory_need(const kt_moe_config *config, int optimizer_states, 
 
 kt_status kt_moe_create(const kt_moe_config *config, kt_threadpool *pool, kt_moe **moe_out)
 {
-    if (moe_out != NULL) /* a failed create leaves no handle that destroy would misread */
-        *moe_out = NULL;
+    if (moe_out != NULL)
+        *moe_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
     if (config == NULL || moe_out == NULL)
         return kt__error(KT_EINVAL, "kt_moe_create: NULL argument");
     KT__TRY(check_config(config));

@@ -14,9 +14,10 @@ struct kt_moe_scratch {
 
 kt_status kt_moe_scratch_create(int numa_node, kt_moe_scratch **scratch_out)
 {
+    if (scratch_out != NULL)
+        *scratch_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
     if (scratch_out == NULL)
         return kt__error(KT_EINVAL, "kt_moe_scratch_create: scratch_out is NULL");
-    *scratch_out = NULL; /* as kt_moe_create: no stale handle after a failure */
     if (numa_node < -1)
         return kt__error(KT_EINVAL, "kt_moe_scratch_create: numa_node %d is invalid", numa_node);
     kt_moe_scratch *s = calloc(1, sizeof *s);
