@@ -628,6 +628,7 @@ kt_status kt_comm_create_ucx(const kt_comm_options *options, kt_comm **comm_out)
 
     if (comm_out == NULL)
         return kt__error(KT_EINVAL, "kt_comm_create_ucx: comm_out is NULL");
+    *comm_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
     KT__TRY(kt__ucx_resolve(options, &s));
     c = calloc(1, sizeof *c);
     if (c == NULL)

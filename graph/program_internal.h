@@ -4,6 +4,8 @@
 #ifndef KT_GRAPH_PROGRAM_INTERNAL_H
 #define KT_GRAPH_PROGRAM_INTERNAL_H
 
+#include <stdatomic.h>
+
 #include "graph/strings.h"
 #include "kt/program.h"
 
@@ -46,16 +48,17 @@ typedef struct kt__pstep {
     int32_t gin[KT_OP_MAX_IN];   /* backward: -1 = not wanted */
     int32_t scratch;             /* buffer id or -1 */
     int32_t name;                /* node name (string offset) or -1 */
-    int32_t flags;               /* KT__STEP_RECOMPUTE, KT__STEP_MOE_RECOMPUTES */
+    int32_t flags;               /* KT__STEP_RECOMPUTE, KT__STEP_STATE_RECOMPUTES */
     int32_t node;                /* compile time only: the graph node (-1: none); not saved */
     double flops;
 } kt__pstep;
 
 /* A forward step cloned into the backward schedule by the checkpoint pass. */
 #define KT__STEP_RECOMPUTE 1
-/* A moe forward step of the forward schedule inside a recomputed segment: its layer should
- * keep no intermediates and recompute them in backward (kt_program_moe.keep_activations 0). */
-#define KT__STEP_MOE_RECOMPUTES 2
+/* A forward step of the forward schedule, inside a recomputed segment, of a stateful op whose
+ * hooks ask for it (kt__op_state.state_recompute): whoever creates the op's state keeps no
+ * intermediates for it and recomputes them in backward. */
+#define KT__STEP_STATE_RECOMPUTES 2
 
 /* An input, parameter or output: a named buffer. */
 typedef struct kt__pentry {
@@ -77,7 +80,14 @@ struct kt_program {
     uint64_t region_bytes[KT__REGION_COUNT];
     uint64_t lower_bound;
     kt__strings strings;
+    /* References beyond the creator's (0 when made): each session holds one, so that
+     * kt_program_destroy before kt_session_destroy is safe; the last release frees it. */
+    atomic_int extra_refs;
 };
+
+/* A session's reference (kt_session_create / kt_session_destroy). */
+void kt__program_retain(const kt_program *p);
+void kt__program_release(const kt_program *p);
 
 /* Frees a program's arrays (safe on a partly built program). */
 void kt__program_free(kt_program *p);

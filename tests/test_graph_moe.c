@@ -309,7 +309,7 @@ static void test_checkpoint_chooses_moe_keep(void **state)
         if (s->kind == KT__STEP_FORWARD && s->op == KT_OP_MOE && at < loaded->n_forward)
             continue; /* where the mark may be */
         const int32_t saved = s->flags;
-        s->flags |= KT__STEP_MOE_RECOMPUTES;
+        s->flags |= KT__STEP_STATE_RECOMPUTES;
         TU_EXPECT_ERROR(kt__program_validate(loaded), KT_EFORMAT, "invalid flags");
         s->flags = saved;
     }

@@ -18,7 +18,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "moe/bf16_gemm.h"
+#include "kernels/bf16_gemm.h"
 #include "moe/moe_internal.h"
 #include "test_util.h"
 

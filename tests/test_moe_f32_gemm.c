@@ -21,8 +21,8 @@
 #include <cmocka.h>
 
 #include "core/cpu_internal.h"
-#include "moe/f32_gemm.h"
-#include "moe/fma_gemm.h"
+#include "kernels/f32_gemm.h"
+#include "kernels/fma_gemm.h"
 #include "test_util.h"
 
 enum { NT = 0, NN = 1, NN2 = 2, TN = 3 };

@@ -1,4 +1,4 @@
-/* The MoE bf16 GEMM kernels (lib/moe/bf16_gemm.h): nt, nn and tn_acc against a float64
+/* The MoE bf16 GEMM kernels (lib/kernels/bf16_gemm.h): nt, nn and tn_acc against a float64
  * reference computed from the same bf16 values, within a bound relative to sum |a||b|, on
  * awkward sizes (1..100 in every dimension, and 768/1408/2048 with small ones), leading
  * dimensions wider than the rows, accumulate on and off, scale != 1; cells outside the
@@ -18,9 +18,10 @@
 #include <cmocka.h>
 
 #include "core/cpu_internal.h"
-#include "moe/amx_gemm.h"
-#include "moe/bf16_gemm.h"
-#include "moe/fma_gemm.h"
+#include "kernels/amx_gemm.h"
+#include "kernels/bf16_gemm.h"
+#include "kernels/silu_epilogue.h"
+#include "kernels/fma_gemm.h"
 #include "test_util.h"
 
 /* NT_DOTS: nt by kt__fma_nt_dots called directly (every row count, whichever path the

@@ -13,7 +13,7 @@
 #include <cmocka.h>
 
 #include "kt/tensor.h"
-#include "moe/vec.h"
+#include "kernels/vec.h"
 #include "test_util.h"
 
 static const int64_t lengths[] = {0, 1, 2, 15, 16, 17, 31, 33, 100, 1632};

@@ -7,13 +7,15 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
 #include "gradcheck.h"
-#include "ops/gemm.h"
+#include "kernels/bf16_matmul.h"
+#include "kernels/sgemm.h"
 
 /* ---- float64 reference -------------------------------------------------------------------- */
 
@@ -151,6 +153,129 @@ static void test_matmul_flops_scratch(void **state)
     assert_true(kt_op_scratch_bytes(KT_OP_MATMUL, &at, lp, 2, 0) >= (6 * 5 + 7 * 5 + 6 * 7) * 4);
     assert_true(kt_op_scratch_bytes(KT_OP_MATMUL, &at, lp, 2, 1) >= (6 * 5 + 7 * 5 + 6 * 7) * 4);
     tu_free(&in[0]), tu_free(&in[1]), tu_free(&lp[0]), tu_free(&lp[1]);
+}
+
+/* ---- bf16 on the kernel registry's bf16 kernels, against float64 -------------------------- */
+
+/* op(a)[m, k] and op(b)[k, n] of stored tensors, as doubles (bf16 values are exact there) */
+static double op_a(const kt_tensor *a, int ta, int64_t M, int64_t K, int64_t m, int64_t k)
+{
+    return tu_get(a, ta ? k * M + m : m * K + k);
+}
+
+static double op_b(const kt_tensor *b, int tb, int64_t K, int64_t N, int64_t k, int64_t n)
+{
+    return tu_get(b, tb ? n * K + k : k * N + n);
+}
+
+/* got against the exact sum `ref` of terms whose magnitudes add to `mag`, over `len` terms:
+ * f32 accumulation of exact bf16 products (at most len roundings of 2^-24 of the running
+ * magnitude) and one final rounding to bf16 (2^-9 of the result, 2^-8 to leave room). */
+static void check_close(double got, double ref, double mag, int64_t len, const char *what,
+                        int64_t i, int64_t j)
+{
+    const double bound = ldexp(fabs(ref), -8) + (double)(len + 2) * ldexp(mag, -23) + 1e-30;
+    if (!(fabs(got - ref) <= bound))
+        fail_msg("%s [%lld, %lld]: %.9g, float64 %.9g (bound %.3g)", what, (long long)i,
+                 (long long)j, got, ref, bound);
+}
+
+static void check_bf16_case(int64_t M, int64_t K, int64_t N, int ta, int tb, int threads,
+                            tu_rng *rng)
+{
+    kt_tensor f[2];
+    make_operands(f, M, K, N, ta, tb, rng);
+    kt_tensor in[2] = {tu_convert(&f[0], KT_BF16), tu_convert(&f[1], KT_BF16)};
+    kt_tensor gf = tu_new(KT_F32, M, N);
+    tu_fill_uniform(&gf, rng, -1, 1);
+    kt_tensor g = tu_convert(&gf, KT_BF16);
+    const kt_op_attrs at = {.trans_a = ta, .trans_b = tb};
+    kt_tensor y = tu_new(KT_BF16, M, N), ga = tu_clone(&in[0]), gb = tu_clone(&in[1]);
+    kt_threadpool *pool = NULL;
+    if (threads > 1)
+        assert_int_equal(kt_threadpool_create(threads, &pool), KT_OK);
+    const size_t sf = kt_op_scratch_bytes(KT_OP_MATMUL, &at, in, 2, 0);
+    const size_t sb = kt_op_scratch_bytes(KT_OP_MATMUL, &at, in, 2, 1);
+    kt_exec ex = {.pool = pool, .scratch_bytes = sf > sb ? sf : sb};
+    assert_int_equal(posix_memalign(&ex.scratch, 64, ex.scratch_bytes + 64), 0);
+    assert_int_equal(kt_op_forward(KT_OP_MATMUL, &at, in, 2, &y, 1, &ex), KT_OK);
+    assert_int_equal(kt_op_backward(KT_OP_MATMUL, &at, in, 2, &y, 1, &g, (kt_tensor[]){ga, gb},
+                                    &ex),
+                     KT_OK);
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double r = 0.0, mag = 0.0;
+            for (int64_t k = 0; k < K; k++) {
+                const double t = op_a(&in[0], ta, M, K, m, k) * op_b(&in[1], tb, K, N, k, n);
+                r += t, mag += fabs(t);
+            }
+            check_close(tu_get(&y, m * N + n), r, mag, K, "y", m, n);
+        }
+    for (int64_t m = 0; m < M; m++) /* d op(a)[m, k] = sum_n g[m, n] op(b)[k, n] */
+        for (int64_t k = 0; k < K; k++) {
+            double r = 0.0, mag = 0.0;
+            for (int64_t n = 0; n < N; n++) {
+                const double t = tu_get(&g, m * N + n) * op_b(&in[1], tb, K, N, k, n);
+                r += t, mag += fabs(t);
+            }
+            check_close(tu_get(&ga, ta ? k * M + m : m * K + k), r, mag, N, "grad a", m, k);
+        }
+    for (int64_t k = 0; k < K; k++) /* d op(b)[k, n] = sum_m op(a)[m, k] g[m, n] */
+        for (int64_t n = 0; n < N; n++) {
+            double r = 0.0, mag = 0.0;
+            for (int64_t m = 0; m < M; m++) {
+                const double t = op_a(&in[0], ta, M, K, m, k) * tu_get(&g, m * N + n);
+                r += t, mag += fabs(t);
+            }
+            check_close(tu_get(&gb, tb ? n * K + k : k * N + n), r, mag, M, "grad b", k, n);
+        }
+    free(ex.scratch);
+    kt_threadpool_destroy(pool);
+    tu_free(&f[0]), tu_free(&f[1]), tu_free(&in[0]), tu_free(&in[1]), tu_free(&gf), tu_free(&g);
+    tu_free(&y), tu_free(&ga), tu_free(&gb);
+}
+
+/* Row counts that reach every path the registry has for bf16 NT and NN on this CPU (KT_CPU
+ * picks others: tests/CMakeLists.txt runs this suite under portable, dpbf16 and widen too),
+ * odd K and N around the tiles, every transpose pair, 1 and 3 threads. */
+static void test_matmul_bf16_f64(void **state)
+{
+    (void)state;
+    tu_rng rng;
+    tu_rng_seed(&rng, 104);
+    static const int64_t ms[] = {1, 2, 3, 4, 5, 7, 12, 16, 21, 33};
+    static const int64_t kn[][2] = {{1, 1}, {7, 5}, {33, 97}, {70, 29}, {130, 13}};
+    char seen[256] = " ", token[64];
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+        for (int tb = 0; tb <= 1; tb++) {
+            snprintf(token, sizeof token, " %s ", kt__bf16_matmul_path(tb, ms[i])->name);
+            if (strstr(seen, token) == NULL && strlen(seen) + strlen(token) < sizeof seen)
+                strcat(seen, token + 1);
+        }
+        for (size_t j = 0; j < sizeof kn / sizeof kn[0]; j++)
+            for (int ta = 0; ta <= 1; ta++)
+                for (int tb = 0; tb <= 1; tb++)
+                    check_bf16_case(ms[i], kn[j][0], kn[j][1], ta, tb, 1 + 2 * (int)(j % 2),
+                                    &rng);
+    }
+    print_message("bf16 matmul paths checked:%s\n", seen);
+}
+
+/* The bf16 result is the same bits on any pool size (the kernels' fixed sums, any split). */
+static void test_matmul_bf16_thread_invariant(void **state)
+{
+    (void)state;
+    tu_rng rng;
+    tu_rng_seed(&rng, 105);
+    for (int tb = 0; tb <= 1; tb++) {
+        kt_tensor f[2];
+        make_operands(f, 40, 300, 1000, 0, tb, &rng);
+        kt_tensor in[2] = {tu_convert(&f[0], KT_BF16), tu_convert(&f[1], KT_BF16)};
+        gc_case c = {.op = KT_OP_MATMUL, .attrs = {.trans_b = tb}, .in = in, .n_in = 2,
+                     .seed = 40u + (unsigned)tb};
+        gc_check_thread_invariant(&c, 1, 3);
+        tu_free(&f[0]), tu_free(&f[1]), tu_free(&in[0]), tu_free(&in[1]);
+    }
 }
 
 /* ---- the sgemm kernels directly ----------------------------------------------------------- */
@@ -422,6 +547,8 @@ int main(void)
         cmocka_unit_test(test_matmul_empty),
         cmocka_unit_test(test_matmul_low_precision),
         cmocka_unit_test(test_matmul_deterministic),
+        cmocka_unit_test(test_matmul_bf16_f64),
+        cmocka_unit_test(test_matmul_bf16_thread_invariant),
         cmocka_unit_test(test_matmul_flops_scratch),
         cmocka_unit_test(test_sgemm_portable),
         cmocka_unit_test(test_sgemm_degenerate),

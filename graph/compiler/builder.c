@@ -11,6 +11,8 @@
 
 kt_status kt_graph_create(kt_graph **graph_out)
 {
+    if (graph_out != NULL)
+        *graph_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
     if (graph_out == NULL)
         return kt__error(KT_EINVAL, "kt_graph_create: graph_out is NULL");
     kt_graph *g = calloc(1, sizeof *g);

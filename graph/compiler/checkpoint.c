@@ -10,18 +10,15 @@
  * they are the checkpoints. The clones run the same kernels on the same inputs, so gradients
  * are bitwise those of the uncheckpointed program.
  *
- * Nodes on the save-list (kt_graph_mark_save, or ops the table marks must-save: the router,
- * the MoE layer) are never cloned: their outputs are kept, and the clones read them.
+ * Nodes on the save-list (kt_graph_mark_save, or ops the table marks must-save) are never
+ * cloned: their outputs are kept, and the clones read them.
  *
- * A MoE layer keeps its own intermediates for its backward, outside the plan: the f32 gate
- * and up activations, 2 k I floats a token (dsv2lite: 66 KiB, against 4 KiB of its input).
- * In a recomputed segment, where the graph trades compute for memory, the pass marks its
- * forward step KT__STEP_MOE_RECOMPUTES: whoever creates the layer (kt_program_moe's
- * keep_activations, read by kt-train) creates it keeping none, so that its backward
- * recomputes them from the input it keeps. With recompute_must_save and the layer's forward
- * cache off, gate and up then run three times (forward, the clone, backward's recompute)
- * where keeping them would run them twice: the price of the layer's smaller buffers, which it
- * holds for its whole life. */
+ * A stateful op may keep intermediates for its backward outside the plan (its state). In a
+ * recomputed segment, where the graph trades compute for memory, the pass marks the forward
+ * step of an op whose hooks ask for it (kt__op_state.state_recompute)
+ * KT__STEP_STATE_RECOMPUTES: whoever creates the op's state creates it keeping none there, so
+ * that its backward recomputes them. What that costs and saves is the op's to say (see
+ * lib/ops/moe_state.c for the first user). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +26,7 @@
 #include "core/error.h"
 #include "graph/compiler/compiler.h"
 #include "ops/op_desc.h"
+#include "ops/op_state.h"
 
 /* [first, last) node ranges */
 typedef struct range {
@@ -275,14 +273,18 @@ int32_t kt__checkpoint_group_size(const kt__compiler *c, int32_t n_units)
     }
 }
 
-/* The moe forward steps inside the recomputed segments: their layers keep no intermediates. */
-static void mark_moe_recompute(kt__compiler *c, const range *segs, int32_t n_segs)
+/* The forward steps inside the recomputed segments of ops whose state then keeps no
+ * intermediates. */
+static void mark_state_recompute(kt__compiler *c, const range *segs, int32_t n_segs)
 {
     for (int32_t at = 0; at < c->n_forward; at++) {
         kt__pstep *s = &c->steps[at];
-        for (int32_t k = 0; s->kind == KT__STEP_FORWARD && s->op == KT_OP_MOE && k < n_segs; k++)
+        if (s->kind != KT__STEP_FORWARD)
+            continue;
+        const kt__op_desc *d = kt__op_get(s->op);
+        for (int32_t k = 0; d->state != NULL && d->state->state_recompute && k < n_segs; k++)
             if (in_segment(s, segs[k]))
-                s->flags |= KT__STEP_MOE_RECOMPUTES;
+                s->flags |= KT__STEP_STATE_RECOMPUTES;
     }
 }
 
@@ -307,7 +309,7 @@ kt_status kt__pass_checkpoint(kt__compiler *c, int32_t group)
     for (int32_t i = 0; i + group < n_units; i += group)
         segs[n_segs++] = (range){u[i].first, u[i + group - 1].last};
     if (n_segs > 0) {
-        mark_moe_recompute(c, segs, n_segs);
+        mark_state_recompute(c, segs, n_segs);
         status = apply(c, segs, n_segs);
     }
 out:

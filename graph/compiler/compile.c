@@ -349,6 +349,8 @@ static kt_status compile_for_budget(const kt_graph *g, const kt_compile_options 
 kt_status kt_compile(const kt_graph *g, const kt_compile_options *options,
                      kt_program **program_out)
 {
+    if (program_out != NULL)
+        *program_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
     if (g == NULL || program_out == NULL)
         return kt__error(KT_EINVAL, "kt_compile: NULL argument");
     kt_compile_options opt;

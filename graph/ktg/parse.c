@@ -267,6 +267,8 @@ kt_status kt_ktg_parse(const char *text, size_t len, const char *filename,
                        const kt_ktg_define *defines, int n_defines, kt_graph **graph_out,
                        char *diag, size_t diag_size, int *n_errors_out)
 {
+    if (graph_out != NULL)
+        *graph_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
     if (diag != NULL && diag_size > 0)
         diag[0] = '\0';
     if (n_errors_out != NULL)

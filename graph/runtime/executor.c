@@ -6,8 +6,6 @@
 
 #include "core/error.h"
 #include "graph/runtime/session_internal.h"
-#include "kt/moe.h"
-#include "moe/moe_internal.h"
 #include "optim/optim.h"
 
 uint64_t kt__now_ns(void)
@@ -105,30 +103,30 @@ kt_status kt__session_run(kt_session *s, int32_t begin, int32_t end)
     return KT_OK;
 }
 
-/* A failed step may leave a MoE layer's cached forward output stale: poison every bound
- * layer's cache, so it can never be reused (the failure's message is kept). */
-static kt_status poison_caches(kt_session *s, kt_status status)
+/* A failed step may leave a stateful op's state stale (a cached forward output): its poison
+ * hook makes sure it is never reused (the failure's message is kept). */
+static kt_status poison_state(kt_session *s, kt_status status)
 {
-    for (int i = 0; i < s->opt.n_moe_layers; i++)
-        if (s->opt.moe_layers[i] != NULL)
-            kt__moe_poison(s->opt.moe_layers[i]);
+    for (int i = 0; i < s->n_stateful; i++)
+        if (s->stateful[i].hooks->poison != NULL)
+            s->stateful[i].hooks->poison(s->stateful[i].state);
     return status;
 }
 
-/* A poisoned cache is reported once, naming the layer, and cleared. */
-static kt_status report_poisoned(kt_session *s)
+/* Each poisoned state recovers; the first one's failure is reported (once), the others are
+ * cleared quietly. */
+static kt_status recover_state(kt_session *s)
 {
-    for (int i = 0; i < s->opt.n_moe_layers; i++) {
-        kt_moe *m = s->opt.moe_layers[i];
-        if (m == NULL || kt_moe_cache_get_state(m) != KT_MOE_CACHE_POISONED)
+    kt_status status = KT_OK;
+    for (int i = 0; i < s->n_stateful; i++) {
+        const kt__op_state *h = s->stateful[i].hooks;
+        if (h->forward_begin == NULL)
             continue;
-        kt_status st = kt__moe_check_poison(m, "forward");
-        for (int k = i; k < s->opt.n_moe_layers; k++)
-            if (s->opt.moe_layers[k] != NULL)
-                kt_moe_cache_clear(s->opt.moe_layers[k]);
-        return st;
+        kt_status st = h->forward_begin(s->stateful[i].state, status == KT_OK);
+        if (status == KT_OK)
+            status = st;
     }
-    return KT_OK;
+    return status;
 }
 
 kt_status kt_session_forward(kt_session *s)
@@ -136,10 +134,10 @@ kt_status kt_session_forward(kt_session *s)
     if (s == NULL)
         return kt__error(KT_EINVAL, "kt_session_forward: session is NULL");
     s->forward_ok = 0;
-    KT__TRY(report_poisoned(s));
+    KT__TRY(recover_state(s));
     kt_status status = kt__session_run(s, 0, s->p->n_forward);
     if (status != KT_OK)
-        return poison_caches(s, status);
+        return poison_state(s, status);
     if (s->p->loss_buf >= 0)
         s->loss = *(const float *)s->tensors[s->p->loss_buf].data;
     s->forward_ok = 1;
@@ -159,13 +157,15 @@ kt_status kt_session_backward(kt_session *s)
         return kt__error(KT_ESTATE, "backward: %d micro-batch gradients are accumulated already; "
                          "call kt_session_step first", s->micro);
     s->forward_ok = 0; /* the backward consumes the forward's saved activations */
-    if (s->micro == 0) /* a new accumulation: the layers' weight gradients start over */
-        for (int i = 0; i < s->opt.n_moe_layers; i++)
-            if (s->opt.moe_layers[i] != NULL)
-                kt_moe_zero_grad(s->opt.moe_layers[i]);
+    for (int i = 0; s->micro == 0 && i < s->n_stateful; i++) /* a new accumulation */
+        if (s->stateful[i].hooks->backward_begin != NULL)
+            s->stateful[i].hooks->backward_begin(s->stateful[i].state);
     kt_status status = kt__session_run(s, s->p->n_forward, s->p->n_steps);
     if (status != KT_OK)
-        return poison_caches(s, status);
+        return poison_state(s, status);
     s->micro++;
+    for (int i = 0; i < s->n_stateful; i++)
+        if (s->stateful[i].hooks->backward_end != NULL)
+            s->stateful[i].hooks->backward_end(s->stateful[i].state);
     return KT_OK;
 }

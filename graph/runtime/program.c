@@ -12,6 +12,7 @@
 #include "graph/plan.h"
 #include "graph/program_internal.h"
 #include "ops/op_desc.h"
+#include "ops/op_state.h"
 
 void kt__scratch_meta(kt_tensor *meta, uint64_t bytes)
 {
@@ -31,7 +32,19 @@ void kt__program_free(kt_program *p)
     free(p);
 }
 
-void kt_program_destroy(kt_program *p) { kt__program_free(p); }
+void kt__program_retain(const kt_program *p)
+{
+    /* the count is not part of the program's value: a const program may be shared */
+    atomic_fetch_add(&((kt_program *)p)->extra_refs, 1);
+}
+
+void kt__program_release(const kt_program *p)
+{
+    if (p != NULL && atomic_fetch_sub(&((kt_program *)p)->extra_refs, 1) == 0)
+        kt__program_free((kt_program *)p);
+}
+
+void kt_program_destroy(kt_program *p) { kt__program_release(p); }
 
 /* ---- validation ----------------------------------------------------------------------------- */
 
@@ -155,6 +168,13 @@ static kt_status check_op_step(const kt_program *p, int32_t at, const kt__pstep 
     return KT_OK;
 }
 
+/* Whether the op's hooks give KT__STEP_STATE_RECOMPUTES a meaning. */
+static int state_recompute(kt_op op)
+{
+    const kt__op_desc *d = kt__op_get(op);
+    return d != NULL && d->state != NULL && d->state->state_recompute;
+}
+
 static const char *const kind_names[KT__STEP_KIND_COUNT] = {"forward", "backward", "fill",
                                                             "accumulate"};
 
@@ -163,10 +183,10 @@ static kt_status check_step(const kt_program *p, int32_t at)
     const kt__pstep *s = &p->steps[at];
     if (!name_ok(p, s->name))
         return kt__error(KT_EFORMAT, "step %d: invalid name", at);
-    if ((s->flags & ~(KT__STEP_RECOMPUTE | KT__STEP_MOE_RECOMPUTES)) != 0 ||
+    if ((s->flags & ~(KT__STEP_RECOMPUTE | KT__STEP_STATE_RECOMPUTES)) != 0 ||
         ((s->flags & KT__STEP_RECOMPUTE) && (s->kind != KT__STEP_FORWARD || at < p->n_forward)) ||
-        ((s->flags & KT__STEP_MOE_RECOMPUTES) &&
-         (s->kind != KT__STEP_FORWARD || s->op != KT_OP_MOE || at >= p->n_forward)))
+        ((s->flags & KT__STEP_STATE_RECOMPUTES) &&
+         (s->kind != KT__STEP_FORWARD || at >= p->n_forward || !state_recompute(s->op))))
         return kt__error(KT_EFORMAT, "step %d: invalid flags 0x%x", at, (unsigned)s->flags);
     if (!isfinite(s->flops) || s->flops < 0.0) /* statistics only, but never nonsense */
         return kt__error(KT_EFORMAT, "step %d: invalid FLOP count %g", at, s->flops);

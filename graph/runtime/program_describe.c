@@ -49,7 +49,7 @@ size_t kt_program_describe(const kt_program *p, char *buf, size_t size)
         }
         if (s->scratch >= 0)
             kt__say(&t, " | scratch b%d", s->scratch);
-        if (s->flags & KT__STEP_MOE_RECOMPUTES)
+        if (s->flags & KT__STEP_STATE_RECOMPUTES)
             kt__say(&t, " | layer keeps no intermediates");
         kt__say(&t, "\n");
     }

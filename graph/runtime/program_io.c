@@ -21,7 +21,7 @@
 #include "kt/io.h"
 
 #define KTP_MAGIC "KTPROGRM"
-/* 2: step flags (recompute); 3: the moe keep-none flag (KT__STEP_MOE_RECOMPUTES). Version 2
+/* 2: step flags (recompute); 3: the state keep-none flag (KT__STEP_STATE_RECOMPUTES). Version 2
  * files load unchanged (they never set it); a libkt that reads only 2 refuses a 3 by its
  * version instead of by an unknown flag. */
 #define KTP_VERSION 3u
@@ -308,6 +308,8 @@ static kt_status read_tables(kt__reader *r, kt_program *p)
 
 kt_status kt_program_load_memory(const void *data, size_t size, kt_program **program_out)
 {
+    if (program_out != NULL)
+        *program_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
     if ((data == NULL && size > 0) || program_out == NULL)
         return kt__error(KT_EINVAL, "kt_program_load_memory: NULL argument");
     const unsigned char *bytes = data;
@@ -414,6 +416,8 @@ static kt_status read_file(int fd, const char *path, unsigned char **buf, size_t
 
 kt_status kt_program_load(const char *path, kt_program **program_out)
 {
+    if (program_out != NULL)
+        *program_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
     if (path == NULL || program_out == NULL)
         return kt__error(KT_EINVAL, "kt_program_load: NULL argument");
     int fd = -1;

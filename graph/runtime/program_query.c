@@ -1,7 +1,6 @@
 /* What a program says about itself: its statistics and tensor tables, and what a data loader
- * and a trainer need beyond them: the MoE layers its moe ops run, and the range of its integer
- * inputs. The last two are read off the forward schedule, so they work on any loaded .ktp
- * file. */
+ * needs beyond them: the range of its integer inputs, read off the forward schedule, so it
+ * works on any loaded .ktp file. (The MoE layers its moe ops run: program_moe.c.) */
 #include <string.h>
 
 #include "core/error.h"
@@ -86,60 +85,7 @@ kt_status kt_program_shard_dim(const kt_program *p, const char *input, int *dim_
     return kt__error(KT_EINVAL, "kt_program_shard_dim: no input named '%s'", input);
 }
 
-/* ---- MoE layers and index bounds ------------------------------------------------------------- */
-
-/* The forward moe steps in schedule order (recompute clones live in the backward part). */
-static const kt__pstep *moe_step(const kt_program *p, int i)
-{
-    for (int32_t at = 0, seen = 0; at < p->n_forward; at++) {
-        const kt__pstep *ps = &p->steps[at];
-        if (ps->kind == KT__STEP_FORWARD && ps->op == KT_OP_MOE && seen++ == i)
-            return ps;
-    }
-    return NULL;
-}
-
-int kt_program_moe_count(const kt_program *p)
-{
-    int n = 0;
-    for (int32_t at = 0; p != NULL && at < p->n_forward; at++)
-        n += p->steps[at].kind == KT__STEP_FORWARD && p->steps[at].op == KT_OP_MOE;
-    return n;
-}
-
-/* E is not an attribute of the moe op: it is the width of the router logits that the ids
- * were chosen from, when a topk_router op chose them. */
-static int64_t experts_of(const kt_program *p, int32_t ids_buf)
-{
-    for (int32_t at = 0; at < p->n_forward; at++) {
-        const kt__pstep *ps = &p->steps[at];
-        if (ps->kind == KT__STEP_FORWARD && ps->op == KT_OP_TOPK_ROUTER && ps->out[0] == ids_buf)
-            return p->bufs[ps->in[0]].meta.shape[1];
-    }
-    return 0;
-}
-
-kt_status kt_program_moe_info(const kt_program *p, int i, kt_program_moe *info_out)
-{
-    if (p == NULL || info_out == NULL)
-        return kt__error(KT_EINVAL, "kt_program_moe_info: NULL argument");
-    const kt__pstep *ps = i >= 0 ? moe_step(p, i) : NULL;
-    if (ps == NULL)
-        return kt__error(KT_EINVAL, "kt_program_moe_info: index %d out of range (the program "
-                         "has %d moe ops)", i, kt_program_moe_count(p));
-    const kt_tensor *x = &p->bufs[ps->in[0]].meta, *ids = &p->bufs[ps->in[1]].meta;
-    /* validation has checked the moe step's shapes: x [T,H], ids [T,k] */
-    *info_out =
-        (kt_program_moe){.name = ps->name >= 0 ? kt__strings_get(&p->strings, ps->name) : "",
-                         .binding = ps->attrs.binding,
-                         .tokens = x->shape[0],
-                         .hidden = x->shape[1],
-                         .top_k = ids->shape[1],
-                         .n_experts = experts_of(p, ps->in[1]),
-                         .act_dtype = x->dtype,
-                         .keep_activations = !(ps->flags & KT__STEP_MOE_RECOMPUTES)};
-    return KT_OK;
-}
+/* ---- index bounds ---------------------------------------------------------------------------- */
 
 /* The limit one forward step sets on buffer b when it reads it as indices, or -1. */
 static int64_t bound_from(const kt_program *p, const kt__pstep *ps, int32_t b)

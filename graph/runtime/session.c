@@ -10,8 +10,6 @@
 #include "core/numa_internal.h"
 #include "graph/runtime/session_internal.h"
 #include "kt/comm.h"
-#include "kt/moe.h"
-#include "moe/trainable.h"
 
 static const char *const category_names[KT__STEP_KIND_COUNT] = {"forward", "backward", "fill",
                                                                  "accumulate"};
@@ -69,56 +67,16 @@ static void bind_step(kt_session *s, int32_t at, kt_tensor **cursor)
         e->call.scratch = s->tensors[ps->scratch].data;
         e->call.scratch_bytes = s->p->bufs[ps->scratch].bytes;
     }
-    e->call.bindings = (void *const *)s->opt.moe_layers;
-    e->call.n_bindings = s->opt.n_moe_layers;
+    e->call.bindings = kt__session_bindings(&s->opt, &e->call.n_bindings);
     e->call.comm = s->opt.comm;
+    for (int i = 0; i < s->n_stateful; i++)
+        if (s->stateful[i].op == ps->op)
+            e->call.state = s->stateful[i].state;
     if (s->comm_scratch != NULL && s->comm_scratch[at] != NULL) {
         e->call.comm_scratch = s->comm_scratch[at];
         e->call.comm_scratch_bytes =
             d->comm_scratch(&ps->attrs, in, ps->n_in, kt_comm_size(s->opt.comm));
     }
-}
-
-/* The optimizer's state tensors per trainable value. */
-static int optimizer_states(const kt_optimizer_config *o)
-{
-    return o->kind == KT_OPTIM_ADAMW ? 2 : o->momentum != 0;
-}
-
-/* Optimizer state for what the bound MoE layers train. */
-static kt_status alloc_moe_training(kt_session *s)
-{
-    for (int32_t at = 0; at < s->p->n_steps; at++)
-        s->has_moe_ops |= s->p->steps[at].kind <= KT__STEP_BACKWARD &&
-                          s->p->steps[at].op == KT_OP_MOE;
-    if (s->opt.n_moe_layers <= 0 || s->opt.moe_layers == NULL)
-        return KT_OK;
-    s->moe_train = calloc((size_t)s->opt.n_moe_layers, sizeof *s->moe_train);
-    if (s->moe_train == NULL)
-        return kt__error(KT_ENOMEM, "session: out of memory");
-    int states = optimizer_states(&s->opt.optimizer);
-    for (int i = 0; i < s->opt.n_moe_layers; i++) {
-        kt_moe *m = s->opt.moe_layers[i];
-        if (m == NULL)
-            continue;
-        kt__moe_train *t = &s->moe_train[s->n_moe_train];
-        t->n = kt__moe_trainable(m, &t->param, &t->grad);
-        t->binding = i;
-        if (t->n < 0)
-            return kt__error(KT_EUNSUPPORTED, "session: MoE layer %d ('%s') trains bf16 expert "
-                             "weights, which need f32 master copies: use f32 weights or LoRA",
-                             i, kt_moe_get_config(m)->name ? kt_moe_get_config(m)->name : "");
-        if (t->n == 0)
-            continue;
-        s->n_moe_train++; /* counted first: destroy frees what was allocated */
-        for (int k = 0; k < states; k++) {
-            t->state[k] = calloc((size_t)t->n, sizeof(float));
-            if (t->state[k] == NULL)
-                return kt__error(KT_ENOMEM, "session: out of memory for the optimizer state of "
-                                 "MoE layer %d", i);
-        }
-    }
-    return KT_OK;
 }
 
 /* Message buffers of the steps that talk to other ranks, sized for this world. */
@@ -151,45 +109,6 @@ static kt_status alloc_comm_scratch(kt_session *s)
     return KT_OK;
 }
 
-/* Every moe step has a layer that fits it, and each layer serves one moe node. */
-static kt_status check_moe_bindings(const kt_session *s)
-{
-    const kt_program *p = s->p;
-    for (int32_t at = 0; at < p->n_forward; at++) {
-        const kt__pstep *ps = &p->steps[at];
-        if (ps->kind != KT__STEP_FORWARD || ps->op != KT_OP_MOE)
-            continue;
-        int b = ps->attrs.binding;
-        const char *node = kt__strings_get(&p->strings, ps->name);
-        if (s->opt.comm != NULL && kt_comm_rank(s->opt.comm) != 0)
-            continue; /* with several ranks, rank 0 owns the experts */
-        if (b >= s->opt.n_moe_layers || s->opt.moe_layers == NULL || s->opt.moe_layers[b] == NULL)
-            return kt__error(KT_EINVAL, "session: moe node '%s' runs MoE layer %d, but %d "
-                             "layer%s given (kt_session_options.moe_layers)", node, b,
-                             s->opt.n_moe_layers, s->opt.n_moe_layers == 1 ? " is" : "s are");
-        for (int32_t other = 0; other < at; other++)
-            if (p->steps[other].op == KT_OP_MOE && p->steps[other].kind == KT__STEP_FORWARD &&
-                p->steps[other].attrs.binding == b)
-                return kt__error(KT_EINVAL, "session: moe node '%s' (step %d) runs MoE layer "
-                                 "%d, which moe node '%s' (step %d) runs already; each layer "
-                                 "keeps one forward for its backward: give each moe op a "
-                                 "layer of its own", node, at, b,
-                                 kt__strings_get(&p->strings, p->steps[other].name), other);
-        const kt_moe_config *cfg = kt_moe_get_config(s->opt.moe_layers[b]);
-        const kt_tensor *x = &p->bufs[ps->in[0]].meta, *ids = &p->bufs[ps->in[1]].meta;
-        int64_t world = s->opt.comm ? kt_comm_size(s->opt.comm) : 1;
-        if (cfg->hidden != x->shape[1] || cfg->top_k != ids->shape[1] ||
-            cfg->max_tokens < x->shape[0] * world || cfg->act_dtype != x->dtype)
-            return kt__error(KT_EINVAL, "session: moe node '%s' (x %s[%lld,%lld], k=%lld) does "
-                             "not fit MoE layer %d (H=%lld, k=%lld, max_tokens=%lld, act %s)",
-                             node, kt_dtype_name(x->dtype), (long long)x->shape[0],
-                             (long long)x->shape[1], (long long)ids->shape[1], b,
-                             (long long)cfg->hidden, (long long)cfg->top_k,
-                             (long long)cfg->max_tokens, kt_dtype_name(cfg->act_dtype));
-    }
-    return KT_OK;
-}
-
 static kt_status bind(kt_session *s)
 {
     const kt_program *p = s->p;
@@ -216,7 +135,7 @@ static kt_status bind(kt_session *s)
  * the step itself succeeds). 0 keeps its meaning of "the default" where the config says so. */
 static kt_status check_optimizer(const kt_optimizer_config *o)
 {
-    if (o->kind != KT_OPTIM_SGD && o->kind != KT_OPTIM_ADAMW)
+    if (o->kind != KT_OPTIM_SGD && o->kind != KT_OPTIM_ADAMW && o->kind != KT_OPTIM_NONE)
         return kt__error(KT_EINVAL, "session: unknown optimizer %d", o->kind);
     const struct {
         const char *name;
@@ -252,17 +171,14 @@ kt_status kt_session_memory_bytes(const kt_program *p, const kt_session_options 
     if (p == NULL || bytes_out == NULL)
         return kt__error(KT_EINVAL, "kt_session_memory_bytes: NULL argument");
     const kt_session_options none = {0}, *o = options != NULL ? options : &none;
-    const int states = optimizer_states(&o->optimizer);
+    const int states = kt__optimizer_states(&o->optimizer);
     uint64_t total = 0;
     for (int r = 0; r < KT__REGION_COUNT; r++)
         total += region_alloc_size(p->region_bytes[r]);
     total += (uint64_t)states * region_alloc_size(p->region_bytes[KT__REGION_GRAD]);
-    for (int i = 0; i < o->n_moe_layers && o->moe_layers != NULL; i++) {
-        float *param, *grad;
-        int64_t n = o->moe_layers[i] != NULL ? kt__moe_trainable(o->moe_layers[i], &param, &grad)
-                                             : 0;
-        total += n > 0 ? (uint64_t)n * sizeof(float) * (uint64_t)states : 0;
-    }
+    uint64_t state_bytes = 0;
+    KT__TRY(kt__session_state_bytes(p, o, states, &state_bytes));
+    total += state_bytes;
     *bytes_out = total;
     return KT_OK;
 }
@@ -270,12 +186,15 @@ kt_status kt_session_memory_bytes(const kt_program *p, const kt_session_options 
 kt_status kt_session_create(const kt_program *p, const kt_session_options *options,
                             kt_session **session_out)
 {
+    if (session_out != NULL)
+        *session_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
     if (p == NULL || session_out == NULL)
         return kt__error(KT_EINVAL, "kt_session_create: NULL argument");
     kt_session *s = calloc(1, sizeof *s);
     if (s == NULL)
         return kt__error(KT_ENOMEM, "session: out of memory");
     s->p = p;
+    kt__program_retain(p); /* released by kt_session_destroy: the program may go first */
     if (options != NULL)
         s->opt = *options;
     s->loss = NAN;
@@ -304,14 +223,14 @@ kt_status kt_session_create(const kt_program *p, const kt_session_options *optio
     for (int r = 0; r < KT__REGION_COUNT; r++)
         if ((status = alloc_zeroed(p->region_bytes[r], &s->region[r])) != KT_OK)
             goto fail;
-    int states = optimizer_states(&s->opt.optimizer);
+    int states = kt__optimizer_states(&s->opt.optimizer);
     for (int k = 0; k < states; k++)
         if ((status = alloc_zeroed(p->region_bytes[KT__REGION_GRAD],
                                    (unsigned char **)&s->opt_state[k])) != KT_OK)
             goto fail;
-    if ((status = check_moe_bindings(s)) != KT_OK || (status = alloc_comm_scratch(s)) != KT_OK ||
-        (status = alloc_moe_training(s)) != KT_OK ||
-        (status = bind(s)) != KT_OK ||
+    if ((status = kt__session_keep_bindings(s)) != KT_OK ||
+        (status = kt__session_bind_state(s)) != KT_OK ||
+        (status = alloc_comm_scratch(s)) != KT_OK || (status = bind(s)) != KT_OK ||
         (status = kt_session_init_params(s, s->opt.seed)) != KT_OK)
         goto fail;
     *session_out = s;
@@ -338,9 +257,9 @@ void kt_session_destroy(kt_session *s)
     for (int32_t at = 0; s->comm_scratch != NULL && at < s->p->n_steps; at++)
         free(s->comm_scratch[at]);
     free(s->comm_scratch);
-    for (int i = 0; i < s->n_moe_train; i++)
-        free(s->moe_train[i].state[0]), free(s->moe_train[i].state[1]);
-    free(s->moe_train);
+    kt__session_unbind_state(s);
+    kt__session_drop_bindings(s);
+    kt__program_release(s->p);
     free(s);
 }
 

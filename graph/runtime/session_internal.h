@@ -4,6 +4,7 @@
 
 #include "graph/program_internal.h"
 #include "ops/op_desc.h"
+#include "ops/op_state.h"
 
 /* One step, prepared at session creation so that running it is a function-pointer call. */
 typedef struct kt__exec_step {
@@ -30,18 +31,45 @@ struct kt_session {
     int32_t inject_at; /* tests: the step that fails next (once), or -1 */
     kt__op_kernel_fn injected_kernel; /* its own kernel, restored when it has failed */
     void **comm_scratch; /* per step: message buffers for this world size, or NULL */
-    /* the bound MoE layers' trainable values (LoRA adapters, f32 expert weights), which the
-     * optimizer step updates with the graph's parameters */
-    struct kt__moe_train *moe_train;
-    int n_moe_train;
-    int has_moe_ops; /* the program runs MoE layers (every rank knows: the same program) */
+    /* the ops with lifecycle hooks (ops/op_state.h) that have state in this session, in op
+     * table order: the only ones the per-step hooks are called for */
+    struct kt__stateful *stateful;
+    int n_stateful;
+    void **bindings; /* the session's copy of the options' array (the caller's may go) */
 };
 
-typedef struct kt__moe_train {
+/* A trainable span of a stateful op with the optimizer state the session keeps for it. */
+typedef struct kt__state_span {
     float *param, *grad, *state[2];
     int64_t n;
-    int binding; /* the layer's index in kt_session_options.moe_layers */
-} kt__moe_train;
+    const char *name; /* the op's: optimizer state is saved as "<prefix><name>" */
+} kt__state_span;
+
+typedef struct kt__stateful {
+    kt_op op;
+    const struct kt__op_state *hooks;
+    void *state;          /* what its bind made */
+    struct kt__op_node *nodes; /* its forward steps */
+    int n_nodes;          /* the program runs it (every rank knows: the same program) */
+    kt__state_span *spans;
+    int n_spans;
+} kt__stateful;
+
+/* Binds every op with hooks (session_state.c): checks, state, spans and their optimizer
+ * state; kt__session_unbind_state undoes it (safe on a partial bind). */
+kt_status kt__session_bind_state(kt_session *s);
+void kt__session_unbind_state(kt_session *s);
+/* The optimizer state bytes the stateful ops' spans would need under these options. */
+kt_status kt__session_state_bytes(const kt_program *p, const kt_session_options *o, int states,
+                                  uint64_t *bytes_out);
+/* The objects the options bind to stateful ops (kt_session_options' layers), and their count. */
+void *const *kt__session_bindings(const kt_session_options *o, int *n_out);
+/* Copies the options' binding array into the session (and points the options at the copy);
+ * kt__session_drop_bindings frees it. */
+kt_status kt__session_keep_bindings(kt_session *s);
+void kt__session_drop_bindings(kt_session *s);
+/* The optimizer's state tensors per trainable value. */
+int kt__optimizer_states(const kt_optimizer_config *o);
 
 /* Tests: makes step `step` (one that runs an op kernel) fail the next time it runs. */
 kt_status kt__session_inject_failure(kt_session *s, int32_t step);

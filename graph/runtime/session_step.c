@@ -34,6 +34,8 @@ static int param_arrays(const kt_session *s, int32_t i, float **param, float **g
 static void update(kt_session *s, float *param, float *grad, float *st0, float *st1, int64_t n)
 {
     const kt_optimizer_config *o = &s->opt.optimizer;
+    if (o->kind == KT_OPTIM_NONE)
+        return;
     if (o->kind == KT_OPTIM_ADAMW) {
         kt__adamw_params hp = {.lr = s->lr,
                                .beta1 = o->beta1 > 0 ? o->beta1 : 0.9f,
@@ -74,6 +76,10 @@ kt_status kt_session_step(kt_session *s)
         return kt__error(KT_EINVAL, "kt_session_step: session is NULL");
     if (s->micro == 0)
         return kt__error(KT_ESTATE, "step: no gradients accumulated (call backward first)");
+    if (s->opt.optimizer.lr == 0.0f && s->opt.optimizer.kind != KT_OPTIM_NONE)
+        return kt__error(KT_EINVAL, "step: the learning rate is 0, so the step would change "
+                         "nothing: set kt_session_options.optimizer.lr (e.g. 1e-3), or use "
+                         "KT_OPTIM_NONE to step without updating"); /* zeroed options */
     const kt_optimizer_config *o = &s->opt.optimizer;
     uint64_t t0 = s->opt.trace ? kt__now_ns() : 0;
     const int32_t n_params = s->p->n_entries[KT_ROLE_PARAM];
@@ -84,10 +90,10 @@ kt_status kt_session_step(kt_session *s)
         KT__TRY(average_over_ranks(s));
 
     /* average over micro-batches, then the global norm in a fixed order: the graph's
-     * parameters, then the MoE layers' trainable values (the layers scale their own
-     * gradients by 1/world; rank 0 holds them, so their part of the norm is shared) */
+     * parameters, then each stateful op's spans (an op whose spans live on rank 0 scales its
+     * own gradients by 1/world; its part of the norm is shared over the ranks) */
     float average = 1.0f / (float)s->micro;
-    double sum_sq = 0.0, moe_sq = 0.0;
+    double sum_sq = 0.0, state_sq = 0.0;
     for (int32_t i = 0; i < n_params; i++) {
         if (!param_arrays(s, i, &param, &grad, &st0, &st1, &n))
             continue;
@@ -95,18 +101,22 @@ kt_status kt_session_step(kt_session *s)
             kt__scale_inplace(s->pool, grad, n, average);
         sum_sq += kt__sum_squares(s->pool, grad, n);
     }
-    for (int i = 0; i < s->n_moe_train; i++) {
-        kt__moe_train *t = &s->moe_train[i];
-        if (s->micro > 1)
-            kt__scale_inplace(s->pool, t->grad, t->n, average);
-        moe_sq += kt__sum_squares(s->pool, t->grad, t->n);
+    for (int e = 0; e < s->n_stateful; e++) {
+        const kt__stateful *st = &s->stateful[e];
+        double part = 0.0;
+        for (int i = 0; i < st->n_spans; i++) {
+            if (s->micro > 1)
+                kt__scale_inplace(s->pool, st->spans[i].grad, st->spans[i].n, average);
+            part += kt__sum_squares(s->pool, st->spans[i].grad, st->spans[i].n);
+        }
+        if (distributed && st->hooks->spans_on_rank0 && st->n_nodes > 0) {
+            float shared = (float)part; /* every rank joins: rank 0 brings the value */
+            KT__TRY(kt_comm_all_reduce(s->opt.comm, &shared, 1, KT_F32, KT_REDUCE_SUM));
+            part = shared;
+        }
+        state_sq += part;
     }
-    if (distributed && s->has_moe_ops) { /* every rank joins: rank 0 brings the value */
-        float part = (float)moe_sq;
-        KT__TRY(kt_comm_all_reduce(s->opt.comm, &part, 1, KT_F32, KT_REDUCE_SUM));
-        moe_sq = part;
-    }
-    s->grad_norm = (float)sqrt(sum_sq + moe_sq);
+    s->grad_norm = (float)sqrt(sum_sq + state_sq);
     if (!isfinite(s->grad_norm)) {
         s->micro = 0;
         return kt__error(KT_ERANGE, "step %lld: the gradient norm is %g; parameters left "
@@ -124,12 +134,13 @@ kt_status kt_session_step(kt_session *s)
             kt__scale_inplace(s->pool, grad, n, clip);
         update(s, param, grad, st0, st1, n);
     }
-    for (int i = 0; i < s->n_moe_train; i++) {
-        kt__moe_train *t = &s->moe_train[i];
-        if (clip != 1.0f)
-            kt__scale_inplace(s->pool, t->grad, t->n, clip);
-        update(s, t->param, t->grad, t->state[0], t->state[1], t->n);
-    }
+    for (int e = 0; e < s->n_stateful; e++)
+        for (int i = 0; i < s->stateful[e].n_spans; i++) {
+            kt__state_span *t = &s->stateful[e].spans[i];
+            if (clip != 1.0f)
+                kt__scale_inplace(s->pool, t->grad, t->n, clip);
+            update(s, t->param, t->grad, t->state[0], t->state[1], t->n);
+        }
     s->steps_done++;
     s->micro = 0;
     if (s->opt.trace)

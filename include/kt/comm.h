@@ -57,6 +57,9 @@ kt_status kt_comm_create_single(kt_comm **comm_out);
 /* The UCX communicator (KT_EUNSUPPORTED in a build without UCX). Blocks until every rank
  * has joined or the timeout expires. */
 kt_status kt_comm_create_ucx(const kt_comm_options *options, kt_comm **comm_out);
+/* Lifetime: not reference-counted. A session, program or MoE layer that uses the
+ * communicator does not own it: destroy it after every session created with it. On failure
+ * the create functions leave *comm_out NULL. */
 void kt_comm_destroy(kt_comm *comm);
 
 int kt_comm_rank(const kt_comm *comm);

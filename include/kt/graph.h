@@ -63,6 +63,8 @@ static inline kt_init kt_init_uniform(float lo, float hi)
     return r;
 }
 
+/* Lifetime: a graph is needed only until kt_compile returns; the program holds nothing of it.
+ * On failure *graph_out is NULL (kt_ktg_parse too). */
 kt_status kt_graph_create(kt_graph **graph_out);
 void kt_graph_destroy(kt_graph *graph);
 

@@ -35,7 +35,9 @@ typedef struct kt_st_file kt_st_file;
  * device or a directory is refused without waiting), maps it read-only (or reads it, where it
  * cannot be mapped: pipes) and parses its header. A mapped file must not be truncated while it is open: the views
  * would then point at pages that no longer exist (SIGBUS). Errors name the path; failures
- * to open or read are KT_EIO with the system's reason. */
+ * to open or read are KT_EIO with the system's reason. On failure *file_out is NULL (so is
+ * kt_st_open_memory's and kt_out_open's). Views and names from the file live until
+ * kt_st_close. */
 kt_status kt_st_open(const char *path, kt_st_file **file_out);
 /* Parses a file image in memory without copying it: `data` must outlive the kt_st_file.
  * `label` names the buffer in error messages (may be NULL). */

@@ -87,9 +87,13 @@ typedef struct kt_moe_config {
 /* Creates the layer: validates the configuration, allocates the weight store (zeroed) and
  * all working buffers. pool: the MoE thread pool (not owned; NULL runs on the caller's
  * thread). Results are bitwise identical for any pool size. LoRA adapters start as PEFT's:
- * A uniform in +-1/sqrt(in) from a fixed seed (the same for every layer and run), B zero.
- * On failure *moe_out is NULL (kt_moe_destroy(NULL) does nothing). */
+ * A uniform in +-1/sqrt(in) from a fixed seed (the same for every layer and run), B zero. */
 kt_status kt_moe_create(const kt_moe_config *config, kt_threadpool *pool, kt_moe **moe_out);
+/* Lifetime: the creator holds one reference and each session bound to the layer
+ * (kt_session_options.moe_layers) another, so destroying the layer before its sessions is safe:
+ * the last of kt_moe_destroy / kt_session_destroy frees it. Once destroyed, the creator must
+ * not use it (sessions still may). The pool must outlive the layer. On failure *moe_out is
+ * NULL. */
 void kt_moe_destroy(kt_moe *moe);
 /* The bytes a layer of this configuration holds that grow with its experts (the weights,
  * and the adapters or weight gradients it trains), plus optimizer_states f32 values per

@@ -47,6 +47,10 @@ typedef struct kt_compile_options {
 /* options may be NULL (training = 1 when the graph has a loss). */
 kt_status kt_compile(const kt_graph *g, const kt_compile_options *options,
                      kt_program **program_out);
+/* Lifetime: the creator (kt_compile, kt_program_load*) holds one reference and each session
+ * made from the program another, so kt_program_destroy before kt_session_destroy is safe (the
+ * last frees it). The creator must not use a program it destroyed. Every create function here
+ * leaves its output NULL on failure (SQLite's rule), so a handle is NULL or valid. */
 void kt_program_destroy(kt_program *p);
 
 /* ---- what a program holds --------------------------------------------------------------------- */
@@ -146,11 +150,22 @@ kt_status kt_program_load(const char *path, kt_program **program_out);
 
 /* ---- sessions ------------------------------------------------------------------------------------ */
 
-typedef enum kt_optimizer_kind { KT_OPTIM_SGD = 0, KT_OPTIM_ADAMW = 1 } kt_optimizer_kind;
+/* KT_OPTIM_NONE: kt_session_step averages the gradients (over micro-batches and ranks),
+ * measures their norm and starts a new accumulation, but updates nothing (the explicit way to
+ * step without training: an SGD or AdamW learning rate of 0 is refused). */
+typedef enum kt_optimizer_kind {
+    KT_OPTIM_SGD = 0,
+    KT_OPTIM_ADAMW = 1,
+    KT_OPTIM_NONE = 2
+} kt_optimizer_kind;
 typedef enum kt_lr_schedule_kind { KT_LR_CONSTANT = 0, KT_LR_COSINE = 1 } kt_lr_schedule_kind;
 
 typedef struct kt_optimizer_config {
     kt_optimizer_kind kind;
+    /* No default: kt_session_step refuses a learning rate of 0 for SGD and AdamW (KT_EINVAL),
+     * since zeroed options would otherwise train nothing with every step returning KT_OK; a
+     * step that only averages gradients is KT_OPTIM_NONE. A session that only runs forward
+     * and backward (gradients, evaluation) needs none. */
     float lr;
     float momentum, dampening; /* SGD */
     int nesterov;              /* SGD */
@@ -179,7 +194,8 @@ typedef struct kt_session_options {
     size_t trace_capacity;         /* ... up to this many (further events are dropped) */
     uint64_t seed;                 /* for parameter initialisation */
     /* The CPU MoE layers (kt/moe.h) the program's moe ops run: op attrs.binding indexes this
-     * array. Not owned; each layer serves one moe node. */
+     * array (copied by the session). Each layer serves one moe node; the session holds a
+     * reference to each (see kt_session_create). */
     struct kt_moe *const *moe_layers;
     int n_moe_layers;
     /* Several ranks (kt/comm.h; not owned): halo ops trade with the neighbouring ranks, moe
@@ -189,6 +205,9 @@ typedef struct kt_session_options {
     struct kt_comm *comm;
 } kt_session_options;
 
+/* Lifetime: the session holds a reference to p and to each of the options' MoE layers, and
+ * copies the moe_layers array; the pool, the communicator and the trace buffer are borrowed
+ * and must outlive it. On failure *session_out is NULL. */
 kt_status kt_session_create(const kt_program *p, const kt_session_options *options,
                             kt_session **session_out);
 void kt_session_destroy(kt_session *s);
@@ -215,7 +234,8 @@ kt_status kt_session_forward(kt_session *s);
  * overwrites the parameter gradients and the next n-1 add to them. */
 kt_status kt_session_backward(kt_session *s);
 /* Applies the optimizer (gradients averaged over the micro-batches, clipped if asked) and
- * starts a new accumulation. */
+ * starts a new accumulation. Refused (KT_EINVAL, nothing changed) when optimizer.lr is 0, unless the optimizer
+ * is KT_OPTIM_NONE. */
 kt_status kt_session_step(kt_session *s);
 
 /* The loss of the last forward (NaN before the first); after kt_session_step with several

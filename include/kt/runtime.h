@@ -50,6 +50,8 @@ typedef struct kt_threadpool kt_threadpool;
  * is an error), else the number of online CPUs.
  * The caller's thread is thread 0, so n_threads - 1 workers are started. */
 kt_status kt_threadpool_create(int n_threads, kt_threadpool **pool_out);
+/* Lifetime: not reference-counted; whoever is given a pool (a session's options, a MoE layer)
+ * borrows it, so destroy it after them. On failure the create functions leave *pool_out NULL. */
 void kt_threadpool_destroy(kt_threadpool *pool);
 int kt_threadpool_size(const kt_threadpool *pool); /* 1 for a NULL pool */
 

@@ -323,6 +323,8 @@ static const kt__comm_ops single_ops = {
 
 kt_status kt_comm_create_single(kt_comm **comm_out)
 {
+    if (comm_out != NULL)
+        *comm_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
     if (comm_out == NULL)
         return kt__error(KT_EINVAL, "kt_comm_create_single: comm_out is NULL");
     int timeout_ms = 60000; /* nothing waits in a single-rank communicator: no env lookup */

@@ -5,8 +5,9 @@
 
 kt_status kt_comm_create_ucx(const kt_comm_options *options, kt_comm **comm_out)
 {
+    if (comm_out != NULL)
+        *comm_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
     (void)options;
-    (void)comm_out;
     return kt__error(KT_EUNSUPPORTED,
                      "kt_comm_create_ucx: this libkt was built without UCX (KT_WITH_UCX=OFF)");
 }

@@ -142,6 +142,8 @@ int kt__thread_start(pthread_t *thread, void *(*fn)(void *), void *arg)
 
 kt_status kt_threadpool_create(int n_threads, kt_threadpool **pool_out)
 {
+    if (pool_out != NULL)
+        *pool_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
     if (pool_out == NULL)
         return kt__error(KT_EINVAL, "kt_threadpool_create: pool_out is NULL");
     if (n_threads > KT_MAX_THREADS)
@@ -267,6 +269,8 @@ int kt_threadpool_thread_node(const kt_threadpool *pool, int thread)
 
 kt_status kt_threadpool_create_numa(int n_threads, kt_threadpool **pool_out)
 {
+    if (pool_out != NULL)
+        *pool_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
     KT__TRY(kt_threadpool_create(n_threads, pool_out));
     kt_threadpool *p = *pool_out;
     p->node = calloc((size_t)p->n_threads, sizeof *p->node);

@@ -239,6 +239,8 @@ static void release(kt_out_file *f)
 
 kt_status kt_out_open(const char *path, kt_out_file **file_out)
 {
+    if (file_out != NULL)
+        *file_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
     if (path == NULL || file_out == NULL)
         return kt__error(KT_EINVAL, "kt_out_open: NULL argument");
     if (*path == '\0')

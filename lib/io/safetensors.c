@@ -482,6 +482,8 @@ static kt_status read_all(int fd, const char *path, unsigned char **buf_out, siz
 
 kt_status kt_st_open(const char *path, kt_st_file **file_out)
 {
+    if (file_out != NULL)
+        *file_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
     if (path == NULL || file_out == NULL)
         return kt__error(KT_EINVAL, "kt_st_open: NULL argument");
     kt_status s = KT_OK;
@@ -531,6 +533,8 @@ done:
 
 kt_status kt_st_open_memory(const void *data, size_t size, const char *label, kt_st_file **file_out)
 {
+    if (file_out != NULL)
+        *file_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
     if ((data == NULL && size > 0) || file_out == NULL)
         return kt__error(KT_EINVAL, "kt_st_open_memory: NULL argument");
     return parse_image(data, size, label != NULL ? label : "<memory>", file_out);

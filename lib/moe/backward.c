@@ -12,10 +12,11 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "moe/bf16_gemm.h"
+#include "kernels/bf16_gemm.h"
+#include "kernels/silu_epilogue.h"
 #include "moe/moe_internal.h"
-#include "moe/prefetch.h"
-#include "ops/gemm.h"
+#include "kernels/prefetch.h"
+#include "kernels/sgemm.h"
 
 typedef struct bwd_ctx {
     kt_moe *m;

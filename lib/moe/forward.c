@@ -5,10 +5,11 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "moe/bf16_gemm.h"
-#include "moe/fma_gemm.h"
+#include "kernels/bf16_gemm.h"
+#include "kernels/silu_epilogue.h"
+#include "kernels/fma_gemm.h"
 #include "moe/moe_internal.h"
-#include "ops/gemm.h"
+#include "kernels/sgemm.h"
 
 typedef struct fwd_ctx {
     kt_moe *m;

@@ -9,9 +9,10 @@
 #include "core/memory.h"
 #include "core/mix.h"
 #include "core/numa_internal.h"
-#include "moe/bf16_gemm.h"
-#include "moe/f32_gemm.h"
+#include "kernels/bf16_gemm.h"
+#include "kernels/f32_gemm.h"
 #include "moe/moe_internal.h"
+#include "moe/trainable.h"
 
 #define ALIGN 64
 
@@ -450,7 +451,7 @@ fail:
 
 void kt_moe_destroy(kt_moe *moe)
 {
-    if (moe == NULL)
+    if (moe == NULL || !kt__moe_release(moe)) /* a session still holds it */
         return;
     if (moe->async.started) {
         pthread_mutex_lock(&moe->async.mu);

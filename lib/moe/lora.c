@@ -13,7 +13,7 @@
  * their stack buffers hold r pieces of B transposed, or of accumulators and one piece of a row
  * (at most r + 2 pieces: 64 KiB). */
 #include "moe/moe_internal.h"
-#include "moe/vec.h"
+#include "kernels/vec.h"
 
 #define LORA_BUF 16384 /* floats of stack per call */
 

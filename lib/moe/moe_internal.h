@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #include "kt/moe.h"
-#include "moe/prefetch.h"
+#include "kernels/prefetch.h"
 
 #define KT__MOE_NAME_MAX 64
 #define KT__MOE_MSG_MAX 512
@@ -222,6 +222,7 @@ struct kt_moe {
     kt__moe_timing timing;
     kt__moe_fcache cache;
     kt__moe_driver async;
+    atomic_int extra_refs; /* owners beyond the creator: sessions (trainable.h) */
 };
 
 /* The routing gradient's pieces per row: one per 16 columns of I (backward.c). */

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "moe/bf16_gemm.h"
+#include "kernels/bf16_gemm.h"
 #include "moe/moe_internal.h"
 
 int64_t kt__moe_get_id(const kt_tensor *ids, int64_t i)

@@ -20,3 +20,14 @@ int64_t kt__moe_trainable(kt_moe *m, float **param_out, float **grad_out)
         return 0;
     }
 }
+
+void kt__moe_session_poison(kt_moe *moe) { kt__moe_poison(moe); }
+
+kt_status kt__moe_session_check(const kt_moe *moe, const char *what)
+{
+    return kt__moe_check_poison(moe, what);
+}
+
+void kt__moe_retain(kt_moe *moe) { atomic_fetch_add(&moe->extra_refs, 1); }
+
+int kt__moe_release(kt_moe *moe) { return atomic_fetch_sub(&moe->extra_refs, 1) == 0; }

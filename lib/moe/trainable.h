@@ -27,4 +27,18 @@ kt_status kt__moe_st_items(const kt_moe *moe, const char *prefix, kt_st_item *it
 /* Checks what kt_moe_load would read (names, dtypes, shapes) and copies nothing. */
 kt_status kt__moe_load_check(kt_moe *moe, const kt_st_file *file, const char *prefix);
 
+/* ---- what a session's hooks (lib/ops/moe_state.c) do to a bound layer ---- */
+
+/* Poisons the forward cache with the failure just recorded (a failed step). */
+void kt__moe_session_poison(kt_moe *moe);
+/* KT_OK, or the poisoned cache's failure (KT_ESTATE, naming the layer) for a `what`. */
+kt_status kt__moe_session_check(const kt_moe *moe, const char *what);
+
+/* The layer's owners: kt_moe_create makes one reference, each session bound to it adds one
+ * (kt__moe_retain); kt_moe_destroy drops one and frees the layer with the last, so a session
+ * drops its own through kt_moe_destroy. */
+void kt__moe_retain(kt_moe *moe);
+/* Drops one reference; returns 1 when it was the last (kt_moe_destroy then frees). */
+int kt__moe_release(kt_moe *moe);
+
 #endif

@@ -9,7 +9,7 @@
  * staged to f32 in scratch, as in matmul. */
 #include <string.h>
 
-#include "ops/gemm.h"
+#include "kernels/sgemm.h"
 #include "ops/op_desc.h"
 #include "ops/op_util.h"
 

@@ -1,7 +1,10 @@
-/* matmul: a [M,K] (trans_a: [K,M]) times b [K,N] (trans_b: [N,K]) -> [M,N], through
- * kt__sgemm. bf16/f16 operands are staged to f32 in the caller's scratch, multiplied in
- * f32 and rounded once on the way out. */
-#include "ops/gemm.h"
+/* matmul: a [M,K] (trans_a: [K,M]) times b [K,N] (trans_b: [N,K]) -> [M,N]. f32 runs
+ * kt__sgemm (OpenBLAS or the portable kernel, as it always has: the f32 results keep their
+ * bits); bf16 runs the kernel registry's bf16 kernels with f32 accumulation
+ * (kernels/bf16_matmul.h), the f32 result rounded once on the way out; f16 operands are staged
+ * to f32 in the caller's scratch, multiplied through kt__sgemm and rounded once. */
+#include "kernels/bf16_matmul.h"
+#include "kernels/sgemm.h"
 #include "ops/op_desc.h"
 #include "ops/op_util.h"
 
@@ -79,10 +82,63 @@ static size_t scratch_bwd_matmul(const kt_op_attrs *at, const kt_tensor *in, int
            kt__f32_scratch_bytes(d.M * d.N) + kt__f32_scratch_bytes(grad);
 }
 
+/* C = op(A) op(B) on bf16 operands into an f32 C (ldc = N): kt__sgemm's arguments without
+ * alpha and beta (1 and 0 at every call here). `work` has room for the transposed operand. */
+static kt_status bf16_gemm(kt_threadpool *pool, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                           const kt_tensor *a, int64_t lda, const kt_tensor *b, int64_t ldb,
+                           float *C, int64_t ldc, void *work)
+{
+    kt__bf16_matmul(pool, ta, tb, M, N, K, a->data, lda, b->data, ldb, C, ldc, work);
+    return KT_OK;
+}
+
+/* The bf16 forward: the scratch sized for staging (scratch_fwd_matmul) holds the f32 result
+ * first, then the transposed a when trans_a. */
+static kt_status fwd_matmul_bf16(const kt__op_call *c)
+{
+    const int ta = c->attrs->trans_a, tb = c->attrs->trans_b;
+    const mm_dims d = dims_of(c->attrs, c->in);
+    char *cursor = c->scratch;
+    float *yf = kt__scratch_take(&cursor, d.M * d.N);
+    KT__TRY(bf16_gemm(c->pool, ta, tb, d.M, d.N, d.K, &c->in[0], ta ? d.M : d.K, &c->in[1],
+                      tb ? d.K : d.N, yf, d.N, cursor));
+    kt__unstage_f32(c->pool, &c->out_w[0], yf);
+    return KT_OK;
+}
+
+/* The bf16 backward: the products of bwd_matmul on bf16 a, b and grad out, each gradient in
+ * f32 in the scratch, then rounded; the transposes' work after it. */
+static kt_status bwd_matmul_bf16(const kt__op_call *c, kt_tensor *ga, kt_tensor *gb)
+{
+    const int ta = c->attrs->trans_a, tb = c->attrs->trans_b;
+    const mm_dims d = dims_of(c->attrs, c->in);
+    const int64_t lda = ta ? d.M : d.K, ldb = tb ? d.K : d.N, ldg = d.N;
+    const kt_tensor *a = &c->in[0], *b = &c->in[1], *g = &c->gout[0];
+    char *cursor = c->scratch;
+    float *grad = kt__scratch_take(&cursor, d.M * d.K > d.K * d.N ? d.M * d.K : d.K * d.N);
+    if (ga) {
+        if (!ta)
+            KT__TRY(bf16_gemm(c->pool, 0, !tb, d.M, d.K, d.N, g, ldg, b, ldb, grad, d.K, cursor));
+        else
+            KT__TRY(bf16_gemm(c->pool, tb, 1, d.K, d.M, d.N, b, ldb, g, ldg, grad, d.M, cursor));
+        kt__unstage_f32(c->pool, ga, grad);
+    }
+    if (gb) {
+        if (!tb)
+            KT__TRY(bf16_gemm(c->pool, !ta, 0, d.K, d.N, d.M, a, lda, g, ldg, grad, d.N, cursor));
+        else
+            KT__TRY(bf16_gemm(c->pool, 1, ta, d.N, d.K, d.M, g, ldg, a, lda, grad, d.K, cursor));
+        kt__unstage_f32(c->pool, gb, grad);
+    }
+    return KT_OK;
+}
+
 static kt_status fwd_matmul(const kt__op_call *c)
 {
     const int ta = c->attrs->trans_a, tb = c->attrs->trans_b;
     const mm_dims d = dims_of(c->attrs, c->in);
+    if (c->in[0].dtype == KT_BF16)
+        return fwd_matmul_bf16(c);
     char *cursor = c->scratch;
     const float *a = kt__stage_operand(c->pool, &c->in[0], &cursor);
     const float *b = kt__stage_operand(c->pool, &c->in[1], &cursor);
@@ -107,6 +163,8 @@ static kt_status bwd_matmul(const kt__op_call *c)
     kt_tensor *gb = c->gin[1].data ? &c->gin[1] : NULL;
     if (!ga && !gb)
         return KT_OK;
+    if (c->in[0].dtype == KT_BF16)
+        return bwd_matmul_bf16(c, ga, gb);
     const int64_t lda = ta ? d.M : d.K, ldb = tb ? d.K : d.N, ldg = d.N;
     char *cursor = c->scratch;
     const float *a = kt__stage_operand(c->pool, &c->in[0], &cursor);

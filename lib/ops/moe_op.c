@@ -7,7 +7,10 @@
 #include "kt/moe.h"
 #include "ops/map.h"
 #include "ops/op_desc.h"
+#include "ops/op_state.h"
 #include "ops/op_util.h"
+
+extern const kt__op_state kt__moe_state; /* its session hooks: moe_state.c */
 
 static kt_status infer_moe(const kt_op_attrs *at, const kt_tensor *in, int n, kt_tensor *out)
 {
@@ -220,4 +223,4 @@ static kt_status bwd_moe(const kt__op_call *c)
 const kt__op_desc kt__op_moe = {
     .name = "moe", .min_in = 3, .max_in = 3, .n_out = 1, .no_grad_in = 2u, .must_save = 1,
     .infer = infer_moe, .flops = flops_moe, .comm_scratch = comm_scratch_moe,
-    .forward = fwd_moe, .backward = bwd_moe};
+    .forward = fwd_moe, .backward = bwd_moe, .state = &kt__moe_state};

@@ -31,6 +31,7 @@ typedef struct kt__op_call {
     struct kt_comm *comm;
     void *comm_scratch;
     size_t comm_scratch_bytes;
+    void *state; /* stateful ops: what the op's bind made for this session */
 } kt__op_call;
 
 typedef kt_status (*kt__op_infer_fn)(const kt_op_attrs *attrs, const kt_tensor *in, int n_in,
@@ -61,6 +62,7 @@ typedef struct kt__op_desc {
     kt__op_flops_fn flops;                      /* NULL: 0 */
     kt__op_comm_scratch_fn comm_scratch;        /* NULL: none */
     kt__op_kernel_fn forward, backward;
+    const struct kt__op_state *state; /* lifecycle hooks (ops/op_state.h); NULL: stateless */
 } kt__op_desc;
 
 #define KT__OP_DECLARE(upper, lower) extern const kt__op_desc kt__op_##lower;
@@ -69,5 +71,8 @@ KT_OP_LIST(KT__OP_DECLARE)
 
 /* The row for op, or NULL for an invalid op. */
 const kt__op_desc *kt__op_get(kt_op op);
+/* Tests: op's row is `row` until set back to NULL, so a test op runs through the whole stack
+ * without the public op list carrying it. Not thread-safe; nothing else calls it. */
+void kt__op_override_for_test(kt_op op, const kt__op_desc *row);
 
 #endif

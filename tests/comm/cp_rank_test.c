@@ -141,7 +141,8 @@ static void run_halo(kt_program *p, kt_comm *comm, int64_t t, int64_t offset, in
                      result *r)
 {
     kt_session *s;
-    kt_session_options so = {.threads = 1, .comm = comm, .optimizer = {.lr = 0.0f}};
+    kt_session_options so = {.threads = 1, .comm = comm,
+                             .optimizer = {.kind = KT_OPTIM_NONE}};
     OK(kt_session_create(p, &so, &s));
     kt_tensor x, y, ps, pw, out, gs, gw;
     OK(kt_session_tensor(s, KT_ROLE_INPUT, "x", &x));
@@ -162,7 +163,7 @@ static void run_halo(kt_program *p, kt_comm *comm, int64_t t, int64_t offset, in
     r->loss = 0;
     if (x.dtype == KT_F32) {
         OK(kt_session_backward(s));
-        OK(kt_session_step(s)); /* lr 0: only averages gradients and the loss over the ranks */
+        OK(kt_session_step(s)); /* no update: only averages gradients and the loss over the ranks */
         OK(kt_session_tensor(s, KT_ROLE_GRAD, "s", &gs));
         OK(kt_session_tensor(s, KT_ROLE_GRAD, "w", &gw));
         r->gs = copy_f32(&gs);
@@ -261,7 +262,8 @@ static void run_moe(kt_program *p, kt_comm *comm, kt_moe *layer, int64_t t, int6
 {
     kt_session *s;
     kt_session_options so = {.threads = 1, .comm = comm, .moe_layers = layer ? &layer : NULL,
-                             .n_moe_layers = layer ? 1 : 0, .optimizer = {.lr = 0.0f}};
+                             .n_moe_layers = layer ? 1 : 0,
+                             .optimizer = {.kind = KT_OPTIM_NONE}};
     OK(kt_session_create(p, &so, &s));
     kt_tensor x, y, r, m, gr;
     OK(kt_session_tensor(s, KT_ROLE_INPUT, "x", &x));

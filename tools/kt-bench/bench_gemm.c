@@ -29,11 +29,13 @@
 #include <kt/kt.h>
 
 #include "bench.h"
+#include "bench_gemm_dense.h"
 #include "common/usage.h"
 #include "limits.h"
 #include "core/cpu_internal.h"
 #include "core/numa_internal.h"
-#include "moe/bf16_gemm.h"
+#include "kernels/bf16_gemm.h"
+#include "kernels/registry.h"
 #include "onednn_peer.h"
 
 enum { K_NT = 0, K_NN = 1, K_TN = 2 };
@@ -253,10 +255,12 @@ static timing time_kernel(int kind, int64_t M, int64_t N, int64_t K, const buffe
     return out;
 }
 
-/* The kernel a product runs: the path depends on the kind and the rows. */
-static const char *kernel_path(int kind, int64_t M)
+/* The kernel path a product runs (the registry's descriptor: it depends on the kind and the
+ * rows), and the path whose sums it computes (the name the lines print as "path"). */
+static const kt__kprod kind_prods[3] = {KT__KP_NT_BF16, KT__KP_NN_BF16, KT__KP_TN_BF16};
+static const kt__kpath *kernel_path(int kind, int64_t M)
 {
-    return kt__bf16_gemm_kind_path(kind_names[kind], M);
+    return kt__kpath_pick(kind_prods[kind], M);
 }
 
 /* peer: oneDNN's timing on the same configuration (median_s 0: not measured) */
@@ -269,15 +273,16 @@ static void report(const bench_args *common, const char *model, const char *shap
     const double gf = flop / t.median_s * 1e-9, gf_best = flop / t.best_s * 1e-9;
     const double wbytes = (double)N * (double)K * (kind == K_TN ? 8.0 : 2.0);
     const double gbs = wbytes / t.median_s * 1e-9;
-    const char *path = kernel_path(kind, M);
+    const kt__kpath *kp = kernel_path(kind, M);
+    const char *path = kt__kpaths[kp->sums_as].name, *insn = kt__kinsn_names[kp->insn];
     if (common->json) {
         printf("{\"bench\":\"gemm\",\"model\":\"%s\",\"shape\":\"%s\",\"kind\":\"%s\","
-               "\"path\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"threads\":%d,\"weights\":\"%s\","
+               "\"path\":\"%s\",\"kernel\":\"%s\",\"peak_insn\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"threads\":%d,\"weights\":\"%s\","
                "\"median_ms\":%.4f,\"best_ms\":%.4f,\"gflops\":%.2f,\"gflops_best\":%.2f,"
                "\"peak_gflops\":%.2f,\"fraction_of_peak\":%.4f,\"weight_gbs\":%.2f,"
                "\"onednn_ms\":",
-               model, shape, kind_names[kind], path, (long long)M, (long long)N, (long long)K,
-               threads, hot ? "hot" : "cold", t.median_s * 1e3, t.best_s * 1e3, gf, gf_best, peak,
+               model, shape, kind_names[kind], path, kp->name, insn, (long long)M, (long long)N,
+               (long long)K, threads, hot ? "hot" : "cold", t.median_s * 1e3, t.best_s * 1e3, gf, gf_best, peak,
                gf / peak, gbs);
         if (vs > 0)
             printf("%.4f,\"ratio_vs_onednn\":%.3f}\n", peer.median_s * 1e3, vs);
@@ -287,7 +292,7 @@ static void report(const bench_args *common, const char *model, const char *shap
         printf("%-9s %-3s %-2s %-11s m=%-5lld n=%-5lld k=%-5lld thr=%d  %9.3f ms  %7.1f GFLOP/s "
                "(best %7.1f)  fraction_of_peak %.3f (%s)  weights %6.1f GB/s",
                model, shape, kind_names[kind], path, (long long)M, (long long)N, (long long)K,
-               threads, t.median_s * 1e3, gf, gf_best, gf / peak, bench_path_peak_name(path), gbs);
+               threads, t.median_s * 1e3, gf, gf_best, gf / peak, insn, gbs);
         if (vs > 0)
             printf("  onednn %7.1f GFLOP/s: %.2fx\n", flop / peer.median_s * 1e-9, vs);
         else
@@ -307,7 +312,7 @@ static int parse_kind(const char *s)
 int bench_gemm(int argc, char **argv, const bench_args *common)
 {
     long long m = -1, n = -1, k = -1;
-    int kind = -1, hot = 0, single_only = 0, no_peer = 0;
+    int kind = -1, hot = 0, single_only = 0, no_peer = 0, dense = 0, no_dense = 0;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             printf("usage: kt-bench gemm [--m M] [--n N] [--k K] [--kind nt|nn|tn] [--hot]\n"
@@ -320,11 +325,20 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                    "256, 1024. Kernel sizes:\n"
                    "nt y[M,N] = x[M,K] w[N,K]^T, nn y[M,K] = g[M,N] w[N,K],\n"
                    "tn dw[N,K] += g[M,N]^T x[M,K]. Each line names the kernel's path\n"
-                   "(amx, fma, fma_dots, avx512_bf16, scalar; by kind and rows).\n"
+                   "(by kind and rows; the registry's paths:");
+            for (int p = 0; p < kt__kpath_count; p++)
+                printf(" %s", kt__kpaths[p].name);
+            printf(").\n"
                    "--hot: one weight copy (default: copies over 64 MiB, from memory);\n"
                    "--single: skip the pool runs. Beside each line: oneDNN's bf16 GEMM on\n"
                    "the same operands and threads (libdnnl.so.2, loaded if installed) and\n"
-                   "its time over libkt's (> 1: libkt faster); --no-peer skips it.\n");
+                   "its time over libkt's (> 1: libkt faster); --no-peer skips it.\n"
+                   "After the MoE table (or alone with --dense; --no-dense skips it): the\n"
+                   "dense bf16 matmul (y = x W^T through the op) at 2048^3 and at the\n"
+                   "attention projections of Mixtral and Qwen3-MoE for m = 1, 128, 1024\n"
+                   "tokens (with --dense, --m/--n/--k give one product), against the peak of\n"
+                   "its path's instruction, OpenBLAS's sgemm in f32 and the staged path it\n"
+                   "replaced (bf16 widened to f32, sgemm, rounded).\n");
             return 0;
         } else if (strcmp(argv[i], "--m") == 0 && i + 1 < argc) {
             if (kt_tool_parse_int("kt-bench gemm", "--m", argv[++i], 1, 1 << 20, &m))
@@ -347,6 +361,10 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
             single_only = 1;
         } else if (strcmp(argv[i], "--no-peer") == 0) {
             no_peer = 1;
+        } else if (strcmp(argv[i], "--dense") == 0) {
+            dense = 1;
+        } else if (strcmp(argv[i], "--no-dense") == 0) {
+            no_dense = 1;
         } else {
             fprintf(stderr, "kt-bench gemm: unknown option %s (see --help)\n", argv[i]);
             return 2;
@@ -355,6 +373,10 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
     const int custom = m >= 0 || n >= 0 || k >= 0;
     if (custom && (m < 1 || n < 1 || k < 1)) {
         fprintf(stderr, "kt-bench gemm: --m, --n and --k go together and must be positive\n");
+        return 2;
+    }
+    if (dense && (no_dense || kind >= 0)) {
+        fprintf(stderr, "kt-bench gemm: --dense runs the matmul op alone (no --no-dense, --kind)\n");
         return 2;
     }
     /* the path of products of 16 rows and more (below, vdpbf16ps where the CPU has it) */
@@ -391,7 +413,7 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
     if (!no_peer && !peer && !common->json)
         printf("note: oneDNN (libdnnl.so.2) not found: no library peer\n");
     int rc = 0;
-    for (int mi = 0; mi < n_models && rc == 0; mi++)
+    for (int mi = 0; mi < n_models && rc == 0 && !dense; mi++)
         for (int si = 0; si < n_ms && rc == 0; si++)
             for (int kd = 0; kd < 3 && rc == 0; kd++) {
                 if (kind >= 0 && kd != kind)
@@ -412,8 +434,8 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                     /* the peak again right before each run: the machine may be shared,
                      * and the fraction should compare like with like */
                     /* the peak of the instruction this product's kernel multiplies with */
-                    const char *kpath = kernel_path(kd, M);
-                    const double pk1 = have_peak ? bench_path_peak_gflops(kpath, NULL, 1, 5) : 1.0;
+                    const kt__kinsn kinsn = kernel_path(kd, M)->insn;
+                    const double pk1 = have_peak ? bench_insn_peak_gflops(kinsn, NULL, 1, 5) : 1.0;
                     timing t1 = time_kernel(kd, M, N, K, &bu, NULL, common, 0);
                     const double pd = peer ? peer_difference(kd, M, N, K, &bu) : 0.0;
                     /* a peer that computes something else gets no ratio (null) */
@@ -427,7 +449,7 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                     report(common, mname, sname, kd, M, N, K, 1, t1, pk1, hot, p1);
                     if (!single_only && threads > 1) {
                         const double pkp =
-                            have_peak ? bench_path_peak_gflops(kpath, pool, threads, 5) : 1.0;
+                            have_peak ? bench_insn_peak_gflops(kinsn, pool, threads, 5) : 1.0;
                         timing tp = time_kernel(kd, M, N, K, &bu, pool, common, 0);
                         timing pp =
                             peer_ok ? time_kernel(kd, M, N, K, &bu, NULL, common, threads) : none;
@@ -436,6 +458,9 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                     free_buffers(&bu);
                 }
             }
+    if (rc == 0 && (dense || (!custom && !no_dense && kind < 0)))
+        rc = bench_gemm_dense(common, pool, custom ? m : 0, custom ? n : 0, custom ? k : 0,
+                              single_only);
     if (have_peak && !common->json)
         printf("%s register peak at the end: %.1f GFLOP/s on 1 thread, %.1f on %d\n",
                bench_bf16_peak_name(),

@@ -17,9 +17,9 @@
 #include "bench.h"
 #include "common/usage.h"
 #include "limits.h"
-#include "moe/f32_gemm.h"
+#include "kernels/f32_gemm.h"
 #include "moe_peer.h"
-#include "ops/gemm.h"
+#include "kernels/sgemm.h"
 
 #ifndef KT_BENCH_PEER_SCRIPT
 #define KT_BENCH_PEER_SCRIPT "tools/kt-bench/moe_torch_peer.py"
@@ -619,8 +619,9 @@ int bench_moe(int argc, char **argv, const bench_args *common)
     const double fma_peak = a.dtype == KT_BF16 ? 0.0 : reg_peak;
     /* Where bf16 runs on the FMA units, the issue's own measure too: the vdpbf16ps peak (on
      * Intel it issues at a quarter of the FMA rate, so this fraction is the looser one). */
-    const double dp_peak = a.dtype == KT_BF16 && strcmp(bench_bf16_peak_name(), "vdpbf16ps") != 0
-                               ? bench_path_peak_gflops("avx512_bf16", pool, threads, 5)
+    const kt__kinsn large = kt__kpath_pick(KT__KP_TN_BF16, 1024)->insn;
+    const double dp_peak = a.dtype == KT_BF16 && large != KT__KINSN_DPBF16
+                               ? bench_insn_peak_gflops(KT__KINSN_DPBF16, pool, threads, 5)
                                : 0.0;
     int have[2];
     for (int k = 0; k < 2; k++)

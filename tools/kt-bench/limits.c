@@ -1,12 +1,11 @@
 /* This machine's limits, measured in the same run as the thing judged against them:
  * the memory read bandwidth and the register peak of vdpbf16ps. */
 #include <stdlib.h>
-#include <string.h>
 
 #include <kt/kt.h>
 
 #include "core/numa_internal.h"
-#include "moe/bf16_gemm.h"
+#include "kernels/registry.h"
 #include "limits.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -173,13 +172,10 @@ __attribute__((target("avx512f"))) static float fma_peak_loop(const float *seed)
 
 static volatile float peak_sink;
 
-/* Whether a bf16 GEMM path multiplies on the FMA units (else vdpbf16ps). */
-static int path_on_fma(const char *path) { return strncmp(path, "fma", 3) == 0; }
-
 /* The path of large products, whose instruction bench_bf16_peak_* time. */
-static const char *large_path(void) { return kt__bf16_gemm_path(1024); }
+static kt__kinsn large_insn(void) { return kt__kpath_pick(KT__KP_TN_BF16, 1024)->insn; }
 
-const char *bench_bf16_peak_name(void) { return bench_path_peak_name(large_path()); }
+const char *bench_bf16_peak_name(void) { return kt__kinsn_names[large_insn()]; }
 
 static void peak_part(void *ctx, int64_t begin, int64_t end, int thread)
 {
@@ -215,25 +211,23 @@ static double peak_gflops(kt_threadpool *pool, int threads, int repeats, int fma
 
 double bench_bf16_peak_gflops(kt_threadpool *pool, int threads, int repeats)
 {
-    return bench_path_peak_gflops(large_path(), pool, threads, repeats);
+    return bench_insn_peak_gflops(large_insn(), pool, threads, repeats);
 }
 
 double bench_fma_peak_gflops(kt_threadpool *pool, int threads, int repeats)
 {
+    return bench_insn_peak_gflops(KT__KINSN_FMA, pool, threads, repeats);
+}
+
+double bench_insn_peak_gflops(kt__kinsn insn, kt_threadpool *pool, int threads, int repeats)
+{
     const kt_cpu_features *f = kt_cpu_get_features();
-    if (!f->avx512f || !f->avx512bw)
+    switch (insn) {
+    case KT__KINSN_FMA:
+        return f->avx512f && f->avx512bw ? peak_gflops(pool, threads, repeats, 1) : 0.0;
+    case KT__KINSN_DPBF16:
+        return f->avx512_bf16 ? peak_gflops(pool, threads, repeats, 0) : 0.0;
+    default: /* AMX: no loop for the tiles yet; scalar: no peak */
         return 0.0;
-    return peak_gflops(pool, threads, repeats, 1);
-}
-
-double bench_path_peak_gflops(const char *path, kt_threadpool *pool, int threads, int repeats)
-{
-    if (path_on_fma(path))
-        return bench_fma_peak_gflops(pool, threads, repeats);
-    return kt_cpu_get_features()->avx512_bf16 ? peak_gflops(pool, threads, repeats, 0) : 0.0;
-}
-
-const char *bench_path_peak_name(const char *path)
-{
-    return path_on_fma(path) ? "vfmadd231ps" : "vdpbf16ps";
+    }
 }

@@ -7,6 +7,7 @@
 #include <kt/kt.h>
 
 #include "bench.h"
+#include "kernels/registry.h"
 
 /* A buffer of `bytes` allocated as the layer's weights are (huge pages where large), read
  * whole in parallel passes: the memory read bandwidth as a plain loop gets it. open returns
@@ -15,18 +16,17 @@ typedef struct bench_read_probe bench_read_probe;
 bench_read_probe *bench_read_probe_open(size_t bytes);
 double bench_read_probe_pass(bench_read_probe *p, kt_threadpool *pool);
 void bench_read_probe_close(bench_read_probe *p);
-/* Register peak (GFLOP/s) of the instruction the bf16 GEMMs of large products run on
- * (bench_bf16_peak_name: vdpbf16ps, or vfmadd231ps where they widen bf16 to f32) on `threads`
- * threads (the pool's; NULL pool: the caller's), median of `repeats` runs after a warm-up; 0
- * where neither can run. */
+/* Register peak (GFLOP/s) of the instruction the bf16 GEMMs of large products run on (the
+ * registry's descriptor for them, kernels/registry.h: vdpbf16ps, or vfmadd231ps where they widen
+ * bf16 to f32; bench_bf16_peak_name: its name) on `threads` threads (the pool's; NULL pool: the
+ * caller's), median of `repeats` runs after a warm-up; 0 where it cannot run. */
 double bench_bf16_peak_gflops(kt_threadpool *pool, int threads, int repeats);
 const char *bench_bf16_peak_name(void);
 /* The vfmadd231ps register peak alone (that of the f32 MoE kernels), 0 without AVX-512. */
 double bench_fma_peak_gflops(kt_threadpool *pool, int threads, int repeats);
-/* The same for the instruction a bf16 GEMM path (kt__bf16_gemm_kind_path's names) multiplies
- * with: vfmadd231ps for "fma" and "fma_dots", else vdpbf16ps (0 without AVX-512 BF16); and that
- * instruction's name. */
-double bench_path_peak_gflops(const char *path, kt_threadpool *pool, int threads, int repeats);
-const char *bench_path_peak_name(const char *path);
+/* The same for the instruction a kernel path multiplies with (kt__kpath's insn; its name is
+ * kt__kinsn_names[insn]): 0 for the scalar path, for AMX (no tile loop yet) and where the CPU
+ * lacks the instruction. */
+double bench_insn_peak_gflops(kt__kinsn insn, kt_threadpool *pool, int threads, int repeats);
 
 #endif

@@ -1,6 +1,6 @@
 /* AMX bf16 GEMMs for the MoE layer: the feature check, the packing routines (AVX-512) and the
- * tile kernels (moe/amx_gemm_kernels.h, instantiated here on the real tiles). Layouts, packing
- * and the order of summation are described in moe/amx_gemm.h.
+ * tile kernels (kernels/amx_gemm_kernels.h, instantiated here on the real tiles). Layouts, packing
+ * and the order of summation are described in kernels/amx_gemm.h.
  *
  * Everything is compiled with target attributes (the library needs no -m flags): the packers
  * for AVX-512 F/BW, the kernels for AMX-TILE + AMX-BF16 on top. The tile intrinsics take tile
@@ -15,9 +15,9 @@
 
 #include "core/cpu_internal.h"
 #include "kt/runtime.h"
-#include "moe/amx_gemm.h"
-#include "moe/bf16_gemm.h"
-#include "moe/lane_mask.h"
+#include "kernels/amx_gemm.h"
+#include "kernels/bf16_gemm.h"
+#include "kernels/lane_mask.h"
 
 #ifdef KT_AMX_COMPILED
 #include <cpuid.h>
@@ -207,7 +207,7 @@ AMX_VEC void kt__amx_pack_a_tn(const uint16_t *g, int64_t ldg, int64_t nred, int
 #define AMXK_DP(c, a, b) _tile_dpbf16ps(c, a, b)
 #define AMXK_RELEASE() _tile_release()
 
-#include "moe/amx_gemm_kernels.h"
+#include "kernels/amx_gemm_kernels.h"
 
 void kt__amx_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
                      const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)

@@ -1,13 +1,13 @@
 /* What fma_gemm.c (the packed tiles) and fma_unpacked.c (w read in place) share: addressing
  * operands of either dtype, widening rows to f32, the floating-point mode, and cutting rows
  * into blocks of equal heights. Only for x86-64 builds with the FMA kernels (KT__FMA_GEMM). */
-#ifndef KT_MOE_FMA_UTIL_H
-#define KT_MOE_FMA_UTIL_H
+#ifndef KT_KERNELS_FMA_UTIL_H
+#define KT_KERNELS_FMA_UTIL_H
 
 #include <stdint.h>
 
-#include "moe/fma_gemm.h"
-#include "moe/lane_mask.h"
+#include "kernels/fma_gemm.h"
+#include "kernels/lane_mask.h"
 
 #ifdef KT__FMA_GEMM
 #include <immintrin.h>

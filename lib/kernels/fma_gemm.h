@@ -33,8 +33,8 @@
  *    reduction (M) whole in registers.
  * The buffers are on the stack (up to about 200 KiB); TN above 512 rows wants the caller's work
  * buffer (kt__fma_tn_work_bytes), as the vdpbf16ps kernel does. */
-#ifndef KT_MOE_FMA_GEMM_H
-#define KT_MOE_FMA_GEMM_H
+#ifndef KT_KERNELS_FMA_GEMM_H
+#define KT_KERNELS_FMA_GEMM_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -14,8 +14,8 @@
  *    (kt__fma_nt_dots), w read in place. nn of 1 to 24 rows reads w in place too
  *    (kt__fma_nn_direct), with the tiles' sums ("fma").
  *  - "scalar": the references, where the kernels are not built or the CPU lacks AVX-512. */
-#ifndef KT_MOE_F32_GEMM_H
-#define KT_MOE_F32_GEMM_H
+#ifndef KT_KERNELS_F32_GEMM_H
+#define KT_KERNELS_F32_GEMM_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -22,7 +22,7 @@
 #include "core/cpu_internal.h"
 #include "core/error.h"
 #include "kt/runtime.h"
-#include "ops/gemm.h"
+#include "kernels/sgemm.h"
 #include "ops/op_util.h"
 
 #ifdef KT_HAVE_OPENBLAS

@@ -11,8 +11,7 @@
  * 32 s + 2 j + 1 for s = 0, 1, ... in order, for f32 32 s + j and 32 s + 16 + j. Loop order: chunks
  * of the reduction (x's split rows of a chunk stay in L1), then groups of C rows of w, then blocks
  * of up to 8 rows of x against the group. A group is fetched into L2 FETCH_GROUPS groups ahead, so
- * the weights stream in while the blocks compute (without the fetches, 8 rows against dsv2lite's
- * gate took 1.0 ms a thread against 0.65 with them).
+ * the weights stream in while the blocks compute (without the fetches, far slower).
  *
  * NN (kt__fma_nn_direct): 32 output columns at a time as w's two halves, each product added in the
  * reduction's order: the FMA tiles' sums, bit for bit. Loop order: chunks of w's rows (g's columns
@@ -21,10 +20,10 @@
  * computes. */
 #include <string.h>
 
-#include "moe/fma_gemm.h"
-#include "moe/fma_util.h"
-#include "moe/lane_mask.h"
-#include "moe/prefetch.h"
+#include "kernels/fma_gemm.h"
+#include "kernels/fma_util.h"
+#include "kernels/lane_mask.h"
+#include "kernels/prefetch.h"
 
 #ifdef KT__FMA_GEMM
 

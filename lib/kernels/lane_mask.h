@@ -1,8 +1,8 @@
 /* Masks of the first n lanes of an AVX-512 vector (all of them from 16 or 32 on, none at 0 or
- * below): the row and column edges of the kernels in lib/moe. Plain integer code, usable
+ * below): the row and column edges of the kernels in lib/kernels. Plain integer code, usable
  * without a target attribute. */
-#ifndef KT_MOE_LANE_MASK_H
-#define KT_MOE_LANE_MASK_H
+#ifndef KT_KERNELS_LANE_MASK_H
+#define KT_KERNELS_LANE_MASK_H
 
 #include <stdint.h>
 

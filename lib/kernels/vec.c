@@ -3,8 +3,8 @@
 
 #include "core/cpu_internal.h"
 #include "kt/tensor.h"
-#include "moe/lane_mask.h"
-#include "moe/vec.h"
+#include "kernels/lane_mask.h"
+#include "kernels/vec.h"
 
 /* The 16 lane sums added by a fixed tree: l + l[8..], then halves, then pairs. */
 static float fold16(const float l[16])
@@ -101,8 +101,7 @@ VEC_TARGET static void rd_finish(const __m512 *acc, int nq, int last, float *par
 
 /* acc0[j] += x0 row . ap[j], acc1[j] += x1 row . ap[j] over columns [c0, c0 + cw), 16 at a
  * time (j < DOTS_BLOCK). The accumulators are named locals over the loop: as arrays (passed
- * on to rd_finish) gcc stored all 16 to the stack every step (dsv2lite qlen 1024 LoRA
- * fwd+bwd, alternating builds: 290.1 -> 285.3 ms with named locals). */
+ * on to rd_finish) gcc stored all 16 to the stack every step. */
 _Static_assert(DOTS_BLOCK == 8, "rd_two_rows names 8 accumulators a row");
 VEC_INLINE void rd_two_rows(const unsigned char *x0, const unsigned char *x1, int bf16, int64_t c0,
                             int64_t cw, const float (*ap)[RD_COLS], const unsigned char *pf0,

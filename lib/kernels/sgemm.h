@@ -11,8 +11,8 @@
  * over the pool in a fixed tiling and sums every C element over K in the same order
  * whatever the thread count, so its results are bitwise identical for any pool size.
  * Neither allocates. Bad sizes or strides return KT_EINVAL ("sgemm: ..."). */
-#ifndef KT_OPS_GEMM_H
-#define KT_OPS_GEMM_H
+#ifndef KT_KERNELS_SGEMM_H
+#define KT_KERNELS_SGEMM_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,8 +1,8 @@
 /* Software fetches of a range of memory, a cache line at a time: the kernels and passes of
- * lib/moe use them where they read rows of a few hundred bytes that lie kilobytes apart,
+ * lib/kernels use them where they read rows of a few hundred bytes that lie kilobytes apart,
  * which the hardware prefetchers do not follow. Plain code, usable without a target attribute. */
-#ifndef KT_MOE_PREFETCH_H
-#define KT_MOE_PREFETCH_H
+#ifndef KT_KERNELS_PREFETCH_H
+#define KT_KERNELS_PREFETCH_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -14,8 +14,7 @@ enum { KT__PF_READ = 0, KT__PF_WRITE = 1, KT__PF_READ_L2 = 2 };
  * sums' fetch of the next slot's row, a loop of __builtin_prefetch over a signed counter,
  * had compiled to no instruction at all in combine_part and gx_combine_part (gcc 12, -O3;
  * the same loop alone in a file kept its prefetch, and over an unsigned counter it was kept
- * there too). With the fetches in, dsv2lite qlen 1024 (alternating builds, 3-4 runs each):
- * combine 2.65-2.68 -> 1.70-1.85 ms, input_combine 2.82-2.85 -> 1.73-1.99. Writes are
+ * there too), and those phases ran far slower without the fetches. Writes are
  * fetched as reads (prefetchw needs PRFCHW; __builtin_prefetch emitted prefetcht0 too). */
 static inline void kt__prefetch_line(const void *a, int how)
 {

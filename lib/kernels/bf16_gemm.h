@@ -1,4 +1,5 @@
-/* bf16 GEMM kernels for the MoE layer: bf16 operands, f32 accumulation and output.
+/* bf16 GEMM kernels for the MoE layer and the dense matmul: bf16 operands, f32 accumulation
+ * and output.
  *
  * All three read the weights in their original row-major layout (Hugging Face's [out, in]),
  * so the layer holds each expert's weights once, with no transposed copy for backward. Each
@@ -8,8 +9,8 @@
  *
  * Matrices are row-major with leading dimensions in elements; bf16 is uint16_t.
  */
-#ifndef KT_MOE_BF16_GEMM_H
-#define KT_MOE_BF16_GEMM_H
+#ifndef KT_KERNELS_BF16_GEMM_H
+#define KT_KERNELS_BF16_GEMM_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -66,12 +67,12 @@ void kt__bf16_gemm_tn_acc(int64_t M, int64_t n0, int64_t n1, int64_t K, const ui
                           int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
                           float scale, void *work);
 
-/* The path a product of M rows takes on this CPU (a function of M alone; each sums in its own
- * order): "amx", "fma" (fma_gemm.h), "avx512_bf16" (vdpbf16ps) or "scalar". */
+/* The name of the path (registry.h) whose sums a TN product of M rows computes on this CPU (a
+ * function of M alone; each sums in its own order): "amx", "fma" (fma_gemm.h), "avx512_bf16"
+ * (vdpbf16ps) or "scalar". */
 const char *kt__bf16_gemm_path(int64_t M);
-/* The path of one kind of product ("nt", "nn" (nn2 too) or "tn"): kt__bf16_gemm_path's, except
- * "fma_dots" for NT's middling row counts (kt__fma_nt_dots), and "fma" where NN reads w in
- * place (kt__fma_nn_direct, the tiles' sums). */
+/* The same for one kind of product ("nt", "nn" (nn2 too) or "tn"): "fma_dots" for NT's
+ * middling row counts, "fma" where NN reads w in place (fma_direct, the tiles' sums). */
 const char *kt__bf16_gemm_kind_path(const char *kind, int64_t M);
 
 /* The plain scalar versions: the reference the fast kernels are tested against, and the
@@ -88,21 +89,5 @@ void kt__bf16_gemm_tn_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const ui
 void kt__bf16_gemm_tn_acc_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
                               int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
                               float scale);
-
-/* Elementwise steps of the layer on n contiguous f32 values, the results stored in the compute
- * dtype (bf16 when bf16, else f32); vectorised where the GEMMs are, the same operations for
- * every element whatever n, so any split of a buffer gives the same bytes.
- *   act_fwd: ac = silu(g) * u
- *   act_bwd: with ga = w * gap (gap: the down projection's input gradient for grad_y itself,
- *            w the row's routing weight): gg = ga * u * silu'(g), gu = ga * silu(g), and
- *            part[b] = sum of gap * ac over the values [16 b, 16 b + 16) (ac as act_fwd
- *            stores it): pieces of the routing gradient <grad_y, down(ac)> = <gap, ac>,
- *            summed per 16 values in a fixed order so that splits at multiples of 16 give
- *            the same pieces; with ac_out, ac stored there too (the bits act_fwd stores). */
-void kt__moe_act_fwd(int64_t n, const float *g, const float *u, void *ac, int bf16);
-/* dst = s * src in the compute dtype (s = 1: the plain conversion) */
-void kt__moe_scale_store(int64_t n, const float *src, float s, void *dst, int bf16);
-void kt__moe_act_bwd(int64_t n, const float *g, const float *u, const float *gap, float w,
-                     void *ggc, void *guc, void *ac_out, float *part, int bf16);
 
 #endif

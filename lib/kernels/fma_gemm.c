@@ -8,10 +8,10 @@
  * strides are compile-time constants, so every address in the loop is a displacement. */
 #include <string.h>
 
-#include "moe/fma_gemm.h"
-#include "moe/fma_util.h"
-#include "moe/lane_mask.h"
-#include "moe/prefetch.h"
+#include "kernels/fma_gemm.h"
+#include "kernels/fma_util.h"
+#include "kernels/lane_mask.h"
+#include "kernels/prefetch.h"
 
 #define WR 12       /* rows of a tile */
 #define WC 32       /* columns of a tile and of a panel */
@@ -222,8 +222,8 @@ W_TARGET static void pack_rows(float *p, const void *m, int64_t ld, int64_t nrow
 
 /* y[m, 0 .. nw) for nw <= 4 rows of w: 16 lanes of sums along k, then the lanes added in
  * _mm512_reduce_add_ps's fixed tree. The 4 rows of w are read side by side, front to back.
- * (bf16 keeps bf16_gemm.c's vdpbf16ps rows kernel: this loop with the rows widened was slower
- * there, dsv2lite qlen 1 frozen forward 0.64-0.74 of the memory bandwidth against 0.76-0.80.) */
+ * (bf16 keeps the vdpbf16ps rows kernel, bf16_nt_dpbf16.c: this loop with the rows widened
+ * was slower there.) */
 W_INLINE void rows_step(const int MR, int64_t nw, int64_t K, const float *x, int64_t ldx,
                         const float *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
 {

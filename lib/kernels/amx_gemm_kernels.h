@@ -1,10 +1,10 @@
 /* The loops of the AMX GEMMs (see amx_gemm.h), written once over a small set of tile
- * operations so that the same code runs on the real tiles (lib/moe/amx_gemm.c) and on a tile
+ * operations so that the same code runs on the real tiles (lib/kernels/amx_gemm.c) and on a tile
  * emulator in the tests (tests/test_amx_gemm.c), which is how the blocking, the edges and
  * the order of summation are checked on machines without AMX.
  *
  * Not an ordinary header: no include guard, included once by each of those two files after
- * <immintrin.h>, moe/amx_gemm.h and these definitions:
+ * <immintrin.h>, kernels/amx_gemm.h and these definitions:
  *   AMXK_FN(name)          the name of each generated (static) function
  *   AMXK_TARGET            their attributes (at least AVX-512 F/BW: the stores use it)
  *   AMXK_CFG(cfg)          load the tile configuration (64 bytes)

@@ -1,5 +1,5 @@
 /* AMX (Advanced Matrix Extensions) versions of the MoE layer's bf16 GEMMs: the same three
- * products, signatures and semantics as kt__bf16_gemm_nt / _nn / _tn (moe/bf16_gemm.h),
+ * products, signatures and semantics as kt__bf16_gemm_nt / _nn / _tn (kernels/bf16_gemm.h),
  * for CPUs with AMX-TILE and AMX-BF16 (Intel Sapphire Rapids and later).
  *
  *   kt__amx_gemm_nt     y[m, n] = (accumulate ? y[m, n] : 0) + sum_k x[m, k] w[n, k]
@@ -68,8 +68,8 @@
  * or per thread, or the bytes would depend on the split.
  *
  * Stack use: about 50 KiB (NT, NN) and 64 KiB (TN) per call. */
-#ifndef KT_MOE_AMX_GEMM_H
-#define KT_MOE_AMX_GEMM_H
+#ifndef KT_KERNELS_AMX_GEMM_H
+#define KT_KERNELS_AMX_GEMM_H
 
 #include <stdint.h>
 

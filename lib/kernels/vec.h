@@ -2,8 +2,8 @@
  * dot products and axpys over the long dimension): AVX-512 where the CPU has it, else plain
  * loops with the same 16-lane order, so a given build and CPU gives the same bits for any
  * thread count. */
-#ifndef KT_MOE_VEC_H
-#define KT_MOE_VEC_H
+#ifndef KT_KERNELS_VEC_H
+#define KT_KERNELS_VEC_H
 
 #include <stdint.h>
 

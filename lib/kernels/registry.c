@@ -1,0 +1,393 @@
+/* The table of GEMM kernel paths (registry.h) and the choice from it. The wrappers below only
+ * adapt a kernel's signature to its product's (the operand type of the FMA kernels, the
+ * arguments a path has no use for); the choice is made once per call, never per tile. */
+#include "kernels/registry.h"
+
+#include <pthread.h>
+
+#include "core/cpu_internal.h"
+#include "kernels/amx_gemm.h"
+#include "kernels/bf16_dpbf16.h"
+#include "kernels/bf16_gemm.h"
+#include "kernels/f32_gemm.h"
+#include "kernels/fma_gemm.h"
+
+const char *const kt__kinsn_names[KT__KINSN_COUNT] = {"scalar", "vfmadd231ps", "vdpbf16ps",
+                                                      "tdpbf16ps"};
+
+/* The bits are computed once: the CPU's features, KT_CPU and the AMX self-test are each settled
+ * once per process (lib/core/cpu.c, amx_gemm.c), and every call of every GEMM reads them. */
+static pthread_once_t features_once = PTHREAD_ONCE_INIT;
+static unsigned features_bits;
+
+static void features_init(void)
+{
+    unsigned f = 0;
+    if (kt__cpu_has_avx512()) {
+        f |= KT__KF_AVX512;
+        if (kt__cpu_has_avx512_bf16())
+            f |= KT__KF_AVX512_BF16;
+    }
+    if (kt__amx_usable())
+        f |= KT__KF_AMX;
+    if (kt__cpu_bf16_on_fma())
+        f |= KT__KF_BF16_ON_FMA;
+    if (!kt__cpu_f32_on_blas())
+        f |= KT__KF_F32_OWN;
+    features_bits = f;
+}
+
+unsigned kt__kernel_features(void)
+{
+    pthread_once(&features_once, features_init);
+    return features_bits;
+}
+
+/* ---- AMX ---------------------------------------------------------------------------------- */
+
+static void amx_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
+                   const uint16_t *w, int64_t ldw, const uint16_t *next, float *y, int64_t ldy,
+                   int accumulate)
+{
+    (void)next;
+    kt__amx_gemm_nt(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+}
+
+/* two tile products, the second adding to the first (the tiles have no two-source kernel) */
+static void amx_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g0,
+                    const uint16_t *w0, const uint16_t *g1, const uint16_t *w1, int64_t ldg,
+                    int64_t ldw, float *y, int64_t ldy, int stream)
+{
+    (void)stream;
+    kt__amx_gemm_nn(M, N, k0, k1, g0, ldg, w0, ldw, y, ldy, 0);
+    kt__amx_gemm_nn(M, N, k0, k1, g1, ldg, w1, ldw, y, ldy, 1);
+}
+
+static void amx_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g, int64_t ldg,
+                   const uint16_t *x, int64_t ldx, float *dw, int64_t lddw, float scale,
+                   int accumulate, void *work)
+{
+    (void)work;
+    kt__amx_gemm_tn(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
+}
+
+/* ---- the FMA kernels (fma_gemm.h, fma_unpacked.c) ---------------------------------------- */
+
+#ifdef KT__FMA_GEMM
+static void fma_nt_bf16(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
+                        int64_t ldx, const uint16_t *w, int64_t ldw, const uint16_t *next,
+                        float *y, int64_t ldy, int accumulate)
+{
+    (void)next;
+    kt__fma_nt(KT__FMA_BF16, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+}
+
+static void fma_nt_f32(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *x, int64_t ldx,
+                       const float *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
+{
+    kt__fma_nt(KT__FMA_F32, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+}
+
+static void dots_nt_bf16(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
+                         int64_t ldx, const uint16_t *w, int64_t ldw, const uint16_t *next,
+                         float *y, int64_t ldy, int accumulate)
+{
+    (void)next;
+    kt__fma_nt_dots(KT__FMA_BF16, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+}
+
+static void dots_nt_f32(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *x, int64_t ldx,
+                        const float *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
+{
+    kt__fma_nt_dots(KT__FMA_F32, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+}
+
+static void fma_nn_bf16(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
+                        int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
+                        int accumulate)
+{
+    kt__fma_nn(KT__FMA_BF16, M, N, k0, k1, g, w, NULL, NULL, ldg, ldw, y, ldy, accumulate);
+}
+
+static void fma_nn2_bf16(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g0,
+                         const uint16_t *w0, const uint16_t *g1, const uint16_t *w1, int64_t ldg,
+                         int64_t ldw, float *y, int64_t ldy, int stream)
+{
+    (void)stream;
+    kt__fma_nn(KT__FMA_BF16, M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, 0);
+}
+
+static void fma_nn_f32(int64_t M, int64_t N, int64_t k0, int64_t k1, const float *g0,
+                       const float *w0, const float *g1, const float *w1, int64_t ldg, int64_t ldw,
+                       float *y, int64_t ldy, int accumulate)
+{
+    kt__fma_nn(KT__FMA_F32, M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, accumulate);
+}
+
+static void direct_nn_bf16(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
+                           int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
+                           int accumulate)
+{
+    kt__fma_nn_direct(KT__FMA_BF16, M, N, k0, k1, g, w, NULL, NULL, ldg, ldw, y, ldy,
+                      accumulate);
+}
+
+static void direct_nn2_bf16(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g0,
+                            const uint16_t *w0, const uint16_t *g1, const uint16_t *w1,
+                            int64_t ldg, int64_t ldw, float *y, int64_t ldy, int stream)
+{
+    (void)stream;
+    kt__fma_nn_direct(KT__FMA_BF16, M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, 0);
+}
+
+static void direct_nn_f32(int64_t M, int64_t N, int64_t k0, int64_t k1, const float *g0,
+                          const float *w0, const float *g1, const float *w1, int64_t ldg,
+                          int64_t ldw, float *y, int64_t ldy, int accumulate)
+{
+    kt__fma_nn_direct(KT__FMA_F32, M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, accumulate);
+}
+
+static void fma_tn_bf16(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                        int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
+                        float scale, int accumulate, void *work)
+{
+    kt__fma_tn(KT__FMA_BF16, M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate, work);
+}
+
+static void fma_tn_f32(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *g, int64_t ldg,
+                       const float *x, int64_t ldx, float *dw, int64_t lddw, float scale,
+                       int accumulate, void *work)
+{
+    kt__fma_tn(KT__FMA_F32, M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate, work);
+}
+#define FMA_FN(f) f
+#else
+#define FMA_FN(f) NULL
+#endif
+
+#ifdef KT__DPBF16_COMPILED
+#define DP_FN(f) f
+#else
+#define DP_FN(f) NULL
+#endif
+
+/* ---- the scalar references --------------------------------------------------------------- */
+
+static void ref_nt_bf16(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
+                        int64_t ldx, const uint16_t *w, int64_t ldw, const uint16_t *next,
+                        float *y, int64_t ldy, int accumulate)
+{
+    (void)next;
+    kt__bf16_gemm_nt_ref(M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+}
+
+static void ref_nn2_bf16(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g0,
+                         const uint16_t *w0, const uint16_t *g1, const uint16_t *w1, int64_t ldg,
+                         int64_t ldw, float *y, int64_t ldy, int stream)
+{
+    (void)stream;
+    kt__bf16_gemm_nn_ref(M, N, k0, k1, g0, ldg, w0, ldw, y, ldy, 0);
+    kt__bf16_gemm_nn_ref(M, N, k0, k1, g1, ldg, w1, ldw, y, ldy, 1);
+}
+
+static void ref_tn_bf16(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                        int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
+                        float scale, int accumulate, void *work)
+{
+    (void)work;
+    kt__bf16_gemm_tn_ref(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
+}
+
+static void ref_nn_f32(int64_t M, int64_t N, int64_t k0, int64_t k1, const float *g0,
+                       const float *w0, const float *g1, const float *w1, int64_t ldg, int64_t ldw,
+                       float *y, int64_t ldy, int accumulate)
+{
+    kt__f32_gemm_nn_ref(M, N, k0, k1, g0, ldg, w0, ldw, y, ldy, accumulate);
+    if (g1 != NULL)
+        kt__f32_gemm_nn_ref(M, N, k0, k1, g1, ldg, w1, ldw, y, ldy, 1);
+}
+
+static void ref_tn_f32(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *g, int64_t ldg,
+                       const float *x, int64_t ldx, float *dw, int64_t lddw, float scale,
+                       int accumulate, void *work)
+{
+    (void)work;
+    kt__f32_gemm_tn_ref(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
+}
+
+/* ---- the table ------------------------------------------------------------------------------ */
+
+#define ALL INT64_MAX
+enum { P_AMX, P_FMA_ROWS, P_FMA_DOTS, P_FMA_DIRECT, P_FMA, P_DPBF16, P_SCALAR };
+
+/* Why the row ranges are where they are (the measurements are in docs/moe.md):
+ *  - amx from one full tile of rows (16): below, the tiles are mostly padding.
+ *  - fma_rows (f32 NT up to 4 rows): dot products along w's rows, w streamed in long runs.
+ *  - fma_dots (NT of 5-20 bf16 / 5-24 f32 rows): w read in place, where the tiles' packed panel
+ *    costs more than it saves.
+ *  - fma_direct (NN of 6-15 bf16 / 1-24 f32 rows): w's rows widened in registers, the tiles'
+ *    sums without their panels.
+ *  - fma from 16 bf16 rows where bf16 multiplies faster widened (below, vdpbf16ps streams the
+ *    weights as fast), every row count where the CPU lacks vdpbf16ps.
+ *  - avx512_bf16 at every row count it is reached for. */
+const kt__kpath kt__kpaths[] = {
+    [P_AMX] = {.name = "amx",
+               .sums_as = P_AMX,
+               .insn = KT__KINSN_AMX,
+               .needs = KT__KF_AMX,
+               .rows = {[KT__KP_NT_BF16] = {16, ALL},
+                        [KT__KP_NN_BF16] = {16, ALL},
+                        [KT__KP_NN2_BF16] = {16, ALL},
+                        [KT__KP_TN_BF16] = {16, ALL}},
+               .nt_bf16 = amx_nt,
+               .nn_bf16 = kt__amx_gemm_nn,
+               .nn2_bf16 = amx_nn2,
+               .tn_bf16 = amx_tn},
+    [P_FMA_ROWS] = {.name = "fma_rows",
+                    .sums_as = P_FMA_ROWS,
+                    .insn = KT__KINSN_FMA,
+                    .needs = KT__KF_AVX512,
+                    .needs_f32 = KT__KF_F32_OWN,
+                    .rows = {[KT__KP_NT_F32] = {1, KT__FMA_ROWS_MAX_M}},
+                    .nt_f32 = FMA_FN(kt__fma_nt_rows_f32)},
+    [P_FMA_DOTS] = {.name = "fma_dots",
+                    .sums_as = P_FMA_DOTS,
+                    .insn = KT__KINSN_FMA,
+                    .needs = KT__KF_AVX512,
+                    .needs_bf16 = KT__KF_BF16_ON_FMA,
+                    .needs_f32 = KT__KF_F32_OWN,
+                    .rows = {[KT__KP_NT_BF16] = {KT__BF16_NT_ROWS_MAX_M + 1, 20},
+                             [KT__KP_NT_F32] = {KT__FMA_ROWS_MAX_M + 1, 24}},
+                    .nt_bf16 = FMA_FN(dots_nt_bf16),
+                    .nt_f32 = FMA_FN(dots_nt_f32)},
+    [P_FMA_DIRECT] = {.name = "fma_direct",
+                      .sums_as = P_FMA,
+                      .insn = KT__KINSN_FMA,
+                      .needs = KT__KF_AVX512,
+                      .needs_bf16 = KT__KF_BF16_ON_FMA,
+                      .needs_f32 = KT__KF_F32_OWN,
+                      .rows = {[KT__KP_NN_BF16] = {6, 15},
+                               [KT__KP_NN2_BF16] = {6, 15},
+                               [KT__KP_NN_F32] = {1, 24},
+                               [KT__KP_NN2_F32] = {1, 24}},
+                      .nn_bf16 = FMA_FN(direct_nn_bf16),
+                      .nn2_bf16 = FMA_FN(direct_nn2_bf16),
+                      .nn_f32 = FMA_FN(direct_nn_f32)},
+    [P_FMA] = {.name = "fma",
+               .sums_as = P_FMA,
+               .insn = KT__KINSN_FMA,
+               .needs = KT__KF_AVX512,
+               .needs_bf16 = KT__KF_BF16_ON_FMA,
+               .needs_f32 = KT__KF_F32_OWN,
+               .all_rows_without = KT__KF_AVX512_BF16,
+               .rows = {[KT__KP_NT_BF16] = {16, ALL},
+                        [KT__KP_NN_BF16] = {16, ALL},
+                        [KT__KP_NN2_BF16] = {16, ALL},
+                        [KT__KP_TN_BF16] = {16, ALL},
+                        [KT__KP_NT_F32] = {0, ALL},
+                        [KT__KP_NN_F32] = {0, ALL},
+                        [KT__KP_NN2_F32] = {0, ALL},
+                        [KT__KP_TN_F32] = {0, ALL}},
+               .nt_bf16 = FMA_FN(fma_nt_bf16),
+               .nn_bf16 = FMA_FN(fma_nn_bf16),
+               .nn2_bf16 = FMA_FN(fma_nn2_bf16),
+               .tn_bf16 = FMA_FN(fma_tn_bf16),
+               .nt_f32 = FMA_FN(fma_nt_f32),
+               .nn_f32 = FMA_FN(fma_nn_f32),
+               .tn_f32 = FMA_FN(fma_tn_f32),
+               .tn_work_bytes = FMA_FN(kt__fma_tn_work_bytes)},
+    [P_DPBF16] = {.name = "avx512_bf16",
+                  .sums_as = P_DPBF16,
+                  .insn = KT__KINSN_DPBF16,
+                  .needs = KT__KF_AVX512 | KT__KF_AVX512_BF16,
+                  .rows = {[KT__KP_NT_BF16] = {0, ALL},
+                           [KT__KP_NN_BF16] = {0, ALL},
+                           [KT__KP_NN2_BF16] = {0, ALL},
+                           [KT__KP_TN_BF16] = {0, ALL}},
+                  .nt_bf16 = DP_FN(kt__bf16_nt_dpbf16),
+                  .nn_bf16 = DP_FN(kt__bf16_nn_dpbf16),
+                  .nn2_bf16 = DP_FN(kt__bf16_nn2_dpbf16),
+                  .tn_bf16 = DP_FN(kt__bf16_tn_dpbf16),
+                  .tn_work_bytes = DP_FN(kt__bf16_tn_dpbf16_work_bytes)},
+    [P_SCALAR] = {.name = "scalar",
+                  .sums_as = P_SCALAR,
+                  .insn = KT__KINSN_SCALAR,
+                  .rows = {[KT__KP_NT_BF16] = {0, ALL},
+                           [KT__KP_NN_BF16] = {0, ALL},
+                           [KT__KP_NN2_BF16] = {0, ALL},
+                           [KT__KP_TN_BF16] = {0, ALL},
+                           [KT__KP_NT_F32] = {0, ALL},
+                           [KT__KP_NN_F32] = {0, ALL},
+                           [KT__KP_NN2_F32] = {0, ALL},
+                           [KT__KP_TN_F32] = {0, ALL}},
+                  .nt_bf16 = ref_nt_bf16,
+                  .nn_bf16 = kt__bf16_gemm_nn_ref,
+                  .nn2_bf16 = ref_nn2_bf16,
+                  .tn_bf16 = ref_tn_bf16,
+                  .nt_f32 = kt__f32_gemm_nt_ref,
+                  .nn_f32 = ref_nn_f32,
+                  .tn_f32 = ref_tn_f32},
+};
+const int kt__kpath_count = (int)(sizeof kt__kpaths / sizeof kt__kpaths[0]);
+
+static int has_kernel(const kt__kpath *p, kt__kprod prod)
+{
+    switch (prod) {
+    case KT__KP_NT_BF16: return p->nt_bf16 != NULL;
+    case KT__KP_NN_BF16: return p->nn_bf16 != NULL;
+    case KT__KP_NN2_BF16: return p->nn2_bf16 != NULL;
+    case KT__KP_TN_BF16: return p->tn_bf16 != NULL;
+    case KT__KP_NT_F32: return p->nt_f32 != NULL;
+    case KT__KP_NN_F32:
+    case KT__KP_NN2_F32: return p->nn_f32 != NULL;
+    case KT__KP_TN_F32: return p->tn_f32 != NULL;
+    default: return 0;
+    }
+}
+
+/* Per product, the paths this CPU can run for it in table order with their effective rows:
+ * built once from the table (as the feature bits), so a pick is a walk over a few ranges. */
+typedef struct usable {
+    int n;
+    struct {
+        int64_t lo, hi;
+        const kt__kpath *path;
+    } e[8];
+} usable;
+static pthread_once_t usable_once = PTHREAD_ONCE_INIT;
+static usable usable_by_prod[KT__KPROD_COUNT];
+
+static void usable_init(void)
+{
+    const unsigned have = kt__kernel_features();
+    for (int prod = 0; prod < KT__KPROD_COUNT; prod++) {
+        usable *u = &usable_by_prod[prod];
+        const int bf16 = prod <= KT__KP_TN_BF16;
+        for (int i = 0; i < kt__kpath_count && u->n < 8; i++) {
+            const kt__kpath *p = &kt__kpaths[i];
+            const unsigned needs = p->needs | (bf16 ? p->needs_bf16 : p->needs_f32);
+            const kt__krows r = p->rows[prod];
+            if (r.max_m == 0 || !has_kernel(p, (kt__kprod)prod) || (have & needs) != needs)
+                continue;
+            u->e[u->n].lo = (p->all_rows_without & ~have) ? 0 : r.min_m;
+            u->e[u->n].hi = r.max_m;
+            u->e[u->n].path = p;
+            u->n++;
+        }
+    }
+}
+
+const kt__kpath *kt__kpath_pick(kt__kprod prod, int64_t M)
+{
+    pthread_once(&usable_once, usable_init);
+    const usable *u = &usable_by_prod[prod];
+    for (int i = 0; i < u->n; i++)
+        if (M >= u->e[i].lo && M <= u->e[i].hi)
+            return u->e[i].path;
+    return &kt__kpaths[kt__kpath_count - 1];
+}
+
+const char *kt__kpath_sums_name(kt__kprod prod, int64_t M)
+{
+    return kt__kpaths[kt__kpath_pick(prod, M)->sums_as].name;
+}

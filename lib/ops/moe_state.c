@@ -1,0 +1,289 @@
+/* The moe op's session hooks (ops/op_state.h): the layers of kt_session_options.moe_layers
+ * are its state. Binding checks each moe node against its layer; a failed step poisons every
+ * bound layer's forward cache and the next forward reports it; what the layers train (LoRA
+ * adapters, f32 experts) is the session's to optimize; their experts and adapters go into
+ * the session's file as "moe.<b>.experts..." with "kt.moe_layers" listing the layers.
+ *
+ * state_recompute: a layer keeps its own intermediates for its backward, outside the plan:
+ * the f32 gate and up activations, 2 k I floats a token (dsv2lite: 66 KiB, against 4 KiB of
+ * its input). In a recomputed segment the checkpoint pass marks its forward step, and whoever
+ * creates the layer (kt_program_moe's keep_activations, read by kt-train) creates it keeping
+ * none, so that its backward recomputes them from the input it keeps. With
+ * recompute_must_save and the forward cache off, gate and up then run three times (forward,
+ * the clone, backward's recompute) where keeping them would run them twice: the price of the
+ * layer's smaller buffers, which it holds for its whole life. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "kt/comm.h"
+#include "kt/moe.h"
+#include "moe/trainable.h"
+#include "ops/op_desc.h"
+#include "ops/op_state.h"
+
+#define SPAN_NAME_BYTES 24
+
+typedef struct moe_state {
+    int retained; /* the layers hold a reference of this session's (see unbind_moe) */
+    const kt__op_node *nodes;
+    int n_nodes;
+    kt_moe *const *layers;
+    int n_layers;
+    int n_spans;
+    int *span_layer; /* per span: the layer it trains */
+    char *span_names; /* SPAN_NAME_BYTES each: "moe.<b>" */
+} moe_state;
+
+/* Every moe node has a layer that fits it, and each layer serves one moe node. */
+static kt_status check_nodes(const kt__op_bind *bd)
+{
+    if (bd->comm != NULL && kt_comm_rank(bd->comm) != 0)
+        return KT_OK; /* with several ranks, rank 0 owns the experts */
+    kt_moe *const *layers = (kt_moe *const *)bd->bindings;
+    for (int i = 0; i < bd->n_nodes; i++) {
+        const kt__op_node *nd = &bd->nodes[i];
+        int b = nd->attrs->binding;
+        if (b >= bd->n_bindings || layers == NULL || layers[b] == NULL)
+            return kt__error(KT_EINVAL, "session: moe node '%s' runs MoE layer %d, but %d "
+                             "layer%s given (kt_session_options.moe_layers)", nd->name, b,
+                             bd->n_bindings, bd->n_bindings == 1 ? " is" : "s are");
+        for (int o = 0; o < i; o++)
+            if (bd->nodes[o].attrs->binding == b)
+                return kt__error(KT_EINVAL, "session: moe node '%s' (step %d) runs MoE layer "
+                                 "%d, which moe node '%s' (step %d) runs already; each layer "
+                                 "keeps one forward for its backward: give each moe op a "
+                                 "layer of its own", nd->name, nd->step, b, bd->nodes[o].name,
+                                 bd->nodes[o].step);
+        const kt_moe_config *cfg = kt_moe_get_config(layers[b]);
+        const kt_tensor *x = &nd->in[0], *ids = &nd->in[1];
+        int64_t world = bd->comm ? kt_comm_size(bd->comm) : 1;
+        if (cfg->hidden != x->shape[1] || cfg->top_k != ids->shape[1] ||
+            cfg->max_tokens < x->shape[0] * world || cfg->act_dtype != x->dtype)
+            return kt__error(KT_EINVAL, "session: moe node '%s' (x %s[%lld,%lld], k=%lld) does "
+                             "not fit MoE layer %d (H=%lld, k=%lld, max_tokens=%lld, act %s)",
+                             nd->name, kt_dtype_name(x->dtype), (long long)x->shape[0],
+                             (long long)x->shape[1], (long long)ids->shape[1], b,
+                             (long long)cfg->hidden, (long long)cfg->top_k,
+                             (long long)cfg->max_tokens, kt_dtype_name(cfg->act_dtype));
+    }
+    return KT_OK;
+}
+
+static void unbind_moe(void *state)
+{
+    moe_state *m = state;
+    if (m == NULL)
+        return;
+    for (int b = 0; m->retained && b < m->n_layers; b++)
+        kt_moe_destroy(m->layers[b]); /* drops the session's reference; the last one frees */
+    free(m->span_layer);
+    free(m->span_names);
+    free(m);
+}
+
+static kt_status bind_moe(const kt__op_bind *bd, void **state_out)
+{
+    *state_out = NULL;
+    KT__TRY(check_nodes(bd));
+    int any = 0;
+    for (int b = 0; b < bd->n_bindings && bd->bindings != NULL; b++)
+        any |= bd->bindings[b] != NULL;
+    if (bd->n_nodes == 0 && !any)
+        return KT_OK;
+    moe_state *m = calloc(1, sizeof *m);
+    int n = bd->n_bindings > 0 ? bd->n_bindings : 0;
+    if (m == NULL || (m->span_layer = calloc((size_t)n + 1, sizeof(int))) == NULL ||
+        (m->span_names = calloc((size_t)n + 1, SPAN_NAME_BYTES)) == NULL) {
+        unbind_moe(m);
+        return kt__error(KT_ENOMEM, "session: out of memory");
+    }
+    m->nodes = bd->nodes;
+    m->n_nodes = bd->n_nodes;
+    m->layers = (kt_moe *const *)bd->bindings;
+    m->n_layers = bd->bindings != NULL ? n : 0;
+    for (int b = 0; b < m->n_layers; b++) {
+        kt_moe *l = m->layers[b];
+        if (l == NULL)
+            continue;
+        float *param, *grad;
+        int64_t count = kt__moe_trainable(l, &param, &grad);
+        if (count < 0) {
+            const char *name = kt_moe_get_config(l)->name;
+            unbind_moe(m);
+            return kt__error(KT_EUNSUPPORTED, "session: MoE layer %d ('%s') trains bf16 expert "
+                             "weights, which need f32 master copies: use f32 weights or LoRA",
+                             b, name ? name : "");
+        }
+        if (count == 0)
+            continue;
+        snprintf(m->span_names + (size_t)m->n_spans * SPAN_NAME_BYTES, SPAN_NAME_BYTES, "moe.%d",
+                 b);
+        m->span_layer[m->n_spans++] = b;
+    }
+    /* the session keeps its layers alive: kt_moe_destroy before kt_session_destroy is safe */
+    for (int b = 0; b < m->n_layers; b++)
+        if (m->layers[b] != NULL)
+            kt__moe_retain(m->layers[b]);
+    m->retained = 1;
+    *state_out = m;
+    return KT_OK;
+}
+
+static int64_t span_floats_moe(const kt__op_bind *bd)
+{
+    int64_t total = 0;
+    for (int b = 0; b < bd->n_bindings && bd->bindings != NULL; b++) {
+        float *param, *grad;
+        int64_t n = bd->bindings[b] != NULL ? kt__moe_trainable(bd->bindings[b], &param, &grad)
+                                            : 0;
+        total += n > 0 ? n : 0;
+    }
+    return total;
+}
+
+static int spans_moe(void *state, kt__op_span *out, int cap)
+{
+    const moe_state *m = state;
+    for (int i = 0; i < m->n_spans && i < cap && out != NULL; i++) {
+        out[i].n = kt__moe_trainable(m->layers[m->span_layer[i]], &out[i].param, &out[i].grad);
+        out[i].name = m->span_names + (size_t)i * SPAN_NAME_BYTES;
+    }
+    return m->n_spans;
+}
+
+/* A poisoned cache is reported once, naming the layer, and cleared (with those after it). */
+static kt_status forward_begin_moe(void *state, int report)
+{
+    const moe_state *m = state;
+    for (int i = 0; i < m->n_layers; i++) {
+        kt_moe *l = m->layers[i];
+        if (l == NULL || kt_moe_cache_get_state(l) != KT_MOE_CACHE_POISONED)
+            continue;
+        kt_status st = report ? kt__moe_session_check(l, "forward") : KT_OK;
+        for (int k = i; k < m->n_layers; k++)
+            if (m->layers[k] != NULL)
+                kt_moe_cache_clear(m->layers[k]);
+        return st;
+    }
+    return KT_OK;
+}
+
+/* A new accumulation: the layers' weight gradients start over. */
+static void backward_begin_moe(void *state)
+{
+    const moe_state *m = state;
+    for (int i = 0; i < m->n_layers; i++)
+        if (m->layers[i] != NULL)
+            kt_moe_zero_grad(m->layers[i]);
+}
+
+/* A failed step may leave a layer's cached forward output stale: poison every bound layer's
+ * cache, so it can never be reused (the failure's message is kept). */
+static void poison_moe(void *state)
+{
+    const moe_state *m = state;
+    for (int i = 0; i < m->n_layers; i++)
+        if (m->layers[i] != NULL)
+            kt__moe_session_poison(m->layers[i]);
+}
+
+static size_t save_count_moe(void *state, size_t *name_bytes)
+{
+    const moe_state *m = state;
+    size_t n = 0;
+    for (int b = 0; b < m->n_layers; b++)
+        if (m->layers[b] != NULL)
+            n += kt__moe_st_count(m->layers[b]);
+    *name_bytes = n * KT__MOE_NAME_BYTES;
+    return n;
+}
+
+static kt_status save_items_moe(void *state, kt_st_item *items, char *names)
+{
+    const moe_state *m = state;
+    size_t at = 0;
+    for (int b = 0; b < m->n_layers; b++) {
+        const kt_moe *l = m->layers[b];
+        if (l == NULL)
+            continue;
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "moe.%d.", b);
+        KT__TRY(kt__moe_st_items(l, prefix, items + at, names + at * KT__MOE_NAME_BYTES));
+        at += kt__moe_st_count(l);
+    }
+    return KT_OK;
+}
+
+/* The layers the file holds, e.g. "0,2". */
+static kt_status save_meta_moe(void *state, char *value, size_t cap)
+{
+    const moe_state *m = state;
+    size_t len = 0;
+    value[0] = '\0';
+    for (int b = 0; b < m->n_layers; b++) {
+        if (m->layers[b] == NULL)
+            continue;
+        len += (size_t)snprintf(value + len, cap - len, "%s%d", len ? "," : "", b);
+        if (len >= cap)
+            return kt__error(KT_EINVAL, "save: too many MoE layers to list");
+    }
+    return KT_OK;
+}
+
+/* Whether the file holds MoE experts (a session saved with its layers; a file of parameters
+ * alone, as saved before sessions saved their layers, leaves them as they are). */
+static int file_holds_moe(void *state, const kt_st_file *f)
+{
+    (void)state;
+    if (kt_st_metadata(f, "kt.moe_layers") != NULL)
+        return 1;
+    for (size_t i = 0; i < kt_st_count(f); i++) {
+        const char *name = NULL;
+        kt_tensor view;
+        if (kt_st_entry(f, i, &name, &view) == KT_OK && strncmp(name, "moe.", 4) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Every bound layer's, whole. */
+static kt_status load_moe(void *state, const kt_st_file *f, int dry_run, const char *path)
+{
+    const moe_state *m = state;
+    for (int b = 0; b < m->n_layers; b++) {
+        kt_moe *l = m->layers[b];
+        if (l == NULL)
+            continue;
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "moe.%d.", b);
+        kt_status st = dry_run ? kt__moe_load_check(l, f, prefix) : kt_moe_load(l, f, prefix);
+        if (st != KT_OK)
+            return kt__error_context(st, "%s: MoE layer %d", path, b);
+    }
+    return KT_OK;
+}
+
+/* A tensor of a layer the program runs (whether or not this rank holds it):
+ * "moe.<b>.experts..." or, with an optimizer prefix, "moe.<b>". */
+static int knows_moe(void *state, const char *name, int is_state)
+{
+    const moe_state *m = state;
+    int b = -1, used = -1;
+    if (sscanf(name, "moe.%d%n", &b, &used) != 1 || b < 0)
+        return 0;
+    int runs = 0;
+    for (int i = 0; i < m->n_nodes; i++)
+        runs |= m->nodes[i].attrs->binding == b;
+    return runs && (name[used] == '\0' ? is_state : strncmp(name + used, ".experts.", 9) == 0);
+}
+
+const kt__op_state kt__moe_state = {
+    .state_recompute = 1, .spans_on_rank0 = 1,
+    .bind = bind_moe, .unbind = unbind_moe, .span_floats = span_floats_moe, .spans = spans_moe,
+    .forward_begin = forward_begin_moe, .backward_begin = backward_begin_moe,
+    .poison = poison_moe,
+    .save_count = save_count_moe, .save_items = save_items_moe,
+    .meta_key = "kt.moe_layers", .save_meta = save_meta_moe,
+    .file_holds = file_holds_moe, .load = load_moe, .knows = knows_moe};

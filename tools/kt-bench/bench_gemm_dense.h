@@ -1,0 +1,17 @@
+/* kt-bench gemm's dense part: the bf16 matmul op against the register peak of its kernel path's
+ * instruction, OpenBLAS's sgemm on the same values in f32, and the staged path it replaced. */
+#ifndef KT_TOOLS_BENCH_GEMM_DENSE_H
+#define KT_TOOLS_BENCH_GEMM_DENSE_H
+
+#include <stdint.h>
+
+#include <kt/kt.h>
+
+#include "bench.h"
+
+/* m, n, k > 0: that one product; else the table (2048^3 and the attention projections).
+ * threads: the pool's (1 with single). Returns 0, or 1 when out of memory. */
+int bench_gemm_dense(const bench_args *common, kt_threadpool *pool, int64_t m, int64_t n,
+                     int64_t k, int single);
+
+#endif
