@@ -1,4 +1,4 @@
-/* The AMX bf16 GEMMs (lib/moe/amx_gemm.h), in three layers:
+/* The AMX bf16 GEMMs (lib/kernels/amx_gemm.h), in three layers:
  *
  *  1. The packing routines (AVX-512, no tile instructions) against plain loops that build the
  *     tile layouts element by element: every edge (rows, columns, odd and partial reductions,

@@ -543,47 +543,50 @@ static void probe_tasks(void *vctx, int64_t b, int64_t end, int thread)
 static int64_t probe_plan(kt_moe *m, int64_t cols, int cut, plan_probe *p)
 {
     const int64_t n = kt__moe_plan_parts(m, cols, cut);
-    assert_int_equal(m->part[m->n_threads], n);
-    assert_true(n <= m->max_tasks);
-    int64_t *next_col = calloc((size_t)m->E, sizeof *next_col);
+    assert_int_equal(m->route.share[m->n_threads], n);
+    assert_true(n <= m->route.max_tasks);
+    int64_t *next_col = calloc((size_t)m->dim.E, sizeof *next_col);
     for (int64_t i = 0; i < n; i++) {
-        const kt__moe_task *t = &m->tasks[i];
-        assert_true(m->off[t->e + 1] > m->off[t->e]);
+        const kt__moe_task *t = &m->route.tasks[i];
+        assert_true(m->route.row_start[t->e + 1] > m->route.row_start[t->e]);
         assert_int_equal(t->c0, next_col[t->e]);
         assert_true(t->c1 > t->c0 && t->c1 <= cols);
         next_col[t->e] = t->c1;
     }
-    for (int64_t e = 0; e < m->E; e++)
-        assert_int_equal(next_col[e], m->off[e + 1] > m->off[e] ? cols : 0);
+    for (int64_t e = 0; e < m->dim.E; e++)
+        assert_int_equal(next_col[e], m->route.row_start[e + 1] > m->route.row_start[e] ? cols : 0);
     free(next_col);
     for (int64_t t = 0; cut == KT__MOE_CUT_KEEP_SMALL && t < m->n_threads; t++)
-        for (int64_t i = m->part[t]; i < m->part[t + 1]; i++) {
-            const kt__moe_task *k = &m->tasks[i];
-            if (m->off[k->e + 1] - m->off[k->e] > KT__BF16_NN_STREAM_MAX_M)
+        for (int64_t i = m->route.share[t]; i < m->route.share[t + 1]; i++) {
+            const kt__moe_task *k = &m->route.tasks[i];
+            if (m->route.row_start[k->e + 1] - m->route.row_start[k->e] > KT__BF16_NN_STREAM_MAX_M)
                 continue;
-            if ((i > m->part[t] && k->c0 != 0) || (i + 1 < m->part[t + 1] && k->c1 != cols))
+            if ((i > m->route.share[t] && k->c0 != 0) ||
+                (i + 1 < m->route.share[t + 1] && k->c1 != cols))
                 fail_msg("thread %lld's task %lld cuts expert %lld (%lld rows) at [%lld, %lld)",
                          (long long)t, (long long)i, (long long)k->e,
-                         (long long)(m->off[k->e + 1] - m->off[k->e]), (long long)k->c0,
-                         (long long)k->c1);
+                         (long long)(m->route.row_start[k->e + 1] - m->route.row_start[k->e]),
+                         (long long)k->c0, (long long)k->c1);
         }
     p->runs = calloc((size_t)n + 1, sizeof *p->runs);
     p->ran_on = malloc(((size_t)n + 1) * sizeof *p->ran_on);
     for (int64_t i = 0; i <= n; i++)
         p->ran_on[i] = -1;
     if (p->slow_thread >= 0) {
-        p->slow_first = m->part[p->slow_thread];
-        p->slow_end = m->part[p->slow_thread + 1];
+        p->slow_first = m->route.share[p->slow_thread];
+        p->slow_end = m->route.share[p->slow_thread + 1];
     }
     kt__moe_run_parts(m, probe_tasks, p);
-    for (int g = 0; g < m->n_groups; g++)
+    for (int g = 0; g < m->numa.n_groups; g++)
         for (int64_t i = 0; i < n; i++) {
-            if (m->tasks[i].e < m->group_e[g] || m->tasks[i].e >= m->group_e[g + 1])
+            if (m->route.tasks[i].e < m->numa.expert_start[g] ||
+                m->route.tasks[i].e >= m->numa.expert_start[g + 1])
                 continue;
             assert_int_equal(p->runs[i], 1);
-            if (p->ran_on[i] < m->group_t[g] || p->ran_on[i] >= m->group_t[g + 1])
+            if (p->ran_on[i] < m->numa.thread_start[g] ||
+                p->ran_on[i] >= m->numa.thread_start[g + 1])
                 fail_msg("thread %d (not of group %d) ran expert %lld", p->ran_on[i], g,
-                         (long long)m->tasks[i].e);
+                         (long long)m->route.tasks[i].e);
         }
     return n;
 }
@@ -593,12 +596,13 @@ static void expect_node_local_plan(kt_moe *m, int64_t cols)
 {
     plan_probe p = {NULL, NULL, -1, 0, 0};
     probe_plan(m, cols, KT__MOE_CUT_ANY, &p);
-    for (int g = 0; g < m->n_groups; g++)
-        for (int64_t t = m->group_t[g]; t < m->group_t[g + 1]; t++)
-            for (int64_t i = m->part[t]; i < m->part[t + 1]; i++)
-                if (m->tasks[i].e < m->group_e[g] || m->tasks[i].e >= m->group_e[g + 1])
+    for (int g = 0; g < m->numa.n_groups; g++)
+        for (int64_t t = m->numa.thread_start[g]; t < m->numa.thread_start[g + 1]; t++)
+            for (int64_t i = m->route.share[t]; i < m->route.share[t + 1]; i++)
+                if (m->route.tasks[i].e < m->numa.expert_start[g] ||
+                    m->route.tasks[i].e >= m->numa.expert_start[g + 1])
                     fail_msg("thread %lld (group %d) was given expert %lld", (long long)t, g,
-                             (long long)m->tasks[i].e);
+                             (long long)m->route.tasks[i].e);
     free(p.runs);
     free(p.ran_on);
 }
@@ -625,7 +629,7 @@ static blob run_blob_on(kt_moe_config cfg, int threads, int64_t qlen, int numa_s
         OK(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 0.75f));
     }
     if (numa_split) {
-        assert_int_equal(m->n_groups,
+        assert_int_equal(m->numa.n_groups,
                          kt_numa_node_count() < threads ? kt_numa_node_count() : threads);
         expect_node_local_plan(m, cfg.hidden);
         expect_node_local_plan(m, cfg.intermediate);
@@ -727,9 +731,9 @@ static void test_wide_intermediate(void **state)
     kt_moe_destroy(m);
     kt_threadpool_destroy(pool);
     for (int i = 0; i < 6; i++)
-        expect_same_over_threads(make_cfg(i < 3 ? KT_BF16 : KT_F32, KT_F32, (kt_moe_mode)(i % 3),
-                                          64, 330, 3, 2, 320),
-                                 320, "I 330");
+        expect_same_over_threads(
+            make_cfg(i < 3 ? KT_BF16 : KT_F32, KT_F32, (kt_moe_mode)(i % 3), 64, 330, 3, 2, 320),
+            320, "I 330");
 }
 
 /* The driver routes from the caller's ids again after submit validated them: ids changed in
@@ -880,12 +884,12 @@ static void test_work_sharing(void **state)
         probe_plan(m, c.intermediate, KT__MOE_CUT_ANY, &p);
         if (q == 0) {
             /* the last quarter of a share is cut finer: thread 0 has more tasks than experts */
-            assert_true(m->part[1] - m->part[0] > 4);
+            assert_true(m->route.share[1] - m->route.share[0] > 4);
             int64_t taken = 0;
-            for (int64_t i = m->part[0]; i < m->part[1]; i++)
+            for (int64_t i = m->route.share[0]; i < m->route.share[1]; i++)
                 taken += p.ran_on[i] == 1;
             print_message("thread 1 ran %lld of held thread 0's %lld tasks\n", (long long)taken,
-                          (long long)(m->part[1] - m->part[0]));
+                          (long long)(m->route.share[1] - m->route.share[0]));
             assert_true(taken > 0);
         }
         free(p.runs);
@@ -898,7 +902,7 @@ static void test_work_sharing(void **state)
         if (q == 1)
             assert_int_equal(n, 2);
         else if (q == 0)
-            assert_true(m->part[1] - m->part[0] > 4);
+            assert_true(m->route.share[1] - m->route.share[0] > 4);
         free(k.runs);
         free(k.ran_on);
         free_inputs(&in);

@@ -1,4 +1,4 @@
-/* The MoE layer's f32 GEMM kernels (lib/moe/f32_gemm.h): nt, nn, nn2 and tn on awkward sizes
+/* The MoE layer's f32 GEMM kernels (lib/kernels/f32_gemm.h): nt, nn, nn2 and tn on awkward sizes
  * (every row count of the row-dot path and the tiles' edges, reductions past the 128-step
  * chunks, tn past its 512 stack rows with and without a work buffer), leading dimensions wider
  * than the rows, accumulate on and off, scale != 1:

@@ -1,4 +1,4 @@
-/* The LoRA adapters' vector kernels (lib/moe/vec.h): dot against a float64 sum, and the
+/* The LoRA adapters' vector kernels (lib/kernels/vec.h): dot against a float64 sum, and the
  * multi-rank and multi-row forms (rank_update, rows_axpys, rows_dots) bitwise
  * against the single ones they replace, at lengths around the 16-lane width and the rank and
  * row blocks. Also run with KT_CPU=portable. */

@@ -43,13 +43,13 @@ typedef enum kt_moe_mode { KT_MOE_FROZEN = 0, KT_MOE_LORA = 1, KT_MOE_FULL = 2 }
 /* Scratch buffers shared by several layers. A layer's buffers are of two kinds: what forward
  * keeps for backward (the routing, the input, the kept activations, the cached output), which
  * is the layer's own, and scratch that lives only during one call (the rows gathered per
- * expert, the activations and gradients between its GEMMs: for dsv2lite at 1024 tokens
- * 106 MB frozen, 133 MB full). The layers of a model run one at a time, so they can share one
+ * expert, the activations and gradients between its GEMMs: kt_moe_get_memory's
+ * scratch_bytes, about a hundred MB for a 2048-wide layer at 1024 tokens). The layers of a model run one at a time, so they can share one
  * scratch: it grows to the largest need of the layers created with it (allocated at the first call
  * after a layer raised it), and each call holds its lock, so layers sharing it never run at once.
  * Destroy it after the last of its layers. */
 typedef struct kt_moe_scratch kt_moe_scratch;
-/* numa_node: as kt_arena_create (-1: anywhere). */
+/* numa_node: as kt_arena_create (-1: anywhere). On failure *scratch_out is NULL. */
 kt_status kt_moe_scratch_create(int numa_node, kt_moe_scratch **scratch_out);
 void kt_moe_scratch_destroy(kt_moe_scratch *scratch);
 /* Bytes it holds now (0 before the first call). */
@@ -108,7 +108,9 @@ const kt_moe_config *kt_moe_get_config(const kt_moe *moe);
 
 typedef enum kt_moe_proj { KT_MOE_GATE = 0, KT_MOE_UP = 1, KT_MOE_DOWN = 2 } kt_moe_proj;
 
-/* Copies one expert's projection in (gate/up [I, H], down [H, I], the weight dtype). */
+/* Copies one expert's projection in: w is a contiguous CPU tensor of the weight dtype, gate/up
+ * [I, H], down [H, I]; any other is KT_EINVAL saying what differs (dtype, shape, strides,
+ * device). docs/moe.md walks through a layer's use; examples/moe_layer.c is a whole program. */
 kt_status kt_moe_set_weight(kt_moe *moe, int64_t expert, kt_moe_proj proj, const kt_tensor *w);
 /* A view of the stored weight in its original layout (write through it to change it). */
 kt_status kt_moe_weight(kt_moe *moe, int64_t expert, kt_moe_proj proj, kt_tensor *view_out);

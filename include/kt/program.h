@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "graph.h"
+#include "moe.h"
 #include "runtime.h"
 #include "status.h"
 #include "tensor.h"
@@ -105,6 +106,19 @@ typedef struct kt_program_moe {
 
 int kt_program_moe_count(const kt_program *p);
 kt_status kt_program_moe_info(const kt_program *p, int i, kt_program_moe *info_out);
+/* The layer configuration (kt/moe.h) for moe op `info`: n_experts, hidden, top_k, act_dtype
+ * and keep_activations from the program, max_tokens = info->tokens * world (with several
+ * ranks the layer on rank 0 runs every rank's rows; 1 for one rank), and what a program
+ * cannot know from the arguments: the intermediate size, the weight dtype, the mode and, in
+ * LoRA mode, the adapters' rank and alpha (lora_rank is 0 in the other modes). The rest is
+ * the plain default: name = info->name (kt_moe_create copies it), numa_node -1, no shared
+ * scratch, check_finite 0; set those in *config_out afterwards. Validating the sizes is
+ * kt_moe_create's (or kt_moe_memory_need's) job. KT_EINVAL when the program does not say how
+ * many experts there are (ids that do not come from a topk_router op), for intermediate < 1
+ * or world < 1; *config_out is set only on success. */
+kt_status kt_program_moe_config(const kt_program_moe *info, int64_t intermediate,
+                                kt_dtype weight_dtype, kt_moe_mode mode, int64_t lora_rank,
+                                float lora_alpha, int world, kt_moe_config *config_out);
 
 /* The values an integer input may hold: [0, bound), bound the smallest limit set by the ops
  * that read the input directly (embedding ids: the table's rows; cross_entropy targets: the

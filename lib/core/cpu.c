@@ -86,10 +86,8 @@ static void detect(void)
             features.amx_tile = features.amx_bf16 = 0;
         if (features.amx_tile && tile_ok)
             features.amx_usable = request_amx_permission();
-        /* Where the FMA units multiply bf16 faster (lib/moe/fma_gemm.h): an Emerald Rapids
-         * core issues 1.34 G vdpbf16ps/s against 5.4 G FMA/s (measured), 32 bf16 products a
-         * cycle against 64 widened; other Intel cores with AVX-512 BF16 are assumed alike.
-         * AMD Zen 4 and 5 keep vdpbf16ps. */
+        /* Intel cores multiply bf16 faster on the FMA units, widened, than with vdpbf16ps;
+         * AMD Zen 4 and 5 keep vdpbf16ps (why and the figures: lib/kernels/fma_gemm.h). */
         unsigned v0, vb, vc, vd;
         __cpuid(0, v0, vb, vc, vd);
         (void)v0;

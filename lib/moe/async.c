@@ -25,20 +25,22 @@ static kt_status refuse_busy(const kt_moe *m, const char *what)
 /* A recompute forward must bring exactly the routing the cached output was made from. */
 static kt_status cache_match(const kt_moe *m, const kt__moe_job *job)
 {
-    if (job->qlen != m->qlen)
+    if (job->qlen != m->route.qlen)
         return kt__error(KT_ESTATE,
                          "moe '%s': forward with qlen %lld does not match the cached forward "
                          "(qlen %lld)",
-                         m->name, (long long)job->qlen, (long long)m->qlen);
+                         m->name, (long long)job->qlen, (long long)m->route.qlen);
     const float *w = job->w->data;
-    for (int64_t s = 0; s < job->qlen * m->K; s++) {
+    for (int64_t s = 0; s < job->qlen * m->dim.K; s++) {
         int64_t e = kt__moe_get_id(job->ids, s);
-        if (e != m->slot_expert[s] || memcmp(&w[s], &m->slot_w[s], sizeof(float)) != 0)
+        if (e != m->route.slot_expert[s] ||
+            memcmp(&w[s], &m->route.slot_weight[s], sizeof(float)) != 0)
             return kt__error(KT_ESTATE,
                              "moe '%s': forward differs from the cached forward at token %lld "
                              "slot %lld (expert %lld weight %g, cached expert %lld weight %g)",
-                             m->name, (long long)(s / m->K), (long long)(s % m->K), (long long)e,
-                             (double)w[s], (long long)m->slot_expert[s], (double)m->slot_w[s]);
+                             m->name, (long long)(s / m->dim.K), (long long)(s % m->dim.K),
+                             (long long)e, (double)w[s], (long long)m->route.slot_expert[s],
+                             (double)m->route.slot_weight[s]);
     }
     return KT_OK;
 }
@@ -52,12 +54,12 @@ static kt_status prepare(kt_moe *m, const kt_tensor *x, const kt_tensor *ids, co
     kt_status st = kt__moe_check_poison(m, "forward");
     if (st == KT_OK)
         st = kt__moe_check_forward(m, x, ids, w, y, job);
-    if (st == KT_OK && m->cache_on && atomic_load(&m->cache_state) == KT_MOE_CACHE_READY) {
+    if (st == KT_OK && m->cache.on && atomic_load(&m->cache.state) == KT_MOE_CACHE_READY) {
         st = cache_match(m, job);
         job->cache_hit = st == KT_OK;
     }
     if (st != KT_OK) {
-        m->fwd_valid = 0;
+        m->fwd.valid = 0;
         kt__moe_poison(m);
     }
     return st;
@@ -68,7 +70,7 @@ kt_status kt_moe_forward(kt_moe *moe, const kt_tensor *x, const kt_tensor *ids,
 {
     if (moe == NULL)
         return kt__error(KT_EINVAL, "kt_moe_forward: moe is NULL");
-    if (moe->busy)
+    if (moe->async.busy)
         return refuse_busy(moe, "forward");
     kt__moe_job job;
     KT__TRY(prepare(moe, x, ids, weights, y, &job));
@@ -78,24 +80,24 @@ kt_status kt_moe_forward(kt_moe *moe, const kt_tensor *x, const kt_tensor *ids,
 static void *driver_main(void *arg)
 {
     kt_moe *m = arg;
-    pthread_mutex_lock(&m->mu);
+    pthread_mutex_lock(&m->async.mu);
     for (;;) {
-        while (!m->pending && !m->stop)
-            pthread_cond_wait(&m->cv, &m->mu);
-        if (!m->pending)
+        while (!m->async.pending && !m->async.stop)
+            pthread_cond_wait(&m->async.cv, &m->async.mu);
+        if (!m->async.pending)
             break; /* stop with nothing left to run */
-        m->pending = 0;
-        pthread_mutex_unlock(&m->mu);
-        kt_status st = kt__moe_forward_exec(m, &m->job);
-        pthread_mutex_lock(&m->mu);
-        m->job_status = st;
+        m->async.pending = 0;
+        pthread_mutex_unlock(&m->async.mu);
+        kt_status st = kt__moe_forward_exec(m, &m->async.job);
+        pthread_mutex_lock(&m->async.mu);
+        m->async.status = st;
         /* The message lives in this thread's last-error slot; sync re-records it on the
          * caller's thread. */
-        snprintf(m->job_msg, sizeof m->job_msg, "%s", st == KT_OK ? "" : kt_last_error());
-        m->done = 1;
-        pthread_cond_broadcast(&m->cv);
+        snprintf(m->async.msg, sizeof m->async.msg, "%s", st == KT_OK ? "" : kt_last_error());
+        m->async.done = 1;
+        pthread_cond_broadcast(&m->async.cv);
     }
-    pthread_mutex_unlock(&m->mu);
+    pthread_mutex_unlock(&m->async.mu);
     return NULL;
 }
 
@@ -104,27 +106,27 @@ kt_status kt_moe_submit_forward(kt_moe *moe, const kt_tensor *x, const kt_tensor
 {
     if (moe == NULL)
         return kt__error(KT_EINVAL, "kt_moe_submit_forward: moe is NULL");
-    if (moe->busy)
+    if (moe->async.busy)
         return refuse_busy(moe, "submit_forward");
     kt__moe_job job;
     KT__TRY(prepare(moe, x, ids, weights, y, &job));
-    if (!moe->driver_started) {
-        if (kt__thread_start(&moe->driver, driver_main, moe) != 0)
+    if (!moe->async.started) {
+        if (kt__thread_start(&moe->async.thread, driver_main, moe) != 0)
             return kt__error(KT_ENOMEM, "moe '%s': cannot start the driver thread", moe->name);
-        moe->driver_started = 1;
+        moe->async.started = 1;
     }
-    pthread_mutex_lock(&moe->mu);
-    moe->job = job;
+    pthread_mutex_lock(&moe->async.mu);
+    moe->async.job = job;
     /* The copies inside job must be what the driver reads, not the stack's. */
-    moe->job.x = &moe->job.xs;
-    moe->job.ids = &moe->job.idss;
-    moe->job.w = &moe->job.ws;
-    moe->job.y = &moe->job.ys;
-    moe->done = 0;
-    moe->pending = 1;
-    moe->busy = 1;
-    pthread_cond_broadcast(&moe->cv);
-    pthread_mutex_unlock(&moe->mu);
+    moe->async.job.x = &moe->async.job.xs;
+    moe->async.job.ids = &moe->async.job.idss;
+    moe->async.job.w = &moe->async.job.ws;
+    moe->async.job.y = &moe->async.job.ys;
+    moe->async.done = 0;
+    moe->async.pending = 1;
+    moe->async.busy = 1;
+    pthread_cond_broadcast(&moe->async.cv);
+    pthread_mutex_unlock(&moe->async.mu);
     return KT_OK;
 }
 
@@ -132,17 +134,17 @@ kt_status kt_moe_sync(kt_moe *moe)
 {
     if (moe == NULL)
         return kt__error(KT_EINVAL, "kt_moe_sync: moe is NULL");
-    if (!moe->busy)
+    if (!moe->async.busy)
         return kt__error(KT_ESTATE, "moe '%s': sync without a submitted forward", moe->name);
-    pthread_mutex_lock(&moe->mu);
-    while (!moe->done)
-        pthread_cond_wait(&moe->cv, &moe->mu);
-    kt_status st = moe->job_status;
-    moe->done = 0;
-    moe->busy = 0;
-    pthread_mutex_unlock(&moe->mu);
+    pthread_mutex_lock(&moe->async.mu);
+    while (!moe->async.done)
+        pthread_cond_wait(&moe->async.cv, &moe->async.mu);
+    kt_status st = moe->async.status;
+    moe->async.done = 0;
+    moe->async.busy = 0;
+    pthread_mutex_unlock(&moe->async.mu);
     if (st != KT_OK)
-        return kt__error(st, "%s", moe->job_msg);
+        return kt__error(st, "%s", moe->async.msg);
     return KT_OK;
 }
 
@@ -151,11 +153,11 @@ kt_status kt_moe_backward(kt_moe *moe, const kt_tensor *grad_y, kt_tensor *grad_
 {
     if (moe == NULL)
         return kt__error(KT_EINVAL, "kt_moe_backward: moe is NULL");
-    if (moe->busy)
+    if (moe->async.busy)
         return refuse_busy(moe, "backward");
     KT__TRY(kt__moe_check_poison(moe, "backward"));
     kt_status st = KT_OK;
-    if (!moe->fwd_valid)
+    if (!moe->fwd.valid)
         st = kt__error(KT_ESTATE, "moe '%s': backward without a successful forward", moe->name);
     if (st == KT_OK)
         st = kt__moe_check_backward(moe, grad_y, grad_x, grad_weights, weight_grad_scale);
@@ -165,7 +167,7 @@ kt_status kt_moe_backward(kt_moe *moe, const kt_tensor *grad_y, kt_tensor *grad_
         kt__moe_poison(moe);
         return st;
     }
-    if (moe->cache_on)
-        atomic_store(&moe->cache_state, KT_MOE_CACHE_EMPTY);
+    if (moe->cache.on)
+        atomic_store(&moe->cache.state, KT_MOE_CACHE_EMPTY);
     return KT_OK;
 }

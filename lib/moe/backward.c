@@ -26,14 +26,14 @@ typedef struct bwd_ctx {
     /* full mode, first micro-batch of a step: the weight-gradient GEMMs store instead of
      * adding (experts without tokens are zeroed instead) */
     int dw_overwrite;
-    /* the SiLU derivative also stores ac (LoRA and full mode with kept activations) */
+    /* the SiLU derivative also stores act (LoRA and full mode with kept activations) */
     int write_ac;
 } bwd_ctx;
 
-/* Per token: grad_y into each of its slots' rows in the compute dtype (gyc; the down input
- * gradient's input), with LoRA and full also weighted by the slot's routing weight (gdc; their
- * weight gradients' input), and each row's routing weight. A bf16 gy row is widened piece by
- * piece (once per token when H fits one piece). */
+/* Per token: grad_y into each of its slots' rows in the compute dtype (grad_y_rows; the down
+ * input gradient's input), with LoRA and full also weighted by the slot's routing weight
+ * (grad_y_weighted; their weight gradients' input), and each row's routing weight. A bf16 gy row is
+ * widened piece by piece (once per token when H fits one piece). */
 static void gy_rows_part(void *vctx, int64_t t0, int64_t t1, int thread)
 {
     (void)thread;
@@ -42,23 +42,27 @@ static void gy_rows_part(void *vctx, int64_t t0, int64_t t1, int thread)
     int gbf = m->cfg.act_dtype == KT_BF16;
     _Alignas(64) float buf[KT__MOE_ROW_CHUNK];
     for (int64_t t = t0; t < t1; t++) {
-        const uint16_t *gyb = (const uint16_t *)c->gy->data + t * m->H;
-        const float *gyf = (const float *)c->gy->data + t * m->H;
-        if (gbf && m->H <= KT__MOE_ROW_CHUNK)
-            kt_bf16_to_f32(buf, gyb, (size_t)m->H);
-        for (int64_t j = 0; j < m->K; j++) {
-            const int64_t s = t * m->K + j, r = m->slot_row[s];
-            m->row_w[r] = m->slot_w[s];
-            for (int64_t h0 = 0; h0 < m->H; h0 += KT__MOE_ROW_CHUNK) {
-                const int64_t n = m->H - h0 < KT__MOE_ROW_CHUNK ? m->H - h0 : KT__MOE_ROW_CHUNK;
-                if (gbf && m->H > KT__MOE_ROW_CHUNK)
+        const uint16_t *gyb = (const uint16_t *)c->gy->data + t * m->dim.H;
+        const float *gyf = (const float *)c->gy->data + t * m->dim.H;
+        if (gbf && m->dim.H <= KT__MOE_ROW_CHUNK)
+            kt_bf16_to_f32(buf, gyb, (size_t)m->dim.H);
+        for (int64_t j = 0; j < m->dim.K; j++) {
+            const int64_t s = t * m->dim.K + j, r = m->route.slot_row[s];
+            m->bwd.row_weight[r] = m->route.slot_weight[s];
+            for (int64_t h0 = 0; h0 < m->dim.H; h0 += KT__MOE_ROW_CHUNK) {
+                const int64_t n =
+                    m->dim.H - h0 < KT__MOE_ROW_CHUNK ? m->dim.H - h0 : KT__MOE_ROW_CHUNK;
+                if (gbf && m->dim.H > KT__MOE_ROW_CHUNK)
                     kt_bf16_to_f32(buf, gyb + h0, (size_t)n);
                 const float *src = gbf ? buf : gyf + h0;
-                kt__moe_scale_store(n, src, 1.0f, kt__moe_cdt_at(m, m->gyc, r * m->ldh + h0),
-                                    m->bf16);
-                if (m->gdc != NULL)
-                    kt__moe_scale_store(n, src, m->slot_w[s],
-                                        kt__moe_cdt_at(m, m->gdc, r * m->ldh + h0), m->bf16);
+                kt__moe_scale_store(n, src, 1.0f,
+                                    kt__moe_cdt_at(m, m->bwd.grad_y_rows, r * m->dim.ld_h + h0),
+                                    m->dim.bf16);
+                if (m->bwd.grad_y_weighted != NULL)
+                    kt__moe_scale_store(
+                        n, src, m->route.slot_weight[s],
+                        kt__moe_cdt_at(m, m->bwd.grad_y_weighted, r * m->dim.ld_h + h0),
+                        m->dim.bf16);
             }
         }
     }
@@ -71,16 +75,16 @@ static void gw_part(void *vctx, int64_t t0, int64_t t1, int thread)
     (void)thread;
     kt_moe *m = ((bwd_ctx *)vctx)->m;
     const int64_t nb = kt__moe_gw_pieces(m);
-    for (int64_t s = t0 * m->K; s < t1 * m->K; s++) {
-        const float *p = m->gwp + (int64_t)m->slot_row[s] * nb;
+    for (int64_t s = t0 * m->dim.K; s < t1 * m->dim.K; s++) {
+        const float *p = m->bwd.grad_w_pieces + (int64_t)m->route.slot_row[s] * nb;
         double acc = 0.0;
         for (int64_t b = 0; b < nb; b++)
             acc += (double)p[b];
-        m->gw[s] = (float)acc;
+        m->bwd.grad_w_slots[s] = (float)acc;
     }
 }
 
-/* ga (the down projection's input gradient) is read back by the SiLU derivative a step of
+/* ga (grad_act: the down projection's input gradient) is read back by the SiLU derivative a step of
  * columns at a time. In tiled layers with few enough threads, ga never leaves its step: each
  * thread has one block of rows x step columns (the step's width as row stride), at most
  * GA_BLOCK_FLOATS, that stays in L2, instead of an [N, I] array whose lines would be fetched
@@ -93,8 +97,7 @@ static void gw_part(void *vctx, int64_t t0, int64_t t1, int thread)
 #define GA_BLOCK_FLOATS 65536 /* 256 KiB */
 /* Above this many rows an expert's steps go in chunks of rows, so that a step of
  * GA_SUB_COLS columns fits the block: narrower steps (80 columns at 768 rows, as it was) read
- * each row of the weights as a shorter run, once per chunk of NN's rows. dsv2lite at qlen
- * 8192 (768 rows per expert): down_grad 412 -> 327 ms. */
+ * each row of the weights as a shorter run, once per chunk of NN's rows. */
 #define GA_MAX_ROWS (GA_BLOCK_FLOATS / GA_SUB_COLS)
 /* The derivative's rows this far ahead have their pieces of the kept g and u (read) and of
  * gg and gu (written) fetched early: pieces of a few hundred bytes out of rows kilobytes
@@ -117,8 +120,8 @@ size_t kt__moe_ga_floats(const kt_moe *m)
 {
     /* a step: at most GA_MAX_ROWS x GA_SUB_COLS, or under GA_SMALL_M rows a whole task */
     size_t f = GA_BLOCK_FLOATS;
-    if ((size_t)(GA_SMALL_M - 1) * (size_t)m->I > f)
-        f = (size_t)(GA_SMALL_M - 1) * (size_t)m->I;
+    if ((size_t)(GA_SMALL_M - 1) * (size_t)m->dim.I > f)
+        f = (size_t)(GA_SMALL_M - 1) * (size_t)m->dim.I;
     return (f + 15) / 16 * 16; /* whole cache lines: no block shares one with the next */
 }
 
@@ -126,33 +129,39 @@ size_t kt__moe_ga_floats(const kt_moe *m)
  * or f32 through kt__sgemm: the kernels need none) */
 static void *tn_work(const kt_moe *m, int thread)
 {
-    return m->tnw != NULL ? m->tnw + (size_t)thread * kt__moe_gemm_tn_work_bytes(m, m->T) : NULL;
+    return m->bwd.tn_work != NULL
+               ? m->bwd.tn_work + (size_t)thread * kt__moe_gemm_tn_work_bytes(m, m->dim.T)
+               : NULL;
 }
 
 int kt__moe_ga_per_thread(const kt_moe *m)
 {
-    return m->tiled && (size_t)m->n_threads * kt__moe_ga_floats(m) < (size_t)m->N * (size_t)m->I;
+    return m->dim.tiled &&
+           (size_t)m->n_threads * kt__moe_ga_floats(m) < (size_t)m->dim.N * (size_t)m->dim.I;
 }
 
-/* ggc, guc = the SiLU derivative of rows [r0, r1) over columns [c0, c1), ga's row r at
- * ga + (r - r0) * ldga */
+/* grad_gate_pre, grad_up_pre = the SiLU derivative of rows [r0, r1) over columns [c0, c1),
+ * grad_act's row r at ga + (r - r0) * ldga */
 static void act_bwd_rows(kt_moe *m, int64_t r0, int64_t r1, int64_t c0, int64_t c1, const float *ga,
                          int64_t ldga, int write_ac)
 {
     const size_t n = (size_t)(c1 - c0);
     for (int64_t r = r0; r < r1; r++) {
         if (r + ACT_PREFETCH_ROWS < r1) {
-            const int64_t k = (r + ACT_PREFETCH_ROWS) * m->I + c0;
-            kt__prefetch_range(m->g + k, n * sizeof(float), KT__PF_READ);
-            kt__prefetch_range(m->u + k, n * sizeof(float), KT__PF_READ);
-            kt__prefetch_range(kt__moe_cdt_at(m, m->ggc, k), n * m->cs, KT__PF_WRITE);
-            kt__prefetch_range(kt__moe_cdt_at(m, m->guc, k), n * m->cs, KT__PF_WRITE);
+            const int64_t k = (r + ACT_PREFETCH_ROWS) * m->dim.I + c0;
+            kt__prefetch_range(m->fwd.gate_pre + k, n * sizeof(float), KT__PF_READ);
+            kt__prefetch_range(m->fwd.up_pre + k, n * sizeof(float), KT__PF_READ);
+            kt__prefetch_range(kt__moe_cdt_at(m, m->bwd.grad_gate_pre, k), n * m->dim.cdt_bytes,
+                               KT__PF_WRITE);
+            kt__prefetch_range(kt__moe_cdt_at(m, m->bwd.grad_up_pre, k), n * m->dim.cdt_bytes,
+                               KT__PF_WRITE);
         }
-        const int64_t k = r * m->I + c0;
-        kt__moe_act_bwd(c1 - c0, m->g + k, m->u + k, ga + (r - r0) * ldga, m->row_w[r],
-                        kt__moe_cdt_at(m, m->ggc, k), kt__moe_cdt_at(m, m->guc, k),
-                        write_ac ? kt__moe_cdt_at(m, m->ac, k) : NULL,
-                        m->gwp + r * kt__moe_gw_pieces(m) + c0 / 16, m->bf16);
+        const int64_t k = r * m->dim.I + c0;
+        kt__moe_act_bwd(c1 - c0, m->fwd.gate_pre + k, m->fwd.up_pre + k, ga + (r - r0) * ldga,
+                        m->bwd.row_weight[r], kt__moe_cdt_at(m, m->bwd.grad_gate_pre, k),
+                        kt__moe_cdt_at(m, m->bwd.grad_up_pre, k),
+                        write_ac ? kt__moe_cdt_at(m, m->fwd.act, k) : NULL,
+                        m->bwd.grad_w_pieces + r * kt__moe_gw_pieces(m) + c0 / 16, m->dim.bf16);
     }
 }
 
@@ -160,25 +169,27 @@ static void ga_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
     const bwd_ctx *c = vctx;
     kt_moe *m = c->m;
-    float *own = kt__moe_ga_per_thread(m) ? m->ga + (size_t)thread * kt__moe_ga_floats(m) : NULL;
+    float *own =
+        kt__moe_ga_per_thread(m) ? m->bwd.grad_act + (size_t)thread * kt__moe_ga_floats(m) : NULL;
     for (int64_t i = b; i < end; i++) {
-        const kt__moe_task *t = &m->tasks[i];
-        const int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
+        const kt__moe_task *t = &m->route.tasks[i];
+        const int64_t row0 = m->route.row_start[t->e], rows_e = m->route.row_start[t->e + 1] - row0;
         /* an expert's rows in balanced chunks of at most GA_MAX_ROWS (the columns of a step
          * then stay GA_SUB_COLS wide) */
-        const int64_t chunks = (me + GA_MAX_ROWS - 1) / GA_MAX_ROWS;
+        const int64_t chunks = (rows_e + GA_MAX_ROWS - 1) / GA_MAX_ROWS;
         for (int64_t rc = 0; rc < chunks; rc++) {
-            const int64_t r0 = off + rc * me / chunks, r1 = off + (rc + 1) * me / chunks;
+            const int64_t r0 = row0 + rc * rows_e / chunks, r1 = row0 + (rc + 1) * rows_e / chunks;
             const int64_t rows = r1 - r0, sub = ga_step(rows, t->c1 - t->c0);
             for (int64_t c0 = t->c0; c0 < t->c1; c0 += sub) {
                 const kt__moe_task st = {t->e, c0, t->c1 - c0 < sub ? t->c1 : c0 + sub};
-                float *ga = own ? own : m->ga + r0 * m->I + c0;
-                const int64_t ldga = own ? st.c1 - st.c0 : m->I;
-                if (m->tiled) { /* the weights from column c0 on, so that ga starts at column 0 */
+                float *ga = own ? own : m->bwd.grad_act + r0 * m->dim.I + c0;
+                const int64_t ldga = own ? st.c1 - st.c0 : m->dim.I;
+                if (m->dim
+                        .tiled) { /* the weights from column c0 on, so that ga starts at column 0 */
                     const void *wd = kt__moe_weight_ptr(m, t->e, KT_MOE_DOWN);
-                    kt__moe_gemm_nn(m, rows, m->H, 0, st.c1 - st.c0,
-                                    kt__moe_cdt_at(m, m->gyc, r0 * m->ldh), m->ldh,
-                                    kt__moe_cdt_at(m, wd, st.c0), m->I, ga, ldga);
+                    kt__moe_gemm_nn(m, rows, m->dim.H, 0, st.c1 - st.c0,
+                                    kt__moe_cdt_at(m, m->bwd.grad_y_rows, r0 * m->dim.ld_h),
+                                    m->dim.ld_h, kt__moe_cdt_at(m, wd, st.c0), m->dim.I, ga, ldga);
                 }
                 if (m->cfg.mode == KT_MOE_LORA)
                     kt__moe_lora_gin_add(m, KT_MOE_DOWN, &st, r0, r1, ga, ldga);
@@ -197,14 +208,14 @@ static int stream_gx(const kt_moe *m)
 {
     /* LoRA adds its adapters' part to gx right after (kt__moe_lora_gin_add) */
     return m->cfg.mode != KT_MOE_LORA &&
-           (size_t)m->off[m->E] * (size_t)m->H * sizeof(float) >= GX_STREAM_BYTES;
+           (size_t)m->route.row_start[m->dim.E] * (size_t)m->dim.H * sizeof(float) >=
+               GX_STREAM_BYTES;
 }
 
 /* LoRA's adapters add to a block of gx right after the GEMM has written it, while it is still
- * in L2: added after a whole task's columns, gx came back from L3 or memory (9 of LoRA's 94 ms
- * of gate_up_grad at dsv2lite qlen 1024). A block is GX_LORA_BLOCK_BYTES of gx, at least
- * GX_LORA_COLS columns: with 128 columns at every row count, an expert of a dozen rows walked
- * the weights 256 bytes a row per call (dsv2lite qlen 128 gate_up_grad 103 ms, frozen's 63). */
+ * in L2: added after a whole task's columns, gx came back from L3 or memory. A block is
+ * GX_LORA_BLOCK_BYTES of gx, at least GX_LORA_COLS columns: with 128 columns at every row
+ * count, an expert of a dozen rows walked the weights 256 bytes a row per call. */
 #define GX_LORA_COLS 128
 #define GX_LORA_BLOCK_BYTES (256 * 1024)
 
@@ -220,22 +231,23 @@ static void gx_tasks(void *vctx, int64_t b, int64_t end, int thread)
     kt_moe *m = ((bwd_ctx *)vctx)->m;
     const int lora = m->cfg.mode == KT_MOE_LORA;
     for (int64_t i = b; i < end; i++) {
-        const kt__moe_task *t = &m->tasks[i];
-        const int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
-        const int64_t step = lora ? gx_lora_step(me) : t->c1 - t->c0;
+        const kt__moe_task *t = &m->route.tasks[i];
+        const int64_t row0 = m->route.row_start[t->e], rows_e = m->route.row_start[t->e + 1] - row0;
+        const int64_t step = lora ? gx_lora_step(rows_e) : t->c1 - t->c0;
         for (int64_t c0 = t->c0; c0 < t->c1; c0 += step) {
             const kt__moe_task st = {t->e, c0, t->c1 - c0 < step ? t->c1 : c0 + step};
-            if (m->tiled) {
-                kt__moe_gemm_nn2(m, me, m->I, st.c0, st.c1, kt__moe_cdt_at(m, m->ggc, off * m->I),
+            if (m->dim.tiled) {
+                kt__moe_gemm_nn2(m, rows_e, m->dim.I, st.c0, st.c1,
+                                 kt__moe_cdt_at(m, m->bwd.grad_gate_pre, row0 * m->dim.I),
                                  kt__moe_weight_ptr(m, t->e, KT_MOE_GATE),
-                                 kt__moe_cdt_at(m, m->guc, off * m->I),
-                                 kt__moe_weight_ptr(m, t->e, KT_MOE_UP), m->I, m->H,
-                                 m->gx + off * m->H, m->H, stream_gx(m));
+                                 kt__moe_cdt_at(m, m->bwd.grad_up_pre, row0 * m->dim.I),
+                                 kt__moe_weight_ptr(m, t->e, KT_MOE_UP), m->dim.I, m->dim.H,
+                                 m->bwd.grad_x_rows + row0 * m->dim.H, m->dim.H, stream_gx(m));
             }
             if (lora) {
-                float *gx = m->gx + off * m->H + st.c0;
-                kt__moe_lora_gin_add(m, KT_MOE_GATE, &st, off, off + me, gx, m->H);
-                kt__moe_lora_gin_add(m, KT_MOE_UP, &st, off, off + me, gx, m->H);
+                float *gx = m->bwd.grad_x_rows + row0 * m->dim.H + st.c0;
+                kt__moe_lora_gin_add(m, KT_MOE_GATE, &st, row0, row0 + rows_e, gx, m->dim.H);
+                kt__moe_lora_gin_add(m, KT_MOE_UP, &st, row0, row0 + rows_e, gx, m->dim.H);
             }
         }
     }
@@ -247,12 +259,13 @@ static void dwd_tasks(void *vctx, int64_t b, int64_t end, int thread)
     bwd_ctx *c = vctx;
     kt_moe *m = c->m;
     for (int64_t i = b; i < end; i++) {
-        const kt__moe_task *t = &m->tasks[i];
-        int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
-        float *dw = m->wgrad + (t->e * 3 + KT_MOE_DOWN) * m->H * m->I;
-        kt__moe_gemm_tn(m, me, t->c0, t->c1, m->I, kt__moe_cdt_at(m, m->gdc, off * m->ldh),
-                        m->ldh, kt__moe_cdt_at(m, m->ac, off * m->I), m->I, dw, m->I, c->scale,
-                        !c->dw_overwrite, tn_work(m, thread));
+        const kt__moe_task *t = &m->route.tasks[i];
+        int64_t row0 = m->route.row_start[t->e], rows_e = m->route.row_start[t->e + 1] - row0;
+        float *dw = m->train.weight_grad + (t->e * 3 + KT_MOE_DOWN) * m->dim.H * m->dim.I;
+        kt__moe_gemm_tn(m, rows_e, t->c0, t->c1, m->dim.I,
+                        kt__moe_cdt_at(m, m->bwd.grad_y_weighted, row0 * m->dim.ld_h), m->dim.ld_h,
+                        kt__moe_cdt_at(m, m->fwd.act, row0 * m->dim.I), m->dim.I, dw, m->dim.I,
+                        c->scale, !c->dw_overwrite, tn_work(m, thread));
     }
 }
 
@@ -261,15 +274,17 @@ static void dwgu_tasks(void *vctx, int64_t b, int64_t end, int thread)
     bwd_ctx *c = vctx;
     kt_moe *m = c->m;
     for (int64_t i = b; i < end; i++) {
-        const kt__moe_task *t = &m->tasks[i];
-        int64_t off = m->off[t->e], me = m->off[t->e + 1] - off;
-        const void *x = kt__moe_cdt_at(m, m->xc, off * m->ldh);
-        float *dwg = m->wgrad + (t->e * 3 + KT_MOE_GATE) * m->H * m->I;
-        float *dwu = m->wgrad + (t->e * 3 + KT_MOE_UP) * m->H * m->I;
-        kt__moe_gemm_tn(m, me, t->c0, t->c1, m->H, kt__moe_cdt_at(m, m->ggc, off * m->I), m->I,
-                        x, m->ldh, dwg, m->H, c->scale, !c->dw_overwrite, tn_work(m, thread));
-        kt__moe_gemm_tn(m, me, t->c0, t->c1, m->H, kt__moe_cdt_at(m, m->guc, off * m->I), m->I,
-                        x, m->ldh, dwu, m->H, c->scale, !c->dw_overwrite, tn_work(m, thread));
+        const kt__moe_task *t = &m->route.tasks[i];
+        int64_t row0 = m->route.row_start[t->e], rows_e = m->route.row_start[t->e + 1] - row0;
+        const void *x = kt__moe_cdt_at(m, m->fwd.x_rows, row0 * m->dim.ld_h);
+        float *dwg = m->train.weight_grad + (t->e * 3 + KT_MOE_GATE) * m->dim.H * m->dim.I;
+        float *dwu = m->train.weight_grad + (t->e * 3 + KT_MOE_UP) * m->dim.H * m->dim.I;
+        kt__moe_gemm_tn(m, rows_e, t->c0, t->c1, m->dim.H,
+                        kt__moe_cdt_at(m, m->bwd.grad_gate_pre, row0 * m->dim.I), m->dim.I, x,
+                        m->dim.ld_h, dwg, m->dim.H, c->scale, !c->dw_overwrite, tn_work(m, thread));
+        kt__moe_gemm_tn(m, rows_e, t->c0, t->c1, m->dim.H,
+                        kt__moe_cdt_at(m, m->bwd.grad_up_pre, row0 * m->dim.I), m->dim.I, x,
+                        m->dim.ld_h, dwu, m->dim.H, c->scale, !c->dw_overwrite, tn_work(m, thread));
     }
 }
 
@@ -279,9 +294,10 @@ static void gx_token_sum(const kt_moe *m, int64_t t, int64_t h0, int64_t n, floa
 {
     for (int64_t h = 0; h < n; h++)
         s[h] = 0.0f;
-    for (int64_t j = 0; j < m->K; j++) {
-        const float *g = m->gx + (int64_t)m->slot_row[t * m->K + j] * m->H + h0;
-        kt__moe_prefetch_next_slot_row(m, m->gx, t, j, h0, n);
+    for (int64_t j = 0; j < m->dim.K; j++) {
+        const float *g =
+            m->bwd.grad_x_rows + (int64_t)m->route.slot_row[t * m->dim.K + j] * m->dim.H + h0;
+        kt__moe_prefetch_next_slot_row(m, m->bwd.grad_x_rows, t, j, h0, n);
         for (int64_t h = 0; h < n; h++)
             s[h] += g[h];
     }
@@ -296,12 +312,12 @@ static void gx_combine_part(void *vctx, int64_t t0, int64_t t1, int thread)
     int xbf = m->cfg.act_dtype == KT_BF16;
     _Alignas(64) float buf[KT__MOE_ROW_CHUNK];
     for (int64_t t = t0; t < t1; t++)
-        for (int64_t h0 = 0; h0 < m->H; h0 += KT__MOE_ROW_CHUNK) {
-            const int64_t n = m->H - h0 < KT__MOE_ROW_CHUNK ? m->H - h0 : KT__MOE_ROW_CHUNK;
-            float *s = xbf ? buf : (float *)c->gxo->data + t * m->H + h0;
+        for (int64_t h0 = 0; h0 < m->dim.H; h0 += KT__MOE_ROW_CHUNK) {
+            const int64_t n = m->dim.H - h0 < KT__MOE_ROW_CHUNK ? m->dim.H - h0 : KT__MOE_ROW_CHUNK;
+            float *s = xbf ? buf : (float *)c->gxo->data + t * m->dim.H + h0;
             gx_token_sum(m, t, h0, n, s);
             if (xbf)
-                kt_f32_to_bf16((uint16_t *)c->gxo->data + t * m->H + h0, buf, (size_t)n);
+                kt_f32_to_bf16((uint16_t *)c->gxo->data + t * m->dim.H + h0, buf, (size_t)n);
         }
 }
 
@@ -312,10 +328,11 @@ static void zero_part(void *vctx, int64_t b, int64_t end, int thread)
     (void)thread;
     const bwd_ctx *c = vctx;
     kt_moe *m = c->m;
-    float *base = m->wgrad ? m->wgrad : m->lora_grad;
-    int64_t per = m->wgrad ? 3 * m->H * m->I : 3 * m->R * (m->H + m->I);
+    float *base = m->train.weight_grad ? m->train.weight_grad : m->train.lora_grad;
+    int64_t per =
+        m->train.weight_grad ? 3 * m->dim.H * m->dim.I : 3 * m->dim.R * (m->dim.H + m->dim.I);
     for (int64_t e = b; e < end; e++)
-        if (!c->dw_overwrite || m->off[e + 1] == m->off[e])
+        if (!c->dw_overwrite || m->route.row_start[e + 1] == m->route.row_start[e])
             memset(base + e * per, 0, (size_t)per * sizeof(float));
 }
 
@@ -324,13 +341,13 @@ static void zero_part(void *vctx, int64_t b, int64_t end, int thread)
 static kt_status sgemm_dw(kt_moe *m, int proj, const float *g, int64_t gw, int64_t ldg,
                           const float *in, int64_t inw, int64_t ldin, float scale, int overwrite)
 {
-    for (int64_t e = 0; e < m->E; e++) {
-        int64_t off = m->off[e], me = m->off[e + 1] - off;
-        if (me == 0)
+    for (int64_t e = 0; e < m->dim.E; e++) {
+        int64_t row0 = m->route.row_start[e], rows_e = m->route.row_start[e + 1] - row0;
+        if (rows_e == 0)
             continue;
-        float *dw = m->wgrad + (e * 3 + proj) * m->H * m->I;
-        KT__TRY(kt__sgemm(m->pool, 1, 0, gw, inw, me, scale, g + off * ldg, ldg, in + off * ldin,
-                          ldin, overwrite ? 0.0f : 1.0f, dw, inw));
+        float *dw = m->train.weight_grad + (e * 3 + proj) * m->dim.H * m->dim.I;
+        KT__TRY(kt__sgemm(m->pool, 1, 0, gw, inw, rows_e, scale, g + row0 * ldg, ldg,
+                          in + row0 * ldin, ldin, overwrite ? 0.0f : 1.0f, dw, inw));
     }
     return KT_OK;
 }
@@ -340,12 +357,12 @@ static kt_status sgemm_dw(kt_moe *m, int proj, const float *g, int64_t gw, int64
 static kt_status sgemm_nn(kt_moe *m, int proj, const float *g, int64_t gw, int64_t ldg, float *out,
                           int64_t outw, float beta)
 {
-    for (int64_t e = 0; e < m->E; e++) {
-        int64_t off = m->off[e], me = m->off[e + 1] - off;
-        if (me == 0)
+    for (int64_t e = 0; e < m->dim.E; e++) {
+        int64_t row0 = m->route.row_start[e], rows_e = m->route.row_start[e + 1] - row0;
+        if (rows_e == 0)
             continue;
-        KT__TRY(kt__sgemm(m->pool, 0, 0, me, outw, gw, 1.0f, g + off * ldg, ldg,
-                          kt__moe_weight_ptr(m, e, proj), outw, beta, out + off * outw, outw));
+        KT__TRY(kt__sgemm(m->pool, 0, 0, rows_e, outw, gw, 1.0f, g + row0 * ldg, ldg,
+                          kt__moe_weight_ptr(m, e, proj), outw, beta, out + row0 * outw, outw));
     }
     return KT_OK;
 }
@@ -354,7 +371,7 @@ static kt_status nonfinite_error(const kt_moe *m, const char *what, int64_t t, i
 {
     return kt__error(KT_ERANGE,
                      "moe '%s': non-finite %s in backward at token %lld (expert %lld, slot %lld)",
-                     m->name, what, (long long)t, (long long)m->slot_expert[t * m->K + j],
+                     m->name, what, (long long)t, (long long)m->route.slot_expert[t * m->dim.K + j],
                      (long long)j);
 }
 
@@ -364,23 +381,23 @@ static kt_status nonfinite_error(const kt_moe *m, const char *what, int64_t t, i
  * overflows (or would, once rounded to bf16), naming the slot of largest magnitude there. */
 static kt_status check_finite_grads(const kt_moe *m)
 {
-    for (int64_t t = 0; t < m->qlen; t++)
-        for (int64_t j = 0; j < m->K; j++) {
-            const int64_t slot = t * m->K + j;
-            const float *gx = m->gx + (int64_t)m->slot_row[slot] * m->H;
+    for (int64_t t = 0; t < m->route.qlen; t++)
+        for (int64_t j = 0; j < m->dim.K; j++) {
+            const int64_t slot = t * m->dim.K + j;
+            const float *gx = m->bwd.grad_x_rows + (int64_t)m->route.slot_row[slot] * m->dim.H;
             int64_t h = 0;
-            while (h < m->H && isfinite(gx[h]))
+            while (h < m->dim.H && isfinite(gx[h]))
                 h++;
-            if (h < m->H)
+            if (h < m->dim.H)
                 return nonfinite_error(m, "grad_x", t, j);
-            if (!isfinite(m->gw[slot]))
+            if (!isfinite(m->bwd.grad_w_slots[slot]))
                 return nonfinite_error(m, "grad_weights", t, j);
         }
     const int xbf = m->cfg.act_dtype == KT_BF16;
     _Alignas(64) float sum[KT__MOE_ROW_CHUNK];
-    for (int64_t t = 0; t < m->qlen; t++)
-        for (int64_t h0 = 0; h0 < m->H; h0 += KT__MOE_ROW_CHUNK) {
-            const int64_t n = m->H - h0 < KT__MOE_ROW_CHUNK ? m->H - h0 : KT__MOE_ROW_CHUNK;
+    for (int64_t t = 0; t < m->route.qlen; t++)
+        for (int64_t h0 = 0; h0 < m->dim.H; h0 += KT__MOE_ROW_CHUNK) {
+            const int64_t n = m->dim.H - h0 < KT__MOE_ROW_CHUNK ? m->dim.H - h0 : KT__MOE_ROW_CHUNK;
             gx_token_sum(m, t, h0, n, sum);
             int64_t h = 0;
             while (h < n && kt__moe_out_ok(sum[h], xbf))
@@ -388,9 +405,11 @@ static kt_status check_finite_grads(const kt_moe *m)
             if (h == n)
                 continue;
             int64_t largest = 0;
-            for (int64_t j = 1; j < m->K; j++) {
-                const float *row = m->gx + (int64_t)m->slot_row[t * m->K + j] * m->H;
-                const float *best = m->gx + (int64_t)m->slot_row[t * m->K + largest] * m->H;
+            for (int64_t j = 1; j < m->dim.K; j++) {
+                const float *row =
+                    m->bwd.grad_x_rows + (int64_t)m->route.slot_row[t * m->dim.K + j] * m->dim.H;
+                const float *best = m->bwd.grad_x_rows +
+                                    (int64_t)m->route.slot_row[t * m->dim.K + largest] * m->dim.H;
                 if (fabsf(row[h0 + h]) > fabsf(best[h0 + h]))
                     largest = j;
             }
@@ -415,8 +434,8 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
                                float scale)
 {
     int lora = m->cfg.mode == KT_MOE_LORA, full = m->cfg.mode == KT_MOE_FULL;
-    bwd_ctx c = {m, gy, gxo, scale, full && m->grad_overwrite, 0};
-    int64_t rows = m->off[m->E];
+    bwd_ctx c = {m, gy, gxo, scale, full && m->train.grad_overwrite, 0};
+    int64_t rows = m->route.row_start[m->dim.E];
     kt__moe_phase_start(m);
     /* Without kept activations this reruns the gate/up GEMMs (from the gathered input). With
      * them, LoRA and full mode only gather x (an input of their weight or adapter gradients):
@@ -429,79 +448,85 @@ static kt_status backward_body(kt_moe *m, const kt_tensor *gy, kt_tensor *gxo, k
             KT__TRY(kt__moe_compute(m, 1));
         kt__moe_phase_end(m, KT_MOE_PHASE_RECOMPUTE);
     }
-    kt_parallel_for(m->pool, m->qlen, 1, gy_rows_part, &c);
+    kt_parallel_for(m->pool, m->route.qlen, 1, gy_rows_part, &c);
     kt__moe_phase_end(m, KT_MOE_PHASE_ROUTING_GRAD);
-    if ((lora || full) && m->grad_overwrite)
-        kt_parallel_for(m->pool, m->E, 1, zero_part, &c);
+    if ((lora || full) && m->train.grad_overwrite)
+        kt_parallel_for(m->pool, m->dim.E, 1, zero_part, &c);
 
     if (lora || full)
         kt__moe_phase_end(m, KT_MOE_PHASE_WEIGHT_GRAD);
     if (lora) /* the input gradient below is for grad_y itself (the routing weight comes in
                * the SiLU derivative), so the adapter's part of it too */
-        kt__moe_lora_gz(m, KT_MOE_DOWN, m->gyc, m->ldh);
-    if (!m->tiled)
-        KT__TRY(sgemm_nn(m, KT_MOE_DOWN, m->gyc, m->H, m->ldh, m->ga, m->I, 0.0f));
-    kt__moe_plan_parts(m, m->I, KT__MOE_CUT_KEEP_SMALL);
+        kt__moe_lora_gz(m, KT_MOE_DOWN, m->bwd.grad_y_rows, m->dim.ld_h);
+    if (!m->dim.tiled)
+        KT__TRY(sgemm_nn(m, KT_MOE_DOWN, m->bwd.grad_y_rows, m->dim.H, m->dim.ld_h, m->bwd.grad_act,
+                         m->dim.I, 0.0f));
+    kt__moe_plan_parts(m, m->dim.I, KT__MOE_CUT_KEEP_SMALL);
     c.write_ac = ac_in_derivative;
     kt__moe_run_parts(m, ga_tasks, &c);
-    kt_parallel_for(m->pool, m->qlen, 1, gw_part, &c);
+    kt_parallel_for(m->pool, m->route.qlen, 1, gw_part, &c);
     kt__moe_phase_end(m, KT_MOE_PHASE_DOWN_GRAD);
 
-    if (lora) { /* after the derivative: it may have written ac */
-        kt__moe_lora_gz(m, KT_MOE_DOWN, m->gdc, m->ldh);
-        kt__moe_lora_grads(m, KT_MOE_DOWN, m->gdc, m->ldh, m->ac, m->I, scale);
+    if (lora) { /* after the derivative: it may have written act */
+        kt__moe_lora_gz(m, KT_MOE_DOWN, m->bwd.grad_y_weighted, m->dim.ld_h);
+        kt__moe_lora_grads(m, KT_MOE_DOWN, m->bwd.grad_y_weighted, m->dim.ld_h, m->fwd.act,
+                           m->dim.I, scale);
     }
 
     if (full) {
-        if (m->tiled) {
-            kt__moe_plan_parts(m, m->H, KT__MOE_CUT_ANY);
+        if (m->dim.tiled) {
+            kt__moe_plan_parts(m, m->dim.H, KT__MOE_CUT_ANY);
             kt__moe_run_parts(m, dwd_tasks, &c);
         } else {
-            KT__TRY(sgemm_dw(m, KT_MOE_DOWN, m->gdc, m->H, m->ldh, m->ac, m->I, m->I, scale,
-                             c.dw_overwrite));
+            KT__TRY(sgemm_dw(m, KT_MOE_DOWN, m->bwd.grad_y_weighted, m->dim.H, m->dim.ld_h,
+                             m->fwd.act, m->dim.I, m->dim.I, scale, c.dw_overwrite));
         }
     }
 
     if (lora) {
-        kt__moe_lora_gz(m, KT_MOE_GATE, m->ggc, m->I);
-        kt__moe_lora_gz(m, KT_MOE_UP, m->guc, m->I);
-        kt__moe_lora_grads(m, KT_MOE_GATE, m->ggc, m->I, m->xc, m->ldh, scale);
-        kt__moe_lora_grads(m, KT_MOE_UP, m->guc, m->I, m->xc, m->ldh, scale);
+        kt__moe_lora_gz(m, KT_MOE_GATE, m->bwd.grad_gate_pre, m->dim.I);
+        kt__moe_lora_gz(m, KT_MOE_UP, m->bwd.grad_up_pre, m->dim.I);
+        kt__moe_lora_grads(m, KT_MOE_GATE, m->bwd.grad_gate_pre, m->dim.I, m->fwd.x_rows,
+                           m->dim.ld_h, scale);
+        kt__moe_lora_grads(m, KT_MOE_UP, m->bwd.grad_up_pre, m->dim.I, m->fwd.x_rows, m->dim.ld_h,
+                           scale);
     }
     if (full) {
-        if (m->tiled) {
-            kt__moe_plan_parts(m, m->I, KT__MOE_CUT_ANY);
+        if (m->dim.tiled) {
+            kt__moe_plan_parts(m, m->dim.I, KT__MOE_CUT_ANY);
             kt__moe_run_parts(m, dwgu_tasks, &c);
         } else {
-            KT__TRY(sgemm_dw(m, KT_MOE_GATE, m->ggc, m->I, m->I, m->xc, m->H, m->ldh, scale,
-                             c.dw_overwrite));
-            KT__TRY(sgemm_dw(m, KT_MOE_UP, m->guc, m->I, m->I, m->xc, m->H, m->ldh, scale,
-                             c.dw_overwrite));
+            KT__TRY(sgemm_dw(m, KT_MOE_GATE, m->bwd.grad_gate_pre, m->dim.I, m->dim.I,
+                             m->fwd.x_rows, m->dim.H, m->dim.ld_h, scale, c.dw_overwrite));
+            KT__TRY(sgemm_dw(m, KT_MOE_UP, m->bwd.grad_up_pre, m->dim.I, m->dim.I, m->fwd.x_rows,
+                             m->dim.H, m->dim.ld_h, scale, c.dw_overwrite));
         }
-        m->flops += (uint64_t)(6 * rows * m->H * m->I);
+        m->timing.flops += (uint64_t)(6 * rows * m->dim.H * m->dim.I);
     }
     if (lora || full)
         kt__moe_phase_end(m, KT_MOE_PHASE_WEIGHT_GRAD);
-    if (!m->tiled) {
-        KT__TRY(sgemm_nn(m, KT_MOE_GATE, m->ggc, m->I, m->I, m->gx, m->H, 0.0f));
-        KT__TRY(sgemm_nn(m, KT_MOE_UP, m->guc, m->I, m->I, m->gx, m->H, 1.0f));
+    if (!m->dim.tiled) {
+        KT__TRY(sgemm_nn(m, KT_MOE_GATE, m->bwd.grad_gate_pre, m->dim.I, m->dim.I,
+                         m->bwd.grad_x_rows, m->dim.H, 0.0f));
+        KT__TRY(sgemm_nn(m, KT_MOE_UP, m->bwd.grad_up_pre, m->dim.I, m->dim.I, m->bwd.grad_x_rows,
+                         m->dim.H, 1.0f));
     }
-    if (m->tiled || lora) {
-        kt__moe_plan_parts(m, m->H, KT__MOE_CUT_KEEP_SMALL);
+    if (m->dim.tiled || lora) {
+        kt__moe_plan_parts(m, m->dim.H, KT__MOE_CUT_KEEP_SMALL);
         kt__moe_run_parts(m, gx_tasks, &c);
     }
-    m->flops += (uint64_t)(6 * rows * m->H * m->I);
+    m->timing.flops += (uint64_t)(6 * rows * m->dim.H * m->dim.I);
     kt__moe_phase_end(m, KT_MOE_PHASE_GATE_UP_GRAD);
     if (m->cfg.check_finite)
         KT__TRY(check_finite_grads(m));
 
     if (gxo != NULL && gxo->data != NULL)
-        kt_parallel_for(m->pool, m->qlen, 1, gx_combine_part, &c);
-    if (gwo != NULL && gwo->data != NULL && m->qlen > 0)
-        memcpy(gwo->data, m->gw, (size_t)(m->qlen * m->K) * sizeof(float));
+        kt_parallel_for(m->pool, m->route.qlen, 1, gx_combine_part, &c);
+    if (gwo != NULL && gwo->data != NULL && m->route.qlen > 0)
+        memcpy(gwo->data, m->bwd.grad_w_slots, (size_t)(m->route.qlen * m->dim.K) * sizeof(float));
     if (lora || full)
-        m->grad_overwrite = 0;
+        m->train.grad_overwrite = 0;
     kt__moe_phase_end(m, KT_MOE_PHASE_INPUT_COMBINE);
-    m->phases.backward_calls++;
+    m->timing.phases.backward_calls++;
     return KT_OK;
 }

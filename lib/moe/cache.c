@@ -11,7 +11,7 @@ kt_status kt_moe_cache_enable(kt_moe *moe, int on)
 {
     if (moe == NULL)
         return kt__error(KT_EINVAL, "kt_moe_cache_enable: moe is NULL");
-    if (moe->busy)
+    if (moe->async.busy)
         return kt__error(KT_ESTATE, "moe '%s': cache_enable while a forward is in flight",
                          moe->name);
     if (on) { /* the cache stores the staged output */
@@ -19,9 +19,9 @@ kt_status kt_moe_cache_enable(kt_moe *moe, int on)
         if (st != KT_OK)
             return kt__error_context(st, "moe '%s': the forward cache's output", moe->name);
     }
-    moe->cache_on = on != 0;
-    if (!moe->cache_on)
-        atomic_store(&moe->cache_state, KT_MOE_CACHE_EMPTY);
+    moe->cache.on = on != 0;
+    if (!moe->cache.on)
+        atomic_store(&moe->cache.state, KT_MOE_CACHE_EMPTY);
     return KT_OK;
 }
 
@@ -29,32 +29,32 @@ kt_moe_cache_state kt_moe_cache_get_state(const kt_moe *moe)
 {
     if (moe == NULL)
         return KT_MOE_CACHE_EMPTY;
-    return (kt_moe_cache_state)atomic_load(&((kt_moe *)moe)->cache_state);
+    return (kt_moe_cache_state)atomic_load(&((kt_moe *)moe)->cache.state);
 }
 
 void kt_moe_cache_clear(kt_moe *moe)
 {
     if (moe == NULL)
         return;
-    atomic_store(&moe->cache_state, KT_MOE_CACHE_EMPTY);
-    moe->poison_msg[0] = '\0';
+    atomic_store(&moe->cache.state, KT_MOE_CACHE_EMPTY);
+    moe->cache.poison_msg[0] = '\0';
 }
 
 /* Called right after a failure was recorded on this thread; keeps the first message. */
 void kt__moe_poison(kt_moe *m)
 {
-    if (!m->cache_on || atomic_load(&m->cache_state) == KT_MOE_CACHE_POISONED)
+    if (!m->cache.on || atomic_load(&m->cache.state) == KT_MOE_CACHE_POISONED)
         return;
-    snprintf(m->poison_msg, sizeof m->poison_msg, "%s", kt_last_error());
-    atomic_store(&m->cache_state, KT_MOE_CACHE_POISONED);
+    snprintf(m->cache.poison_msg, sizeof m->cache.poison_msg, "%s", kt_last_error());
+    atomic_store(&m->cache.state, KT_MOE_CACHE_POISONED);
 }
 
 kt_status kt__moe_check_poison(const kt_moe *m, const char *what)
 {
-    if (atomic_load(&((kt_moe *)m)->cache_state) != KT_MOE_CACHE_POISONED)
+    if (atomic_load(&((kt_moe *)m)->cache.state) != KT_MOE_CACHE_POISONED)
         return KT_OK;
     return kt__error(KT_ESTATE,
                      "moe '%s': %s refused: the forward cache was poisoned by an earlier "
                      "failure (kt_moe_cache_clear resets it): %s",
-                     m->name, what, m->poison_msg);
+                     m->name, what, m->cache.poison_msg);
 }

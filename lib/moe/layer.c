@@ -21,21 +21,27 @@
  * seed and its (expert, projection, index), so the init does not depend on creation order. */
 #define LORA_SEED 0x6b742d6d6f652d41ull
 
-int64_t kt__moe_proj_in(const kt_moe *m, int proj) { return proj == KT_MOE_DOWN ? m->I : m->H; }
-int64_t kt__moe_proj_out(const kt_moe *m, int proj) { return proj == KT_MOE_DOWN ? m->H : m->I; }
+int64_t kt__moe_proj_in(const kt_moe *m, int proj)
+{
+    return proj == KT_MOE_DOWN ? m->dim.I : m->dim.H;
+}
+int64_t kt__moe_proj_out(const kt_moe *m, int proj)
+{
+    return proj == KT_MOE_DOWN ? m->dim.H : m->dim.I;
+}
 
 void *kt__moe_weight_ptr(const kt_moe *m, int64_t e, int proj)
 {
-    return m->weights + (size_t)((e * 3 + proj) * m->H * m->I) * m->cs;
+    return m->store.weights + (size_t)((e * 3 + proj) * m->dim.H * m->dim.I) * m->dim.cdt_bytes;
 }
 
 float *kt__moe_lora_ptr(const kt_moe *m, float *base, int64_t e, int proj, int which_b)
 {
-    float *a = base + (e * 3 + proj) * m->R * (m->H + m->I);
-    return which_b ? a + m->R * kt__moe_proj_in(m, proj) : a;
+    float *a = base + (e * 3 + proj) * m->dim.R * (m->dim.H + m->dim.I);
+    return which_b ? a + m->dim.R * kt__moe_proj_in(m, proj) : a;
 }
 
-uint64_t kt__moe_flops_run(const kt_moe *m) { return m->flops; }
+uint64_t kt__moe_flops_run(const kt_moe *m) { return m->timing.flops; }
 
 const kt_moe_config *kt_moe_get_config(const kt_moe *moe) { return moe ? &moe->cfg : NULL; }
 
@@ -98,10 +104,10 @@ static kt_status check_config(const kt_moe_config *c)
  * experts cut into as many contiguous ranges; one group of everything without the split. */
 static kt_status plan_groups(kt_moe *m, kt_threadpool *pool)
 {
-    m->n_groups = 1;
-    m->group_node[0] = m->cfg.numa_node;
-    m->group_e[0] = 0, m->group_e[1] = m->E;
-    m->group_t[0] = 0, m->group_t[1] = m->n_threads;
+    m->numa.n_groups = 1;
+    m->numa.node[0] = m->cfg.numa_node;
+    m->numa.expert_start[0] = 0, m->numa.expert_start[1] = m->dim.E;
+    m->numa.thread_start[0] = 0, m->numa.thread_start[1] = m->n_threads;
     if (m->cfg.numa_node != KT_MOE_NUMA_SPLIT)
         return KT_OK;
     if (kt_threadpool_thread_node(pool, 0) < 0)
@@ -110,31 +116,32 @@ static kt_status plan_groups(kt_moe *m, kt_threadpool *pool)
                          "kt_threadpool_create_numa",
                          m->name);
     int g = 0;
-    m->group_node[0] = kt_threadpool_thread_node(pool, 0);
+    m->numa.node[0] = kt_threadpool_thread_node(pool, 0);
     for (int t = 1; t < m->n_threads; t++) {
         int node = kt_threadpool_thread_node(pool, t);
-        if (node == m->group_node[g])
+        if (node == m->numa.node[g])
             continue;
         if (++g >= KT__MOE_MAX_GROUPS)
             return kt__error(KT_EINVAL, "moe '%s': more than %d NUMA nodes", m->name,
                              KT__MOE_MAX_GROUPS);
-        m->group_node[g] = node;
-        m->group_t[g] = t;
+        m->numa.node[g] = node;
+        m->numa.thread_start[g] = t;
     }
-    m->n_groups = g + 1;
-    m->group_t[m->n_groups] = m->n_threads;
-    for (int i = 0; i <= m->n_groups; i++)
-        m->group_e[i] = m->E * i / m->n_groups;
+    m->numa.n_groups = g + 1;
+    m->numa.thread_start[m->numa.n_groups] = m->n_threads;
+    for (int i = 0; i <= m->numa.n_groups; i++)
+        m->numa.expert_start[i] = m->dim.E * i / m->numa.n_groups;
     return KT_OK;
 }
 
 /* Each group's rows of a per-expert array (bytes_per_expert each) onto its node. */
 static kt_status bind_groups(const kt_moe *m, void *base, size_t bytes_per_expert)
 {
-    for (int g = 0; m->cfg.numa_node == KT_MOE_NUMA_SPLIT && g < m->n_groups; g++)
+    for (int g = 0; m->cfg.numa_node == KT_MOE_NUMA_SPLIT && g < m->numa.n_groups; g++)
         KT__TRY(kt__numa_bind_range(
-            (unsigned char *)base + (size_t)m->group_e[g] * bytes_per_expert,
-            (size_t)(m->group_e[g + 1] - m->group_e[g]) * bytes_per_expert, m->group_node[g]));
+            (unsigned char *)base + (size_t)m->numa.expert_start[g] * bytes_per_expert,
+            (size_t)(m->numa.expert_start[g + 1] - m->numa.expert_start[g]) * bytes_per_expert,
+            m->numa.node[g]));
     return KT_OK;
 }
 
@@ -170,61 +177,62 @@ static kt_status carve(kt_arena *arena, const buf_spec *specs, int n, int numa_n
  * shared scratch); returns the block's size. */
 static size_t plan_scratch(kt_moe *m)
 {
-    size_t N = (size_t)m->N, H = (size_t)m->H, I = (size_t)m->I, cs = m->cs, R = (size_t)m->R;
+    size_t N = (size_t)m->dim.N, H = (size_t)m->dim.H, I = (size_t)m->dim.I, cs = m->dim.cdt_bytes,
+           R = (size_t)m->dim.R;
     size_t total = 0;
-    m->n_scratch = 0;
+    m->mem.n_scratch = 0;
 #define SCRATCH(p, b)                                                                              \
-    (m->scratch_ptr[m->n_scratch] = (void **)&(p), m->scratch_off[m->n_scratch++] = total,         \
-     total += round_up(b))
+    (m->mem.scratch_ptr[m->mem.n_scratch] = (void **)&(p),                                         \
+     m->mem.scratch_off[m->mem.n_scratch++] = total, total += round_up(b))
 /* p at the offset of the buffer placed at slot s: their lives in a call never overlap */
 #define SCRATCH_OVER(p, s)                                                                         \
-    (m->scratch_ptr[m->n_scratch] = (void **)&(p),                                                 \
-     m->scratch_off[m->n_scratch++] = m->scratch_off[s])
-    SCRATCH(m->cursor, (size_t)m->E * 8);
-    SCRATCH(m->tasks, (size_t)m->max_tasks * sizeof(kt__moe_task));
-    SCRATCH(m->part, ((size_t)m->n_threads + 1) * 8);
-    SCRATCH(m->queue, (size_t)m->n_threads * sizeof(kt__moe_queue));
-    const size_t ldh = (size_t)m->ldh;
-    /* Backward's input gradients gx (f32 [N, H], 50 MB for dsv2lite at 1024 tokens) and
-     * forward's expert outputs d (the same size) lie over two [N, ldh] buffers that are dead
-     * whenever they live: in LoRA and full mode gyc and gdc (grad_y's per-slot copies, unused
-     * in forward, and backward is done with them before it writes gx); in frozen mode xc and
-     * gyc (forward is done with the gathered rows before the down GEMM writes d; backward
-     * reads them only in its recompute, first). d lives only in forward: combine reads it,
-     * and backward takes the routing gradient without it. */
+    (m->mem.scratch_ptr[m->mem.n_scratch] = (void **)&(p),                                         \
+     m->mem.scratch_off[m->mem.n_scratch++] = m->mem.scratch_off[s])
+    SCRATCH(m->route.sort_cursor, (size_t)m->dim.E * 8);
+    SCRATCH(m->route.tasks, (size_t)m->route.max_tasks * sizeof(kt__moe_task));
+    SCRATCH(m->route.share, ((size_t)m->n_threads + 1) * 8);
+    SCRATCH(m->route.share_left, (size_t)m->n_threads * sizeof(kt__moe_queue));
+    const size_t ld_h = (size_t)m->dim.ld_h;
+    /* Backward's input gradients grad_x_rows (f32 [N, H]) and forward's expert_out (the same
+     * size) lie over two [N, ld_h] buffers that are dead whenever they live: in LoRA and full
+     * mode grad_y_rows and grad_y_weighted (grad_y's per-slot copies, unused in forward, and
+     * backward is done with them before it writes grad_x_rows); in frozen mode x_rows and
+     * grad_y_rows (forward is done with the gathered rows before the down GEMM writes
+     * expert_out; backward reads them only in its recompute, first). expert_out lives only in
+     * forward: combine reads it, and backward takes the routing gradient without it. */
     const int frozen = m->cfg.mode == KT_MOE_FROZEN;
-    SCRATCH(m->ac, N * I * cs);
-    const int xc_slot = m->n_scratch;
-    SCRATCH(m->xc, N * ldh * cs);
-    const int gyc_slot = m->n_scratch;
-    SCRATCH(m->gyc, N * ldh * cs);
+    SCRATCH(m->fwd.act, N * I * cs);
+    const int xc_slot = m->mem.n_scratch;
+    SCRATCH(m->fwd.x_rows, N * ld_h * cs);
+    const int gyc_slot = m->mem.n_scratch;
+    SCRATCH(m->bwd.grad_y_rows, N * ld_h * cs);
     if (!frozen)
-        SCRATCH(m->gdc, N * ldh * cs);
-    /* the pair ends here; should gx ever outgrow it, it would run on into space kept for it
-     * (with ldh >= H the pair holds 4 N ldh >= N H 4 bytes in either dtype) */
+        SCRATCH(m->bwd.grad_y_weighted, N * ld_h * cs);
+    /* the pair ends here; should grad_x_rows ever outgrow it, it would run on into space kept
+     * for it (with ld_h >= H the pair holds 4 N ld_h >= N H 4 bytes in either dtype) */
     const int over_slot = frozen ? xc_slot : gyc_slot;
-    if (m->scratch_off[over_slot] + round_up(N * H * 4) > total)
-        total = m->scratch_off[over_slot] + round_up(N * H * 4);
-    SCRATCH_OVER(m->gx, over_slot);
-    SCRATCH_OVER(m->d, over_slot);
-    SCRATCH(m->gwp, N * (size_t)kt__moe_gw_pieces(m) * 4);
-    SCRATCH(m->row_w, N * 4);
-    SCRATCH(m->ga,
+    if (m->mem.scratch_off[over_slot] + round_up(N * H * 4) > total)
+        total = m->mem.scratch_off[over_slot] + round_up(N * H * 4);
+    SCRATCH_OVER(m->bwd.grad_x_rows, over_slot);
+    SCRATCH_OVER(m->fwd.expert_out, over_slot);
+    SCRATCH(m->bwd.grad_w_pieces, N * (size_t)kt__moe_gw_pieces(m) * 4);
+    SCRATCH(m->bwd.row_weight, N * 4);
+    SCRATCH(m->bwd.grad_act,
             kt__moe_ga_per_thread(m) ? (size_t)m->n_threads * kt__moe_ga_floats(m) * 4 : N * I * 4);
-    if (m->tiled && m->cfg.mode == KT_MOE_FULL && kt__moe_gemm_tn_work_bytes(m, m->T) > 0)
-        SCRATCH(m->tnw, (size_t)m->n_threads * kt__moe_gemm_tn_work_bytes(m, m->T));
-    SCRATCH(m->ggc, N * I * cs);
-    SCRATCH(m->guc, N * I * cs);
-    SCRATCH(m->gw, N * 4);
+    if (m->dim.tiled && m->cfg.mode == KT_MOE_FULL && kt__moe_gemm_tn_work_bytes(m, m->dim.T) > 0)
+        SCRATCH(m->bwd.tn_work, (size_t)m->n_threads * kt__moe_gemm_tn_work_bytes(m, m->dim.T));
+    SCRATCH(m->bwd.grad_gate_pre, N * I * cs);
+    SCRATCH(m->bwd.grad_up_pre, N * I * cs);
+    SCRATCH(m->bwd.grad_w_slots, N * 4);
     if (!m->cfg.keep_activations) { /* recomputed in backward: nothing to keep */
-        SCRATCH(m->g, N * I * 4);
-        SCRATCH(m->u, N * I * 4);
+        SCRATCH(m->fwd.gate_pre, N * I * 4);
+        SCRATCH(m->fwd.up_pre, N * I * 4);
     }
     if (m->cfg.mode == KT_MOE_LORA)
         for (int p = 0; p < 3; p++) {
             if (!m->cfg.keep_activations)
-                SCRATCH(m->z[p], N * R * 4);
-            SCRATCH(m->gz[p], N * R * 4);
+                SCRATCH(m->fwd.lora_xa[p], N * R * 4);
+            SCRATCH(m->bwd.lora_grad_xa[p], N * R * 4);
         }
 #undef SCRATCH
 #undef SCRATCH_OVER
@@ -233,61 +241,61 @@ static size_t plan_scratch(kt_moe *m)
 
 kt_status kt__moe_alloc_staged_y(kt_moe *m)
 {
-    if (m->y != NULL)
+    if (m->fwd.y_staged != NULL)
         return KT_OK;
-    const size_t bytes = round_up((size_t)(m->T * m->H) * sizeof(float));
-    KT__TRY(kt_arena_create(&m->y_mem, bytes, kt__moe_buffer_node(m)));
-    m->y = (float *)(void *)m->y_mem.base;
-    m->workspace_bytes += bytes;
+    const size_t bytes = round_up((size_t)(m->dim.T * m->dim.H) * sizeof(float));
+    KT__TRY(kt_arena_create(&m->mem.staged_y, bytes, kt__moe_buffer_node(m)));
+    m->fwd.y_staged = (float *)(void *)m->mem.staged_y.base;
+    m->mem.workspace_bytes += bytes;
     return KT_OK;
 }
 
 static kt_status alloc_work(kt_moe *m)
 {
-    size_t N = (size_t)m->N, T = (size_t)m->T, H = (size_t)m->H, I = (size_t)m->I;
-    size_t cs = m->cs;
-    size_t R = (size_t)m->R;
+    size_t N = (size_t)m->dim.N, T = (size_t)m->dim.T, H = (size_t)m->dim.H, I = (size_t)m->dim.I;
+    size_t cs = m->dim.cdt_bytes;
+    size_t R = (size_t)m->dim.R;
     buf_spec s[16];
     int n = 0;
 #define SPEC(p, b) (s[n].ptr = (void **)&(p), s[n].bytes = (b), n++)
-    SPEC(m->slot_expert, N * 4);
-    SPEC(m->slot_w, N * 4);
-    SPEC(m->slot_row, N * 4);
-    SPEC(m->row_expert, N * 4);
-    SPEC(m->off, ((size_t)m->E + 1) * 8);
-    SPEC(m->xt, T * H * cs);
+    SPEC(m->route.slot_expert, N * 4);
+    SPEC(m->route.slot_weight, N * 4);
+    SPEC(m->route.slot_row, N * 4);
+    SPEC(m->route.row_expert, N * 4);
+    SPEC(m->route.row_start, ((size_t)m->dim.E + 1) * 8);
+    SPEC(m->fwd.x_saved, T * H * cs);
     if (m->cfg.keep_activations) {
-        SPEC(m->g, N * I * 4);
-        SPEC(m->u, N * I * 4);
+        SPEC(m->fwd.gate_pre, N * I * 4);
+        SPEC(m->fwd.up_pre, N * I * 4);
         if (m->cfg.mode == KT_MOE_LORA)
             for (int p = 0; p < 3; p++)
-                SPEC(m->z[p], N * R * 4);
+                SPEC(m->fwd.lora_xa[p], N * R * 4);
     }
 #undef SPEC
     size_t total = 0;
-    KT__TRY(carve(&m->work, s, n, kt__moe_buffer_node(m), &total));
-    m->scratch_need = plan_scratch(m);
+    KT__TRY(carve(&m->mem.kept, s, n, kt__moe_buffer_node(m), &total));
+    m->mem.scratch_need = plan_scratch(m);
     if (m->cfg.scratch != NULL) {
-        KT__TRY(kt__moe_scratch_register(m->cfg.scratch, m->scratch_need));
+        KT__TRY(kt__moe_scratch_register(m->cfg.scratch, m->mem.scratch_need));
     } else {
-        KT__TRY(kt_arena_create(&m->scratch_own, m->scratch_need, kt__moe_buffer_node(m)));
-        kt__moe_bind_scratch(m, m->scratch_own.base);
-        total += m->scratch_need;
+        KT__TRY(kt_arena_create(&m->mem.own_scratch, m->mem.scratch_need, kt__moe_buffer_node(m)));
+        kt__moe_bind_scratch(m, m->mem.own_scratch.base);
+        total += m->mem.scratch_need;
     }
-    m->workspace_bytes = total;
+    m->mem.workspace_bytes = total;
     if (m->cfg.check_finite) /* the output is staged (forward.c) */
         KT__TRY(kt__moe_alloc_staged_y(m));
     /* Kept from forward to backward, the work buffers but the per-call expert offsets: the
      * routing (4 x 4 bytes per slot), the input in the compute dtype, and with
      * keep_activations the f32 gate/up pre-activations (f32 keeps recompute bitwise equal to
      * the kept values) and LoRA's x A^T of each projection (r floats each: rebuilding them
-     * took a dozen ms of backward's recompute at dsv2lite's qlen 1024). The expert outputs
+     * was a visible part of backward's recompute). The expert outputs
      * are not kept: the routing gradient <grad_y, down(a)> is taken as <grad_y down, a> in
      * backward. Summed from the buffers themselves, so the figure is what is held. */
     uint64_t per_call = 0;
     for (int i = 0; i < n; i++)
-        per_call += s[i].ptr == (void **)&m->off ? 0 : s[i].bytes;
-    m->saved_bytes_per_token = per_call / T;
+        per_call += s[i].ptr == (void **)&m->route.row_start ? 0 : s[i].bytes;
+    m->mem.saved_bytes_per_token = per_call / T;
     return KT_OK;
 }
 
@@ -295,28 +303,29 @@ static kt_status alloc_params(kt_moe *m)
 {
     size_t per = 0, wg = 0;
     if (m->cfg.mode == KT_MOE_LORA)
-        per = (size_t)(m->E * 3 * m->R * (m->H + m->I)) * sizeof(float);
+        per = (size_t)(m->dim.E * 3 * m->dim.R * (m->dim.H + m->dim.I)) * sizeof(float);
     if (m->cfg.mode == KT_MOE_FULL)
-        wg = (size_t)(m->E * 3 * m->H * m->I) * sizeof(float);
+        wg = (size_t)(m->dim.E * 3 * m->dim.H * m->dim.I) * sizeof(float);
     buf_spec s[3];
     int n = 0;
     if (per) {
-        s[n++] = (buf_spec){(void **)&m->lora, per};
-        s[n++] = (buf_spec){(void **)&m->lora_grad, per};
+        s[n++] = (buf_spec){(void **)&m->train.lora, per};
+        s[n++] = (buf_spec){(void **)&m->train.lora_grad, per};
     }
     if (wg)
-        s[n++] = (buf_spec){(void **)&m->wgrad, wg};
+        s[n++] = (buf_spec){(void **)&m->train.weight_grad, wg};
     size_t total = 0;
-    KT__TRY(carve(&m->params, s, n, kt__moe_buffer_node(m), &total));
+    KT__TRY(carve(&m->train.arena, s, n, kt__moe_buffer_node(m), &total));
     if (wg)
-        KT__TRY(bind_groups(m, m->wgrad, (size_t)(3 * m->H * m->I) * sizeof(float)));
-    m->grad_bytes = n ? total : 0;
-    memset(m->params.base, 0, m->params.size);
+        KT__TRY(bind_groups(m, m->train.weight_grad,
+                            (size_t)(3 * m->dim.H * m->dim.I) * sizeof(float)));
+    m->mem.grad_bytes = n ? total : 0;
+    memset(m->train.arena.base, 0, m->train.arena.size);
     if (per) {
-        for (int64_t e = 0; e < m->E; e++)
+        for (int64_t e = 0; e < m->dim.E; e++)
             for (int p = 0; p < 3; p++) {
-                float *a = kt__moe_lora_ptr(m, m->lora, e, p, 0);
-                int64_t in = kt__moe_proj_in(m, p), cnt = m->R * in;
+                float *a = kt__moe_lora_ptr(m, m->train.lora, e, p, 0);
+                int64_t in = kt__moe_proj_in(m, p), cnt = m->dim.R * in;
                 float bound = 1.0f / sqrtf((float)in);
                 for (int64_t i = 0; i < cnt; i++) {
                     uint64_t r = kt__splitmix64(LORA_SEED ^ kt__splitmix64((uint64_t)(e * 3 + p)) ^
@@ -333,8 +342,8 @@ static kt_status alloc_params(kt_moe *m)
  * cuts columns at multiples of 16, and its tasks of an expert do not overlap). */
 static int64_t max_tasks_for(const kt_moe *m)
 {
-    int64_t cols = m->H > m->I ? m->H : m->I;
-    return m->E * ((cols + KT__MOE_COL_ALIGN - 1) / KT__MOE_COL_ALIGN);
+    int64_t cols = m->dim.H > m->dim.I ? m->dim.H : m->dim.I;
+    return m->dim.E * ((cols + KT__MOE_COL_ALIGN - 1) / KT__MOE_COL_ALIGN);
 }
 
 /* The values a session's optimizer updates: the adapters (LoRA) or the weights (full). */
@@ -342,7 +351,9 @@ static uint64_t trainable_values(const kt_moe_config *c)
 {
     const uint64_t E = (uint64_t)c->n_experts, H = (uint64_t)c->hidden,
                    I = (uint64_t)c->intermediate, R = (uint64_t)c->lora_rank;
-    return c->mode == KT_MOE_LORA ? E * 3 * R * (H + I) : c->mode == KT_MOE_FULL ? E * 3 * H * I : 0;
+    return c->mode == KT_MOE_LORA   ? E * 3 * R * (H + I)
+           : c->mode == KT_MOE_FULL ? E * 3 * H * I
+                                    : 0;
 }
 
 /* The weight store, and the adapters with their gradients (LoRA) or the weight gradients
@@ -355,8 +366,7 @@ static uint64_t weight_bytes(const kt_moe_config *c)
     return raw + (c->mode == KT_MOE_LORA ? 2 * trained : trained);
 }
 
-kt_status kt_moe_memory_need(const kt_moe_config *config, int optimizer_states,
-                             uint64_t *bytes_out)
+kt_status kt_moe_memory_need(const kt_moe_config *config, int optimizer_states, uint64_t *bytes_out)
 {
     if (config == NULL || bytes_out == NULL || optimizer_states < 0)
         return kt__error(KT_EINVAL, "kt_moe_memory_need: NULL argument or negative state count");
@@ -374,8 +384,9 @@ kt_status kt_moe_create(const kt_moe_config *config, kt_threadpool *pool, kt_moe
         return kt__error(KT_EINVAL, "kt_moe_create: NULL argument");
     KT__TRY(check_config(config));
     char what[96];
-    snprintf(what, sizeof what, "moe '%.40s': the expert weights%s", config->name ? config->name
-             : "moe", config->mode == KT_MOE_FROZEN ? "" : " and their gradients");
+    snprintf(what, sizeof what, "moe '%.40s': the expert weights%s",
+             config->name ? config->name : "moe",
+             config->mode == KT_MOE_FROZEN ? "" : " and their gradients");
     KT__TRY(kt__memory_admit(weight_bytes(config), what));
     kt_moe *m = calloc(1, sizeof *m);
     if (m == NULL)
@@ -389,37 +400,40 @@ kt_status kt_moe_create(const kt_moe_config *config, kt_threadpool *pool, kt_moe
     }
     m->pool = pool;
     m->n_threads = kt_threadpool_size(pool);
-    m->bf16 = config->weight_dtype == KT_BF16;
-    m->tiled = m->bf16 || kt__f32_gemm_tiled();
-    m->cs = kt_dtype_size(config->weight_dtype);
-    m->E = config->n_experts;
-    m->H = config->hidden;
-    m->ldh = m->H + ((size_t)m->H * m->cs % 1024 == 0 ? (int64_t)(64 / m->cs) : 0);
-    m->I = config->intermediate;
-    m->K = config->top_k;
-    m->T = config->max_tokens;
-    m->N = m->T * m->K;
-    m->R = m->cfg.lora_rank;
-    m->lora_scale = m->R ? config->lora_alpha / (float)m->R : 0.0f;
-    m->max_tasks = max_tasks_for(m);
-    m->grad_overwrite = 1;
-    atomic_init(&m->cache_state, KT_MOE_CACHE_EMPTY);
-    pthread_mutex_init(&m->mu, NULL);
-    pthread_cond_init(&m->cv, NULL);
+    m->dim.bf16 = config->weight_dtype == KT_BF16;
+    m->dim.tiled = m->dim.bf16 || kt__f32_gemm_tiled();
+    m->dim.cdt_bytes = kt_dtype_size(config->weight_dtype);
+    m->dim.E = config->n_experts;
+    m->dim.H = config->hidden;
+    m->dim.ld_h =
+        m->dim.H +
+        ((size_t)m->dim.H * m->dim.cdt_bytes % 1024 == 0 ? (int64_t)(64 / m->dim.cdt_bytes) : 0);
+    m->dim.I = config->intermediate;
+    m->dim.K = config->top_k;
+    m->dim.T = config->max_tokens;
+    m->dim.N = m->dim.T * m->dim.K;
+    m->dim.R = m->cfg.lora_rank;
+    m->dim.lora_scale = m->dim.R ? config->lora_alpha / (float)m->dim.R : 0.0f;
+    m->route.max_tasks = max_tasks_for(m);
+    m->train.grad_overwrite = 1;
+    atomic_init(&m->cache.state, KT_MOE_CACHE_EMPTY);
+    pthread_mutex_init(&m->async.mu, NULL);
+    pthread_cond_init(&m->async.cv, NULL);
 
     st = plan_groups(m, pool);
     if (st != KT_OK)
         goto fail;
     /* The store is exactly the raw weights: no padding, no transposed copy. Pages are bound
      * to their group's node before the zeroing first touches them. */
-    size_t wbytes = (size_t)(m->E * 3 * m->H * m->I) * m->cs;
-    st = kt_arena_create(&m->store, wbytes, kt__moe_buffer_node(m));
+    size_t wbytes = (size_t)(m->dim.E * 3 * m->dim.H * m->dim.I) * m->dim.cdt_bytes;
+    st = kt_arena_create(&m->store.arena, wbytes, kt__moe_buffer_node(m));
     if (st == KT_OK)
-        st = bind_groups(m, m->store.base, (size_t)(3 * m->H * m->I) * m->cs);
+        st = bind_groups(m, m->store.arena.base,
+                         (size_t)(3 * m->dim.H * m->dim.I) * m->dim.cdt_bytes);
     if (st != KT_OK)
         goto fail;
-    m->weights = m->store.base;
-    memset(m->weights, 0, wbytes);
+    m->store.weights = m->store.arena.base;
+    memset(m->store.weights, 0, wbytes);
     st = alloc_params(m);
     if (st != KT_OK)
         goto fail;
@@ -439,27 +453,27 @@ void kt_moe_destroy(kt_moe *moe)
 {
     if (moe == NULL || !kt__moe_release(moe)) /* a session still holds it */
         return;
-    if (moe->driver_started) {
-        pthread_mutex_lock(&moe->mu);
-        moe->stop = 1;
-        pthread_cond_broadcast(&moe->cv);
-        pthread_mutex_unlock(&moe->mu);
-        pthread_join(moe->driver, NULL);
+    if (moe->async.started) {
+        pthread_mutex_lock(&moe->async.mu);
+        moe->async.stop = 1;
+        pthread_cond_broadcast(&moe->async.cv);
+        pthread_mutex_unlock(&moe->async.mu);
+        pthread_join(moe->async.thread, NULL);
     }
-    pthread_cond_destroy(&moe->cv);
-    pthread_mutex_destroy(&moe->mu);
-    kt_arena_destroy(&moe->work);
-    kt_arena_destroy(&moe->y_mem);
-    kt_arena_destroy(&moe->scratch_own);
-    kt_arena_destroy(&moe->params);
-    kt_arena_destroy(&moe->store);
+    pthread_cond_destroy(&moe->async.cv);
+    pthread_mutex_destroy(&moe->async.mu);
+    kt_arena_destroy(&moe->mem.kept);
+    kt_arena_destroy(&moe->mem.staged_y);
+    kt_arena_destroy(&moe->mem.own_scratch);
+    kt_arena_destroy(&moe->train.arena);
+    kt_arena_destroy(&moe->store.arena);
     free(moe);
 }
 
 void kt_moe_zero_grad(kt_moe *moe)
 {
     if (moe != NULL)
-        moe->grad_overwrite = 1;
+        moe->train.grad_overwrite = 1;
 }
 
 void kt_moe_get_memory(const kt_moe *moe, kt_moe_memory *memory_out)
@@ -467,11 +481,12 @@ void kt_moe_get_memory(const kt_moe *moe, kt_moe_memory *memory_out)
     if (moe == NULL || memory_out == NULL)
         return;
     memset(memory_out, 0, sizeof *memory_out);
-    memory_out->raw_weight_bytes = (uint64_t)(moe->E * 3 * moe->H * moe->I) * moe->cs;
-    memory_out->weight_bytes = moe->store.size;
+    memory_out->raw_weight_bytes =
+        (uint64_t)(moe->dim.E * 3 * moe->dim.H * moe->dim.I) * moe->dim.cdt_bytes;
+    memory_out->weight_bytes = moe->store.arena.size;
     memory_out->backward_buffer_bytes = 0; /* the nn kernel reads the original layout */
-    memory_out->saved_bytes_per_token = moe->saved_bytes_per_token;
-    memory_out->workspace_bytes = moe->workspace_bytes;
-    memory_out->scratch_bytes = moe->scratch_need;
-    memory_out->grad_bytes = moe->grad_bytes;
+    memory_out->saved_bytes_per_token = moe->mem.saved_bytes_per_token;
+    memory_out->workspace_bytes = moe->mem.workspace_bytes;
+    memory_out->scratch_bytes = moe->mem.scratch_need;
+    memory_out->grad_bytes = moe->mem.grad_bytes;
 }

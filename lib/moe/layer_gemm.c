@@ -1,5 +1,5 @@
 /* The layer's GEMMs on its own thread pool, one block per call, in the weight dtype: the bf16
- * kernels (bf16_gemm.h) or the f32 ones (f32_gemm.h). Only for layers with m->tiled; the
+ * kernels (bf16_gemm.h) or the f32 ones (f32_gemm.h). Only for layers with m->dim.tiled; the
  * others call kt__sgemm once per expert (forward.c, backward.c). */
 #include "kernels/bf16_gemm.h"
 #include "kernels/f32_gemm.h"
@@ -9,7 +9,7 @@ void kt__moe_gemm_nt(const kt_moe *m, int64_t M, int64_t n0, int64_t n1, int64_t
                      int64_t ldx, const void *w, int64_t ldw, const void *next, float *y,
                      int64_t ldy)
 {
-    if (m->bf16)
+    if (m->dim.bf16)
         kt__bf16_gemm_nt_next(M, n0, n1, K, x, ldx, w, ldw, next, y, ldy, 0);
     else
         kt__f32_gemm_nt(M, n0, n1, K, x, ldx, w, ldw, y, ldy, 0);
@@ -18,7 +18,7 @@ void kt__moe_gemm_nt(const kt_moe *m, int64_t M, int64_t n0, int64_t n1, int64_t
 void kt__moe_gemm_nn(const kt_moe *m, int64_t M, int64_t N, int64_t k0, int64_t k1, const void *g,
                      int64_t ldg, const void *w, int64_t ldw, float *y, int64_t ldy)
 {
-    if (m->bf16)
+    if (m->dim.bf16)
         kt__bf16_gemm_nn(M, N, k0, k1, g, ldg, w, ldw, y, ldy, 0);
     else
         kt__f32_gemm_nn(M, N, k0, k1, g, ldg, w, ldw, y, ldy, 0);
@@ -28,7 +28,7 @@ void kt__moe_gemm_nn2(const kt_moe *m, int64_t M, int64_t N, int64_t k0, int64_t
                       const void *w0, const void *g1, const void *w1, int64_t ldg, int64_t ldw,
                       float *y, int64_t ldy, int stream)
 {
-    if (m->bf16)
+    if (m->dim.bf16)
         kt__bf16_gemm_nn2(M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, stream);
     else
         kt__f32_gemm_nn2(M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy);
@@ -38,7 +38,7 @@ void kt__moe_gemm_tn(const kt_moe *m, int64_t M, int64_t n0, int64_t n1, int64_t
                      int64_t ldg, const void *x, int64_t ldx, float *dw, int64_t lddw, float scale,
                      int accumulate, void *work)
 {
-    if (m->bf16)
+    if (m->dim.bf16)
         kt__bf16_gemm_tn(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate, work);
     else
         kt__f32_gemm_tn(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate, work);
@@ -46,5 +46,5 @@ void kt__moe_gemm_tn(const kt_moe *m, int64_t M, int64_t n0, int64_t n1, int64_t
 
 size_t kt__moe_gemm_tn_work_bytes(const kt_moe *m, int64_t M)
 {
-    return m->bf16 ? kt__bf16_gemm_tn_work_bytes(M) : kt__f32_gemm_tn_work_bytes(M);
+    return m->dim.bf16 ? kt__bf16_gemm_tn_work_bytes(M) : kt__f32_gemm_tn_work_bytes(M);
 }

@@ -2,8 +2,9 @@
  *
  * Rows. A call with qlen tokens and top-k has N = qlen * k (token, slot) pairs. Routing sorts
  * them by expert with a counting sort (token order within an expert), and every per-pair
- * buffer below is indexed by that sorted "row": expert e owns rows [off[e], off[e + 1]), so
- * each expert's rows are one contiguous matrix that the GEMM kernels read directly.
+ * buffer below is indexed by that sorted "row": expert e owns rows
+ * [route.row_start[e], route.row_start[e + 1]), so each expert's rows are one contiguous
+ * matrix that the GEMM kernels read directly.
  *
  * Work split. A phase of GEMMs is a list of tasks (expert, column block) over the active
  * experts, with block widths chosen so every task costs about the same (rows * columns), run
@@ -59,114 +60,173 @@ typedef struct kt__moe_job {
     int cache_hit;
 } kt__moe_job;
 
-struct kt_moe {
-    kt_moe_config cfg;
-    char name[KT__MOE_NAME_MAX];
-    kt_threadpool *pool;
-    int n_threads;
-    int bf16;  /* weights (and the compute dtype) are bf16 */
+/* The layer, by concern. Each part is held by value (no pointer to follow in the hot loops).
+ *
+ * Configuration: the validated copy of the caller's config, and the sizes derived from it;
+ * constant after kt_moe_create. The one-letter sizes are the ones the comments use. */
+typedef struct kt__moe_dims {
+    int64_t E; /* experts */
+    int64_t H; /* hidden (the model dimension) */
+    int64_t I; /* intermediate (each expert's gate/up width) */
+    int64_t K; /* top-k: slots per token */
+    int64_t T; /* max_tokens */
+    int64_t N; /* T * K: the most rows a call has */
+    int64_t R; /* LoRA rank (0 outside LoRA mode) */
+    /* row stride (elements) of the H-wide compute-dtype rows (x_rows, grad_y_rows,
+     * grad_y_weighted): H, or a cache line more where H's bytes are a multiple of 1 KiB, since
+     * the kernels read a dozen rows at once and rows 4 KiB apart all fall in one L1 set */
+    int64_t ld_h;
+    size_t cdt_bytes; /* bytes per compute-dtype element */
+    int bf16;         /* weights (and the compute dtype) are bf16 */
     /* the GEMMs run as blocks over the layer's pool through layer_gemm.c (bf16, and f32 where
      * kt__f32_gemm_tiled()); otherwise f32 calls kt__sgemm once per expert */
     int tiled;
-    size_t cs; /* bytes per compute-dtype element */
-    /* row stride (elements) of the H-wide compute-dtype rows (xc, gyc, gdc): H, or a cache
-     * line more where H's bytes are a multiple of 1 KiB, since the kernels read a dozen rows
-     * at once and rows 4 KiB apart all fall in one L1 set (measured: x W^T at 96 rows of
-     * dsv2lite 0.83-0.85 of the peak dense, 0.90-0.92 padded) */
-    int64_t ldh;
-    int64_t E, H, I, K, T, N, R;
     float lora_scale; /* alpha / r */
+} kt__moe_dims;
 
-    kt_arena store;       /* expert weights: [E][gate, up, down], each [I,H] / [I,H] / [H,I] */
-    kt_arena params;      /* LoRA adapters + their grads, full-mode weight grads */
-    kt_arena work;        /* what forward keeps for backward */
-    kt_arena y_mem;       /* y, the staged output (kt__moe_alloc_staged_y) */
-    kt_arena scratch_own; /* the per-call scratch, without a shared kt_moe_scratch */
+/* The expert store: exactly the raw weights, no padding and no transposed copy (the backward
+ * kernels read this layout). */
+typedef struct kt__moe_experts {
+    kt_arena arena;
+    unsigned char *weights; /* [E][gate, up, down], each [I,H] / [I,H] / [H,I] */
+} kt__moe_experts;
+
+/* What a session's optimizer trains: LoRA adapters with their gradients, or full mode's weight
+ * gradients (the weights themselves are the store). */
+typedef struct kt__moe_trained {
+    kt_arena arena;
+    float *lora, *lora_grad; /* [E][3][A r*in | B out*r] */
+    float *weight_grad;      /* [E][3][H*I] f32, full mode */
+    int grad_overwrite;      /* the next backward overwrites the weight/LoRA gradients */
+} kt__moe_trained;
+
+/* Routing of the last forward (saved for backward), and the per-phase task plans. Rows are
+ * the (token, slot) pairs sorted by expert (see the top of this file). */
+typedef struct kt__moe_routing {
+    int64_t qlen;
+    int32_t *slot_expert; /* [N] by slot t*k+j */
+    float *slot_weight;   /* [N] the routing weight of each slot */
+    int32_t *slot_row;    /* [N] slot -> sorted row */
+    int32_t *row_expert;  /* [N] sorted row -> expert */
+    int64_t *row_start;   /* [E+1]: expert e owns rows [row_start[e], row_start[e + 1]) */
+    int64_t *sort_cursor; /* [E] the counting sort's next row of each expert */
+    kt__moe_task *tasks;
+    int64_t max_tasks;
+    int64_t *share;            /* [n_threads + 1]: thread p's tasks of kt__moe_plan_parts are
+                                * [share[p], share[p + 1]) */
+    kt__moe_queue *share_left; /* [n_threads]: what is left of each thread's share while they
+                                * run */
+} kt__moe_routing;
+
+/* NUMA node groups (one group without KT_MOE_NUMA_SPLIT): group g's experts
+ * [expert_start[g], expert_start[g + 1]) have their weights (and full-mode gradients) on node
+ * node[g] and run on threads [thread_start[g], thread_start[g + 1]). */
+typedef struct kt__moe_numa {
+    int n_groups;
+    int node[KT__MOE_MAX_GROUPS];
+    int64_t expert_start[KT__MOE_MAX_GROUPS + 1];
+    int64_t thread_start[KT__MOE_MAX_GROUPS + 1];
+} kt__moe_numa;
+
+/* The forward's buffers ("cdt": the compute dtype); "saved" ones survive to backward. */
+typedef struct kt__moe_fwd_bufs {
+    void *x_saved;     /* [T,H] cdt: the input, saved */
+    void *x_rows;      /* [N,H] cdt: the input gathered into rows by expert */
+    float *gate_pre;   /* [N,I] gate pre-activation g, saved when keep_activations */
+    float *up_pre;     /* [N,I] up projection u, saved when keep_activations */
+    void *act;         /* [N,I] cdt: silu(g) * u, the down projection's input */
+    float *expert_out; /* [N,H] expert outputs (scratch: backward derives what it needs of them) */
+    float *y_staged;   /* [T,H] the output staged in f32: with check_finite, or the forward
+                        * cache's output (kt__moe_alloc_staged_y; NULL until first needed) */
+    float *lora_xa[3]; /* [N,r] LoRA: x A^T per row, per projection */
+    int valid;         /* routing and saved activations belong to a successful forward */
+} kt__moe_fwd_bufs;
+
+/* The backward's working buffers (gradients with respect to the forward's values). */
+typedef struct kt__moe_bwd_bufs {
+    void *grad_y_rows;     /* [N,H] cdt: grad_y of each row's token (the down input gradient's
+                            * input) */
+    void *grad_y_weighted; /* [N,H] cdt: w * grad_y per row (LoRA and full: their weight
+                            * gradients' input) */
+    float *grad_w_pieces;  /* [N, kt__moe_gw_pieces]: the routing gradient's sums per 16
+                            * columns */
+    float *row_weight;     /* [N] the routing weight of each row */
+    float *grad_act;       /* [N,I], or per thread kt__moe_ga_floats each
+                            * (kt__moe_ga_per_thread): gradient of act */
+    /* full mode, tiled, experts of more than 512 rows possible: per thread, the weight
+     * gradient kernel's work buffer (kt__moe_gemm_tn_work_bytes(m, T) each) */
+    unsigned char *tn_work;
+    void *grad_gate_pre;    /* [N,I] cdt: gradient of gate_pre */
+    void *grad_up_pre;      /* [N,I] cdt: gradient of up_pre */
+    float *grad_x_rows;     /* [N,H] input gradient per row */
+    float *grad_w_slots;    /* [N] routing-weight gradient per slot */
+    float *lora_grad_xa[3]; /* [N,r] LoRA: the gradient of lora_xa, per projection */
+} kt__moe_bwd_bufs;
+
+/* Where the buffers above live, and what they add up to (kt_moe_get_memory). */
+typedef struct kt__moe_mem {
+    kt_arena kept;        /* the routing and what forward keeps for backward */
+    kt_arena staged_y;    /* fwd.y_staged (kt__moe_alloc_staged_y) */
+    kt_arena own_scratch; /* the per-call scratch, without a shared kt_moe_scratch */
     /* the scratch buffers' places: pointer and offset from the scratch base, bound at create
      * (own scratch) or at each call (shared, whose base may move as it grows) */
     int n_scratch;
     void **scratch_ptr[32];
     size_t scratch_off[32];
     size_t scratch_need;
-    unsigned char *weights;
-    float *lora, *lora_grad; /* [E][3][A r*in | B out*r] */
-    float *wgrad;            /* [E][3][H*I] f32, full mode */
+    uint64_t workspace_bytes, saved_bytes_per_token, grad_bytes;
+} kt__moe_mem;
 
-    /* routing of the last forward (saved for backward) */
-    int64_t qlen;
-    int32_t *slot_expert; /* [N] by slot t*k+j */
-    float *slot_w;        /* [N] */
-    int32_t *slot_row;    /* [N] slot -> sorted row */
-    int32_t *row_expert;  /* [N] sorted row -> expert */
-    int64_t *off;         /* [E+1] */
-    int64_t *cursor;      /* [E] scratch for the counting sort */
-    kt__moe_task *tasks;
-    int64_t max_tasks;
-    int64_t *part;        /* [n_threads + 1]: thread p's tasks of kt__moe_plan_parts are
-                           * [part[p], part[p + 1]) */
-    kt__moe_queue *queue; /* [n_threads]: what is left of each thread's tasks while they run */
-    /* Node groups (one group without KT_MOE_NUMA_SPLIT): group g's experts
-     * [group_e[g], group_e[g + 1]) have their weights (and full-mode gradients) on node
-     * group_node[g] and run on threads [group_t[g], group_t[g + 1]). */
-    int n_groups;
-    int group_node[KT__MOE_MAX_GROUPS];
-    int64_t group_e[KT__MOE_MAX_GROUPS + 1];
-    int64_t group_t[KT__MOE_MAX_GROUPS + 1];
-
-    /* activations; "saved" ones survive from forward to backward */
-    void *xt; /* [T,H] cdt: the input, saved */
-    void *xc; /* [N,H] cdt: gathered input */
-    float *g; /* [N,I] gate pre-activation, saved when keep_activations */
-    float *u; /* [N,I] up, saved when keep_activations */
-    void *ac; /* [N,I] cdt: silu(g) * u */
-    float *d; /* [N,H] expert outputs (scratch: backward derives what it needs of them) */
-    float *y; /* [T,H] the output staged in f32: with check_finite, or the forward cache's
-               * output (kt__moe_alloc_staged_y; NULL until first needed) */
-    /* backward */
-    void *gyc;    /* [N,H] cdt: grad_y of each row's token (the down input gradient's input) */
-    void *gdc;    /* [N,H] cdt: w * grad_y per row (LoRA and full: their weight gradients) */
-    float *gwp;   /* [N, kt__moe_gw_pieces]: the routing gradient's sums per 16 columns */
-    float *row_w; /* [N] the routing weight of each row (backward) */
-    float *ga;    /* [N,I], or per thread kt__moe_ga_floats each (kt__moe_ga_per_thread) */
-    /* full mode, tiled, experts of more than 512 rows possible: per thread, the weight
-     * gradient kernel's work buffer (kt__moe_gemm_tn_work_bytes(m, T) each) */
-    unsigned char *tnw;
-    void *ggc; /* [N,I] cdt */
-    void *guc; /* [N,I] cdt */
-    float *gx; /* [N,H] input gradient per row */
-    float *gw; /* [N] routing-weight gradient per slot */
-    /* LoRA: x A^T per row and its gradient, per projection (rank r) */
-    float *z[3], *gz[3];
-
-    int fwd_valid;      /* routing and saved activations belong to a successful forward */
-    int grad_overwrite; /* the next backward overwrites the weight/LoRA gradients */
-    uint64_t flops;     /* expert GEMM FLOPs run (tests: the cache skips them) */
+typedef struct kt__moe_timing {
+    uint64_t flops; /* expert GEMM FLOPs run (tests: the cache skips them) */
     kt_moe_phase_times phases;
     uint64_t phase_mark; /* when the phase being timed began (ns, monotonic) */
-    uint64_t workspace_bytes, saved_bytes_per_token, grad_bytes;
+} kt__moe_timing;
 
-    /* the forward cache */
-    int cache_on;
-    atomic_int cache_state;
+/* The forward cache for checkpoint recompute (cache.c). */
+typedef struct kt__moe_fcache {
+    int on;
+    atomic_int state; /* kt_moe_cache_state */
     char poison_msg[KT__MOE_MSG_MAX];
+} kt__moe_fcache;
 
-    /* submit/sync: a driver thread, started by the first submit */
+/* submit/sync: a driver thread, started by the first submit (async.c). */
+typedef struct kt__moe_driver {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    pthread_t driver;
-    int driver_started;
+    pthread_t thread;
+    int started;
     int stop;
     int busy;    /* submitted and not yet synced (caller's thread only) */
     int pending; /* handed to the driver, not yet taken */
     int done;
-    kt_status job_status;
-    char job_msg[KT__MOE_MSG_MAX];
+    kt_status status;
+    char msg[KT__MOE_MSG_MAX];
     kt__moe_job job;
+} kt__moe_driver;
+
+struct kt_moe {
+    kt_moe_config cfg; /* validated at create; cfg.name points at name */
+    char name[KT__MOE_NAME_MAX];
+    kt__moe_dims dim;
+    kt_threadpool *pool;
+    int n_threads;
+
+    kt__moe_experts store;
+    kt__moe_trained train;
+    kt__moe_routing route;
+    kt__moe_numa numa;
+    kt__moe_fwd_bufs fwd;
+    kt__moe_bwd_bufs bwd;
+    kt__moe_mem mem;
+    kt__moe_timing timing;
+    kt__moe_fcache cache;
+    kt__moe_driver async;
     atomic_int extra_refs; /* owners beyond the creator: sessions (trainable.h) */
 };
 
 /* The routing gradient's pieces per row: one per 16 columns of I (backward.c). */
-static inline int64_t kt__moe_gw_pieces(const kt_moe *m) { return (m->I + 15) / 16; }
+static inline int64_t kt__moe_gw_pieces(const kt_moe *m) { return (m->dim.I + 15) / 16; }
 
 /* Whether an output value survives its store: finite, and for bf16 below the half-way point
  * between bf16's largest finite value and infinity, 0x1.ffp127 (from there it rounds to Inf:
@@ -185,9 +245,9 @@ void kt__moe_phase_end(kt_moe *m, kt_moe_phase phase);
 void *kt__moe_weight_ptr(const kt_moe *m, int64_t e, int proj);
 /* The node of the layer's own buffers (-1: anywhere). */
 int kt__moe_buffer_node(const kt_moe *m);
-/* m->y, the f32 [T, H] output staged before it is written out, allocated at its first use
- * (with check_finite at create, else when the forward cache is first turned on) and counted
- * in workspace_bytes; a layer that never stages holds none. */
+/* m->fwd.y_staged, the f32 [T, H] output staged before it is written out, allocated at its first
+ * use (with check_finite at create, else when the forward cache is first turned on) and counted in
+ * workspace_bytes; a layer that never stages holds none. */
 kt_status kt__moe_alloc_staged_y(kt_moe *m);
 float *kt__moe_lora_ptr(const kt_moe *m, float *base, int64_t e, int proj, int which_b);
 int64_t kt__moe_proj_in(const kt_moe *m, int proj);
@@ -201,15 +261,15 @@ kt_status kt__moe_check_forward(kt_moe *m, const kt_tensor *x, const kt_tensor *
 kt_status kt__moe_check_backward(kt_moe *m, const kt_tensor *gy, const kt_tensor *gx,
                                  const kt_tensor *gw, float scale);
 kt_status kt__moe_route(kt_moe *m, const kt__moe_job *job);
-/* Fills m->tasks for a phase over `cols` output columns; returns the task count. */
+/* Fills m->route.tasks for a phase over `cols` output columns; returns the task count. */
 int64_t kt__moe_plan(kt_moe *m, int64_t cols);
 /* How kt__moe_plan_parts may cut the last quarter of a share into pieces: anywhere (a task's
  * columns are whole rows of what the kernel streams: a weight's rows for x W^T, dw's for the
  * weight gradients), or leaving experts of a few rows whole (a task's columns are a run of
  * every row of the weight: the input gradients' g W). */
 enum { KT__MOE_CUT_ANY = 0, KT__MOE_CUT_KEEP_SMALL = 1 };
-/* Fills m->tasks and m->part with one equal share of the phase per thread, the last quarter
- * of each share cut finer (as `cut` allows); returns the task count. kt__moe_run_parts runs
+/* Fills m->route.tasks and m->route.share with one equal share of the phase per thread, the last
+ * quarter of each share cut finer (as `cut` allows); returns the task count. kt__moe_run_parts runs
  * fn(ctx, i, i + 1, thread) for every task i: each thread its own share in order, then what
  * is left at the end of the others' (of its node group). */
 int64_t kt__moe_plan_parts(kt_moe *m, int64_t cols, int cut);
@@ -217,7 +277,7 @@ void kt__moe_run_parts(kt_moe *m, kt_range_fn fn, void *ctx);
 int64_t kt__moe_get_id(const kt_tensor *ids, int64_t i);
 
 /* forward.c */
-/* xt (the saved input) -> xc (rows by expert); load_x first converts the job's x into xt. */
+/* fwd.x_saved -> fwd.x_rows (rows by expert); load_x first converts the job's x into x_saved. */
 void kt__moe_gather(kt_moe *m, const kt__moe_job *job, int load_x);
 kt_status kt__moe_compute(kt_moe *m, int in_backward);
 kt_status kt__moe_forward_exec(kt_moe *m, kt__moe_job *job);
@@ -226,21 +286,21 @@ kt_status kt__moe_forward_exec(kt_moe *m, kt__moe_job *job);
  * each of its slots j in turn (rows of f32, H apart). Before reading (t, j)'s: the piece read
  * next (slot j + 1's, else the next piece's or the next token's first), fetched while this one
  * is summed. A row read after the other from memory waits for each new stream to be picked up
- * by the hardware prefetcher (dsv2lite qlen 1024, the forward's combine: 2.5 -> 1.9 ms). */
+ * by the hardware prefetcher. */
 static inline void kt__moe_prefetch_next_slot_row(const kt_moe *m, const float *rows, int64_t t,
                                                   int64_t j, int64_t h0, int64_t n)
 {
     int64_t nt = t, nj = j + 1, nh = h0;
-    if (nj == m->K) {
+    if (nj == m->dim.K) {
         nj = 0;
         nh = h0 + n;
-        if (nh >= m->H)
+        if (nh >= m->dim.H)
             nh = 0, nt = t + 1;
     }
-    if (nt >= m->qlen)
+    if (nt >= m->route.qlen)
         return;
-    const int64_t len = m->H - nh < n ? m->H - nh : n;
-    kt__prefetch_range(rows + (int64_t)m->slot_row[nt * m->K + nj] * m->H + nh,
+    const int64_t len = m->dim.H - nh < n ? m->dim.H - nh : n;
+    kt__prefetch_range(rows + (int64_t)m->route.slot_row[nt * m->dim.K + nj] * m->dim.H + nh,
                        (size_t)len * sizeof(float), KT__PF_READ);
 }
 
@@ -249,20 +309,20 @@ static inline void kt__moe_prefetch_next_slot_row(const kt_moe *m, const float *
 void kt__moe_gemm_nt(const kt_moe *m, int64_t M, int64_t n0, int64_t n1, int64_t K, const void *x,
                      int64_t ldx, const void *w, int64_t ldw, const void *next, float *y,
                      int64_t ldy);
-void kt__moe_gemm_nn(const kt_moe *m, int64_t M, int64_t N, int64_t k0, int64_t k1,
-                     const void *g, int64_t ldg, const void *w, int64_t ldw, float *y, int64_t ldy);
-void kt__moe_gemm_nn2(const kt_moe *m, int64_t M, int64_t N, int64_t k0, int64_t k1,
-                      const void *g0, const void *w0, const void *g1, const void *w1, int64_t ldg,
-                      int64_t ldw, float *y, int64_t ldy, int stream);
-void kt__moe_gemm_tn(const kt_moe *m, int64_t M, int64_t n0, int64_t n1, int64_t K,
-                     const void *g, int64_t ldg, const void *x, int64_t ldx, float *dw,
-                     int64_t lddw, float scale, int accumulate, void *work);
+void kt__moe_gemm_nn(const kt_moe *m, int64_t M, int64_t N, int64_t k0, int64_t k1, const void *g,
+                     int64_t ldg, const void *w, int64_t ldw, float *y, int64_t ldy);
+void kt__moe_gemm_nn2(const kt_moe *m, int64_t M, int64_t N, int64_t k0, int64_t k1, const void *g0,
+                      const void *w0, const void *g1, const void *w1, int64_t ldg, int64_t ldw,
+                      float *y, int64_t ldy, int stream);
+void kt__moe_gemm_tn(const kt_moe *m, int64_t M, int64_t n0, int64_t n1, int64_t K, const void *g,
+                     int64_t ldg, const void *x, int64_t ldx, float *dw, int64_t lddw, float scale,
+                     int accumulate, void *work);
 size_t kt__moe_gemm_tn_work_bytes(const kt_moe *m, int64_t M);
 
-/* Element i of a buffer in the compute dtype (bf16 or f32, m->cs bytes each) */
+/* Element i of a buffer in the compute dtype (bf16 or f32, m->dim.cdt_bytes bytes each) */
 static inline void *kt__moe_cdt_at(const kt_moe *m, const void *base, int64_t i)
 {
-    return (unsigned char *)base + (size_t)i * m->cs;
+    return (unsigned char *)base + (size_t)i * m->dim.cdt_bytes;
 }
 
 /* lora.c: each runs over the pool; see there */
@@ -285,6 +345,15 @@ kt_status kt__moe_scratch_acquire(kt_moe *m);
 void kt__moe_scratch_release(kt_moe *m);
 /* Points the layer's scratch buffers at their offsets from base (a block of scratch_need). */
 void kt__moe_bind_scratch(kt_moe *m, void *base);
+
+/* tensor_check.c: whether t is a contiguous CPU tensor of dtype d1 (or d2) and the given
+ * shape; when not, writes into why every way it differs ("its strides are [1,128], not the
+ * contiguous [64,1]", "its dtype is bf16, not f32", the device, the shape) and returns 0.
+ * kt__moe_tensor_wanted describes what fits ("f32[128,64]", "i32 or i64 [5,2]"). */
+int kt__moe_tensor_fits(const kt_tensor *t, kt_dtype d1, kt_dtype d2, int ndim,
+                        const int64_t *shape, char *why, size_t size);
+char *kt__moe_tensor_wanted(kt_dtype d1, kt_dtype d2, int ndim, const int64_t *shape, char *buf,
+                            size_t size);
 
 /* cache.c */
 void kt__moe_poison(kt_moe *m);

@@ -11,13 +11,13 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-void kt__moe_phase_start(kt_moe *m) { m->phase_mark = now_ns(); }
+void kt__moe_phase_start(kt_moe *m) { m->timing.phase_mark = now_ns(); }
 
 void kt__moe_phase_end(kt_moe *m, kt_moe_phase phase)
 {
     const uint64_t t = now_ns();
-    m->phases.ns[phase] += t - m->phase_mark;
-    m->phase_mark = t;
+    m->timing.phases.ns[phase] += t - m->timing.phase_mark;
+    m->timing.phase_mark = t;
 }
 
 void kt_moe_get_phase_times(const kt_moe *moe, kt_moe_phase_times *times_out)
@@ -28,13 +28,13 @@ void kt_moe_get_phase_times(const kt_moe *moe, kt_moe_phase_times *times_out)
         memset(times_out, 0, sizeof *times_out);
         return;
     }
-    *times_out = moe->phases;
+    *times_out = moe->timing.phases;
 }
 
 void kt_moe_reset_phase_times(kt_moe *moe)
 {
     if (moe != NULL)
-        memset(&moe->phases, 0, sizeof moe->phases);
+        memset(&moe->timing.phases, 0, sizeof moe->timing.phases);
 }
 
 const char *kt_moe_phase_name(int phase)

@@ -13,27 +13,21 @@ int64_t kt__moe_get_id(const kt_tensor *ids, int64_t i)
                                 : ((const int64_t *)ids->data)[i];
 }
 
-/* A contiguous CPU 2-D tensor of `dtype` (or any of two dtypes) with the expected shape. */
+/* A contiguous CPU 2-D tensor of `dtype` (or any of two dtypes) with the expected shape; the
+ * message says every way it differs. */
 static kt_status check_2d(const kt_moe *m, const char *what, const kt_tensor *t, kt_dtype d1,
                           kt_dtype d2, int64_t rows, int64_t cols, int allow_null_data)
 {
-    char buf[64];
     if (t == NULL)
         return kt__error(KT_EINVAL, "moe '%s': %s is NULL", m->name, what);
     if (t->data == NULL && !allow_null_data && t->ndim == 2 && t->shape[0] * t->shape[1] > 0)
         return kt__error(KT_EINVAL, "moe '%s': %s has no data", m->name, what);
-    if (t->dtype != d1 && t->dtype != d2)
-        return kt__error(KT_EINVAL, "moe '%s': %s must be %s%s%s, got %s", m->name, what,
-                         kt_dtype_name(d1), d1 != d2 ? " or " : "",
-                         d1 != d2 ? kt_dtype_name(d2) : "", kt_tensor_describe(t, buf, sizeof buf));
-    if (t->device.type != KT_DEVICE_CPU)
-        return kt__error(KT_EINVAL, "moe '%s': %s must be on the CPU", m->name, what);
-    if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols)
-        return kt__error(KT_EINVAL, "moe '%s': %s must have shape [%lld,%lld], got %s", m->name,
-                         what, (long long)rows, (long long)cols,
-                         kt_tensor_describe(t, buf, sizeof buf));
-    if (!kt_tensor_is_contiguous(t))
-        return kt__error(KT_EINVAL, "moe '%s': %s must be contiguous", m->name, what);
+    const int64_t shape[2] = {rows, cols};
+    char why[256], want[64], got[64];
+    if (!kt__moe_tensor_fits(t, d1, d2, 2, shape, why, sizeof why))
+        return kt__error(KT_EINVAL, "moe '%s': %s must be a contiguous CPU %s, got %s: %s", m->name,
+                         what, kt__moe_tensor_wanted(d1, d2, 2, shape, want, sizeof want),
+                         kt_tensor_describe(t, got, sizeof got), why);
     return KT_OK;
 }
 
@@ -45,30 +39,30 @@ kt_status kt__moe_check_forward(kt_moe *m, const kt_tensor *x, const kt_tensor *
         return kt__error(KT_EINVAL, "moe '%s': forward: NULL tensor argument", m->name);
     if (x->ndim != 2)
         return kt__error(KT_EINVAL, "moe '%s': x must be 2-D [qlen, %lld], got %d-D", m->name,
-                         (long long)m->H, x->ndim);
+                         (long long)m->dim.H, x->ndim);
     int64_t qlen = x->shape[0];
     if (qlen < 0)
         return kt__error(KT_EINVAL, "moe '%s': x has a negative token count (%lld)", m->name,
                          (long long)qlen);
-    if (qlen > m->T)
+    if (qlen > m->dim.T)
         return kt__error(KT_ERANGE, "moe '%s': qlen %lld exceeds max_tokens %lld", m->name,
-                         (long long)qlen, (long long)m->T);
-    KT__TRY(check_2d(m, "x", x, ad, ad, qlen, m->H, 0));
-    KT__TRY(check_2d(m, "ids", ids, KT_I32, KT_I64, qlen, m->K, 0));
-    KT__TRY(check_2d(m, "weights", w, KT_F32, KT_F32, qlen, m->K, 0));
-    KT__TRY(check_2d(m, "y", y, ad, ad, qlen, m->H, 0));
+                         (long long)qlen, (long long)m->dim.T);
+    KT__TRY(check_2d(m, "x", x, ad, ad, qlen, m->dim.H, 0));
+    KT__TRY(check_2d(m, "ids", ids, KT_I32, KT_I64, qlen, m->dim.K, 0));
+    KT__TRY(check_2d(m, "weights", w, KT_F32, KT_F32, qlen, m->dim.K, 0));
+    KT__TRY(check_2d(m, "y", y, ad, ad, qlen, m->dim.H, 0));
     for (int64_t t = 0; t < qlen; t++)
-        for (int64_t j = 0; j < m->K; j++) {
-            int64_t e = kt__moe_get_id(ids, t * m->K + j);
-            if (e < 0 || e >= m->E)
+        for (int64_t j = 0; j < m->dim.K; j++) {
+            int64_t e = kt__moe_get_id(ids, t * m->dim.K + j);
+            if (e < 0 || e >= m->dim.E)
                 return kt__error(KT_ERANGE,
                                  "moe '%s': token %lld slot %lld: expert id %lld out of range "
                                  "[0, %lld)",
                                  m->name, (long long)t, (long long)j, (long long)e,
-                                 (long long)m->E);
+                                 (long long)m->dim.E);
             /* k is small: a quadratic scan beats a per-call bitmap. */
             for (int64_t i = 0; i < j; i++)
-                if (kt__moe_get_id(ids, t * m->K + i) == e)
+                if (kt__moe_get_id(ids, t * m->dim.K + i) == e)
                     return kt__error(KT_EINVAL,
                                      "moe '%s': token %lld: expert %lld appears twice (slots "
                                      "%lld and %lld)",
@@ -94,31 +88,32 @@ kt_status kt__moe_check_forward(kt_moe *m, const kt_tensor *x, const kt_tensor *
  * rather than trusted (the buffers are sized for at most one row per token and expert). */
 kt_status kt__moe_route(kt_moe *m, const kt__moe_job *job)
 {
-    int64_t n = job->qlen * m->K;
+    int64_t n = job->qlen * m->dim.K;
     const float *w = job->w->data;
-    memset(m->off, 0, (size_t)(m->E + 1) * sizeof *m->off);
+    memset(m->route.row_start, 0, (size_t)(m->dim.E + 1) * sizeof *m->route.row_start);
     for (int64_t s = 0; s < n; s++) {
         int64_t e = kt__moe_get_id(job->ids, s);
-        if (e < 0 || e >= m->E || m->off[e + 1] == job->qlen)
+        if (e < 0 || e >= m->dim.E || m->route.row_start[e + 1] == job->qlen)
             return kt__error(KT_EINVAL,
                              "moe '%s': token %lld slot %lld: expert id %lld is out of range or "
                              "repeated (ids changed after they were submitted?)",
-                             m->name, (long long)(s / m->K), (long long)(s % m->K), (long long)e);
-        m->slot_expert[s] = (int32_t)e;
-        m->slot_w[s] = w[s];
-        m->off[e + 1]++;
+                             m->name, (long long)(s / m->dim.K), (long long)(s % m->dim.K),
+                             (long long)e);
+        m->route.slot_expert[s] = (int32_t)e;
+        m->route.slot_weight[s] = w[s];
+        m->route.row_start[e + 1]++;
     }
-    for (int64_t e = 0; e < m->E; e++) {
-        m->off[e + 1] += m->off[e];
-        m->cursor[e] = m->off[e];
+    for (int64_t e = 0; e < m->dim.E; e++) {
+        m->route.row_start[e + 1] += m->route.row_start[e];
+        m->route.sort_cursor[e] = m->route.row_start[e];
     }
     for (int64_t s = 0; s < n; s++) {
-        int64_t e = m->slot_expert[s];
-        int64_t r = m->cursor[e]++;
-        m->slot_row[s] = (int32_t)r;
-        m->row_expert[r] = (int32_t)e;
+        int64_t e = m->route.slot_expert[s];
+        int64_t r = m->route.sort_cursor[e]++;
+        m->route.slot_row[s] = (int32_t)r;
+        m->route.row_expert[r] = (int32_t)e;
     }
-    m->qlen = job->qlen;
+    m->route.qlen = job->qlen;
     return KT_OK;
 }
 
@@ -129,24 +124,24 @@ static int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
  * work. About four tasks per thread leave room for the rounding to 16 columns. */
 int64_t kt__moe_plan(kt_moe *m, int64_t cols)
 {
-    int64_t rows = m->off[m->E];
+    int64_t rows = m->route.row_start[m->dim.E];
     int64_t n = 0;
     if (rows == 0)
         return 0;
     int64_t target = rows * cols / (4 * (int64_t)m->n_threads);
     if (target < 1)
         target = 1;
-    for (int64_t e = 0; e < m->E; e++) {
-        int64_t me = m->off[e + 1] - m->off[e];
-        if (me == 0)
+    for (int64_t e = 0; e < m->dim.E; e++) {
+        int64_t rows_e = m->route.row_start[e + 1] - m->route.row_start[e];
+        if (rows_e == 0)
             continue;
-        int64_t width = align_up((target + me - 1) / me, KT__MOE_COL_ALIGN);
+        int64_t width = align_up((target + rows_e - 1) / rows_e, KT__MOE_COL_ALIGN);
         if (width > cols)
             width = cols;
         for (int64_t c = 0; c < cols; c += width) {
-            m->tasks[n].e = e;
-            m->tasks[n].c0 = c;
-            m->tasks[n].c1 = c + width < cols ? c + width : cols;
+            m->route.tasks[n].e = e;
+            m->route.tasks[n].c0 = c;
+            m->route.tasks[n].c1 = c + width < cols ? c + width : cols;
             n++;
         }
     }
@@ -155,15 +150,15 @@ int64_t kt__moe_plan(kt_moe *m, int64_t cols)
 
 /* One contiguous share of the phase's cost (rows * columns) per thread, balanced up to the
  * 16-column rounding of the cut points: thread p owns the cost range [p C / P, (p + 1) C / P),
- * walked in (expert, column) order, where expert e's column c sits at off[e] * cols + me * c.
- * A share becomes one task per expert it touches, so a thread streams each weight block it
+ * walked in (expert, column) order, where expert e's column c sits at row_start[e] * cols + rows_e
+ * * c. A share becomes one task per expert it touches, so a thread streams each weight block it
  * needs once, in long runs (one token: a few experts cut into P slices; a thousand tokens: P
  * runs of whole experts). Each output element is still computed whole by one task, in a fixed
  * order, so which thread runs a task never changes a bit.
  *
  * Equal costs are not equal times: experts with fewer rows stream their weights for fewer
- * products, and a virtual CPU can be slowed by its neighbours. Measured at dsv2lite qlen 1024
- * (2 threads), one thread idled 2-7 % of every phase waiting for the other. So the last
+ * products, and a virtual CPU can be slowed by its neighbours, so one thread would idle at the
+ * end of every phase waiting for the other. So the last
  * SHARE_TAIL_DIV-th of each share is cut into SHARE_PIECES pieces, which the threads that
  * finish first take from the back (kt__moe_run_parts): the wait at the end is at most about a
  * piece, 1/32 of a share. */
@@ -171,23 +166,22 @@ int64_t kt__moe_plan(kt_moe *m, int64_t cols)
 #define SHARE_PIECES 8
 /* With KT__MOE_CUT_KEEP_SMALL the pieces leave experts of at most this many rows whole: NN's
  * stream path reads each of w's rows over the task's columns, so a piece of a hundred columns
- * is 200-byte runs 4 KiB apart, which stream badly (dsv2lite qlen 1, the gate/up input
- * gradients with the pieces 1.08 ms, without 0.86-0.91). */
-#define SHARE_WHOLE_MAX_ROWS KT__BF16_NN_STREAM_MAX_M /* (f32 and bf16 on the FMA tiles have
-                                                      * no stream path; whole is harmless) */
+ * is 200-byte runs 4 KiB apart, which stream badly. (f32 and bf16 on the FMA tiles have no
+ * stream path; whole is harmless there.) */
+#define SHARE_WHOLE_MAX_ROWS KT__BF16_NN_STREAM_MAX_M
 
 /* The (expert, column) at cost position b within experts [e0, e1): the column rounded to
  * KT__MOE_COL_ALIGN, (e1, 0) at or past the end. */
 static void cost_point(const kt_moe *m, int64_t cols, int64_t e0, int64_t e1, int64_t b,
                        int64_t *es_out, int64_t *cs_out)
 {
-    const int64_t base = m->off[e0];
+    const int64_t base = m->route.row_start[e0];
     int64_t es = e0, cs = 0;
-    while (es < e1 && (m->off[es + 1] - base) * cols <= b)
+    while (es < e1 && (m->route.row_start[es + 1] - base) * cols <= b)
         es++;
     if (es < e1) {
-        const int64_t me = m->off[es + 1] - m->off[es];
-        cs = (b - (m->off[es] - base) * cols + me / 2) / me;
+        const int64_t rows_e = m->route.row_start[es + 1] - m->route.row_start[es];
+        cs = (b - (m->route.row_start[es] - base) * cols + rows_e / 2) / rows_e;
         cs = (cs + KT__MOE_COL_ALIGN / 2) / KT__MOE_COL_ALIGN * KT__MOE_COL_ALIGN;
         if (cs >= cols) {
             es++;
@@ -207,10 +201,10 @@ static int64_t emit_tasks(kt_moe *m, int64_t cols, int64_t *e, int64_t *c, int64
         return n;
     for (int64_t x = *e, c0 = *c; x < es || (x == es && c0 < cs); x++, c0 = 0) {
         const int64_t end = x == es ? cs : cols;
-        if (m->off[x + 1] != m->off[x] && end > c0) {
-            m->tasks[n].e = x;
-            m->tasks[n].c0 = c0;
-            m->tasks[n].c1 = end;
+        if (m->route.row_start[x + 1] != m->route.row_start[x] && end > c0) {
+            m->route.tasks[n].e = x;
+            m->route.tasks[n].c0 = c0;
+            m->route.tasks[n].c1 = end;
             n++;
         }
         if (x == es)
@@ -226,7 +220,7 @@ static int64_t emit_tasks(kt_moe *m, int64_t cols, int64_t *e, int64_t *c, int64
 static int64_t plan_range(kt_moe *m, int64_t cols, int cut, int64_t e0, int64_t e1, int64_t p0,
                           int64_t p1, int64_t n)
 {
-    const int64_t P = p1 - p0, rows = m->off[e1] - m->off[e0];
+    const int64_t P = p1 - p0, rows = m->route.row_start[e1] - m->route.row_start[e0];
     int64_t e = e0, c = 0, a = 0;
     for (int64_t p = 0; p < P; p++) {
         /* the cost position ending share p (exact: (p + 1) rows cols / P) */
@@ -238,12 +232,12 @@ static int64_t plan_range(kt_moe *m, int64_t cols, int cut, int64_t e0, int64_t 
                 cost_point(m, cols, e0, e1, b - k * piece, &es, &cs);
             /* a piece's end inside a small expert moves to the expert's start */
             if (k > 0 && cut == KT__MOE_CUT_KEEP_SMALL && es < e1 &&
-                m->off[es + 1] - m->off[es] <= SHARE_WHOLE_MAX_ROWS)
+                m->route.row_start[es + 1] - m->route.row_start[es] <= SHARE_WHOLE_MAX_ROWS)
                 cs = 0;
             n = emit_tasks(m, cols, &e, &c, es, cs, n);
         }
         a = b;
-        m->part[p0 + p + 1] = n;
+        m->route.share[p0 + p + 1] = n;
     }
     return n;
 }
@@ -252,10 +246,10 @@ int64_t kt__moe_plan_parts(kt_moe *m, int64_t cols, int cut)
 {
     /* NUMA split: each node group's experts go to that group's threads only */
     int64_t n = 0;
-    m->part[0] = 0;
-    for (int g = 0; g < m->n_groups; g++)
-        n = plan_range(m, cols, cut, m->group_e[g], m->group_e[g + 1], m->group_t[g],
-                       m->group_t[g + 1], n);
+    m->route.share[0] = 0;
+    for (int g = 0; g < m->numa.n_groups; g++)
+        n = plan_range(m, cols, cut, m->numa.expert_start[g], m->numa.expert_start[g + 1],
+                       m->numa.thread_start[g], m->numa.thread_start[g + 1], n);
     return n;
 }
 
@@ -288,15 +282,16 @@ static void run_share(void *vctx, int64_t p0, int64_t p1, int thread)
     const parts_run *r = vctx;
     kt_moe *m = r->m;
     for (int64_t p = p0; p < p1; p++)
-        for (int64_t i; (i = take_task(&m->queue[p], 0)) >= 0;)
+        for (int64_t i; (i = take_task(&m->route.share_left[p], 0)) >= 0;)
             r->fn(r->ctx, i, i + 1, thread);
     int g = 0;
-    while (g + 1 < m->n_groups && m->group_t[g + 1] <= p0)
+    while (g + 1 < m->numa.n_groups && m->numa.thread_start[g + 1] <= p0)
         g++;
     for (;;) {
         int64_t victim = -1, most = 0;
-        for (int64_t q = m->group_t[g]; q < m->group_t[g + 1]; q++) {
-            const uint64_t span = atomic_load_explicit(&m->queue[q].span, memory_order_relaxed);
+        for (int64_t q = m->numa.thread_start[g]; q < m->numa.thread_start[g + 1]; q++) {
+            const uint64_t span =
+                atomic_load_explicit(&m->route.share_left[q].span, memory_order_relaxed);
             const int64_t left = (int64_t)(span & 0xffffffffu) - (int64_t)(span >> 32);
             if (left > most) {
                 most = left;
@@ -305,7 +300,7 @@ static void run_share(void *vctx, int64_t p0, int64_t p1, int thread)
         }
         if (victim < 0)
             return;
-        const int64_t i = take_task(&m->queue[victim], 1);
+        const int64_t i = take_task(&m->route.share_left[victim], 1);
         if (i >= 0)
             r->fn(r->ctx, i, i + 1, thread);
     }
@@ -313,11 +308,11 @@ static void run_share(void *vctx, int64_t p0, int64_t p1, int thread)
 
 void kt__moe_run_parts(kt_moe *m, kt_range_fn fn, void *ctx)
 {
-    if (m->part[m->n_threads] == 0)
+    if (m->route.share[m->n_threads] == 0)
         return;
     for (int p = 0; p < m->n_threads; p++)
-        atomic_store_explicit(&m->queue[p].span,
-                              (uint64_t)m->part[p] << 32 | (uint64_t)m->part[p + 1],
+        atomic_store_explicit(&m->route.share_left[p].span,
+                              (uint64_t)m->route.share[p] << 32 | (uint64_t)m->route.share[p + 1],
                               memory_order_relaxed);
     parts_run r = {m, fn, ctx};
     kt_parallel_for(m->pool, m->n_threads, 1, run_share, &r);
@@ -327,11 +322,11 @@ kt_status kt__moe_check_backward(kt_moe *m, const kt_tensor *gy, const kt_tensor
                                  const kt_tensor *gw, float scale)
 {
     kt_dtype ad = m->cfg.act_dtype;
-    KT__TRY(check_2d(m, "grad_y", gy, ad, ad, m->qlen, m->H, 0));
+    KT__TRY(check_2d(m, "grad_y", gy, ad, ad, m->route.qlen, m->dim.H, 0));
     if (gx != NULL && gx->data != NULL)
-        KT__TRY(check_2d(m, "grad_x", gx, ad, ad, m->qlen, m->H, 0));
+        KT__TRY(check_2d(m, "grad_x", gx, ad, ad, m->route.qlen, m->dim.H, 0));
     if (gw != NULL && gw->data != NULL)
-        KT__TRY(check_2d(m, "grad_weights", gw, KT_F32, KT_F32, m->qlen, m->K, 0));
+        KT__TRY(check_2d(m, "grad_weights", gw, KT_F32, KT_F32, m->route.qlen, m->dim.K, 0));
     if (!isfinite(scale))
         return kt__error(KT_EINVAL, "moe '%s': weight_grad_scale is not finite", m->name);
     return KT_OK;

@@ -70,8 +70,8 @@ kt_status kt__moe_scratch_acquire(kt_moe *m)
 
 void kt__moe_bind_scratch(kt_moe *m, void *base)
 {
-    for (int i = 0; i < m->n_scratch; i++)
-        *m->scratch_ptr[i] = (unsigned char *)base + m->scratch_off[i];
+    for (int i = 0; i < m->mem.n_scratch; i++)
+        *m->mem.scratch_ptr[i] = (unsigned char *)base + m->mem.scratch_off[i];
 }
 
 void kt__moe_scratch_release(kt_moe *m)

@@ -12,9 +12,9 @@ static const char *const proj_names[3] = {"gate_proj", "up_proj", "down_proj"};
 
 static kt_status check_index(const kt_moe *m, const char *fn, int64_t e, kt_moe_proj proj)
 {
-    if (e < 0 || e >= m->E)
+    if (e < 0 || e >= m->dim.E)
         return kt__error(KT_ERANGE, "moe '%s': %s: expert %lld out of range [0, %lld)", m->name, fn,
-                         (long long)e, (long long)m->E);
+                         (long long)e, (long long)m->dim.E);
     if ((int)proj < 0 || (int)proj > 2)
         return kt__error(KT_EINVAL, "moe '%s': %s: unknown projection %d", m->name, fn, (int)proj);
     return KT_OK;
@@ -34,15 +34,17 @@ kt_status kt_moe_set_weight(kt_moe *moe, int64_t expert, kt_moe_proj proj, const
     KT__TRY(check_index(moe, "set_weight", expert, proj));
     kt_tensor dst;
     weight_view(moe, expert, proj, &dst);
-    char want[64], got[64];
-    if (w->dtype != dst.dtype || !kt_tensor_same_shape(w, &dst) || !kt_tensor_is_contiguous(w) ||
-        w->data == NULL || w->device.type != KT_DEVICE_CPU)
+    char want[64], got[64], why[256];
+    if (w->data == NULL)
+        return kt__error(KT_EINVAL, "moe '%s': set_weight expert %lld %s: the tensor has no data",
+                         moe->name, (long long)expert, proj_names[proj]);
+    if (!kt__moe_tensor_fits(w, dst.dtype, dst.dtype, dst.ndim, dst.shape, why, sizeof why))
         return kt__error(KT_EINVAL,
-                         "moe '%s': set_weight expert %lld %s: expected contiguous CPU %s, got "
-                         "%s",
+                         "moe '%s': set_weight expert %lld %s: expected a contiguous CPU %s, got "
+                         "%s: %s",
                          moe->name, (long long)expert, proj_names[proj],
                          kt_tensor_describe(&dst, want, sizeof want),
-                         kt_tensor_describe(w, got, sizeof got));
+                         kt_tensor_describe(w, got, sizeof got), why);
     memcpy(dst.data, w->data, kt_tensor_nbytes(&dst));
     return KT_OK;
 }
@@ -61,9 +63,9 @@ static void lora_view(const kt_moe *m, float *base, int64_t e, int proj, int whi
     int64_t shape[2];
     if (which_b) {
         shape[0] = kt__moe_proj_out(m, proj);
-        shape[1] = m->R;
+        shape[1] = m->dim.R;
     } else {
-        shape[0] = m->R;
+        shape[0] = m->dim.R;
         shape[1] = kt__moe_proj_in(m, proj);
     }
     kt_tensor_init(t, kt__moe_lora_ptr(m, base, e, proj, which_b), KT_F32, 2, shape);
@@ -84,13 +86,13 @@ static kt_status lora_common(kt_moe *m, const char *fn, int64_t e, kt_moe_proj p
 kt_status kt_moe_lora(kt_moe *moe, int64_t expert, kt_moe_proj proj, int which_b,
                       kt_tensor *view_out)
 {
-    return lora_common(moe, "lora", expert, proj, which_b, moe ? moe->lora : NULL, view_out);
+    return lora_common(moe, "lora", expert, proj, which_b, moe ? moe->train.lora : NULL, view_out);
 }
 
 kt_status kt_moe_lora_grad(kt_moe *moe, int64_t expert, kt_moe_proj proj, int which_b,
                            kt_tensor *view_out)
 {
-    return lora_common(moe, "lora_grad", expert, proj, which_b, moe ? moe->lora_grad : NULL,
+    return lora_common(moe, "lora_grad", expert, proj, which_b, moe ? moe->train.lora_grad : NULL,
                        view_out);
 }
 
@@ -103,8 +105,9 @@ kt_status kt_moe_weight_grad(kt_moe *moe, int64_t expert, kt_moe_proj proj, kt_t
                          moe->name);
     KT__TRY(check_index(moe, "weight_grad", expert, proj));
     int64_t shape[2] = {kt__moe_proj_out(moe, proj), kt__moe_proj_in(moe, proj)};
-    return kt_tensor_init(view_out, moe->wgrad + (expert * 3 + proj) * moe->H * moe->I, KT_F32, 2,
-                          shape);
+    return kt_tensor_init(view_out,
+                          moe->train.weight_grad + (expert * 3 + proj) * moe->dim.H * moe->dim.I,
+                          KT_F32, 2, shape);
 }
 
 /* ---- safetensors --------------------------------------------------------------------------- */
@@ -128,24 +131,23 @@ static void param_view(const kt_moe *m, int64_t e, int proj, int kind, kt_tensor
     if (kind == 0)
         weight_view(m, e, proj, t);
     else
-        lora_view(m, m->lora, e, proj, kind == 2, t);
+        lora_view(m, m->train.lora, e, proj, kind == 2, t);
 }
 
 /* Pass 0 checks every tensor the layer would read (name, dtype, shape); pass 1 copies. */
-static kt_status load_passes(kt_moe *moe, const kt_st_file *file, const char *prefix,
-                             int last_pass)
+static kt_status load_passes(kt_moe *moe, const kt_st_file *file, const char *prefix, int last_pass)
 {
-    if (moe->busy)
+    if (moe->async.busy)
         return kt__error(KT_ESTATE, "moe '%s': load while a forward is in flight", moe->name);
     if (prefix == NULL)
         prefix = "";
-    char name[NAME_MAX_LEN], want[64], got[64];
+    char name[NAME_MAX_LEN], want[64], got[64], why[256];
     /* LoRA adapters are loaded when the file has them, all or none: any one of them there
      * makes every one required (so a file missing some is an error naming the first, not a
      * silent load of the base weights alone). */
     int with_lora = 0;
     if (moe->cfg.mode == KT_MOE_LORA)
-        for (int64_t e = 0; e < moe->E && !with_lora; e++)
+        for (int64_t e = 0; e < moe->dim.E && !with_lora; e++)
             for (int i = 0; i < 6 && !with_lora; i++) {
                 KT__TRY(tensor_name(moe, name, prefix, e, i / 2, 1 + i % 2));
                 kt_tensor probe;
@@ -154,7 +156,7 @@ static kt_status load_passes(kt_moe *moe, const kt_st_file *file, const char *pr
             }
     int kinds = with_lora ? 3 : 1;
     for (int pass = 0; pass <= last_pass; pass++)
-        for (int64_t e = 0; e < moe->E; e++)
+        for (int64_t e = 0; e < moe->dim.E; e++)
             for (int p = 0; p < 3; p++)
                 for (int kind = 0; kind < kinds; kind++) {
                     kt_tensor dst, src;
@@ -167,11 +169,12 @@ static kt_status load_passes(kt_moe *moe, const kt_st_file *file, const char *pr
                     kt_status st = kt_st_find(file, name, &src);
                     if (st != KT_OK)
                         return kt__error_context(st, "moe '%s': load", moe->name);
-                    if (src.dtype != dst.dtype || !kt_tensor_same_shape(&src, &dst))
-                        return kt__error(KT_EINVAL,
-                                         "moe '%s': load: tensor '%s' is %s, the layer needs %s",
-                                         moe->name, name, kt_tensor_describe(&src, got, sizeof got),
-                                         kt_tensor_describe(&dst, want, sizeof want));
+                    if (!kt__moe_tensor_fits(&src, dst.dtype, dst.dtype, dst.ndim, dst.shape, why,
+                                             sizeof why))
+                        return kt__error(
+                            KT_EINVAL, "moe '%s': load: tensor '%s' is %s, the layer needs %s: %s",
+                            moe->name, name, kt_tensor_describe(&src, got, sizeof got),
+                            kt_tensor_describe(&dst, want, sizeof want), why);
                 }
     return KT_OK;
 }
@@ -191,15 +194,14 @@ kt_status kt__moe_load_check(kt_moe *moe, const kt_st_file *file, const char *pr
 
 size_t kt__moe_st_count(const kt_moe *moe)
 {
-    return (size_t)(moe->E * 3 * (moe->cfg.mode == KT_MOE_LORA ? 3 : 1));
+    return (size_t)(moe->dim.E * 3 * (moe->cfg.mode == KT_MOE_LORA ? 3 : 1));
 }
 
-kt_status kt__moe_st_items(const kt_moe *moe, const char *prefix, kt_st_item *items,
-                           char *names)
+kt_status kt__moe_st_items(const kt_moe *moe, const char *prefix, kt_st_item *items, char *names)
 {
     const int kinds = moe->cfg.mode == KT_MOE_LORA ? 3 : 1;
     size_t i = 0;
-    for (int64_t e = 0; e < moe->E; e++)
+    for (int64_t e = 0; e < moe->dim.E; e++)
         for (int p = 0; p < 3; p++)
             for (int kind = 0; kind < kinds; kind++, i++) {
                 char *name = names + i * KT__MOE_NAME_BYTES;

@@ -6,16 +6,16 @@ int64_t kt__moe_trainable(kt_moe *m, float **param_out, float **grad_out)
 {
     switch (m->cfg.mode) {
     case KT_MOE_LORA:
-        *param_out = m->lora;
-        *grad_out = m->lora_grad;
-        return m->E * 3 * m->R * (m->H + m->I);
+        *param_out = m->train.lora;
+        *grad_out = m->train.lora_grad;
+        return m->dim.E * 3 * m->dim.R * (m->dim.H + m->dim.I);
     case KT_MOE_FULL:
-        if (m->bf16)
+        if (m->dim.bf16)
             return -1;
         /* the store is [E][gate, up, down] of H*I each, as the gradients are */
-        *param_out = (float *)(void *)m->weights;
-        *grad_out = m->wgrad;
-        return m->E * 3 * m->H * m->I;
+        *param_out = (float *)(void *)m->store.weights;
+        *grad_out = m->train.weight_grad;
+        return m->dim.E * 3 * m->dim.H * m->dim.I;
     default:
         return 0;
     }

@@ -81,24 +81,16 @@ static int fail(const char *what)
  * creates them. */
 static int make_layers(const kt_program *prog, int layers, kt_moe **out)
 {
-    kt_moe_config c = {.n_experts = EXPERTS,
-                       .hidden = HIDDEN,
-                       .intermediate = INTER,
-                       .top_k = TOP_K,
-                       .max_tokens = TOKENS,
-                       .weight_dtype = KT_BF16,
-                       .act_dtype = KT_F32,
-                       .mode = KT_MOE_FROZEN,
-                       .name = "bench",
-                       .numa_node = -1};
     uint64_t s = 12345;
     for (int op = 0; op < layers; op++) {
         kt_program_moe info;
+        kt_moe_config c;
         if (kt_program_moe_info(prog, op, &info) != KT_OK || info.binding < 0 ||
-            info.binding >= layers || out[info.binding] != NULL)
+            info.binding >= layers || out[info.binding] != NULL ||
+            kt_program_moe_config(&info, INTER, KT_BF16, KT_MOE_FROZEN, 0, 0.0f, 1, &c) != KT_OK)
             return 1;
         const int l = info.binding;
-        c.keep_activations = info.keep_activations;
+        c.name = "bench";
         if (kt_moe_create(&c, NULL, &out[l]) != KT_OK)
             return 1;
         for (int64_t e = 0; e < EXPERTS; e++)

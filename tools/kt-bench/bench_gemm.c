@@ -1,4 +1,4 @@
-/* kt-bench gemm: the MoE bf16 GEMM kernels (lib/moe/bf16_gemm.h) against the register peak
+/* kt-bench gemm: the MoE bf16 GEMM kernels (lib/kernels/bf16_gemm.h) against the register peak
  * of their instruction (vdpbf16ps, or vfmadd231ps where bf16 is widened) measured in the same
  * run.
  *

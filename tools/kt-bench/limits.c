@@ -151,7 +151,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static float peak_loop(co
 
 #ifdef LIMITS_HAVE_PEAK
 /* The same loop on vfmadd231ps (16 x 2 flop an instruction): the instruction of the widened
- * bf16 path (lib/moe/fma_gemm.h). */
+ * bf16 path (lib/kernels/fma_gemm.h). */
 __attribute__((target("avx512f"))) static float fma_peak_loop(const float *seed)
 {
     __m512 c[16];

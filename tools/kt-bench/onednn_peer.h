@@ -12,7 +12,7 @@
 
 /* 1 when the library and its GEMM were found (loads them on the first call). */
 int onednn_peer_available(void);
-/* The same products as the kernels of lib/moe/bf16_gemm.h, whole (no block), row-major, on
+/* The same products as the kernels of lib/kernels/bf16_gemm.h, whole (no block), row-major, on
  * `threads` OpenMP threads (a's rows lda apart, b's ldb):
  *   kind 0 (nt): c[M,N] = a[M,K] b[N,K]^T      kind 1 (nn): c[M,K] = a[M,N] b[N,K]
  *   kind 2 (tn): c[N,K] += a[M,N]^T b[M,K]

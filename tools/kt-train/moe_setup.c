@@ -59,25 +59,12 @@ static int init_layer(kt_moe *m, const train_args *a, int layer)
 static int layer_config(const train_args *a, const kt_program_moe *info, const ranks *r,
                         kt_moe_config *c, char *name, size_t name_size)
 {
-    if (info->n_experts <= 0) {
-        train_error("moe node '%s': its expert ids do not come from a topk_router "
-                    "op, so the number of experts is unknown", info->name);
-        return 1;
-    }
+    if (kt_program_moe_config(info, a->moe_inter > 0 ? a->moe_inter : 2 * info->hidden,
+                              a->moe_dtype, a->moe_mode, LORA_RANK, LORA_ALPHA, r->world,
+                              c) != KT_OK)
+        return train_error("%s", kt_last_error());
     snprintf(name, name_size, "moe.%d", info->binding);
-    *c = (kt_moe_config){.n_experts = info->n_experts,
-                         .hidden = info->hidden,
-                         .intermediate = a->moe_inter > 0 ? a->moe_inter : 2 * info->hidden,
-                         .top_k = info->top_k,
-                         .max_tokens = info->tokens * r->world,
-                         .weight_dtype = a->moe_dtype,
-                         .act_dtype = info->act_dtype,
-                         .mode = a->moe_mode,
-                         .lora_rank = a->moe_mode == KT_MOE_LORA ? LORA_RANK : 0,
-                         .lora_alpha = LORA_ALPHA,
-                         .keep_activations = info->keep_activations,
-                         .name = name,
-                         .numa_node = -1};
+    c->name = name;
     return 0;
 }
 
@@ -91,7 +78,8 @@ static int alloc_slots(moe_layers *m, const kt_program *p)
             return train_fail("cannot read the program's moe ops", kt_last_error());
         if (info.binding < 0 || info.binding >= KT_MOE_MAX_LAYERS) {
             train_error("moe node '%s' runs layer %d: kt-train creates layers 0 to "
-                        "%d", info.name, info.binding, KT_MOE_MAX_LAYERS - 1);
+                        "%d",
+                        info.name, info.binding, KT_MOE_MAX_LAYERS - 1);
             return 1;
         }
         if (info.binding > max_binding)
@@ -135,8 +123,8 @@ static int check_no_extra_experts(const moe_layers *m, const kt_st_file *f, cons
             continue;
         const int lora = m->first.mode == KT_MOE_LORA;
         train_error("%s: tensor '%s' is not one this run loads (MoE layers 0-%d "
-                    "of %lld experts%s): the experts of another model?", path, name, m->n - 1,
-                    (long long)m->first.n_experts,
+                    "of %lld experts%s): the experts of another model?",
+                    path, name, m->n - 1, (long long)m->first.n_experts,
                     lora ? ", with LoRA adapters" : "; LoRA adapters load with --moe-mode lora");
         return 1;
     }
@@ -184,8 +172,8 @@ int moe_setup(moe_layers *m, const train_args *a, const kt_program *p, const ran
         if (r->rank != 0 || m->layers[info.binding] != NULL)
             continue; /* rank 0 owns the experts; a binding used twice: the session says so */
         if (kt_moe_create(&c, pool, &m->layers[info.binding]) != KT_OK) {
-            train_error("cannot create MoE layer %d for moe node '%s': %s",
-                        info.binding, info.name, kt_last_error());
+            train_error("cannot create MoE layer %d for moe node '%s': %s", info.binding, info.name,
+                        kt_last_error());
             return 1;
         }
         if (a->experts == NULL && init_layer(m->layers[info.binding], a, info.binding) != 0)
@@ -212,8 +200,7 @@ int moe_memory_need(const train_args *a, const kt_program *p, const ranks *r, in
             return 1;
         if (kt_moe_memory_need(&c, states, &bytes) != KT_OK)
             return train_error("MoE layer %d for moe node '%s' (--moe-inter %lld): %s",
-                               info.binding, info.name, (long long)c.intermediate,
-                               kt_last_error());
+                               info.binding, info.name, (long long)c.intermediate, kt_last_error());
         total += bytes;
     }
     *bytes_out = total;
