@@ -23,8 +23,8 @@
 #include <unistd.h>
 
 #include "comm_ucx/ucx_internal.h"
-#include "core/env.h"
-#include "core/error.h"
+#include "lib/core/env.h"
+#include "lib/core/error.h"
 
 /* The hello (rank -> master): magic, rank, world size, address length, job id length, then
  * the job id and the address. Every reply (master -> rank) starts with its own magic, the

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "comm_ucx/ucx_internal.h"
-#include "core/error.h"
+#include "lib/core/error.h"
 
 static kt__ucx_op next_op(kt__ucx_comm *c, kt__ucx_kind kind)
 {

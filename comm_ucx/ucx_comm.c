@@ -20,7 +20,7 @@
 #include <ucs/config/global_opts.h>
 
 #include "comm_ucx/ucx_internal.h"
-#include "core/error.h"
+#include "lib/core/error.h"
 
 #define ABORT_GRACE_MS 300 /* how long a failing rank spends telling its peers */
 #define CLOSE_GRACE_MS 1000

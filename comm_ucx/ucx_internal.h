@@ -6,7 +6,7 @@
 
 #include <ucp/api/ucp.h>
 
-#include "comm/comm_internal.h"
+#include "lib/comm/comm_internal.h"
 
 /* Tag layout (64 bits), so that a message can only match the receive it was meant for:
  *

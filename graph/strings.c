@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "graph/strings.h"
 
 kt_status kt__strings_add(kt__strings *pool, const char *s, int32_t *offset_out)

@@ -40,10 +40,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "core/cpu_internal.h"
-#include "kernels/amx_gemm.h"
-#include "kernels/bf16_gemm.h"
-#include "test_util.h"
+#include "lib/core/cpu_internal.h"
+#include "lib/kernels/amx_gemm.h"
+#include "lib/kernels/bf16_gemm.h"
+#include "tests/support/test_util.h"
 
 #ifdef KT_AMX_COMPILED
 #include <immintrin.h>
@@ -171,7 +171,7 @@ static void emu_release(void)
 #define AMXK_STORE(t, p, bytes) emu_store(t, p, bytes)
 #define AMXK_DP(c, a, b) emu_dp(c, a, b)
 #define AMXK_RELEASE() emu_release()
-#include "kernels/amx_gemm_kernels.h"
+#include "lib/kernels/amx_gemm_kernels.h"
 
 static void emu_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
                    const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)

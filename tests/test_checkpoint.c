@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include "graph/program_internal.h"
-#include "test_util.h"
+#include "tests/support/test_util.h"
 
 #define OK(expr)                                                                              \
     do {                                                                                      \

@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "kt/comm.h"
 #include "kt/tensor.h"
 

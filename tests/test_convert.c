@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "test_util.h"
+#include "tests/support/test_util.h"
 
 /* ---- the reference ------------------------------------------------------------------------- */
 

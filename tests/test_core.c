@@ -11,8 +11,8 @@
 
 #include <cmocka.h>
 
-#include "core/error.h"
-#include "test_util.h"
+#include "lib/core/error.h"
+#include "tests/support/test_util.h"
 
 /* ---- status codes and errors ------------------------------------------------------------ */
 

@@ -28,7 +28,7 @@
 
 #include <cmocka.h>
 
-#include "test_util.h"
+#include "tests/support/test_util.h"
 
 #define OK(expr)                                                                              \
     do {                                                                                      \

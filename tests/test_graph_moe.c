@@ -15,8 +15,8 @@
 
 #include "graph/program_internal.h"
 #include "graph/runtime/session_internal.h"
-#include "moe/moe_internal.h"
-#include "test_util.h"
+#include "lib/moe/moe_internal.h"
+#include "tests/support/test_util.h"
 
 #define OK(expr)                                                                              \
     do {                                                                                      \

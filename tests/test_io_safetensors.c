@@ -15,9 +15,9 @@
 
 #include <cmocka.h>
 
-#include "io/json.h"
+#include "lib/io/json.h"
 #include "kt/io.h"
-#include "test_util.h"
+#include "tests/support/test_util.h"
 
 /* ---- helpers --------------------------------------------------------------------------------- */
 

@@ -13,7 +13,7 @@
 #include <cmocka.h>
 
 #include "graph/graph_internal.h"
-#include "test_util.h"
+#include "tests/support/test_util.h"
 
 #define OK(expr)                                                                              \
     do {                                                                                      \

@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include "kt/kt.h"
-#include "test_util.h"
+#include "tests/support/test_util.h"
 
 #define OK(expr)                                                                              \
     do {                                                                                      \

@@ -12,11 +12,11 @@
 
 #include <cmocka.h>
 
-#include "test_util.h"
+#include "tests/support/test_util.h"
 
 /* The tests link against the library's internals; the project root is not on the include
  * path of the test targets (only lib/ is), so the header is named relative to this file. */
-#include "../graph/plan.h"
+#include "graph/plan.h"
 
 #define OK(expr)                                                                              \
     do {                                                                                      \

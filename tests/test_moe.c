@@ -18,9 +18,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "kernels/bf16_gemm.h"
-#include "moe/moe_internal.h"
-#include "test_util.h"
+#include "lib/kernels/bf16_gemm.h"
+#include "lib/moe/moe_internal.h"
+#include "tests/support/test_util.h"
 
 #define OK(expr) assert_int_equal((expr), KT_OK)
 

@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "test_util.h"
+#include "tests/support/test_util.h"
 
 #define OK(x) assert_int_equal((x), KT_OK)
 

@@ -20,10 +20,10 @@
 
 #include <cmocka.h>
 
-#include "core/cpu_internal.h"
-#include "kernels/f32_gemm.h"
-#include "kernels/fma_gemm.h"
-#include "test_util.h"
+#include "lib/core/cpu_internal.h"
+#include "lib/kernels/f32_gemm.h"
+#include "lib/kernels/fma_gemm.h"
+#include "tests/support/test_util.h"
 
 enum { NT = 0, NN = 1, NN2 = 2, TN = 3 };
 static const char *kind_name[4] = {"nt", "nn", "nn2", "tn"};

@@ -17,12 +17,12 @@
 
 #include <cmocka.h>
 
-#include "core/cpu_internal.h"
-#include "kernels/amx_gemm.h"
-#include "kernels/bf16_gemm.h"
-#include "kernels/silu_epilogue.h"
-#include "kernels/fma_gemm.h"
-#include "test_util.h"
+#include "lib/core/cpu_internal.h"
+#include "lib/kernels/amx_gemm.h"
+#include "lib/kernels/bf16_gemm.h"
+#include "lib/kernels/silu_epilogue.h"
+#include "lib/kernels/fma_gemm.h"
+#include "tests/support/test_util.h"
 
 /* NT_DOTS: nt by kt__fma_nt_dots called directly (every row count, whichever path the
  * dispatch takes on this CPU) */

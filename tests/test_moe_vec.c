@@ -13,8 +13,8 @@
 #include <cmocka.h>
 
 #include "kt/tensor.h"
-#include "kernels/vec.h"
-#include "test_util.h"
+#include "lib/kernels/vec.h"
+#include "tests/support/test_util.h"
 
 static const int64_t lengths[] = {0, 1, 2, 15, 16, 17, 31, 33, 100, 1632};
 static const int64_t ranks[] = {1, 3, 7, 8, 9, 16, 17, 64, 256};

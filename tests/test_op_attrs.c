@@ -18,8 +18,8 @@
 #include <cmocka.h>
 
 #include "graph/program_internal.h"
-#include "ops/attrs.h"
-#include "test_util.h"
+#include "lib/ops/attrs.h"
+#include "tests/support/test_util.h"
 
 #define OK(expr)                                                                              \
     do {                                                                                      \

@@ -30,8 +30,8 @@
 
 #include <cmocka.h>
 
-#include "ops/op_desc.h"
-#include "test_util.h"
+#include "lib/ops/op_desc.h"
+#include "tests/support/test_util.h"
 
 /* ---- cases ------------------------------------------------------------------------------- */
 

@@ -8,8 +8,8 @@
 
 #include <cmocka.h>
 
-#include "ops/op_desc.h"
-#include "test_util.h"
+#include "lib/ops/op_desc.h"
+#include "tests/support/test_util.h"
 
 static const char *const list_names[] = {
 #define NAME_OF(upper, lower) #lower,

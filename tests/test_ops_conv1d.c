@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "gradcheck.h"
+#include "tests/support/gradcheck.h"
 
 /* ---- float64 reference -------------------------------------------------------------------- */
 

@@ -13,9 +13,9 @@
 
 #include <cmocka.h>
 
-#include "gradcheck.h"
-#include "kernels/bf16_matmul.h"
-#include "kernels/sgemm.h"
+#include "tests/support/gradcheck.h"
+#include "lib/kernels/bf16_matmul.h"
+#include "lib/kernels/sgemm.h"
 
 /* ---- float64 reference -------------------------------------------------------------------- */
 

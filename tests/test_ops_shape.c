@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "gradcheck.h"
+#include "tests/support/gradcheck.h"
 
 /* ---- the reference: where each output element comes from ---------------------------------- */
 

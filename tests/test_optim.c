@@ -13,8 +13,8 @@
 
 #include <cmocka.h>
 
-#include "optim/optim.h"
-#include "test_util.h"
+#include "lib/optim/optim.h"
+#include "tests/support/test_util.h"
 
 #define STEPS 20
 

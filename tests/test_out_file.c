@@ -19,9 +19,9 @@
 
 #include <cmocka.h>
 
-#include "io/out_file.h"
+#include "lib/io/out_file.h"
 #include "kt/io.h"
-#include "test_util.h"
+#include "tests/support/test_util.h"
 
 /* ---- helpers --------------------------------------------------------------------------------- */
 

@@ -17,11 +17,11 @@
 
 #include <cmocka.h>
 
-#include "test_util.h"
+#include "tests/support/test_util.h"
 
 /* The project root is not on the test targets' include path (only lib/ is), so the
  * library-internal header is named relative to this file. */
-#include "../graph/runtime/bytes.h"
+#include "graph/runtime/bytes.h"
 
 #define OK(expr)                                                                              \
     do {                                                                                      \

@@ -16,12 +16,12 @@
 
 #include <cmocka.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "graph/runtime/session_internal.h"
 #include "kt/kt.h"
-#include "ops/op_desc.h"
-#include "ops/op_state.h"
-#include "test_util.h"
+#include "lib/ops/op_desc.h"
+#include "lib/ops/op_state.h"
+#include "tests/support/test_util.h"
 
 #define OK(expr)                                                                              \
     do {                                                                                      \

@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "test_util.h"
+#include "tests/support/test_util.h"
 
 #define MAX_PARTS 64
 

@@ -15,8 +15,8 @@
 #include "kt/io.h"
 #include "kt/kt.h"
 #include "kt/program.h"
-#include "common/files.h"
-#include "common/usage.h"
+#include "tools/common/files.h"
+#include "tools/common/usage.h"
 
 #define MAX_DEFINES 64
 #define DIAG_BYTES (256u * 1024u)

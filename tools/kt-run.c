@@ -15,8 +15,8 @@
 #include "kt/io.h"
 #include "kt/program.h"
 #include "kt/runtime.h"
-#include "common/files.h"
-#include "common/usage.h"
+#include "tools/common/files.h"
+#include "tools/common/usage.h"
 
 #define GRAD_PREFIX "grad."
 

@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "graph/compiler/compiler.h"
-#include "ops/op_desc.h"
+#include "lib/ops/op_desc.h"
 
 typedef struct autodiff {
     kt__compiler *c;

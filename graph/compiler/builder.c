@@ -4,9 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "graph/graph_internal.h"
-#include "ops/attrs.h"
+#include "lib/ops/attrs.h"
 
 #define KT__NAME_MAX 127
 

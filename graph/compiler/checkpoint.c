@@ -23,10 +23,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "graph/compiler/compiler.h"
-#include "ops/op_desc.h"
-#include "ops/op_state.h"
+#include "lib/ops/op_desc.h"
+#include "lib/ops/op_state.h"
 
 /* [first, last) node ranges */
 typedef struct range {

@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "graph/compiler/compiler.h"
 #include "graph/plan.h"
-#include "ops/op_desc.h"
+#include "lib/ops/op_desc.h"
 
 static kt_status grow(void **array, int32_t *cap, int32_t count, size_t elem)
 {

@@ -12,9 +12,9 @@
  * saved, cached or output buffer is never overwritten). */
 #include <stdlib.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "graph/compiler/compiler.h"
-#include "ops/op_desc.h"
+#include "lib/ops/op_desc.h"
 
 static void touch(kt__compiler *c, int32_t buf, int32_t step)
 {

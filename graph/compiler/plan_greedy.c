@@ -1,7 +1,7 @@
 /* Greedy-by-size, best-fit memory planning (compile time). */
 #include <stdlib.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "graph/plan.h"
 
 static uint64_t aligned(uint64_t b) { return (b + KT__PLAN_ALIGN - 1) / KT__PLAN_ALIGN * KT__PLAN_ALIGN; }

@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "graph/compiler/compiler.h"
-#include "ops/attrs.h"
+#include "lib/ops/attrs.h"
 
 static uint64_t node_hash(const kt__gnode *n, const int32_t *remap)
 {

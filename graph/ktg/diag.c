@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "graph/ktg/ktg_internal.h"
 
 #define KT__KTG_SHOW_MAX 240 /* bytes of a source line shown; long lines are cut */

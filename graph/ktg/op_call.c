@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "graph/ktg/ktg_internal.h"
-#include "ops/attrs.h"
+#include "lib/ops/attrs.h"
 
 static int unknown_attr(kt__ktg_parser *p, kt_op op, const char *word, kt__ktg_span at)
 {

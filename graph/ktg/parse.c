@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "graph/ktg/ktg_internal.h"
 
 static void statement(kt__ktg_parser *p, int depth);

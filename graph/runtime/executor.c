@@ -4,9 +4,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "graph/runtime/session_internal.h"
-#include "optim/optim.h"
+#include "lib/optim/optim.h"
 
 uint64_t kt__now_ns(void)
 {

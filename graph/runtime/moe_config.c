@@ -1,7 +1,7 @@
 /* The MoE layer configuration a program's moe op asks for (kt/program.h:
  * kt_program_moe_config). It lives with the program, not in lib/moe: the layer knows nothing
  * of programs (graph -> lib, never the reverse), and the program knows its moe ops. */
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "kt/moe.h"
 #include "kt/program.h"
 

@@ -8,11 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "graph/plan.h"
 #include "graph/program_internal.h"
-#include "ops/op_desc.h"
-#include "ops/op_state.h"
+#include "lib/ops/op_desc.h"
+#include "lib/ops/op_state.h"
 
 void kt__scratch_meta(kt_tensor *meta, uint64_t bytes)
 {

@@ -4,9 +4,9 @@
  * what the caller sees after forward (every output and the loss computed there). */
 #include <stdlib.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "graph/program_internal.h"
-#include "ops/op_desc.h"
+#include "lib/ops/op_desc.h"
 
 /* A buffer's writer: a step index, or one of these. */
 enum { UNWRITTEN = -1, BY_CALLER = -2 /* inputs and parameters, through the session */ };

@@ -6,10 +6,10 @@
  * caller reads die early. */
 #include <stdlib.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "graph/plan.h"
 #include "graph/program_internal.h"
-#include "ops/op_desc.h"
+#include "lib/ops/op_desc.h"
 
 /* ---- lifetimes the caller relies on, and in-place sharing --------------------------------- */
 

@@ -14,13 +14,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/error.h"
-#include "core/read_upto.h"
+#include "lib/core/error.h"
+#include "lib/core/read_upto.h"
 #include "graph/program_internal.h"
 #include "graph/runtime/bytes.h"
 #include "kt/io.h"
-#include "ops/attrs.h"
-#include "ops/op_desc.h"
+#include "lib/ops/attrs.h"
+#include "lib/ops/op_desc.h"
 
 #define KTP_MAGIC "KTPROGRM"
 /* 2: step flags (recompute); 3: the state keep-none flag (KT__STEP_STATE_RECOMPUTES). Version 2

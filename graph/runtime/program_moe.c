@@ -3,7 +3,7 @@
  * generic runtime, which names no op: this file only reads the forward schedule (the moe
  * steps, the router that chose their ids) and the generic KT__STEP_STATE_RECOMPUTES flag,
  * whose meaning for moe is "the layer keeps no intermediates". */
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "graph/program_internal.h"
 
 /* The forward moe steps in schedule order (recompute clones live in the backward part). */

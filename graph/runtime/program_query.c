@@ -3,7 +3,7 @@
  * works on any loaded .ktp file. (The MoE layers its moe ops run: program_moe.c.) */
 #include <string.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "graph/program_internal.h"
 
 /* ---- statistics and tensor tables ------------------------------------------------------------ */

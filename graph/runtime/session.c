@@ -4,10 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/mix.h"
-#include "core/error.h"
-#include "core/memory.h"
-#include "core/numa_internal.h"
+#include "lib/core/mix.h"
+#include "lib/core/error.h"
+#include "lib/core/memory.h"
+#include "lib/core/numa_internal.h"
 #include "graph/runtime/session_internal.h"
 #include "kt/comm.h"
 

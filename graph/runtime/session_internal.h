@@ -3,8 +3,8 @@
 #define KT_GRAPH_RUNTIME_SESSION_INTERNAL_H
 
 #include "graph/program_internal.h"
-#include "ops/op_desc.h"
-#include "ops/op_state.h"
+#include "lib/ops/op_desc.h"
+#include "lib/ops/op_state.h"
 
 /* One step, prepared at session creation so that running it is a function-pointer call. */
 typedef struct kt__exec_step {

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "graph/runtime/session_internal.h"
 #include "kt/io.h"
 

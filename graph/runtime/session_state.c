@@ -3,7 +3,7 @@
  * state here. The session keeps the list, so steps call hooks only for these ops. */
 #include <stdlib.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "graph/runtime/session_internal.h"
 
 int kt__optimizer_states(const kt_optimizer_config *o)

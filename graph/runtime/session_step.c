@@ -2,10 +2,10 @@
  * global norm, schedule the learning rate, update every trainable parameter. */
 #include <math.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "graph/runtime/session_internal.h"
 #include "kt/comm.h"
-#include "optim/optim.h"
+#include "lib/optim/optim.h"
 
 static float scheduled_lr(const kt_session *s)
 {

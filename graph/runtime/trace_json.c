@@ -1,7 +1,7 @@
 /* Chrome trace-event JSON ("X" complete events), readable by chrome://tracing and Perfetto. */
 #include <stdio.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "kt/io.h"
 #include "kt/program.h"
 

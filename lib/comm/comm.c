@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm_internal.h"
-#include "core/env.h"
-#include "core/error.h"
+#include "lib/comm/comm_internal.h"
+#include "lib/core/env.h"
+#include "lib/core/error.h"
 
 void kt__comm_init(kt_comm *comm, const kt__comm_ops *ops, int rank, int size, int timeout_ms)
 {

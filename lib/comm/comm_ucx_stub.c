@@ -1,7 +1,7 @@
 /* kt_comm_create_ucx in a build without UCX (the embedded build): the API stays the same,
  * the call says why it cannot work. */
-#include "comm/comm_internal.h"
-#include "core/error.h"
+#include "lib/comm/comm_internal.h"
+#include "lib/core/error.h"
 
 kt_status kt_comm_create_ucx(const kt_comm_options *options, kt_comm **comm_out)
 {

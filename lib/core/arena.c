@@ -3,8 +3,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "core/error.h"
-#include "core/numa_internal.h"
+#include "lib/core/error.h"
+#include "lib/core/numa_internal.h"
 #include "kt/runtime.h"
 
 #define KT__ARENA_ALIGN 64

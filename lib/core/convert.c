@@ -6,7 +6,7 @@
  */
 #include <string.h>
 
-#include "core/cpu_internal.h"
+#include "lib/core/cpu_internal.h"
 #include "kt/runtime.h"
 #include "kt/tensor.h"
 

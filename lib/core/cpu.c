@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/cpu_internal.h"
-#include "core/env.h"
+#include "lib/core/cpu_internal.h"
+#include "lib/core/env.h"
 #include "kt/runtime.h"
 
 #if defined(__x86_64__)

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/env.h"
-#include "core/error.h"
+#include "lib/core/env.h"
+#include "lib/core/error.h"
 #include "kt/runtime.h"
 
 const char *const kt__cpu_choices[KT__CPU_CHOICES] = {"portable", "noamx", "dpbf16", "widen",

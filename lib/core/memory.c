@@ -5,9 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/env.h"
-#include "core/error.h"
-#include "core/memory.h"
+#include "lib/core/env.h"
+#include "lib/core/error.h"
+#include "lib/core/memory.h"
 #include "kt/runtime.h"
 
 /* The first number after `key` in a small text file (/proc/meminfo, a cgroup file); 0 when

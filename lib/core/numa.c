@@ -8,9 +8,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "core/env.h"
-#include "core/error.h"
-#include "core/numa_internal.h"
+#include "lib/core/env.h"
+#include "lib/core/error.h"
+#include "lib/core/numa_internal.h"
 #include "kt/runtime.h"
 
 #ifdef KT_HAVE_NUMA

@@ -1,12 +1,12 @@
 /* kt__read_upto: see read_upto.h. */
-#include "core/read_upto.h"
+#include "lib/core/read_upto.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 
 kt_status kt__read_upto(int fd, const char *path, unsigned char **buf, size_t *len, size_t *cap,
                         size_t want)

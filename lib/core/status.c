@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 
 #define KT__ERROR_MAX 1024
 #define WORD_MAX 96   /* a word longer than this is shortened when the message is too long */

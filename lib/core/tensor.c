@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "kt/tensor.h"
 
 static const struct {

@@ -12,10 +12,10 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "core/env.h"
-#include "core/error.h"
-#include "core/numa_internal.h"
-#include "core/thread_internal.h"
+#include "lib/core/env.h"
+#include "lib/core/error.h"
+#include "lib/core/numa_internal.h"
+#include "lib/core/thread_internal.h"
 #include "kt/runtime.h"
 
 #if defined(__x86_64__) || defined(__i386__)

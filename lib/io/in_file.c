@@ -10,8 +10,8 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
-#include "core/error.h"
-#include "io/out_file.h"
+#include "lib/core/error.h"
+#include "lib/io/out_file.h"
 
 /* Anonymous pipes live on this in-kernel filesystem; named FIFOs on the disk's. */
 #define PIPEFS_MAGIC_NUMBER 0x50495045

@@ -6,14 +6,14 @@
  * container costs exactly one arena allocation and the whole tree is freed at once.
  * Every read is checked against the input length; the input need not be NUL-terminated.
  */
-#include "io/json.h"
+#include "lib/io/json.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 
 /* Big enough that a typical header fits in one block, small enough not to matter. */
 #define ARENA_BLOCK_BYTES ((size_t)64 * 1024)

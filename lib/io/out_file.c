@@ -20,8 +20,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/error.h"
-#include "io/out_file.h"
+#include "lib/core/error.h"
+#include "lib/io/out_file.h"
 
 /* Text from kt_out_printf is gathered here so that a trace of many small records does not
  * cost a system call each. */

@@ -16,9 +16,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/error.h"
-#include "core/read_upto.h"
-#include "io/json.h"
+#include "lib/core/error.h"
+#include "lib/core/read_upto.h"
+#include "lib/io/json.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors data is little-endian and libkt copies it without conversion"

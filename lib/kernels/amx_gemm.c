@@ -13,11 +13,11 @@
  * intrinsics are builtins that do describe their memory access, the barriers cost nothing. */
 #include <pthread.h>
 
-#include "core/cpu_internal.h"
+#include "lib/core/cpu_internal.h"
 #include "kt/runtime.h"
-#include "kernels/amx_gemm.h"
-#include "kernels/bf16_gemm.h"
-#include "kernels/lane_mask.h"
+#include "lib/kernels/amx_gemm.h"
+#include "lib/kernels/bf16_gemm.h"
+#include "lib/kernels/lane_mask.h"
 
 #ifdef KT_AMX_COMPILED
 #include <cpuid.h>
@@ -207,7 +207,7 @@ AMX_VEC void kt__amx_pack_a_tn(const uint16_t *g, int64_t ldg, int64_t nred, int
 #define AMXK_DP(c, a, b) _tile_dpbf16ps(c, a, b)
 #define AMXK_RELEASE() _tile_release()
 
-#include "kernels/amx_gemm_kernels.h"
+#include "lib/kernels/amx_gemm_kernels.h"
 
 void kt__amx_gemm_nt(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x, int64_t ldx,
                      const uint16_t *w, int64_t ldw, float *y, int64_t ldy, int accumulate)

@@ -4,10 +4,10 @@
 #include <math.h>
 #include <string.h>
 
-#include "core/mix.h"
+#include "lib/core/mix.h"
 #include "kt/tensor.h"
-#include "kernels/amx_gemm.h"
-#include "kernels/bf16_gemm.h"
+#include "lib/kernels/amx_gemm.h"
+#include "lib/kernels/bf16_gemm.h"
 
 /* M rows: two row tiles and a ragged third; N, K: not multiples of 16 or 32 */
 enum { ST_M = 37, ST_N = 45, ST_K = 70 };

@@ -1,9 +1,9 @@
 /* The bf16 GEMM entry points (bf16_gemm.h): each picks its path once from the registry
  * (registry.h) and runs it. The kernels are bf16_nt_dpbf16.c, bf16_nn_dpbf16.c, bf16_tn_dpbf16.c (vdpbf16ps),
  * fma_gemm.c and fma_unpacked.c (bf16 widened to f32), amx_gemm.c and bf16_gemm_ref.c. */
-#include "kernels/bf16_gemm.h"
+#include "lib/kernels/bf16_gemm.h"
 
-#include "kernels/registry.h"
+#include "lib/kernels/registry.h"
 
 const char *kt__bf16_gemm_path(int64_t M) { return kt__kpath_sums_name(KT__KP_TN_BF16, M); }
 

@@ -1,7 +1,7 @@
 /* Scalar bf16 GEMMs (see bf16_gemm.h): the reference and the portable path. Products of two
  * bf16 values are exact in f32; sums run in f32 in index order. */
 #include "kt/tensor.h"
-#include "kernels/bf16_gemm.h"
+#include "lib/kernels/bf16_gemm.h"
 
 static float bf(uint16_t v) { return kt_bf16_to_f32_1(v); }
 

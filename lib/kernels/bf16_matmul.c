@@ -1,11 +1,11 @@
 /* The dense bf16 GEMM (bf16_matmul.h): the output's columns cut into pieces over the pool, each
  * piece one call of the registry's NT or NN kernel over all M rows (the kernels walk their
  * rows in cache-sized chunks themselves). */
-#include "kernels/bf16_matmul.h"
+#include "lib/kernels/bf16_matmul.h"
 
 #include <string.h>
 
-#include "kernels/bf16_gemm.h"
+#include "lib/kernels/bf16_gemm.h"
 
 size_t kt__bf16_matmul_work_bytes(int trans_a, int64_t M, int64_t K)
 {

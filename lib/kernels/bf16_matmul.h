@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/registry.h"
+#include "lib/kernels/registry.h"
 #include "kt/runtime.h"
 
 /* Bytes of work kt__bf16_matmul needs (0 unless trans_a), 64-byte multiples. */

@@ -31,10 +31,10 @@
  * elements (rows then start on cache lines). */
 #include <string.h>
 
-#include "core/cpu_internal.h"
-#include "kernels/bf16_dpbf16.h"
-#include "kernels/bf16_gemm.h"
-#include "kernels/lane_mask.h"
+#include "lib/core/cpu_internal.h"
+#include "lib/kernels/bf16_dpbf16.h"
+#include "lib/kernels/bf16_gemm.h"
+#include "lib/kernels/lane_mask.h"
 
 #ifdef KT__DPBF16_COMPILED
 

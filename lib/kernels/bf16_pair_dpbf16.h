@@ -6,8 +6,8 @@
 
 #include <string.h>
 
-#include "kernels/bf16_dpbf16.h"
-#include "kernels/lane_mask.h"
+#include "lib/kernels/bf16_dpbf16.h"
+#include "lib/kernels/lane_mask.h"
 
 #ifdef KT__DPBF16_COMPILED
 

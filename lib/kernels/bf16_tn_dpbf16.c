@@ -13,11 +13,11 @@
  * elements (rows then start on cache lines). */
 #include <string.h>
 
-#include "kernels/bf16_dpbf16.h"
-#include "kernels/bf16_gemm.h"
-#include "kernels/bf16_pair_dpbf16.h"
-#include "kernels/lane_mask.h"
-#include "kernels/prefetch.h"
+#include "lib/kernels/bf16_dpbf16.h"
+#include "lib/kernels/bf16_gemm.h"
+#include "lib/kernels/bf16_pair_dpbf16.h"
+#include "lib/kernels/lane_mask.h"
+#include "lib/kernels/prefetch.h"
 
 #ifdef KT__DPBF16_COMPILED
 

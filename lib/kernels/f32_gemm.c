@@ -3,10 +3,10 @@
 #include <math.h>
 #include <string.h>
 
-#include "core/cpu_internal.h"
-#include "kernels/f32_gemm.h"
-#include "kernels/fma_gemm.h"
-#include "kernels/registry.h"
+#include "lib/core/cpu_internal.h"
+#include "lib/kernels/f32_gemm.h"
+#include "lib/kernels/fma_gemm.h"
+#include "lib/kernels/registry.h"
 
 /* Where the layer's own kernels run its f32 products: wherever the registry has a path other
  * than the references for them (x86-64 with AVX-512, unless KT_CPU=blas). */

@@ -8,10 +8,10 @@
  * strides are compile-time constants, so every address in the loop is a displacement. */
 #include <string.h>
 
-#include "kernels/fma_gemm.h"
-#include "kernels/fma_util.h"
-#include "kernels/lane_mask.h"
-#include "kernels/prefetch.h"
+#include "lib/kernels/fma_gemm.h"
+#include "lib/kernels/fma_util.h"
+#include "lib/kernels/lane_mask.h"
+#include "lib/kernels/prefetch.h"
 
 #define WR 12       /* rows of a tile */
 #define WC 32       /* columns of a tile and of a panel */

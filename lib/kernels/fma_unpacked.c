@@ -20,10 +20,10 @@
  * computes. */
 #include <string.h>
 
-#include "kernels/fma_gemm.h"
-#include "kernels/fma_util.h"
-#include "kernels/lane_mask.h"
-#include "kernels/prefetch.h"
+#include "lib/kernels/fma_gemm.h"
+#include "lib/kernels/fma_util.h"
+#include "lib/kernels/lane_mask.h"
+#include "lib/kernels/prefetch.h"
 
 #ifdef KT__FMA_GEMM
 

@@ -6,8 +6,8 @@
 
 #include <stdint.h>
 
-#include "kernels/fma_gemm.h"
-#include "kernels/lane_mask.h"
+#include "lib/kernels/fma_gemm.h"
+#include "lib/kernels/lane_mask.h"
 
 #ifdef KT__FMA_GEMM
 #include <immintrin.h>

@@ -1,16 +1,16 @@
 /* The table of GEMM kernel paths (registry.h) and the choice from it. The wrappers below only
  * adapt a kernel's signature to its product's (the operand type of the FMA kernels, the
  * arguments a path has no use for); the choice is made once per call, never per tile. */
-#include "kernels/registry.h"
+#include "lib/kernels/registry.h"
 
 #include <pthread.h>
 
-#include "core/cpu_internal.h"
-#include "kernels/amx_gemm.h"
-#include "kernels/bf16_dpbf16.h"
-#include "kernels/bf16_gemm.h"
-#include "kernels/f32_gemm.h"
-#include "kernels/fma_gemm.h"
+#include "lib/core/cpu_internal.h"
+#include "lib/kernels/amx_gemm.h"
+#include "lib/kernels/bf16_dpbf16.h"
+#include "lib/kernels/bf16_gemm.h"
+#include "lib/kernels/f32_gemm.h"
+#include "lib/kernels/fma_gemm.h"
 
 const char *const kt__kinsn_names[KT__KINSN_COUNT] = {"scalar", "vfmadd231ps", "vdpbf16ps",
                                                       "tdpbf16ps"};

@@ -19,11 +19,11 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "core/cpu_internal.h"
-#include "core/error.h"
+#include "lib/core/cpu_internal.h"
+#include "lib/core/error.h"
 #include "kt/runtime.h"
-#include "kernels/sgemm.h"
-#include "ops/op_util.h"
+#include "lib/kernels/sgemm.h"
+#include "lib/ops/op_util.h"
 
 #ifdef KT_HAVE_OPENBLAS
 #include <cblas.h>

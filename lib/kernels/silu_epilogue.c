@@ -5,10 +5,10 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "core/cpu_internal.h"
-#include "kernels/bf16_dpbf16.h"
-#include "kernels/lane_mask.h"
-#include "kernels/silu_epilogue.h"
+#include "lib/core/cpu_internal.h"
+#include "lib/kernels/bf16_dpbf16.h"
+#include "lib/kernels/lane_mask.h"
+#include "lib/kernels/silu_epilogue.h"
 #include "kt/tensor.h"
 
 #ifdef KT__DPBF16_COMPILED

@@ -1,10 +1,10 @@
 /* See vec.h. */
 #include <string.h>
 
-#include "core/cpu_internal.h"
+#include "lib/core/cpu_internal.h"
 #include "kt/tensor.h"
-#include "kernels/lane_mask.h"
-#include "kernels/vec.h"
+#include "lib/kernels/lane_mask.h"
+#include "lib/kernels/vec.h"
 
 /* The 16 lane sums added by a fixed tree: l + l[8..], then halves, then pairs. */
 static float fold16(const float l[16])

@@ -10,9 +10,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/error.h"
-#include "core/thread_internal.h"
-#include "moe/moe_internal.h"
+#include "lib/core/error.h"
+#include "lib/core/thread_internal.h"
+#include "lib/moe/moe_internal.h"
 
 static kt_status refuse_busy(const kt_moe *m, const char *what)
 {

@@ -11,12 +11,12 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "core/error.h"
-#include "kernels/bf16_gemm.h"
-#include "kernels/silu_epilogue.h"
-#include "moe/moe_internal.h"
-#include "kernels/prefetch.h"
-#include "kernels/sgemm.h"
+#include "lib/core/error.h"
+#include "lib/kernels/bf16_gemm.h"
+#include "lib/kernels/silu_epilogue.h"
+#include "lib/moe/moe_internal.h"
+#include "lib/kernels/prefetch.h"
+#include "lib/kernels/sgemm.h"
 
 typedef struct bwd_ctx {
     kt_moe *m;

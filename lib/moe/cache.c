@@ -4,8 +4,8 @@
  * recompute must never silently run on a half-failed step. */
 #include <stdio.h>
 
-#include "core/error.h"
-#include "moe/moe_internal.h"
+#include "lib/core/error.h"
+#include "lib/moe/moe_internal.h"
 
 kt_status kt_moe_cache_enable(kt_moe *moe, int on)
 {

@@ -4,12 +4,12 @@
 #include <math.h>
 #include <string.h>
 
-#include "core/error.h"
-#include "kernels/bf16_gemm.h"
-#include "kernels/silu_epilogue.h"
-#include "kernels/fma_gemm.h"
-#include "moe/moe_internal.h"
-#include "kernels/sgemm.h"
+#include "lib/core/error.h"
+#include "lib/kernels/bf16_gemm.h"
+#include "lib/kernels/silu_epilogue.h"
+#include "lib/kernels/fma_gemm.h"
+#include "lib/moe/moe_internal.h"
+#include "lib/kernels/sgemm.h"
 
 typedef struct fwd_ctx {
     kt_moe *m;

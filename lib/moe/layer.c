@@ -5,14 +5,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
-#include "core/memory.h"
-#include "core/mix.h"
-#include "core/numa_internal.h"
-#include "kernels/bf16_gemm.h"
-#include "kernels/f32_gemm.h"
-#include "moe/moe_internal.h"
-#include "moe/trainable.h"
+#include "lib/core/error.h"
+#include "lib/core/memory.h"
+#include "lib/core/mix.h"
+#include "lib/core/numa_internal.h"
+#include "lib/kernels/bf16_gemm.h"
+#include "lib/kernels/f32_gemm.h"
+#include "lib/moe/moe_internal.h"
+#include "lib/moe/trainable.h"
 
 #define ALIGN 64
 

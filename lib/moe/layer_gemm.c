@@ -1,9 +1,9 @@
 /* The layer's GEMMs on its own thread pool, one block per call, in the weight dtype: the bf16
  * kernels (bf16_gemm.h) or the f32 ones (f32_gemm.h). Only for layers with m->dim.tiled; the
  * others call kt__sgemm once per expert (forward.c, backward.c). */
-#include "kernels/bf16_gemm.h"
-#include "kernels/f32_gemm.h"
-#include "moe/moe_internal.h"
+#include "lib/kernels/bf16_gemm.h"
+#include "lib/kernels/f32_gemm.h"
+#include "lib/moe/moe_internal.h"
 
 void kt__moe_gemm_nt(const kt_moe *m, int64_t M, int64_t n0, int64_t n1, int64_t K, const void *x,
                      int64_t ldx, const void *w, int64_t ldw, const void *next, float *y,

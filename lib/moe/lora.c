@@ -12,8 +12,8 @@
  * (kt__vec_rows_axpys). out and the gradients cut long rows into pieces of piece(r) columns:
  * their stack buffers hold r pieces of B transposed, or of accumulators and one piece of a row
  * (at most r + 2 pieces: 64 KiB). */
-#include "moe/moe_internal.h"
-#include "kernels/vec.h"
+#include "lib/moe/moe_internal.h"
+#include "lib/kernels/vec.h"
 
 #define LORA_BUF 16384 /* floats of stack per call */
 

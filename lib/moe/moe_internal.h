@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #include "kt/moe.h"
-#include "kernels/prefetch.h"
+#include "lib/kernels/prefetch.h"
 
 #define KT__MOE_NAME_MAX 64
 #define KT__MOE_MSG_MAX 512

@@ -2,7 +2,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "moe/moe_internal.h"
+#include "lib/moe/moe_internal.h"
 
 static uint64_t now_ns(void)
 {

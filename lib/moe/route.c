@@ -3,9 +3,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "core/error.h"
-#include "kernels/bf16_gemm.h"
-#include "moe/moe_internal.h"
+#include "lib/core/error.h"
+#include "lib/kernels/bf16_gemm.h"
+#include "lib/moe/moe_internal.h"
 
 int64_t kt__moe_get_id(const kt_tensor *ids, int64_t i)
 {

@@ -2,8 +2,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "core/error.h"
-#include "moe/moe_internal.h"
+#include "lib/core/error.h"
+#include "lib/moe/moe_internal.h"
 
 struct kt_moe_scratch {
     pthread_mutex_t mu; /* held for a whole call of one layer */

@@ -4,9 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
-#include "moe/moe_internal.h"
-#include "moe/trainable.h"
+#include "lib/core/error.h"
+#include "lib/moe/moe_internal.h"
+#include "lib/moe/trainable.h"
 
 static const char *const proj_names[3] = {"gate_proj", "up_proj", "down_proj"};
 

@@ -4,7 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "moe/moe_internal.h"
+#include "lib/moe/moe_internal.h"
 
 /* Appends to buf (size bytes, holding *len) like snprintf, never past the end. */
 static void append(char *buf, size_t size, size_t *len, const char *fmt, ...)

@@ -1,6 +1,6 @@
 /* The flat views of a layer's trainable values (see trainable.h). */
-#include "moe/moe_internal.h"
-#include "moe/trainable.h"
+#include "lib/moe/moe_internal.h"
+#include "lib/moe/trainable.h"
 
 int64_t kt__moe_trainable(kt_moe *m, float **param_out, float **grad_out)
 {

@@ -1,8 +1,8 @@
 /* silu and swiglu (silu(g) * u, the gated activation of SwiGLU MLPs and MoE experts). */
 #include <math.h>
 
-#include "ops/map.h"
-#include "ops/op_util.h"
+#include "lib/ops/map.h"
+#include "lib/ops/op_util.h"
 
 static kt_status infer_silu(const kt_op_attrs *at, const kt_tensor *in, int n, kt_tensor *out)
 {

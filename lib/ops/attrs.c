@@ -5,9 +5,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/error.h"
-#include "ops/attrs.h"
-#include "ops/op_desc.h"
+#include "lib/core/error.h"
+#include "lib/ops/attrs.h"
+#include "lib/ops/op_desc.h"
 
 static const char *const upper_names[KT_OP_COUNT] = {
 #define KT__OP_UPPER(upper, lower) #upper,

@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ops/attrs.h"
-#include "ops/op_desc.h"
+#include "lib/ops/attrs.h"
+#include "lib/ops/op_desc.h"
 
 typedef struct out_buf {
     char *buf;

@@ -9,9 +9,9 @@
  * staged to f32 in scratch, as in matmul. */
 #include <string.h>
 
-#include "kernels/sgemm.h"
-#include "ops/op_desc.h"
-#include "ops/op_util.h"
+#include "lib/kernels/sgemm.h"
+#include "lib/ops/op_desc.h"
+#include "lib/ops/op_util.h"
 
 typedef struct conv_geom {
     int64_t B, T, Tout, Cin, Cout, K, pad;

@@ -11,8 +11,8 @@
  *   dlogits = gout * (softmax - onehot(target)) / count, zero rows for ignored tokens. */
 #include <math.h>
 
-#include "ops/op_desc.h"
-#include "ops/op_util.h"
+#include "lib/ops/op_desc.h"
+#include "lib/ops/op_util.h"
 
 #define LOSS_BLOCKS 512
 

@@ -1,8 +1,8 @@
 /* add, sub, mul (with b broadcast over a's leading dims) and scale. */
 #include <float.h>
 
-#include "ops/map.h"
-#include "ops/op_util.h"
+#include "lib/ops/map.h"
+#include "lib/ops/op_util.h"
 
 /* ---- shape inference ----------------------------------------------------------------- */
 

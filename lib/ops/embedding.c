@@ -11,8 +11,8 @@
  * same for any thread count. */
 #include <string.h>
 
-#include "ops/op_desc.h"
-#include "ops/op_util.h"
+#include "lib/ops/op_desc.h"
+#include "lib/ops/op_util.h"
 
 static kt_status infer_embedding(const kt_op_attrs *at, const kt_tensor *in, int n,
                                  kt_tensor *out)

@@ -14,8 +14,8 @@
 #include <string.h>
 
 #include "kt/comm.h"
-#include "ops/op_desc.h"
-#include "ops/op_util.h"
+#include "lib/ops/op_desc.h"
+#include "lib/ops/op_util.h"
 
 #define TAG_LEFT 101  /* frames travelling to the next rank (its left halo) */
 #define TAG_RIGHT 102 /* frames travelling to the previous rank (its right halo) */

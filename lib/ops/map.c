@@ -4,8 +4,8 @@
  * is processed in KT__CHUNK pieces through f32 buffers, so one f32 function serves every
  * float dtype. Element-wise results do not depend on the thread count at all; the row
  * reduction splits columns, never rows, so its summation order is fixed too. */
-#include "ops/map.h"
-#include "ops/op_util.h"
+#include "lib/ops/map.h"
+#include "lib/ops/op_util.h"
 
 
 typedef struct map_job {

@@ -3,7 +3,7 @@
 #ifndef KT_OPS_MAP_H
 #define KT_OPS_MAP_H
 
-#include "ops/op_desc.h"
+#include "lib/ops/op_desc.h"
 
 /* o[i] = f(a[i]) for one chunk */
 typedef void (*kt__map1_fn)(float *o, const float *a, int64_t n, const kt_op_attrs *attrs);

@@ -3,10 +3,10 @@
  * bits); bf16 runs the kernel registry's bf16 kernels with f32 accumulation
  * (kernels/bf16_matmul.h), the f32 result rounded once on the way out; f16 operands are staged
  * to f32 in the caller's scratch, multiplied through kt__sgemm and rounded once. */
-#include "kernels/bf16_matmul.h"
-#include "kernels/sgemm.h"
-#include "ops/op_desc.h"
-#include "ops/op_util.h"
+#include "lib/kernels/bf16_matmul.h"
+#include "lib/kernels/sgemm.h"
+#include "lib/ops/op_desc.h"
+#include "lib/ops/op_util.h"
 
 typedef struct mm_dims {
     int64_t M, N, K;

@@ -5,10 +5,10 @@
 
 #include "kt/comm.h"
 #include "kt/moe.h"
-#include "ops/map.h"
-#include "ops/op_desc.h"
-#include "ops/op_state.h"
-#include "ops/op_util.h"
+#include "lib/ops/map.h"
+#include "lib/ops/op_desc.h"
+#include "lib/ops/op_state.h"
+#include "lib/ops/op_util.h"
 
 extern const kt__op_state kt__moe_state; /* its session hooks: moe_state.c */
 

@@ -16,12 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "kt/comm.h"
 #include "kt/moe.h"
-#include "moe/trainable.h"
-#include "ops/op_desc.h"
-#include "ops/op_state.h"
+#include "lib/moe/trainable.h"
+#include "lib/ops/op_desc.h"
+#include "lib/ops/op_state.h"
 
 #define SPAN_NAME_BYTES 24
 

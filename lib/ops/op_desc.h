@@ -7,7 +7,7 @@
 #include <stddef.h>
 
 #include "kt/ops.h"
-#include "ops/attrs.h"
+#include "lib/ops/attrs.h"
 
 /* One kernel invocation. Forward reads in[] and writes out[]. Backward reads in[], out[]
  * and gout[] (gradients of the outputs) and writes the gin[] entries whose data is not

@@ -6,8 +6,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "ops/op_desc.h"
-#include "ops/op_util.h"
+#include "lib/ops/op_desc.h"
+#include "lib/ops/op_util.h"
 
 static const kt__op_desc *const op_table[KT_OP_COUNT] = {
 #define KT__OP_ROW(upper, lower) &kt__op_##lower,

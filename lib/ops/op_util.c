@@ -2,7 +2,7 @@
 #include <string.h>
 
 #include "kt/tensor.h"
-#include "ops/op_util.h"
+#include "lib/ops/op_util.h"
 
 kt_status kt__check_rank(const char *op, const char *arg, const kt_tensor *t, int min_ndim,
                          int max_ndim)

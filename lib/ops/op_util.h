@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "kt/ops.h"
 
 /* Elements processed per chunk by the chunked helpers (a stack buffer of floats). */

@@ -10,8 +10,8 @@
 #include <float.h>
 #include <math.h>
 
-#include "ops/op_desc.h"
-#include "ops/op_util.h"
+#include "lib/ops/op_desc.h"
+#include "lib/ops/op_util.h"
 
 static kt_status infer_rmsnorm(const kt_op_attrs *at, const kt_tensor *in, int n,
                                kt_tensor *out)

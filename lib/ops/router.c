@@ -13,8 +13,8 @@
  *               alone, so dx_{s_i} = w_i (g_i - D) and dx_j = 0 for the others. */
 #include <math.h>
 
-#include "ops/op_desc.h"
-#include "ops/op_util.h"
+#include "lib/ops/op_desc.h"
+#include "lib/ops/op_util.h"
 
 static kt_status infer_router(const kt_op_attrs *at, const kt_tensor *in, int n,
                               kt_tensor *out)

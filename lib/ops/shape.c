@@ -7,8 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ops/op_desc.h"
-#include "ops/op_util.h"
+#include "lib/ops/op_desc.h"
+#include "lib/ops/op_util.h"
 
 /* Bytes per part before a copy is split over the pool: below this, waking threads costs
  * more than the copy. */

@@ -8,8 +8,8 @@
  *   log_softmax: dx = g - exp(y) sum(g) */
 #include <math.h>
 
-#include "ops/op_desc.h"
-#include "ops/op_util.h"
+#include "lib/ops/op_desc.h"
+#include "lib/ops/op_util.h"
 
 static kt_status infer_rowwise(const char *op, const kt_tensor *in, kt_tensor *out)
 {

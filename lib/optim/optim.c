@@ -13,7 +13,7 @@
  * (see there). Nothing here allocates. */
 #include <math.h>
 
-#include "optim/optim.h"
+#include "lib/optim/optim.h"
 
 /* Items per part below which waking another thread costs more than it saves. */
 #define KT__OPTIM_GRAIN 16384

@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/error.h"
+#include "lib/core/error.h"
 #include "kt/comm.h"
 #include "kt/tensor.h"
 

@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "gradcheck.h"
+#include "tests/support/gradcheck.h"
 
 static int is_float(kt_dtype d) { return d == KT_F32 || d == KT_BF16 || d == KT_F16; }
 

@@ -10,7 +10,7 @@
 #ifndef KT_TEST_GRADCHECK_H
 #define KT_TEST_GRADCHECK_H
 
-#include "test_util.h"
+#include "tests/support/test_util.h"
 
 /* A float64 tensor for references: row-major, contiguous. */
 typedef struct gc_dt {

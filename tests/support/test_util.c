@@ -9,9 +9,9 @@
 
 #include <cmocka.h>
 
-#include "test_util.h"
+#include "tests/support/test_util.h"
 
-#include "ops/attrs.h"
+#include "lib/ops/attrs.h"
 
 void tu_rng_seed(tu_rng *r, uint64_t seed) { r->s = seed * 0x9E3779B97F4A7C15ull + 1; }
 

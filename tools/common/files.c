@@ -1,4 +1,4 @@
-#include "common/files.h"
+#include "tools/common/files.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -7,7 +7,7 @@
 #include <sys/stat.h>
 
 #include "kt/io.h"
-#include "common/usage.h"
+#include "tools/common/usage.h"
 
 int tool_open_input(const char *tool, const char *what, const char *path, int *fd_out)
 {

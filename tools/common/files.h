@@ -4,7 +4,7 @@
 #ifndef KT_TOOLS_FILES_H
 #define KT_TOOLS_FILES_H
 
-#include "common/usage.h" /* tool_finish_stdout */
+#include "tools/common/usage.h" /* tool_finish_stdout */
 
 /* Opens path for reading through kt_in_open (kt/io.h): never blocking in open(), a regular
  * file or an anonymous pipe (`<(...)`) only; a named FIFO, a directory or a device is refused.

@@ -6,7 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "free_port.h"
+#include "tools/common/free_port.h"
 
 /* 1 when nothing is bound to 127.0.0.1:port now */
 static int port_free(int port)

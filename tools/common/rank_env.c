@@ -1,4 +1,4 @@
-#include "common/rank_env.h"
+#include "tools/common/rank_env.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-#include "common/usage.h"
+#include "tools/common/usage.h"
 
 #include <errno.h>
 #include <limits.h>

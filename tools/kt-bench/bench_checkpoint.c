@@ -17,9 +17,9 @@
 
 #include <kt/kt.h>
 
-#include "bench.h"
-#include "common/usage.h"
-#include "moe/moe_internal.h"
+#include "tools/kt-bench/bench.h"
+#include "tools/common/usage.h"
+#include "lib/moe/moe_internal.h"
 
 #define MAX_LAYERS 64
 

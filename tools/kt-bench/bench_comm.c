@@ -32,9 +32,9 @@
 
 #include <kt/kt.h>
 
-#include "bench.h"
-#include "common/free_port.h"
-#include "common/rank_env.h"
+#include "tools/kt-bench/bench.h"
+#include "tools/common/free_port.h"
+#include "tools/common/rank_env.h"
 
 #ifndef KT_BENCH_COMM_PEER_SCRIPT
 #define KT_BENCH_COMM_PEER_SCRIPT "tools/kt-bench/comm_gloo_peer.py"

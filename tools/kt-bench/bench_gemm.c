@@ -28,15 +28,15 @@
 
 #include <kt/kt.h>
 
-#include "bench.h"
-#include "bench_gemm_dense.h"
-#include "common/usage.h"
-#include "limits.h"
-#include "core/cpu_internal.h"
-#include "core/numa_internal.h"
-#include "kernels/bf16_gemm.h"
-#include "kernels/registry.h"
-#include "onednn_peer.h"
+#include "tools/kt-bench/bench.h"
+#include "tools/kt-bench/bench_gemm_dense.h"
+#include "tools/common/usage.h"
+#include "tools/kt-bench/limits.h"
+#include "lib/core/cpu_internal.h"
+#include "lib/core/numa_internal.h"
+#include "lib/kernels/bf16_gemm.h"
+#include "lib/kernels/registry.h"
+#include "tools/kt-bench/onednn_peer.h"
 
 enum { K_NT = 0, K_NN = 1, K_TN = 2 };
 static const char *const kind_names[3] = {"nt", "nn", "tn"};

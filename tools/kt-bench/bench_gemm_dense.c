@@ -11,15 +11,15 @@
  * Shapes: M = N = K = 2048, and the attention projections of Mixtral (H = 4096: q/o 4096 ->
  * 4096, k/v 4096 -> 1024) and Qwen3-MoE (H = 2048: q 2048 -> 4096, k/v 2048 -> 512, o 4096 ->
  * 2048) at M = 1, 128 and 1024 tokens. The operands stay in cache between runs (hot). */
-#include "bench_gemm_dense.h"
+#include "tools/kt-bench/bench_gemm_dense.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/bf16_matmul.h"
-#include "kernels/sgemm.h"
-#include "limits.h"
+#include "lib/kernels/bf16_matmul.h"
+#include "lib/kernels/sgemm.h"
+#include "tools/kt-bench/limits.h"
 
 typedef struct dense_shape {
     const char *name;

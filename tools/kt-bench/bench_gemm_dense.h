@@ -7,7 +7,7 @@
 
 #include <kt/kt.h>
 
-#include "bench.h"
+#include "tools/kt-bench/bench.h"
 
 /* m, n, k > 0: that one product; else the table (2048^3 and the attention projections).
  * threads: the pool's (1 with single). Returns 0, or 1 when out of memory. */

@@ -10,9 +10,9 @@
 
 #include <kt/kt.h>
 
-#include "bench.h"
-#include "common/usage.h"
-#include "ops/op_desc.h"
+#include "tools/kt-bench/bench.h"
+#include "tools/common/usage.h"
+#include "lib/ops/op_desc.h"
 
 static int fail(const char *what)
 {

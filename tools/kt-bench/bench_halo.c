@@ -14,7 +14,7 @@
 
 #include <kt/kt.h>
 
-#include "bench.h"
+#include "tools/kt-bench/bench.h"
 
 #define MAX_CFG 64
 

@@ -14,12 +14,12 @@
 
 #include <kt/kt.h>
 
-#include "bench.h"
-#include "common/usage.h"
-#include "limits.h"
-#include "kernels/f32_gemm.h"
-#include "moe_peer.h"
-#include "kernels/sgemm.h"
+#include "tools/kt-bench/bench.h"
+#include "tools/common/usage.h"
+#include "tools/kt-bench/limits.h"
+#include "lib/kernels/f32_gemm.h"
+#include "tools/kt-bench/moe_peer.h"
+#include "lib/kernels/sgemm.h"
 
 #ifndef KT_BENCH_PEER_SCRIPT
 #define KT_BENCH_PEER_SCRIPT "tools/kt-bench/moe_torch_peer.py"

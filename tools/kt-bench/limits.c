@@ -4,9 +4,9 @@
 
 #include <kt/kt.h>
 
-#include "core/numa_internal.h"
-#include "kernels/registry.h"
-#include "limits.h"
+#include "lib/core/numa_internal.h"
+#include "lib/kernels/registry.h"
+#include "tools/kt-bench/limits.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

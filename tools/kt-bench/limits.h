@@ -6,8 +6,8 @@
 
 #include <kt/kt.h>
 
-#include "bench.h"
-#include "kernels/registry.h"
+#include "tools/kt-bench/bench.h"
+#include "lib/kernels/registry.h"
 
 /* A buffer of `bytes` allocated as the layer's weights are (huge pages where large), read
  * whole in parallel passes: the memory read bandwidth as a plain loop gets it. open returns

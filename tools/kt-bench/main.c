@@ -9,9 +9,9 @@
 #include <unistd.h>
 #include <time.h>
 
-#include "common/files.h"
-#include "bench.h"
-#include "common/usage.h"
+#include "tools/common/files.h"
+#include "tools/kt-bench/bench.h"
+#include "tools/common/usage.h"
 #include "kt/kt.h"
 
 double bench_now_s(void)

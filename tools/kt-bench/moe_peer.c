@@ -5,8 +5,8 @@
  * traceback) are skipped, the last one kept as the reason should the peer fail. A peer that
  * does not answer in time is killed: the benchmark then goes on without it. */
 #define _POSIX_C_SOURCE 200809L
-#include "moe_peer.h"
-#include "bench.h"
+#include "tools/kt-bench/moe_peer.h"
+#include "tools/kt-bench/bench.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,6 +1,6 @@
 /* See onednn_peer.h. */
 #define _GNU_SOURCE /* RTLD_DEFAULT */
-#include "onednn_peer.h"
+#include "tools/kt-bench/onednn_peer.h"
 
 #include <dlfcn.h>
 #include <stdlib.h>

@@ -17,7 +17,7 @@
 #include <unistd.h>
 #include <sys/prctl.h>
 
-#include "launch.h"
+#include "tools/kt-launch/launch.h"
 
 /* ---- the guard --------------------------------------------------------------------------
  * A SIGKILLed kt-launch cannot stop anything itself. Each rank gets PR_SET_PDEATHSIG, but that

@@ -32,10 +32,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/free_port.h"
-#include "common/rank_env.h"
-#include "common/usage.h"
-#include "launch.h"
+#include "tools/common/free_port.h"
+#include "tools/common/rank_env.h"
+#include "tools/common/usage.h"
+#include "tools/kt-launch/launch.h"
 #ifdef __linux__
 #include <sys/prctl.h>
 #endif

@@ -17,7 +17,7 @@
 #include <unistd.h>
 #include <sys/prctl.h>
 
-#include "launch.h"
+#include "tools/kt-launch/launch.h"
 
 /* ---- the relay ------------------------------------------------------------------------
  * The ranks' output goes through pipes to a relay process that prefixes the lines. A rank

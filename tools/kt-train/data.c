@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "train.h"
+#include "tools/kt-train/train.h"
 
 /* ---- the program side: which inputs get tokens, and their shapes over all ranks ---------- */
 

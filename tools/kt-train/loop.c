@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "train.h"
+#include "tools/kt-train/train.h"
 
 static double now_s(void)
 {

@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train.h"
-#include "common/files.h"
-#include "common/usage.h"
+#include "tools/kt-train/train.h"
+#include "tools/common/files.h"
+#include "tools/common/usage.h"
 
 static void usage(FILE *f)
 {

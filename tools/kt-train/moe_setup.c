@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train.h"
+#include "tools/kt-train/train.h"
 
 #define LORA_RANK 8
 #define LORA_ALPHA 16.0f

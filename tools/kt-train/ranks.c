@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train.h"
+#include "tools/kt-train/train.h"
 
 /* The world size a launcher announced (1 when none did), or -1 after printing why the
  * announced one is not a number. The pairs are the ones the UCX communicator reads
