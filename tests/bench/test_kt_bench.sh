@@ -96,6 +96,18 @@ for kind in nt nn tn; do
           2>&1) || { fail "gemm $kind exited $?"; continue; }
   check_json gemm <<<"$out" || fail "gemm $kind JSON: $out"
 done
+# the dense bf16 matmul through the op, beside OpenBLAS and the staged path it replaced
+out=$("$bench" gemm --dense --m 16 --n 96 --k 64 --no-peer --json --repeats 2 2>&1) ||
+  fail "gemm --dense exited $?: $out"
+python3 -c '
+import json, sys
+d = [json.loads(l) for l in sys.stdin.read().splitlines() if l.startswith("{")]
+d = [o for o in d if o.get("bench") == "gemm_dense"]
+assert len(d) == 1, d
+o = d[0]
+assert o["config"]["m"] == 16 and o["median_ms"] > 0 and 0 < o["fraction_of_peak"], o
+assert o["path"] and o["peak_insn"], o
+' <<<"$out" || fail "gemm --dense JSON: $out"
 
 # the PyTorch peer's protocol, with a stand-in that answers each forward in 4 ms and each
 # fwd+bwd in 6 (no torch needed) and checks the calls asked of it: the ratio is its time over

@@ -57,13 +57,21 @@ static void fill(uint16_t *p, float *f, int64_t n, uint64_t seed)
     }
 }
 
+/* y = x W^T, as a projection's weight [out, in] is stored */
+static kt_op_attrs matmul_nt_attrs(void)
+{
+    kt_op_attrs at = kt_op_defaults(KT_OP_MATMUL);
+    at.trans_b = 1;
+    return at;
+}
+
 static int dense_alloc(const dense_shape *s, dense_bufs *b)
 {
     memset(b, 0, sizeof *b);
     b->x = bf16_matrix(s->M, s->K), b->w = bf16_matrix(s->N, s->K), b->y = bf16_matrix(s->M, s->N);
     b->xf = alloc64((size_t)(s->M * s->K) * 4), b->wf = alloc64((size_t)(s->N * s->K) * 4);
     b->yf = alloc64((size_t)(s->M * s->N) * 4);
-    const kt_op_attrs at = {.trans_b = 1};
+    const kt_op_attrs at = matmul_nt_attrs();
     const kt_tensor in[2] = {b->x, b->w};
     const size_t op = kt_op_scratch_bytes(KT_OP_MATMUL, &at, in, 2, 0);
     const size_t staged = kt__f32_scratch_bytes(s->M * s->K) + kt__f32_scratch_bytes(s->N * s->K) +
@@ -87,7 +95,7 @@ enum { RUN_OP = 0, RUN_OPENBLAS = 1, RUN_STAGED = 2 };
 
 static kt_status run_once(int what, const dense_shape *s, dense_bufs *b, kt_threadpool *pool)
 {
-    const kt_op_attrs at = {.trans_b = 1};
+    const kt_op_attrs at = matmul_nt_attrs();
     const kt_tensor in[2] = {b->x, b->w};
     if (what == RUN_OP) {
         const kt_exec ex = {pool, b->scratch, b->scratch_bytes};
