@@ -3,7 +3,7 @@
 #include <stdio.h>
 
 #include "graph/program_internal.h"
-#include "graph/runtime/text.h"
+#include "lib/core/text.h"
 
 static void say_buf(kt__text *t, const kt_program *p, int32_t id)
 {

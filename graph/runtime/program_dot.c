@@ -6,7 +6,7 @@
 #include <stdio.h>
 
 #include "graph/program_internal.h"
-#include "graph/runtime/text.h"
+#include "lib/core/text.h"
 
 /* A name inside a double-quoted DOT string: quotes and backslashes escaped, control
  * characters dropped (names come from user files). */

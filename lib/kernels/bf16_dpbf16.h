@@ -38,8 +38,8 @@ BF_INLINE __m512 red_l3(__m512 a, __m512 b)
 }
 
 /* Lane o of the result = the sum of the 16 lanes of input o, by the same tree for every o:
- * lanes l and l+8 first, then the two halves of each group of 8, then 4 -> 2 -> 1. (Passed
- * as values, not an array, so that nothing is kept in memory.) */
+ * lanes l and l+8 first, then the two halves of each group of 8, then of 4, then of 2.
+ * (Passed as values, not an array, so that nothing is kept in memory.) */
 BF_INLINE __m512 reduce16(__m512 i0, __m512 i1, __m512 i2, __m512 i3, __m512 i4, __m512 i5,
                           __m512 i6, __m512 i7, __m512 i8, __m512 i9, __m512 i10, __m512 i11,
                           __m512 i12, __m512 i13, __m512 i14, __m512 i15)

@@ -1,8 +1,8 @@
 /* Text built into a caller's buffer with snprintf semantics: writes what fits (always
  * NUL-terminated when size > 0) and counts the full length, for the kt_program_describe /
  * kt_program_dot contract. */
-#ifndef KT_GRAPH_RUNTIME_TEXT_H
-#define KT_GRAPH_RUNTIME_TEXT_H
+#ifndef KT_CORE_TEXT_H
+#define KT_CORE_TEXT_H
 
 #include <stddef.h>
 

@@ -2,7 +2,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "graph/runtime/text.h"
+#include "lib/core/text.h"
 
 void kt__say(kt__text *t, const char *fmt, ...)
 {
