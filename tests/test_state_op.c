@@ -36,7 +36,7 @@
 typedef struct counter_state {
     float w, gw;
     float stats[2]; /* forwards run, running sum of sum(x) */
-    int backwards, poisoned, unbound_check;
+    int backwards, poisoned;
 } counter_state;
 
 static int bound, unbound; /* binds and unbinds seen, to check the session pairs them */
@@ -343,7 +343,7 @@ static void train_poison_save_load(void **ctx)
     kt_program_destroy(p);
 }
 
-/* The bind hook's refusal fails kt_session_create, and the session unbinds what it bound. */
+/* The bind hook's refusal fails kt_session_create and leaves the handle NULL. */
 static void bind_refusal(void **ctx)
 {
     (void)ctx;

@@ -8,6 +8,7 @@
  * bytes present, the checksum, and then validates the whole program (shapes re-inferred,
  * lifetimes, the memory plan), so a damaged file is an error, never a crash. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,8 @@
  * the record and needs a new KTP_VERSION). Non-op steps use it too (a fill's value is the
  * alpha field). */
 #define KTP_MAX_SLOTS 64
+/* every field takes at least 4 bytes, so the distinct fields always fit */
+_Static_assert(sizeof(kt_op_attrs) / 4 <= KTP_MAX_SLOTS, "KTP_MAX_SLOTS below kt_op_attrs' fields");
 
 /* The distinct fields, by their first byte in kt_op_attrs (a shape starts at its count). */
 static size_t slot_start(const kt__attr_desc *a)
@@ -63,7 +66,7 @@ static int record_slots(const kt__attr_desc **slots)
             int k = 0;
             while (k < n && slot_start(slots[k]) < at)
                 k++;
-            if ((k < n && slot_start(slots[k]) == at) || n == KTP_MAX_SLOTS)
+            if (k < n && slot_start(slots[k]) == at)
                 continue; /* a field two ops share (dim) is one slot */
             memmove(&slots[k + 1], &slots[k], (size_t)(n - k) * sizeof *slots);
             slots[k] = &list[i];
@@ -73,10 +76,21 @@ static int record_slots(const kt__attr_desc **slots)
     return n;
 }
 
+/* The record's layout, derived once from the built-in rows. */
+static const kt__attr_desc *record[KTP_MAX_SLOTS];
+static int n_record;
+static pthread_once_t record_once = PTHREAD_ONCE_INIT;
+
+static void record_init(void)
+{
+    n_record = record_slots(record);
+}
+
 static void put_attrs(kt__writer *w, const kt_op_attrs *a)
 {
-    const kt__attr_desc *slots[KTP_MAX_SLOTS];
-    const int n = record_slots(slots);
+    pthread_once(&record_once, record_init);
+    const kt__attr_desc *const *slots = record;
+    const int n = n_record;
     for (int i = 0; i < n; i++) {
         const kt__attr_desc *d = slots[i];
         int64_t dims[KT_MAX_DIMS];
@@ -104,8 +118,9 @@ static void put_attrs(kt__writer *w, const kt_op_attrs *a)
 static void get_attrs(kt__reader *r, kt_op op, kt_op_attrs *a)
 {
     memset(a, 0, sizeof *a);
-    const kt__attr_desc *slots[KTP_MAX_SLOTS];
-    const int n = record_slots(slots);
+    pthread_once(&record_once, record_init);
+    const kt__attr_desc *const *slots = record;
+    const int n = n_record;
     for (int i = 0; i < n; i++) {
         const kt__attr_desc *d = slots[i];
         int64_t dims[KT_MAX_DIMS];
@@ -130,7 +145,7 @@ static void get_attrs(kt__reader *r, kt_op op, kt_op_attrs *a)
         }
     }
     if (op < KT_OP_COUNT)
-        a->made_for = kt_op_defaults(op).made_for;
+        a->made_for = KT__ATTRS_STAMP(op);
 }
 
 static void put_body(kt__writer *w, const kt_program *p)
