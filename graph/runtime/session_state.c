@@ -36,7 +36,6 @@ static kt_status collect_nodes(const kt_program *p, kt_op op, kt__op_node **out,
         nd->n_in = ps->n_in;
         for (int32_t i = 0; i < ps->n_in; i++)
             nd->in[i] = p->bufs[ps->in[i]].meta;
-        nd->recomputes = (ps->flags & KT__STEP_STATE_RECOMPUTES) != 0;
     }
     *out = nodes;
     *n_out = n;

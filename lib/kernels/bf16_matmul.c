@@ -7,13 +7,6 @@
 
 #include "lib/kernels/bf16_gemm.h"
 
-size_t kt__bf16_matmul_work_bytes(int trans_a, int64_t M, int64_t K)
-{
-    if (!trans_a)
-        return 0;
-    return ((size_t)(M * K) * sizeof(uint16_t) + 63) / 64 * 64;
-}
-
 const kt__kpath *kt__bf16_matmul_path(int trans_b, int64_t M)
 {
     return kt__kpath_pick(trans_b ? KT__KP_NT_BF16 : KT__KP_NN_BF16, M);

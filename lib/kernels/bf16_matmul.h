@@ -4,7 +4,7 @@
  * Row-major as kt__sgemm (sgemm.h): op(A) is M x K (A is M x K with row stride lda, or K x M when
  * trans_a), op(B) is K x N (B is K x N, or N x K when trans_b), C is M x N with row stride ldc,
  * overwritten. B transposed is the kernels' NT (y = x w^T), B plain their NN (y = g w); op(A)
- * transposed is first copied out as M x K rows into `work` (bf16_matmul_work_bytes; moving bf16
+ * transposed is first copied out as M x K rows into `work` (M x K bf16 values; moving bf16
  * values is exact), so every element is one of the kernels' sums over K, whatever the split:
  * results are bitwise the same for any pool size. */
 #ifndef KT_KERNELS_BF16_MATMUL_H
@@ -15,9 +15,6 @@
 
 #include "lib/kernels/registry.h"
 #include "kt/runtime.h"
-
-/* Bytes of work kt__bf16_matmul needs (0 unless trans_a), 64-byte multiples. */
-size_t kt__bf16_matmul_work_bytes(int trans_a, int64_t M, int64_t K);
 
 void kt__bf16_matmul(kt_threadpool *pool, int trans_a, int trans_b, int64_t M, int64_t N,
                      int64_t K, const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,

@@ -30,7 +30,7 @@ kt_status kt__sgemm_portable(kt_threadpool *pool, int trans_a, int trans_b, int6
                              const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
 /* 1 when kt__sgemm runs OpenBLAS (which threads itself and ignores the pool): in builds
- * with it, unless its kernel set predates the CPU's AVX2 (gemm.c) or KT_CPU=blas says so. */
+ * with it, unless its kernel set predates the CPU's AVX2 (sgemm.c) or KT_CPU=blas says so. */
 int kt__sgemm_is_openblas(void);
 /* OpenBLAS's sgemm in builds that have it (whatever kt__sgemm chooses), else the portable
  * kernel: for the tests and kt-bench's library peer. */

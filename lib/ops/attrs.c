@@ -222,34 +222,47 @@ kt_status kt__attrs_resolve(kt_op op, const kt_op_attrs *attrs, kt_op_attrs *out
     return KT_OK;
 }
 
+/* The message of a value outside its range; `what` is the value as the message shows it
+ * (" = 3", " entry 1 = -2"). The range text is built only here, on failure. */
+static kt_status out_of_range(kt_op op, const kt__attr_desc *a, const char *what)
+{
+    char range[160];
+    kt__attr_range_text(a, range, sizeof range);
+    return kt__error(KT_EINVAL, "%s: attribute %s%s, expected %s", kt_op_name(op), a->name, what,
+                     range);
+}
+
 kt_status kt__attrs_check_ranges(kt_op op, const kt_op_attrs *attrs)
 {
     int n;
     const kt__attr_desc *list = kt__attrs_of(op, &n);
-    char range[160];
+    char what[96];
     for (int i = 0; i < n; i++) {
         const kt__attr_desc *a = &list[i];
-        kt__attr_range_text(a, range, sizeof range);
         if (a->type == KT__ATTR_FLOAT) {
             double v = kt__attr_get_f(a, attrs);
-            if (!kt__attr_in_range_f(a, v))
-                return kt__error(KT_EINVAL, "%s: attribute %s = %g, expected %s",
-                                 kt_op_name(op), a->name, v, range);
+            if (!kt__attr_in_range_f(a, v)) {
+                snprintf(what, sizeof what, " = %g", v);
+                return out_of_range(op, a, what);
+            }
         } else if (a->type == KT__ATTR_SHAPE) {
             int64_t dims[KT_MAX_DIMS];
             int nd = kt__attr_get_shape(a, attrs, dims);
-            if (nd < 0 || nd > KT_MAX_DIMS)
-                return kt__error(KT_EINVAL, "%s: attribute %s has %d entries, expected %s",
-                                 kt_op_name(op), a->name, nd, range);
+            if (nd < 0 || nd > KT_MAX_DIMS) {
+                snprintf(what, sizeof what, " has %d entries", nd);
+                return out_of_range(op, a, what);
+            }
             for (int k = 0; k < nd; k++)
-                if (!kt__attr_in_range_i(a, dims[k]))
-                    return kt__error(KT_EINVAL, "%s: attribute %s entry %d = %lld, expected %s",
-                                     kt_op_name(op), a->name, k, (long long)dims[k], range);
+                if (!kt__attr_in_range_i(a, dims[k])) {
+                    snprintf(what, sizeof what, " entry %d = %lld", k, (long long)dims[k]);
+                    return out_of_range(op, a, what);
+                }
         } else {
             int64_t v = kt__attr_get_i(a, attrs);
-            if (!kt__attr_in_range_i(a, v))
-                return kt__error(KT_EINVAL, "%s: attribute %s = %lld, expected %s",
-                                 kt_op_name(op), a->name, (long long)v, range);
+            if (!kt__attr_in_range_i(a, v)) {
+                snprintf(what, sizeof what, " = %lld", (long long)v);
+                return out_of_range(op, a, what);
+            }
         }
     }
     return KT_OK;

@@ -90,7 +90,7 @@ int kt__attr_in_range_i(const kt__attr_desc *a, int64_t v);
 int kt__attr_in_range_f(const kt__attr_desc *a, double v);
 /* "0 or 1", "-1073741824..1073741824", "causal, same or valid" (for messages and docs). */
 void kt__attr_range_text(const kt__attr_desc *a, char *buf, size_t size);
-/* "trans_a, trans_b" or "" (the op's attribute names, for messages) */
+/* "trans_a or trans_b" or "" (the op's attribute names, for messages) */
 void kt__attr_names_text(kt_op op, char *buf, size_t size);
 
 /* attrs (NULL: the op's defaults) resolved into *out: refused, naming the op and what to

@@ -82,16 +82,6 @@ static size_t scratch_bwd_matmul(const kt_op_attrs *at, const kt_tensor *in, int
            kt__f32_scratch_bytes(d.M * d.N) + kt__f32_scratch_bytes(grad);
 }
 
-/* C = op(A) op(B) on bf16 operands into an f32 C (ldc = N): kt__sgemm's arguments without
- * alpha and beta (1 and 0 at every call here). `work` has room for the transposed operand. */
-static kt_status bf16_gemm(kt_threadpool *pool, int ta, int tb, int64_t M, int64_t N, int64_t K,
-                           const kt_tensor *a, int64_t lda, const kt_tensor *b, int64_t ldb,
-                           float *C, int64_t ldc, void *work)
-{
-    kt__bf16_matmul(pool, ta, tb, M, N, K, a->data, lda, b->data, ldb, C, ldc, work);
-    return KT_OK;
-}
-
 /* The bf16 forward: the scratch sized for staging (scratch_fwd_matmul) holds the f32 result
  * first, then the transposed a when trans_a. */
 static kt_status fwd_matmul_bf16(const kt__op_call *c)
@@ -100,8 +90,8 @@ static kt_status fwd_matmul_bf16(const kt__op_call *c)
     const mm_dims d = dims_of(c->attrs, c->in);
     char *cursor = c->scratch;
     float *yf = kt__scratch_take(&cursor, d.M * d.N);
-    KT__TRY(bf16_gemm(c->pool, ta, tb, d.M, d.N, d.K, &c->in[0], ta ? d.M : d.K, &c->in[1],
-                      tb ? d.K : d.N, yf, d.N, cursor));
+    kt__bf16_matmul(c->pool, ta, tb, d.M, d.N, d.K, c->in[0].data, ta ? d.M : d.K, c->in[1].data,
+                    tb ? d.K : d.N, yf, d.N, cursor);
     kt__unstage_f32(c->pool, &c->out_w[0], yf);
     return KT_OK;
 }
@@ -118,16 +108,16 @@ static kt_status bwd_matmul_bf16(const kt__op_call *c, kt_tensor *ga, kt_tensor 
     float *grad = kt__scratch_take(&cursor, d.M * d.K > d.K * d.N ? d.M * d.K : d.K * d.N);
     if (ga) {
         if (!ta)
-            KT__TRY(bf16_gemm(c->pool, 0, !tb, d.M, d.K, d.N, g, ldg, b, ldb, grad, d.K, cursor));
+            kt__bf16_matmul(c->pool, 0, !tb, d.M, d.K, d.N, g->data, ldg, b->data, ldb, grad, d.K, cursor);
         else
-            KT__TRY(bf16_gemm(c->pool, tb, 1, d.K, d.M, d.N, b, ldb, g, ldg, grad, d.M, cursor));
+            kt__bf16_matmul(c->pool, tb, 1, d.K, d.M, d.N, b->data, ldb, g->data, ldg, grad, d.M, cursor);
         kt__unstage_f32(c->pool, ga, grad);
     }
     if (gb) {
         if (!tb)
-            KT__TRY(bf16_gemm(c->pool, !ta, 0, d.K, d.N, d.M, a, lda, g, ldg, grad, d.N, cursor));
+            kt__bf16_matmul(c->pool, !ta, 0, d.K, d.N, d.M, a->data, lda, g->data, ldg, grad, d.N, cursor);
         else
-            KT__TRY(bf16_gemm(c->pool, 1, ta, d.N, d.K, d.M, g, ldg, a, lda, grad, d.K, cursor));
+            kt__bf16_matmul(c->pool, 1, ta, d.N, d.K, d.M, g->data, ldg, a->data, lda, grad, d.K, cursor);
         kt__unstage_f32(c->pool, gb, grad);
     }
     return KT_OK;

@@ -21,7 +21,6 @@ typedef struct kt__op_node {
     const kt_op_attrs *attrs;
     kt_tensor in[KT_OP_MAX_IN]; /* dtypes and shapes, data NULL */
     int n_in;
-    int recomputes; /* the step carries KT__STEP_STATE_RECOMPUTES (see state_recompute) */
 } kt__op_node;
 
 /* What bind sees: the op's nodes and what the session's options give stateful ops. */
