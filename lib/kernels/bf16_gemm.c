@@ -52,13 +52,7 @@ void kt__bf16_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint1
 /* The largest buffer of any path's TN (the path is chosen per product, the buffer per layer). */
 size_t kt__bf16_gemm_tn_work_bytes(int64_t M)
 {
-    size_t most = 0;
-    for (int i = 0; i < kt__kpath_count; i++) {
-        const kt__kpath *p = &kt__kpaths[i];
-        if (p->tn_bf16 != NULL && p->tn_work_bytes != NULL && p->tn_work_bytes(M) > most)
-            most = p->tn_work_bytes(M);
-    }
-    return most;
+    return kt__kpath_tn_work_bytes(KT__KP_TN_BF16, M);
 }
 
 void kt__bf16_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g, int64_t ldg,

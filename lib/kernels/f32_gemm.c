@@ -94,13 +94,7 @@ void kt__f32_gemm_nn2(int64_t M, int64_t N, int64_t k0, int64_t k1, const float 
 
 size_t kt__f32_gemm_tn_work_bytes(int64_t M)
 {
-    size_t most = 0;
-    for (int i = 0; i < kt__kpath_count; i++) {
-        const kt__kpath *p = &kt__kpaths[i];
-        if (p->tn_f32 != NULL && p->tn_work_bytes != NULL && p->tn_work_bytes(M) > most)
-            most = p->tn_work_bytes(M);
-    }
-    return most;
+    return kt__kpath_tn_work_bytes(KT__KP_TN_F32, M);
 }
 
 void kt__f32_gemm_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *g, int64_t ldg,

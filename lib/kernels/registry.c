@@ -330,6 +330,19 @@ const kt__kpath kt__kpaths[] = {
 };
 const int kt__kpath_count = (int)(sizeof kt__kpaths / sizeof kt__kpaths[0]);
 
+static int has_kernel(const kt__kpath *p, kt__kprod prod);
+
+size_t kt__kpath_tn_work_bytes(kt__kprod prod, int64_t M)
+{
+    size_t most = 0;
+    for (int i = 0; i < kt__kpath_count; i++) {
+        const kt__kpath *p = &kt__kpaths[i];
+        if (has_kernel(p, prod) && p->tn_work_bytes != NULL && p->tn_work_bytes(M) > most)
+            most = p->tn_work_bytes(M);
+    }
+    return most;
+}
+
 static int has_kernel(const kt__kpath *p, kt__kprod prod)
 {
     switch (prod) {

@@ -104,6 +104,9 @@ extern const int kt__kpath_count;
 
 /* The path a product of M rows takes on this CPU. */
 const kt__kpath *kt__kpath_pick(kt__kprod prod, int64_t M);
+/* The largest work buffer any path's TN kernel of that product (KT__KP_TN_BF16 or _F32) needs
+ * for M rows: the path is chosen per product, the buffer sized once per layer. */
+size_t kt__kpath_tn_work_bytes(kt__kprod prod, int64_t M);
 /* The name of the path whose sums that product computes (kt__kpath_pick's sums_as). */
 const char *kt__kpath_sums_name(kt__kprod prod, int64_t M);
 
