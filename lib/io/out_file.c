@@ -370,6 +370,10 @@ kt_status kt_out_commit(kt_out_file *f)
     /* sync before rename: otherwise a crash can leave the new name over empty data */
     if (s == KT_OK && fsync(f->fd) != 0)
         s = sys_error(errno, f->path, "cannot sync the new data");
+    /* again: something else may have taken the name since kt_out_open (checked before the
+     * temporary gets a name, so a kill -9 has only link, close and rename to land between) */
+    if (s == KT_OK)
+        s = check_target(f->dirfd, f->base, f->path, &exists, &mode);
     if (s == KT_OK && !f->named)
         s = name_temp(f, f->fd);
     if (s == KT_OK) {
@@ -378,9 +382,6 @@ kt_status kt_out_commit(kt_out_file *f)
         if (closed != 0)
             s = sys_error(errno, f->path, "cannot close the new file");
     }
-    /* again: something else may have taken the name since kt_out_open */
-    if (s == KT_OK)
-        s = check_target(f->dirfd, f->base, f->path, &exists, &mode);
     if (s == KT_OK) {
         if (renameat(f->dirfd, f->tmp, f->dirfd, f->base) != 0)
             s = sys_error(errno, f->path, "cannot replace it with the new file");
