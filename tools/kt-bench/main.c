@@ -90,14 +90,17 @@ static void usage(FILE *f)
                "          against raw UCX (ucx_perftest) and torch.distributed gloo\n"
                "  halo    the context-parallel halo exchange forward (p2p and all-gather)\n"
                "          on 2 (or 4) local ranks against gloo\n"
+               "  attention  the attention op forward and forward+backward against the\n"
+               "          register peak and PyTorch's scaled_dot_product_attention\n"
+               "          (--torch-python PATH or KT_TORCH_PYTHON: a python with torch >= 2)\n"
                "\n"
                "common options:\n"
                "  --json         one JSON object per configuration\n"
                "  --repeats N    timed repetitions, the median is reported (default: graph\n"
-               "                 and gemm 15, moe and checkpoint 5, moe at qlen <= 16 31;\n"
+               "                 and gemm 15, moe, checkpoint and attention 5, moe at qlen <= 16 31;\n"
                "                 comm and halo time their own counts per size)\n"
-               "  --threads N    thread-pool size (default: graph 1; gemm, moe and checkpoint\n"
-               "                 all CPUs; comm and halo run one thread per rank)\n"
+               "  --threads N    thread-pool size (default: graph 1; gemm, moe, checkpoint and\n"
+               "                 attention all CPUs; comm and halo run one thread per rank)\n"
                "  -h, --help     this text; 'kt-bench <what> --help' for a subcommand\n");
 }
 
@@ -153,6 +156,8 @@ static int bench_main(int argc, char **argv)
         rc = bench_comm(n_rest, rest, &common);
     } else if (strcmp(argv[1], "halo") == 0) {
         rc = bench_halo(n_rest, rest, &common);
+    } else if (strcmp(argv[1], "attention") == 0) {
+        rc = bench_attention(n_rest, rest, &common);
     } else {
         fprintf(stderr, "kt-bench: unknown benchmark '%s'\n\n", argv[1]);
         usage(stderr);

@@ -1,4 +1,4 @@
-/* kt-bench moe's PyTorch peer process (see moe_peer.h). The protocol, one line each way:
+/* kt-bench's PyTorch peer processes (see moe_peer.h): moe's, attention's. The protocol, one line each way:
  * kt-bench writes "fwd C" or "fwdbwd C" (C: the call's index, for its ids) and the peer
  * answers {"ms": T}; "quit" ends it. Before the first request the peer prints {"ready": ...}
  * once its inputs are loaded. Lines that are not JSON objects (Python's warnings, a
@@ -38,7 +38,7 @@ struct moe_peer {
     int to;    /* the peer's stdin */
     int from;  /* its stdout and stderr */
     int failed;
-    char dtype[8];
+    char label[40]; /* "torch bf16": how notes name it */
     char buf[8192]; /* what has been read from `from` and not yet taken as lines */
     size_t len;
 };
@@ -155,26 +155,44 @@ moe_peer *moe_peer_start(const char *script, const char *inputs, const char *mod
                          const char *dtype, int threads, int rotate, int64_t shift, char *note,
                          size_t note_size)
 {
-    moe_peer *p = calloc(1, sizeof *p);
-    int in[2] = {-1, -1}, out[2] = {-1, -1};
-    if (p == NULL || cloexec_pipe(in) != 0 || cloexec_pipe(out) != 0)
-        goto cannot_start;
-    char th[16], rot[16], sh[24];
+    char th[16], rot[16], sh[24], label[40];
     snprintf(th, sizeof th, "%d", threads);
     snprintf(rot, sizeof rot, "%d", rotate);
     snprintf(sh, sizeof sh, "%lld", (long long)shift);
+    snprintf(label, sizeof label, "torch %s", dtype);
+    const char *const args[] = {script, inputs, "--mode", mode, "--dtype", dtype, "--threads",
+                                th, "--rotate", rot, "--shift", sh};
+    return bench_peer_start("/usr/bin/python3", args, (int)(sizeof args / sizeof args[0]), label,
+                            NULL, 0, note, note_size);
+}
+
+moe_peer *bench_peer_start(const char *python, const char *const *args, int n_args,
+                           const char *label, char *ready, size_t ready_size, char *note,
+                           size_t note_size)
+{
+    moe_peer *p = calloc(1, sizeof *p);
+    int in[2] = {-1, -1}, out[2] = {-1, -1};
+    /* the child's argv, made before the fork (no allocation after it) */
+    char **argv = n_args >= 0 && n_args < 64 ? calloc((size_t)n_args + 2, sizeof *argv) : NULL;
+    char failed_msg[600];
+    if (p == NULL || argv == NULL || cloexec_pipe(in) != 0 || cloexec_pipe(out) != 0)
+        goto cannot_start;
+    argv[0] = (char *)python;
+    for (int i = 0; i < n_args; i++)
+        argv[i + 1] = (char *)args[i];
+    const int msg_len = snprintf(failed_msg, sizeof failed_msg, "could not run %.500s\n", python);
     fflush(NULL); /* nothing buffered here is written twice by the child */
     const pid_t pid = fork();
     if (pid == 0) { /* only async-signal-safe calls from here */
         dup2(in[0], 0);
         dup2(out[1], 1);
         dup2(out[1], 2);
-        execl("/usr/bin/python3", "python3", script, inputs, "--mode", mode, "--dtype", dtype,
-              "--threads", th, "--rotate", rot, "--shift", sh, (char *)NULL);
-        static const char msg[] = "could not run /usr/bin/python3\n";
-        (void)!write(1, msg, sizeof msg - 1);
+        execvp(python, argv);
+        (void)!write(1, failed_msg, (size_t)msg_len);
         _exit(127);
     }
+    free(argv);
+    argv = NULL;
     if (pid < 0)
         goto cannot_start;
     close(in[0]), close(out[1]);
@@ -183,17 +201,20 @@ moe_peer *moe_peer_start(const char *script, const char *inputs, const char *mod
     p->pid = pid;
     p->to = in[1];
     p->from = out[0];
-    snprintf(p->dtype, sizeof p->dtype, "%s", dtype);
+    snprintf(p->label, sizeof p->label, "%s", label);
     char line[4096];
     const int r = read_object(p, bench_now_s() + timeout_s(START_TIMEOUT_S), line, sizeof line);
-    if (r == 1 && strstr(line, "\"ready\"") != NULL)
+    if (r == 1 && strstr(line, "\"ready\"") != NULL) {
+        if (ready != NULL && ready_size > 0)
+            snprintf(ready, ready_size, "%s", line);
         return p;
+    }
     char what[64];
     if (r < 0)
         kill(p->pid, SIGKILL);
     close_all(p);
     reap(p, QUIT_TIMEOUT_S, what, sizeof what);
-    snprintf(note, note_size, "torch %s peer did not run (%s): %.200s", dtype, what, line);
+    snprintf(note, note_size, "%s peer did not run (%s): %.200s", label, what, line);
     free(p);
     return NULL;
 
@@ -205,7 +226,8 @@ cannot_start: /* no process: the pipes made so far closed */
             close(out[i]);
     }
     free(p);
-    snprintf(note, note_size, "could not start the torch %s peer", dtype);
+    free(argv);
+    snprintf(note, note_size, "could not start the %s peer", label);
     return NULL;
 }
 
@@ -222,7 +244,7 @@ double moe_peer_call(moe_peer *p, int backward, int call, char *note, size_t not
     const double v = ms != NULL ? atof(ms + 5) : -1.0;
     if (v > 0)
         return v;
-    snprintf(note, note_size, "torch %s peer failed on a %s call: %.200s", p->dtype,
+    snprintf(note, note_size, "%s peer failed on a %s call: %.200s", p->label,
              backward ? "fwd+bwd" : "fwd", line);
     fail(p);
     return -1.0;

@@ -16,6 +16,14 @@ moe_peer *moe_peer_start(const char *script, const char *inputs, const char *mod
                          const char *dtype, int threads, int rotate, int64_t shift, char *note,
                          size_t note_size);
 
+/* Any peer script on the same protocol: runs `python args...` (python: a path, or a name
+ * looked up in PATH; args[0] the script), waits as moe_peer_start does, and copies the peer's
+ * {"ready": ...} line into ready (NULL: not wanted). label names the peer in notes
+ * ("torch sdpa f32" -> "torch sdpa f32 peer did not run (exit 77): ..."). */
+moe_peer *bench_peer_start(const char *python, const char *const *args, int n_args,
+                           const char *label, char *ready, size_t ready_size, char *note,
+                           size_t note_size);
+
 /* One call (forward, or forward+backward) on the ids of call `call`; its time in ms, or -1
  * with a reason in note when the peer failed or gave no answer in 5 minutes (it is then
  * killed, and not asked again). */
