@@ -11,7 +11,7 @@ bench=$1
 failures=0
 fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
 
-for what in "" graph gemm moe checkpoint comm halo; do
+for what in "" graph gemm moe checkpoint comm halo attention layer; do
   out=$("$bench" $what --help 2>&1) || fail "kt-bench $what --help exited $?"
   grep -q "usage: kt-bench" <<<"$out" || fail "kt-bench $what --help printed no usage"
 done
@@ -109,6 +109,49 @@ assert o["config"]["m"] == 16 and o["median_ms"] > 0 and 0 < o["fraction_of_peak
 assert o["path"] and o["peak_insn"], o
 ' <<<"$out" || fail "gemm --dense JSON: $out"
 
+# the attention op at a tiny shape, f32 and bf16, fwd and fwdbwd, with its config and keys; the
+# peer through a python that cannot run: null ratios with a note naming it
+out=$("$bench" attention --T 16 --S 24 --hq 4 --hkv 2 --d 8 --dtype both --json --repeats 2 \
+        --torch-python /nonexistent/python 2>&1) || fail "attention exited $?: $out"
+python3 -c '
+import json, math, sys
+d = [json.loads(l) for l in sys.stdin.read().splitlines() if l.startswith("{")]
+assert len(d) == 4, d
+seen = set()
+for o in d:
+    c = o["config"]
+    assert (c["B"], c["T"], c["S"], c["Hq"], c["Hkv"], c["D"]) == (1, 16, 24, 4, 2, 8), c
+    assert c["causal"] is True and c["threads"] >= 1, c
+    seen.add((c["dtype"], c["pass"]))
+    ms = o[c["pass"] + "_ms"]
+    assert ms > 0 and math.isfinite(ms) and o["gflops"] > 0, o
+    # causal, 16 queries aligned to the end of 24 keys: 9 + 10 + ... + 24 pairs a head
+    pairs = sum(range(9, 25))
+    want = 2 * 4 * 16 * pairs * (3.5 if c["pass"] == "fwdbwd" else 1.0)
+    assert abs(o["flops"] - want) <= 1e-6 * want, (o["flops"], want)
+    assert o["fraction_of_peak"] is None or o["fraction_of_peak"] > 0, o
+    assert o["ratio_vs_torch_sdpa"] is None and "/nonexistent/python" in o["note"], o
+    assert o["lse_bytes"] == 4 * 16 * 4 and o["score_matrix_bytes"] == 4 * 16 * 24 * 4, o
+assert seen == {(t, p) for t in ("f32", "bf16") for p in ("fwd", "fwdbwd")}, seen
+' <<<"$out" || fail "attention JSON: $out"
+
+# kt-bench layer on a .ktg of its own (the MoE block example: 4 moe layers, checkpointed): the
+# shares of the step add up to 1 over forward, backward and recomputed steps
+ktg=$(dirname "$0")/../../examples/moe_block.ktg
+out=$("$bench" layer --ktg "$ktg" --T 16 --inter 8 --repeats 2 --json 2>&1) ||
+  fail "layer --ktg exited $?: $out"
+python3 -c '
+import json, sys
+d = [json.loads(l) for l in sys.stdin.read().splitlines() if l.startswith("{")]
+assert len(d) == 1, d
+o = d[0]
+assert o["config"]["T"] == 16 and o["fwdbwd_ms"] > 0, o
+sh = o["share"]
+assert abs(sum(sh.values()) - 1.0) < 1e-3, sh
+for k in ("moe forward", "moe backward", "matmul recompute", "other"):
+    assert k in sh, k
+' <<<"$out" || fail "layer JSON: $out"
+
 # the PyTorch peer's protocol, with a stand-in that answers each forward in 4 ms and each
 # fwd+bwd in 6 (no torch needed) and checks the calls asked of it: the ratio is its time over
 # libkt's, above qlen 16 (call by call) and at qlen 8 (one block each); a peer that dies or
@@ -160,11 +203,12 @@ expect_usage_error() {
 expect_usage_error "unknown shape 'nosuch'" moe --shape nosuch --qlen 8 --mode frozen --dtype bf16
 expect_usage_error "--qlen needs a whole number from 1 to" moe --shape small --qlen -3 --mode frozen --dtype bf16
 expect_usage_error "unknown benchmark 'bogus'" bogus
+expect_usage_error "--hkv 3 does not divide --hq 16" attention --hkv 3 --no-peer
 
 if [ $failures -gt 0 ]; then
   echo "$failures failure(s)" >&2
   exit 1
 fi
-echo "kt-bench: --help on 7 commands, moe 6 configurations and --recompute, checkpoint," \
-  "the peer protocol, gemm 3 kinds," \
-  "3 usage errors: ok"
+echo "kt-bench: --help on 9 commands, moe 6 configurations and --recompute, checkpoint," \
+  "the peer protocol, gemm 3 kinds, attention f32 and bf16, layer," \
+  "4 usage errors: ok"

@@ -93,14 +93,17 @@ static void usage(FILE *f)
                "  attention  the attention op forward and forward+backward against the\n"
                "          register peak and PyTorch's scaled_dot_product_attention\n"
                "          (--torch-python PATH or KT_TORCH_PYTHON: a python with torch >= 2)\n"
+               "  layer   one Qwen3-MoE decoder layer forward+backward through a session:\n"
+               "          its step time and the share of it each op takes\n"
                "\n"
                "common options:\n"
                "  --json         one JSON object per configuration\n"
                "  --repeats N    timed repetitions, the median is reported (default: graph\n"
-               "                 and gemm 15, moe, checkpoint and attention 5, moe at qlen <= 16 31;\n"
-               "                 comm and halo time their own counts per size)\n"
-               "  --threads N    thread-pool size (default: graph 1; gemm, moe, checkpoint and\n"
-               "                 attention all CPUs; comm and halo run one thread per rank)\n"
+               "                 and gemm 15, moe, checkpoint and attention 5, layer 3, moe at\n"
+               "                 qlen <= 16 31; comm and halo time their own counts per size)\n"
+               "  --threads N    thread-pool size (default: graph 1; gemm, moe, checkpoint,\n"
+               "                 attention and layer all CPUs; comm and halo one thread per\n"
+               "                 rank)\n"
                "  -h, --help     this text; 'kt-bench <what> --help' for a subcommand\n");
 }
 
@@ -158,6 +161,8 @@ static int bench_main(int argc, char **argv)
         rc = bench_halo(n_rest, rest, &common);
     } else if (strcmp(argv[1], "attention") == 0) {
         rc = bench_attention(n_rest, rest, &common);
+    } else if (strcmp(argv[1], "layer") == 0) {
+        rc = bench_layer(n_rest, rest, &common);
     } else {
         fprintf(stderr, "kt-bench: unknown benchmark '%s'\n\n", argv[1]);
         usage(stderr);
