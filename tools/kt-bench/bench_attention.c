@@ -50,8 +50,8 @@ typedef struct attn_opts {
     const char *python, *script;
 } attn_opts;
 
-/* The tensors of one configuration: in = q, k, v; out = o, lse; go = grad o (and a NULL grad
- * of lse); gin = dq, dk, dv. */
+/* The tensors of one configuration: in = q, k, v; out = o, lse; go = grad o and grad lse
+ * (zeros); gin = dq, dk, dv. */
 typedef struct attn_bufs {
     kt_tensor in[3], out[2], go[2], gin[3];
     void *scratch;
@@ -239,8 +239,7 @@ static void free_bufs(attn_bufs *b)
     for (int k = 0; k < 3; k++)
         free(b->in[k].data), free(b->gin[k].data);
     for (int k = 0; k < 2; k++)
-        free(b->out[k].data);
-    free(b->go[0].data);
+        free(b->out[k].data), free(b->go[k].data);
     free(b->scratch);
 }
 
@@ -263,7 +262,10 @@ static int make_bufs(kt_op op, const kt_op_attrs *at, const attn_cfg *c, attn_bu
     for (int k = 0; k < 2 && !bad; k++)
         bad |= alloc_tensor(&b->out[k], b->out[k].dtype, b->out[k].ndim, b->out[k].shape);
     bad |= alloc_tensor(&b->go[0], b->out[0].dtype, b->out[0].ndim, b->out[0].shape);
-    kt_tensor_init(&b->go[1], NULL, b->out[1].dtype, b->out[1].ndim, b->out[1].shape);
+    /* lse's gradient: zeros (the loss does not read lse; the op wants a tensor) */
+    bad |= alloc_tensor(&b->go[1], b->out[1].dtype, b->out[1].ndim, b->out[1].shape);
+    if (!bad)
+        memset(b->go[1].data, 0, kt_tensor_nbytes(&b->go[1]));
     b->scratch_fwd = kt_op_scratch_bytes(op, at, b->in, 3, 0);
     b->scratch_bwd = kt_op_scratch_bytes(op, at, b->in, 3, 1);
     const size_t sc = b->scratch_fwd > b->scratch_bwd ? b->scratch_fwd : b->scratch_bwd;
