@@ -475,6 +475,17 @@ static void print_config(const attn_cfg *c, int threads, int pass)
            pass ? "fwdbwd" : "fwd");
 }
 
+/* "64.0 KiB", "1.5 GiB": bytes in the unit that keeps the figure readable */
+static const char *human(double bytes, char *buf, size_t size)
+{
+    static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (bytes >= 1024.0 && u < 4)
+        bytes /= 1024.0, u++;
+    snprintf(buf, size, u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
+    return buf;
+}
+
 static void report(const attn_cfg *c, const attn_bufs *b, int threads, int json,
                    const double t[2], const double pms[2], const peaks *pk, const peer_info *pi)
 {
@@ -531,9 +542,12 @@ static void report(const attn_cfg *c, const attn_bufs *b, int threads, int json,
         }
     }
     if (!json) {
-        printf("  memory kept for backward: lse %.0f KiB (B*Hq*T f32), against %.1f MiB for a "
-               "T*S score matrix (f32); scratch fwd %zu, bwd %zu bytes\n",
-               lse_bytes / 1024.0, score_bytes / 1048576.0, b->scratch_fwd, b->scratch_bwd);
+        char h[4][32];
+        printf("  memory kept for backward: lse %s (B*Hq*T f32), against %s for the T*S score "
+               "matrices (B*Hq*T*S f32); scratch fwd %s, bwd %s\n",
+               human(lse_bytes, h[0], sizeof h[0]), human(score_bytes, h[1], sizeof h[1]),
+               human((double)b->scratch_fwd, h[2], sizeof h[2]),
+               human((double)b->scratch_bwd, h[3], sizeof h[3]));
         if (pi->started)
             printf("  torch %s, gqa %s%s, backward node %s, max |o_torch - o_libkt| %.3g\n",
                    pi->version, pi->gqa, pi->masked ? ", boolean mask" : "", pi->node,
