@@ -151,32 +151,46 @@ static int64_t position_of(const rope_job *j, int64_t token)
     return kt__index_at(j->pos, j->pos_per_batch ? token : token % j->t_len);
 }
 
-/* One head's pairs from a (layout fs/fo) into o (layout ts/to); constant layouts once
- * inlined, so each of the three forms gets its own loop. */
+/* One head's pairs from a (layout fs/fo) into o (layout ts/to), turned forward or back (the
+ * transpose: sin negated, written as the other sign so that no multiply is added). Constant
+ * layouts and direction once inlined, so each form gets its own loop. */
 static inline void turn(const float *restrict a, float *restrict o, const float *c,
-                        const float *s, int half, int fs, int fo, int ts, int to, float sign)
+                        const float *s, int half, int fs, int fo, int ts, int to, int back)
 {
-    for (int j = 0; j < half; j++) {
-        const float x0 = a[j * fs], x1 = a[j * fs + fo];
-        const float cj = c[j], sj = sign * s[j];
-        o[j * ts] = x0 * cj - x1 * sj;
-        o[j * ts + to] = x1 * cj + x0 * sj;
-    }
+    if (back)
+        for (int j = 0; j < half; j++) {
+            const float x0 = a[j * fs], x1 = a[j * fs + fo];
+            o[j * ts] = x0 * c[j] + x1 * s[j];
+            o[j * ts + to] = x1 * c[j] - x0 * s[j];
+        }
+    else
+        for (int j = 0; j < half; j++) {
+            const float x0 = a[j * fs], x1 = a[j * fs + fo];
+            o[j * ts] = x0 * c[j] - x1 * s[j];
+            o[j * ts + to] = x1 * c[j] + x0 * s[j];
+        }
 }
+
+#define TURN_ALL_LAYOUTS(back)                                                               \
+    do {                                                                                     \
+        if (j->from == LAYOUT_HALF && j->to == LAYOUT_HALF)                                  \
+            turn(a, o, c, s, h, 1, h, 1, h, back);                                           \
+        else if (j->from == LAYOUT_INTERLEAVED && j->to == LAYOUT_INTERLEAVED)               \
+            turn(a, o, c, s, h, 2, 1, 2, 1, back);                                           \
+        else if (j->from == LAYOUT_INTERLEAVED)                                              \
+            turn(a, o, c, s, h, 2, 1, 1, h, back);                                           \
+        else                                                                                 \
+            turn(a, o, c, s, h, 1, h, 2, 1, back);                                           \
+    } while (0)
 
 static void turn_row(const rope_job *j, const float *a, float *o, const float *c,
                      const float *s)
 {
     const int h = j->half;
-    const float sign = j->back ? -1.0f : 1.0f;
-    if (j->from == LAYOUT_HALF && j->to == LAYOUT_HALF)
-        turn(a, o, c, s, h, 1, h, 1, h, sign);
-    else if (j->from == LAYOUT_INTERLEAVED && j->to == LAYOUT_INTERLEAVED)
-        turn(a, o, c, s, h, 2, 1, 2, 1, sign);
-    else if (j->from == LAYOUT_INTERLEAVED)
-        turn(a, o, c, s, h, 2, 1, 1, h, sign);
+    if (j->back)
+        TURN_ALL_LAYOUTS(1);
     else
-        turn(a, o, c, s, h, 1, h, 2, 1, sign);
+        TURN_ALL_LAYOUTS(0);
 }
 
 /* o (n floats) into t at element i. */
