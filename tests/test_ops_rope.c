@@ -3,7 +3,8 @@
  * [B,T,H,D]; linear and YaRN scaling), values worked by hand, each pair's norm kept (times the
  * attention factor), backward against finite differences, bf16/f16 against f32, determinism,
  * in place, bad input with its messages, and the session path: the table bind builds is the
- * direct path's values bit for bit, the kernels read it, and bad positions fail the step. */
+ * direct path's values bit for bit, the kernels read it, bad positions fail the step, and a
+ * recomputed rope under checkpointing gives the same gradient bits. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "graph/program_internal.h"
 #include "graph/runtime/session_internal.h"
 #include "lib/ops/rope.h"
 #include "tests/support/gradcheck.h"
@@ -610,6 +612,75 @@ static void test_session(void **state)
     kt_program_destroy(p);
 }
 
+/* loss = (ya * ya) . w with ya = rope_a(x, pos) inside a checkpoint segment when `segment`:
+ * mul's backward needs ya, so rope's forward is recomputed (from the table) in backward. */
+static kt_program *checkpoint_program(const kt_op_attrs *a, int segment)
+{
+    kt_graph *g = NULL;
+    kt_value x, pos, w, ya, sq, flat, l, loss;
+    OK(kt_graph_create(&g));
+    OK(kt_graph_param(g, "x", KT_F32, 3, (int64_t[]){ST, SH, SD}, (kt_init){KT_INIT_ZEROS, 0, 0},
+                      &x));
+    OK(kt_graph_input(g, "pos", KT_I32, 1, (int64_t[]){ST}, &pos));
+    OK(kt_graph_input(g, "w", KT_F32, 2, (int64_t[]){SN, 1}, &w));
+    if (segment)
+        OK(kt_graph_checkpoint_begin(g));
+    OK(kt_graph_op(g, "ya", KT_OP_ROPE, a, (kt_value[]){x, pos}, 2, &ya));
+    OK(kt_graph_op(g, "sq", KT_OP_MUL, NULL, (kt_value[]){ya, ya}, 2, &sq));
+    if (segment) { /* the last segment is never recomputed: the loss gets one of its own */
+        OK(kt_graph_checkpoint_end(g));
+        OK(kt_graph_checkpoint_begin(g));
+    }
+    kt_op_attrs rs = kt_op_defaults(KT_OP_RESHAPE);
+    rs.ndim = 2, rs.shape[0] = 1, rs.shape[1] = SN;
+    OK(kt_graph_op(g, "flat", KT_OP_RESHAPE, &rs, &sq, 1, &flat));
+    OK(kt_graph_op(g, "l", KT_OP_MATMUL, NULL, (kt_value[]){flat, w}, 2, &l));
+    rs.ndim = 1, rs.shape[0] = 1;
+    OK(kt_graph_op(g, "loss", KT_OP_RESHAPE, &rs, &l, 1, &loss));
+    if (segment)
+        OK(kt_graph_checkpoint_end(g));
+    OK(kt_graph_set_loss(g, loss));
+    kt_program *p = NULL;
+    OK(kt_compile(g, NULL, &p));
+    kt_graph_destroy(g);
+    return p;
+}
+
+/* Checkpointing changes memory, never numbers: x's gradient is the same bits with rope
+ * recomputed in backward as without. */
+static void test_checkpoint(void **state)
+{
+    (void)state;
+    const kt_op_attrs a = yarn_attrs(INTERLEAVED, 0, SMAX);
+    kt_tensor grads[2];
+    for (int segment = 0; segment < 2; segment++) {
+        kt_program *p = checkpoint_program(&a, segment);
+        int recomputed = 0;
+        for (int32_t at = 0; at < p->n_steps; at++)
+            recomputed += p->steps[at].op == KT_OP_ROPE && p->steps[at].kind == KT__STEP_FORWARD &&
+                          (p->steps[at].flags & KT__STEP_RECOMPUTE);
+        assert_int_equal(recomputed, segment);
+        kt_session_options o = {.threads = 2};
+        kt_session *s = NULL;
+        OK(kt_session_create(p, &o, &s));
+        tu_rng rng;
+        tu_rng_seed(&rng, 30);
+        kt_tensor x = session_get(s, KT_ROLE_PARAM, "x"), pos = session_get(s, KT_ROLE_INPUT, "pos");
+        kt_tensor w = session_get(s, KT_ROLE_INPUT, "w");
+        tu_fill_uniform(&x, &rng, -2, 2);
+        tu_fill_uniform(&pos, &rng, 0, SMAX);
+        tu_fill_uniform(&w, &rng, -1, 1);
+        OK(kt_session_forward(s));
+        OK(kt_session_backward(s));
+        grads[segment] = tu_clone(&(kt_tensor[]){session_get(s, KT_ROLE_GRAD, "x")}[0]);
+        kt_session_destroy(s);
+        kt_program_destroy(p);
+    }
+    if (!tu_bitwise_equal(&grads[0], &grads[1]))
+        fail_msg("x's gradient differs with rope recomputed under checkpointing");
+    tu_free(&grads[0]), tu_free(&grads[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -617,7 +688,7 @@ int main(void)
         cmocka_unit_test(test_known_values),  cmocka_unit_test(test_pair_norms),
         cmocka_unit_test(test_low_precision), cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_inplace),       cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_session),
+        cmocka_unit_test(test_session),       cmocka_unit_test(test_checkpoint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
