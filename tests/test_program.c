@@ -1078,7 +1078,7 @@ static int list_fields(const unsigned char *b0, const layout *L, int core_only, 
         ADD(b + B_STORAGE, 4);
     }
     static const int attr_width[] = {4, 4, 4, 4, 8, 4, 4, 4, 4, 4, 8, 8, 4, 4, 4, 8, 8, 8, 8, 4,
-                                     8, 8, 4};
+                                     8, 8, 4, 4, 4, 4, 4, 4};
     for (int32_t i = 0; i < L->n_steps && core_only; i++) {
         size_t base = L->fields[i];
         int32_t n_in = rd_i32(b0, base + S_N_IN), n_out = rd_i32(b0, base + S_N_OUT);
