@@ -227,25 +227,24 @@ static void fwd_rows(void *ctx, int64_t begin, int64_t end, int thread)
         if (limited)
             choose_groups(j, &rs, keep);
         int32_t *ids = j->ids_w + r * k;
+        float *w = j->w + r * k, *keys = w; /* the weights row holds the list's keys first */
         /* strictly greater moves an expert up, so equal keys keep index order */
         int have = 0;
-        float last_key = 0.0f; /* the key of ids[k - 1], once the list is full */
         for (int64_t i = 0; i < j->e; i++) {
             if (limited && !keep[i / j->per_group])
                 continue;
             const float key = key_of(&rs, i);
-            if (have == k && !(key > last_key))
+            if (have == k && !(key > keys[k - 1]))
                 continue;
             int pos = have < k ? have++ : k - 1;
-            while (pos > 0 && key > key_of(&rs, ids[pos - 1])) {
+            while (pos > 0 && key > keys[pos - 1]) {
                 ids[pos] = ids[pos - 1];
+                keys[pos] = keys[pos - 1];
                 pos--;
             }
             ids[pos] = (int32_t)i;
-            if (have == k)
-                last_key = key_of(&rs, ids[k - 1]);
+            keys[pos] = key;
         }
-        float *w = j->w + r * k;
         if (!j->sigmoid) {
             /* the denominator: the softmax sum, or the chosen experts' share of it */
             float den = s;
