@@ -11,8 +11,8 @@
  * Selection compares keys: without a bias the logits themselves (softmax and sigmoid are
  * monotonic, and two close logits must not tie because exp or a saturated sigmoid rounds
  * them to one f32), with a bias the biased f32 scores. Ties go to the lower expert index, and
- * between groups to the lower group index. The ids row of the output doubles as the
- * insertion-sorted candidate list.
+ * between groups to the lower group index. The ids and weights rows of the output double as
+ * the insertion-sorted candidate list and its keys, so no buffer depends on E or k.
  *
  * Backward, with the selection fixed (the choice is piecewise constant: no gradient flows
  * through it, nor into the bias), g_i the weights' gradient, a = routed_scaling_factor and
