@@ -50,6 +50,10 @@ static const fixture fixtures[] = {
     {KT_OP_RESHAPE, "input x: f32[4, 6]\n", "x", "shape = [6, 4]"},
     {KT_OP_MOE, "input x: f32[4, 6]\ninput i: i32[4, 2]\ninput w: f32[4, 2]\n", "x, i, w", ""},
     {KT_OP_HALO, "input x: f32[8, 4]\n", "x", "left = 1, right = 1"},
+    {KT_OP_ATTENTION,
+     "input q: f32[1, 4, 2, 8]\ninput k: f32[1, 6, 1, 8]\ninput v: f32[1, 6, 1, 4]\n"
+     "input s: i32[1, 6]\n",
+     "q, k, v, s", ""},
 };
 enum { N_FIXTURES = sizeof fixtures / sizeof fixtures[0] };
 

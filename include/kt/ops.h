@@ -52,6 +52,12 @@
  *                 after it along `dim` (zeros at the ends of the sequence); backward sends
  *                 the halo gradients back and adds them in. Without a communicator (or with
  *                 one rank) the halos are zeros.
+ *   attention     q [B,T,Hq,D], k [B,S,Hkv,D], v [B,S,Hkv,Dv] (Hq a multiple of Hkv: query
+ *                 head h reads KV head h / (Hq/Hkv)), optional segments [B,S] (i32/i64)
+ *                 -> o [B,T,Hq,Dv], lse [B,Hq,T] (f32): softmax(scale q.k^T) v over the
+ *                 visible keys (query t sits at position S-T+t; causal, window and segment
+ *                 ids restrict what it sees), lse the log-sum-exp of each row. A row that
+ *                 sees no key gives o = 0, lse = 0 and no gradient. D, Dv <= 256.
  */
 #ifndef KT_OPS_H
 #define KT_OPS_H
@@ -83,7 +89,8 @@ extern "C" {
     X(TRANSPOSE, transpose)           \
     X(RESHAPE, reshape)               \
     X(MOE, moe)                       \
-    X(HALO, halo)
+    X(HALO, halo)                     \
+    X(ATTENTION, attention)
 
 typedef enum kt_op {
 #define KT__OP_ENUM(upper, lower) KT_OP_##upper,
@@ -140,6 +147,10 @@ typedef struct kt_op_attrs {
     int binding;                /* moe: which of the session's MoE layers (kt/moe.h) runs it */
     int64_t halo_left, halo_right; /* halo: frames from the previous / next rank */
     kt_halo_mode halo_mode;        /* halo */
+    float attn_scale;              /* attention: on q.k (0: 1/sqrt(D)) */
+    int attn_causal;               /* attention: key j visible to query t only if j <= S-T+t */
+    int64_t attn_window;           /* attention: and only if S-T+t - j < window (0: none) */
+    float attn_softcap;            /* attention: scores softcap * tanh(s / softcap) (0: none) */
 } kt_op_attrs;
 
 /* op's attributes at their defaults, stamped for op (required ones are marked "not set" and
