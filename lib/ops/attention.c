@@ -7,17 +7,20 @@
  * online softmax down its columns, O^T += V^T P^T; blocks no query of the task can see (the
  * causal future, beyond the window, other documents) are skipped. Only o and lse are kept.
  *
- * Backward, the classic two passes over recomputed blocks, with di = rowsum(dO o) - dlse:
- * p = exp(s - lse), ds = p (dp - di), dp = dO v^T. Pass 1 has one task per (batch, KV head,
- * key block) and sums dk and dv over the group's query heads and all query blocks; pass 2 has
- * one per (batch, query head, query block) and sums dq over the key blocks. Every gradient
- * element is summed by one task in a fixed order, so the results are the same for any thread
- * count. lse is an output like o: a gradient given for it (a zero one when nothing uses it)
- * enters through di.
+ * Backward over recomputed blocks, with di = rowsum(dO o) - dlse, p = exp(s - lse),
+ * dp = dO v^T, ds = p (dp - di). When the (batch, KV head) pairs share out evenly over the
+ * threads (a multiple of them, or at least 4 a thread) it is fused: one task per pair owns that head's dk and dv, walks its query heads and blocks, and
+ * finishes each block's dq over its key blocks (five products a block pair). With fewer, two
+ * passes share the work more finely at the price of recomputing s and dp: pass 1 has one task
+ * per (batch, KV head, key block) for dk and dv, pass 2 one per (batch, query head, query
+ * block) for dq. Either way every gradient element is summed by one task in a fixed order, so
+ * the results depend on the thread count only through that choice. lse is an output like o:
+ * a gradient given for it (a zero one when nothing uses it) enters through di.
  *
  * A query that sees no key gets o = 0 and lse = 0 (not log 0 = -inf), and no gradient. The
  * per-thread blocks live on the stack (KT__THREAD_STACK_BYTES, as the other kernels' tiles),
- * so D and Dv are bounded; only di (one float per query row) is scratch. */
+ * so D and Dv are bounded; scratch holds di (one float per query row) and, for bf16/f16, the
+ * fused backward's f32 sums of dk and dv. */
 #include <float.h>
 #include <math.h>
 #include <string.h>
@@ -87,6 +90,7 @@ typedef struct attn_job {
     const kt_tensor *q, *k, *v, *seg, *o, *go, *glse;
     kt_tensor *ow, *dq, *dk, *dv;
     float *lse, *di;
+    float *acc_k, *acc_v; /* the fused backward's f32 sums of dk and dv */
     const float *lse_in;
     int64_t B, T, S, Hq, Hkv, G, D, Dv, off, window, nqb, nkb;
     float scale, cap;
@@ -454,11 +458,108 @@ static void dq_tasks(void *ctx, int64_t begin, int64_t end, int thread)
     }
 }
 
+/* The fused backward: one task per (batch, KV head) owns that head's dk and dv (summed in
+ * acc_k / acc_v, rows ld_acc apart: the f32 gradients themselves, or f32 scratch) and walks
+ * its query heads and blocks; each query block's dq is finished over its key blocks. Five
+ * products a block pair, all on untransposed blocks or ones transposed once per query
+ * block: s^T = k q^T, dp^T = v dO^T, dv += p^T dO, dk += ds^T q, dq^T += k^T ds^T. */
+static void fused_tasks(void *ctx, int64_t begin, int64_t end, int thread)
+{
+    (void)thread;
+    const attn_job *j = ctx;
+    _Alignas(64) float qt[D_MAX * BQ], gt[D_MAX * BQ], dqt[D_MAX * BQ];
+    _Alignas(64) float st[BK * BQ], dpt[BK * BQ], kbuf[BK * D_MAX], vbuf[BK * D_MAX];
+    _Alignas(64) float qbuf[BQ * D_MAX], gbuf[BQ * D_MAX];
+    _Alignas(64) float lse[BQ], di[BQ], f[BQ];
+    for (int64_t task = begin; task < end; task++) {
+        const int64_t b = task / j->Hkv, kh = task % j->Hkv;
+        float *acc_k = j->acc_k ? j->acc_k + kv_at(j, b, 0, kh, j->D) : NULL;
+        float *acc_v = j->acc_v ? j->acc_v + kv_at(j, b, 0, kh, j->Dv) : NULL;
+        const int64_t ldak = j->Hkv * j->D, ldav = j->Hkv * j->Dv;
+        for (int64_t s = 0; s < j->S; s++) {
+            if (acc_k)
+                memset(acc_k + s * ldak, 0, (size_t)j->D * sizeof *acc_k);
+            if (acc_v)
+                memset(acc_v + s * ldav, 0, (size_t)j->Dv * sizeof *acc_v);
+        }
+        for (int64_t hg = 0; hg < j->G; hg++) {
+            const int64_t h = kh * j->G + hg;
+            for (int64_t qb = 0; qb < j->nqb; qb++) {
+                const int64_t t0 = qb * BQ, nq = j->T - t0 < BQ ? j->T - t0 : BQ;
+                const int64_t nqp = pad16(nq);
+                int64_t klo, khi, unused;
+                key_range(j, t0 + j->off, &klo, &unused);
+                key_range(j, t0 + nq - 1 + j->off, &unused, &khi);
+                if (khi <= klo && !j->dq)
+                    continue;
+                load_transposed(j->q, q_at(j, b, t0, h, j->D), j->Hq * j->D, nq, j->D, j->scale,
+                                qt, nqp);
+                load_transposed(j->go, q_at(j, b, t0, h, j->Dv), j->Hq * j->Dv, nq, j->Dv, 1.0f,
+                                gt, nqp);
+                int64_t ldq, ldg;
+                const float *qr = rows_f32(j->q, q_at(j, b, t0, h, j->D), j->Hq * j->D, nq,
+                                           j->D, qbuf, &ldq);
+                const float *gr = rows_f32(j->go, q_at(j, b, t0, h, j->Dv), j->Hq * j->Dv, nq,
+                                           j->Dv, gbuf, &ldg);
+                memset(dqt, 0, (size_t)(j->D * nqp) * sizeof *dqt);
+                for (int64_t i = 0; i < nqp; i++) {
+                    const int in = i < nq;
+                    lse[i] = in ? j->lse_in[lse_at(j, b, h, t0 + i)] : 0.0f;
+                    di[i] = in ? j->di[lse_at(j, b, h, t0 + i)] : 0.0f;
+                    f[i] = j->scale;
+                }
+                for (int64_t k0 = klo / BK * BK; k0 < khi; k0 += BK) {
+                    const int64_t nk = j->S - k0 < BK ? j->S - k0 : BK;
+                    const int kind = block_kind(j, b, t0, nq, k0, nk);
+                    if (kind == BLOCK_NONE)
+                        continue;
+                    int64_t ldk, ldv;
+                    const float *kr = rows_f32(j->k, kv_at(j, b, k0, kh, j->D), j->Hkv * j->D,
+                                               nk, j->D, kbuf, &ldk);
+                    const float *vr = rows_f32(j->v, kv_at(j, b, k0, kh, j->Dv),
+                                               j->Hkv * j->Dv, nk, j->Dv, vbuf, &ldv);
+                    kt__attn_gemm(nk, nqp, j->D, kr, ldk, 1, qt, nqp, st, nqp, 0);
+                    if (j->cap > 0.0f)
+                        kt__attn_softcap(nk, nqp, st, nqp, j->cap);
+                    if (kind == BLOCK_PARTIAL)
+                        mask_block(j, b, t0, nq, k0, nk, st, nqp, 1);
+                    kt__attn_gemm(nk, nqp, j->Dv, vr, ldv, 1, gt, nqp, dpt, nqp, 0);
+                    kt__attn_probs_grad(nk, nqp, st, nqp, dpt, nqp, lse, di, 1, j->cap);
+                    if (acc_v) /* dv += p^T dO (rows of p^T: keys) */
+                        kt__attn_gemm(nk, j->Dv, nq, st, nqp, 1, gr, ldg, acc_v + k0 * ldav,
+                                      ldav, 1);
+                    if (acc_k) /* dk += ds^T q (scale at the end) */
+                        kt__attn_gemm(nk, j->D, nq, dpt, nqp, 1, qr, ldq, acc_k + k0 * ldak,
+                                      ldak, 1);
+                    if (j->dq)
+                        kt__attn_gemm(j->D, nqp, nk, kr, 1, ldk, dpt, nqp, dqt, nqp, 1);
+                }
+                if (j->dq)
+                    store_transposed(j->dq, q_at(j, b, t0, h, j->D), j->Hq * j->D, nq, j->D,
+                                     dqt, nqp, f);
+            }
+        }
+        /* dk = scale * sum (rounded once for bf16/f16, from the f32 sums in scratch) */
+        for (int64_t s = 0; s < j->S; s++) {
+            if (acc_k)
+                store_rows(j->dk, kv_at(j, b, s, kh, j->D), ldak, 1, j->D, acc_k + s * ldak,
+                           ldak, j->scale);
+            if (acc_v && j->dv->dtype != KT_F32)
+                store_rows(j->dv, kv_at(j, b, s, kh, j->Dv), ldav, 1, j->Dv, acc_v + s * ldav,
+                           ldav, 1.0f);
+        }
+    }
+}
+
 static size_t scratch_bwd_attention(const kt_op_attrs *at, const kt_tensor *in, int n)
 {
     (void)at, (void)n;
     const size_t rows = (size_t)(in[0].shape[0] * in[0].shape[1] * in[0].shape[2]);
-    return rows * sizeof(float); /* di */
+    const kt_tensor *k = &in[1], *v = &in[2];
+    /* the fused backward's f32 sums of dk and dv, for bf16/f16 gradients */
+    const size_t sums = in[0].dtype == KT_F32 ? 0
+                        : (size_t)(kt_tensor_numel(k) + kt_tensor_numel(v)) * sizeof(float);
+    return (rows + 15) / 16 * 16 * sizeof(float) /* di */ + sums;
 }
 
 static kt_status bwd_attention(const kt__op_call *c)
@@ -475,6 +576,17 @@ static kt_status bwd_attention(const kt__op_call *c)
     j.dv = c->gin[2].data ? &c->gin[2] : NULL;
     const int64_t rows = j.B * j.T * j.Hq;
     kt_parallel_for(c->pool, rows, kt__rows_grain(j.Dv), di_rows, &j);
+    const int64_t pairs = j.B * j.Hkv, threads = kt_threadpool_size(c->pool);
+    if (pairs % threads == 0 || pairs >= 4 * threads) {
+        /* the (batch, KV head) pairs share out evenly: the fused backward */
+        float *sums = (float *)c->scratch + (rows + 15) / 16 * 16;
+        if (j.dk)
+            j.acc_k = j.dk->dtype == KT_F32 ? j.dk->data : sums;
+        if (j.dv)
+            j.acc_v = j.dv->dtype == KT_F32 ? j.dv->data : sums + kt_tensor_numel(j.k);
+        kt_parallel_for(c->pool, j.B * j.Hkv, 1, fused_tasks, &j);
+        return KT_OK;
+    }
     if (j.dk || j.dv)
         kt_parallel_for(c->pool, j.B * j.Hkv * j.nkb, 1, dkv_tasks, &j);
     if (j.dq)
