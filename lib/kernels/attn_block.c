@@ -26,6 +26,17 @@ static void gemm_plain(int64_t M, int64_t N, int64_t K, const float *A, int64_t 
     }
 }
 
+static void transpose_plain(int64_t rows, int64_t cols, const float *src, int64_t lds, float f,
+                            float *dst, int64_t ldd)
+{
+    for (int64_t c = 0; c < cols; c++) {
+        for (int64_t r = 0; r < rows; r++)
+            dst[c * ldd + r] = f * src[r * lds + c];
+        for (int64_t r = rows; r < ldd; r++)
+            dst[c * ldd + r] = 0.0f;
+    }
+}
+
 static void softcap_plain(int64_t rows, int64_t cols, float *x, int64_t ld, float cap)
 {
     const float inv = 1.0f / cap;
@@ -182,6 +193,24 @@ A_TARGET static void gemm_avx512(int64_t M, int64_t N, int64_t K, const float *A
     }
 }
 
+/* 16 rows of a column at a time by a gather (the rows lds apart) */
+A_TARGET static void transpose_avx512(int64_t rows, int64_t cols, const float *src,
+                                      int64_t lds, float f, float *dst, int64_t ldd)
+{
+    const __m512 vf = _mm512_set1_ps(f);
+    const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6,
+                                                            5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32((int)lds));
+    for (int64_t r0 = 0; r0 < ldd; r0 += 16) {
+        const __mmask16 in = kt__lanes16(rows - r0), out = kt__lanes16(ldd - r0);
+        const float *s = src + (r0 < rows ? r0 : 0) * lds;
+        for (int64_t c = 0; c < cols; c++) {
+            const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), in, idx, s + c, 4);
+            _mm512_mask_storeu_ps(dst + c * ldd + r0, out, _mm512_mul_ps(v, vf));
+        }
+    }
+}
+
 /* tanh(y) = sign(y) (1 - e) / (1 + e) with e = exp(-2|y|) */
 A_TARGET static void softcap_avx512(int64_t rows, int64_t cols, float *x, int64_t ld, float cap)
 {
@@ -284,6 +313,18 @@ void kt__attn_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t sam,
     }
 #endif
     gemm_plain(M, N, K, A, sam, sak, B, ldb, C, ldc, accumulate);
+}
+
+void kt__attn_transpose(int64_t rows, int64_t cols, const float *src, int64_t lds, float f,
+                        float *dst, int64_t ldd)
+{
+#ifdef ATTN_AVX512
+    if (kt__cpu_has_avx512() && lds * 15 <= INT32_MAX) {
+        transpose_avx512(rows, cols, src, lds, f, dst, ldd);
+        return;
+    }
+#endif
+    transpose_plain(rows, cols, src, lds, f, dst, ldd);
 }
 
 void kt__attn_softcap(int64_t rows, int64_t cols, float *x, int64_t ld, float cap)

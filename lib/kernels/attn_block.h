@@ -18,6 +18,11 @@
 void kt__attn_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t sam, int64_t sak,
                    const float *B, int64_t ldb, float *C, int64_t ldc, int accumulate);
 
+/* dst[c ldd + r] = f src[r lds + c] for r < rows, c < cols, and 0 for rows <= r < ldd (the
+ * padding columns of a transposed block). */
+void kt__attn_transpose(int64_t rows, int64_t cols, const float *src, int64_t lds, float f,
+                        float *dst, int64_t ldd);
+
 /* x[r ld + c] = cap tanh(x / cap) for r < rows, c < cols. */
 void kt__attn_softcap(int64_t rows, int64_t cols, float *x, int64_t ld, float cap);
 

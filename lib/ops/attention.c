@@ -164,25 +164,35 @@ static int block_kind(const attn_job *j, int64_t b, int64_t t0, int64_t nq, int6
     return qmin == qmax && kmin == kmax && qmin == kmin ? kind : BLOCK_PARTIAL;
 }
 
-static int visible(const attn_job *j, int64_t b, int64_t t, int64_t key)
-{
-    const int64_t p = t + j->off;
-    if (j->causal && key > p)
-        return 0;
-    if (j->window > 0 && p - key >= j->window)
-        return 0;
-    return j->seg == NULL || seg_at(j, b, p) == seg_at(j, b, key);
-}
-
 /* Sets the scores of pairs the queries do not see to -inf; the block holds keys along rows
- * and queries along columns (keys_rows), or the other way round. */
+ * and queries along columns (keys_rows), or the other way round. Each query's visible keys
+ * are one range (key_range) less, with segments, the keys of other documents. */
 static void mask_block(const attn_job *j, int64_t b, int64_t t0, int64_t nq, int64_t k0,
                        int64_t nk, float *s, int64_t ld, int keys_rows)
 {
-    for (int64_t i = 0; i < nq; i++)
+    int64_t kseg[BK];
+    if (j->seg)
         for (int64_t c = 0; c < nk; c++)
-            if (!visible(j, b, t0 + i, k0 + c))
-                s[keys_rows ? c * ld + i : i * ld + c] = -INFINITY;
+            kseg[c] = seg_at(j, b, k0 + c);
+    const int64_t rs = keys_rows ? ld : 1, cs = keys_rows ? 1 : ld; /* key, query steps */
+    for (int64_t i = 0; i < nq; i++) {
+        int64_t lo, hi;
+        key_range(j, t0 + i + j->off, &lo, &hi);
+        lo = lo < k0 ? 0 : lo - k0 > nk ? nk : lo - k0;
+        hi = hi < k0 ? 0 : hi - k0 > nk ? nk : hi - k0;
+        hi = hi < lo ? lo : hi;
+        float *col = s + i * cs;
+        for (int64_t c = 0; c < lo; c++)
+            col[c * rs] = -INFINITY;
+        for (int64_t c = hi; c < nk; c++)
+            col[c * rs] = -INFINITY;
+        if (j->seg) {
+            const int64_t qs = seg_at(j, b, t0 + i + j->off);
+            for (int64_t c = lo; c < hi; c++)
+                if (kseg[c] != qs)
+                    col[c * rs] = -INFINITY;
+        }
+    }
 }
 
 /* Query blocks in the order 0, n-1, 1, n-2, ...: a contiguous share of the tasks then holds
@@ -212,23 +222,13 @@ static const float *rows_f32(const kt_tensor *t, int64_t at, int64_t ld, int64_t
 }
 
 /* dst[c ldd + r] = f * rows r < n of width w (from element `at`, ld apart), zeros for
- * r in [n, ldd) (the block's padding columns) */
+ * r in [n, ldd) (the block's padding columns); bf16/f16 rows are widened into tmp. */
 static void load_transposed(const kt_tensor *t, int64_t at, int64_t ld, int64_t n, int64_t w,
-                            float f, float *dst, int64_t ldd)
+                            float f, float *dst, int64_t ldd, float *tmp)
 {
-    float row[D_MAX];
-    for (int64_t r = 0; r < ldd; r++) {
-        if (r < n) {
-            float *src = row;
-            int64_t unused;
-            const float *x = rows_f32(t, at + r * ld, ld, 1, w, src, &unused);
-            for (int64_t c = 0; c < w; c++)
-                dst[c * ldd + r] = f * x[c];
-        } else {
-            for (int64_t c = 0; c < w; c++)
-                dst[c * ldd + r] = 0.0f;
-        }
-    }
+    int64_t ldx;
+    const float *x = rows_f32(t, at, ld, n, w, tmp, &ldx);
+    kt__attn_transpose(n, w, x, ldx, f, dst, ldd);
 }
 
 /* Row r < n of t (width w, from element `at`, ld apart) = f * src[c lds + r] (a transposed
@@ -288,7 +288,7 @@ static void fwd_tasks(void *ctx, int64_t begin, int64_t end, int thread)
         const int64_t b = bh / j->Hq, h = bh % j->Hq, kh = h / j->G;
         const int64_t t0 = qb * BQ, nq = j->T - t0 < BQ ? j->T - t0 : BQ, nqp = pad16(nq);
         load_transposed(j->q, q_at(j, b, t0, h, j->D), j->Hq * j->D, nq, j->D, j->scale, qt,
-                        nqp);
+                        nqp, kbuf);
         memset(ot, 0, (size_t)(j->Dv * nqp) * sizeof *ot);
         for (int64_t i = 0; i < nqp; i++)
             m[i] = -INFINITY, l[i] = 0.0f;
@@ -368,9 +368,9 @@ static void dkv_tasks(void *ctx, int64_t begin, int64_t end, int thread)
         const int64_t b = bk / j->Hkv, kh = bk % j->Hkv;
         const int64_t k0 = kb * BK, nk = j->S - k0 < BK ? j->S - k0 : BK, nkp = pad16(nk);
         load_transposed(j->k, kv_at(j, b, k0, kh, j->D), j->Hkv * j->D, nk, j->D, j->scale, kt,
-                        nkp);
+                        nkp, qbuf);
         load_transposed(j->v, kv_at(j, b, k0, kh, j->Dv), j->Hkv * j->Dv, nk, j->Dv, 1.0f, vt,
-                        nkp);
+                        nkp, qbuf);
         memset(dk, 0, (size_t)(nk * j->D) * sizeof *dk);
         memset(dv, 0, (size_t)(nk * j->Dv) * sizeof *dv);
         for (int64_t hg = 0; hg < j->G; hg++) {
@@ -422,9 +422,9 @@ static void dq_tasks(void *ctx, int64_t begin, int64_t end, int thread)
         const int64_t b = bh / j->Hq, h = bh % j->Hq, kh = h / j->G;
         const int64_t t0 = qb * BQ, nq = j->T - t0 < BQ ? j->T - t0 : BQ, nqp = pad16(nq);
         load_transposed(j->q, q_at(j, b, t0, h, j->D), j->Hq * j->D, nq, j->D, j->scale, qt,
-                        nqp);
+                        nqp, kbuf);
         load_transposed(j->go, q_at(j, b, t0, h, j->Dv), j->Hq * j->Dv, nq, j->Dv, 1.0f, gt,
-                        nqp);
+                        nqp, kbuf);
         memset(dqt, 0, (size_t)(j->D * nqp) * sizeof *dqt);
         for (int64_t i = 0; i < nqp; i++) {
             const int in = i < nq;
@@ -492,15 +492,13 @@ static void fused_tasks(void *ctx, int64_t begin, int64_t end, int thread)
                 key_range(j, t0 + nq - 1 + j->off, &unused, &khi);
                 if (khi <= klo && !j->dq)
                     continue;
-                load_transposed(j->q, q_at(j, b, t0, h, j->D), j->Hq * j->D, nq, j->D, j->scale,
-                                qt, nqp);
-                load_transposed(j->go, q_at(j, b, t0, h, j->Dv), j->Hq * j->Dv, nq, j->Dv, 1.0f,
-                                gt, nqp);
                 int64_t ldq, ldg;
                 const float *qr = rows_f32(j->q, q_at(j, b, t0, h, j->D), j->Hq * j->D, nq,
                                            j->D, qbuf, &ldq);
                 const float *gr = rows_f32(j->go, q_at(j, b, t0, h, j->Dv), j->Hq * j->Dv, nq,
                                            j->Dv, gbuf, &ldg);
+                kt__attn_transpose(nq, j->D, qr, ldq, j->scale, qt, nqp);
+                kt__attn_transpose(nq, j->Dv, gr, ldg, 1.0f, gt, nqp);
                 memset(dqt, 0, (size_t)(j->D * nqp) * sizeof *dqt);
                 for (int64_t i = 0; i < nqp; i++) {
                     const int in = i < nq;
