@@ -201,8 +201,8 @@ static int64_t zigzag(int64_t i, int64_t n) { return i % 2 == 0 ? i / 2 : n - 1 
 
 /* ---- moving rows between tensors and f32 blocks ------------------------------------------ */
 
-/* rows r < n of width w (elements ld apart, from element `at` of t) as f32 rows ldb apart:
- * a pointer into t for f32 (ld_out = ld), else converted into buf (ld_out = w). */
+/* rows r < n of width w (elements ld apart, from element `at` of t) as f32 rows ld_out
+ * apart: a pointer into t for f32 (ld_out = ld), else converted into buf (ld_out = w). */
 static const float *rows_f32(const kt_tensor *t, int64_t at, int64_t ld, int64_t n, int64_t w,
                              float *buf, int64_t *ld_out)
 {
@@ -223,6 +223,19 @@ static const float *rows_f32(const kt_tensor *t, int64_t at, int64_t ld, int64_t
 
 /* dst[c ldd + r] = f * rows r < n of width w (from element `at`, ld apart), zeros for
  * r in [n, ldd) (the block's padding columns); bf16/f16 rows are widened into tmp. */
+/* The same rows always in buf, contiguous: for the operand a block product reads for every
+ * row tile (rows a multiple of 4 KiB apart, as the heads put them, share L1 sets). */
+static const float *rows_packed(const kt_tensor *t, int64_t at, int64_t ld, int64_t n,
+                                int64_t w, float *buf, int64_t *ld_out)
+{
+    if (t->dtype != KT_F32)
+        return rows_f32(t, at, ld, n, w, buf, ld_out);
+    for (int64_t r = 0; r < n; r++)
+        memcpy(buf + r * w, (const float *)t->data + at + r * ld, (size_t)w * sizeof *buf);
+    *ld_out = w;
+    return buf;
+}
+
 static void load_transposed(const kt_tensor *t, int64_t at, int64_t ld, int64_t n, int64_t w,
                             float f, float *dst, int64_t ldd, float *tmp)
 {
@@ -381,10 +394,10 @@ static void dkv_tasks(void *ctx, int64_t begin, int64_t end, int thread)
                 if (kind == BLOCK_NONE)
                     continue;
                 int64_t ldq, ldg;
-                const float *qr = rows_f32(j->q, q_at(j, b, t0, h, j->D), j->Hq * j->D, nq,
-                                           j->D, qbuf, &ldq);
-                const float *gr = rows_f32(j->go, q_at(j, b, t0, h, j->Dv), j->Hq * j->Dv, nq,
-                                           j->Dv, gbuf, &ldg);
+                const float *qr = rows_packed(j->q, q_at(j, b, t0, h, j->D), j->Hq * j->D, nq,
+                                              j->D, qbuf, &ldq);
+                const float *gr = rows_packed(j->go, q_at(j, b, t0, h, j->Dv), j->Hq * j->Dv,
+                                              nq, j->Dv, gbuf, &ldg);
                 kt__attn_gemm(nq, nkp, j->D, qr, ldq, 1, kt, nkp, s, nkp, 0);
                 if (j->cap > 0.0f)
                     kt__attn_softcap(nq, nkp, s, nkp, j->cap);
@@ -493,10 +506,10 @@ static void fused_tasks(void *ctx, int64_t begin, int64_t end, int thread)
                 if (khi <= klo && !j->dq)
                     continue;
                 int64_t ldq, ldg;
-                const float *qr = rows_f32(j->q, q_at(j, b, t0, h, j->D), j->Hq * j->D, nq,
-                                           j->D, qbuf, &ldq);
-                const float *gr = rows_f32(j->go, q_at(j, b, t0, h, j->Dv), j->Hq * j->Dv, nq,
-                                           j->Dv, gbuf, &ldg);
+                const float *qr = rows_packed(j->q, q_at(j, b, t0, h, j->D), j->Hq * j->D, nq,
+                                              j->D, qbuf, &ldq);
+                const float *gr = rows_packed(j->go, q_at(j, b, t0, h, j->Dv), j->Hq * j->Dv,
+                                              nq, j->Dv, gbuf, &ldg);
                 kt__attn_transpose(nq, j->D, qr, ldq, j->scale, qt, nqp);
                 kt__attn_transpose(nq, j->Dv, gr, ldg, 1.0f, gt, nqp);
                 memset(dqt, 0, (size_t)(j->D * nqp) * sizeof *dqt);
