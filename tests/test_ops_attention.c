@@ -114,6 +114,7 @@ static const shape_case cases[] = {
     {"softcap", 1, 70, 70, 2, 1, 16, 16, 1, 0, 2.5f, 2.0f, 0},
     {"softcap window segments", 1, 66, 66, 2, 1, 8, 8, 1, 9, 4.0f, 0, 2},
     {"scale", 1, 37, 50, 2, 2, 16, 16, 0, 0, 0, 0.7f, 0},
+    {"D = Dv = 256 (the bound)", 1, 5, 9, 2, 1, 256, 256, 1, 0, 0, 0, 0},
 };
 enum { N_CASES = sizeof cases / sizeof cases[0] };
 
