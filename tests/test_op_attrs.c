@@ -50,6 +50,10 @@ static const fixture fixtures[] = {
     {KT_OP_RESHAPE, "input x: f32[4, 6]\n", "x", "shape = [6, 4]"},
     {KT_OP_MOE, "input x: f32[4, 6]\ninput i: i32[4, 2]\ninput w: f32[4, 2]\n", "x, i, w", ""},
     {KT_OP_HALO, "input x: f32[8, 4]\n", "x", "left = 1, right = 1"},
+    {KT_OP_CLAMP, "input x: f32[4, 6]\n", "x", "min = -1, max = 1"},
+    {KT_OP_SUM, "input x: f32[4, 6, 8]\n", "x", "dim = 1"},
+    {KT_OP_MEAN, "input x: f32[4, 6, 8]\n", "x", "dim = -2, keepdim = 1"},
+    {KT_OP_EXPAND, "input x: f32[1, 1, 8]\n", "x", "dim = 0, size = 3"},
 };
 enum { N_FIXTURES = sizeof fixtures / sizeof fixtures[0] };
 
