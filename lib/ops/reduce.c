@@ -76,6 +76,9 @@ static kt_status infer_expand(const kt_op_attrs *at, const kt_tensor *in, int n,
         return kt__error(KT_EINVAL, "expand: x dimension %d must be 1 to be repeated, got %s", d,
                          kt_tensor_describe(x, desc, sizeof desc));
     }
+    if (at->expand_size < 0)
+        return kt__error(KT_EINVAL, "expand: size %lld must be >= 0",
+                         (long long)at->expand_size);
     int64_t shape[KT_MAX_DIMS];
     memcpy(shape, x->shape, sizeof shape);
     shape[d] = at->expand_size;
