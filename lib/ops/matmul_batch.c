@@ -261,8 +261,8 @@ static kt_status grad_of(const kt__op_call *c, batch_job *j, int which, kt_tenso
     sum_job s = {.d = d, .xs = which == MM_GRAD_A ? d->as : d->bs, .dst = gx, .parts = parts,
                  .len = len, .pieces = (len + KT__CHUNK - 1) / KT__CHUNK};
     const int64_t per = d->items / (x_items > 0 ? x_items : 1) * KT__CHUNK;
-    kt_parallel_for(c->pool, x_items * s.pieces, per < KT__GRAIN_ELEMS ? KT__GRAIN_ELEMS / per : 1,
-                    sum_range, &s);
+    kt_parallel_for(c->pool, x_items * s.pieces,
+                    per > 0 && per < KT__GRAIN_ELEMS ? KT__GRAIN_ELEMS / per : 1, sum_range, &s);
     return KT_OK;
 }
 
