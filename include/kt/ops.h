@@ -47,6 +47,7 @@
  *   concat        n_in tensors equal but along `dim` -> joined along `dim`
  *   narrow        x -> x[start : start+length] along `dim`
  *   transpose     x -> x with dims dim0 and dim1 swapped (materialised)
+ *                 (concat's, narrow's and transpose's dims may be negative: from the end)
  *   reshape       x -> same elements, shape (ndim, shape); one entry may be -1
  *   moe           x [T,H], ids [T,k] (i32/i64), weights [T,k] (f32) -> y [T,H]: the CPU
  *                 MoE layer (kt/moe.h) the session binds as layer `binding`; it keeps what
