@@ -89,8 +89,9 @@ static mm_dims dims_of(const kt_op_attrs *at, const kt_tensor *in)
     return (mm_dims){b.M, b.N, b.K};
 }
 
-/* Scratch is only sized for inputs that passed infer; anything else needs none, and the
- * kernel is never reached for it. */
+/* bf16 and f16 products of the 2-D path run on f32 staged in scratch. Scratch is only sized
+ * for inputs that pass infer (operands_ok); anything else needs none, and the kernel is never
+ * reached for it. */
 static int staged(const kt_tensor *in)
 {
     return in[0].dtype == KT_BF16 || in[0].dtype == KT_F16;
