@@ -152,6 +152,18 @@ for k in ("moe forward", "moe backward", "matmul recompute", "other"):
     assert k in sh, k
 ' <<<"$out" || fail "layer JSON: $out"
 
+# the built-in Qwen3-MoE layer (rope, attention, router, moe) at 16 tokens and tiny experts
+out=$("$bench" layer --T 16 --inter 8 --repeats 1 --json 2>&1) || fail "layer exited $?: $out"
+python3 -c '
+import json, sys
+d = [json.loads(l) for l in sys.stdin.read().splitlines() if l.startswith("{")]
+assert len(d) == 1, d
+sh = d[0]["share"]
+for k in ("attention forward", "attention backward", "rope forward", "moe forward",
+          "topk_router forward", "matmul backward"):
+    assert k in sh and sh[k] > 0, k
+' <<<"$out" || fail "layer (qwen3_moe) JSON: $out"
+
 # the PyTorch peer's protocol, with a stand-in that answers each forward in 4 ms and each
 # fwd+bwd in 6 (no torch needed) and checks the calls asked of it: the ratio is its time over
 # libkt's, above qlen 16 (call by call) and at qlen 8 (one block each); a peer that dies or

@@ -198,7 +198,7 @@ static void collect(const kt_program *p, const kt_trace_event *ev, size_t n, int
                             p->steps[ev[i].step].kind <= KT__STEP_BACKWARD;
         if (op_step && nodes)
             snprintf(key, sizeof key, "%s %.20s %s", kt_op_name(p->steps[ev[i].step].op),
-                     ev[i].name, ev[i].category);
+                     ev[i].name && ev[i].name[0] ? ev[i].name : "-", ev[i].category);
         else if (op_step)
             snprintf(key, sizeof key, "%s %s", kt_op_name(p->steps[ev[i].step].op),
                      ev[i].category);
