@@ -7,8 +7,10 @@
  * MoE experts (the moe op on a kt_moe layer the session binds) and their residual; a tiny
  * classifier head and cross_entropy give backward a scalar loss. The session records a trace
  * (kt_session_options.trace: one clock read per step, only when asked); each event's step
- * names its op and whether it is a forward, backward or recomputed step, and the bench adds
- * the times per op. What the steps do not cover (the executor between steps) is "other". */
+ * names its op and its place in the schedule (forward, backward, recomputed), and the bench
+ * adds the times per op and pass. What the steps do not cover (the executor between steps) is
+ * "other"; "accumulate" and "fill" are the executor's own steps (parameter gradients copied
+ * out, gradients seeded). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -187,23 +189,29 @@ static int by_time(const void *a, const void *b)
     return (x < y) - (x > y);
 }
 
-/* The trace's events per (op, category) into times */
+/* The trace's events per (op, pass) into times. The pass is the schedule's: a step after
+ * the forward schedule is the backward's, also when it runs an op's forward kernel (the sums
+ * of gradients autodiff adds), unless it is a recomputed forward step. */
 static void collect(const kt_program *p, const kt_trace_event *ev, size_t n, int nodes,
                     op_time *times, int *n_times, double *traced_ns)
 {
     for (size_t i = 0; i < n; i++) {
         const double ns = (double)(ev[i].end_ns - ev[i].start_ns);
+        const int32_t at = ev[i].step;
+        const kt__pstep *ps = at >= 0 && at < p->n_steps ? &p->steps[at] : NULL;
         char key[48];
-        const int op_step = ev[i].step >= 0 && ev[i].step < p->n_steps &&
-                            p->steps[ev[i].step].kind <= KT__STEP_BACKWARD;
-        if (op_step && nodes)
-            snprintf(key, sizeof key, "%s %.20s %s", kt_op_name(p->steps[ev[i].step].op),
-                     ev[i].name && ev[i].name[0] ? ev[i].name : "-", ev[i].category);
-        else if (op_step)
-            snprintf(key, sizeof key, "%s %s", kt_op_name(p->steps[ev[i].step].op),
-                     ev[i].category);
-        else
+        if (ps != NULL && ps->kind <= KT__STEP_BACKWARD) {
+            const char *pass = at < p->n_forward                  ? "forward"
+                               : (ps->flags & KT__STEP_RECOMPUTE) ? "recompute"
+                                                                  : "backward";
+            if (nodes)
+                snprintf(key, sizeof key, "%s %.20s %s", kt_op_name(ps->op),
+                         ev[i].name && ev[i].name[0] ? ev[i].name : "-", pass);
+            else
+                snprintf(key, sizeof key, "%s %s", kt_op_name(ps->op), pass);
+        } else {
             snprintf(key, sizeof key, "%s", ev[i].category);
+        }
         add_time(times, n_times, key, ns);
         *traced_ns += ns;
     }
