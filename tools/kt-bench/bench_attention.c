@@ -499,19 +499,20 @@ static void report(const attn_cfg *c, const attn_bufs *b, int threads, int json,
         if (json) {
             printf("{\"bench\":\"attention\",");
             print_config(c, threads, pass);
-            printf("\"%s_ms\":%.4f,\"gflops\":%.2f,\"flops\":%.6g,\"peak_insn\":\"%s\","
+            /* %g: a tiny shape's figures under load must not print as 0 */
+            printf("\"%s_ms\":%.4g,\"gflops\":%.4g,\"flops\":%.6g,\"peak_insn\":\"%s\","
                    "\"peak_gflops\":%.2f,",
                    pass ? "fwdbwd" : "fwd", t[pass] * 1e3, gf, flops(c, pass), peak_insn,
                    pk->main);
             if (pk->main > 0)
-                printf("\"fraction_of_peak\":%.4f,", gf / pk->main);
+                printf("\"fraction_of_peak\":%.4g,", gf / pk->main);
             else
                 printf("\"fraction_of_peak\":null,");
             if (c->dtype == KT_BF16 && pk->fma > 0)
-                printf("\"fma_peak_gflops\":%.2f,\"fraction_of_fma_peak\":%.4f,", pk->fma,
+                printf("\"fma_peak_gflops\":%.2f,\"fraction_of_fma_peak\":%.4g,", pk->fma,
                        gf / pk->fma);
             if (have)
-                printf("\"torch_ms\":%.4f,\"ratio_vs_torch_sdpa\":%.3f,", pms[pass], ratio);
+                printf("\"torch_ms\":%.4g,\"ratio_vs_torch_sdpa\":%.4g,", pms[pass], ratio);
             else
                 printf("\"torch_ms\":null,\"ratio_vs_torch_sdpa\":null,");
             if (pi->started)
