@@ -250,7 +250,7 @@ static void check_bf16_case(int64_t M, int64_t K, int64_t N, int ta, int tb, int
     tu_free(&y), tu_free(&ga), tu_free(&gb);
 }
 
-/* Row counts that reach every path the registry has for bf16 NT and NN on this CPU (KT_CPU
+/* Row counts that reach every path the registry has for bf16 NT, NN and MM on this CPU (KT_CPU
  * picks others: tests/CMakeLists.txt runs this suite under portable, dpbf16 and widen too),
  * odd K and N around the tiles, every transpose pair, 1 and 3 threads. */
 static void test_matmul_bf16_f64(void **state)
@@ -258,7 +258,7 @@ static void test_matmul_bf16_f64(void **state)
     (void)state;
     tu_rng rng;
     tu_rng_seed(&rng, 104);
-    static const int64_t ms[] = {1, 2, 3, 4, 5, 7, 12, 16, 21, 33};
+    static const int64_t ms[] = {1, 2, 3, 4, 5, 7, 12, 16, 21, 33, KT__FMA_PACKED_MIN_M};
     static const int64_t kn[][2] = {{1, 1}, {7, 5}, {33, 97}, {70, 29}, {130, 13}};
     char seen[256] = " ", token[64];
     for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
@@ -276,10 +276,10 @@ static void test_matmul_bf16_f64(void **state)
     print_message("bf16 matmul paths checked:%s\n", seen);
 }
 
-/* The edges of fma_packed's blocks through the op (12-row tiles, 96 rows of A and 96 columns
+/* The edges of fma_packed's blocks through the op (12-row tiles, 96 rows of A and 512 columns
  * of B widened at once, 256 steps of K a block): rows at and around its first row count and
- * one past a block of rows, K of 1, one past a block and of several blocks, N of 1 and one past
- * a block of columns; every transpose pair, 1 and 2 threads. */
+ * one past a block of rows, K of 1, one past a block and of several blocks, N of 1 and past a
+ * block of columns; every transpose pair, 1 and 2 threads. */
 static void test_matmul_bf16_blocks(void **state)
 {
     (void)state;
@@ -290,8 +290,9 @@ static void test_matmul_bf16_blocks(void **state)
         {KT__FMA_PACKED_MIN_M, 1, 1},
         {KT__FMA_PACKED_MIN_M, 257, 97},
         {97, 31, 200},
-        {40, 1100, 40},
+        {KT__FMA_PACKED_MIN_M + 1, 1100, 40},
         {193, 260, 65},
+        {70, 37, 600},
     };
     for (size_t i = 0; i < sizeof mkn / sizeof mkn[0]; i++)
         for (int ta = 0; ta <= 1; ta++)
@@ -323,7 +324,7 @@ static void test_fma_packed_bits(void **state)
     tu_rng_seed(&rng, 107);
     static const int64_t mkn[][3] = {{1, 1, 1},     {12, 256, 32},  {13, 257, 96},
                                      {96, 31, 97},  {97, 600, 130}, {200, 513, 200},
-                                     {5, 1, 100}};
+                                     {5, 1, 100},   {40, 70, 1100}};
     for (size_t i = 0; i < sizeof mkn / sizeof mkn[0]; i++)
         for (int ta = 0; ta <= 1; ta++)
             for (int tb = 0; tb <= 1; tb++) {
@@ -341,7 +342,11 @@ static void test_fma_packed_bits(void **state)
                         rows[m * K + k] = ta ? a[k * lda + m] : a[m * lda + k];
                 for (int64_t e = 0; e < M * ldc; e++)
                     c[e] = want[e] = (float)e;
-                kt__fma_packed_mm(ta, tb, M, n0, n1, K, a, lda, b, ldb, c, ldc);
+                void *work = NULL;
+                assert_int_equal(posix_memalign(&work, 64, kt__fma_packed_mm_work_bytes(n1 - n0)),
+                                 0);
+                kt__fma_packed_mm(ta, tb, M, n0, n1, K, a, lda, b, ldb, c, ldc, work);
+                free(work);
                 if (tb)
                     kt__fma_nt(KT__FMA_BF16, M, n0, n1, K, rows, K, b, ldb, want, ldc, 0);
                 else

@@ -26,7 +26,8 @@ typedef struct mm_job {
     int64_t M, N, K, lda, ldb, ldc, piece;
     const uint16_t *A, *B;
     float *C;
-    kt__mm_bf16_fn mm; /* NULL: the NT or NN kernel, A as rows */
+    const kt__kpath *mm; /* NULL: the NT or NN kernel, A as rows */
+    char *work;          /* mm's, cut at the pieces' columns */
 } mm_job;
 
 static void mm_part(void *ctx, int64_t begin, int64_t end, int thread)
@@ -37,8 +38,8 @@ static void mm_part(void *ctx, int64_t begin, int64_t end, int thread)
     if (c0 >= c1)
         return;
     if (j->mm != NULL)
-        j->mm(j->trans_a, j->trans_b, j->M, c0, c1, j->K, j->A, j->lda, j->B, j->ldb, j->C,
-              j->ldc);
+        j->mm->mm_bf16(j->trans_a, j->trans_b, j->M, c0, c1, j->K, j->A, j->lda, j->B, j->ldb,
+                       j->C, j->ldc, j->mm->mm_work_bytes ? j->work + j->mm->mm_work_bytes(c0) : NULL);
     else if (j->trans_b) /* y = x w^T, w = B [N, K] */
         kt__bf16_gemm_nt(j->M, c0, c1, j->K, j->A, j->lda, j->B, j->ldb, j->C, j->ldc, 0);
     else /* y = g w, g = A [M, K] reduced over K, w = B [K, N] */
@@ -62,6 +63,21 @@ static void tr_part(void *ctx, int64_t begin, int64_t end, int thread)
             for (int64_t k = k0; k < k1; k++)
                 t->dst[m * t->K + k] = t->src[k * t->ld + m];
     }
+}
+
+/* MM's pieces: one a thread (the pool's partition is static), in whole panels of 32 columns. */
+static int64_t mm_piece_columns(int64_t N, int threads)
+{
+    const int64_t piece = (N + threads - 1) / threads;
+    return (piece + 31) / 32 * 32;
+}
+
+size_t kt__bf16_matmul_work_bytes(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K)
+{
+    const kt__kpath *mm = mm_path(trans_b, M);
+    if (mm != NULL)
+        return mm->mm_work_bytes != NULL ? mm->mm_work_bytes(N) : 0;
+    return trans_a ? (size_t)(M * K) * sizeof(uint16_t) : 0;
 }
 
 /* Column pieces: whole register tiles (the NN kernels' 32 columns, a multiple of NT's 6 and of
@@ -95,7 +111,8 @@ void kt__bf16_matmul(kt_threadpool *pool, int trans_a, int trans_b, int64_t M, i
         lda = K;
     }
     const int threads = kt_threadpool_size(pool);
-    mm_job j = {trans_a, trans_b, M, N, K, lda, ldb, ldc, piece_columns(M, N, threads),
-                A, B, C, mm != NULL ? mm->mm_bf16 : NULL};
+    mm_job j = {trans_a, trans_b, M, N, K, lda, ldb, ldc,
+                mm != NULL ? mm_piece_columns(N, threads) : piece_columns(M, N, threads),
+                A, B, C, mm, work};
     kt_parallel_for(pool, (N + j.piece - 1) / j.piece, 1, mm_part, &j);
 }

@@ -1,13 +1,14 @@
 /* The dense matmul's bf16 product on the f32 FMA units, blocked and packed (fma_gemm.h,
- * kt__fma_packed_mm). Per call, for each block of PNC columns and PKC steps of the reduction:
- *  - B's block is widened to f32 once, as PNC / 32 panels [step][32] (in L2; one panel stays in
- *    L1 while every tile of rows runs over it);
- *  - A's rows are widened PMC at a time: as rows [row][PAR] when A is stored [M, K], as each
- *    tile's panel [step][12] when A is stored [K, M] (then the packing reads A's rows in place:
- *    12 neighbours of a row are the 12 rows of a tile at one step);
+ * kt__fma_packed_mm). Per call (a block of columns [n0, n1), all M rows), for each PNB columns
+ * and PKC steps of the reduction:
+ *  - B's block is widened to f32 once, as panels [step][32] in the caller's work buffer (in L2;
+ *    one panel stays in L1 while every tile of PMC rows runs over it);
+ *  - A's rows are widened PMC at a time, once per block: as rows [row][PAR] when A is stored
+ *    [M, K], as each tile's panel [step][12] when A is stored [K, M] (then the packing reads A's
+ *    rows in place: 12 neighbours of a row are the 12 rows of a tile at one step);
  *  - a register tile of up to 12 rows x 32 columns (24 zmm of sums, one broadcast per row and
- *    step, fma_gemm.c's tile) runs over the block's steps, starting from C's partial sums after
- *    the first block.
+ *    step, as fma_gemm.c's tile) runs over the block's steps, starting from C's partial sums
+ *    after the first block, and fetches the next tile's rows of C meanwhile.
  * So every element of C is one f32 sum in index order of k, each product added by an FMA: the
  * sums (and bits) of the fma path's NT and NN (fma_gemm.h), whatever the blocks and the split
  * of the columns. bf16 products are exact in f32; denormals are flushed as there. */
@@ -16,22 +17,29 @@
 #include "lib/kernels/fma_gemm.h"
 #include "lib/kernels/fma_util.h"
 #include "lib/kernels/lane_mask.h"
+#include "lib/kernels/prefetch.h"
 
 #ifdef KT__FMA_GEMM
 
 #define PR 12   /* rows of a tile */
 #define PC 32   /* columns of a tile and of a panel */
 #define PKC 256 /* reduction steps of a block: a panel [256][32] f32 is 32 KiB, L1 holds it */
-#define PNC 96  /* columns of B widened at once: 3 panels, 96 KiB */
-#define PMC 96  /* rows of A widened at once: [96][256] f32, 96 KiB */
+#define PMC 96  /* rows of A widened at once: [96][272] f32, 102 KiB on the stack, in L2 */
+#define PNB 512 /* columns of B widened at once: 512 KiB of panels, in L2 */
 #define PAR (PKC + 16) /* A's widened rows lie this far apart: 12 rows 1 KiB apart would share
                         * 4 of L1's 64 sets */
 
 /* c[i, 0:ncols] (i < MR; MR a constant where inlined) = (load ? c : 0) + the kc steps'
- * a(i, k) * b[k][0:32], a(i, k) at a[i * AROW + k * AK]. */
+ * a(i, k) * b[k][0:32], a(i, k) at a[i * AROW + k * AK]. The next tile's rows of C (rows of
+ * 32 values ldc apart, NULL: none) are fetched first: nothing else brings them in. */
 W_INLINE void ptile_run(const int MR, const int AROW, const int AK, const float *a,
-                        const float *b, int64_t kc, float *c, int64_t ldc, int64_t ncols, int load)
+                        const float *b, int64_t kc, float *c, int64_t ldc, int64_t ncols, int load,
+                        const float *next, int next_rows)
 {
+    for (int i = 0; next != NULL && i < next_rows; i++) {
+        kt__prefetch_line(next + i * ldc, KT__PF_WRITE);
+        kt__prefetch_line(next + i * ldc + 16, KT__PF_WRITE);
+    }
     const __mmask16 m0 = kt__lanes16(ncols), m1 = kt__lanes16(ncols - 16);
     __m512 acc[PR][2];
     for (int i = 0; i < MR; i++) {
@@ -56,15 +64,15 @@ W_INLINE void ptile_run(const int MR, const int AROW, const int AK, const float 
 #define PTILE_CASE(MR)                                                                             \
     case MR:                                                                                       \
         if (panel)                                                                                 \
-            ptile_run(MR, 1, PR, a, b, kc, c, ldc, ncols, load);                                   \
+            ptile_run(MR, 1, PR, a, b, kc, c, ldc, ncols, load, next, next_rows);                  \
         else                                                                                       \
-            ptile_run(MR, PAR, 1, a, b, kc, c, ldc, ncols, load);                                  \
+            ptile_run(MR, PAR, 1, a, b, kc, c, ldc, ncols, load, next, next_rows);                 \
         break;
 
 /* A tile of mr rows (1..12), each height a constant so the sums stay in registers. panel: a is
  * the tile's [kc][12], else rows [mr][PAR]. */
 W_TARGET static void ptile(int mr, int panel, const float *a, const float *b, int64_t kc, float *c,
-                           int64_t ldc, int64_t ncols, int load)
+                           int64_t ldc, int64_t ncols, int load, const float *next, int next_rows)
 {
     switch (mr) {
         PTILE_CASE(1)
@@ -121,9 +129,14 @@ W_TARGET static void pack_a(float *ap, int trans_a, const uint16_t *a, int64_t l
     }
 }
 
+size_t kt__fma_packed_mm_work_bytes(int64_t cols)
+{
+    return cols <= 0 ? 0 : (size_t)((cols + PC - 1) / PC) * PKC * PC * sizeof(float);
+}
+
 W_TARGET void kt__fma_packed_mm(int trans_a, int trans_b, int64_t M, int64_t n0, int64_t n1,
                                 int64_t K, const uint16_t *a, int64_t lda, const uint16_t *b,
-                                int64_t ldb, float *c, int64_t ldc)
+                                int64_t ldb, float *c, int64_t ldc, void *work)
 {
     if (M <= 0 || n1 <= n0)
         return;
@@ -133,10 +146,10 @@ W_TARGET void kt__fma_packed_mm(int trans_a, int trans_b, int64_t M, int64_t n0,
         return;
     }
     const unsigned csr = flush_denormals(KT__FMA_BF16);
-    float bp[(PNC / PC) * PKC * PC] __attribute__((aligned(64)));
+    float *bp = work;
     float ap[PMC * PAR] __attribute__((aligned(64)));
-    for (int64_t nb = n0; nb < n1; nb += PNC) {
-        const int64_t nc = n1 - nb < PNC ? n1 - nb : PNC;
+    for (int64_t nb = n0; nb < n1; nb += PNB) {
+        const int64_t nc = n1 - nb < PNB ? n1 - nb : PNB, panels = (nc + PC - 1) / PC;
         for (int64_t kb = 0; kb < K; kb += PKC) {
             const int64_t kc = K - kb < PKC ? K - kb : PKC;
             pack_b(bp, trans_b, b, ldb, kb, kc, nb, nc);
@@ -144,13 +157,19 @@ W_TARGET void kt__fma_packed_mm(int trans_a, int trans_b, int64_t M, int64_t n0,
                 const int64_t mc = M - mb < PMC ? M - mb : PMC;
                 const tiling tl = tiles_of(mc, PR);
                 pack_a(ap, trans_a, a, lda, kb, kc, mb, mc, &tl);
-                for (int64_t p = 0; p * PC < nc; p++) {
+                for (int64_t p = 0; p < panels; p++) {
                     const int64_t cols = nc - p * PC < PC ? nc - p * PC : PC;
+                    float *cp = c + mb * ldc + nb + p * PC;
                     for (int64_t t = 0; t < tl.n; t++) {
                         const int64_t r = tile_start(&tl, t);
                         const float *at = trans_a ? ap + t * PKC * PR : ap + r * PAR;
+                        /* the next tile: this panel's next rows, else the next panel's first */
+                        const float *next = t + 1 < tl.n    ? cp + tile_start(&tl, t + 1) * ldc
+                                            : p + 1 < panels ? cp + PC
+                                                             : NULL;
+                        const int next_rows = tile_height(&tl, t + 1 < tl.n ? t + 1 : 0);
                         ptile(tile_height(&tl, t), trans_a, at, bp + p * PKC * PC, kc,
-                              c + (mb + r) * ldc + nb + p * PC, ldc, cols, kb > 0);
+                              cp + r * ldc, ldc, cols, kb > 0, next, next_rows);
                     }
                 }
             }

@@ -215,6 +215,14 @@ static void ref_tn_f32(int64_t M, int64_t n0, int64_t n1, int64_t K, const float
     kt__f32_gemm_tn_ref(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
 }
 
+static void ref_mm_bf16(int trans_a, int trans_b, int64_t M, int64_t n0, int64_t n1, int64_t K,
+                        const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb, float *c,
+                        int64_t ldc, void *work)
+{
+    (void)work;
+    kt__bf16_gemm_mm_ref(trans_a, trans_b, M, n0, n1, K, a, lda, b, ldb, c, ldc);
+}
+
 /* ---- the table ------------------------------------------------------------------------------ */
 
 #define ALL INT64_MAX
@@ -252,7 +260,8 @@ const kt__kpath kt__kpaths[] = {
                       .insn = KT__KINSN_FMA,
                       .needs = KT__KF_AVX512 | KT__KF_BF16_ON_FMA,
                       .rows = {[KT__KP_MM_BF16] = {KT__FMA_PACKED_MIN_M, ALL}},
-                      .mm_bf16 = FMA_FN(kt__fma_packed_mm)},
+                      .mm_bf16 = FMA_FN(kt__fma_packed_mm),
+                      .mm_work_bytes = FMA_FN(kt__fma_packed_mm_work_bytes)},
     [P_FMA_ROWS] = {.name = "fma_rows",
                     .sums_as = P_FMA_ROWS,
                     .insn = KT__KINSN_FMA,
@@ -338,7 +347,7 @@ const kt__kpath kt__kpaths[] = {
                   .nt_f32 = kt__f32_gemm_nt_ref,
                   .nn_f32 = ref_nn_f32,
                   .tn_f32 = ref_tn_f32,
-                  .mm_bf16 = kt__bf16_gemm_mm_ref},
+                  .mm_bf16 = ref_mm_bf16},
 };
 const int kt__kpath_count = (int)(sizeof kt__kpaths / sizeof kt__kpaths[0]);
 _Static_assert(sizeof kt__kpaths / sizeof kt__kpaths[0] <= 8, "usable's e[] holds every path");

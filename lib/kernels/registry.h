@@ -77,7 +77,7 @@ typedef void (*kt__tn_f32_fn)(int64_t M, int64_t n0, int64_t n1, int64_t K, cons
 
 typedef void (*kt__mm_bf16_fn)(int trans_a, int trans_b, int64_t M, int64_t n0, int64_t n1,
                                int64_t K, const uint16_t *a, int64_t lda, const uint16_t *b,
-                               int64_t ldb, float *c, int64_t ldc);
+                               int64_t ldb, float *c, int64_t ldc, void *work);
 
 /* Rows [min_m, max_m] a path serves for one product; max_m 0: not that product. */
 typedef struct kt__krows {
@@ -103,6 +103,9 @@ typedef struct kt__kpath {
     kt__tn_f32_fn tn_f32;
     kt__mm_bf16_fn mm_bf16; /* c[0:M, n0:n1) = op(a) op(b), overwritten (fma_gemm.h) */
     size_t (*tn_work_bytes)(int64_t M); /* the work buffer its TN wants (NULL: none) */
+    size_t (*mm_work_bytes)(int64_t cols); /* the work buffer its MM wants for that many
+                                            * columns (NULL: none; additive over blocks of
+                                            * 32 columns) */
 } kt__kpath;
 
 /* The table, in order of preference; the last entry (the scalar references) serves every
