@@ -406,6 +406,17 @@ static void test_matmul_bf16_thread_invariant(void **state)
         gc_check_thread_invariant(&c, 1, 3);
         tu_free(&f[0]), tu_free(&f[1]), tu_free(&in[0]), tu_free(&in[1]);
     }
+    /* rows where MM runs (fma_packed here), its pieces cut at other columns on 3 threads */
+    for (int ta = 0; ta <= 1; ta++)
+        for (int tb = 0; tb <= 1; tb++) {
+            kt_tensor f[2];
+            make_operands(f, KT__FMA_PACKED_MIN_M + 36, 300, 1000, ta, tb, &rng);
+            kt_tensor in[2] = {tu_convert(&f[0], KT_BF16), tu_convert(&f[1], KT_BF16)};
+            gc_case c = {.op = KT_OP_MATMUL, .attrs = {.trans_a = ta, .trans_b = tb}, .in = in,
+                         .n_in = 2, .seed = 50u + 2u * (unsigned)ta + (unsigned)tb};
+            gc_check_thread_invariant(&c, 1, 3);
+            tu_free(&f[0]), tu_free(&f[1]), tu_free(&in[0]), tu_free(&in[1]);
+        }
 }
 
 /* ---- the sgemm kernels directly ----------------------------------------------------------- */

@@ -381,6 +381,12 @@ static int has_kernel(const kt__kpath *p, kt__kprod prod)
     }
 }
 
+/* Whether the product's operands are bf16 (the descriptors' needs_bf16 apply), else f32. */
+static int prod_bf16(kt__kprod prod)
+{
+    return prod <= KT__KP_TN_BF16 || prod == KT__KP_MM_BF16;
+}
+
 /* Per product, the paths this CPU can run for it in table order with their effective rows:
  * built once from the table (as the feature bits), so a pick is a walk over a few ranges. */
 typedef struct usable {
@@ -398,7 +404,7 @@ static void usable_init(void)
     const unsigned have = kt__kernel_features();
     for (int prod = 0; prod < KT__KPROD_COUNT; prod++) {
         usable *u = &usable_by_prod[prod];
-        const int bf16 = prod <= KT__KP_TN_BF16 || prod == KT__KP_MM_BF16;
+        const int bf16 = prod_bf16((kt__kprod)prod);
         for (int i = 0; i < kt__kpath_count && u->n < 8; i++) {
             const kt__kpath *p = &kt__kpaths[i];
             const unsigned needs = p->needs | (bf16 ? p->needs_bf16 : p->needs_f32);

@@ -334,7 +334,7 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                    "the same operands and threads (libdnnl.so.2, loaded if installed) and\n"
                    "its time over libkt's (> 1: libkt faster); --no-peer skips it.\n"
                    "After the MoE table (or alone with --dense; --no-dense skips it): the\n"
-                   "dense bf16 matmul (y = x W^T through the op) at 2048^3 and at the\n"
+                   "dense bf16 matmul (y = x W^T through the op) at 2048^3, 512^3, 1024^3 and at the\n"
                    "attention projections of Mixtral and Qwen3-MoE for m = 1, 128, 1024\n"
                    "tokens (with --dense, --m/--n/--k give one product), against the peak of\n"
                    "its path's instruction, OpenBLAS's sgemm in f32 and the staged path it\n"

@@ -8,7 +8,7 @@
  *    OpenBLAS);
  *  - the staged path matmul ran before: x and W widened to f32, kt__sgemm, y rounded to bf16
  *    (ratio_vs_staged).
- * Shapes: M = N = K = 2048, and the attention projections of Mixtral (H = 4096: q/o 4096 ->
+ * Shapes: M = N = K = 2048 ("square"), 512 and 1024, and the attention projections of Mixtral (H = 4096: q/o 4096 ->
  * 4096, k/v 4096 -> 1024) and Qwen3-MoE (H = 2048: q 2048 -> 4096, k/v 2048 -> 512, o 4096 ->
  * 2048) at M = 1, 128 and 1024 tokens. The operands stay in cache between runs (hot). */
 #include "tools/kt-bench/bench_gemm_dense.h"
@@ -176,7 +176,8 @@ int bench_gemm_dense(const bench_args *common, kt_threadpool *pool, int64_t m, i
                      int64_t k, int single)
 {
     static const dense_shape table[] = {
-        {"square", 2048, 2048, 2048},
+        {"square", 2048, 2048, 2048},   {"square_512", 512, 512, 512},
+        {"square_1024", 1024, 1024, 1024},
         {"mixtral_q", 1, 4096, 4096},   {"mixtral_kv", 1, 1024, 4096},
         {"qwen3_q", 1, 4096, 2048},     {"qwen3_kv", 1, 512, 2048},
         {"qwen3_o", 1, 2048, 4096},
@@ -187,10 +188,11 @@ int bench_gemm_dense(const bench_args *common, kt_threadpool *pool, int64_t m, i
     const int have_blas = strcmp(kt__sgemm_core_name(), "portable") != 0;
     const int custom = m > 0 && n > 0 && k > 0;
     const int n_shapes = custom ? 1 : (int)(sizeof table / sizeof table[0]);
+    const int n_squares = 3; /* the table's first rows: M fixed, no token counts */
     for (int i = 0; i < n_shapes; i++)
-        for (int ti = 0; ti < (custom || i == 0 ? 1 : 3); ti++) {
+        for (int ti = 0; ti < (custom || i < n_squares ? 1 : 3); ti++) {
             dense_shape s = custom ? (dense_shape){"custom", m, n, k} : table[i];
-            if (!custom && i > 0)
+            if (!custom && i >= n_squares)
                 s.M = tokens[ti];
             dense_bufs b;
             if (dense_alloc(&s, &b) != 0) {
