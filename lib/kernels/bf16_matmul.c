@@ -37,10 +37,11 @@ static void mm_part(void *ctx, int64_t begin, int64_t end, int thread)
     const int64_t c0 = begin * j->piece, c1 = end * j->piece < j->N ? end * j->piece : j->N;
     if (c0 >= c1)
         return;
-    if (j->mm != NULL)
+    if (j->mm != NULL) {
+        char *work = j->mm->mm_work_bytes != NULL ? j->work + j->mm->mm_work_bytes(c0) : NULL;
         j->mm->mm_bf16(j->trans_a, j->trans_b, j->M, c0, c1, j->K, j->A, j->lda, j->B, j->ldb,
-                       j->C, j->ldc, j->mm->mm_work_bytes ? j->work + j->mm->mm_work_bytes(c0) : NULL);
-    else if (j->trans_b) /* y = x w^T, w = B [N, K] */
+                       j->C, j->ldc, work);
+    } else if (j->trans_b) /* y = x w^T, w = B [N, K] */
         kt__bf16_gemm_nt(j->M, c0, c1, j->K, j->A, j->lda, j->B, j->ldb, j->C, j->ldc, 0);
     else /* y = g w, g = A [M, K] reduced over K, w = B [K, N] */
         kt__bf16_gemm_nn(j->M, j->K, c0, c1, j->A, j->lda, j->B, j->ldb, j->C, j->ldc, 0);

@@ -4,11 +4,11 @@
  * Row-major as kt__sgemm (sgemm.h): op(A) is M x K (A is M x K with row stride lda, or K x M when
  * trans_a), op(B) is K x N (B is K x N, or N x K when trans_b), C is M x N with row stride ldc,
  * overwritten; `work` holds kt__bf16_matmul_work_bytes. It runs the registry's MM product (both
- * operands read in place) where MM's path
- * comes no later in the table than that of the kernels' NT (B transposed, y = x w^T) or NN (B
- * plain, y = g w); else NT or NN, op(A) transposed first copied out as M x K rows into `work`
- * (M x K bf16 values; moving bf16 values is exact). Every element is one of the kernels' sums
- * over K, whatever the split: results are bitwise the same for any pool size. */
+ * operands read in place) where MM's path comes no later in the table than that of the
+ * kernels' NT (B transposed, y = x w^T) or NN (B plain, y = g w); else NT or NN, op(A)
+ * transposed first copied out as M x K rows into `work` (moving bf16 values is exact). Every
+ * element is one of the kernels' sums over K, whatever the split: results are bitwise the same
+ * for any pool size. */
 #ifndef KT_KERNELS_BF16_MATMUL_H
 #define KT_KERNELS_BF16_MATMUL_H
 
