@@ -31,9 +31,20 @@
  *   cross_entropy logits [N,V], targets [N] (i32/i64) -> scalar f32: mean over tokens whose
  *                 target != ignore_index of -log_softmax(logits)[target]; 0 if none count
  *   embedding     table [V,H], ids [...] (i32/i64) -> [..., H]; backward scatter-adds
- *   topk_router   logits [N,E] (f32) -> ids [N,k] (i32), weights [N,k] (f32): softmax over
- *                 E, the k largest in descending order (ties: lower expert first),
- *                 renormalised to sum 1 when norm_topk; differentiable in the weights
+ *   topk_router   logits [N,E] (f32) [, bias [E] (f32)] -> ids [N,k] (i32), weights [N,k]
+ *                 (f32): scores softmax (default) or sigmoid over E; the chosen experts are
+ *                 the k largest scores (+ bias, when given: the bias changes the choice only,
+ *                 never the weights, and takes no gradient) in descending order (ties: lower
+ *                 expert first). With n_group > 1 and topk_group < n_group the choice is
+ *                 group-limited: E splits into n_group equal groups, each scored by its max
+ *                 or its top-2 sum (group_score), and only the topk_group best groups
+ *                 (ties: lower group first) are chosen from. Weights are the chosen scores,
+ *                 renormalised to sum 1 when norm_topk (sigmoid: w / (sum + 1e-20)), times
+ *                 routed_scaling_factor; differentiable in the weights (not the choice)
+ *   load_balance_loss logits [R,E] (f32), ids [R,k] (i32/i64) -> scalar f32: the Switch /
+ *                 Mixtral auxiliary loss E * sum_e f_e P_e, f_e = (choices of e) / R,
+ *                 P_e = mean over rows of softmax(logits)_e; differentiable in the logits
+ *                 through P. Concatenate the rows of all MoE layers first (as transformers)
  *   conv1d        x [T,Cin] or [B,T,Cin], w [Cout,K,Cin] (depthwise: [C,K]) -> [(B,)T',Cout]
  *                 causal: y[t] uses x[t-K+1..t]; same: x[t-K/2 .. t+(K-1-K/2)];
  *                 valid: no padding, T' = T-K+1 (the input already carries its halos)
@@ -52,6 +63,14 @@
  *                 after it along `dim` (zeros at the ends of the sequence); backward sends
  *                 the halo gradients back and adds them in. Without a communicator (or with
  *                 one rank) the halos are zeros.
+ *   rope          x [B,T,H,D] or [T,H,D], positions [B,T] or [T] (i32/i64; absent: 0..T-1)
+ *                 -> x's shape: the first rotary_dim elements of each head turned pair by
+ *                 pair, pair j by the angle position * inv_freq_j (inv_freq_j =
+ *                 theta^(-2j/rotary_dim), scaled linearly or by YaRN), the rest passed
+ *                 through. Pairs (j, j + rotary_dim/2) (rotate_half), or with interleaved
+ *                 (2j, 2j+1), written back there or, with deinterleave, to (j, j +
+ *                 rotary_dim/2). Positions outside 0..max_positions-1 are KT_EINVAL; a
+ *                 session builds the cos/sin table once; backward turns the gradient back.
  */
 #ifndef KT_OPS_H
 #define KT_OPS_H
@@ -83,7 +102,9 @@ extern "C" {
     X(TRANSPOSE, transpose)           \
     X(RESHAPE, reshape)               \
     X(MOE, moe)                       \
-    X(HALO, halo)
+    X(HALO, halo)                     \
+    X(ROPE, rope)                     \
+    X(LOAD_BALANCE_LOSS, load_balance_loss)
 
 typedef enum kt_op {
 #define KT__OP_ENUM(upper, lower) KT_OP_##upper,
@@ -100,6 +121,22 @@ typedef enum kt_conv_mode {
     KT_CONV_SAME = 1,
     KT_CONV_VALID = 2
 } kt_conv_mode;
+
+typedef enum kt_rope_scaling {
+    KT_ROPE_SCALING_NONE = 0,
+    KT_ROPE_SCALING_LINEAR = 1, /* positions / factor */
+    KT_ROPE_SCALING_YARN = 2    /* YaRN: inv_freq blended by beta_fast/beta_slow, cos/sin scaled */
+} kt_rope_scaling;
+
+typedef enum kt_router_scoring {
+    KT_ROUTER_SOFTMAX = 0, /* p = softmax(logits) over the experts (Mixtral, Qwen, DeepSeek-V2) */
+    KT_ROUTER_SIGMOID = 1  /* s = sigmoid(logits) per expert (DeepSeek-V3) */
+} kt_router_scoring;
+
+typedef enum kt_router_group_score {
+    KT_ROUTER_GROUP_MAX = 0,     /* a group's best score (DeepSeek-V2) */
+    KT_ROUTER_GROUP_TOP2_SUM = 1 /* the sum of its two best scores (DeepSeek-V3) */
+} kt_router_group_score;
 
 typedef enum kt_halo_mode {
     KT_HALO_P2P = 0,      /* tag messages with the two neighbours */
@@ -140,6 +177,23 @@ typedef struct kt_op_attrs {
     int binding;                /* moe: which of the session's MoE layers (kt/moe.h) runs it */
     int64_t halo_left, halo_right; /* halo: frames from the previous / next rank */
     kt_halo_mode halo_mode;        /* halo */
+    float rope_theta;              /* rope: the frequency base (10000) */
+    int rope_rotary_dim;           /* rope: elements of each head that rotate; 0: all */
+    int rope_interleaved;          /* rope: pairs (2j, 2j+1) instead of (j, j + rotary_dim/2) */
+    int rope_deinterleave;         /* rope: interleaved pairs written as [evens | odds] */
+    int64_t rope_max_positions;    /* rope: positions 0..max_positions-1 (the table's size) */
+    kt_rope_scaling rope_scaling;  /* rope */
+    float rope_factor;             /* rope: linear / yarn scaling factor */
+    int64_t rope_original_max_positions; /* rope, yarn: the trained context */
+    float rope_beta_fast, rope_beta_slow; /* rope, yarn: the blend's correction range */
+    float rope_mscale, rope_mscale_all_dim; /* rope, yarn: the attention factor's parts */
+    float rope_attention_factor;   /* rope: scales cos and sin; 0: derived */
+    int rope_truncate;             /* rope, yarn: the correction range in whole dims */
+    kt_router_scoring router_scoring;         /* topk_router: softmax or sigmoid scores */
+    int router_n_group;                       /* topk_router: expert groups (1: none) */
+    int router_topk_group;                    /* topk_router: groups kept (0: all) */
+    kt_router_group_score router_group_score; /* topk_router: how a group is scored */
+    float router_scaling;                     /* topk_router: routed_scaling_factor */
 } kt_op_attrs;
 
 /* op's attributes at their defaults, stamped for op (required ones are marked "not set" and
