@@ -276,9 +276,9 @@ static void test_matmul_bf16_f64(void **state)
     print_message("bf16 matmul paths checked:%s\n", seen);
 }
 
-/* The edges of fma_packed's blocks through the op (12-row tiles, 96 rows of A and 512 columns
- * of B widened at once, 256 steps of K a block): rows at and around its first row count and
- * one past a block of rows, K of 1, one past a block and of several blocks, N of 1 and past a
+/* The edges of fma_packed's blocks through the op (12-row tiles, up to 128 rows of A and 512
+ * columns of B widened at once, 256 steps of K a block): rows at and around its first row count
+ * and one past a block of rows, K of 1, one past a block and of several blocks, N of 1 and past a
  * block of columns; every transpose pair, 1 and 2 threads. */
 static void test_matmul_bf16_blocks(void **state)
 {
@@ -289,7 +289,7 @@ static void test_matmul_bf16_blocks(void **state)
         {KT__FMA_PACKED_MIN_M - 1, 40, 33},
         {KT__FMA_PACKED_MIN_M, 1, 1},
         {KT__FMA_PACKED_MIN_M, 257, 97},
-        {97, 31, 200},
+        {129, 31, 200},
         {KT__FMA_PACKED_MIN_M + 1, 1100, 40},
         {193, 260, 65},
         {70, 37, 600},
@@ -323,7 +323,7 @@ static void test_fma_packed_bits(void **state)
     tu_rng rng;
     tu_rng_seed(&rng, 107);
     static const int64_t mkn[][3] = {{1, 1, 1},     {12, 256, 32},  {13, 257, 96},
-                                     {96, 31, 97},  {97, 600, 130}, {200, 513, 200},
+                                     {96, 31, 97},  {129, 600, 130}, {200, 513, 200},
                                      {5, 1, 100},   {40, 70, 1100}};
     for (size_t i = 0; i < sizeof mkn / sizeof mkn[0]; i++)
         for (int ta = 0; ta <= 1; ta++)

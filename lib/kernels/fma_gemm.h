@@ -87,7 +87,7 @@ void kt__fma_nn_direct(kt__fma_src src, int64_t M, int64_t N, int64_t k0, int64_
  * packed for the caches: B widened once, 512 columns x 256 steps at a time, into `work`
  * (64-byte aligned, kt__fma_packed_mm_work_bytes(n1 - n0) bytes: a multiple of 64 for a
  * multiple of 32 columns, so calls on neighbouring blocks can share a buffer cut at their
- * columns), A's rows widened once for each such block into 102 KiB of stack. The sums are those of
+ * columns), A's rows widened once for each such block into 136 KiB of stack. The sums are those of
  * kt__fma_nt / kt__fma_nn without accumulate, bit for bit. */
 void kt__fma_packed_mm(int trans_a, int trans_b, int64_t M, int64_t n0, int64_t n1, int64_t K,
                        const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb, float *c,

@@ -3,7 +3,7 @@
  * and PKC steps of the reduction:
  *  - B's block is widened to f32 once, as panels [step][32] in the caller's work buffer (in L2;
  *    one panel stays in L1 while every tile of PMC rows runs over it);
- *  - A's rows are widened PMC at a time, once per block: as rows [row][PAR] when A is stored
+ *  - A's rows are widened up to PMC at a time, once per block: as rows [row][PAR] when A is stored
  *    [M, K], as each tile's panel [step][12] when A is stored [K, M] (then the packing reads A's
  *    rows in place: 12 neighbours of a row are the 12 rows of a tile at one step);
  *  - a register tile of up to 12 rows x 32 columns (24 zmm of sums, one broadcast per row and
@@ -24,7 +24,8 @@
 #define PR 12   /* rows of a tile */
 #define PC 32   /* columns of a tile and of a panel */
 #define PKC 256 /* reduction steps of a block: a panel [256][32] f32 is 32 KiB, L1 holds it */
-#define PMC 96  /* rows of A widened at once: [96][272] f32, 102 KiB on the stack, in L2 */
+#define PMC 128 /* rows of A widened at once at most: [128][272] f32, 136 KiB on the stack,
+                 * in L2; M is cut into blocks of equal heights (128 rows: one pass over B) */
 #define PNB 512 /* columns of B widened at once: 512 KiB of panels, in L2 */
 #define PAR (PKC + 16) /* A's widened rows lie this far apart: 12 rows 1 KiB apart would share
                         * 4 of L1's 64 sets */
@@ -146,6 +147,7 @@ W_TARGET void kt__fma_packed_mm(int trans_a, int trans_b, int64_t M, int64_t n0,
         return;
     }
     const unsigned csr = flush_denormals(KT__FMA_BF16);
+    const tiling blocks = tiles_of(M, PMC);
     float *bp = work;
     float ap[PMC * PAR] __attribute__((aligned(64)));
     for (int64_t nb = n0; nb < n1; nb += PNB) {
@@ -153,8 +155,8 @@ W_TARGET void kt__fma_packed_mm(int trans_a, int trans_b, int64_t M, int64_t n0,
         for (int64_t kb = 0; kb < K; kb += PKC) {
             const int64_t kc = K - kb < PKC ? K - kb : PKC;
             pack_b(bp, trans_b, b, ldb, kb, kc, nb, nc);
-            for (int64_t mb = 0; mb < M; mb += PMC) {
-                const int64_t mc = M - mb < PMC ? M - mb : PMC;
+            for (int64_t bi = 0; bi < blocks.n; bi++) {
+                const int64_t mb = tile_start(&blocks, bi), mc = tile_height(&blocks, bi);
                 const tiling tl = tiles_of(mc, PR);
                 pack_a(ap, trans_a, a, lda, kb, kc, mb, mc, &tl);
                 for (int64_t p = 0; p < panels; p++) {
