@@ -20,10 +20,17 @@
  * - Kernels are deterministic for a fixed thread count; most are deterministic for any.
  *
  * The ops and their layouts (N = leading dims flattened, "...": any leading dims):
- *   matmul        a [M,K] (trans_a: [K,M]), b [K,N] (trans_b: [N,K]) -> [M,N]
- *   add, sub, mul a [...], b with a's shape or a suffix of it (broadcast) -> a's shape
+ *   matmul        a [...,M,K] (trans_a: [...,K,M]), b [...,K,N] (trans_b: [...,N,K]) -> [...,M,N];
+ *                 the leading (batch) dims broadcast as numpy's do (b may be a plain [K,N])
+ *   add, sub, mul a [...], b broadcast into a (numpy rules: each of b's dims, aligned from
+ *                 the end, is 1 or a's; b has no more dims than a, leading 1s aside) -> a's shape
  *   scale         x -> alpha * x
  *   silu          x -> x * sigmoid(x)
+ *   sigmoid       x -> 1 / (1 + exp(-x))
+ *   clamp         x -> min(max(x, min), max); the gradient passes where min <= x <= max
+ *   sum, mean     x -> x reduced over `dim` (negative: from the end), kept as size 1 when
+ *                 keepdim; summed in index order in f32
+ *   expand        x with size 1 at `dim` -> that dim repeated `size` times; backward sums
  *   swiglu        g, u (same shape) -> silu(g) * u
  *   rmsnorm       x [...,H], w [H] -> x / sqrt(mean(x^2) + eps) * w
  *   softmax       x [...,V] -> softmax over the last dim
@@ -51,6 +58,7 @@
  *   concat        n_in tensors equal but along `dim` -> joined along `dim`
  *   narrow        x -> x[start : start+length] along `dim`
  *   transpose     x -> x with dims dim0 and dim1 swapped (materialised)
+ *                 (concat's, narrow's and transpose's dims may be negative: from the end)
  *   reshape       x -> same elements, shape (ndim, shape); one entry may be -1
  *   moe           x [T,H], ids [T,k] (i32/i64), weights [T,k] (f32) -> y [T,H]: the CPU
  *                 MoE layer (kt/moe.h) the session binds as layer `binding`; it keeps what
@@ -71,6 +79,12 @@
  *                 (2j, 2j+1), written back there or, with deinterleave, to (j, j +
  *                 rotary_dim/2). Positions outside 0..max_positions-1 are KT_EINVAL; a
  *                 session builds the cos/sin table once; backward turns the gradient back.
+ *   attention     q [B,T,Hq,D], k [B,S,Hkv,D], v [B,S,Hkv,Dv] (Hq a multiple of Hkv: query
+ *                 head h reads KV head h / (Hq/Hkv)), optional segments [B,S] (i32/i64)
+ *                 -> o [B,T,Hq,Dv], lse [B,Hq,T] (f32): softmax(scale q.k^T) v over the
+ *                 visible keys (query t sits at position S-T+t; causal, window and segment
+ *                 ids restrict what it sees), lse the log-sum-exp of each row. A row that
+ *                 sees no key gives o = 0, lse = 0 and no gradient. D, Dv <= 256.
  */
 #ifndef KT_OPS_H
 #define KT_OPS_H
@@ -90,6 +104,11 @@ extern "C" {
     X(SCALE, scale)                   \
     X(SILU, silu)                     \
     X(SWIGLU, swiglu)                 \
+    X(SIGMOID, sigmoid)               \
+    X(CLAMP, clamp)                   \
+    X(SUM, sum)                       \
+    X(MEAN, mean)                     \
+    X(EXPAND, expand)                 \
     X(RMSNORM, rmsnorm)               \
     X(SOFTMAX, softmax)               \
     X(LOG_SOFTMAX, log_softmax)       \
@@ -104,7 +123,8 @@ extern "C" {
     X(MOE, moe)                       \
     X(HALO, halo)                     \
     X(ROPE, rope)                     \
-    X(LOAD_BALANCE_LOSS, load_balance_loss)
+    X(LOAD_BALANCE_LOSS, load_balance_loss) \
+    X(ATTENTION, attention)
 
 typedef enum kt_op {
 #define KT__OP_ENUM(upper, lower) KT_OP_##upper,
@@ -158,7 +178,8 @@ typedef enum kt_halo_mode {
  * attribute then fails naming it) or a struct made by kt_op_defaults for that op; for an op
  * with attributes, any other struct (zeroed, designated-initialised, made for another op) is
  * refused with KT_EINVAL. Required attributes (scale's alpha, topk_router's k, narrow's
- * dim/start/length, transpose's dims, reshape's shape) must be set after kt_op_defaults. */
+ * dim/start/length, transpose's dims, reshape's shape, sum's, mean's and expand's dim,
+ * expand's size) must be set after kt_op_defaults. */
 typedef struct kt_op_attrs {
     unsigned made_for;          /* set by kt_op_defaults: the op this struct is for */
     int trans_a, trans_b;       /* matmul */
@@ -169,7 +190,7 @@ typedef struct kt_op_attrs {
     int norm_topk;              /* topk_router: renormalise the chosen weights */
     int depthwise;              /* conv1d */
     kt_conv_mode conv_mode;     /* conv1d */
-    int dim;                    /* concat, narrow, halo */
+    int dim;                    /* concat, narrow, halo, sum, mean, expand */
     int64_t start, length;      /* narrow */
     int dim0, dim1;             /* transpose */
     int ndim;                   /* reshape: entries of shape */
@@ -194,6 +215,13 @@ typedef struct kt_op_attrs {
     int router_topk_group;                    /* topk_router: groups kept (0: all) */
     kt_router_group_score router_group_score; /* topk_router: how a group is scored */
     float router_scaling;                     /* topk_router: routed_scaling_factor */
+    int reduce_keepdim;            /* sum, mean: keep the reduced dim as size 1 */
+    int64_t expand_size;           /* expand: the repeated dim's new size */
+    float clamp_min, clamp_max;    /* clamp */
+    float attn_scale;              /* attention: on q.k (0: 1/sqrt(D)) */
+    int attn_causal;               /* attention: key j visible to query t only if j <= S-T+t */
+    int64_t attn_window;           /* attention: and only if S-T+t - j < window (0: none) */
+    float attn_softcap;            /* attention: scores softcap * tanh(s / softcap) (0: none) */
 } kt_op_attrs;
 
 /* op's attributes at their defaults, stamped for op (required ones are marked "not set" and
