@@ -341,8 +341,7 @@ static void fwd_tasks(void *ctx, int64_t begin, int64_t end, int thread)
                 if (kind == BLOCK_PARTIAL)
                     mask_block(j, b, t0, nq, k0, nk, st, nqp, 1);
                 kt__attn_online_cols(nk, nqp, st, nqp, mg, lg, alpha);
-                kt__attn_scale_cols(j->Dv, nqp, og, nqp, alpha);
-                kt__attn_gemm(j->Dv, nqp, nk, vr, 1, ldv, st, nqp, og, nqp, 1);
+                kt__attn_gemm_rescale(j->Dv, nqp, nk, vr, 1, ldv, st, nqp, og, nqp, alpha);
             }
         }
         for (int64_t g = 0; g < ng; g++) {
