@@ -42,6 +42,9 @@ static const fixture fixtures[] = {
     {KT_OP_RMSNORM, "input x: f32[4, 6]\ninput w: f32[6]\n", "x, w", ""},
     {KT_OP_CROSS_ENTROPY, "input l: f32[4, 6]\ninput t: i32[4]\n", "l, t", ""},
     {KT_OP_TOPK_ROUTER, "input l: f32[4, 8]\n", "l", "k = 2"},
+    {KT_OP_TOPK_ROUTER, "input l: f32[4, 16]\ninput b: f32[16]\n", "l, b",
+     "k = 3, norm_topk = 1, scoring = sigmoid, n_group = 4, topk_group = 2, "
+     "group_score = top2_sum, routed_scaling_factor = 2.5"},
     {KT_OP_CONV1D, "input x: f32[10, 4]\ninput w: f32[4, 3, 4]\n", "x, w", ""},
     {KT_OP_CONV1D, "input x: f32[10, 4]\ninput w: f32[4, 3]\n", "x, w", "depthwise = 1"},
     {KT_OP_CONCAT, "input x: f32[4, 6]\ninput y: f32[4, 6]\n", "x, y", ""},
@@ -50,6 +53,19 @@ static const fixture fixtures[] = {
     {KT_OP_RESHAPE, "input x: f32[4, 6]\n", "x", "shape = [6, 4]"},
     {KT_OP_MOE, "input x: f32[4, 6]\ninput i: i32[4, 2]\ninput w: f32[4, 2]\n", "x, i, w", ""},
     {KT_OP_HALO, "input x: f32[8, 4]\n", "x", "left = 1, right = 1"},
+    /* rope: rotary_dim 0 and 4 (any other value next to them is odd), deinterleave with
+     * interleaved, yarn (from linear) with original_max_positions set */
+    {KT_OP_ROPE, "input x: f32[2, 4, 2, 8]\ninput p: i32[2, 4]\n", "x, p", ""},
+    {KT_OP_ROPE, "input x: f32[4, 2, 8]\n", "x",
+     "rotary_dim = 4, interleaved = 1, scaling = linear, original_max_positions = 64"},
+    {KT_OP_CLAMP, "input x: f32[4, 6]\n", "x", "min = -1, max = 1"},
+    {KT_OP_SUM, "input x: f32[4, 6, 8]\n", "x", "dim = 1"},
+    {KT_OP_MEAN, "input x: f32[4, 6, 8]\n", "x", "dim = -2, keepdim = 1"},
+    {KT_OP_EXPAND, "input x: f32[1, 1, 8]\n", "x", "dim = 0, size = 3"},
+    {KT_OP_ATTENTION,
+     "input q: f32[1, 4, 2, 8]\ninput k: f32[1, 6, 1, 8]\ninput v: f32[1, 6, 1, 4]\n"
+     "input s: i32[1, 6]\n",
+     "q, k, v, s", ""},
 };
 enum { N_FIXTURES = sizeof fixtures / sizeof fixtures[0] };
 

@@ -16,8 +16,10 @@
  *     input gradients are pre-filled with NaN / garbage (backward overwrites, it does not
  *     accumulate), scratch is poisoned, and the gradients are bitwise those of a clean run,
  *     all requested together or each alone; backward leaves in/out/grad_out alone;
- *   - no_grad_in is exactly the integer inputs (ids, targets); the layout ops, which also
- *     move integer tensors, refuse a gradient request for them instead.
+ *   - no_grad_in is the integer inputs (ids, targets) and float inputs that only select
+ *     (topk_router's bias: nudging it leaves every output bitwise the same), and a gradient
+ *     request for any of them is refused; the layout ops, which also move integer tensors,
+ *     refuse a gradient request for them instead.
  * Every op needs at least one case here, so adding an op to KT_OP_LIST without one fails. */
 #include <math.h>
 #include <setjmp.h>
@@ -53,7 +55,7 @@ typedef struct op_case {
     int ignore; /* cross_entropy: targets set to attrs.ignore_index */
 } op_case;
 
-#define MAX_CASES 128
+#define MAX_CASES 256
 static op_case cases[MAX_CASES];
 static int n_cases;
 
@@ -88,6 +90,18 @@ static void add_case(kt_op op, const char *variant, kt_op_attrs attrs, int ignor
 #define I32 KT_I32
 #define I64 KT_I64
 
+/* rope's attributes (theta and max_positions have no zero default, so A() cannot make them) */
+static kt_op_attrs rope_at(int interleaved, int deinterleave, int rotary_dim, int yarn)
+{
+    kt_op_attrs a = kt_op_defaults(KT_OP_ROPE);
+    a.rope_interleaved = interleaved, a.rope_deinterleave = deinterleave;
+    a.rope_rotary_dim = rotary_dim, a.rope_max_positions = 64;
+    if (yarn)
+        a.rope_scaling = KT_ROPE_SCALING_YARN, a.rope_factor = 4.0f,
+        a.rope_original_max_positions = 16;
+    return a;
+}
+
 static void build_cases(void)
 {
     n_cases = 0;
@@ -105,6 +119,20 @@ static void build_cases(void)
     CASE(KT_OP_MATMUL, "square trans_a", A(.trans_a = 1), T(F32, -1, 1, 6, 6),
          T(F32, -1, 1, 6, 6));
     CASE(KT_OP_MATMUL, "large", none, T(F32, -1, 1, 70, 40), T(F32, -1, 1, 40, 90));
+    /* batched: a's stacked rows (one 2-D product), per item, broadcast either way */
+    CASE(KT_OP_MATMUL, "3d a, 2d b", none, T(F32, -1, 1, 2, 5, 7), T(F32, -1, 1, 7, 6));
+    CASE(KT_OP_MATMUL, "batch", none, T(F32, -1, 1, 3, 5, 7), T(F32, -1, 1, 3, 7, 6));
+    CASE(KT_OP_MATMUL, "batch trans_a, 2d b", A(.trans_a = 1), T(F32, -1, 1, 3, 7, 5),
+         T(F32, -1, 1, 7, 6));
+    CASE(KT_OP_MATMUL, "2d a, batch b", A(.trans_b = 1), T(F32, -1, 1, 5, 7),
+         T(F32, -1, 1, 2, 3, 6, 7));
+    CASE(KT_OP_MATMUL, "4d broadcast trans_ab", A(.trans_a = 1, .trans_b = 1),
+         T(F32, -1, 1, 2, 1, 7, 5), T(F32, -1, 1, 3, 6, 7));
+    CASE(KT_OP_MATMUL, "bf16 batch broadcast", A(.trans_a = 1), T(BF16, -1, 1, 1, 7, 5),
+         T(BF16, -1, 1, 4, 7, 6));
+    CASE(KT_OP_MATMUL, "f16 batch", A(.trans_b = 1), T(F16, -1, 1, 2, 5, 7),
+         T(F16, -1, 1, 2, 6, 7));
+    CASE(KT_OP_MATMUL, "large batch", none, T(F32, -1, 1, 8, 40, 30), T(F32, -1, 1, 8, 30, 50));
 
     const kt_op binary[3] = {KT_OP_ADD, KT_OP_SUB, KT_OP_MUL};
     for (int b = 0; b < 3; b++) {
@@ -116,6 +144,12 @@ static void build_cases(void)
         CASE(binary[b], "f16 same shape", none, T(F16, -1, 1, 4, 6), T(F16, -1, 1, 4, 6));
         CASE(binary[b], "large broadcast", none, T(F32, -1, 1, 64, 520), T(F32, -1, 1, 520));
         CASE(binary[b], "large same shape", none, T(F32, -1, 1, 40000), T(F32, -1, 1, 40000));
+        CASE(binary[b], "per row", none, T(F32, -1, 1, 5, 6), T(F32, -1, 1, 5, 1));
+        CASE(binary[b], "leading 1", none, T(F32, -1, 1, 5, 6), T(F32, -1, 1, 1, 6));
+        CASE(binary[b], "middle 1", none, T(F32, -1, 1, 2, 3, 8), T(F32, -1, 1, 2, 1, 8));
+        CASE(binary[b], "bf16 per row", none, T(BF16, -1, 1, 4, 6), T(BF16, -1, 1, 4, 1));
+        CASE(binary[b], "large per row", none, T(F32, -1, 1, 300, 96), T(F32, -1, 1, 300, 1));
+        CASE(binary[b], "large column", none, T(F32, -1, 1, 300, 700), T(F32, -1, 1, 1, 700));
     }
 
     CASE(KT_OP_SCALE, "f32", A(.alpha = 0.75f), T(F32, -1, 1, 3, 5));
@@ -129,6 +163,29 @@ static void build_cases(void)
     CASE(KT_OP_SWIGLU, "f32", none, T(F32, -3, 3, 4, 9), T(F32, -1, 1, 4, 9));
     CASE(KT_OP_SWIGLU, "bf16", none, T(BF16, -3, 3, 4, 9), T(BF16, -1, 1, 4, 9));
     CASE(KT_OP_SWIGLU, "large", none, T(F32, -3, 3, 40000), T(F32, -1, 1, 40000));
+
+    CASE(KT_OP_SIGMOID, "f32", none, T(F32, -30, 30, 4, 9));
+    CASE(KT_OP_SIGMOID, "bf16", none, T(BF16, -4, 4, 4, 9));
+    CASE(KT_OP_SIGMOID, "large", none, T(F32, -4, 4, 40000));
+
+    CASE(KT_OP_CLAMP, "f32", A(.clamp_min = -0.5f, .clamp_max = 0.5f), T(F32, -1, 1, 4, 9));
+    CASE(KT_OP_CLAMP, "bf16", A(.clamp_min = -0.25f, .clamp_max = 0.75f), T(BF16, -1, 1, 4, 9));
+    CASE(KT_OP_CLAMP, "large", A(.clamp_min = -0.5f, .clamp_max = 0.5f), T(F32, -1, 1, 40000));
+
+    const kt_op reductions[2] = {KT_OP_SUM, KT_OP_MEAN};
+    for (int r = 0; r < 2; r++) {
+        CASE(reductions[r], "middle", A(.dim = 1), T(F32, -1, 1, 3, 5, 7));
+        CASE(reductions[r], "last keepdim", A(.dim = -1, .reduce_keepdim = 1), T(F32, -1, 1, 4, 9));
+        CASE(reductions[r], "bf16 first", A(.dim = 0), T(BF16, -1, 1, 6, 5));
+        CASE(reductions[r], "1d", A(.dim = 0), T(F32, -1, 1, 700));
+        CASE(reductions[r], "large", A(.dim = 0), T(F32, -1, 1, 300, 200));
+        CASE(reductions[r], "large rows", A(.dim = -1), T(F32, -1, 1, 300, 200));
+    }
+
+    CASE(KT_OP_EXPAND, "4d heads", A(.dim = 2, .expand_size = 4), T(F32, -1, 1, 2, 3, 1, 5));
+    CASE(KT_OP_EXPAND, "last", A(.dim = -1, .expand_size = 6), T(F32, -1, 1, 4, 1));
+    CASE(KT_OP_EXPAND, "bf16 first", A(.dim = 0, .expand_size = 3), T(BF16, -1, 1, 1, 7));
+    CASE(KT_OP_EXPAND, "large", A(.dim = 1, .expand_size = 16), T(F32, -1, 1, 64, 1, 700));
 
     CASE(KT_OP_RMSNORM, "3d", A(.eps = 1e-5f), T(F32, -2, 2, 3, 4, 16), T(F32, 0.5, 1.5, 16));
     CASE(KT_OP_RMSNORM, "bf16", none, T(BF16, -2, 2, 5, 12), T(BF16, 0.5, 1.5, 12));
@@ -164,6 +221,21 @@ static void build_cases(void)
     CASE(KT_OP_TOPK_ROUTER, "k3 norm_topk", A(.k = 3, .norm_topk = 1), T(F32, -3, 3, 6, 8));
     CASE(KT_OP_TOPK_ROUTER, "k=E norm_topk", A(.k = 8, .norm_topk = 1), T(F32, -3, 3, 5, 8));
     CASE(KT_OP_TOPK_ROUTER, "many tokens", A(.k = 2), T(F32, -3, 3, 700, 16));
+    CASE(KT_OP_TOPK_ROUTER, "v2 group-limited scaled",
+         A(.k = 3, .router_n_group = 4, .router_topk_group = 2, .router_scaling = 16.0f),
+         T(F32, -3, 3, 6, 16));
+    CASE(KT_OP_TOPK_ROUTER, "v3 sigmoid bias top2 groups",
+         A(.k = 4, .norm_topk = 1, .router_scoring = KT_ROUTER_SIGMOID, .router_n_group = 4,
+           .router_topk_group = 2, .router_group_score = KT_ROUTER_GROUP_TOP2_SUM,
+           .router_scaling = 2.5f),
+         T(F32, -3, 3, 6, 16), T(F32, -0.3, 0.3, 16));
+    CASE(KT_OP_TOPK_ROUTER, "sigmoid plain many tokens",
+         A(.k = 2, .router_scoring = KT_ROUTER_SIGMOID), T(F32, -3, 3, 700, 16),
+         T(F32, -0.3, 0.3, 16));
+
+    CASE(KT_OP_LOAD_BALANCE_LOSS, "i32", none, T(F32, -3, 3, 6, 8), T(I32, 0, 8, 6, 2));
+    CASE(KT_OP_LOAD_BALANCE_LOSS, "i64 many rows", none, T(F32, -3, 3, 1300, 16),
+         T(I64, 0, 16, 1300, 4));
 
     CASE(KT_OP_CONV1D, "full causal", A(.conv_mode = KT_CONV_CAUSAL), T(F32, -1, 1, 2, 9, 3),
          T(F32, -1, 1, 4, 3, 3));
@@ -219,6 +291,28 @@ static void build_cases(void)
     CASE(KT_OP_RESHAPE, "bf16 split", A(.ndim = 2, .shape = {2, 3}), T(BF16, -1, 1, 6));
     CASE(KT_OP_RESHAPE, "i64 flatten", A(.ndim = 1, .shape = {24}), T(I64, 0, 100, 2, 3, 4));
     CASE(KT_OP_RESHAPE, "large", A(.ndim = 2, .shape = {-1, 100}), T(F32, -1, 1, 200, 300));
+
+    CASE(KT_OP_ROPE, "half, no positions", rope_at(0, 0, 0, 0), T(F32, -1, 1, 5, 3, 8));
+    CASE(KT_OP_ROPE, "interleaved partial, i32 [T]", rope_at(1, 0, 8, 0),
+         T(F32, -1, 1, 5, 3, 12), T(I32, 0, 64, 5));
+    CASE(KT_OP_ROPE, "deinterleave yarn bf16, i64 [B,T]", rope_at(1, 1, 6, 1),
+         T(BF16, -1, 1, 2, 5, 3, 8), T(I64, 0, 64, 2, 5));
+    CASE(KT_OP_ROPE, "large", rope_at(0, 0, 24, 1), T(F32, -1, 1, 4, 64, 8, 32),
+         T(I32, 0, 64, 64));
+
+    CASE(KT_OP_ATTENTION, "gqa causal", A(.attn_causal = 1), T(F32, -2, 2, 2, 9, 4, 8),
+         T(F32, -2, 2, 2, 9, 2, 8), T(F32, -1, 1, 2, 9, 2, 8));
+    CASE(KT_OP_ATTENTION, "bf16 segments window softcap",
+         A(.attn_causal = 1, .attn_window = 20, .attn_softcap = 3.0f),
+         T(BF16, -2, 2, 1, 70, 2, 16), T(BF16, -2, 2, 1, 80, 1, 16),
+         T(BF16, -1, 1, 1, 80, 1, 12), T(I32, 0, 3, 1, 80));
+    CASE(KT_OP_ATTENTION, "f16 cross S < T", A(.attn_scale = 0.5f), T(F16, -2, 2, 1, 20, 2, 8),
+         T(F16, -2, 2, 1, 7, 2, 8), T(F16, -1, 1, 1, 7, 2, 8));
+    CASE(KT_OP_ATTENTION, "causal S < T rows see nothing", A(.attn_causal = 1),
+         T(F32, -2, 2, 1, 70, 2, 8), T(F32, -2, 2, 1, 10, 1, 8), T(F32, -1, 1, 1, 10, 1, 5));
+    CASE(KT_OP_ATTENTION, "many blocks i64 segments", A(.attn_causal = 1),
+         T(F32, -2, 2, 1, 130, 2, 24), T(F32, -2, 2, 1, 150, 2, 24),
+         T(F32, -1, 1, 1, 150, 2, 24), T(I64, 0, 2, 1, 150));
 }
 
 /* ---- helpers ------------------------------------------------------------------------------- */
@@ -749,9 +843,52 @@ static void test_backward_reads_declared_only(void **state)
     }
 }
 
-/* ---- 4: no_grad_in is exactly the integer inputs ---------------------------------------- */
+/* ---- 4: no_grad_in is the integer inputs and selection-only floats ----------------------- */
 
 static unsigned no_grad_exercised[KT_OP_COUNT];
+
+/* A float input that takes no gradient must not reach the outputs differentiably: nudged by
+ * 1e-4 (far below the case's spread, far above its rounding), every output keeps its bytes;
+ * and a gradient request for it is refused. */
+static void check_selection_only(const prep *p, int i, int index)
+{
+    tu_rng rng;
+    tu_rng_seed(&rng, 3000 + (uint64_t)index);
+    kt_tensor ref[KT_OP_MAX_OUT], out[KT_OP_MAX_OUT];
+    forward_filled(p, ref, NULL, PAT_ZERO, &rng);
+    kt_tensor in[KT_OP_MAX_IN];
+    memcpy(in, p->in, sizeof in);
+    in[i] = tu_clone(&p->in[i]);
+    for (int64_t e = 0; e < kt_tensor_numel(&in[i]); e++)
+        tu_set(&in[i], e, tu_get(&p->in[i], e) + 1e-4);
+    for (int o = 0; o < p->n_out; o++)
+        out[o] = alloc_like(&p->out_desc[o]);
+    forward(p, in, out, NULL, PAT_ZERO, "input nudged");
+    for (int o = 0; o < p->n_out; o++) {
+        char what[96];
+        snprintf(what, sizeof what, "output %d with no_grad float input %d nudged", o, i);
+        expect_same(p->c, what, &out[o], &ref[o]);
+    }
+    kt_tensor gout[KT_OP_MAX_OUT], gin[KT_OP_MAX_IN];
+    for (int o = 0; o < p->n_out; o++) {
+        gout[o] = p->out_desc[o];
+        gout[o].data = NULL;
+        if (!is_int(p->out_desc[o].dtype)) {
+            gout[o] = alloc_like(&p->out_desc[o]);
+            tu_fill_uniform(&gout[o], &rng, -1.0, 1.0);
+        }
+    }
+    make_gin(p, 1u << i, PAT_ZERO, &rng, gin);
+    if (backward(p, p->in, ref, gout, gin, NULL, PAT_ZERO) != KT_EINVAL)
+        fail_msg("%s: a gradient of no_grad float input %d was accepted", p->c->name, i);
+    free_gin(p, 1u << i, gin);
+    for (int o = 0; o < p->n_out; o++)
+        if (!is_int(p->out_desc[o].dtype))
+            tu_free(&gout[o]);
+    free_all(out, p->n_out);
+    free_all(ref, p->n_out);
+    tu_free(&in[i]);
+}
 
 static void test_no_grad_in(void **state)
 {
@@ -764,9 +901,7 @@ static void test_no_grad_in(void **state)
             const int flagged = (p.d->no_grad_in >> i) & 1u;
             const int integer = is_int(p.in[i].dtype);
             if (flagged && !integer)
-                fail_msg("%s: no_grad_in marks input %d, which is %s (a float input gets a "
-                         "gradient)",
-                         c->name, i, kt_dtype_name(p.in[i].dtype));
+                check_selection_only(&p, i, k);
             if (flagged)
                 no_grad_exercised[c->op] |= 1u << i;
             if (!integer)

@@ -20,10 +20,17 @@
  * - Kernels are deterministic for a fixed thread count; most are deterministic for any.
  *
  * The ops and their layouts (N = leading dims flattened, "...": any leading dims):
- *   matmul        a [M,K] (trans_a: [K,M]), b [K,N] (trans_b: [N,K]) -> [M,N]
- *   add, sub, mul a [...], b with a's shape or a suffix of it (broadcast) -> a's shape
+ *   matmul        a [...,M,K] (trans_a: [...,K,M]), b [...,K,N] (trans_b: [...,N,K]) -> [...,M,N];
+ *                 the leading (batch) dims broadcast as numpy's do (b may be a plain [K,N])
+ *   add, sub, mul a [...], b broadcast into a (numpy rules: each of b's dims, aligned from
+ *                 the end, is 1 or a's; b has no more dims than a, leading 1s aside) -> a's shape
  *   scale         x -> alpha * x
  *   silu          x -> x * sigmoid(x)
+ *   sigmoid       x -> 1 / (1 + exp(-x))
+ *   clamp         x -> min(max(x, min), max); the gradient passes where min <= x <= max
+ *   sum, mean     x -> x reduced over `dim` (negative: from the end), kept as size 1 when
+ *                 keepdim; summed in index order in f32
+ *   expand        x with size 1 at `dim` -> that dim repeated `size` times; backward sums
  *   swiglu        g, u (same shape) -> silu(g) * u
  *   rmsnorm       x [...,H], w [H] -> x / sqrt(mean(x^2) + eps) * w
  *   softmax       x [...,V] -> softmax over the last dim
@@ -31,15 +38,27 @@
  *   cross_entropy logits [N,V], targets [N] (i32/i64) -> scalar f32: mean over tokens whose
  *                 target != ignore_index of -log_softmax(logits)[target]; 0 if none count
  *   embedding     table [V,H], ids [...] (i32/i64) -> [..., H]; backward scatter-adds
- *   topk_router   logits [N,E] (f32) -> ids [N,k] (i32), weights [N,k] (f32): softmax over
- *                 E, the k largest in descending order (ties: lower expert first),
- *                 renormalised to sum 1 when norm_topk; differentiable in the weights
+ *   topk_router   logits [N,E] (f32) [, bias [E] (f32)] -> ids [N,k] (i32), weights [N,k]
+ *                 (f32): scores softmax (default) or sigmoid over E; the chosen experts are
+ *                 the k largest scores (+ bias, when given: the bias changes the choice only,
+ *                 never the weights, and takes no gradient) in descending order (ties: lower
+ *                 expert first). With n_group > 1 and topk_group < n_group the choice is
+ *                 group-limited: E splits into n_group equal groups, each scored by its max
+ *                 or its top-2 sum (group_score), and only the topk_group best groups
+ *                 (ties: lower group first) are chosen from. Weights are the chosen scores,
+ *                 renormalised to sum 1 when norm_topk (sigmoid: w / (sum + 1e-20)), times
+ *                 routed_scaling_factor; differentiable in the weights (not the choice)
+ *   load_balance_loss logits [R,E] (f32), ids [R,k] (i32/i64) -> scalar f32: the Switch /
+ *                 Mixtral auxiliary loss E * sum_e f_e P_e, f_e = (choices of e) / R,
+ *                 P_e = mean over rows of softmax(logits)_e; differentiable in the logits
+ *                 through P. Concatenate the rows of all MoE layers first (as transformers)
  *   conv1d        x [T,Cin] or [B,T,Cin], w [Cout,K,Cin] (depthwise: [C,K]) -> [(B,)T',Cout]
  *                 causal: y[t] uses x[t-K+1..t]; same: x[t-K/2 .. t+(K-1-K/2)];
  *                 valid: no padding, T' = T-K+1 (the input already carries its halos)
  *   concat        n_in tensors equal but along `dim` -> joined along `dim`
  *   narrow        x -> x[start : start+length] along `dim`
  *   transpose     x -> x with dims dim0 and dim1 swapped (materialised)
+ *                 (concat's, narrow's and transpose's dims may be negative: from the end)
  *   reshape       x -> same elements, shape (ndim, shape); one entry may be -1
  *   moe           x [T,H], ids [T,k] (i32/i64), weights [T,k] (f32) -> y [T,H]: the CPU
  *                 MoE layer (kt/moe.h) the session binds as layer `binding`; it keeps what
@@ -52,6 +71,20 @@
  *                 after it along `dim` (zeros at the ends of the sequence); backward sends
  *                 the halo gradients back and adds them in. Without a communicator (or with
  *                 one rank) the halos are zeros.
+ *   rope          x [B,T,H,D] or [T,H,D], positions [B,T] or [T] (i32/i64; absent: 0..T-1)
+ *                 -> x's shape: the first rotary_dim elements of each head turned pair by
+ *                 pair, pair j by the angle position * inv_freq_j (inv_freq_j =
+ *                 theta^(-2j/rotary_dim), scaled linearly or by YaRN), the rest passed
+ *                 through. Pairs (j, j + rotary_dim/2) (rotate_half), or with interleaved
+ *                 (2j, 2j+1), written back there or, with deinterleave, to (j, j +
+ *                 rotary_dim/2). Positions outside 0..max_positions-1 are KT_EINVAL; a
+ *                 session builds the cos/sin table once; backward turns the gradient back.
+ *   attention     q [B,T,Hq,D], k [B,S,Hkv,D], v [B,S,Hkv,Dv] (Hq a multiple of Hkv: query
+ *                 head h reads KV head h / (Hq/Hkv)), optional segments [B,S] (i32/i64)
+ *                 -> o [B,T,Hq,Dv], lse [B,Hq,T] (f32): softmax(scale q.k^T) v over the
+ *                 visible keys (query t sits at position S-T+t; causal, window and segment
+ *                 ids restrict what it sees), lse the log-sum-exp of each row. A row that
+ *                 sees no key gives o = 0, lse = 0 and no gradient. D, Dv <= 256.
  */
 #ifndef KT_OPS_H
 #define KT_OPS_H
@@ -71,6 +104,11 @@ extern "C" {
     X(SCALE, scale)                   \
     X(SILU, silu)                     \
     X(SWIGLU, swiglu)                 \
+    X(SIGMOID, sigmoid)               \
+    X(CLAMP, clamp)                   \
+    X(SUM, sum)                       \
+    X(MEAN, mean)                     \
+    X(EXPAND, expand)                 \
     X(RMSNORM, rmsnorm)               \
     X(SOFTMAX, softmax)               \
     X(LOG_SOFTMAX, log_softmax)       \
@@ -83,7 +121,10 @@ extern "C" {
     X(TRANSPOSE, transpose)           \
     X(RESHAPE, reshape)               \
     X(MOE, moe)                       \
-    X(HALO, halo)
+    X(HALO, halo)                     \
+    X(ROPE, rope)                     \
+    X(LOAD_BALANCE_LOSS, load_balance_loss) \
+    X(ATTENTION, attention)
 
 typedef enum kt_op {
 #define KT__OP_ENUM(upper, lower) KT_OP_##upper,
@@ -100,6 +141,22 @@ typedef enum kt_conv_mode {
     KT_CONV_SAME = 1,
     KT_CONV_VALID = 2
 } kt_conv_mode;
+
+typedef enum kt_rope_scaling {
+    KT_ROPE_SCALING_NONE = 0,
+    KT_ROPE_SCALING_LINEAR = 1, /* positions / factor */
+    KT_ROPE_SCALING_YARN = 2    /* YaRN: inv_freq blended by beta_fast/beta_slow, cos/sin scaled */
+} kt_rope_scaling;
+
+typedef enum kt_router_scoring {
+    KT_ROUTER_SOFTMAX = 0, /* p = softmax(logits) over the experts (Mixtral, Qwen, DeepSeek-V2) */
+    KT_ROUTER_SIGMOID = 1  /* s = sigmoid(logits) per expert (DeepSeek-V3) */
+} kt_router_scoring;
+
+typedef enum kt_router_group_score {
+    KT_ROUTER_GROUP_MAX = 0,     /* a group's best score (DeepSeek-V2) */
+    KT_ROUTER_GROUP_TOP2_SUM = 1 /* the sum of its two best scores (DeepSeek-V3) */
+} kt_router_group_score;
 
 typedef enum kt_halo_mode {
     KT_HALO_P2P = 0,      /* tag messages with the two neighbours */
@@ -121,7 +178,8 @@ typedef enum kt_halo_mode {
  * attribute then fails naming it) or a struct made by kt_op_defaults for that op; for an op
  * with attributes, any other struct (zeroed, designated-initialised, made for another op) is
  * refused with KT_EINVAL. Required attributes (scale's alpha, topk_router's k, narrow's
- * dim/start/length, transpose's dims, reshape's shape) must be set after kt_op_defaults. */
+ * dim/start/length, transpose's dims, reshape's shape, sum's, mean's and expand's dim,
+ * expand's size) must be set after kt_op_defaults. */
 typedef struct kt_op_attrs {
     unsigned made_for;          /* set by kt_op_defaults: the op this struct is for */
     int trans_a, trans_b;       /* matmul */
@@ -132,7 +190,7 @@ typedef struct kt_op_attrs {
     int norm_topk;              /* topk_router: renormalise the chosen weights */
     int depthwise;              /* conv1d */
     kt_conv_mode conv_mode;     /* conv1d */
-    int dim;                    /* concat, narrow, halo */
+    int dim;                    /* concat, narrow, halo, sum, mean, expand */
     int64_t start, length;      /* narrow */
     int dim0, dim1;             /* transpose */
     int ndim;                   /* reshape: entries of shape */
@@ -140,6 +198,30 @@ typedef struct kt_op_attrs {
     int binding;                /* moe: which of the session's MoE layers (kt/moe.h) runs it */
     int64_t halo_left, halo_right; /* halo: frames from the previous / next rank */
     kt_halo_mode halo_mode;        /* halo */
+    float rope_theta;              /* rope: the frequency base (10000) */
+    int rope_rotary_dim;           /* rope: elements of each head that rotate; 0: all */
+    int rope_interleaved;          /* rope: pairs (2j, 2j+1) instead of (j, j + rotary_dim/2) */
+    int rope_deinterleave;         /* rope: interleaved pairs written as [evens | odds] */
+    int64_t rope_max_positions;    /* rope: positions 0..max_positions-1 (the table's size) */
+    kt_rope_scaling rope_scaling;  /* rope */
+    float rope_factor;             /* rope: linear / yarn scaling factor */
+    int64_t rope_original_max_positions; /* rope, yarn: the trained context */
+    float rope_beta_fast, rope_beta_slow; /* rope, yarn: the blend's correction range */
+    float rope_mscale, rope_mscale_all_dim; /* rope, yarn: the attention factor's parts */
+    float rope_attention_factor;   /* rope: scales cos and sin; 0: derived */
+    int rope_truncate;             /* rope, yarn: the correction range in whole dims */
+    kt_router_scoring router_scoring;         /* topk_router: softmax or sigmoid scores */
+    int router_n_group;                       /* topk_router: expert groups (1: none) */
+    int router_topk_group;                    /* topk_router: groups kept (0: all) */
+    kt_router_group_score router_group_score; /* topk_router: how a group is scored */
+    float router_scaling;                     /* topk_router: routed_scaling_factor */
+    int reduce_keepdim;            /* sum, mean: keep the reduced dim as size 1 */
+    int64_t expand_size;           /* expand: the repeated dim's new size */
+    float clamp_min, clamp_max;    /* clamp */
+    float attn_scale;              /* attention: on q.k (0: 1/sqrt(D)) */
+    int attn_causal;               /* attention: key j visible to query t only if j <= S-T+t */
+    int64_t attn_window;           /* attention: and only if S-T+t - j < window (0: none) */
+    float attn_softcap;            /* attention: scores softcap * tanh(s / softcap) (0: none) */
 } kt_op_attrs;
 
 /* op's attributes at their defaults, stamped for op (required ones are marked "not set" and
