@@ -515,6 +515,10 @@ static void test_checkpoint_names(void **state)
     ERR("scope a {\n  param v: f32[8] = ones\n  v = silu(x)\n}\n", KT_EFORMAT,
         "m.ktg:6:3: error: 'v' here means the scope's 'a.v'", "expected another name");
     ERR("scope a {\n  const Q = 1\n}\n", KT_EFORMAT, "'const' inside a block");
+    /* an error inside an interpolation: its '}' is not taken for the end of the block, so
+     * the bad scope's body is skipped and the outer '}' still closes 'a' (one error) */
+    ERR("scope a {\n  scope b.{x} {\n  }\n}\n", KT_EFORMAT, "m.ktg:5:12: error: 'x' is a "
+        "tensor");
     /* a failed declaration silences its alias too: one error */
     ERR("param v = a.b: f32[8] = gauss\nh = add(v, v)\noutput h\n", KT_EFORMAT,
         "unknown initialiser 'gauss'");

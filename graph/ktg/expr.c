@@ -186,8 +186,16 @@ int kt__ktg_name(kt__ktg_parser *p, char *buf, kt__ktg_span *span_out)
         p->expr_depth++;
         int ok = kt__ktg_expr(p, &v);
         p->expr_depth--;
-        if (!ok || !kt__ktg_expect(p, KT__KTG_RBRACE, "'}' to close the name's '{'"))
+        if (!ok || !kt__ktg_expect(p, KT__KTG_RBRACE, "'}' to close the name's '{'")) {
+            /* past the interpolation's '}' on this line, so that skipping the rest of the
+             * statement does not take it for the end of an enclosing block */
+            while (p->tok.kind != KT__KTG_RBRACE && p->tok.kind != KT__KTG_NEWLINE &&
+                   p->tok.kind != KT__KTG_EOF)
+                kt__ktg_advance(p);
+            if (p->tok.kind == KT__KTG_RBRACE)
+                kt__ktg_advance(p);
             return 0;
+        }
         char digits[24];
         int len = snprintf(digits, sizeof digits, "%lld", (long long)v);
         if (!append_name(p, buf, &n, digits, (size_t)len, start))
