@@ -50,6 +50,11 @@ static const fixture fixtures[] = {
     {KT_OP_RESHAPE, "input x: f32[4, 6]\n", "x", "shape = [6, 4]"},
     {KT_OP_MOE, "input x: f32[4, 6]\ninput i: i32[4, 2]\ninput w: f32[4, 2]\n", "x, i, w", ""},
     {KT_OP_HALO, "input x: f32[8, 4]\n", "x", "left = 1, right = 1"},
+    /* rope: rotary_dim 0 and 4 (any other value next to them is odd), deinterleave with
+     * interleaved, yarn (from linear) with original_max_positions set */
+    {KT_OP_ROPE, "input x: f32[2, 4, 2, 8]\ninput p: i32[2, 4]\n", "x, p", ""},
+    {KT_OP_ROPE, "input x: f32[4, 2, 8]\n", "x",
+     "rotary_dim = 4, interleaved = 1, scaling = linear, original_max_positions = 64"},
 };
 enum { N_FIXTURES = sizeof fixtures / sizeof fixtures[0] };
 

@@ -88,6 +88,18 @@ static void add_case(kt_op op, const char *variant, kt_op_attrs attrs, int ignor
 #define I32 KT_I32
 #define I64 KT_I64
 
+/* rope's attributes (theta and max_positions have no zero default, so A() cannot make them) */
+static kt_op_attrs rope_at(int interleaved, int deinterleave, int rotary_dim, int yarn)
+{
+    kt_op_attrs a = kt_op_defaults(KT_OP_ROPE);
+    a.rope_interleaved = interleaved, a.rope_deinterleave = deinterleave;
+    a.rope_rotary_dim = rotary_dim, a.rope_max_positions = 64;
+    if (yarn)
+        a.rope_scaling = KT_ROPE_SCALING_YARN, a.rope_factor = 4.0f,
+        a.rope_original_max_positions = 16;
+    return a;
+}
+
 static void build_cases(void)
 {
     n_cases = 0;
@@ -219,6 +231,14 @@ static void build_cases(void)
     CASE(KT_OP_RESHAPE, "bf16 split", A(.ndim = 2, .shape = {2, 3}), T(BF16, -1, 1, 6));
     CASE(KT_OP_RESHAPE, "i64 flatten", A(.ndim = 1, .shape = {24}), T(I64, 0, 100, 2, 3, 4));
     CASE(KT_OP_RESHAPE, "large", A(.ndim = 2, .shape = {-1, 100}), T(F32, -1, 1, 200, 300));
+
+    CASE(KT_OP_ROPE, "half, no positions", rope_at(0, 0, 0, 0), T(F32, -1, 1, 5, 3, 8));
+    CASE(KT_OP_ROPE, "interleaved partial, i32 [T]", rope_at(1, 0, 8, 0),
+         T(F32, -1, 1, 5, 3, 12), T(I32, 0, 64, 5));
+    CASE(KT_OP_ROPE, "deinterleave yarn bf16, i64 [B,T]", rope_at(1, 1, 6, 1),
+         T(BF16, -1, 1, 2, 5, 3, 8), T(I64, 0, 64, 2, 5));
+    CASE(KT_OP_ROPE, "large", rope_at(0, 0, 24, 1), T(F32, -1, 1, 4, 64, 8, 32),
+         T(I32, 0, 64, 64));
 }
 
 /* ---- helpers ------------------------------------------------------------------------------- */

@@ -60,6 +60,7 @@ static void test_arity(void **state)
         {KT_OP_CONCAT, 1, KT_OP_MAX_IN, 1}, {KT_OP_NARROW, 1, 1, 1},
         {KT_OP_TRANSPOSE, 1, 1, 1},    {KT_OP_RESHAPE, 1, 1, 1},
         {KT_OP_MOE, 3, 3, 1},          {KT_OP_HALO, 1, 1, 1},
+        {KT_OP_ROPE, 1, 2, 1},
     };
     assert_int_equal(sizeof documented / sizeof documented[0], KT_OP_COUNT);
     for (size_t k = 0; k < sizeof documented / sizeof documented[0]; k++) {

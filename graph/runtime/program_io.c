@@ -24,11 +24,11 @@
 #include "lib/ops/op_desc.h"
 
 #define KTP_MAGIC "KTPROGRM"
-/* 2: step flags (recompute); 3: the state keep-none flag (KT__STEP_STATE_RECOMPUTES). Version 2
- * files load unchanged (they never set it); a libkt that reads only 2 refuses a 3 by its
- * version instead of by an unknown flag. */
-#define KTP_VERSION 3u
-#define KTP_OLDEST_VERSION 2u
+/* 2: step flags (recompute); 3: the state keep-none flag (KT__STEP_STATE_RECOMPUTES); 4: rope's
+ * attributes, which grow the attribute record, so files of versions 2 and 3 (the shorter
+ * record) are refused by their version. */
+#define KTP_VERSION 4u
+#define KTP_OLDEST_VERSION 4u
 #define KTP_MAX_OP_NAME 32
 
 /* Smallest encoded record sizes, to bound counts before allocating. */
@@ -39,9 +39,9 @@
 /* The attribute record of a step: every kt_op_attrs field that some op's attribute list
  * names (ops/attrs.h), once, in the order of the fields in the struct; bool, int and enum
  * fields as i32, int64 as i64, float as f32, a shape as its i32 count then KT_MAX_DIMS i64.
- * The layout is derived from the table, so no field is listed here; it is the layout
- * versions 2 and 3 have always had (a field added to kt_op_attrs for a new attribute grows
- * the record and needs a new KTP_VERSION). Non-op steps use it too (a fill's value is the
+ * The layout is derived from the table, so no field is listed here; it is the layout of
+ * version KTP_OLDEST_VERSION on (a field added to kt_op_attrs for a new attribute grows the
+ * record and needs a new KTP_VERSION, which is then also the oldest one read). Non-op steps use it too (a fill's value is the
  * alpha field). */
 #define KTP_MAX_SLOTS 64
 /* every field takes at least 4 bytes, so the distinct fields always fit */

@@ -96,6 +96,8 @@ static int64_t bound_from(const kt_program *p, const kt__pstep *ps, int32_t b)
         return p->bufs[ps->in[0]].meta.shape[0]; /* table [V, H] */
     if (ps->op == KT_OP_CROSS_ENTROPY)
         return p->bufs[ps->in[0]].meta.shape[1]; /* logits [N, V] */
+    if (ps->op == KT_OP_ROPE)
+        return ps->attrs.rope_max_positions; /* positions */
     return -1;
 }
 

@@ -52,6 +52,14 @@
  *                 after it along `dim` (zeros at the ends of the sequence); backward sends
  *                 the halo gradients back and adds them in. Without a communicator (or with
  *                 one rank) the halos are zeros.
+ *   rope          x [B,T,H,D] or [T,H,D], positions [B,T] or [T] (i32/i64; absent: 0..T-1)
+ *                 -> x's shape: the first rotary_dim elements of each head turned pair by
+ *                 pair, pair j by the angle position * inv_freq_j (inv_freq_j =
+ *                 theta^(-2j/rotary_dim), scaled linearly or by YaRN), the rest passed
+ *                 through. Pairs (j, j + rotary_dim/2) (rotate_half), or with interleaved
+ *                 (2j, 2j+1), written back there or, with deinterleave, to (j, j +
+ *                 rotary_dim/2). Positions outside 0..max_positions-1 are KT_EINVAL; a
+ *                 session builds the cos/sin table once; backward turns the gradient back.
  */
 #ifndef KT_OPS_H
 #define KT_OPS_H
@@ -83,7 +91,8 @@ extern "C" {
     X(TRANSPOSE, transpose)           \
     X(RESHAPE, reshape)               \
     X(MOE, moe)                       \
-    X(HALO, halo)
+    X(HALO, halo)                     \
+    X(ROPE, rope)
 
 typedef enum kt_op {
 #define KT__OP_ENUM(upper, lower) KT_OP_##upper,
@@ -100,6 +109,12 @@ typedef enum kt_conv_mode {
     KT_CONV_SAME = 1,
     KT_CONV_VALID = 2
 } kt_conv_mode;
+
+typedef enum kt_rope_scaling {
+    KT_ROPE_SCALING_NONE = 0,
+    KT_ROPE_SCALING_LINEAR = 1, /* positions / factor */
+    KT_ROPE_SCALING_YARN = 2    /* YaRN: inv_freq blended by beta_fast/beta_slow, cos/sin scaled */
+} kt_rope_scaling;
 
 typedef enum kt_halo_mode {
     KT_HALO_P2P = 0,      /* tag messages with the two neighbours */
@@ -140,6 +155,18 @@ typedef struct kt_op_attrs {
     int binding;                /* moe: which of the session's MoE layers (kt/moe.h) runs it */
     int64_t halo_left, halo_right; /* halo: frames from the previous / next rank */
     kt_halo_mode halo_mode;        /* halo */
+    float rope_theta;              /* rope: the frequency base (10000) */
+    int rope_rotary_dim;           /* rope: elements of each head that rotate; 0: all */
+    int rope_interleaved;          /* rope: pairs (2j, 2j+1) instead of (j, j + rotary_dim/2) */
+    int rope_deinterleave;         /* rope: interleaved pairs written as [evens | odds] */
+    int64_t rope_max_positions;    /* rope: positions 0..max_positions-1 (the table's size) */
+    kt_rope_scaling rope_scaling;  /* rope */
+    float rope_factor;             /* rope: linear / yarn scaling factor */
+    int64_t rope_original_max_positions; /* rope, yarn: the trained context */
+    float rope_beta_fast, rope_beta_slow; /* rope, yarn: the blend's correction range */
+    float rope_mscale, rope_mscale_all_dim; /* rope, yarn: the attention factor's parts */
+    float rope_attention_factor;   /* rope: scales cos and sin; 0: derived */
+    int rope_truncate;             /* rope, yarn: the correction range in whole dims */
 } kt_op_attrs;
 
 /* op's attributes at their defaults, stamped for op (required ones are marked "not set" and
