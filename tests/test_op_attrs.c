@@ -42,6 +42,9 @@ static const fixture fixtures[] = {
     {KT_OP_RMSNORM, "input x: f32[4, 6]\ninput w: f32[6]\n", "x, w", ""},
     {KT_OP_CROSS_ENTROPY, "input l: f32[4, 6]\ninput t: i32[4]\n", "l, t", ""},
     {KT_OP_TOPK_ROUTER, "input l: f32[4, 8]\n", "l", "k = 2"},
+    {KT_OP_TOPK_ROUTER, "input l: f32[4, 16]\ninput b: f32[16]\n", "l, b",
+     "k = 3, norm_topk = 1, scoring = sigmoid, n_group = 4, topk_group = 2, "
+     "group_score = top2_sum, routed_scaling_factor = 2.5"},
     {KT_OP_CONV1D, "input x: f32[10, 4]\ninput w: f32[4, 3, 4]\n", "x, w", ""},
     {KT_OP_CONV1D, "input x: f32[10, 4]\ninput w: f32[4, 3]\n", "x, w", "depthwise = 1"},
     {KT_OP_CONCAT, "input x: f32[4, 6]\ninput y: f32[4, 6]\n", "x, y", ""},

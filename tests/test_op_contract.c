@@ -16,8 +16,10 @@
  *     input gradients are pre-filled with NaN / garbage (backward overwrites, it does not
  *     accumulate), scratch is poisoned, and the gradients are bitwise those of a clean run,
  *     all requested together or each alone; backward leaves in/out/grad_out alone;
- *   - no_grad_in is exactly the integer inputs (ids, targets); the layout ops, which also
- *     move integer tensors, refuse a gradient request for them instead.
+ *   - no_grad_in is the integer inputs (ids, targets) and float inputs that only select
+ *     (topk_router's bias: nudging it leaves every output bitwise the same), and a gradient
+ *     request for any of them is refused; the layout ops, which also move integer tensors,
+ *     refuse a gradient request for them instead.
  * Every op needs at least one case here, so adding an op to KT_OP_LIST without one fails. */
 #include <math.h>
 #include <setjmp.h>
@@ -176,6 +178,21 @@ static void build_cases(void)
     CASE(KT_OP_TOPK_ROUTER, "k3 norm_topk", A(.k = 3, .norm_topk = 1), T(F32, -3, 3, 6, 8));
     CASE(KT_OP_TOPK_ROUTER, "k=E norm_topk", A(.k = 8, .norm_topk = 1), T(F32, -3, 3, 5, 8));
     CASE(KT_OP_TOPK_ROUTER, "many tokens", A(.k = 2), T(F32, -3, 3, 700, 16));
+    CASE(KT_OP_TOPK_ROUTER, "v2 group-limited scaled",
+         A(.k = 3, .router_n_group = 4, .router_topk_group = 2, .router_scaling = 16.0f),
+         T(F32, -3, 3, 6, 16));
+    CASE(KT_OP_TOPK_ROUTER, "v3 sigmoid bias top2 groups",
+         A(.k = 4, .norm_topk = 1, .router_scoring = KT_ROUTER_SIGMOID, .router_n_group = 4,
+           .router_topk_group = 2, .router_group_score = KT_ROUTER_GROUP_TOP2_SUM,
+           .router_scaling = 2.5f),
+         T(F32, -3, 3, 6, 16), T(F32, -0.3, 0.3, 16));
+    CASE(KT_OP_TOPK_ROUTER, "sigmoid plain many tokens",
+         A(.k = 2, .router_scoring = KT_ROUTER_SIGMOID), T(F32, -3, 3, 700, 16),
+         T(F32, -0.3, 0.3, 16));
+
+    CASE(KT_OP_LOAD_BALANCE_LOSS, "i32", none, T(F32, -3, 3, 6, 8), T(I32, 0, 8, 6, 2));
+    CASE(KT_OP_LOAD_BALANCE_LOSS, "i64 many rows", none, T(F32, -3, 3, 1300, 16),
+         T(I64, 0, 16, 1300, 4));
 
     CASE(KT_OP_CONV1D, "full causal", A(.conv_mode = KT_CONV_CAUSAL), T(F32, -1, 1, 2, 9, 3),
          T(F32, -1, 1, 4, 3, 3));
@@ -769,9 +786,52 @@ static void test_backward_reads_declared_only(void **state)
     }
 }
 
-/* ---- 4: no_grad_in is exactly the integer inputs ---------------------------------------- */
+/* ---- 4: no_grad_in is the integer inputs and selection-only floats ----------------------- */
 
 static unsigned no_grad_exercised[KT_OP_COUNT];
+
+/* A float input that takes no gradient must not reach the outputs differentiably: nudged by
+ * 1e-4 (far below the case's spread, far above its rounding), every output keeps its bytes;
+ * and a gradient request for it is refused. */
+static void check_selection_only(const prep *p, int i, int index)
+{
+    tu_rng rng;
+    tu_rng_seed(&rng, 3000 + (uint64_t)index);
+    kt_tensor ref[KT_OP_MAX_OUT], out[KT_OP_MAX_OUT];
+    forward_filled(p, ref, NULL, PAT_ZERO, &rng);
+    kt_tensor in[KT_OP_MAX_IN];
+    memcpy(in, p->in, sizeof in);
+    in[i] = tu_clone(&p->in[i]);
+    for (int64_t e = 0; e < kt_tensor_numel(&in[i]); e++)
+        tu_set(&in[i], e, tu_get(&p->in[i], e) + 1e-4);
+    for (int o = 0; o < p->n_out; o++)
+        out[o] = alloc_like(&p->out_desc[o]);
+    forward(p, in, out, NULL, PAT_ZERO, "input nudged");
+    for (int o = 0; o < p->n_out; o++) {
+        char what[96];
+        snprintf(what, sizeof what, "output %d with no_grad float input %d nudged", o, i);
+        expect_same(p->c, what, &out[o], &ref[o]);
+    }
+    kt_tensor gout[KT_OP_MAX_OUT], gin[KT_OP_MAX_IN];
+    for (int o = 0; o < p->n_out; o++) {
+        gout[o] = p->out_desc[o];
+        gout[o].data = NULL;
+        if (!is_int(p->out_desc[o].dtype)) {
+            gout[o] = alloc_like(&p->out_desc[o]);
+            tu_fill_uniform(&gout[o], &rng, -1.0, 1.0);
+        }
+    }
+    make_gin(p, 1u << i, PAT_ZERO, &rng, gin);
+    if (backward(p, p->in, ref, gout, gin, NULL, PAT_ZERO) != KT_EINVAL)
+        fail_msg("%s: a gradient of no_grad float input %d was accepted", p->c->name, i);
+    free_gin(p, 1u << i, gin);
+    for (int o = 0; o < p->n_out; o++)
+        if (!is_int(p->out_desc[o].dtype))
+            tu_free(&gout[o]);
+    free_all(out, p->n_out);
+    free_all(ref, p->n_out);
+    tu_free(&in[i]);
+}
 
 static void test_no_grad_in(void **state)
 {
@@ -784,9 +844,7 @@ static void test_no_grad_in(void **state)
             const int flagged = (p.d->no_grad_in >> i) & 1u;
             const int integer = is_int(p.in[i].dtype);
             if (flagged && !integer)
-                fail_msg("%s: no_grad_in marks input %d, which is %s (a float input gets a "
-                         "gradient)",
-                         c->name, i, kt_dtype_name(p.in[i].dtype));
+                check_selection_only(&p, i, k);
             if (flagged)
                 no_grad_exercised[c->op] |= 1u << i;
             if (!integer)

@@ -56,11 +56,12 @@ static void test_arity(void **state)
         {KT_OP_SWIGLU, 2, 2, 1},       {KT_OP_RMSNORM, 2, 2, 1},
         {KT_OP_SOFTMAX, 1, 1, 1},      {KT_OP_LOG_SOFTMAX, 1, 1, 1},
         {KT_OP_CROSS_ENTROPY, 2, 2, 1}, {KT_OP_EMBEDDING, 2, 2, 1},
-        {KT_OP_TOPK_ROUTER, 1, 1, 2},  {KT_OP_CONV1D, 2, 2, 1},
+        {KT_OP_TOPK_ROUTER, 1, 2, 2},  {KT_OP_CONV1D, 2, 2, 1},
         {KT_OP_CONCAT, 1, KT_OP_MAX_IN, 1}, {KT_OP_NARROW, 1, 1, 1},
         {KT_OP_TRANSPOSE, 1, 1, 1},    {KT_OP_RESHAPE, 1, 1, 1},
         {KT_OP_MOE, 3, 3, 1},          {KT_OP_HALO, 1, 1, 1},
         {KT_OP_ROPE, 1, 2, 1},
+        {KT_OP_LOAD_BALANCE_LOSS, 2, 2, 1},
     };
     assert_int_equal(sizeof documented / sizeof documented[0], KT_OP_COUNT);
     for (size_t k = 0; k < sizeof documented / sizeof documented[0]; k++) {

@@ -341,8 +341,8 @@ enum {
     B_FIRST = 60, B_LAST = 64, B_STORAGE = 68, B_SIZE = 72,
     /* a step record: kind, op name length, op name, then (from the end of the name) */
     S_KIND = 0, S_OPLEN = 4, S_OPNAME = 8,
-    S_ATTRS = 0, S_N_IN = 192, S_N_OUT = 196, S_IN = 200, S_OUT = 232, S_GOUT = 240,
-    S_GIN = 248, S_SCRATCH = 280, S_NAME = 284, S_FLAGS = 288, S_FLOPS = 292, S_TAIL = 300,
+    S_ATTRS = 0, S_N_IN = 212, S_N_OUT = 216, S_IN = 220, S_OUT = 252, S_GOUT = 260,
+    S_GIN = 268, S_SCRATCH = 300, S_NAME = 304, S_FLAGS = 308, S_FLOPS = 312, S_TAIL = 320,
     /* an entry record */
     E_NAME = 0, E_BUF = 4, E_GRAD = 8, E_INIT = 12, E_A = 16, E_B = 20, E_SHARD = 24, E_SIZE = 28,
     MAX_STEPS = 64
@@ -484,17 +484,17 @@ static void test_truncated_and_flipped(void **state)
     c[0] = 'X';
     TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "bad magic");
     memcpy(c, bytes, n);
-    wr_u32(c, H_VERSION, 5);
+    wr_u32(c, H_VERSION, 6);
     fix_crc(c, n);
-    TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "version 5",
-                    "reads versions 4 to 4");
+    TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "version 6",
+                    "reads versions 5 to 5");
     wr_u32(c, H_VERSION, 1);
     fix_crc(c, n);
     TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "version 1");
-    /* version 3 has the attribute record before rope's fields: refused by its version */
-    wr_u32(c, H_VERSION, 3);
+    /* version 4 has the attribute record before topk_router's fields: refused by its version */
+    wr_u32(c, H_VERSION, 4);
     fix_crc(c, n);
-    TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "version 3");
+    TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "version 4");
     memcpy(c, bytes, n);
     wr_u32(c, H_FLAGS, 0x10);
     fix_crc(c, n);
@@ -1078,7 +1078,8 @@ static int list_fields(const unsigned char *b0, const layout *L, int core_only, 
         ADD(b + B_STORAGE, 4);
     }
     static const int attr_width[] = {4, 4, 4, 4, 8, 4, 4, 4, 4, 4, 8, 8, 4, 4, 4, 8, 8, 8, 8, 4,
-                                     8, 8, 4, 4, 4, 4, 4, 8, 4, 4, 8, 4, 4, 4, 4, 4, 4};
+                                     8, 8, 4, 4, 4, 4, 4, 8, 4, 4, 8, 4, 4, 4, 4, 4, 4, 4, 4, 4,
+                                     4, 4};
     for (int32_t i = 0; i < L->n_steps && core_only; i++) {
         size_t base = L->fields[i];
         int32_t n_in = rd_i32(b0, base + S_N_IN), n_out = rd_i32(b0, base + S_N_OUT);

@@ -25,10 +25,11 @@
 
 #define KTP_MAGIC "KTPROGRM"
 /* 2: step flags (recompute); 3: the state keep-none flag (KT__STEP_STATE_RECOMPUTES); 4: rope's
- * attributes, which grow the attribute record, so files of versions 2 and 3 (the shorter
- * record) are refused by their version. */
-#define KTP_VERSION 4u
-#define KTP_OLDEST_VERSION 4u
+ * attributes, and 5: topk_router's scoring, group and scaling fields, each of which grows the
+ * attribute record, so files of older versions (a shorter record) are refused by their
+ * version. */
+#define KTP_VERSION 5u
+#define KTP_OLDEST_VERSION 5u
 #define KTP_MAX_OP_NAME 32
 
 /* Smallest encoded record sizes, to bound counts before allocating. */

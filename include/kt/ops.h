@@ -31,9 +31,20 @@
  *   cross_entropy logits [N,V], targets [N] (i32/i64) -> scalar f32: mean over tokens whose
  *                 target != ignore_index of -log_softmax(logits)[target]; 0 if none count
  *   embedding     table [V,H], ids [...] (i32/i64) -> [..., H]; backward scatter-adds
- *   topk_router   logits [N,E] (f32) -> ids [N,k] (i32), weights [N,k] (f32): softmax over
- *                 E, the k largest in descending order (ties: lower expert first),
- *                 renormalised to sum 1 when norm_topk; differentiable in the weights
+ *   topk_router   logits [N,E] (f32) [, bias [E] (f32)] -> ids [N,k] (i32), weights [N,k]
+ *                 (f32): scores softmax (default) or sigmoid over E; the chosen experts are
+ *                 the k largest scores (+ bias, when given: the bias changes the choice only,
+ *                 never the weights, and takes no gradient) in descending order (ties: lower
+ *                 expert first). With n_group > 1 and topk_group < n_group the choice is
+ *                 group-limited: E splits into n_group equal groups, each scored by its max
+ *                 or its top-2 sum (group_score), and only the topk_group best groups
+ *                 (ties: lower group first) are chosen from. Weights are the chosen scores,
+ *                 renormalised to sum 1 when norm_topk (sigmoid: w / (sum + 1e-20)), times
+ *                 routed_scaling_factor; differentiable in the weights (not the choice)
+ *   load_balance_loss logits [R,E] (f32), ids [R,k] (i32/i64) -> scalar f32: the Switch /
+ *                 Mixtral auxiliary loss E * sum_e f_e P_e, f_e = (choices of e) / R,
+ *                 P_e = mean over rows of softmax(logits)_e; differentiable in the logits
+ *                 through P. Concatenate the rows of all MoE layers first (as transformers)
  *   conv1d        x [T,Cin] or [B,T,Cin], w [Cout,K,Cin] (depthwise: [C,K]) -> [(B,)T',Cout]
  *                 causal: y[t] uses x[t-K+1..t]; same: x[t-K/2 .. t+(K-1-K/2)];
  *                 valid: no padding, T' = T-K+1 (the input already carries its halos)
@@ -92,7 +103,8 @@ extern "C" {
     X(RESHAPE, reshape)               \
     X(MOE, moe)                       \
     X(HALO, halo)                     \
-    X(ROPE, rope)
+    X(ROPE, rope)                     \
+    X(LOAD_BALANCE_LOSS, load_balance_loss)
 
 typedef enum kt_op {
 #define KT__OP_ENUM(upper, lower) KT_OP_##upper,
@@ -115,6 +127,16 @@ typedef enum kt_rope_scaling {
     KT_ROPE_SCALING_LINEAR = 1, /* positions / factor */
     KT_ROPE_SCALING_YARN = 2    /* YaRN: inv_freq blended by beta_fast/beta_slow, cos/sin scaled */
 } kt_rope_scaling;
+
+typedef enum kt_router_scoring {
+    KT_ROUTER_SOFTMAX = 0, /* p = softmax(logits) over the experts (Mixtral, Qwen, DeepSeek-V2) */
+    KT_ROUTER_SIGMOID = 1  /* s = sigmoid(logits) per expert (DeepSeek-V3) */
+} kt_router_scoring;
+
+typedef enum kt_router_group_score {
+    KT_ROUTER_GROUP_MAX = 0,     /* a group's best score (DeepSeek-V2) */
+    KT_ROUTER_GROUP_TOP2_SUM = 1 /* the sum of its two best scores (DeepSeek-V3) */
+} kt_router_group_score;
 
 typedef enum kt_halo_mode {
     KT_HALO_P2P = 0,      /* tag messages with the two neighbours */
@@ -167,6 +189,11 @@ typedef struct kt_op_attrs {
     float rope_mscale, rope_mscale_all_dim; /* rope, yarn: the attention factor's parts */
     float rope_attention_factor;   /* rope: scales cos and sin; 0: derived */
     int rope_truncate;             /* rope, yarn: the correction range in whole dims */
+    kt_router_scoring router_scoring;         /* topk_router: softmax or sigmoid scores */
+    int router_n_group;                       /* topk_router: expert groups (1: none) */
+    int router_topk_group;                    /* topk_router: groups kept (0: all) */
+    kt_router_group_score router_group_score; /* topk_router: how a group is scored */
+    float router_scaling;                     /* topk_router: routed_scaling_factor */
 } kt_op_attrs;
 
 /* op's attributes at their defaults, stamped for op (required ones are marked "not set" and

@@ -9,9 +9,17 @@
 
 #include <cmocka.h>
 
+#include "lib/ops/op_desc.h"
 #include "tests/support/gradcheck.h"
 
 static int is_float(kt_dtype d) { return d == KT_F32 || d == KT_BF16 || d == KT_F16; }
+
+/* Input i gets a gradient: a float that the op's row does not mark as taking none (a
+ * selection-only bias is a float that takes none). */
+static int takes_grad(kt_op op, const kt_tensor *in, int i)
+{
+    return is_float(in[i].dtype) && !(kt__op_get(op)->no_grad_in & (1u << i));
+}
 
 static gc_dt dt_alloc(int ndim, const int64_t *shape)
 {
@@ -82,7 +90,7 @@ static void run_op(const gc_case *c, const kt_tensor *in, kt_tensor *gout, int t
     if (s != KT_OK)
         fail_msg("%s forward: %s", kt_op_name(c->op), kt_last_error());
     for (int i = 0; i < c->n_in; i++) {
-        if (is_float(in[i].dtype))
+        if (takes_grad(c->op, in, i))
             r->gin[i] = tu_alloc(in[i].dtype, in[i].ndim, in[i].shape);
         else
             r->gin[i] = (kt_tensor){0};
@@ -176,7 +184,7 @@ void gc_check(const gc_case *c_in)
 
     /* each float input's gradient against central differences */
     for (int i = 0; i < c->n_in; i++) {
-        if (!is_float(c->in[i].dtype))
+        if (!takes_grad(c->op, c->in, i))
             continue;
         int64_t n = din[i].n;
         int64_t probes = c->probes > 0 && c->probes < n ? c->probes : n;

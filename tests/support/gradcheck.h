@@ -6,7 +6,8 @@
  *   - every input gradient with central finite differences of the float64 reference
  *     applied to L = sum(grad_out * out), relative to the gradient's scale (grad_tol).
  * Because the reference is float64, the finite differences are accurate to ~1e-9 and any
- * mismatch is the kernel's error. Integer inputs (ids, targets) get no gradient. */
+ * mismatch is the kernel's error. Integer inputs (ids, targets) get no gradient, nor do the
+ * float inputs the op's row marks as taking none (topk_router's selection-only bias). */
 #ifndef KT_TEST_GRADCHECK_H
 #define KT_TEST_GRADCHECK_H
 

@@ -48,8 +48,9 @@ kt_value tu_op2(kt_graph *g, const char *name, kt_op op, const kt_op_attrs *attr
 
 /* Attributes for op written as a designated initialiser: TU_ATTRS(KT_OP_MATMUL, .trans_b = 1)
  * is kt_op_defaults(KT_OP_MATMUL) with every attribute matmul lists taken from the
- * initialiser (0 where it names nothing, as tests wrote them before defaults were explicit).
- * A struct already made for op is kept as it is. The result is an lvalue (&TU_ATTRS(...)). */
+ * initialiser (0 where it names nothing, as tests wrote them before defaults were explicit;
+ * but an optional attribute whose valid range excludes 0, like topk_router's n_group, keeps
+ * its default there). A struct already made for op is kept as it is. The result is an lvalue (&TU_ATTRS(...)). */
 kt_op_attrs *tu_attrs_into(kt_op_attrs *dst, kt_op op, kt_op_attrs given);
 #define TU_ATTRS(op, ...) (*tu_attrs_into(&(kt_op_attrs){0}, (op), (kt_op_attrs){__VA_ARGS__}))
 
