@@ -58,6 +58,10 @@ static const fixture fixtures[] = {
     {KT_OP_ROPE, "input x: f32[2, 4, 2, 8]\ninput p: i32[2, 4]\n", "x, p", ""},
     {KT_OP_ROPE, "input x: f32[4, 2, 8]\n", "x",
      "rotary_dim = 4, interleaved = 1, scaling = linear, original_max_positions = 64"},
+    {KT_OP_CLAMP, "input x: f32[4, 6]\n", "x", "min = -1, max = 1"},
+    {KT_OP_SUM, "input x: f32[4, 6, 8]\n", "x", "dim = 1"},
+    {KT_OP_MEAN, "input x: f32[4, 6, 8]\n", "x", "dim = -2, keepdim = 1"},
+    {KT_OP_EXPAND, "input x: f32[1, 1, 8]\n", "x", "dim = 0, size = 3"},
 };
 enum { N_FIXTURES = sizeof fixtures / sizeof fixtures[0] };
 

@@ -55,7 +55,7 @@ typedef struct op_case {
     int ignore; /* cross_entropy: targets set to attrs.ignore_index */
 } op_case;
 
-#define MAX_CASES 128
+#define MAX_CASES 256
 static op_case cases[MAX_CASES];
 static int n_cases;
 
@@ -119,6 +119,20 @@ static void build_cases(void)
     CASE(KT_OP_MATMUL, "square trans_a", A(.trans_a = 1), T(F32, -1, 1, 6, 6),
          T(F32, -1, 1, 6, 6));
     CASE(KT_OP_MATMUL, "large", none, T(F32, -1, 1, 70, 40), T(F32, -1, 1, 40, 90));
+    /* batched: a's stacked rows (one 2-D product), per item, broadcast either way */
+    CASE(KT_OP_MATMUL, "3d a, 2d b", none, T(F32, -1, 1, 2, 5, 7), T(F32, -1, 1, 7, 6));
+    CASE(KT_OP_MATMUL, "batch", none, T(F32, -1, 1, 3, 5, 7), T(F32, -1, 1, 3, 7, 6));
+    CASE(KT_OP_MATMUL, "batch trans_a, 2d b", A(.trans_a = 1), T(F32, -1, 1, 3, 7, 5),
+         T(F32, -1, 1, 7, 6));
+    CASE(KT_OP_MATMUL, "2d a, batch b", A(.trans_b = 1), T(F32, -1, 1, 5, 7),
+         T(F32, -1, 1, 2, 3, 6, 7));
+    CASE(KT_OP_MATMUL, "4d broadcast trans_ab", A(.trans_a = 1, .trans_b = 1),
+         T(F32, -1, 1, 2, 1, 7, 5), T(F32, -1, 1, 3, 6, 7));
+    CASE(KT_OP_MATMUL, "bf16 batch broadcast", A(.trans_a = 1), T(BF16, -1, 1, 1, 7, 5),
+         T(BF16, -1, 1, 4, 7, 6));
+    CASE(KT_OP_MATMUL, "f16 batch", A(.trans_b = 1), T(F16, -1, 1, 2, 5, 7),
+         T(F16, -1, 1, 2, 6, 7));
+    CASE(KT_OP_MATMUL, "large batch", none, T(F32, -1, 1, 8, 40, 30), T(F32, -1, 1, 8, 30, 50));
 
     const kt_op binary[3] = {KT_OP_ADD, KT_OP_SUB, KT_OP_MUL};
     for (int b = 0; b < 3; b++) {
@@ -130,6 +144,12 @@ static void build_cases(void)
         CASE(binary[b], "f16 same shape", none, T(F16, -1, 1, 4, 6), T(F16, -1, 1, 4, 6));
         CASE(binary[b], "large broadcast", none, T(F32, -1, 1, 64, 520), T(F32, -1, 1, 520));
         CASE(binary[b], "large same shape", none, T(F32, -1, 1, 40000), T(F32, -1, 1, 40000));
+        CASE(binary[b], "per row", none, T(F32, -1, 1, 5, 6), T(F32, -1, 1, 5, 1));
+        CASE(binary[b], "leading 1", none, T(F32, -1, 1, 5, 6), T(F32, -1, 1, 1, 6));
+        CASE(binary[b], "middle 1", none, T(F32, -1, 1, 2, 3, 8), T(F32, -1, 1, 2, 1, 8));
+        CASE(binary[b], "bf16 per row", none, T(BF16, -1, 1, 4, 6), T(BF16, -1, 1, 4, 1));
+        CASE(binary[b], "large per row", none, T(F32, -1, 1, 300, 96), T(F32, -1, 1, 300, 1));
+        CASE(binary[b], "large column", none, T(F32, -1, 1, 300, 700), T(F32, -1, 1, 1, 700));
     }
 
     CASE(KT_OP_SCALE, "f32", A(.alpha = 0.75f), T(F32, -1, 1, 3, 5));
@@ -143,6 +163,29 @@ static void build_cases(void)
     CASE(KT_OP_SWIGLU, "f32", none, T(F32, -3, 3, 4, 9), T(F32, -1, 1, 4, 9));
     CASE(KT_OP_SWIGLU, "bf16", none, T(BF16, -3, 3, 4, 9), T(BF16, -1, 1, 4, 9));
     CASE(KT_OP_SWIGLU, "large", none, T(F32, -3, 3, 40000), T(F32, -1, 1, 40000));
+
+    CASE(KT_OP_SIGMOID, "f32", none, T(F32, -30, 30, 4, 9));
+    CASE(KT_OP_SIGMOID, "bf16", none, T(BF16, -4, 4, 4, 9));
+    CASE(KT_OP_SIGMOID, "large", none, T(F32, -4, 4, 40000));
+
+    CASE(KT_OP_CLAMP, "f32", A(.clamp_min = -0.5f, .clamp_max = 0.5f), T(F32, -1, 1, 4, 9));
+    CASE(KT_OP_CLAMP, "bf16", A(.clamp_min = -0.25f, .clamp_max = 0.75f), T(BF16, -1, 1, 4, 9));
+    CASE(KT_OP_CLAMP, "large", A(.clamp_min = -0.5f, .clamp_max = 0.5f), T(F32, -1, 1, 40000));
+
+    const kt_op reductions[2] = {KT_OP_SUM, KT_OP_MEAN};
+    for (int r = 0; r < 2; r++) {
+        CASE(reductions[r], "middle", A(.dim = 1), T(F32, -1, 1, 3, 5, 7));
+        CASE(reductions[r], "last keepdim", A(.dim = -1, .reduce_keepdim = 1), T(F32, -1, 1, 4, 9));
+        CASE(reductions[r], "bf16 first", A(.dim = 0), T(BF16, -1, 1, 6, 5));
+        CASE(reductions[r], "1d", A(.dim = 0), T(F32, -1, 1, 700));
+        CASE(reductions[r], "large", A(.dim = 0), T(F32, -1, 1, 300, 200));
+        CASE(reductions[r], "large rows", A(.dim = -1), T(F32, -1, 1, 300, 200));
+    }
+
+    CASE(KT_OP_EXPAND, "4d heads", A(.dim = 2, .expand_size = 4), T(F32, -1, 1, 2, 3, 1, 5));
+    CASE(KT_OP_EXPAND, "last", A(.dim = -1, .expand_size = 6), T(F32, -1, 1, 4, 1));
+    CASE(KT_OP_EXPAND, "bf16 first", A(.dim = 0, .expand_size = 3), T(BF16, -1, 1, 1, 7));
+    CASE(KT_OP_EXPAND, "large", A(.dim = 1, .expand_size = 16), T(F32, -1, 1, 64, 1, 700));
 
     CASE(KT_OP_RMSNORM, "3d", A(.eps = 1e-5f), T(F32, -2, 2, 3, 4, 16), T(F32, 0.5, 1.5, 16));
     CASE(KT_OP_RMSNORM, "bf16", none, T(BF16, -2, 2, 5, 12), T(BF16, 0.5, 1.5, 12));

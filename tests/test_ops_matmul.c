@@ -505,12 +505,19 @@ static void test_matmul_bad_input(void **state)
     in[1] = bok;
     TU_EXPECT_ERROR(kt_op_forward(KT_OP_MATMUL, &ta, in, 2, &out, 1, NULL), KT_EINVAL,
                     "matmul", "b dimension 0", "must be 8");
-    in[0] = a3;
+    /* ranks 2..4; batch dims that neither match nor are 1 */
+    kt_tensor v1 = tu_new(KT_F32, 64), b3 = tu_new(KT_F32, 3, 64, 16);
+    in[0] = v1;
     TU_EXPECT_ERROR(kt_op_forward(KT_OP_MATMUL, NULL, in, 2, &out, 1, NULL), KT_EINVAL,
-                    "matmul", "a", "2 dimensions", "f32[2,8,64]");
-    in[0] = a, in[1] = a3;
+                    "matmul", "a", "2 to 4 dimensions", "f32[64]");
+    in[0] = a, in[1] = v1;
     TU_EXPECT_ERROR(kt_op_forward(KT_OP_MATMUL, NULL, in, 2, &out, 1, NULL), KT_EINVAL,
-                    "matmul", "b", "2 dimensions");
+                    "matmul", "b", "2 to 4 dimensions");
+    in[0] = a3, in[1] = b3;
+    TU_EXPECT_ERROR(kt_op_forward(KT_OP_MATMUL, NULL, in, 2, &out, 1, NULL), KT_EINVAL,
+                    "matmul", "batch dims of b f32[3,64,16]", "a's f32[2,8,64]", "equal or 1");
+    tu_free(&v1), tu_free(&b3);
+    in[0] = a;
     in[1] = bbf;
     TU_EXPECT_ERROR(kt_op_forward(KT_OP_MATMUL, NULL, in, 2, &out, 1, NULL), KT_EINVAL,
                     "matmul", "b", "f32", "bf16");

@@ -567,6 +567,61 @@ static void test_table_rows(void **state)
 
 /* ---- bad input ------------------------------------------------------------------------------ */
 
+/* A negative dim counts from the end: concat, narrow and transpose of 4-d tensors (MLA's
+ * [B,T,heads,dim] split and joined along -1) give the bytes of the positive dim, forward and
+ * backward. */
+static void run_fb(kt_op op, const kt_op_attrs *at, const kt_tensor *in, int n_in, kt_tensor *y,
+                   kt_tensor *gx)
+{
+    kt_tensor desc;
+    assert_int_equal(kt_op_infer(op, at, in, n_in, &desc, 1), KT_OK);
+    *y = tu_alloc(desc.dtype, desc.ndim, desc.shape);
+    kt_tensor g = tu_alloc(desc.dtype, desc.ndim, desc.shape);
+    for (int64_t i = 0; i < kt_tensor_numel(&g); i++)
+        tu_set(&g, i, (double)(i % 7) - 3.0);
+    for (int i = 0; i < n_in; i++)
+        gx[i] = tu_alloc(in[i].dtype, in[i].ndim, in[i].shape);
+    assert_int_equal(kt_op_forward(op, at, in, n_in, y, 1, NULL), KT_OK);
+    assert_int_equal(kt_op_backward(op, at, in, n_in, y, 1, &g, gx, NULL), KT_OK);
+    tu_free(&g);
+}
+
+static void expect_same_run(kt_op op, const kt_op_attrs *neg, const kt_op_attrs *pos,
+                            const kt_tensor *in, int n_in)
+{
+    kt_tensor y0, y1, g0[2], g1[2];
+    run_fb(op, neg, in, n_in, &y0, g0);
+    run_fb(op, pos, in, n_in, &y1, g1);
+    assert_true(tu_bitwise_equal(&y0, &y1));
+    for (int i = 0; i < n_in; i++) {
+        assert_true(tu_bitwise_equal(&g0[i], &g1[i]));
+        tu_free(&g0[i]), tu_free(&g1[i]);
+    }
+    tu_free(&y0), tu_free(&y1);
+}
+
+static void test_negative_dims(void **state)
+{
+    (void)state;
+    tu_rng rng;
+    tu_rng_seed(&rng, 9);
+    kt_tensor a = tu_new(KT_F32, 2, 3, 4, 5), b = tu_new(KT_F32, 2, 3, 4, 5);
+    tu_fill_uniform(&a, &rng, -1, 1);
+    tu_fill_uniform(&b, &rng, -1, 1);
+    const kt_tensor ab[2] = {a, b};
+    for (int d = -4; d < 0; d++) {
+        kt_op_attrs cn = TU_ATTRS(KT_OP_CONCAT, .dim = d), cp = TU_ATTRS(KT_OP_CONCAT, .dim = d + 4);
+        expect_same_run(KT_OP_CONCAT, &cn, &cp, ab, 2);
+        kt_op_attrs nn = TU_ATTRS(KT_OP_NARROW, .dim = d, .start = 1, .length = 1);
+        kt_op_attrs np = TU_ATTRS(KT_OP_NARROW, .dim = d + 4, .start = 1, .length = 1);
+        expect_same_run(KT_OP_NARROW, &nn, &np, &a, 1);
+        kt_op_attrs tn = TU_ATTRS(KT_OP_TRANSPOSE, .dim0 = d, .dim1 = -1);
+        kt_op_attrs tp = TU_ATTRS(KT_OP_TRANSPOSE, .dim0 = d + 4, .dim1 = 3);
+        expect_same_run(KT_OP_TRANSPOSE, &tn, &tp, &a, 1);
+    }
+    tu_free(&a), tu_free(&b);
+}
+
 static void test_bad_input(void **state)
 {
     (void)state;
@@ -588,9 +643,9 @@ static void test_bad_input(void **state)
     kt_op_attrs far = TU_ATTRS(KT_OP_CONCAT, .dim = 2);
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_CONCAT, &far, in3, 2, &out, 1), KT_EINVAL, "concat",
                     "dim 2");
-    kt_op_attrs neg = TU_ATTRS(KT_OP_CONCAT, .dim = -1);
+    kt_op_attrs neg = TU_ATTRS(KT_OP_CONCAT, .dim = -3);
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_CONCAT, &neg, in3, 2, &out, 1), KT_EINVAL, "concat",
-                    "dim -1");
+                    "dim -3 outside -2..1");
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_CONCAT, &at, &s, 1, &out, 1), KT_EINVAL, "concat",
                     "input 0");
     kt_tensor nine[KT_OP_MAX_IN + 1];
@@ -617,6 +672,9 @@ static void test_bad_input(void **state)
     nr = TU_ATTRS(KT_OP_NARROW, .dim = 2, .start = 0, .length = 1);
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_NARROW, &nr, &x, 1, &out, 1), KT_EINVAL, "narrow",
                     "dim 2");
+    nr = TU_ATTRS(KT_OP_NARROW, .dim = -3, .start = 0, .length = 1);
+    TU_EXPECT_ERROR(kt_op_infer(KT_OP_NARROW, &nr, &x, 1, &out, 1), KT_EINVAL, "narrow",
+                    "dim -3 outside -2..1");
     nr = TU_ATTRS(KT_OP_NARROW, .dim = 0, .start = 0, .length = 1);
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_NARROW, &nr, &s, 1, &out, 1), KT_EINVAL, "narrow", "x");
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_NARROW, &nr, in3, 2, &out, 1), KT_EINVAL, "narrow",
@@ -626,9 +684,9 @@ static void test_bad_input(void **state)
     kt_op_attrs tr = TU_ATTRS(KT_OP_TRANSPOSE, .dim0 = 0, .dim1 = 2);
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_TRANSPOSE, &tr, &x, 1, &out, 1), KT_EINVAL, "transpose",
                     "dim1 2");
-    tr = TU_ATTRS(KT_OP_TRANSPOSE, .dim0 = -1, .dim1 = 0);
+    tr = TU_ATTRS(KT_OP_TRANSPOSE, .dim0 = -3, .dim1 = 0);
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_TRANSPOSE, &tr, &x, 1, &out, 1), KT_EINVAL, "transpose",
-                    "dim0 -1");
+                    "dim0 -3 outside -2..1");
     tr = TU_ATTRS(KT_OP_TRANSPOSE, .dim0 = 0);
     TU_EXPECT_ERROR(kt_op_infer(KT_OP_TRANSPOSE, &tr, &s, 1, &out, 1), KT_EINVAL, "transpose",
                     "x");
@@ -668,6 +726,7 @@ int main(void)
         cmocka_unit_test(test_all_dtypes_exact), cmocka_unit_test(test_big_threaded),
         cmocka_unit_test(test_integer_values),  cmocka_unit_test(test_reshape_inplace),
         cmocka_unit_test(test_table_rows),      cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_negative_dims),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -341,8 +341,8 @@ enum {
     B_FIRST = 60, B_LAST = 64, B_STORAGE = 68, B_SIZE = 72,
     /* a step record: kind, op name length, op name, then (from the end of the name) */
     S_KIND = 0, S_OPLEN = 4, S_OPNAME = 8,
-    S_ATTRS = 0, S_N_IN = 212, S_N_OUT = 216, S_IN = 220, S_OUT = 252, S_GOUT = 260,
-    S_GIN = 268, S_SCRATCH = 300, S_NAME = 304, S_FLAGS = 308, S_FLOPS = 312, S_TAIL = 320,
+    S_ATTRS = 0, S_N_IN = 232, S_N_OUT = 236, S_IN = 240, S_OUT = 272, S_GOUT = 280,
+    S_GIN = 288, S_SCRATCH = 320, S_NAME = 324, S_FLAGS = 328, S_FLOPS = 332, S_TAIL = 340,
     /* an entry record */
     E_NAME = 0, E_BUF = 4, E_GRAD = 8, E_INIT = 12, E_A = 16, E_B = 20, E_SHARD = 24, E_SIZE = 28,
     MAX_STEPS = 64
@@ -484,17 +484,22 @@ static void test_truncated_and_flipped(void **state)
     c[0] = 'X';
     TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "bad magic");
     memcpy(c, bytes, n);
-    wr_u32(c, H_VERSION, 6);
+    wr_u32(c, H_VERSION, 7);
     fix_crc(c, n);
-    TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "version 6",
-                    "reads versions 5 to 5");
+    TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "version 7",
+                    "reads versions 6 to 6");
     wr_u32(c, H_VERSION, 1);
     fix_crc(c, n);
     TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "version 1");
-    /* version 4 has the attribute record before topk_router's fields: refused by its version */
-    wr_u32(c, H_VERSION, 4);
-    fix_crc(c, n);
-    TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "version 4");
+    /* versions 3 to 5 have the attribute record before rope's, topk_router's or
+     * sum/mean/expand/clamp's fields: refused by their version, not misread */
+    for (uint32_t v = 3; v <= 5; v++) {
+        char want[16];
+        snprintf(want, sizeof want, "version %u", (unsigned)v);
+        wr_u32(c, H_VERSION, v);
+        fix_crc(c, n);
+        TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, want);
+    }
     memcpy(c, bytes, n);
     wr_u32(c, H_FLAGS, 0x10);
     fix_crc(c, n);
@@ -1079,7 +1084,7 @@ static int list_fields(const unsigned char *b0, const layout *L, int core_only, 
     }
     static const int attr_width[] = {4, 4, 4, 4, 8, 4, 4, 4, 4, 4, 8, 8, 4, 4, 4, 8, 8, 8, 8, 4,
                                      8, 8, 4, 4, 4, 4, 4, 8, 4, 4, 8, 4, 4, 4, 4, 4, 4, 4, 4, 4,
-                                     4, 4};
+                                     4, 4, 4, 8, 4, 4};
     for (int32_t i = 0; i < L->n_steps && core_only; i++) {
         size_t base = L->fields[i];
         int32_t n_in = rd_i32(b0, base + S_N_IN), n_out = rd_i32(b0, base + S_N_OUT);

@@ -25,11 +25,11 @@
 
 #define KTP_MAGIC "KTPROGRM"
 /* 2: step flags (recompute); 3: the state keep-none flag (KT__STEP_STATE_RECOMPUTES); 4: rope's
- * attributes, and 5: topk_router's scoring, group and scaling fields, each of which grows the
- * attribute record, so files of older versions (a shorter record) are refused by their
- * version. */
-#define KTP_VERSION 5u
-#define KTP_OLDEST_VERSION 5u
+ * attributes, 5: topk_router's scoring, group and scaling fields, and 6: the fields of sum/mean
+ * (keepdim), expand (size) and clamp (min, max), each of which grows the attribute record, so
+ * files of older versions (a shorter record) are refused by their version. */
+#define KTP_VERSION 6u
+#define KTP_OLDEST_VERSION 6u
 #define KTP_MAX_OP_NAME 32
 
 /* Smallest encoded record sizes, to bound counts before allocating. */

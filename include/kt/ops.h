@@ -20,10 +20,17 @@
  * - Kernels are deterministic for a fixed thread count; most are deterministic for any.
  *
  * The ops and their layouts (N = leading dims flattened, "...": any leading dims):
- *   matmul        a [M,K] (trans_a: [K,M]), b [K,N] (trans_b: [N,K]) -> [M,N]
- *   add, sub, mul a [...], b with a's shape or a suffix of it (broadcast) -> a's shape
+ *   matmul        a [...,M,K] (trans_a: [...,K,M]), b [...,K,N] (trans_b: [...,N,K]) -> [...,M,N];
+ *                 the leading (batch) dims broadcast as numpy's do (b may be a plain [K,N])
+ *   add, sub, mul a [...], b broadcast into a (numpy rules: each of b's dims, aligned from
+ *                 the end, is 1 or a's; b has no more dims than a, leading 1s aside) -> a's shape
  *   scale         x -> alpha * x
  *   silu          x -> x * sigmoid(x)
+ *   sigmoid       x -> 1 / (1 + exp(-x))
+ *   clamp         x -> min(max(x, min), max); the gradient passes where min <= x <= max
+ *   sum, mean     x -> x reduced over `dim` (negative: from the end), kept as size 1 when
+ *                 keepdim; summed in index order in f32
+ *   expand        x with size 1 at `dim` -> that dim repeated `size` times; backward sums
  *   swiglu        g, u (same shape) -> silu(g) * u
  *   rmsnorm       x [...,H], w [H] -> x / sqrt(mean(x^2) + eps) * w
  *   softmax       x [...,V] -> softmax over the last dim
@@ -51,6 +58,7 @@
  *   concat        n_in tensors equal but along `dim` -> joined along `dim`
  *   narrow        x -> x[start : start+length] along `dim`
  *   transpose     x -> x with dims dim0 and dim1 swapped (materialised)
+ *                 (concat's, narrow's and transpose's dims may be negative: from the end)
  *   reshape       x -> same elements, shape (ndim, shape); one entry may be -1
  *   moe           x [T,H], ids [T,k] (i32/i64), weights [T,k] (f32) -> y [T,H]: the CPU
  *                 MoE layer (kt/moe.h) the session binds as layer `binding`; it keeps what
@@ -90,6 +98,11 @@ extern "C" {
     X(SCALE, scale)                   \
     X(SILU, silu)                     \
     X(SWIGLU, swiglu)                 \
+    X(SIGMOID, sigmoid)               \
+    X(CLAMP, clamp)                   \
+    X(SUM, sum)                       \
+    X(MEAN, mean)                     \
+    X(EXPAND, expand)                 \
     X(RMSNORM, rmsnorm)               \
     X(SOFTMAX, softmax)               \
     X(LOG_SOFTMAX, log_softmax)       \
@@ -158,7 +171,8 @@ typedef enum kt_halo_mode {
  * attribute then fails naming it) or a struct made by kt_op_defaults for that op; for an op
  * with attributes, any other struct (zeroed, designated-initialised, made for another op) is
  * refused with KT_EINVAL. Required attributes (scale's alpha, topk_router's k, narrow's
- * dim/start/length, transpose's dims, reshape's shape) must be set after kt_op_defaults. */
+ * dim/start/length, transpose's dims, reshape's shape, sum's, mean's and expand's dim,
+ * expand's size) must be set after kt_op_defaults. */
 typedef struct kt_op_attrs {
     unsigned made_for;          /* set by kt_op_defaults: the op this struct is for */
     int trans_a, trans_b;       /* matmul */
@@ -169,7 +183,7 @@ typedef struct kt_op_attrs {
     int norm_topk;              /* topk_router: renormalise the chosen weights */
     int depthwise;              /* conv1d */
     kt_conv_mode conv_mode;     /* conv1d */
-    int dim;                    /* concat, narrow, halo */
+    int dim;                    /* concat, narrow, halo, sum, mean, expand */
     int64_t start, length;      /* narrow */
     int dim0, dim1;             /* transpose */
     int ndim;                   /* reshape: entries of shape */
@@ -194,6 +208,9 @@ typedef struct kt_op_attrs {
     int router_topk_group;                    /* topk_router: groups kept (0: all) */
     kt_router_group_score router_group_score; /* topk_router: how a group is scored */
     float router_scaling;                     /* topk_router: routed_scaling_factor */
+    int reduce_keepdim;            /* sum, mean: keep the reduced dim as size 1 */
+    int64_t expand_size;           /* expand: the repeated dim's new size */
+    float clamp_min, clamp_max;    /* clamp */
 } kt_op_attrs;
 
 /* op's attributes at their defaults, stamped for op (required ones are marked "not set" and

@@ -1,4 +1,5 @@
-/* silu and swiglu (silu(g) * u, the gated activation of SwiGLU MLPs and MoE experts). */
+/* silu, swiglu (silu(g) * u, the gated activation of SwiGLU MLPs and MoE experts) and sigmoid
+ * (Qwen2-MoE's shared-expert gate). */
 #include <math.h>
 
 #include "lib/ops/map.h"
@@ -8,6 +9,15 @@ static kt_status infer_silu(const kt_op_attrs *at, const kt_tensor *in, int n, k
 {
     (void)at, (void)n;
     KT__TRY(kt__check_float("silu", "x", &in[0]));
+    kt__like(&out[0], &in[0]);
+    return KT_OK;
+}
+
+static kt_status infer_sigmoid(const kt_op_attrs *at, const kt_tensor *in, int n,
+                               kt_tensor *out)
+{
+    (void)at, (void)n;
+    KT__TRY(kt__check_float("sigmoid", "x", &in[0]));
     kt__like(&out[0], &in[0]);
     return KT_OK;
 }
@@ -37,6 +47,30 @@ static double flops_swiglu(const kt_op_attrs *at, const kt_tensor *in, int n)
 }
 
 static inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* exp of a non-positive number only, so neither side overflows and a very negative x keeps
+ * its tiny value instead of 1 / (1 + inf) */
+static void f_sigmoid(float *o, const float *x, int64_t n, const kt_op_attrs *at)
+{
+    (void)at;
+    for (int64_t i = 0; i < n; i++) {
+        if (x[i] >= 0.0f) {
+            o[i] = 1.0f / (1.0f + expf(-x[i]));
+        } else {
+            const float e = expf(x[i]);
+            o[i] = e / (1.0f + e);
+        }
+    }
+}
+
+/* d sigmoid(x)/dx = y (1 - y), from the output y; here multiplied by the incoming g */
+static void f_sigmoid_grad(float *o, const float *g, const float *y, int64_t n,
+                           const kt_op_attrs *at)
+{
+    (void)at;
+    for (int64_t i = 0; i < n; i++)
+        o[i] = g[i] * y[i] * (1.0f - y[i]);
+}
 
 static void f_silu(float *o, const float *x, int64_t n, const kt_op_attrs *at)
 {
@@ -74,6 +108,19 @@ static kt_status bwd_silu(const kt__op_call *c)
 {
     if (c->gin[0].data)
         kt__map2(c->pool, &c->gin[0], &c->gout[0], &c->in[0], f_silu_grad, c->attrs);
+    return KT_OK;
+}
+
+static kt_status fwd_sigmoid(const kt__op_call *c)
+{
+    kt__map1(c->pool, &c->out_w[0], &c->in[0], f_sigmoid, c->attrs);
+    return KT_OK;
+}
+
+static kt_status bwd_sigmoid(const kt__op_call *c)
+{
+    if (c->gin[0].data)
+        kt__map2(c->pool, &c->gin[0], &c->gout[0], &c->out[0], f_sigmoid_grad, c->attrs);
     return KT_OK;
 }
 
@@ -136,3 +183,9 @@ const kt__op_desc kt__op_swiglu = {
     .name = "swiglu", .min_in = 2, .max_in = 2, .n_out = 1, .inplace_in = 3u,
     .bwd_reads_in = 3u, .infer = infer_swiglu, .flops = flops_swiglu, .forward = fwd_swiglu,
     .backward = bwd_swiglu};
+
+/* The backward reads only the output, so the forward may overwrite its input. */
+const kt__op_desc kt__op_sigmoid = {
+    .name = "sigmoid", .min_in = 1, .max_in = 1, .n_out = 1, .inplace_in = 1u,
+    .bwd_reads_out = 1u, .infer = infer_sigmoid, .flops = flops_silu, .forward = fwd_sigmoid,
+    .backward = bwd_sigmoid};

@@ -26,4 +26,22 @@ void kt__map2(kt_threadpool *pool, kt_tensor *o, const kt_tensor *a, const kt_te
 void kt__reduce_rows(kt_threadpool *pool, kt_tensor *db, const kt_tensor *g,
                      const kt_tensor *a, kt__map2_fn fn, const kt_op_attrs *attrs);
 
+/* ---- numpy-style broadcasting of b into a's shape ----------------------------------------- */
+
+/* Whether b broadcasts into a: b's dims, aligned from the end, are each 1 or a's, and b has
+ * no more dims than a but for leading 1s. */
+int kt__bcast_ok(const kt_tensor *a, const kt_tensor *b);
+/* Whether b (broadcasting into a) is, without its leading 1s, a suffix of a's shape: it then
+ * repeats every numel(b) elements of a, which kt__map2 and kt__reduce_rows serve. */
+int kt__bcast_flat(const kt_tensor *a, const kt_tensor *b);
+/* o[i] = f(a[i], b[bcast(i)]) for any b that broadcasts into a (o has a's shape), cut by rows
+ * of a; element-wise, so the thread count changes nothing. */
+void kt__map2_bcast(kt_threadpool *pool, kt_tensor *o, const kt_tensor *a, const kt_tensor *b,
+                    kt__map2_fn fn, const kt_op_attrs *attrs);
+/* db[j] = sum of f(g[i], a[i]) over the elements i of g (a's shape) that b's element j
+ * broadcasts to, in increasing i (a may be NULL), for any db that broadcasts into g. The
+ * partition is over elements of db, so the summation order is fixed for any pool. */
+void kt__reduce_bcast(kt_threadpool *pool, kt_tensor *db, const kt_tensor *g,
+                      const kt_tensor *a, kt__map2_fn fn, const kt_op_attrs *attrs);
+
 #endif

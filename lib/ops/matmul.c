@@ -1,26 +1,37 @@
-/* matmul: a [M,K] (trans_a: [K,M]) times b [K,N] (trans_b: [N,K]) -> [M,N]. f32 runs
- * kt__sgemm (OpenBLAS or the portable kernel, as it always has: the f32 results keep their
- * bits); bf16 runs the kernel registry's bf16 kernels with f32 accumulation
- * (kernels/bf16_matmul.h), the f32 result rounded once on the way out; f16 operands are staged
- * to f32 in the caller's scratch, multiplied through kt__sgemm and rounded once. */
+/* matmul: a [...,M,K] (trans_a: [...,K,M]) times b [...,K,N] (trans_b: [...,N,K]) -> [...,M,N],
+ * the leading (batch) dims broadcast as numpy's do. f32 runs kt__sgemm (OpenBLAS or the
+ * portable kernel, as it always has: the f32 results keep their bits); bf16 runs the kernel
+ * registry's bf16 kernels with f32 accumulation (kernels/bf16_matmul.h), the f32 result rounded
+ * once on the way out; f16 operands are staged to f32 in the caller's scratch, multiplied
+ * through kt__sgemm and rounded once.
+ *
+ * A product whose b is one matrix (plain [K,N], or batch dims all 1) and whose a is not
+ * transposed is one 2-D product of a's stacked rows: the 2-D op's path, call for call. Any
+ * other batch is one kernel call per output item (matmul_batch.c), and a broadcast operand's
+ * gradient sums its items' products in item order. */
 #include "lib/kernels/bf16_matmul.h"
 #include "lib/kernels/sgemm.h"
+#include "lib/ops/matmul_batch.h"
 #include "lib/ops/op_desc.h"
 #include "lib/ops/op_util.h"
 
-typedef struct mm_dims {
-    int64_t M, N, K;
-} mm_dims;
-
-/* Valid only after infer accepted the inputs. */
-static mm_dims dims_of(const kt_op_attrs *at, const kt_tensor *in)
+/* Whether a and b are matmul operands (ranks, K, batch dims), without an error message: for
+ * the size functions, which may see anything. */
+static int operands_ok(const kt_op_attrs *at, const kt_tensor *in, int n)
 {
+    if (n != 2 || in[0].ndim < 2 || in[1].ndim < 2 || in[0].ndim > KT_MAX_DIMS ||
+        in[1].ndim > KT_MAX_DIMS)
+        return 0;
     const kt_tensor *a = &in[0], *b = &in[1];
-    mm_dims d;
-    d.M = at->trans_a ? a->shape[1] : a->shape[0];
-    d.K = at->trans_a ? a->shape[0] : a->shape[1];
-    d.N = at->trans_b ? b->shape[0] : b->shape[1];
-    return d;
+    const int64_t K = at->trans_a ? a->shape[a->ndim - 2] : a->shape[a->ndim - 1];
+    if (b->shape[b->ndim - (at->trans_b ? 1 : 2)] != K)
+        return 0;
+    for (int d = 0; d < KT__MM_BATCH; d++) {
+        const int64_t ad = kt__mm_batch_dim(a, d), bd = kt__mm_batch_dim(b, d);
+        if (ad != bd && ad != 1 && bd != 1)
+            return 0;
+    }
+    return 1;
 }
 
 static kt_status infer_matmul(const kt_op_attrs *at, const kt_tensor *in, int n,
@@ -30,10 +41,10 @@ static kt_status infer_matmul(const kt_op_attrs *at, const kt_tensor *in, int n,
     const kt_tensor *a = &in[0], *b = &in[1];
     KT__TRY(kt__check_float("matmul", "a", a));
     KT__TRY(kt__check_same_dtype("matmul", "b", b, a));
-    KT__TRY(kt__check_rank("matmul", "a", a, 2, 2));
-    KT__TRY(kt__check_rank("matmul", "b", b, 2, 2));
-    const mm_dims d = dims_of(at, in);
-    const int b_k_dim = at->trans_b ? 1 : 0;
+    KT__TRY(kt__check_rank("matmul", "a", a, 2, KT_MAX_DIMS));
+    KT__TRY(kt__check_rank("matmul", "b", b, 2, KT_MAX_DIMS));
+    const kt__mm_dims d = kt__mm_dims_of(at, in);
+    const int b_k_dim = b->ndim - (at->trans_b ? 1 : 2);
     if (b->shape[b_k_dim] != d.K) {
         char db[96];
         return kt__error(KT_EINVAL, "matmul: b dimension %d must be %lld (a's K%s), got %s%s",
@@ -41,30 +52,59 @@ static kt_status infer_matmul(const kt_op_attrs *at, const kt_tensor *in, int n,
                          kt_tensor_describe(b, db, sizeof db),
                          at->trans_b ? " (b transposed)" : "");
     }
-    kt__shape_out(&out[0], a->dtype, 2, (const int64_t[]){d.M, d.N});
+    if (!operands_ok(at, in, n)) {
+        char da[96], db[96];
+        return kt__error(KT_EINVAL,
+                         "matmul: the batch dims of b %s do not broadcast against a's %s (each "
+                         "pair, aligned from the end, must be equal or 1)",
+                         kt_tensor_describe(b, db, sizeof db),
+                         kt_tensor_describe(a, da, sizeof da));
+    }
+    int64_t shape[KT_MAX_DIMS];
+    const int nb = (a->ndim > b->ndim ? a->ndim : b->ndim) - 2;
+    for (int k = 0; k < nb; k++)
+        shape[k] = d.ob[KT__MM_BATCH - nb + k];
+    shape[nb] = d.m;
+    shape[nb + 1] = d.N;
+    kt__shape_out(&out[0], a->dtype, nb + 2, shape);
     return KT_OK;
 }
 
 static double flops_matmul(const kt_op_attrs *at, const kt_tensor *in, int n)
 {
-    if (n != 2 || in[0].ndim != 2 || in[1].ndim != 2)
+    if (!operands_ok(at, in, n))
         return 0.0;
-    const mm_dims d = dims_of(at, in);
-    return 2.0 * (double)d.M * (double)d.N * (double)d.K;
+    const kt__mm_dims d = kt__mm_dims_of(at, in);
+    return 2.0 * (double)d.items * (double)d.m * (double)d.N * (double)d.K;
 }
 
-/* Scratch is only sized for inputs that passed infer; anything else needs none, and the
- * kernel is never reached for it. */
-static int staged(const kt_tensor *in, int n)
+/* The 2-D path sees the flat product's dims: M is every row of a. */
+typedef struct mm_dims {
+    int64_t M, N, K;
+} mm_dims;
+
+static mm_dims dims_of(const kt_op_attrs *at, const kt_tensor *in)
 {
-    return n == 2 && in[0].ndim == 2 && in[1].ndim == 2 &&
-           (in[0].dtype == KT_BF16 || in[0].dtype == KT_F16);
+    const kt__mm_dims b = kt__mm_dims_of(at, in);
+    return (mm_dims){b.M, b.N, b.K};
+}
+
+/* bf16 and f16 products of the 2-D path run on f32 staged in scratch. Scratch is only sized
+ * for inputs that pass infer (operands_ok); anything else needs none, and the kernel is never
+ * reached for it. */
+static int staged(const kt_tensor *in)
+{
+    return in[0].dtype == KT_BF16 || in[0].dtype == KT_F16;
 }
 
 /* forward: a, b, out */
 static size_t scratch_fwd_matmul(const kt_op_attrs *at, const kt_tensor *in, int n)
 {
-    if (!staged(in, n))
+    if (!operands_ok(at, in, n))
+        return 0;
+    if (!kt__mm_dims_of(at, in).flat)
+        return kt__mm_batch_scratch(at, in, 0);
+    if (!staged(in))
         return 0;
     const mm_dims d = dims_of(at, in);
     return kt__f32_scratch_bytes(d.M * d.K) + kt__f32_scratch_bytes(d.K * d.N) +
@@ -74,7 +114,11 @@ static size_t scratch_fwd_matmul(const kt_op_attrs *at, const kt_tensor *in, int
 /* backward: a, b, grad out, and one gradient at a time (da, then db in the same place) */
 static size_t scratch_bwd_matmul(const kt_op_attrs *at, const kt_tensor *in, int n)
 {
-    if (!staged(in, n))
+    if (!operands_ok(at, in, n))
+        return 0;
+    if (!kt__mm_dims_of(at, in).flat)
+        return kt__mm_batch_scratch(at, in, 1);
+    if (!staged(in))
         return 0;
     const mm_dims d = dims_of(at, in);
     const int64_t grad = d.M * d.K > d.K * d.N ? d.M * d.K : d.K * d.N;
@@ -125,6 +169,8 @@ static kt_status bwd_matmul_bf16(const kt__op_call *c, kt_tensor *ga, kt_tensor 
 
 static kt_status fwd_matmul(const kt__op_call *c)
 {
+    if (!kt__mm_dims_of(c->attrs, c->in).flat)
+        return kt__mm_batch_forward(c);
     const int ta = c->attrs->trans_a, tb = c->attrs->trans_b;
     const mm_dims d = dims_of(c->attrs, c->in);
     if (c->in[0].dtype == KT_BF16)
@@ -153,6 +199,8 @@ static kt_status bwd_matmul(const kt__op_call *c)
     kt_tensor *gb = c->gin[1].data ? &c->gin[1] : NULL;
     if (!ga && !gb)
         return KT_OK;
+    if (!kt__mm_dims_of(c->attrs, c->in).flat)
+        return kt__mm_batch_backward(c);
     if (c->in[0].dtype == KT_BF16)
         return bwd_matmul_bf16(c, ga, gb);
     const int64_t lda = ta ? d.M : d.K, ldb = tb ? d.K : d.N, ldg = d.N;
@@ -187,8 +235,8 @@ static kt_status bwd_matmul(const kt__op_call *c)
 }
 
 static const kt__attr_desc matmul_attrs[] = {
-    KT__A_BOOL("trans_a", trans_a, 0, "a is stored [K,M]"),
-    KT__A_BOOL("trans_b", trans_b, 0, "b is stored [N,K]"),
+    KT__A_BOOL("trans_a", trans_a, 0, "a is stored [...,K,M]"),
+    KT__A_BOOL("trans_b", trans_b, 0, "b is stored [...,N,K]"),
 };
 
 const kt__op_desc kt__op_matmul = {

@@ -72,6 +72,10 @@ static int64_t inner_bytes(const kt_tensor *t, int dim)
     return kt__dims_product(t, dim + 1, t->ndim) * (int64_t)kt_dtype_size(t->dtype);
 }
 
+/* A dim attribute (negative: counted from the end, -1 the last) as an index into t's dims;
+ * valid once infer accepted it. */
+static int dim_in(int dim, const kt_tensor *t) { return dim < 0 ? dim + t->ndim : dim; }
+
 /* ---- concat -------------------------------------------------------------------------------- */
 
 static kt_status infer_concat(const kt_op_attrs *at, const kt_tensor *in, int n_in,
@@ -79,11 +83,12 @@ static kt_status infer_concat(const kt_op_attrs *at, const kt_tensor *in, int n_
 {
     const kt_tensor *a = &in[0];
     KT__TRY(kt__check_rank("concat", "input 0", a, 1, KT_MAX_DIMS));
-    if (at->dim < 0 || at->dim >= a->ndim) {
+    if (at->dim < -a->ndim || at->dim >= a->ndim) {
         char d[96];
-        return kt__error(KT_EINVAL, "concat: dim %d outside 0..%d for input 0 %s", at->dim,
-                         a->ndim - 1, kt_tensor_describe(a, d, sizeof d));
+        return kt__error(KT_EINVAL, "concat: dim %d outside -%d..%d for input 0 %s", at->dim,
+                         a->ndim, a->ndim - 1, kt_tensor_describe(a, d, sizeof d));
     }
+    const int dim = dim_in(at->dim, a);
     int64_t shape[KT_MAX_DIMS];
     memcpy(shape, a->shape, sizeof shape);
     for (int i = 1; i < n_in; i++) {
@@ -92,9 +97,9 @@ static kt_status infer_concat(const kt_op_attrs *at, const kt_tensor *in, int n_
         KT__TRY(kt__check_same_dtype("concat", arg, &in[i], a));
         KT__TRY(kt__check_rank("concat", arg, &in[i], a->ndim, a->ndim));
         for (int d = 0; d < a->ndim; d++)
-            if (d != at->dim)
+            if (d != dim)
                 KT__TRY(kt__check_dim("concat", arg, &in[i], d, a->shape[d]));
-        shape[at->dim] += in[i].shape[at->dim];
+        shape[dim] += in[i].shape[dim];
     }
     kt__shape_out(&out[0], a->dtype, a->ndim, shape);
     return KT_OK;
@@ -105,7 +110,7 @@ static kt_status infer_concat(const kt_op_attrs *at, const kt_tensor *in, int n_
  * blocks back into the input gradients that exist (`whole` = the output gradient). */
 static void concat_blocks(const kt__op_call *c, const kt_tensor *whole, int backward)
 {
-    int dim = c->attrs->dim;
+    const int dim = dim_in(c->attrs->dim, whole);
     int64_t outer = kt__dims_product(whole, 0, dim), slab = inner_bytes(whole, dim);
     int64_t out_row = whole->shape[dim] * slab, offset = 0;
     for (int i = 0; i < c->n_in; i++) {
@@ -142,7 +147,12 @@ static kt_status infer_narrow(const kt_op_attrs *at, const kt_tensor *in, int n_
     /* A data-less copy: the view's bounds checks are the op's, its pointer is not needed. */
     kt_tensor x, v;
     kt__like(&x, &in[0]);
-    KT__TRY(kt_tensor_narrow(&x, at->dim, at->start, at->length, &v));
+    if (at->dim < -x.ndim || at->dim >= x.ndim) {
+        char d[96];
+        return kt__error(KT_EINVAL, "narrow: dim %d outside -%d..%d for x %s", at->dim, x.ndim,
+                         x.ndim - 1, kt_tensor_describe(&x, d, sizeof d));
+    }
+    KT__TRY(kt_tensor_narrow(&x, dim_in(at->dim, &x), at->start, at->length, &v));
     kt__shape_out(&out[0], v.dtype, v.ndim, v.shape);
     return KT_OK;
 }
@@ -151,8 +161,9 @@ static kt_status fwd_narrow(const kt__op_call *c)
 {
     const kt_tensor *x = &c->in[0];
     const kt_op_attrs *at = c->attrs;
-    int64_t outer = kt__dims_product(x, 0, at->dim), slab = inner_bytes(x, at->dim);
-    int64_t in_row = x->shape[at->dim] * slab, out_row = at->length * slab;
+    const int dim = dim_in(at->dim, x);
+    int64_t outer = kt__dims_product(x, 0, dim), slab = inner_bytes(x, dim);
+    int64_t in_row = x->shape[dim] * slab, out_row = at->length * slab;
     copy_block(c->pool, c->out_w[0].data, 0, out_row, x->data, at->start * slab, in_row, outer,
                out_row);
     return KT_OK;
@@ -165,8 +176,9 @@ static kt_status bwd_narrow(const kt__op_call *c)
     if (gx->data == NULL)
         return KT_OK;
     const kt_op_attrs *at = c->attrs;
-    int64_t outer = kt__dims_product(gx, 0, at->dim), slab = inner_bytes(gx, at->dim);
-    int64_t in_row = gx->shape[at->dim] * slab, out_row = at->length * slab;
+    const int dim = dim_in(at->dim, gx);
+    int64_t outer = kt__dims_product(gx, 0, dim), slab = inner_bytes(gx, dim);
+    int64_t in_row = gx->shape[dim] * slab, out_row = at->length * slab;
     int64_t head = at->start * slab, tail_at = head + out_row;
     copy_block(c->pool, gx->data, 0, in_row, NULL, 0, 0, outer, head);
     copy_block(c->pool, gx->data, tail_at, in_row, NULL, 0, 0, outer, in_row - tail_at);
@@ -184,16 +196,17 @@ static kt_status infer_transpose(const kt_op_attrs *at, const kt_tensor *in, int
     KT__TRY(kt__check_rank("transpose", "x", x, 1, KT_MAX_DIMS));
     const int dims[2] = {at->dim0, at->dim1};
     for (int k = 0; k < 2; k++) {
-        if (dims[k] < 0 || dims[k] >= x->ndim) {
+        if (dims[k] < -x->ndim || dims[k] >= x->ndim) {
             char d[96];
-            return kt__error(KT_EINVAL, "transpose: dim%d %d outside 0..%d for x %s", k,
-                             dims[k], x->ndim - 1, kt_tensor_describe(x, d, sizeof d));
+            return kt__error(KT_EINVAL, "transpose: dim%d %d outside -%d..%d for x %s", k,
+                             dims[k], x->ndim, x->ndim - 1, kt_tensor_describe(x, d, sizeof d));
         }
     }
+    const int d0 = dim_in(at->dim0, x), d1 = dim_in(at->dim1, x);
     int64_t shape[KT_MAX_DIMS];
     memcpy(shape, x->shape, sizeof shape);
-    shape[at->dim0] = x->shape[at->dim1];
-    shape[at->dim1] = x->shape[at->dim0];
+    shape[d0] = x->shape[d1];
+    shape[d1] = x->shape[d0];
     kt__shape_out(&out[0], x->dtype, x->ndim, shape);
     return KT_OK;
 }
@@ -269,14 +282,17 @@ static void transpose_copy(kt_threadpool *pool, kt_tensor *dst, const kt_tensor 
 
 static kt_status fwd_transpose(const kt__op_call *c)
 {
-    transpose_copy(c->pool, &c->out_w[0], &c->in[0], c->attrs->dim0, c->attrs->dim1);
+    const kt_tensor *x = &c->in[0];
+    transpose_copy(c->pool, &c->out_w[0], x, dim_in(c->attrs->dim0, x),
+                   dim_in(c->attrs->dim1, x));
     return KT_OK;
 }
 
 static kt_status bwd_transpose(const kt__op_call *c)
 {
     if (c->gin[0].data != NULL)
-        transpose_copy(c->pool, &c->gin[0], &c->gout[0], c->attrs->dim0, c->attrs->dim1);
+        transpose_copy(c->pool, &c->gin[0], &c->gout[0], dim_in(c->attrs->dim0, &c->in[0]),
+                       dim_in(c->attrs->dim1, &c->in[0]));
     return KT_OK;
 }
 
@@ -309,18 +325,19 @@ static kt_status bwd_reshape(const kt__op_call *c)
 
 /* ---- table rows ------------------------------------------------------------------------------ */
 
+#define DIM_MIN (-KT_MAX_DIMS)
 #define DIM_MAX (KT_MAX_DIMS - 1)
 static const kt__attr_desc concat_attrs[] = {
-    KT__A_INT("dim", dim, 0, 0, DIM_MAX, "the dimension to join along"),
+    KT__A_INT("dim", dim, 0, DIM_MIN, DIM_MAX, "the dimension to join along (negative: from the end)"),
 };
 static const kt__attr_desc narrow_attrs[] = {
-    KT__A_INT_REQ("dim", dim, 0, DIM_MAX, "the dimension to cut"),
+    KT__A_INT_REQ("dim", dim, DIM_MIN, DIM_MAX, "the dimension to cut (negative: from the end)"),
     KT__A_I64_REQ("start", start, 0, INT64_MAX, "the first index kept"),
     KT__A_I64_REQ("length", length, 0, INT64_MAX, "how many are kept"),
 };
 static const kt__attr_desc transpose_attrs[] = {
-    KT__A_INT_REQ("dim0", dim0, 0, DIM_MAX, "one dimension to swap"),
-    KT__A_INT_REQ("dim1", dim1, 0, DIM_MAX, "the other"),
+    KT__A_INT_REQ("dim0", dim0, DIM_MIN, DIM_MAX, "one dimension to swap (negative: from the end)"),
+    KT__A_INT_REQ("dim1", dim1, DIM_MIN, DIM_MAX, "the other"),
 };
 static const kt__attr_desc reshape_attrs[] = {
     KT__A_SHAPE_REQ("shape", shape, ndim, -1, INT64_MAX,
