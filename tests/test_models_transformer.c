@@ -363,7 +363,7 @@ static double ref_loss(const spec *sp, const ref_model *m, const int *tokens, co
 static const spec qwen3 = {.name = "qwen3_moe", .nh = 4, .nkv = 2, .d = 4,
                            .theta = 10000, .e = 4, .k = 2, .inter = 6, .routed_scale = 1};
 static const spec deepseek = {.name = "deepseek_v2", .deepseek = 1,
-                              .nh = 2, .q_lora = 8, .kv_lora = 6, .dn = 4, .dr = 2, .dv = 3,
+                              .nh = 2, .q_lora = 8, .kv_lora = 6, .dn = 4, .dr = 4, .dv = 3,
                               .theta = 10000, .e = 4, .k = 2, .inter = 5, .n_group = 2,
                               .topk_group = 1, .routed_scale = 1.5, .shared_inter = 4,
                               .dense_inter = 7, .first_dense = 1};
