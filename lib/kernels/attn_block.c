@@ -118,7 +118,7 @@ A_INLINE __m512 exp16(__m512 x)
  * NV are constants where it is inlined, so the accumulators stay in registers. */
 A_INLINE void tile(const int R, const int NV, __mmask16 last, int64_t K, const float *A,
                    int64_t sam, int64_t sak, const float *B, int64_t ldb, float *C, int64_t ldc,
-                   int accumulate)
+                   int accumulate, const float *fc)
 {
     __m512 c[6][4];
 #pragma GCC unroll 6
@@ -149,7 +149,10 @@ A_INLINE void tile(const int R, const int NV, __mmask16 last, int64_t K, const f
             float *p = C + r * ldc + 16 * v;
             const __mmask16 k = v == NV - 1 ? last : (__mmask16)0xffff;
             __m512 x = c[r][v];
-            if (accumulate)
+            if (fc)
+                x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, p),
+                                    _mm512_maskz_loadu_ps(k, fc + 16 * v), x);
+            else if (accumulate)
                 x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(k, p));
             _mm512_mask_storeu_ps(p, k, x);
         }
@@ -157,12 +160,12 @@ A_INLINE void tile(const int R, const int NV, __mmask16 last, int64_t K, const f
 
 #define TILE_CASE(R, NV)                                                                     \
     case (R) * 8 + (NV):                                                                     \
-        tile(R, NV, last, K, A, sam, sak, B, ldb, C, ldc, accumulate);                       \
+        tile(R, NV, last, K, A, sam, sak, B, ldb, C, ldc, accumulate, fc);                   \
         return;
 
 A_TARGET static void tile_any(int R, int NV, __mmask16 last, int64_t K, const float *A,
                               int64_t sam, int64_t sak, const float *B, int64_t ldb, float *C,
-                              int64_t ldc, int accumulate)
+                              int64_t ldc, int accumulate, const float *fc)
 {
     switch (R * 8 + NV) {
         TILE_CASE(6, 4) TILE_CASE(6, 3) TILE_CASE(6, 2) TILE_CASE(6, 1)
@@ -179,7 +182,7 @@ A_TARGET static void tile_any(int R, int NV, __mmask16 last, int64_t K, const fl
 /* Columns in pieces of 64 (B's piece stays in L1 over all rows), rows in tiles of 6. */
 A_TARGET static void gemm_avx512(int64_t M, int64_t N, int64_t K, const float *A, int64_t sam,
                                  int64_t sak, const float *B, int64_t ldb, float *C,
-                                 int64_t ldc, int accumulate)
+                                 int64_t ldc, int accumulate, const float *fc)
 {
     for (int64_t n0 = 0; n0 < N; n0 += 64) {
         const int64_t nn = N - n0 < 64 ? N - n0 : 64;
@@ -188,7 +191,7 @@ A_TARGET static void gemm_avx512(int64_t M, int64_t N, int64_t K, const float *A
         for (int64_t m0 = 0; m0 < M; m0 += 6) {
             const int R = M - m0 < 6 ? (int)(M - m0) : 6;
             tile_any(R, nv, last, K, A + m0 * sam, sam, sak, B + n0, ldb, C + m0 * ldc + n0,
-                     ldc, accumulate);
+                     ldc, accumulate, fc ? fc + n0 : NULL);
         }
     }
 }
@@ -308,11 +311,27 @@ void kt__attn_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t sam,
         return;
 #ifdef ATTN_AVX512
     if (kt__cpu_has_avx512()) {
-        gemm_avx512(M, N, K, A, sam, sak, B, ldb, C, ldc, accumulate);
+        gemm_avx512(M, N, K, A, sam, sak, B, ldb, C, ldc, accumulate, NULL);
         return;
     }
 #endif
     gemm_plain(M, N, K, A, sam, sak, B, ldb, C, ldc, accumulate);
+}
+
+void kt__attn_gemm_rescale(int64_t M, int64_t N, int64_t K, const float *A, int64_t sam,
+                           int64_t sak, const float *B, int64_t ldb, float *C, int64_t ldc,
+                           const float *f)
+{
+    if (M <= 0 || N <= 0)
+        return;
+#ifdef ATTN_AVX512
+    if (kt__cpu_has_avx512()) {
+        gemm_avx512(M, N, K, A, sam, sak, B, ldb, C, ldc, 1, f);
+        return;
+    }
+#endif
+    kt__attn_scale_cols(M, N, C, ldc, f);
+    gemm_plain(M, N, K, A, sam, sak, B, ldb, C, ldc, 1);
 }
 
 void kt__attn_transpose(int64_t rows, int64_t cols, const float *src, int64_t lds, float f,

@@ -18,6 +18,13 @@
 void kt__attn_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t sam, int64_t sak,
                    const float *B, int64_t ldb, float *C, int64_t ldc, int accumulate);
 
+/* The same with C rescaled by columns first: C[m][n] = f[n] C[m][n] + the sum (the online
+ * softmax's correction of what was summed before, in the product's last pass over C; on the
+ * AVX-512 path one rounding, f C + sum by an FMA). */
+void kt__attn_gemm_rescale(int64_t M, int64_t N, int64_t K, const float *A, int64_t sam,
+                           int64_t sak, const float *B, int64_t ldb, float *C, int64_t ldc,
+                           const float *f);
+
 /* dst[c ldd + r] = f src[r lds + c] for r < rows, c < cols, and 0 for rows <= r < ldd (the
  * padding columns of a transposed block). */
 void kt__attn_transpose(int64_t rows, int64_t cols, const float *src, int64_t lds, float f,

@@ -2,10 +2,12 @@
  * log-sum-exp of each query's scores, computed in blocks (flash attention) so that no T x S
  * matrix ever exists.
  *
- * Forward: one task per (batch, query head, block of BQ queries). The block is held
- * transposed (queries along the vector lanes): S^T = K Q^T block by block of BK keys, an
- * online softmax down its columns, O^T += V^T P^T; blocks no query of the task can see (the
- * causal future, beyond the window, other documents) are skipped. Only o and lse are kept.
+ * Forward: one task per (batch, KV head, up to GQ of its query heads, block of BQ queries).
+ * Each key block's K and V rows are copied contiguous once and serve all the task's heads.
+ * A head's block is held transposed (queries along the vector lanes): S^T = K Q^T block by
+ * block of BK keys, an online softmax down its columns, O^T += V^T P^T; blocks no query of
+ * the task can see (the causal future, beyond the window, other documents) are skipped.
+ * Only o and lse are kept.
  *
  * Backward over recomputed blocks, with di = rowsum(dO o) - dlse, p = exp(s - lse),
  * dp = dO v^T, ds = p (dp - di). When the (batch, KV head) pairs share out evenly over the
@@ -289,22 +291,34 @@ static int64_t lse_at(const attn_job *j, int64_t b, int64_t h, int64_t t)
 
 /* ---- forward ------------------------------------------------------------------------------- */
 
+/* Query heads of one KV head that a forward task takes together: they read the same key and
+ * value blocks, packed once for all of them. */
+#define GQ 4
+
+static int64_t fwd_chunks(const attn_job *j) { return (j->G + GQ - 1) / GQ; }
+
 static void fwd_tasks(void *ctx, int64_t begin, int64_t end, int thread)
 {
     (void)thread;
     const attn_job *j = ctx;
-    _Alignas(64) float qt[D_MAX * BQ], ot[D_MAX * BQ], st[BK * BQ];
+    _Alignas(64) float qt[GQ * D_MAX * BQ], ot[GQ * D_MAX * BQ], st[BK * BQ];
     _Alignas(64) float kbuf[BK * D_MAX], vbuf[BK * D_MAX];
-    _Alignas(64) float m[BQ], l[BQ], alpha[BQ], inv[BQ];
+    _Alignas(64) float m[GQ * BQ], l[GQ * BQ], alpha[BQ], inv[BQ];
+    const int64_t nch = fwd_chunks(j);
     for (int64_t task = begin; task < end; task++) {
-        const int64_t bh = task / j->nqb, qb = zigzag(task % j->nqb, j->nqb);
-        const int64_t b = bh / j->Hq, h = bh % j->Hq, kh = h / j->G;
+        const int64_t bkc = task / j->nqb, qb = zigzag(task % j->nqb, j->nqb);
+        const int64_t b = bkc / (j->Hkv * nch), kh = bkc / nch % j->Hkv;
+        const int64_t h0 = kh * j->G + bkc % nch * GQ;
+        const int64_t ng = kh * j->G + j->G - h0 < GQ ? kh * j->G + j->G - h0 : GQ;
         const int64_t t0 = qb * BQ, nq = j->T - t0 < BQ ? j->T - t0 : BQ, nqp = pad16(nq);
-        load_transposed(j->q, q_at(j, b, t0, h, j->D), j->Hq * j->D, nq, j->D, j->scale, qt,
-                        nqp, kbuf);
-        memset(ot, 0, (size_t)(j->Dv * nqp) * sizeof *ot);
-        for (int64_t i = 0; i < nqp; i++)
-            m[i] = -INFINITY, l[i] = 0.0f;
+        const int64_t lq = j->D * nqp, lo = j->Dv * nqp; /* one head's qt and ot */
+        for (int64_t g = 0; g < ng; g++) {
+            load_transposed(j->q, q_at(j, b, t0, h0 + g, j->D), j->Hq * j->D, nq, j->D,
+                            j->scale, qt + g * lq, nqp, kbuf);
+            memset(ot + g * lo, 0, (size_t)lo * sizeof *ot);
+            for (int64_t i = 0; i < nqp; i++)
+                m[g * BQ + i] = -INFINITY, l[g * BQ + i] = 0.0f;
+        }
         int64_t klo, khi, unused;
         key_range(j, t0 + j->off, &klo, &unused);
         key_range(j, t0 + nq - 1 + j->off, &unused, &khi);
@@ -313,27 +327,34 @@ static void fwd_tasks(void *ctx, int64_t begin, int64_t end, int thread)
             const int kind = block_kind(j, b, t0, nq, k0, nk);
             if (kind == BLOCK_NONE)
                 continue;
+            /* contiguous rows: the tensor's are Hkv heads apart, so they share few L1 sets */
             int64_t ldk, ldv;
-            const float *kr = rows_f32(j->k, kv_at(j, b, k0, kh, j->D), j->Hkv * j->D, nk, j->D,
-                                       kbuf, &ldk);
-            kt__attn_gemm(nk, nqp, j->D, kr, ldk, 1, qt, nqp, st, nqp, 0);
-            if (j->cap > 0.0f)
-                kt__attn_softcap(nk, nqp, st, nqp, j->cap);
-            if (kind == BLOCK_PARTIAL)
-                mask_block(j, b, t0, nq, k0, nk, st, nqp, 1);
-            kt__attn_online_cols(nk, nqp, st, nqp, m, l, alpha);
-            kt__attn_scale_cols(j->Dv, nqp, ot, nqp, alpha);
-            const float *vr = rows_f32(j->v, kv_at(j, b, k0, kh, j->Dv), j->Hkv * j->Dv, nk,
-                                       j->Dv, vbuf, &ldv);
-            kt__attn_gemm(j->Dv, nqp, nk, vr, 1, ldv, st, nqp, ot, nqp, 1);
+            const float *kr = rows_packed(j->k, kv_at(j, b, k0, kh, j->D), j->Hkv * j->D, nk,
+                                          j->D, kbuf, &ldk);
+            const float *vr = rows_packed(j->v, kv_at(j, b, k0, kh, j->Dv), j->Hkv * j->Dv, nk,
+                                          j->Dv, vbuf, &ldv);
+            for (int64_t g = 0; g < ng; g++) {
+                float *og = ot + g * lo, *mg = m + g * BQ, *lg = l + g * BQ;
+                kt__attn_gemm(nk, nqp, j->D, kr, ldk, 1, qt + g * lq, nqp, st, nqp, 0);
+                if (j->cap > 0.0f)
+                    kt__attn_softcap(nk, nqp, st, nqp, j->cap);
+                if (kind == BLOCK_PARTIAL)
+                    mask_block(j, b, t0, nq, k0, nk, st, nqp, 1);
+                kt__attn_online_cols(nk, nqp, st, nqp, mg, lg, alpha);
+                kt__attn_gemm_rescale(j->Dv, nqp, nk, vr, 1, ldv, st, nqp, og, nqp, alpha);
+            }
         }
-        for (int64_t i = 0; i < nq; i++) {
-            const int seen = l[i] > 0.0f;
-            inv[i] = seen ? 1.0f / l[i] : 0.0f;
-            j->lse[lse_at(j, b, h, t0 + i)] = seen ? m[i] + logf(l[i]) : 0.0f;
+        for (int64_t g = 0; g < ng; g++) {
+            const int64_t h = h0 + g;
+            const float *mg = m + g * BQ, *lg = l + g * BQ;
+            for (int64_t i = 0; i < nq; i++) {
+                const int seen = lg[i] > 0.0f;
+                inv[i] = seen ? 1.0f / lg[i] : 0.0f;
+                j->lse[lse_at(j, b, h, t0 + i)] = seen ? mg[i] + logf(lg[i]) : 0.0f;
+            }
+            store_transposed(j->ow, q_at(j, b, t0, h, j->Dv), j->Hq * j->Dv, nq, j->Dv,
+                             ot + g * lo, nqp, inv);
         }
-        store_transposed(j->ow, q_at(j, b, t0, h, j->Dv), j->Hq * j->Dv, nq, j->Dv, ot, nqp,
-                         inv);
     }
 }
 
@@ -343,7 +364,7 @@ static kt_status fwd_attention(const kt__op_call *c)
     job_init(&j, c->attrs, c->in, c->n_in);
     j.ow = &c->out_w[0];
     j.lse = c->out_w[1].data;
-    kt_parallel_for(c->pool, j.B * j.Hq * j.nqb, 1, fwd_tasks, &j);
+    kt_parallel_for(c->pool, j.B * j.Hkv * fwd_chunks(&j) * j.nqb, 1, fwd_tasks, &j);
     return KT_OK;
 }
 
