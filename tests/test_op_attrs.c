@@ -62,6 +62,10 @@ static const fixture fixtures[] = {
     {KT_OP_SUM, "input x: f32[4, 6, 8]\n", "x", "dim = 1"},
     {KT_OP_MEAN, "input x: f32[4, 6, 8]\n", "x", "dim = -2, keepdim = 1"},
     {KT_OP_EXPAND, "input x: f32[1, 1, 8]\n", "x", "dim = 0, size = 3"},
+    {KT_OP_ATTENTION,
+     "input q: f32[1, 4, 2, 8]\ninput k: f32[1, 6, 1, 8]\ninput v: f32[1, 6, 1, 4]\n"
+     "input s: i32[1, 6]\n",
+     "q, k, v, s", ""},
 };
 enum { N_FIXTURES = sizeof fixtures / sizeof fixtures[0] };
 

@@ -299,6 +299,20 @@ static void build_cases(void)
          T(BF16, -1, 1, 2, 5, 3, 8), T(I64, 0, 64, 2, 5));
     CASE(KT_OP_ROPE, "large", rope_at(0, 0, 24, 1), T(F32, -1, 1, 4, 64, 8, 32),
          T(I32, 0, 64, 64));
+
+    CASE(KT_OP_ATTENTION, "gqa causal", A(.attn_causal = 1), T(F32, -2, 2, 2, 9, 4, 8),
+         T(F32, -2, 2, 2, 9, 2, 8), T(F32, -1, 1, 2, 9, 2, 8));
+    CASE(KT_OP_ATTENTION, "bf16 segments window softcap",
+         A(.attn_causal = 1, .attn_window = 20, .attn_softcap = 3.0f),
+         T(BF16, -2, 2, 1, 70, 2, 16), T(BF16, -2, 2, 1, 80, 1, 16),
+         T(BF16, -1, 1, 1, 80, 1, 12), T(I32, 0, 3, 1, 80));
+    CASE(KT_OP_ATTENTION, "f16 cross S < T", A(.attn_scale = 0.5f), T(F16, -2, 2, 1, 20, 2, 8),
+         T(F16, -2, 2, 1, 7, 2, 8), T(F16, -1, 1, 1, 7, 2, 8));
+    CASE(KT_OP_ATTENTION, "causal S < T rows see nothing", A(.attn_causal = 1),
+         T(F32, -2, 2, 1, 70, 2, 8), T(F32, -2, 2, 1, 10, 1, 8), T(F32, -1, 1, 1, 10, 1, 5));
+    CASE(KT_OP_ATTENTION, "many blocks i64 segments", A(.attn_causal = 1),
+         T(F32, -2, 2, 1, 130, 2, 24), T(F32, -2, 2, 1, 150, 2, 24),
+         T(F32, -1, 1, 1, 150, 2, 24), T(I64, 0, 2, 1, 150));
 }
 
 /* ---- helpers ------------------------------------------------------------------------------- */

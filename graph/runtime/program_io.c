@@ -25,11 +25,12 @@
 
 #define KTP_MAGIC "KTPROGRM"
 /* 2: step flags (recompute); 3: the state keep-none flag (KT__STEP_STATE_RECOMPUTES); 4: rope's
- * attributes, 5: topk_router's scoring, group and scaling fields, and 6: the fields of sum/mean
- * (keepdim), expand (size) and clamp (min, max), each of which grows the attribute record, so
- * files of older versions (a shorter record) are refused by their version. */
-#define KTP_VERSION 6u
-#define KTP_OLDEST_VERSION 6u
+ * attributes, 5: topk_router's scoring, group and scaling fields, 6: the fields of sum/mean
+ * (keepdim), expand (size) and clamp (min, max), and 7: attention's scale, causal, window and
+ * softcap, each of which grows the attribute record, so files of older versions (a shorter
+ * record) are refused by their version. */
+#define KTP_VERSION 7u
+#define KTP_OLDEST_VERSION 7u
 #define KTP_MAX_OP_NAME 32
 
 /* Smallest encoded record sizes, to bound counts before allocating. */
@@ -44,7 +45,7 @@
  * version KTP_OLDEST_VERSION on (a field added to kt_op_attrs for a new attribute grows the
  * record and needs a new KTP_VERSION, which is then also the oldest one read). Non-op steps use it too (a fill's value is the
  * alpha field). */
-#define KTP_MAX_SLOTS 64
+#define KTP_MAX_SLOTS 96
 /* every field takes at least 4 bytes, so the distinct fields always fit */
 _Static_assert(sizeof(kt_op_attrs) / 4 <= KTP_MAX_SLOTS, "KTP_MAX_SLOTS below kt_op_attrs' fields");
 

@@ -79,6 +79,12 @@
  *                 (2j, 2j+1), written back there or, with deinterleave, to (j, j +
  *                 rotary_dim/2). Positions outside 0..max_positions-1 are KT_EINVAL; a
  *                 session builds the cos/sin table once; backward turns the gradient back.
+ *   attention     q [B,T,Hq,D], k [B,S,Hkv,D], v [B,S,Hkv,Dv] (Hq a multiple of Hkv: query
+ *                 head h reads KV head h / (Hq/Hkv)), optional segments [B,S] (i32/i64)
+ *                 -> o [B,T,Hq,Dv], lse [B,Hq,T] (f32): softmax(scale q.k^T) v over the
+ *                 visible keys (query t sits at position S-T+t; causal, window and segment
+ *                 ids restrict what it sees), lse the log-sum-exp of each row. A row that
+ *                 sees no key gives o = 0, lse = 0 and no gradient. D, Dv <= 256.
  */
 #ifndef KT_OPS_H
 #define KT_OPS_H
@@ -117,7 +123,8 @@ extern "C" {
     X(MOE, moe)                       \
     X(HALO, halo)                     \
     X(ROPE, rope)                     \
-    X(LOAD_BALANCE_LOSS, load_balance_loss)
+    X(LOAD_BALANCE_LOSS, load_balance_loss) \
+    X(ATTENTION, attention)
 
 typedef enum kt_op {
 #define KT__OP_ENUM(upper, lower) KT_OP_##upper,
@@ -211,6 +218,10 @@ typedef struct kt_op_attrs {
     int reduce_keepdim;            /* sum, mean: keep the reduced dim as size 1 */
     int64_t expand_size;           /* expand: the repeated dim's new size */
     float clamp_min, clamp_max;    /* clamp */
+    float attn_scale;              /* attention: on q.k (0: 1/sqrt(D)) */
+    int attn_causal;               /* attention: key j visible to query t only if j <= S-T+t */
+    int64_t attn_window;           /* attention: and only if S-T+t - j < window (0: none) */
+    float attn_softcap;            /* attention: scores softcap * tanh(s / softcap) (0: none) */
 } kt_op_attrs;
 
 /* op's attributes at their defaults, stamped for op (required ones are marked "not set" and
