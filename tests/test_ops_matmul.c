@@ -14,7 +14,10 @@
 #include <cmocka.h>
 
 #include "tests/support/gradcheck.h"
+#include "lib/core/cpu_internal.h"
+#include "lib/kernels/bf16_gemm.h"
 #include "lib/kernels/bf16_matmul.h"
+#include "lib/kernels/fma_gemm.h"
 #include "lib/kernels/sgemm.h"
 
 /* ---- float64 reference -------------------------------------------------------------------- */
@@ -247,7 +250,7 @@ static void check_bf16_case(int64_t M, int64_t K, int64_t N, int ta, int tb, int
     tu_free(&y), tu_free(&ga), tu_free(&gb);
 }
 
-/* Row counts that reach every path the registry has for bf16 NT and NN on this CPU (KT_CPU
+/* Row counts that reach every path the registry has for bf16 NT, NN and MM on this CPU (KT_CPU
  * picks others: tests/CMakeLists.txt runs this suite under portable, dpbf16 and widen too),
  * odd K and N around the tiles, every transpose pair, 1 and 3 threads. */
 static void test_matmul_bf16_f64(void **state)
@@ -255,7 +258,7 @@ static void test_matmul_bf16_f64(void **state)
     (void)state;
     tu_rng rng;
     tu_rng_seed(&rng, 104);
-    static const int64_t ms[] = {1, 2, 3, 4, 5, 7, 12, 16, 21, 33};
+    static const int64_t ms[] = {1, 2, 3, 4, 5, 7, 12, 16, 21, 33, KT__FMA_PACKED_MIN_M};
     static const int64_t kn[][2] = {{1, 1}, {7, 5}, {33, 97}, {70, 29}, {130, 13}};
     char seen[256] = " ", token[64];
     for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
@@ -273,6 +276,121 @@ static void test_matmul_bf16_f64(void **state)
     print_message("bf16 matmul paths checked:%s\n", seen);
 }
 
+/* The edges of fma_packed's blocks through the op (12-row tiles, up to 128 rows of A and 512
+ * columns of B widened at once, 256 steps of K a block): rows at and around its first row count
+ * and one past a block of rows, K of 1, one past a block and of several blocks, N of 1 and past a
+ * block of columns; every transpose pair, 1 and 2 threads. */
+static void test_matmul_bf16_blocks(void **state)
+{
+    (void)state;
+    tu_rng rng;
+    tu_rng_seed(&rng, 106);
+    static const int64_t mkn[][3] = {
+        {KT__FMA_PACKED_MIN_M - 1, 40, 33},
+        {KT__FMA_PACKED_MIN_M, 1, 1},
+        {KT__FMA_PACKED_MIN_M, 257, 97},
+        {129, 31, 200},
+        {KT__FMA_PACKED_MIN_M + 1, 1100, 40},
+        {193, 260, 65},
+        {70, 37, 600},
+    };
+    for (size_t i = 0; i < sizeof mkn / sizeof mkn[0]; i++)
+        for (int ta = 0; ta <= 1; ta++)
+            for (int tb = 0; tb <= 1; tb++)
+                check_bf16_case(mkn[i][0], mkn[i][1], mkn[i][2], ta, tb, 1 + (int)(i % 2), &rng);
+}
+
+/* bf16 values, a row stride `pad` past the row */
+static uint16_t *bf16_rows(tu_rng *rng, int64_t rows, int64_t cols, int64_t pad)
+{
+    uint16_t *p = malloc((size_t)(rows * (cols + pad) + 1) * sizeof *p);
+    assert_non_null(p);
+    for (int64_t i = 0; i < rows * (cols + pad); i++)
+        p[i] = kt_f32_to_bf16_1((float)tu_rng_uniform(rng, -1, 1));
+    return p;
+}
+
+#ifdef KT__FMA_GEMM
+/* fma_packed's sums are the fma path's (its descriptor's sums_as): kt__fma_packed_mm against
+ * kt__fma_nt (trans_b) and kt__fma_nn on the same operands, op(a) transposed copied out as rows
+ * for them, bit for bit; padded strides, a block of columns [n0, n1) that is not the whole of
+ * N, and C's elements outside it untouched. */
+static void test_fma_packed_bits(void **state)
+{
+    (void)state;
+    if (!kt__cpu_has_avx512())
+        skip();
+    tu_rng rng;
+    tu_rng_seed(&rng, 107);
+    static const int64_t mkn[][3] = {{1, 1, 1},     {12, 256, 32},  {13, 257, 96},
+                                     {96, 31, 97},  {129, 600, 130}, {200, 513, 200},
+                                     {5, 1, 100},   {40, 70, 1100}};
+    for (size_t i = 0; i < sizeof mkn / sizeof mkn[0]; i++)
+        for (int ta = 0; ta <= 1; ta++)
+            for (int tb = 0; tb <= 1; tb++) {
+                const int64_t M = mkn[i][0], K = mkn[i][1], N = mkn[i][2];
+                const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
+                const int64_t n0 = N > 40 ? 7 : 0, n1 = N > 40 ? N - 3 : N;
+                uint16_t *a = bf16_rows(&rng, ta ? K : M, ta ? M : K, 3);
+                uint16_t *b = bf16_rows(&rng, tb ? N : K, tb ? K : N, 5);
+                uint16_t *rows = malloc((size_t)(M * K + 1) * sizeof *rows);
+                float *c = malloc((size_t)(M * ldc) * sizeof *c);
+                float *want = malloc((size_t)(M * ldc) * sizeof *want);
+                assert_true(rows && c && want);
+                for (int64_t m = 0; m < M; m++)
+                    for (int64_t k = 0; k < K; k++)
+                        rows[m * K + k] = ta ? a[k * lda + m] : a[m * lda + k];
+                for (int64_t e = 0; e < M * ldc; e++)
+                    c[e] = want[e] = (float)e;
+                void *work = NULL;
+                assert_int_equal(posix_memalign(&work, 64, kt__fma_packed_mm_work_bytes(n1 - n0)),
+                                 0);
+                kt__fma_packed_mm(ta, tb, M, n0, n1, K, a, lda, b, ldb, c, ldc, work);
+                free(work);
+                if (tb)
+                    kt__fma_nt(KT__FMA_BF16, M, n0, n1, K, rows, K, b, ldb, want, ldc, 0);
+                else
+                    kt__fma_nn(KT__FMA_BF16, M, K, n0, n1, rows, b, NULL, NULL, K, ldb, want,
+                               ldc, 0);
+                for (int64_t e = 0; e < M * ldc; e++)
+                    if (memcmp(&c[e], &want[e], sizeof c[e]) != 0)
+                        fail_msg("M %lld K %lld N %lld ta %d tb %d: c[%lld, %lld] %.9g, fma %.9g",
+                                 (long long)M, (long long)K, (long long)N, ta, tb,
+                                 (long long)(e / ldc), (long long)(e % ldc), c[e], want[e]);
+                free(a), free(b), free(rows), free(c), free(want);
+            }
+}
+#endif
+
+/* The scalar MM against the nt and nn references it shares its sums with, bit for bit. */
+static void test_mm_ref_bits(void **state)
+{
+    (void)state;
+    tu_rng rng;
+    tu_rng_seed(&rng, 108);
+    const int64_t M = 9, K = 70, N = 37, n0 = 3, n1 = 35;
+    for (int ta = 0; ta <= 1; ta++)
+        for (int tb = 0; tb <= 1; tb++) {
+            uint16_t *a = bf16_rows(&rng, ta ? K : M, ta ? M : K, 0);
+            uint16_t *b = bf16_rows(&rng, tb ? N : K, tb ? K : N, 0);
+            uint16_t *rows = malloc((size_t)(M * K) * sizeof *rows);
+            float c[9 * 37], want[9 * 37];
+            assert_non_null(rows);
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t k = 0; k < K; k++)
+                    rows[m * K + k] = ta ? a[k * M + m] : a[m * K + k];
+            for (int64_t e = 0; e < M * N; e++)
+                c[e] = want[e] = (float)e;
+            kt__bf16_gemm_mm_ref(ta, tb, M, n0, n1, K, a, ta ? M : K, b, tb ? K : N, c, N);
+            if (tb)
+                kt__bf16_gemm_nt_ref(M, n0, n1, K, rows, K, b, K, want, N, 0);
+            else
+                kt__bf16_gemm_nn_ref(M, K, n0, n1, rows, K, b, N, want, N, 0);
+            assert_memory_equal(c, want, sizeof c);
+            free(a), free(b), free(rows);
+        }
+}
+
 /* The bf16 result is the same bits on any pool size (the kernels' fixed sums, any split). */
 static void test_matmul_bf16_thread_invariant(void **state)
 {
@@ -288,6 +406,17 @@ static void test_matmul_bf16_thread_invariant(void **state)
         gc_check_thread_invariant(&c, 1, 3);
         tu_free(&f[0]), tu_free(&f[1]), tu_free(&in[0]), tu_free(&in[1]);
     }
+    /* rows where MM runs (fma_packed here), its pieces cut at other columns on 3 threads */
+    for (int ta = 0; ta <= 1; ta++)
+        for (int tb = 0; tb <= 1; tb++) {
+            kt_tensor f[2];
+            make_operands(f, KT__FMA_PACKED_MIN_M + 36, 300, 1000, ta, tb, &rng);
+            kt_tensor in[2] = {tu_convert(&f[0], KT_BF16), tu_convert(&f[1], KT_BF16)};
+            gc_case c = {.op = KT_OP_MATMUL, .attrs = {.trans_a = ta, .trans_b = tb}, .in = in,
+                         .n_in = 2, .seed = 50u + 2u * (unsigned)ta + (unsigned)tb};
+            gc_check_thread_invariant(&c, 1, 3);
+            tu_free(&f[0]), tu_free(&f[1]), tu_free(&in[0]), tu_free(&in[1]);
+        }
 }
 
 /* ---- the sgemm kernels directly ----------------------------------------------------------- */
@@ -567,7 +696,12 @@ int main(void)
         cmocka_unit_test(test_matmul_low_precision),
         cmocka_unit_test(test_matmul_deterministic),
         cmocka_unit_test(test_matmul_bf16_f64),
+        cmocka_unit_test(test_matmul_bf16_blocks),
         cmocka_unit_test(test_matmul_bf16_thread_invariant),
+#ifdef KT__FMA_GEMM
+        cmocka_unit_test(test_fma_packed_bits),
+#endif
+        cmocka_unit_test(test_mm_ref_bits),
         cmocka_unit_test(test_matmul_flops_scratch),
         cmocka_unit_test(test_sgemm_portable),
         cmocka_unit_test(test_sgemm_degenerate),

@@ -151,8 +151,9 @@ static void test_batch_low_precision(void **state)
         }
 }
 
-/* Each item's output is bitwise the 2-D op on that item's matrices (one kernel call an item),
- * whether the items are shared over the pool or not; the same for bf16. */
+/* Each item's output is bitwise the 2-D op on that item's matrices (one kernel call an item,
+ * each with its own part of the work), whether the items are shared over the pool or not; the
+ * same for bf16. */
 static void test_batch_items_are_2d_products(void **state)
 {
     (void)state;
@@ -162,9 +163,9 @@ static void test_batch_items_are_2d_products(void **state)
     assert_int_equal(kt_threadpool_create(3, &pool), KT_OK);
     const kt_dtype dts[2] = {KT_F32, KT_BF16};
     for (int di = 0; di < 2; di++)
-        for (int t = 0; t < 4; t++) {
-            const int ta = t & 1, tb = t >> 1;
-            const int64_t B = 5, M = 9, K = 20, N = 70;
+        for (int t = 0; t < 8; t++) { /* M 70: bf16 items on the dense matmul's MM path */
+            const int ta = t & 1, tb = (t >> 1) & 1;
+            const int64_t B = 5, M = t < 4 ? 9 : 70, K = 20, N = 70;
             kt_tensor f[2];
             f[0] = ta ? tu_new(KT_F32, B, K, M) : tu_new(KT_F32, B, M, K);
             f[1] = tb ? tu_new(KT_F32, B, N, K) : tu_new(KT_F32, B, K, N);

@@ -86,6 +86,12 @@ void kt__bf16_gemm_nn_ref(int64_t M, int64_t N, int64_t k0, int64_t k1, const ui
 void kt__bf16_gemm_tn_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
                           int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
                           float scale, int accumulate);
+/* The dense matmul's product (registry.h's KT__KP_MM_BF16), scalar: c[m, n] for n in [n0, n1)
+ * = sum_k op(a)[m, k] op(b)[k, n] (a [M, K] or, trans_a, [K, M]; b [K, N] or, trans_b,
+ * [N, K]), overwritten; the sums of the nt and nn references. */
+void kt__bf16_gemm_mm_ref(int trans_a, int trans_b, int64_t M, int64_t n0, int64_t n1, int64_t K,
+                          const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb, float *c,
+                          int64_t ldc);
 void kt__bf16_gemm_tn_acc_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
                               int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
                               float scale);

@@ -50,3 +50,17 @@ void kt__bf16_gemm_tn_acc_ref(int64_t M, int64_t n0, int64_t n1, int64_t K, cons
 {
     kt__bf16_gemm_tn_ref(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, 1);
 }
+
+void kt__bf16_gemm_mm_ref(int trans_a, int trans_b, int64_t M, int64_t n0, int64_t n1, int64_t K,
+                          const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb, float *c,
+                          int64_t ldc)
+{
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = n0; n < n1; n++) {
+            float s = 0.0f;
+            for (int64_t k = 0; k < K; k++)
+                s += bf(trans_a ? a[k * lda + m] : a[m * lda + k]) *
+                     bf(trans_b ? b[n * ldb + k] : b[k * ldb + n]);
+            c[m * ldc + n] = s;
+        }
+}

@@ -127,62 +127,11 @@ W_TARGET static void tile(int mr, int packed, const float *a, const float *b, in
 
 /* ---- loading operands ---------------------------------------------------------------------- */
 
-/* 16 x 16 f32 transpose in registers: r[i] lane j -> r[j] lane i. */
-W_INLINE void transpose16(__m512 r[16])
-{
-    __m512 t[16];
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; i++) {
-        const __m512d a0 = _mm512_castps_pd(t[4 * i]), a1 = _mm512_castps_pd(t[4 * i + 1]);
-        const __m512d b0 = _mm512_castps_pd(t[4 * i + 2]), b1 = _mm512_castps_pd(t[4 * i + 3]);
-        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, b0));
-        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, b0));
-        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, b1));
-        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, b1));
-    }
-    /* r[4i + j] now holds, in each 128-bit lane q, rows 4i..4i+3 of column 4q + j */
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 4; j++) {
-            const __m512 a = r[8 * i + j], b = r[8 * i + 4 + j];
-            t[8 * i + j] = _mm512_shuffle_f32x4(a, b, 0x88);     /* lanes q = 0, 2 */
-            t[8 * i + 4 + j] = _mm512_shuffle_f32x4(a, b, 0xDD); /* lanes q = 1, 3 */
-        }
-    for (int j = 0; j < 4; j++)
-        for (int h = 0; h < 2; h++) {
-            const __m512 a = t[4 * h + j], b = t[8 + 4 * h + j];
-            r[4 * (2 * 0 + h) + j] = _mm512_shuffle_f32x4(a, b, 0x88);
-            r[4 * (2 * 1 + h) + j] = _mm512_shuffle_f32x4(a, b, 0xDD);
-        }
-}
-
-/* pack_transposed for bf16: 16 rows of 32 values as 16 rows of 16 pairs (a dword each),
- * transposed as dwords, so that r[s] lane j holds w[j, 2s] and w[j, 2s + 1]; a shift widens
- * the even one to f32, a mask the odd one. Half the shuffles of transposing the values widened
- * (kt-bench-like A/B, weights in L2, NT 32-48 rows: 9-12 % faster). */
+/* pack_transposed for bf16 (fma_util.h's pack_pairs_transposed, panels WC wide). */
 W_TARGET static void pack_transposed_bf16(float *p, const uint16_t *w, int64_t ldw, int64_t nrows,
                                           int64_t kc)
 {
-    for (int64_t j0 = 0; j0 < WC; j0 += 16)
-        for (int64_t k0 = 0; k0 < kc; k0 += 32) {
-            const __mmask32 mk = kt__lanes32(kc - k0);
-            __m512 r[16];
-            for (int64_t j = 0; j < 16; j++)
-                r[j] =
-                    j0 + j < nrows
-                        ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mk, w + (j0 + j) * ldw + k0))
-                        : _mm512_setzero_ps();
-            transpose16(r);
-            const int64_t kn = kc - k0 < 32 ? kc - k0 : 32;
-            for (int64_t s = 0; 2 * s < kn; s++) {
-                const __m512i v = _mm512_castps_si512(r[s]);
-                _mm512_store_ps(p + (k0 + 2 * s) * WC + j0, pair_half(v, 0));
-                if (2 * s + 1 < kn)
-                    _mm512_store_ps(p + (k0 + 2 * s + 1) * WC + j0, pair_half(v, 1));
-            }
-        }
+    pack_pairs_transposed(p, w, ldw, nrows, kc);
 }
 
 /* NT's panel: p[k][j] = w[j, k] for j < nrows (zeros above, up to 32), k < kc. */

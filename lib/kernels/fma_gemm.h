@@ -81,6 +81,21 @@ void kt__fma_nn_direct(kt__fma_src src, int64_t M, int64_t N, int64_t k0, int64_
                        const void *g0, const void *w0, const void *g1, const void *w1, int64_t ldg,
                        int64_t ldw, float *y, int64_t ldy, int accumulate);
 
+/* The dense matmul's product (fma_packed.c), bf16 only: for rows m in [0, M) and columns n in
+ * [n0, n1), c[m, n] = sum_k op(a)[m, k] op(b)[k, n], overwritten. a is [M, K] (row stride lda),
+ * or [K, M] when trans_a; b is [K, N], or [N, K] when trans_b: both read in place. Blocked and
+ * packed for the caches: B widened once, 512 columns x 256 steps at a time, into `work`
+ * (64-byte aligned, kt__fma_packed_mm_work_bytes(n1 - n0) bytes: a multiple of 64 for a
+ * multiple of 32 columns, so calls on neighbouring blocks can share a buffer cut at their
+ * columns), A's rows widened once for each such block into 136 KiB of stack. The sums are those of
+ * kt__fma_nt / kt__fma_nn without accumulate, bit for bit. */
+void kt__fma_packed_mm(int trans_a, int trans_b, int64_t M, int64_t n0, int64_t n1, int64_t K,
+                       const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb, float *c,
+                       int64_t ldc, void *work);
+size_t kt__fma_packed_mm_work_bytes(int64_t cols);
+/* Rows from which it serves the dense matmul (registry.c says why). */
+#define KT__FMA_PACKED_MIN_M 64
+
 /* dw[n, k] = (accumulate ? dw : 0) + scale sum_m g[m, n] x[m, k] for n in [n0, n1) */
 void kt__fma_tn(kt__fma_src src, int64_t M, int64_t n0, int64_t n1, int64_t K, const void *g,
                 int64_t ldg, const void *x, int64_t ldx, float *dw, int64_t lddw, float scale,

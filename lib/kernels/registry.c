@@ -215,13 +215,25 @@ static void ref_tn_f32(int64_t M, int64_t n0, int64_t n1, int64_t K, const float
     kt__f32_gemm_tn_ref(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
 }
 
+static void ref_mm_bf16(int trans_a, int trans_b, int64_t M, int64_t n0, int64_t n1, int64_t K,
+                        const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb, float *c,
+                        int64_t ldc, void *work)
+{
+    (void)work;
+    kt__bf16_gemm_mm_ref(trans_a, trans_b, M, n0, n1, K, a, lda, b, ldb, c, ldc);
+}
+
 /* ---- the table ------------------------------------------------------------------------------ */
 
 #define ALL INT64_MAX
-enum { P_AMX, P_FMA_ROWS, P_FMA_DOTS, P_FMA_DIRECT, P_FMA, P_DPBF16, P_SCALAR };
+enum { P_AMX, P_FMA_PACKED, P_FMA_ROWS, P_FMA_DOTS, P_FMA_DIRECT, P_FMA, P_DPBF16, P_SCALAR };
 
 /* Why the row ranges are where they are (the measurements are in docs/moe.md):
  *  - amx from one full tile of rows (16): below, the tiles are mostly padding.
+ *  - fma_packed (the dense matmul's MM from 32 rows where bf16 multiplies faster widened): B's
+ *    block widened once and reused over every row, which below about 32 rows costs more than
+ *    the fma and fma_dots kernels' panels (the dense matmul takes whichever of MM's and
+ *    NT's / NN's paths comes first in this table, so fewer rows run those).
  *  - fma_rows (f32 NT up to 4 rows): dot products along w's rows, w streamed in long runs.
  *  - fma_dots (NT of 5-20 bf16 / 5-24 f32 rows): w read in place, where the tiles' packed panel
  *    costs more than it saves.
@@ -243,6 +255,13 @@ const kt__kpath kt__kpaths[] = {
                .nn_bf16 = kt__amx_gemm_nn,
                .nn2_bf16 = amx_nn2,
                .tn_bf16 = amx_tn},
+    [P_FMA_PACKED] = {.name = "fma_packed",
+                      .sums_as = P_FMA,
+                      .insn = KT__KINSN_FMA,
+                      .needs = KT__KF_AVX512 | KT__KF_BF16_ON_FMA,
+                      .rows = {[KT__KP_MM_BF16] = {KT__FMA_PACKED_MIN_M, ALL}},
+                      .mm_bf16 = FMA_FN(kt__fma_packed_mm),
+                      .mm_work_bytes = FMA_FN(kt__fma_packed_mm_work_bytes)},
     [P_FMA_ROWS] = {.name = "fma_rows",
                     .sums_as = P_FMA_ROWS,
                     .insn = KT__KINSN_FMA,
@@ -319,16 +338,19 @@ const kt__kpath kt__kpaths[] = {
                            [KT__KP_NT_F32] = {0, ALL},
                            [KT__KP_NN_F32] = {0, ALL},
                            [KT__KP_NN2_F32] = {0, ALL},
-                           [KT__KP_TN_F32] = {0, ALL}},
+                           [KT__KP_TN_F32] = {0, ALL},
+                           [KT__KP_MM_BF16] = {0, ALL}},
                   .nt_bf16 = ref_nt_bf16,
                   .nn_bf16 = kt__bf16_gemm_nn_ref,
                   .nn2_bf16 = ref_nn2_bf16,
                   .tn_bf16 = ref_tn_bf16,
                   .nt_f32 = kt__f32_gemm_nt_ref,
                   .nn_f32 = ref_nn_f32,
-                  .tn_f32 = ref_tn_f32},
+                  .tn_f32 = ref_tn_f32,
+                  .mm_bf16 = ref_mm_bf16},
 };
 const int kt__kpath_count = (int)(sizeof kt__kpaths / sizeof kt__kpaths[0]);
+_Static_assert(sizeof kt__kpaths / sizeof kt__kpaths[0] <= 8, "usable's e[] holds every path");
 
 static int has_kernel(const kt__kpath *p, kt__kprod prod);
 
@@ -354,8 +376,15 @@ static int has_kernel(const kt__kpath *p, kt__kprod prod)
     case KT__KP_NN_F32:
     case KT__KP_NN2_F32: return p->nn_f32 != NULL;
     case KT__KP_TN_F32: return p->tn_f32 != NULL;
+    case KT__KP_MM_BF16: return p->mm_bf16 != NULL;
     default: return 0;
     }
+}
+
+/* Whether the product's operands are bf16 (the descriptors' needs_bf16 apply), else f32. */
+static int prod_bf16(kt__kprod prod)
+{
+    return prod <= KT__KP_TN_BF16 || prod == KT__KP_MM_BF16;
 }
 
 /* Per product, the paths this CPU can run for it in table order with their effective rows:
@@ -375,7 +404,7 @@ static void usable_init(void)
     const unsigned have = kt__kernel_features();
     for (int prod = 0; prod < KT__KPROD_COUNT; prod++) {
         usable *u = &usable_by_prod[prod];
-        const int bf16 = prod <= KT__KP_TN_BF16;
+        const int bf16 = prod_bf16((kt__kprod)prod);
         for (int i = 0; i < kt__kpath_count && u->n < 8; i++) {
             const kt__kpath *p = &kt__kpaths[i];
             const unsigned needs = p->needs | (bf16 ? p->needs_bf16 : p->needs_f32);

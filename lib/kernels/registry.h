@@ -12,7 +12,9 @@
 #include <stdint.h>
 
 /* The products: NT y = x w^T, NN y = g w, NN2 y = g0 w0 + g1 w1 (one sum), TN dw += s g^T x,
- * each on bf16 or f32 operands (f32 accumulation always). */
+ * each on bf16 or f32 operands (f32 accumulation always); and MM, the dense matmul's
+ * c = op(a) op(b) with either operand transposed in place (bf16 only; the MoE layer never asks
+ * for it). */
 typedef enum kt__kprod {
     KT__KP_NT_BF16,
     KT__KP_NN_BF16,
@@ -22,6 +24,7 @@ typedef enum kt__kprod {
     KT__KP_NN_F32,
     KT__KP_NN2_F32,
     KT__KP_TN_F32,
+    KT__KP_MM_BF16,
     KT__KPROD_COUNT
 } kt__kprod;
 
@@ -72,6 +75,10 @@ typedef void (*kt__tn_f32_fn)(int64_t M, int64_t n0, int64_t n1, int64_t K, cons
                               int64_t ldg, const float *x, int64_t ldx, float *dw, int64_t lddw,
                               float scale, int accumulate, void *work);
 
+typedef void (*kt__mm_bf16_fn)(int trans_a, int trans_b, int64_t M, int64_t n0, int64_t n1,
+                               int64_t K, const uint16_t *a, int64_t lda, const uint16_t *b,
+                               int64_t ldb, float *c, int64_t ldc, void *work);
+
 /* Rows [min_m, max_m] a path serves for one product; max_m 0: not that product. */
 typedef struct kt__krows {
     int64_t min_m, max_m;
@@ -94,7 +101,11 @@ typedef struct kt__kpath {
     kt__nt_f32_fn nt_f32;
     kt__nn2_f32_fn nn_f32; /* g1 NULL: one product */
     kt__tn_f32_fn tn_f32;
+    kt__mm_bf16_fn mm_bf16; /* c[0:M, n0:n1) = op(a) op(b), overwritten (fma_gemm.h) */
     size_t (*tn_work_bytes)(int64_t M); /* the work buffer its TN wants (NULL: none) */
+    size_t (*mm_work_bytes)(int64_t cols); /* the work buffer its MM wants for that many
+                                            * columns (NULL: none; additive over blocks of
+                                            * 32 columns) */
 } kt__kpath;
 
 /* The table, in order of preference; the last entry (the scalar references) serves every

@@ -97,6 +97,23 @@ static int staged(const kt_tensor *in)
     return in[0].dtype == KT_BF16 || in[0].dtype == KT_F16;
 }
 
+/* The bf16 kernels' work buffer (after the f32 result) for the forward, or for the larger of
+ * the backward's two products. */
+static size_t bf16_work(const kt_op_attrs *at, const kt_tensor *in, int backward)
+{
+    if (in[0].dtype != KT_BF16)
+        return 0;
+    const int ta = at->trans_a, tb = at->trans_b;
+    const mm_dims d = dims_of(at, in);
+    if (!backward)
+        return kt__bf16_matmul_work_bytes(ta, tb, d.M, d.N, d.K);
+    const size_t ga = ta ? kt__bf16_matmul_work_bytes(tb, 1, d.K, d.M, d.N)
+                         : kt__bf16_matmul_work_bytes(0, !tb, d.M, d.K, d.N);
+    const size_t gb = tb ? kt__bf16_matmul_work_bytes(1, ta, d.N, d.K, d.M)
+                         : kt__bf16_matmul_work_bytes(!ta, 0, d.K, d.N, d.M);
+    return ga > gb ? ga : gb;
+}
+
 /* forward: a, b, out */
 static size_t scratch_fwd_matmul(const kt_op_attrs *at, const kt_tensor *in, int n)
 {
@@ -108,7 +125,7 @@ static size_t scratch_fwd_matmul(const kt_op_attrs *at, const kt_tensor *in, int
         return 0;
     const mm_dims d = dims_of(at, in);
     return kt__f32_scratch_bytes(d.M * d.K) + kt__f32_scratch_bytes(d.K * d.N) +
-           kt__f32_scratch_bytes(d.M * d.N);
+           kt__f32_scratch_bytes(d.M * d.N) + bf16_work(at, in, 0);
 }
 
 /* backward: a, b, grad out, and one gradient at a time (da, then db in the same place) */
@@ -123,11 +140,12 @@ static size_t scratch_bwd_matmul(const kt_op_attrs *at, const kt_tensor *in, int
     const mm_dims d = dims_of(at, in);
     const int64_t grad = d.M * d.K > d.K * d.N ? d.M * d.K : d.K * d.N;
     return kt__f32_scratch_bytes(d.M * d.K) + kt__f32_scratch_bytes(d.K * d.N) +
-           kt__f32_scratch_bytes(d.M * d.N) + kt__f32_scratch_bytes(grad);
+           kt__f32_scratch_bytes(d.M * d.N) + kt__f32_scratch_bytes(grad) +
+           bf16_work(at, in, 1);
 }
 
-/* The bf16 forward: the scratch sized for staging (scratch_fwd_matmul) holds the f32 result
- * first, then the transposed a when trans_a. */
+/* The bf16 forward: the scratch (scratch_fwd_matmul) holds the f32 result first, then the
+ * kernels' work (bf16_matmul.h). */
 static kt_status fwd_matmul_bf16(const kt__op_call *c)
 {
     const int ta = c->attrs->trans_a, tb = c->attrs->trans_b;
@@ -141,7 +159,7 @@ static kt_status fwd_matmul_bf16(const kt__op_call *c)
 }
 
 /* The bf16 backward: the products of bwd_matmul on bf16 a, b and grad out, each gradient in
- * f32 in the scratch, then rounded; the transposes' work after it. */
+ * f32 in the scratch, then rounded; the kernels' work after it. */
 static kt_status bwd_matmul_bf16(const kt__op_call *c, kt_tensor *ga, kt_tensor *gb)
 {
     const int ta = c->attrs->trans_a, tb = c->attrs->trans_b;

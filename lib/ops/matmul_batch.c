@@ -57,16 +57,21 @@ static int64_t item_of(const kt__mm_dims *d, const int64_t *xs, int64_t o)
     return x;
 }
 
-static int64_t max3(int64_t a, int64_t b, int64_t c)
+/* The bytes of work one bf16 call of an item may need (bf16_matmul.h: MM's buffer or the
+ * transposed operand's rows), for the output or for the larger of the two gradients' products,
+ * rounded up so that every item's part of the work stays 64-byte aligned. */
+static int64_t work_bytes(const kt__mm_dims *d, int ta, int tb, int backward)
 {
-    const int64_t m = a > b ? a : b;
-    return m > c ? m : c;
-}
-
-/* bf16 values of the transposed-operand copy one bf16 call may make (bf16_matmul.h) */
-static int64_t work_elems(const kt__mm_dims *d, int backward)
-{
-    return backward ? max3(d->m * d->K, d->K * d->N, d->N * d->m) : d->m * d->K;
+    const int64_t m = d->m, N = d->N, K = d->K;
+    size_t w = kt__bf16_matmul_work_bytes(ta, tb, m, N, K);
+    if (backward) {
+        const size_t ga = ta ? kt__bf16_matmul_work_bytes(tb, 1, K, m, N)
+                             : kt__bf16_matmul_work_bytes(0, !tb, m, K, N);
+        const size_t gb = tb ? kt__bf16_matmul_work_bytes(1, ta, N, K, m)
+                             : kt__bf16_matmul_work_bytes(!ta, 0, K, N, m);
+        w = ga > gb ? ga : gb;
+    }
+    return (int64_t)((w + 63) / 64 * 64);
 }
 
 size_t kt__mm_batch_scratch(const kt_op_attrs *at, const kt_tensor *in, int backward)
@@ -82,8 +87,8 @@ size_t kt__mm_batch_scratch(const kt_op_attrs *at, const kt_tensor *in, int back
         bytes += kt__f32_scratch_bytes(d.items * d.m * d.N);
     if (backward) /* each item's gradient product */
         bytes += kt__f32_scratch_bytes(d.items * (d.m * d.K > d.K * d.N ? d.m * d.K : d.K * d.N));
-    if (dt == KT_BF16 && (backward || at->trans_a))
-        bytes += kt__f32_scratch_bytes((d.items * work_elems(&d, backward) + 1) / 2);
+    if (dt == KT_BF16)
+        bytes += (size_t)(d.items * work_bytes(&d, at->trans_a, at->trans_b, backward));
     return bytes;
 }
 
@@ -96,7 +101,7 @@ typedef struct batch_job {
     const void *A, *B, *G; /* f32 (staged) or bf16 */
     float *out;            /* items x item_len */
     int64_t item_len;
-    uint16_t *work; /* bf16: work_elems a call */
+    char *work; /* bf16: work_len bytes an item (work_bytes) */
     int64_t work_len;
     atomic_int failed;
 } batch_job;
@@ -104,7 +109,7 @@ typedef struct batch_job {
 /* C = op(X) op(Y), [rows x cols] over `inner`, by the operands' kernel */
 static int product(const batch_job *j, kt_threadpool *pool, int tx, int ty, int64_t rows,
                    int64_t cols, int64_t inner, const void *X, int64_t ldx, const void *Y,
-                   int64_t ldy, float *C, int64_t ldc, uint16_t *work)
+                   int64_t ldy, float *C, int64_t ldc, char *work)
 {
     if (j->bf16) {
         kt__bf16_matmul(pool, tx, ty, rows, cols, inner, X, ldx, Y, ldy, C, ldc, work);
@@ -131,7 +136,7 @@ static void run_item(batch_job *j, int64_t o, kt_threadpool *pool)
     const void *B = at_item(j, j->B, item_of(d, d->bs, o), K * N);
     const void *G = j->G ? at_item(j, j->G, o, m * N) : NULL;
     float *C = j->out + o * j->item_len;
-    uint16_t *w = j->work ? j->work + o * j->work_len : NULL;
+    char *w = j->work ? j->work + o * j->work_len : NULL;
     int ok;
     if (j->which == MM_OUT)
         ok = product(j, pool, ta, tb, m, N, K, A, lda, B, ldb, C, N, w);
@@ -178,9 +183,11 @@ static const void *operand(kt_threadpool *pool, const kt_tensor *t, char **curso
     return t->dtype == KT_BF16 ? t->data : (const void *)kt__stage_operand(pool, t, cursor);
 }
 
-static uint16_t *take_work(char **cursor, const kt__mm_dims *d, int backward)
+static char *take_work(char **cursor, const batch_job *j)
 {
-    return (uint16_t *)kt__scratch_take(cursor, (d->items * work_elems(d, backward) + 1) / 2);
+    char *w = *cursor;
+    *cursor += j->d->items * j->work_len;
+    return w;
 }
 
 kt_status kt__mm_batch_forward(const kt__op_call *c)
@@ -189,14 +196,15 @@ kt_status kt__mm_batch_forward(const kt__op_call *c)
     char *cursor = c->scratch;
     batch_job j = {.d = &d, .ta = c->attrs->trans_a, .tb = c->attrs->trans_b,
                    .bf16 = c->in[0].dtype == KT_BF16, .which = MM_OUT,
-                   .item_len = d.m * d.N, .work_len = work_elems(&d, 0)};
+                   .item_len = d.m * d.N,
+                   .work_len = work_bytes(&d, c->attrs->trans_a, c->attrs->trans_b, 0)};
     atomic_init(&j.failed, 0);
     j.A = operand(c->pool, &c->in[0], &cursor);
     j.B = operand(c->pool, &c->in[1], &cursor);
     kt_tensor *y = &c->out_w[0];
     j.out = y->dtype == KT_F32 ? y->data : kt__scratch_take(&cursor, d.items * d.m * d.N);
-    if (j.bf16 && j.ta)
-        j.work = take_work(&cursor, &d, 0);
+    if (j.bf16)
+        j.work = take_work(&cursor, &j);
     if (d.items * d.m * d.N == 0)
         return KT_OK;
     KT__TRY(run_items(c->pool, &j));
@@ -271,7 +279,8 @@ kt_status kt__mm_batch_backward(const kt__op_call *c)
     const kt__mm_dims d = kt__mm_dims_of(c->attrs, c->in);
     char *cursor = c->scratch;
     batch_job j = {.d = &d, .ta = c->attrs->trans_a, .tb = c->attrs->trans_b,
-                   .bf16 = c->in[0].dtype == KT_BF16, .work_len = work_elems(&d, 1)};
+                   .bf16 = c->in[0].dtype == KT_BF16,
+                   .work_len = work_bytes(&d, c->attrs->trans_a, c->attrs->trans_b, 1)};
     atomic_init(&j.failed, 0);
     j.A = operand(c->pool, &c->in[0], &cursor);
     j.B = operand(c->pool, &c->in[1], &cursor);
@@ -279,7 +288,7 @@ kt_status kt__mm_batch_backward(const kt__op_call *c)
     float *parts =
         kt__scratch_take(&cursor, d.items * (d.m * d.K > d.K * d.N ? d.m * d.K : d.K * d.N));
     if (j.bf16)
-        j.work = take_work(&cursor, &d, 1);
+        j.work = take_work(&cursor, &j);
     if (c->gin[0].data)
         KT__TRY(grad_of(c, &j, MM_GRAD_A, &c->gin[0], parts));
     if (c->gin[1].data)

@@ -108,6 +108,18 @@ o = d[0]
 assert o["config"]["m"] == 16 and o["median_ms"] > 0 and 0 < o["fraction_of_peak"], o
 assert o["path"] and o["peak_insn"], o
 ' <<<"$out" || fail "gemm --dense JSON: $out"
+# the op alone, at a row count where the dense matmul's own MM path runs
+out=$("$bench" gemm --dense --m 64 --n 96 --k 300 --no-peer --no-baselines --json --repeats 2 2>&1) ||
+  fail "gemm --dense --no-baselines exited $?: $out"
+python3 -c '
+import json, sys
+d = [json.loads(l) for l in sys.stdin.read().splitlines() if l.startswith("{")]
+d = [o for o in d if o.get("bench") == "gemm_dense"]
+assert len(d) == 1, d
+o = d[0]
+assert o["median_ms"] > 0 and o["path"] and o["ratio_vs_staged"] is None, o
+assert o["ratio_vs_openblas"] is None and o["staged_ms"] is None, o
+' <<<"$out" || fail "gemm --dense --no-baselines JSON: $out"
 
 # the PyTorch peer's protocol, with a stand-in that answers each forward in 4 ms and each
 # fwd+bwd in 6 (no torch needed) and checks the calls asked of it: the ratio is its time over

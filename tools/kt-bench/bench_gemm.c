@@ -313,10 +313,12 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
 {
     long long m = -1, n = -1, k = -1;
     int kind = -1, hot = 0, single_only = 0, no_peer = 0, dense = 0, no_dense = 0;
+    int no_baselines = 0;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             printf("usage: kt-bench gemm [--m M] [--n N] [--k K] [--kind nt|nn|tn] [--hot]\n"
                    "                     [--single] [--json] [--repeats N] [--threads N]\n"
+                   "                     [--dense | --no-dense] [--no-baselines] [--no-peer]\n"
                    "Times the bf16 MoE GEMM kernels on 1 thread and on the pool (--threads,\n"
                    "default: all CPUs) against the register peak of the instruction each\n"
                    "line's kernel multiplies with (vdpbf16ps, or vfmadd231ps where bf16 is\n"
@@ -334,11 +336,12 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                    "the same operands and threads (libdnnl.so.2, loaded if installed) and\n"
                    "its time over libkt's (> 1: libkt faster); --no-peer skips it.\n"
                    "After the MoE table (or alone with --dense; --no-dense skips it): the\n"
-                   "dense bf16 matmul (y = x W^T through the op) at 2048^3 and at the\n"
+                   "dense bf16 matmul (y = x W^T through the op) at 2048^3, 512^3, 1024^3 and at the\n"
                    "attention projections of Mixtral and Qwen3-MoE for m = 1, 128, 1024\n"
                    "tokens (with --dense, --m/--n/--k give one product), against the peak of\n"
                    "its path's instruction, OpenBLAS's sgemm in f32 and the staged path it\n"
-                   "replaced (bf16 widened to f32, sgemm, rounded).\n");
+                   "replaced (bf16 widened to f32, sgemm, rounded); --no-baselines times\n"
+                   "the op alone.\n");
             return 0;
         } else if (strcmp(argv[i], "--m") == 0 && i + 1 < argc) {
             if (kt_tool_parse_int("kt-bench gemm", "--m", argv[++i], 1, 1 << 20, &m))
@@ -365,6 +368,8 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
             dense = 1;
         } else if (strcmp(argv[i], "--no-dense") == 0) {
             no_dense = 1;
+        } else if (strcmp(argv[i], "--no-baselines") == 0) {
+            no_baselines = 1;
         } else {
             fprintf(stderr, "kt-bench gemm: unknown option %s (see --help)\n", argv[i]);
             return 2;
@@ -460,7 +465,7 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
             }
     if (rc == 0 && (dense || (!custom && !no_dense && kind < 0)))
         rc = bench_gemm_dense(common, pool, custom ? m : 0, custom ? n : 0, custom ? k : 0,
-                              single_only);
+                              single_only, !no_baselines);
     if (have_peak && !common->json)
         printf("%s register peak at the end: %.1f GFLOP/s on 1 thread, %.1f on %d\n",
                bench_bf16_peak_name(),

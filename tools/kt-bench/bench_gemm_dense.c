@@ -8,7 +8,7 @@
  *    OpenBLAS);
  *  - the staged path matmul ran before: x and W widened to f32, kt__sgemm, y rounded to bf16
  *    (ratio_vs_staged).
- * Shapes: M = N = K = 2048, and the attention projections of Mixtral (H = 4096: q/o 4096 ->
+ * Shapes: M = N = K = 2048 ("square"), 512 and 1024, and the attention projections of Mixtral (H = 4096: q/o 4096 ->
  * 4096, k/v 4096 -> 1024) and Qwen3-MoE (H = 2048: q 2048 -> 4096, k/v 2048 -> 512, o 4096 ->
  * 2048) at M = 1, 128 and 1024 tokens. The operands stay in cache between runs (hot). */
 #include "tools/kt-bench/bench_gemm_dense.h"
@@ -157,9 +157,13 @@ static void report(const bench_args *common, const dense_shape *s, int threads, 
         if (have_blas && t_blas > 0)
             printf("\"openblas_ms\":%.4f,\"ratio_vs_openblas\":%.3f,", t_blas * 1e3, t_blas / t);
         else
-            printf("\"openblas_ms\":null,\"ratio_vs_openblas\":null,\"note\":\"no OpenBLAS in "
-                   "this build\",");
-        printf("\"staged_ms\":%.4f,\"ratio_vs_staged\":%.3f}\n", t_staged * 1e3, t_staged / t);
+            printf("\"openblas_ms\":null,\"ratio_vs_openblas\":null,\"note\":\"%s\",",
+                   t_staged > 0 ? "no OpenBLAS in this build" : "--no-baselines");
+        if (t_staged > 0)
+            printf("\"staged_ms\":%.4f,\"ratio_vs_staged\":%.3f}\n", t_staged * 1e3,
+                   t_staged / t);
+        else
+            printf("\"staged_ms\":null,\"ratio_vs_staged\":null}\n");
     } else {
         printf("dense %-10s m=%-5lld n=%-5lld k=%-5lld thr=%d %-11s %9.3f ms %7.1f GFLOP/s  "
                "fraction_of_peak %.3f (%s)",
@@ -167,16 +171,19 @@ static void report(const bench_args *common, const dense_shape *s, int threads, 
                t * 1e3, gf, frac, insn);
         if (have_blas && t_blas > 0)
             printf("  openblas %.2fx", t_blas / t);
-        printf("  staged %.2fx\n", t_staged / t);
+        if (t_staged > 0)
+            printf("  staged %.2fx", t_staged / t);
+        printf("\n");
     }
     fflush(stdout);
 }
 
 int bench_gemm_dense(const bench_args *common, kt_threadpool *pool, int64_t m, int64_t n,
-                     int64_t k, int single)
+                     int64_t k, int single, int baselines)
 {
     static const dense_shape table[] = {
-        {"square", 2048, 2048, 2048},
+        {"square", 2048, 2048, 2048},   {"square_512", 512, 512, 512},
+        {"square_1024", 1024, 1024, 1024},
         {"mixtral_q", 1, 4096, 4096},   {"mixtral_kv", 1, 1024, 4096},
         {"qwen3_q", 1, 4096, 2048},     {"qwen3_kv", 1, 512, 2048},
         {"qwen3_o", 1, 2048, 4096},
@@ -184,13 +191,14 @@ int bench_gemm_dense(const bench_args *common, kt_threadpool *pool, int64_t m, i
     static const int64_t tokens[] = {1, 128, 1024};
     kt_threadpool *use = single ? NULL : pool;
     const int threads = kt_threadpool_size(use);
-    const int have_blas = strcmp(kt__sgemm_core_name(), "portable") != 0;
+    const int have_blas = baselines && strcmp(kt__sgemm_core_name(), "portable") != 0;
     const int custom = m > 0 && n > 0 && k > 0;
     const int n_shapes = custom ? 1 : (int)(sizeof table / sizeof table[0]);
+    const int n_squares = 3; /* the table's first rows: M fixed, no token counts */
     for (int i = 0; i < n_shapes; i++)
-        for (int ti = 0; ti < (custom || i == 0 ? 1 : 3); ti++) {
+        for (int ti = 0; ti < (custom || i < n_squares ? 1 : 3); ti++) {
             dense_shape s = custom ? (dense_shape){"custom", m, n, k} : table[i];
-            if (!custom && i > 0)
+            if (!custom && i >= n_squares)
                 s.M = tokens[ti];
             dense_bufs b;
             if (dense_alloc(&s, &b) != 0) {
@@ -202,8 +210,8 @@ int bench_gemm_dense(const bench_args *common, kt_threadpool *pool, int64_t m, i
             const double peak = bench_insn_peak_gflops(path->insn, use, threads, 5);
             const double t = time_runs(RUN_OP, &s, &b, use, common);
             const double tb = have_blas ? time_runs(RUN_OPENBLAS, &s, &b, use, common) : -1.0;
-            const double tst = time_runs(RUN_STAGED, &s, &b, use, common);
-            if (t <= 0 || tst <= 0) {
+            const double tst = baselines ? time_runs(RUN_STAGED, &s, &b, use, common) : 0.0;
+            if (t <= 0 || (baselines && tst <= 0)) {
                 fprintf(stderr, "kt-bench gemm: dense %s: %s\n", s.name, kt_last_error());
                 dense_free(&b);
                 return 1;

@@ -9,9 +9,10 @@
 
 #include "tools/kt-bench/bench.h"
 
-/* m, n, k > 0: that one product; else the table (2048^3 and the attention projections).
- * threads: the pool's (1 with single). Returns 0, or 1 when out of memory. */
+/* m, n, k > 0: that one product; else the table (512^3, 1024^3, 2048^3 and the attention
+ * projections). threads: the pool's (1 with single). baselines 0: the op alone (no OpenBLAS or
+ * staged runs, their ratios null). Returns 0, or 1 when out of memory. */
 int bench_gemm_dense(const bench_args *common, kt_threadpool *pool, int64_t m, int64_t n,
-                     int64_t k, int single);
+                     int64_t k, int single, int baselines);
 
 #endif
