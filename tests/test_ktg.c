@@ -15,13 +15,6 @@
 #include "graph/graph_internal.h"
 #include "tests/support/test_util.h"
 
-#define OK(expr)                                                                              \
-    do {                                                                                      \
-        kt_status s_ = (expr);                                                                \
-        if (s_ != KT_OK)                                                                      \
-            fail_msg("%s: %s", #expr, kt_last_error());                                       \
-    } while (0)
-
 static char diag[1 << 16];
 
 /* Parses src as "m.ktg"; returns the status, the graph (or NULL) and the error count. */

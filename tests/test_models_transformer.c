@@ -21,13 +21,6 @@
 
 #include "tests/support/test_util.h"
 
-#define OK(expr)                                                                              \
-    do {                                                                                      \
-        kt_status s_ = (expr);                                                                \
-        if (s_ != KT_OK)                                                                      \
-            fail_msg("%s: %s", #expr, kt_last_error());                                       \
-    } while (0)
-
 enum { T = 8, V = 13, H = 16, L = 2, MAX_PARAMS = 96 };
 
 /* ---- the models' sizes and the router each uses -------------------------------------------- */
