@@ -14,13 +14,6 @@
 #include "graph/program_internal.h"
 #include "tests/support/test_util.h"
 
-#define OK(expr)                                                                              \
-    do {                                                                                      \
-        kt_status s_ = (expr);                                                                \
-        if (s_ != KT_OK)                                                                      \
-            fail_msg("%s: %s", #expr, kt_last_error());                                       \
-    } while (0)
-
 /* A conv stack with one checkpoint block per layer and a router in every layer (its weights
  * gate a residual branch), so the save-list is exercised too. */
 static const char *model_text =

@@ -30,13 +30,6 @@
 
 #include "tests/support/test_util.h"
 
-#define OK(expr)                                                                              \
-    do {                                                                                      \
-        kt_status s_ = (expr);                                                                \
-        if (s_ != KT_OK)                                                                      \
-            fail_msg("%s: %s", #expr, kt_last_error());                                       \
-    } while (0)
-
 #define TOL 1e-6
 #define IGNORE (-100)
 

@@ -18,13 +18,6 @@
 #include "lib/moe/moe_internal.h"
 #include "tests/support/test_util.h"
 
-#define OK(expr)                                                                              \
-    do {                                                                                      \
-        kt_status s_ = (expr);                                                                \
-        if (s_ != KT_OK)                                                                      \
-            fail_msg("%s: %s", #expr, kt_last_error());                                       \
-    } while (0)
-
 enum { T = 12, H = 32, I = 24, E = 6, K = 2, V = 5, MAX_LAYERS = 4 };
 
 /* A frozen bf16 expert layer with seeded weights (the same seed gives the same layer),

@@ -15,13 +15,6 @@
 #include "graph/graph_internal.h"
 #include "tests/support/test_util.h"
 
-#define OK(expr)                                                                              \
-    do {                                                                                      \
-        kt_status s_ = (expr);                                                                \
-        if (s_ != KT_OK)                                                                      \
-            fail_msg("%s: %s", #expr, kt_last_error());                                       \
-    } while (0)
-
 static char diag[1 << 16];
 
 /* Parses src as "m.ktg"; returns the status, the graph (or NULL) and the error count. */
@@ -421,6 +414,116 @@ static void test_repeat_names(void **state)
     assert_non_null(strstr(diag, "'i' is not defined"));
 }
 
+/* Checkpoint names: {expr} in any dotted component, aliases, scopes (docs/ktg.md). */
+static void test_checkpoint_names(void **state)
+{
+    (void)state;
+    kt_graph *g = parse_ok(
+        "const L = 2\nconst H = 4\ninput x: f32[3, H]\nh = x\n"
+        "repeat l in 0..L {\n"
+        "  param model.layers.{l}.self_attn.q_proj.weight: f32[H, H] = normal(0.1)\n"
+        "  h = matmul(h, model.layers.{l}.self_attn.q_proj.weight, trans_b = 1)\n"
+        "  param ln = model.layers.{l}.input_layernorm.weight: f32[H] = ones\n"
+        "  h = rmsnorm(h, ln)\n"                        /* the alias, rebound each layer */
+        "  scope model.layers.{l}.mlp {\n"
+        "    param frozen gate = gate_proj.weight: f32[H, H] = normal(0.1)\n"
+        "    param up_proj.weight: f32[H, H] = normal(0.1)\n"
+        "    scope experts.{l}.{l + 1} {\n"
+        "      param w: f32[H] = ones\n"
+        "      h = rmsnorm(h, w)\n"                      /* experts.l.l+1's w */
+        "    }\n"
+        "    g = matmul(h, gate, trans_b = 1)\n"
+        "    u = matmul(h, up_proj.weight, trans_b = 1)\n" /* the scope's name first */
+        "    h = swiglu(g, u)\n"
+        "  }\n"
+        "}\n"
+        "output h\n");
+    const char *want[] = {"x",
+                          "model.layers.0.self_attn.q_proj.weight",
+                          "model.layers.0.input_layernorm.weight",
+                          "model.layers.0.mlp.gate_proj.weight",
+                          "model.layers.0.mlp.up_proj.weight",
+                          "model.layers.0.mlp.experts.0.1.w",
+                          "model.layers.1.self_attn.q_proj.weight",
+                          "model.layers.1.input_layernorm.weight",
+                          "model.layers.1.mlp.gate_proj.weight",
+                          "model.layers.1.mlp.up_proj.weight",
+                          "model.layers.1.mlp.experts.1.2.w"};
+    int32_t leaf[11];
+    int k = 0;
+    for (int32_t v = 0; v < g->n_values; v++)
+        if (g->values[v].kind != KT__VALUE_NODE) {
+            assert_true(k < 11);
+            assert_string_equal(leaf_name(g, v), want[k]);
+            leaf[k++] = v;
+        }
+    assert_int_equal(k, 11);
+    /* each use reads the tensor it names: layer l's ops take layer l's parameters */
+    assert_int_equal(kt_graph_node_count(g), 12);
+    for (int l = 0; l < 2; l++) {
+        const kt__gnode *n = &g->nodes[6 * l];
+        const int32_t *p = &leaf[1 + 5 * l];
+        assert_int_equal(n[0].in[1], p[0]); /* q_proj, written in full */
+        assert_int_equal(n[1].in[1], p[1]); /* ln: the alias of this layer's norm */
+        assert_int_equal(n[2].in[1], p[4]); /* w inside the experts scope */
+        assert_int_equal(n[3].in[1], p[2]); /* gate: the alias */
+        assert_int_equal(n[4].in[1], p[3]); /* up_proj.weight: resolved in the mlp scope */
+    }
+    kt_graph_destroy(g);
+
+    /* an alias of an input shards it; inside a scope its names come first, outside it a name
+     * is read as written */
+    g = parse_ok("input ids = input_ids: i32[8]\nshard ids dim 0\nparam e: f32[4, 2] = zeros\n"
+                 "scope m {\n  param e: f32[4, 2] = ones\n  a = embedding(e, ids)\n}\n"
+                 "h = embedding(e, ids)\noutput h\noutput a\n");
+    assert_string_equal(leaf_name(g, g->nodes[0].in[1]), "input_ids");
+    assert_string_equal(leaf_name(g, g->nodes[0].in[0]), "m.e"); /* the scope's first */
+    assert_string_equal(leaf_name(g, g->nodes[1].in[0]), "e");
+    kt_graph_destroy(g);
+
+    /* misuse, each at its line and column */
+    ERR("param model.layers.: f32[2] = zeros\n", KT_EFORMAT, "m.ktg:4:19: error: a name that "
+        "ends with '.', expected a name part or '{expr}' after the '.'");
+    ERR("param a.{1}.: f32[2] = zeros\n", KT_EFORMAT, "m.ktg:4:12: error: a name that ends "
+        "with '.'");
+    ERR("param a.{}.b: f32[2] = zeros\n", KT_EFORMAT, "m.ktg:4:10: error: unexpected '}', "
+        "expected an integer, a constant or '('");
+    ERR("param a.{1.b: f32[2] = zeros\n", KT_EFORMAT, "m.ktg:4:11: error: unexpected '.', "
+        "expected '}' to close the name's '{'");
+    ERR("param a.{x}.b: f32[2] = zeros\n", KT_EFORMAT, "m.ktg:4:10: error: 'x' is a tensor");
+    ERR("h = silu(a.{1}.b)\n", KT_EFORMAT, "m.ktg:4:10: error: 'a.1.b' is not defined");
+    ERR("param v{1} = a.b: f32[2] = zeros\n", KT_EFORMAT, "m.ktg:4:12: error: unexpected '=' "
+        "after the name", "expected ':' and the type");
+    ERR("const C = 1\nparam C = a.b: f32[2] = zeros\n", KT_EFORMAT, "m.ktg:5:7: error: 'C' "
+        "is an integer constant (line 4), expected a new name for the alias");
+    ERR("param x = a.b: f32[2] = zeros\n", KT_EFORMAT, "m.ktg:4:7: error: 'x' is the name of "
+        "an input or parameter (line 1, column 7), expected another name for the alias");
+    ERR("param v = v: f32[2] = zeros\n", KT_EFORMAT, "m.ktg:4:7: error: the alias 'v' is the "
+        "declared name itself");
+    ERR("scope {\n}\n", KT_EFORMAT, "m.ktg:4:7: error: unexpected '{', expected the scope's "
+        "name");
+    ERR("scope a.b\n", KT_EFORMAT, "m.ktg:4:10: error: unexpected end of line, expected '{' "
+        "to open the 'scope' body");
+    ERR("scope a {\n", KT_EFORMAT, "m.ktg:4:9: error: unterminated 'scope' block");
+    ERR("scope a {\n  param v: f32[8] = ones\n  v = silu(x)\n}\n", KT_EFORMAT,
+        "m.ktg:6:3: error: 'v' here means the scope's 'a.v'", "expected another name");
+    ERR("scope a {\n  const Q = 1\n}\n", KT_EFORMAT, "'const' inside a block");
+    /* an error inside an interpolation: its '}' is not taken for the end of the block, so
+     * the bad scope's body is skipped and the outer '}' still closes 'a' (one error) */
+    ERR("scope a {\n  scope b.{x} {\n  }\n}\n", KT_EFORMAT, "m.ktg:5:12: error: 'x' is a "
+        "tensor");
+    /* a failed declaration silences its alias too: one error */
+    ERR("param v = a.b: f32[8] = gauss\nh = add(v, v)\noutput h\n", KT_EFORMAT,
+        "unknown initialiser 'gauss'");
+    /* a name too long once the prefix is added */
+    char src[512], longname[128];
+    memset(longname, 'n', 100);
+    longname[100] = '\0';
+    snprintf(src, sizeof src, "scope %s {\n  param %.40s: f32[2] = zeros\n}\n", longname,
+             longname);
+    ERR(src, KT_EFORMAT, "m.ktg:5:9: error: name too long with the scope's prefix");
+}
+
 static void test_defines(void **state)
 {
     (void)state;
@@ -750,7 +853,7 @@ int main(void)
         cmocka_unit_test(test_defines),        cmocka_unit_test(test_annotations),
         cmocka_unit_test(test_attributes),     cmocka_unit_test(test_dot),
         cmocka_unit_test(test_hostile_inputs), cmocka_unit_test(test_alias_and_no_cascade),
-        cmocka_unit_test(test_recovery_after_failed),
+        cmocka_unit_test(test_recovery_after_failed), cmocka_unit_test(test_checkpoint_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,13 +14,6 @@
 #include "kt/kt.h"
 #include "tests/support/test_util.h"
 
-#define OK(expr)                                                                              \
-    do {                                                                                      \
-        kt_status s_ = (expr);                                                                \
-        if (s_ != KT_OK)                                                                      \
-            fail_msg("%s: %s", #expr, kt_last_error());                                       \
-    } while (0)
-
 #define GARBAGE ((void *)(uintptr_t)0xdeadbeef)
 
 /* call fails, and leaves NULL where `out` pointed at garbage */

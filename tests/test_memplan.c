@@ -18,13 +18,6 @@
  * path of the test targets (only lib/ is), so the header is named relative to this file. */
 #include "graph/plan.h"
 
-#define OK(expr)                                                                              \
-    do {                                                                                      \
-        kt_status s_ = (expr);                                                                \
-        if (s_ != KT_OK)                                                                      \
-            fail_msg("%s: %s", #expr, kt_last_error());                                       \
-    } while (0)
-
 static uint64_t rnd(tu_rng *r, uint64_t n) { return n ? tu_rng_next(r) % n : 0; }
 
 static uint64_t align_up(uint64_t b)

@@ -22,7 +22,6 @@
 #include "lib/moe/moe_internal.h"
 #include "tests/support/test_util.h"
 
-#define OK(expr) assert_int_equal((expr), KT_OK)
 
 static kt_moe_config make_cfg(kt_dtype wd, kt_dtype ad, kt_moe_mode mode, int64_t H, int64_t I,
                               int64_t E, int64_t K, int64_t T)

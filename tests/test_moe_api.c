@@ -11,7 +11,6 @@
 
 #include "tests/support/test_util.h"
 
-#define OK(x) assert_int_equal((x), KT_OK)
 
 /* H 64, I 128: the gate weight is [128, 64] */
 static kt_moe_config small_cfg(void)

@@ -21,13 +21,6 @@
 #include "lib/ops/attrs.h"
 #include "tests/support/test_util.h"
 
-#define OK(expr)                                                                              \
-    do {                                                                                      \
-        kt_status s_ = (expr);                                                                \
-        if (s_ != KT_OK)                                                                      \
-            fail_msg("%s: %s", #expr, kt_last_error());                                       \
-    } while (0)
-
 /* Inputs an op's attributes can vary over, and base values for what has no default. */
 typedef struct fixture {
     kt_op op;

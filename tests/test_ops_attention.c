@@ -18,13 +18,6 @@
 
 #include "tests/support/gradcheck.h"
 
-#define OK(expr)                                                                              \
-    do {                                                                                      \
-        kt_status s_ = (expr);                                                                \
-        if (s_ != KT_OK)                                                                      \
-            fail_msg("%s: %s", #expr, kt_last_error());                                       \
-    } while (0)
-
 /* ---- the float64 reference ------------------------------------------------------------ */
 
 static void ref_attention(const kt_op_attrs *at, const gc_dt *in, int n_in, gc_dt *out,

@@ -20,13 +20,6 @@
 #include "lib/ops/rope.h"
 #include "tests/support/gradcheck.h"
 
-#define OK(expr)                                                                              \
-    do {                                                                                      \
-        kt_status s_ = (expr);                                                                \
-        if (s_ != KT_OK)                                                                      \
-            fail_msg("%s: %s", #expr, kt_last_error());                                       \
-    } while (0)
-
 #define PI 3.14159265358979323846
 
 /* ---- the float64 reference ------------------------------------------------------------------ */

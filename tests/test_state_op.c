@@ -23,13 +23,6 @@
 #include "lib/ops/op_state.h"
 #include "tests/support/test_util.h"
 
-#define OK(expr)                                                                              \
-    do {                                                                                      \
-        kt_status s_ = (expr);                                                                \
-        if (s_ != KT_OK)                                                                      \
-            fail_msg("%s: %s", #expr, kt_last_error());                                       \
-    } while (0)
-
 /* The op whose row the test op borrows (one input, one output, like counter). */
 #define HOST_OP KT_OP_SCALE
 

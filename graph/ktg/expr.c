@@ -186,8 +186,16 @@ int kt__ktg_name(kt__ktg_parser *p, char *buf, kt__ktg_span *span_out)
         p->expr_depth++;
         int ok = kt__ktg_expr(p, &v);
         p->expr_depth--;
-        if (!ok || !kt__ktg_expect(p, KT__KTG_RBRACE, "'}' to close the name's '{'"))
+        if (!ok || !kt__ktg_expect(p, KT__KTG_RBRACE, "'}' to close the name's '{'")) {
+            /* past the interpolation's '}' on this line, so that skipping the rest of the
+             * statement does not take it for the end of an enclosing block */
+            while (p->tok.kind != KT__KTG_RBRACE && p->tok.kind != KT__KTG_NEWLINE &&
+                   p->tok.kind != KT__KTG_EOF)
+                kt__ktg_advance(p);
+            if (p->tok.kind == KT__KTG_RBRACE)
+                kt__ktg_advance(p);
             return 0;
+        }
         char digits[24];
         int len = snprintf(digits, sizeof digits, "%lld", (long long)v);
         if (!append_name(p, buf, &n, digits, (size_t)len, start))
@@ -198,12 +206,63 @@ int kt__ktg_name(kt__ktg_parser *p, char *buf, kt__ktg_span *span_out)
             kt__ktg_advance(p);
         }
     }
+    if (p->tok.kind == KT__KTG_BAD && p->tok.adjacent && p->lx.src[p->tok.at.off] == '.')
+        /* the lexer leaves a '.' out of a name when no component follows it */
+        return kt__ktg_error(p, p->tok.at, "a name that ends with '.', expected a name part or "
+                             "'{expr}' after the '.'");
     for (size_t i = 0; i < n; i++)
         if (buf[i] == '\0')
             buf[i] = '?'; /* cannot happen from the lexer's classes; keeps strings whole */
     if (span_out)
         *span_out = kt__ktg_span_to_here(p, start);
     return 1;
+}
+
+/* prefix[0..prefix_len) "." name into out (KT__KTG_NAME_MAX + 1 bytes); 0 when too long. */
+static int join(char *out, const char *prefix, size_t prefix_len, const char *name)
+{
+    size_t n = strlen(name);
+    if (prefix_len + 1 + n > KT__KTG_NAME_MAX)
+        return 0;
+    memmove(out + prefix_len + 1, name, n + 1); /* out may be name's own buffer */
+    memcpy(out, prefix, prefix_len);
+    out[prefix_len] = '.';
+    return 1;
+}
+
+int kt__ktg_decl_name(kt__ktg_parser *p, char *buf, kt__ktg_span *span_out)
+{
+    kt__ktg_span at;
+    if (!kt__ktg_name(p, buf, &at))
+        return 0;
+    if (span_out)
+        *span_out = at;
+    if (p->n_scopes == 0)
+        return 1;
+    size_t len = p->scope_end[p->n_scopes - 1];
+    if (!join(buf, p->scope, len, buf))
+        return kt__ktg_error(p, at, "name too long with the scope's prefix '%.*s.', expected "
+                             "at most %d bytes in all", (int)len, p->scope, KT__KTG_NAME_MAX);
+    return 1;
+}
+
+kt__ktg_sym *kt__ktg_resolve(kt__ktg_parser *p, const char *name, char *resolved)
+{
+    char full[KT__KTG_NAME_MAX + 1];
+    for (int k = p->n_scopes; k > 0; k--) {
+        snprintf(full, sizeof full, "%s", name);
+        if (!join(full, p->scope, p->scope_end[k - 1], full))
+            continue;
+        kt__ktg_sym *s = kt__ktg_sym_find(&p->syms, full);
+        if (s != NULL && s->kind != KT__KTG_SYM_NONE) {
+            memcpy(resolved, full, sizeof full);
+            return s;
+        }
+    }
+    if (resolved != name)
+        snprintf(resolved, KT__KTG_NAME_MAX + 1, "%s", name);
+    kt__ktg_sym *s = kt__ktg_sym_find(&p->syms, name);
+    return s != NULL && s->kind != KT__KTG_SYM_NONE ? s : NULL;
 }
 
 int kt__ktg_number(kt__ktg_parser *p, double *value_out)
@@ -272,4 +331,15 @@ int kt__ktg_dims(kt__ktg_parser *p, int64_t *dims, int *ndim_out, int positive)
         *ndim_out = ndim;
         return 1;
     }
+}
+
+int kt__ktg_not_hidden(kt__ktg_parser *p, const char *name, kt__ktg_span at)
+{
+    if (p->n_scopes == 0)
+        return 1;
+    char resolved[KT__KTG_NAME_MAX + 1];
+    if (kt__ktg_resolve(p, name, resolved) == NULL || strcmp(resolved, name) == 0)
+        return 1;
+    return kt__ktg_error(p, at, "'%s' here means the scope's '%s', so a value bound to it could "
+                         "not be read back, expected another name", name, resolved);
 }

@@ -152,6 +152,10 @@ typedef struct kt__ktg_parser {
     int poisoned;
     int64_t n_statements;
     int block_depth, expr_depth;
+    /* The enclosing `scope` blocks: their prefixes joined by '.', and where each ends. */
+    char scope[KT__KTG_NAME_MAX + 1];
+    size_t scope_end[KT__KTG_MAX_BLOCK_DEPTH];
+    int n_scopes;
 } kt__ktg_parser;
 
 /* Moves to the next token (stops the parser when the token budget is spent). */
@@ -187,6 +191,16 @@ int kt__ktg_expr(kt__ktg_parser *p, int64_t *value_out);
 /* A name with {expr} parts, into buf (at least KT__KTG_NAME_MAX + 1 bytes); span_out covers
  * the whole name. */
 int kt__ktg_name(kt__ktg_parser *p, char *buf, kt__ktg_span *span_out);
+/* The name a param or input declares: the name read, prefixed by the enclosing scopes
+ * ("model.layers.3" + "." + name). */
+int kt__ktg_decl_name(kt__ktg_parser *p, char *buf, kt__ktg_span *span_out);
+/* The bound entry a name written inside scopes refers to: the innermost scope's prefix + "." +
+ * name first, then each enclosing one, then the name as written; resolved gets that name.
+ * NULL when none is bound. */
+kt__ktg_sym *kt__ktg_resolve(kt__ktg_parser *p, const char *name, char *resolved);
+/* A name an assignment or an alias binds as written: refused when, inside a scope, it would
+ * be read back as the scope's parameter of that name instead. Returns 1 when it is fine. */
+int kt__ktg_not_hidden(kt__ktg_parser *p, const char *name, kt__ktg_span at);
 /* The source from `start` to the end of the last consumed token. */
 kt__ktg_span kt__ktg_span_to_here(const kt__ktg_parser *p, kt__ktg_span start);
 /* A float literal with an optional '-', or an integer expression. */

@@ -8,6 +8,8 @@
 static int is_alpha(int c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_'; }
 static int is_digit(int c) { return c >= '0' && c <= '9'; }
 static int is_word(int c) { return is_alpha(c) || is_digit(c); }
+/* a name's '.' needs a name character or an interpolation's '{' after it */
+static int dot_continues(int next) { return is_word(next) || next == '{'; }
 
 void kt__ktg_lex_init(kt__ktg_lexer *lx, const char *src, size_t len)
 {
@@ -84,10 +86,11 @@ static int continues(const kt__ktg_lexer *lx)
 
 static void lex_word_rest(kt__ktg_lexer *lx)
 {
-    /* '.' belongs to a name only between word characters, so "N..M" is N .. M */
+    /* '.' belongs to a name only before a word character or a '{' (the next component is
+     * interpolated: "model.layers.{l}"), so "N..M" is N .. M */
     while (lx->pos < lx->len) {
         int c = at(lx, lx->pos);
-        if (is_word(c) || (c == '.' && is_word(at(lx, lx->pos + 1))))
+        if (is_word(c) || (c == '.' && dot_continues(at(lx, lx->pos + 1))))
             bump(lx);
         else
             break;
@@ -148,7 +151,7 @@ kt__ktg_token kt__ktg_lex_next(kt__ktg_lexer *lx)
     }
     int c = at(lx, lx->pos);
     if (t.adjacent && lx->prev_kind == KT__KTG_RBRACE &&
-        (is_word(c) || (c == '.' && is_word(at(lx, lx->pos + 1))))) {
+        (is_word(c) || (c == '.' && dot_continues(at(lx, lx->pos + 1))))) {
         bump(lx);
         lex_word_rest(lx);
         t.kind = KT__KTG_TAIL;

@@ -224,7 +224,7 @@ static int check_target(kt__ktg_parser *p, const char *name, kt__ktg_span at)
                              "name", name, s->kind == KT__KTG_SYM_CONST ? "constant"
                                                                          : "loop variable",
                              s->line);
-    return 1;
+    return kt__ktg_not_hidden(p, name, at);
 }
 
 /* Binds each name to its value, or (failed, or poisoned by a failed name it uses) to a broken

@@ -182,8 +182,43 @@ static void stmt_checkpoint(kt__ktg_parser *p, int depth)
         kt__ktg_end_of_statement(p);
 }
 
+/* scope NAME { body }: params and inputs declared in the body are named NAME.<their name>,
+ * and a name used in it is looked up under NAME first (kt__ktg_resolve). Nested scopes
+ * join their names with '.'. */
+static void stmt_scope(kt__ktg_parser *p, int depth)
+{
+    kt__ktg_advance(p);
+    if (p->tok.kind != KT__KTG_IDENT) {
+        kt__ktg_expected(p, "the scope's name (the prefix of the names declared in it)");
+        return;
+    }
+    char name[KT__KTG_NAME_MAX + 1];
+    kt__ktg_span at;
+    if (!kt__ktg_name(p, name, &at) || !open_block(p, depth, "scope"))
+        return;
+    size_t outer = p->n_scopes > 0 ? p->scope_end[p->n_scopes - 1] : 0;
+    size_t start = outer > 0 ? outer + 1 : 0, n = strlen(name);
+    if (start + n + 2 > KT__KTG_NAME_MAX) { /* room for ".x" after it */
+        kt__ktg_error(p, at, "scope name too long with the enclosing prefix '%.*s', expected "
+                      "at most %d bytes in all", (int)outer, p->scope, KT__KTG_NAME_MAX - 2);
+        return;
+    }
+    kt__ktg_span open = p->tok.at;
+    if (outer > 0)
+        p->scope[outer] = '.';
+    memcpy(p->scope + start, name, n + 1);
+    p->scope_end[p->n_scopes++] = start + n; /* open_block bounds the nesting: < 16 */
+    kt__ktg_advance(p);
+    int closed = block_body(p, depth + 1, open, "scope");
+    p->n_scopes--;
+    p->scope[outer] = '\0';
+    p->failed = 0;
+    if (closed)
+        kt__ktg_end_of_statement(p);
+}
+
 static const char *const keywords[] = {"const",  "input",      "param",  "output", "loss",
-                                       "repeat", "checkpoint", "policy", "shard"};
+                                       "repeat", "checkpoint", "policy", "shard",  "scope"};
 enum { N_KEYWORDS = sizeof keywords / sizeof keywords[0] };
 
 static void statement(kt__ktg_parser *p, int depth)
@@ -223,7 +258,8 @@ static void statement(kt__ktg_parser *p, int depth)
             case 5: stmt_repeat(p, depth); break;
             case 6: stmt_checkpoint(p, depth); break;
             case 7: kt__ktg_stmt_policy(p); break;
-            default: kt__ktg_stmt_shard(p); break;
+            case 8: kt__ktg_stmt_shard(p); break;
+            default: stmt_scope(p, depth); break;
             }
         } else if (assign) {
             kt__ktg_assign(p);
@@ -237,7 +273,7 @@ static void statement(kt__ktg_parser *p, int depth)
             else
                 kt__ktg_error(p, t.at, "unknown statement '%s', expected a keyword (const, "
                               "input, param, output, loss, repeat, checkpoint, policy, "
-                              "shard) or NAME = op(...)", text);
+                              "shard, scope) or NAME = op(...)", text);
         }
     }
     if (p->failed)

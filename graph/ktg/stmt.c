@@ -40,11 +40,11 @@ int kt__ktg_value_ref(kt__ktg_parser *p, kt_value *value_out, char *name_out,
     kt__ktg_span at;
     if (!kt__ktg_name(p, name, &at))
         return 0;
+    const kt__ktg_sym *s = kt__ktg_resolve(p, name, name); /* in a scope, its names first */
     if (name_out)
         memcpy(name_out, name, sizeof name);
     if (span_out)
         *span_out = at;
-    const kt__ktg_sym *s = kt__ktg_sym_find(&p->syms, name);
     if (s != NULL && (s->kind == KT__KTG_SYM_LEAF || s->kind == KT__KTG_SYM_VALUE)) {
         *value_out = s->value;
         return 1;
@@ -56,7 +56,7 @@ int kt__ktg_value_ref(kt__ktg_parser *p, kt_value *value_out, char *name_out,
         value_out->id = -1;
         return 1;
     }
-    if (s != NULL && s->kind != KT__KTG_SYM_NONE)
+    if (s != NULL)
         return kt__ktg_error(p, at, "'%s' is an integer %s, expected a tensor", name,
                              s->kind == KT__KTG_SYM_CONST ? "constant" : "loop variable");
     if (kt__ktg_reported(p, at))
@@ -146,24 +146,93 @@ static void bind_broken(kt__ktg_parser *p, const char *name, kt__ktg_span at)
         s->kind = KT__KTG_SYM_BROKEN;
 }
 
+/* "ALIAS =" before a declaration's name (a plain name and '='; the declared name is
+ * followed by ':'). alias[0] is '\0' when there is none. */
+static int parse_alias(kt__ktg_parser *p, char *alias, kt__ktg_span *at)
+{
+    alias[0] = '\0';
+    if (p->tok.kind != KT__KTG_IDENT || kt__ktg_peek(p).kind != KT__KTG_EQ)
+        return 1;
+    *at = p->tok.at;
+    if (p->tok.at.len > KT__KTG_NAME_MAX)
+        return kt__ktg_error(p, *at, "name too long, expected at most %d bytes",
+                             KT__KTG_NAME_MAX);
+    kt__ktg_text(p, &p->tok, alias, KT__KTG_NAME_MAX + 1);
+    const kt__ktg_sym *s = kt__ktg_sym_find(&p->syms, alias);
+    if (s != NULL && (s->kind == KT__KTG_SYM_CONST || s->kind == KT__KTG_SYM_LOOPVAR))
+        return kt__ktg_error(p, *at, "'%s' is an integer %s (line %d), expected a new name for "
+                             "the alias", alias, s->kind == KT__KTG_SYM_CONST ? "constant"
+                                                                               : "loop variable",
+                             s->line);
+    if (s != NULL && s->kind == KT__KTG_SYM_LEAF)
+        return kt__ktg_error(p, *at, "'%s' is the name of an input or parameter (line %d, "
+                             "column %d), expected another name for the alias", alias, s->line,
+                             s->col);
+    if (!kt__ktg_not_hidden(p, alias, *at))
+        return 0;
+    kt__ktg_advance(p);
+    kt__ktg_advance(p); /* the '=' */
+    return 1;
+}
+
+/* The declared name after the alias; refuses "param w = w" (an alias that hides nothing)
+ * and explains a '=' after an interpolated name. */
+static int decl_name(kt__ktg_parser *p, const char *alias, kt__ktg_span alias_at, char *name,
+                     kt__ktg_span *at)
+{
+    if (!kt__ktg_decl_name(p, name, at) || !check_new(p, name, *at))
+        return 0;
+    if (alias[0] != '\0' && strcmp(alias, name) == 0)
+        return kt__ktg_error(p, alias_at, "the alias '%s' is the declared name itself, "
+                             "expected another name or no alias", alias);
+    if (p->tok.kind == KT__KTG_EQ)
+        return kt__ktg_error(p, p->tok.at, "unexpected '=' after the name (an alias, as in "
+                             "'param w = model.w: ...', is a plain name without {expr}), "
+                             "expected ':' and the type");
+    return 1;
+}
+
+/* Binds the declaration's alias to its tensor, or as broken when the declaration failed. */
+static void bind_alias(kt__ktg_parser *p, const char *alias, kt__ktg_span at, const kt_value *v,
+                       int is_input)
+{
+    if (alias[0] == '\0')
+        return;
+    kt__ktg_sym *s = bind(p, alias, at);
+    if (s == NULL)
+        return;
+    s->kind = v != NULL ? KT__KTG_SYM_VALUE : KT__KTG_SYM_BROKEN;
+    if (v != NULL) {
+        s->value = *v;
+        s->is_input = is_input;
+    }
+}
+
 void kt__ktg_stmt_input(kt__ktg_parser *p)
 {
     kt__ktg_span kw = p->tok.at, at;
     kt__ktg_advance(p);
-    char name[KT__KTG_NAME_MAX + 1];
+    char name[KT__KTG_NAME_MAX + 1], alias[KT__KTG_NAME_MAX + 1];
+    kt__ktg_span alias_at = kw;
     kt_dtype dtype = KT_F32;
     int64_t dims[KT_MAX_DIMS];
     int ndim;
-    if (!kt__ktg_name(p, name, &at) || !check_new(p, name, at))
+    if (!parse_alias(p, alias, &alias_at))
         return;
+    if (!decl_name(p, alias, alias_at, name, &at)) {
+        bind_alias(p, alias, alias_at, NULL, 1);
+        return;
+    }
     kt_value v;
     if (!parse_type(p, &dtype, dims, &ndim) || !kt__ktg_end_of_statement(p)) {
         bind_broken(p, name, at);
+        bind_alias(p, alias, alias_at, NULL, 1);
         return;
     }
     if (kt_graph_input(p->g, name, dtype, ndim, dims, &v) != KT_OK) {
         kt__ktg_graph_error(p, kw);
         bind_broken(p, name, at);
+        bind_alias(p, alias, alias_at, NULL, 1);
         return;
     }
     kt__ktg_sym *s = bind(p, name, at);
@@ -172,6 +241,7 @@ void kt__ktg_stmt_input(kt__ktg_parser *p)
         s->value = v;
         s->is_input = 1;
     }
+    bind_alias(p, alias, alias_at, &v, 1);
 }
 
 static int parse_init(kt__ktg_parser *p, kt_init *init)
@@ -227,21 +297,28 @@ void kt__ktg_stmt_param(kt__ktg_parser *p)
     kt__ktg_span kw = p->tok.at, at;
     kt__ktg_advance(p);
     int frozen = 0;
-    if (kt__ktg_is_word(p, &p->tok, "frozen") && kt__ktg_peek(p).kind != KT__KTG_COLON) {
-        frozen = 1; /* "param frozen: ..." is a parameter named frozen */
+    kt__ktg_kind next = kt__ktg_peek(p).kind;
+    if (kt__ktg_is_word(p, &p->tok, "frozen") && next != KT__KTG_COLON && next != KT__KTG_EQ) {
+        frozen = 1; /* "param frozen: ..." is a parameter named frozen, "frozen = " an alias */
         kt__ktg_advance(p);
     }
-    char name[KT__KTG_NAME_MAX + 1];
+    char name[KT__KTG_NAME_MAX + 1], alias[KT__KTG_NAME_MAX + 1];
+    kt__ktg_span alias_at = kw;
     kt_dtype dtype = KT_F32;
     int64_t dims[KT_MAX_DIMS];
     int ndim;
     kt_init init;
-    if (!kt__ktg_name(p, name, &at) || !check_new(p, name, at))
+    if (!parse_alias(p, alias, &alias_at))
         return;
+    if (!decl_name(p, alias, alias_at, name, &at)) {
+        bind_alias(p, alias, alias_at, NULL, 0);
+        return;
+    }
     if (!parse_type(p, &dtype, dims, &ndim) ||
         !kt__ktg_expect(p, KT__KTG_EQ, "'=' and an initialiser") || !parse_init(p, &init) ||
         !kt__ktg_end_of_statement(p)) {
         bind_broken(p, name, at);
+        bind_alias(p, alias, alias_at, NULL, 0);
         return;
     }
     kt_value v;
@@ -250,6 +327,7 @@ void kt__ktg_stmt_param(kt__ktg_parser *p)
     if (st != KT_OK) {
         kt__ktg_graph_error(p, kw);
         bind_broken(p, name, at);
+        bind_alias(p, alias, alias_at, NULL, 0);
         return;
     }
     kt__ktg_sym *s = bind(p, name, at);
@@ -257,6 +335,7 @@ void kt__ktg_stmt_param(kt__ktg_parser *p)
         s->kind = KT__KTG_SYM_LEAF;
         s->value = v;
     }
+    bind_alias(p, alias, alias_at, &v, 0);
 }
 
 void kt__ktg_stmt_output(kt__ktg_parser *p)

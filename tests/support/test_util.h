@@ -54,6 +54,14 @@ kt_value tu_op2(kt_graph *g, const char *name, kt_op op, const kt_op_attrs *attr
 kt_op_attrs *tu_attrs_into(kt_op_attrs *dst, kt_op op, kt_op_attrs given);
 #define TU_ATTRS(op, ...) (*tu_attrs_into(&(kt_op_attrs){0}, (op), (kt_op_attrs){__VA_ARGS__}))
 
+/* Fails the test with the call and the library's last error unless it returns KT_OK. */
+#define OK(expr)                                                                              \
+    do {                                                                                      \
+        kt_status s_ = (expr);                                                                \
+        if (s_ != KT_OK)                                                                      \
+            fail_msg("%s: %s", #expr, kt_last_error());                                       \
+    } while (0)
+
 /* Asserts that the status equals `expected` and that the last error message contains
  * every one of the given substrings (NULL-terminated). */
 void tu_expect_error(kt_status got, kt_status expected, const char *first, ...);
