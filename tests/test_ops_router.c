@@ -201,7 +201,8 @@ static double choice_margin(const kt_op_attrs *at, const kt_tensor *x, const kt_
                 gs[g] = at->router_group_score == KT_ROUTER_GROUP_TOP2_SUM ? v[0] + v[1] : v[0];
             }
             double sorted[MAX_E];
-            memcpy(sorted, gs, (size_t)groups * sizeof *gs);
+            for (int64_t g = 0; g < groups; g++) /* (a memcpy here trips gcc's bound check) */
+                sorted[g] = gs[g];
             sort_desc(sorted, groups);
             worst = fmin(worst, sorted[keep - 1] - sorted[keep]);
             for (int64_t g = 0; g < groups; g++)
