@@ -200,8 +200,9 @@ static double choice_margin(const kt_op_attrs *at, const kt_tensor *x, const kt_
                 sort_desc(v, per);
                 gs[g] = at->router_group_score == KT_ROUTER_GROUP_TOP2_SUM ? v[0] + v[1] : v[0];
             }
-            double sorted[MAX_E];
-            for (int64_t g = 0; g < groups; g++) /* (a memcpy here trips gcc's bound check) */
+            /* a loop, not memcpy: gcc's bound check reads the int64 count as maybe negative */
+            double sorted[MAX_E] = {0};
+            for (int64_t g = 0; g < groups; g++)
                 sorted[g] = gs[g];
             sort_desc(sorted, groups);
             worst = fmin(worst, sorted[keep - 1] - sorted[keep]);
