@@ -166,23 +166,19 @@ out:
 
 /* ---- loading ----------------------------------------------------------------------------- */
 
-/* Checks (dry_run) or copies one tensor of the file into dst. */
+/* Checks (dry_run) or copies one tensor of the file into dst, converting between float
+ * dtypes (a bf16 checkpoint into f32 master weights, an f32 one into a bf16 frozen base). */
 static kt_status load_one(const kt_st_file *f, const char *name, kt_tensor *dst, int dry_run,
                           int allow_missing, const char *path)
 {
-    kt_tensor view;
-    if (kt_st_find(f, name, &view) != KT_OK) {
+    size_t at;
+    if (kt_st_lookup(f, name, &at) != KT_OK) {
+        kt_clear_error();
         if (allow_missing)
             return KT_OK;
         return kt__error(KT_EINVAL, "%s: no tensor named '%s' (the program needs it)", path, name);
     }
-    if (view.dtype != dst->dtype || !kt_tensor_same_shape(&view, dst)) {
-        char a[96], b[96];
-        return kt__error(KT_EINVAL, "%s: tensor '%s' is %s, the program needs %s", path, name,
-                         kt_tensor_describe(&view, a, sizeof a),
-                         kt_tensor_describe(dst, b, sizeof b));
-    }
-    return dry_run ? KT_OK : kt_st_read(f, name, dst);
+    return dry_run ? kt_st_check_convert(f, name, dst) : kt_st_read_convert(f, name, dst);
 }
 
 static kt_status load_params(kt_session *s, const kt_st_file *f, unsigned flags, int dry_run,
@@ -263,8 +259,7 @@ static kt_status check_unused(const kt_session *s, const kt_st_file *f, unsigned
         return KT_OK;
     for (size_t i = 0; i < kt_st_count(f); i++) {
         const char *name = NULL;
-        kt_tensor view;
-        KT__TRY(kt_st_entry(f, i, &name, &view));
+        KT__TRY(kt_st_entry(f, i, &name, NULL));
         if (!known_name(s, name))
             return kt__error(KT_EINVAL, "%s: tensor '%s' is not a parameter of the program (a "
                              "checkpoint of another model?)", path, name);

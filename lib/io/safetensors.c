@@ -4,8 +4,10 @@
  * is overflow-checked, and the data section must be exactly tiled by the tensors (no holes,
  * no overlaps, no trailing bytes), as the format's specification requires so that a file
  * cannot smuggle unaccounted bytes (polyglot files). Tensor data is copied as-is, which is
- * right only on a little-endian host.
+ * right only on a little-endian host. A sharded checkpoint is opened in st_sharded.c, on top
+ * of the one-file reader here.
  */
+#define _DEFAULT_SOURCE /* madvise: glibc's posix_madvise ignores POSIX_MADV_DONTNEED */
 #include "kt/io.h"
 
 #include <errno.h>
@@ -19,37 +21,16 @@
 #include "lib/core/error.h"
 #include "lib/core/read_upto.h"
 #include "lib/io/json.h"
+#include "lib/io/st_internal.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors data is little-endian and libkt copies it without conversion"
 #endif
 
 #define METADATA_KEY "__metadata__"
-/* Names in messages are cut to this many bytes so the context around them survives. */
-#define NAME_MAX_SHOWN 200
+#define NAME_MAX_SHOWN KT__ST_NAME_SHOWN
 
-typedef struct st_entry {
-    const char *name; /* points into the parsed header */
-    kt_dtype dtype;
-    int ndim;
-    int64_t shape[KT_MAX_DIMS];
-    uint64_t begin, end; /* relative to the start of the data section */
-} st_entry;
-
-struct kt_st_file {
-    char *label;
-    const unsigned char *data; /* the data section */
-    size_t data_size;
-    void *mapped; /* munmap'ed on close, when the file was mapped */
-    size_t mapped_size;
-    void *owned; /* freed on close: a file read into memory */
-    kt__json_doc *doc;
-    st_entry *entries; /* header order */
-    size_t count;
-    const st_entry **by_name;    /* sorted, for lookup and the duplicate check */
-    const kt__json_value **meta; /* __metadata__ members sorted by key */
-    size_t meta_count;
-};
+typedef kt__st_entry st_entry;
 
 /* ---- small helpers --------------------------------------------------------------------------- */
 
@@ -69,12 +50,13 @@ static int mul_overflows_u64(uint64_t a, uint64_t b, uint64_t *out)
     return 0;
 }
 
-/* numel * element size; 1 when too large. The product of the nonzero dimensions must stay
- * within kt_tensor_init's bound (INT64_MAX / 16) even when a zero makes the tensor empty,
- * because strides are computed from it and every entry is handed out as a kt_tensor. */
-static int tensor_bytes(kt_dtype dtype, int ndim, const int64_t *shape, uint64_t *bytes_out)
+/* numel * bits / 8: 1 when too large, 2 when not a whole number of bytes (packed 4- and 6-bit
+ * dtypes). The product of the nonzero dimensions must stay within kt_tensor_init's bound
+ * (INT64_MAX / 16) even when a zero makes the tensor empty, because strides are computed from
+ * it and every entry is handed out as a kt_tensor. */
+static int tensor_bytes(unsigned bits, int ndim, const int64_t *shape, uint64_t *bytes_out)
 {
-    uint64_t product = 1;
+    uint64_t product = 1, total;
     int empty = 0;
     for (int d = 0; d < ndim; d++) {
         if (shape[d] == 0)
@@ -83,7 +65,12 @@ static int tensor_bytes(kt_dtype dtype, int ndim, const int64_t *shape, uint64_t
                  product > INT64_MAX / 16) /* kt_tensor_init's limit: a view must be valid */
             return 1;
     }
-    return mul_overflows_u64(empty ? 0 : product, kt_dtype_size(dtype), bytes_out);
+    if (mul_overflows_u64(empty ? 0 : product, bits, &total))
+        return 1;
+    if (total % 8 != 0)
+        return 2;
+    *bytes_out = total / 8;
+    return 0;
 }
 
 static int compare_entry_names(const void *a, const void *b)
@@ -112,35 +99,37 @@ static int compare_strings(const void *a, const void *b)
 
 /* ---- header validation ----------------------------------------------------------------------- */
 
+/* Every dtype of the format. Those libkt holds as tensors come first; the others open (a
+ * checkpoint may mix them in, e.g. FP8 weights with their scales) but have no tensor view:
+ * kt_st_read_convert turns F64 into a float dtype, the rest are refused where read. */
 static const struct {
     const char *name;
-    kt_dtype dtype;
-} supported_dtypes[] = {
-    {"F32", KT_F32}, {"BF16", KT_BF16}, {"F16", KT_F16}, {"I32", KT_I32}, {"I64", KT_I64}};
-
-/* The rest of the format's dtypes: valid files that this library cannot hold. */
-static const char *const other_dtypes[] = {"BOOL",    "U8",      "I8",  "I16",     "U16",
-                                           "U32",     "U64",     "F64", "C64",     "F8_E4M3",
-                                           "F8_E5M2", "F8_E8M0", "F4",  "F6_E2M3", "F6_E3M2"};
+    kt_dtype dtype; /* KT_DTYPE_COUNT where libkt has none */
+    unsigned bits;
+} format_dtypes[] = {
+    {"F32", KT_F32, 32},        {"BF16", KT_BF16, 16},         {"F16", KT_F16, 16},
+    {"I32", KT_I32, 32},        {"I64", KT_I64, 64},           {"F64", KT_DTYPE_COUNT, 64},
+    {"BOOL", KT_DTYPE_COUNT, 8}, {"U8", KT_DTYPE_COUNT, 8},     {"I8", KT_DTYPE_COUNT, 8},
+    {"I16", KT_DTYPE_COUNT, 16}, {"U16", KT_DTYPE_COUNT, 16},   {"U32", KT_DTYPE_COUNT, 32},
+    {"U64", KT_DTYPE_COUNT, 64}, {"C64", KT_DTYPE_COUNT, 64},   {"F8_E4M3", KT_DTYPE_COUNT, 8},
+    {"F8_E5M2", KT_DTYPE_COUNT, 8}, {"F8_E8M0", KT_DTYPE_COUNT, 8}, {"F4", KT_DTYPE_COUNT, 4},
+    {"F6_E2M3", KT_DTYPE_COUNT, 6}, {"F6_E3M2", KT_DTYPE_COUNT, 6}};
 
 static kt_status parse_dtype(const char *label, const char *name, const kt__json_value *v,
-                             kt_dtype *dtype_out)
+                             st_entry *e)
 {
     if (v->type != KT__JSON_STRING)
         return kt__error(KT_EFORMAT, "%s: tensor '%.*s': \"dtype\" is a JSON %s, not a string",
                          label, NAME_MAX_SHOWN, name, kt__json_type_name(v->type));
-    for (size_t i = 0; i < sizeof supported_dtypes / sizeof supported_dtypes[0]; i++) {
-        if (strcmp(v->u.string.s, supported_dtypes[i].name) == 0) {
-            *dtype_out = supported_dtypes[i].dtype;
+    for (size_t i = 0; i < sizeof format_dtypes / sizeof format_dtypes[0]; i++) {
+        if (strcmp(v->u.string.s, format_dtypes[i].name) == 0) {
+            e->file_dtype = format_dtypes[i].name;
+            e->has_view = format_dtypes[i].dtype != KT_DTYPE_COUNT;
+            e->dtype = e->has_view ? format_dtypes[i].dtype : KT_F32;
+            e->bits = format_dtypes[i].bits;
             return KT_OK;
         }
     }
-    for (size_t i = 0; i < sizeof other_dtypes / sizeof other_dtypes[0]; i++)
-        if (strcmp(v->u.string.s, other_dtypes[i]) == 0)
-            return kt__error(KT_EUNSUPPORTED,
-                             "%s: tensor '%.*s': dtype %s is not supported (libkt reads F32, BF16, "
-                             "F16, I32 and I64)",
-                             label, NAME_MAX_SHOWN, name, other_dtypes[i]);
     return kt__error(KT_EFORMAT, "%s: tensor '%.*s': \"%.32s\" is not a safetensors dtype", label,
                      NAME_MAX_SHOWN, name, v->u.string.s);
 }
@@ -207,18 +196,28 @@ static kt_status parse_offsets(const char *label, const char *name, const kt__js
     return KT_OK;
 }
 
+char *kt__st_describe(const kt__st_entry *e, char *buf, size_t size)
+{
+    size_t at = 0;
+    int n = snprintf(buf, size, "%s[", e->has_view ? kt_dtype_name(e->dtype) : e->file_dtype);
+    for (int d = 0; d < e->ndim && n >= 0 && (at += (size_t)n) < size; d++)
+        n = snprintf(buf + at, size - at, d > 0 ? ",%lld" : "%lld", (long long)e->shape[d]);
+    if (n >= 0 && (at += (size_t)n) < size)
+        snprintf(buf + at, size - at, "]");
+    return buf;
+}
+
 static kt_status check_size(const char *label, const st_entry *e)
 {
-    uint64_t bytes;
-    kt_tensor t; /* only for describing: the shape is not known to be sane yet */
-    memset(&t, 0, sizeof t);
-    t.dtype = e->dtype;
-    t.ndim = e->ndim;
-    memcpy(t.shape, e->shape, sizeof t.shape);
+    uint64_t bytes = 0;
     char desc[96];
-    kt_tensor_describe(&t, desc, sizeof desc);
-    if (tensor_bytes(e->dtype, e->ndim, e->shape, &bytes))
+    kt__st_describe(e, desc, sizeof desc);
+    int bad = tensor_bytes(e->bits, e->ndim, e->shape, &bytes);
+    if (bad == 1)
         return kt__error(KT_EFORMAT, "%s: tensor '%.*s': shape %s is too large", label,
+                         NAME_MAX_SHOWN, e->name, desc);
+    if (bad == 2)
+        return kt__error(KT_EFORMAT, "%s: tensor '%.*s': %s is not a whole number of bytes", label,
                          NAME_MAX_SHOWN, e->name, desc);
     if (e->end - e->begin != bytes)
         return kt__error(
@@ -258,7 +257,7 @@ static kt_status parse_entry(const char *label, const kt__json_value *m, size_t 
     st_entry r;
     memset(&r, 0, sizeof r);
     r.name = name;
-    KT__TRY(parse_dtype(label, name, fields[0], &r.dtype));
+    KT__TRY(parse_dtype(label, name, fields[0], &r));
     KT__TRY(parse_shape(label, name, fields[1], &r));
     KT__TRY(parse_offsets(label, name, fields[2], data_size, &r));
     KT__TRY(check_size(label, &r));
@@ -266,49 +265,49 @@ static kt_status parse_entry(const char *label, const kt__json_value *m, size_t 
     return KT_OK;
 }
 
-static kt_status parse_metadata(kt_st_file *f, const kt__json_value *m)
+static kt_status parse_metadata(kt__st_shard *f, const kt__json_value *m)
 {
     if (f->meta != NULL)
-        return kt__error(KT_EFORMAT, "%s: \"" METADATA_KEY "\" appears twice", f->label);
+        return kt__error(KT_EFORMAT, "%s: \"" METADATA_KEY "\" appears twice", f->path);
     if (m->type != KT__JSON_OBJECT)
         return kt__error(KT_EFORMAT, "%s: \"" METADATA_KEY "\" is a JSON %s, not an object",
-                         f->label, kt__json_type_name(m->type));
+                         f->path, kt__json_type_name(m->type));
     size_t n = m->u.list.count;
     for (size_t i = 0; i < n; i++) {
         const kt__json_value *v = &m->u.list.items[i];
         if (strlen(v->key) != v->key_len)
             return kt__error(KT_EFORMAT, "%s: a \"" METADATA_KEY "\" key contains a NUL character",
-                             f->label);
+                             f->path);
         if (v->type != KT__JSON_STRING)
             return kt__error(KT_EFORMAT,
                              "%s: \"" METADATA_KEY "\" value of '%.*s' is a JSON %s, not a string",
-                             f->label, NAME_MAX_SHOWN, v->key, kt__json_type_name(v->type));
+                             f->path, NAME_MAX_SHOWN, v->key, kt__json_type_name(v->type));
         if (strlen(v->u.string.s) != v->u.string.len)
             return kt__error(KT_EFORMAT,
                              "%s: \"" METADATA_KEY "\" value of '%.*s' contains a NUL character",
-                             f->label, NAME_MAX_SHOWN, v->key);
+                             f->path, NAME_MAX_SHOWN, v->key);
     }
     f->meta_count = n;
     f->meta = malloc((n ? n : 1) * sizeof *f->meta);
     if (f->meta == NULL)
-        return kt__error(KT_ENOMEM, "%s: out of memory", f->label);
+        return kt__error(KT_ENOMEM, "%s: out of memory", f->path);
     for (size_t i = 0; i < n; i++)
         f->meta[i] = &m->u.list.items[i];
     qsort(f->meta, n, sizeof *f->meta, compare_member_keys);
     for (size_t i = 1; i < n; i++)
         if (strcmp(f->meta[i - 1]->key, f->meta[i]->key) == 0)
             return kt__error(KT_EFORMAT, "%s: \"" METADATA_KEY "\" key '%.*s' appears twice",
-                             f->label, NAME_MAX_SHOWN, f->meta[i]->key);
+                             f->path, NAME_MAX_SHOWN, f->meta[i]->key);
     return KT_OK;
 }
 
 /* The tensors, sorted by offset, must tile [0, data_size) exactly. */
-static kt_status check_layout(const kt_st_file *f)
+static kt_status check_layout(const kt__st_shard *f)
 {
     kt_status s = KT_OK;
     const st_entry **order = malloc((f->count ? f->count : 1) * sizeof *order);
     if (order == NULL)
-        return kt__error(KT_ENOMEM, "%s: out of memory", f->label);
+        return kt__error(KT_ENOMEM, "%s: out of memory", f->path);
     for (size_t i = 0; i < f->count; i++)
         order[i] = &f->entries[i];
     qsort(order, f->count, sizeof *order, compare_entry_offsets);
@@ -318,64 +317,63 @@ static kt_status check_layout(const kt_st_file *f)
         if (e->begin < covered)
             s = kt__error(KT_EFORMAT,
                           "%s: tensor '%.*s': data_offsets [%llu, %llu] overlap tensor '%.*s'",
-                          f->label, NAME_MAX_SHOWN, e->name, (unsigned long long)e->begin,
+                          f->path, NAME_MAX_SHOWN, e->name, (unsigned long long)e->begin,
                           (unsigned long long)e->end, NAME_MAX_SHOWN, order[i - 1]->name);
         else if (e->begin > covered)
             s = kt__error(
                 KT_EFORMAT,
                 "%s: tensor '%.*s': data section bytes [%llu, %llu) before it belong to no tensor",
-                f->label, NAME_MAX_SHOWN, e->name, (unsigned long long)covered,
+                f->path, NAME_MAX_SHOWN, e->name, (unsigned long long)covered,
                 (unsigned long long)e->begin);
         else
             covered = e->end;
     }
     if (s == KT_OK && covered != f->data_size)
-        s = kt__error(KT_EFORMAT, "%s: %llu trailing bytes after the last tensor's data", f->label,
+        s = kt__error(KT_EFORMAT, "%s: %llu trailing bytes after the last tensor's data", f->path,
                       (unsigned long long)(f->data_size - covered));
     free(order);
     return s;
 }
 
-static kt_status parse_tensors(kt_st_file *f, const kt__json_value *root)
+static kt_status parse_tensors(kt__st_shard *f, const kt__json_value *root)
 {
     size_t n = root->u.list.count;
     f->entries = calloc(n ? n : 1, sizeof *f->entries);
-    f->by_name = calloc(n ? n : 1, sizeof *f->by_name);
-    if (f->entries == NULL || f->by_name == NULL)
-        return kt__error(KT_ENOMEM, "%s: out of memory", f->label);
+    if (f->entries == NULL)
+        return kt__error(KT_ENOMEM, "%s: out of memory", f->path);
     for (size_t i = 0; i < n; i++) {
         const kt__json_value *m = &root->u.list.items[i];
         if (strlen(m->key) != m->key_len)
             return kt__error(KT_EFORMAT, "%s: tensor '%.*s...': the name contains a NUL character",
-                             f->label, NAME_MAX_SHOWN, m->key);
+                             f->path, NAME_MAX_SHOWN, m->key);
         if (strcmp(m->key, METADATA_KEY) == 0) {
             KT__TRY(parse_metadata(f, m));
             continue;
         }
-        KT__TRY(parse_entry(f->label, m, f->data_size, &f->entries[f->count]));
-        f->by_name[f->count] = &f->entries[f->count];
+        KT__TRY(parse_entry(f->path, m, f->data_size, &f->entries[f->count]));
         f->count++;
     }
-    qsort(f->by_name, f->count, sizeof *f->by_name, compare_entry_names);
-    for (size_t i = 1; i < f->count; i++)
-        if (strcmp(f->by_name[i - 1]->name, f->by_name[i]->name) == 0)
-            return kt__error(KT_EFORMAT, "%s: tensor '%.*s' appears twice", f->label,
-                             NAME_MAX_SHOWN, f->by_name[i]->name);
     return check_layout(f);
 }
 
-/* Parses and validates a whole file image; the kt_st_file refers into `image`. */
-static kt_status parse_image(const unsigned char *image, size_t size, const char *label,
-                             kt_st_file **file_out)
+static const char *last_component(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    return slash != NULL ? slash + 1 : path;
+}
+
+kt_status kt__st_shard_parse(const unsigned char *image, size_t size, const char *label,
+                             kt__st_shard *f)
 {
     kt_status s = KT_OK;
-    kt_st_file *f = calloc(1, sizeof *f);
+    memset(f, 0, sizeof *f);
     size_t label_len = strlen(label);
-    if (f == NULL || (f->label = malloc(label_len + 1)) == NULL) {
+    if ((f->path = malloc(label_len + 1)) == NULL) {
         s = kt__error(KT_ENOMEM, "%s: out of memory", label);
         goto done;
     }
-    memcpy(f->label, label, label_len + 1);
+    memcpy(f->path, label, label_len + 1);
+    f->name = last_component(f->path);
     if (size < 8) {
         s = kt__error(KT_EFORMAT, "%s: %zu bytes is shorter than the 8-byte header length", label,
                       size);
@@ -410,6 +408,74 @@ static kt_status parse_image(const unsigned char *image, size_t size, const char
     }
     s = parse_tensors(f, root);
 done:
+    if (s != KT_OK)
+        kt__st_shard_free(f);
+    return s;
+}
+
+void kt__st_shard_free(kt__st_shard *f)
+{
+    if (f->mapped != NULL)
+        munmap(f->mapped, f->mapped_size);
+    free(f->owned);
+    kt__json_free(f->doc);
+    free(f->entries);
+    free(f->meta);
+    free(f->path);
+    memset(f, 0, sizeof *f);
+}
+
+kt_status kt__st_assemble(kt_st_file *f)
+{
+    size_t n = 0;
+    for (size_t k = 0; k < f->n_shards; k++)
+        n += f->shards[k].count;
+    f->entries = calloc(n ? n : 1, sizeof *f->entries);
+    f->by_name = calloc(n ? n : 1, sizeof *f->by_name);
+    if (f->entries == NULL || f->by_name == NULL)
+        return kt__error(KT_ENOMEM, "%s: out of memory", f->label);
+    for (size_t k = 0; k < f->n_shards; k++) {
+        kt__st_shard *sh = &f->shards[k];
+        for (size_t i = 0; i < sh->count; i++) {
+            f->entries[f->count] = sh->entries[i];
+            f->entries[f->count].shard = k;
+            f->by_name[f->count] = &f->entries[f->count];
+            f->count++;
+        }
+        free(sh->entries);
+        sh->entries = NULL;
+    }
+    qsort(f->by_name, f->count, sizeof *f->by_name, compare_entry_names);
+    for (size_t i = 1; i < f->count; i++) {
+        const st_entry *a = f->by_name[i - 1], *b = f->by_name[i];
+        if (strcmp(a->name, b->name) != 0)
+            continue;
+        if (a->shard == b->shard)
+            return kt__error(KT_EFORMAT, "%s: tensor '%.*s' appears twice",
+                             f->shards[a->shard].path, NAME_MAX_SHOWN, a->name);
+        return kt__error(KT_EFORMAT, "%s: tensor '%.*s' is in two shards, %s and %s", f->label,
+                         NAME_MAX_SHOWN, a->name, f->shards[a->shard].path,
+                         f->shards[b->shard].path);
+    }
+    return KT_OK;
+}
+
+/* A file of one shard, which it takes over (freeing it on failure). */
+static kt_status single_file(kt__st_shard *shard, kt_st_file **file_out)
+{
+    kt_status s = KT_OK;
+    kt_st_file *f = calloc(1, sizeof *f);
+    if (f == NULL || (f->shards = calloc(1, sizeof *f->shards)) == NULL ||
+        (f->label = malloc(strlen(shard->path) + 1)) == NULL) {
+        s = kt__error(KT_ENOMEM, "%s: out of memory", shard->path);
+        kt__st_shard_free(shard);
+        kt_st_close(f);
+        return s;
+    }
+    strcpy(f->label, shard->path);
+    f->shards[0] = *shard;
+    f->n_shards = 1;
+    s = kt__st_assemble(f);
     if (s != KT_OK) {
         kt_st_close(f);
         return s;
@@ -480,18 +546,14 @@ static kt_status read_all(int fd, const char *path, unsigned char **buf_out, siz
     return KT_OK;
 }
 
-kt_status kt_st_open(const char *path, kt_st_file **file_out)
+kt_status kt__st_shard_open(const char *path, kt__st_shard *shard)
 {
-    if (file_out != NULL)
-        *file_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
-    if (path == NULL || file_out == NULL)
-        return kt__error(KT_EINVAL, "kt_st_open: NULL argument");
     kt_status s = KT_OK;
     void *map = NULL;
     size_t size = 0;
     unsigned char *buf = NULL;
-    kt_st_file *f = NULL;
     int fd = -1;
+    memset(shard, 0, sizeof *shard);
     s = kt_in_open(path, &fd, NULL);
     if (s != KT_OK)
         goto done;
@@ -512,12 +574,12 @@ kt_status kt_st_open(const char *path, kt_st_file **file_out)
         if (s != KT_OK)
             goto done;
     }
-    s = parse_image(map != NULL ? map : buf, size, path, &f);
+    s = kt__st_shard_parse(map != NULL ? map : buf, size, path, shard);
     if (s != KT_OK)
         goto done;
-    f->mapped = map;
-    f->mapped_size = size;
-    f->owned = buf;
+    shard->mapped = map;
+    shard->mapped_size = size;
+    shard->owned = buf;
 done:
     if (fd >= 0)
         close(fd);
@@ -525,10 +587,53 @@ done:
         if (map != NULL)
             munmap(map, size);
         free(buf);
-        return s;
     }
-    *file_out = f;
-    return KT_OK;
+    return s;
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* A directory is a Hugging Face checkpoint: its index when there is one, else its one file. */
+static kt_status open_directory(const char *dir, kt_st_file **file_out)
+{
+    static const char *const names[2] = {"model.safetensors.index.json", "model.safetensors"};
+    for (int k = 0; k < 2; k++) {
+        size_t n = strlen(dir) + strlen(names[k]) + 2;
+        char *path = malloc(n);
+        if (path == NULL)
+            return kt__error(KT_ENOMEM, "%s: out of memory", dir);
+        snprintf(path, n, "%s%s%s", dir, ends_with(dir, "/") ? "" : "/", names[k]);
+        struct stat st;
+        kt_status s = KT_OK;
+        int found = stat(path, &st) == 0;
+        if (found)
+            s = kt_st_open(path, file_out);
+        free(path);
+        if (found)
+            return s;
+    }
+    return kt__error(KT_EIO, "%s: a directory without model.safetensors.index.json or "
+                     "model.safetensors: not a checkpoint directory", dir);
+}
+
+kt_status kt_st_open(const char *path, kt_st_file **file_out)
+{
+    if (file_out != NULL)
+        *file_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
+    if (path == NULL || file_out == NULL)
+        return kt__error(KT_EINVAL, "kt_st_open: NULL argument");
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return open_directory(path, file_out);
+    if (ends_with(path, ".json"))
+        return kt__st_open_index(path, file_out);
+    kt__st_shard shard;
+    KT__TRY(kt__st_shard_open(path, &shard));
+    return single_file(&shard, file_out);
 }
 
 kt_status kt_st_open_memory(const void *data, size_t size, const char *label, kt_st_file **file_out)
@@ -537,20 +642,23 @@ kt_status kt_st_open_memory(const void *data, size_t size, const char *label, kt
         *file_out = NULL; /* a failed create leaves NULL (SQLite's rule) */
     if ((data == NULL && size > 0) || file_out == NULL)
         return kt__error(KT_EINVAL, "kt_st_open_memory: NULL argument");
-    return parse_image(data, size, label != NULL ? label : "<memory>", file_out);
+    kt__st_shard shard;
+    KT__TRY(kt__st_shard_parse(data, size, label != NULL ? label : "<memory>", &shard));
+    return single_file(&shard, file_out);
 }
 
 void kt_st_close(kt_st_file *file)
 {
     if (file == NULL)
         return;
-    if (file->mapped != NULL)
-        munmap(file->mapped, file->mapped_size);
-    free(file->owned);
-    kt__json_free(file->doc);
+    for (size_t k = 0; file->shards != NULL && k < file->n_shards; k++)
+        kt__st_shard_free(&file->shards[k]);
+    free(file->shards);
+    kt__json_free(file->index);
+    free(file->index_meta);
+    free(file->index_meta_text);
     free(file->entries);
     free(file->by_name);
-    free(file->meta);
     free(file->label);
     free(file);
 }
@@ -559,17 +667,54 @@ void kt_st_close(kt_st_file *file)
 
 size_t kt_st_count(const kt_st_file *file) { return file != NULL ? file->count : 0; }
 
+const unsigned char *kt__st_entry_data(const kt_st_file *file, const kt__st_entry *e)
+{
+    return file->shards[e->shard].data + e->begin;
+}
+
+const char *kt__st_entry_path(const kt_st_file *file, const kt__st_entry *e)
+{
+    return file->shards[e->shard].path;
+}
+
+void kt__st_release(const kt_st_file *file, const kt__st_entry *e)
+{
+    const kt__st_shard *sh = &file->shards[e->shard];
+    long page = sysconf(_SC_PAGESIZE);
+    if (sh->mapped == NULL || page <= 0)
+        return;
+    uintptr_t lo = (uintptr_t)(sh->data + e->begin), hi = (uintptr_t)(sh->data + e->end);
+    uintptr_t p = (uintptr_t)page;
+    lo = (lo + p - 1) / p * p;
+    hi = hi / p * p;
+#ifdef MADV_DONTNEED
+    /* Advice only: where it fails the pages just stay resident. */
+    if (lo < hi)
+        (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+#endif
+}
+
+static kt_status no_view(const kt_st_file *file, const st_entry *e)
+{
+    char desc[96];
+    return kt__error(KT_EUNSUPPORTED,
+                     "%s: tensor '%.*s' is %s: libkt has no such dtype (it reads F32, BF16, F16, "
+                     "I32 and I64, and converts F64 to a float dtype with kt_st_read_convert)",
+                     kt__st_entry_path(file, e), NAME_MAX_SHOWN, e->name,
+                     kt__st_describe(e, desc, sizeof desc));
+}
+
 static kt_tensor entry_view(const kt_st_file *file, const st_entry *e)
 {
     kt_tensor t;
     /* Cannot fail: parse_entry validated dtype, ndim and shape against kt_tensor_init's own
      * bounds (tensor_bytes). The view is read-only in practice (a mapping is PROT_READ) but
      * kt_tensor has no const form. */
-    kt_tensor_init(&t, (void *)(file->data + e->begin), e->dtype, e->ndim, e->shape);
+    kt_tensor_init(&t, (void *)kt__st_entry_data(file, e), e->dtype, e->ndim, e->shape);
     return t;
 }
 
-static const st_entry *find_entry(const kt_st_file *file, const char *name)
+const kt__st_entry *kt__st_find_entry(const kt_st_file *file, const char *name)
 {
     st_entry key = {.name = name};
     const st_entry *kp = &key;
@@ -585,10 +730,46 @@ kt_status kt_st_entry(const kt_st_file *file, size_t i, const char **name_out, k
     if (i >= file->count)
         return kt__error(KT_EINVAL, "%s: tensor index %zu out of range (the file has %zu)",
                          file->label, i, file->count);
+    const st_entry *e = &file->entries[i];
+    if (view_out != NULL && !e->has_view)
+        return no_view(file, e);
     if (name_out != NULL)
-        *name_out = file->entries[i].name;
+        *name_out = e->name;
     if (view_out != NULL)
-        *view_out = entry_view(file, &file->entries[i]);
+        *view_out = entry_view(file, e);
+    return KT_OK;
+}
+
+kt_status kt_st_entry_info(const kt_st_file *file, size_t i, kt_st_info *info_out)
+{
+    if (file == NULL || info_out == NULL)
+        return kt__error(KT_EINVAL, "kt_st_entry_info: NULL argument");
+    if (i >= file->count)
+        return kt__error(KT_EINVAL, "%s: tensor index %zu out of range (the file has %zu)",
+                         file->label, i, file->count);
+    const st_entry *e = &file->entries[i];
+    kt_st_info r;
+    memset(&r, 0, sizeof r);
+    r.name = e->name;
+    r.file_dtype = e->file_dtype;
+    r.dtype = e->has_view ? e->dtype : KT_DTYPE_COUNT;
+    r.ndim = e->ndim;
+    memcpy(r.shape, e->shape, sizeof r.shape);
+    r.nbytes = (size_t)(e->end - e->begin);
+    r.shard = e->shard;
+    *info_out = r;
+    return KT_OK;
+}
+
+kt_status kt_st_lookup(const kt_st_file *file, const char *name, size_t *index_out)
+{
+    if (file == NULL || name == NULL || index_out == NULL)
+        return kt__error(KT_EINVAL, "kt_st_lookup: NULL argument");
+    const st_entry *e = kt__st_find_entry(file, name);
+    if (e == NULL)
+        return kt__error(KT_EINVAL, "%s: no tensor named '%.*s'", file->label, NAME_MAX_SHOWN,
+                         name);
+    *index_out = (size_t)(e - file->entries);
     return KT_OK;
 }
 
@@ -596,10 +777,12 @@ kt_status kt_st_find(const kt_st_file *file, const char *name, kt_tensor *view_o
 {
     if (file == NULL || name == NULL || view_out == NULL)
         return kt__error(KT_EINVAL, "kt_st_find: NULL argument");
-    const st_entry *e = find_entry(file, name);
+    const st_entry *e = kt__st_find_entry(file, name);
     if (e == NULL)
         return kt__error(KT_EINVAL, "%s: no tensor named '%.*s'", file->label, NAME_MAX_SHOWN,
                          name);
+    if (!e->has_view)
+        return no_view(file, e);
     *view_out = entry_view(file, e);
     return KT_OK;
 }
@@ -608,40 +791,70 @@ kt_status kt_st_read(const kt_st_file *file, const char *name, kt_tensor *dst)
 {
     if (file == NULL || name == NULL || dst == NULL)
         return kt__error(KT_EINVAL, "kt_st_read: NULL argument");
-    const st_entry *e = find_entry(file, name);
+    const st_entry *e = kt__st_find_entry(file, name);
     if (e == NULL)
         return kt__error(KT_EINVAL, "%s: no tensor named '%.*s'", file->label, NAME_MAX_SHOWN,
                          name);
-    kt_tensor src = entry_view(file, e);
-    if (src.dtype != dst->dtype || !kt_tensor_same_shape(&src, dst)) {
-        char want[96], have[96];
+    char want[96], have[96];
+    if (!e->has_view || e->dtype != dst->dtype || e->ndim != dst->ndim ||
+        memcmp(e->shape, dst->shape, (size_t)e->ndim * sizeof e->shape[0]) != 0)
         return kt__error(KT_EINVAL, "%s: tensor '%.*s' is %s in the file but the destination is %s",
-                         file->label, NAME_MAX_SHOWN, name,
-                         kt_tensor_describe(&src, have, sizeof have),
+                         kt__st_entry_path(file, e), NAME_MAX_SHOWN, name,
+                         kt__st_describe(e, have, sizeof have),
                          kt_tensor_describe(dst, want, sizeof want));
-    }
     if (dst->device.type != KT_DEVICE_CPU || !kt_tensor_is_contiguous(dst))
         return kt__error(KT_EINVAL,
                          "%s: tensor '%.*s': the destination must be a contiguous CPU tensor",
-                         file->label, NAME_MAX_SHOWN, name);
+                         kt__st_entry_path(file, e), NAME_MAX_SHOWN, name);
     size_t bytes = (size_t)(e->end - e->begin);
     if (bytes > 0 && dst->data == NULL)
-        return kt__error(KT_EINVAL, "%s: tensor '%.*s': the destination has no data", file->label,
-                         NAME_MAX_SHOWN, name);
-    if (bytes > 0)
-        memcpy(dst->data, src.data, bytes);
+        return kt__error(KT_EINVAL, "%s: tensor '%.*s': the destination has no data",
+                         kt__st_entry_path(file, e), NAME_MAX_SHOWN, name);
+    if (bytes > 0) {
+        memcpy(dst->data, kt__st_entry_data(file, e), bytes);
+        kt__st_release(file, e);
+    }
     return KT_OK;
 }
 
 const char *kt_st_metadata(const kt_st_file *file, const char *key)
 {
-    if (file == NULL || key == NULL || file->meta_count == 0)
+    if (file == NULL || key == NULL)
         return NULL;
+    for (size_t i = 0; i < file->index_meta_count; i++)
+        if (strcmp(file->index_meta[2 * i], key) == 0)
+            return file->index_meta[2 * i + 1];
     kt__json_value probe = {.key = key};
     const kt__json_value *pp = &probe;
-    const kt__json_value **hit =
-        bsearch(&pp, file->meta, file->meta_count, sizeof *file->meta, compare_member_keys);
-    return hit != NULL ? (*hit)->u.string.s : NULL;
+    for (size_t k = 0; k < file->n_shards; k++) {
+        const kt__st_shard *sh = &file->shards[k];
+        if (sh->meta_count == 0)
+            continue;
+        const kt__json_value **hit =
+            bsearch(&pp, sh->meta, sh->meta_count, sizeof *sh->meta, compare_member_keys);
+        if (hit != NULL)
+            return (*hit)->u.string.s;
+    }
+    return NULL;
+}
+
+int kt_st_is_sharded(const kt_st_file *file) { return file != NULL && file->sharded; }
+
+size_t kt_st_shard_count(const kt_st_file *file) { return file != NULL ? file->n_shards : 0; }
+
+const char *kt_st_shard_name(const kt_st_file *file, size_t k)
+{
+    return file != NULL && k < file->n_shards ? file->shards[k].name : NULL;
+}
+
+const char *kt_st_shard_path(const kt_st_file *file, size_t k)
+{
+    return file != NULL && k < file->n_shards ? file->shards[k].path : NULL;
+}
+
+const char *kt_st_entry_file(const kt_st_file *file, size_t i)
+{
+    return file != NULL && i < file->count ? file->shards[file->entries[i].shard].name : NULL;
 }
 
 /* ---- writing --------------------------------------------------------------------------------- */
@@ -695,9 +908,9 @@ static void put_json_string(sink *k, const char *s)
 
 static const char *safetensors_dtype(kt_dtype dtype)
 {
-    for (size_t i = 0; i < sizeof supported_dtypes / sizeof supported_dtypes[0]; i++)
-        if (supported_dtypes[i].dtype == dtype)
-            return supported_dtypes[i].name;
+    for (size_t i = 0; i < sizeof format_dtypes / sizeof format_dtypes[0]; i++)
+        if (format_dtypes[i].dtype == dtype)
+            return format_dtypes[i].name;
     return "?";
 }
 
@@ -788,7 +1001,8 @@ static kt_status check_item(const char *who, const kt_st_item *item, size_t i, u
         return kt__error(KT_EINVAL, "%s: tensor '%.*s' is not contiguous", who, NAME_MAX_SHOWN,
                          item->name);
     uint64_t bytes;
-    if (tensor_bytes(t->dtype, t->ndim, t->shape, &bytes) || bytes > SIZE_MAX)
+    if (tensor_bytes(8 * (unsigned)kt_dtype_size(t->dtype), t->ndim, t->shape, &bytes) ||
+        bytes > SIZE_MAX)
         return kt__error(KT_EINVAL, "%s: tensor '%.*s' is too large", who, NAME_MAX_SHOWN,
                          item->name);
     if (bytes > 0 && t->data == NULL)

@@ -4,7 +4,9 @@
  *       compiles a small MLP through the C API and writes into DIR: model.ktp (training),
  *       model_fwd.ktp (forward only), params.safetensors, inputs.safetensors, and the broken
  *       files of the error cases: inputs_missing (no "y"), inputs_shape (x has a wrong shape),
- *       inputs_dtype (y is f32), params_missing (no "w2"), corrupt.ktp (one byte flipped).
+ *       inputs_dtype (y is f32), params_missing (no "w2"), corrupt.ktp (one byte flipped);
+ *       and the parameters as a sharded checkpoint: sharded/ (model.safetensors.index.json and
+ *       two shards) and sharded_broken/ (the index names a second shard that is not there).
  *   make_fixture check OUT THREADS [backward]
  *       runs the same model in a session of its own (compiled here, values set directly, not
  *       read from the files) and compares OUT, written by kt-run, with it bitwise: the same
@@ -15,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "kt/io.h"
 #include "kt/program.h"
@@ -95,11 +98,63 @@ static kt_st_item item(const char *name, kt_dtype dtype, int ndim, const int64_t
     return it;
 }
 
-static void save(const char *dir, const char *file, kt_st_item *items, size_t n)
+/* DIR/FILE into path (exits when it does not fit). */
+static void join_path(char *path, size_t size, const char *dir, const char *file)
+{
+    int n = snprintf(path, size, "%s/%s", dir, file);
+    if (n < 0 || (size_t)n >= size) {
+        fprintf(stderr, "make_fixture: path too long: %s/%s\n", dir, file);
+        exit(1);
+    }
+}
+
+static kt_status save_in(const char *dir, const char *file, kt_st_item *items, size_t n,
+                         const char *const *meta)
 {
     char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, file);
-    CHECK(kt_st_save(path, items, n, NULL));
+    join_path(path, sizeof path, dir, file);
+    return kt_st_save(path, items, n, meta);
+}
+
+static void save(const char *dir, const char *file, kt_st_item *items, size_t n)
+{
+    CHECK(save_in(dir, file, items, n, NULL));
+}
+
+static void write_text(const char *dir, const char *file, const char *text)
+{
+    char path[4096];
+    join_path(path, sizeof path, dir, file);
+    FILE *f = fopen(path, "wb");
+    if (f == NULL || fputs(text, f) < 0 || fclose(f) != 0) {
+        fprintf(stderr, "make_fixture: cannot write %s\n", path);
+        exit(1);
+    }
+}
+
+/* The parameters in two shards, as transformers' save_pretrained lays them out. */
+static void write_sharded(const char *dir, kt_st_item *params)
+{
+    static const char index[] =
+        "{\"metadata\": {\"total_size\": 456},\n \"weight_map\": {\n"
+        "  \"b1\": \"model-00001-of-00002.safetensors\",\n"
+        "  \"b2\": \"model-00002-of-00002.safetensors\",\n"
+        "  \"w1\": \"model-00001-of-00002.safetensors\",\n"
+        "  \"w2\": \"model-00002-of-00002.safetensors\"\n }\n}\n";
+    static const char *const meta[] = {"format", "pt", NULL};
+    const char *sub[2] = {"sharded", "sharded_broken"};
+    for (int k = 0; k < 2; k++) {
+        char path[4096];
+        join_path(path, sizeof path, dir, sub[k]);
+        if (mkdir(path, 0777) != 0) {
+            fprintf(stderr, "make_fixture: cannot create %s\n", path);
+            exit(1);
+        }
+        CHECK(save_in(path, "model-00001-of-00002.safetensors", params, 2, meta));
+        if (k == 0)
+            CHECK(save_in(path, "model-00002-of-00002.safetensors", params + 2, 2, meta));
+        write_text(path, "model.safetensors.index.json", index);
+    }
 }
 
 static int write_fixture(const char *dir)
@@ -117,6 +172,7 @@ static int write_fixture(const char *dir)
                             item("w2", KT_F32, 2, (const int64_t[]){H, C})};
     save(dir, "params.safetensors", params, 4);
     save(dir, "params_missing.safetensors", params, 3);
+    write_sharded(dir, params);
     kt_st_item inputs[2] = {item("x", KT_F32, 2, (const int64_t[]){N, D}),
                             item("y", KT_I32, 1, (const int64_t[]){N})};
     save(dir, "inputs.safetensors", inputs, 2);

@@ -34,6 +34,17 @@ else
   fail "kt-run --backward exited $?"
 fi
 
+# the same parameters as a sharded checkpoint: --params DIR and --params INDEX.json
+for params in "$dir/sharded" "$dir/sharded/model.safetensors.index.json"; do
+  if "$run" "$dir/model.ktp" --params "$params" --threads 2 --inputs "$dir/inputs.safetensors" \
+       --out "$dir/sharded.safetensors" --backward; then
+    "$fixture" check "$dir/sharded.safetensors" 2 backward ||
+      fail "outputs with --params $params differ"
+  else
+    fail "kt-run --params $params exited $?"
+  fi
+done
+
 # expect_error NAME STATUS PATTERN kt-run-arguments...: exits STATUS, stderr matches PATTERN
 expect_error() {
   local name=$1 want=$2 pattern=$3
@@ -52,6 +63,12 @@ expect_error() {
 }
 
 ok_args=(--inputs "$dir/inputs.safetensors" --out "$dir/x.safetensors")
+expect_error sharded_missing_shard 1 \
+  "^kt-run: .*model.safetensors.index.json: shard 'model-00002-of-00002.safetensors'.*No such file" \
+  "$dir/model.ktp" --params "$dir/sharded_broken" "${ok_args[@]}"
+expect_error params_empty_dir 1 "model.safetensors.index.json or model.safetensors" \
+  "$dir/model.ktp" --params "$dir" --inputs "$dir/inputs.safetensors" \
+  --out "$dir/x.safetensors"
 expect_error missing_input 1 "^kt-run: input 'x'|input 'y' .*is missing" \
   "$dir/model.ktp" "${common[@]}" --inputs "$dir/inputs_missing.safetensors" \
   --out "$dir/x.safetensors"

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 int kt_tool_usage_error(const char *tool, const char *fmt, ...)
 {
@@ -49,4 +50,16 @@ int tool_finish_stdout(const char *tool)
     fprintf(stderr, "%s: cannot write to standard output: %s\n", tool,
             err != 0 ? strerror(err) : "an earlier write failed");
     return 1;
+}
+
+double tool_peak_rss_mb(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0 || ru.ru_maxrss <= 0)
+        return -1.0;
+#if defined(__APPLE__)
+    return (double)ru.ru_maxrss / 1e6; /* bytes there */
+#else
+    return (double)ru.ru_maxrss * 1024.0 / 1e6; /* kilobytes on Linux and the BSDs */
+#endif
 }

@@ -18,4 +18,8 @@ int kt_tool_parse_int(const char *tool, const char *opt, const char *v, long lon
  * returns through it, so that `tool > /dev/full` does not exit 0. */
 int tool_finish_stdout(const char *tool);
 
+/* The process's peak resident memory so far in MB (10^6 bytes; getrusage's ru_maxrss, which
+ * is VmHWM on Linux), or a negative value where the system does not say. */
+double tool_peak_rss_mb(void);
+
 #endif

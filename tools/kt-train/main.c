@@ -48,7 +48,9 @@ static void usage(FILE *f)
         "                        on every rank\n"
         "  --params FILE         start from these parameters (safetensors, every one of the\n"
         "                        program's and nothing else) instead of the seed's; a file\n"
-        "                        --save wrote brings the experts too, whole\n"
+        "                        --save wrote brings the experts too, whole. FILE, a DIR\n"
+        "                        with model.safetensors.index.json or model.safetensors, or\n"
+        "                        a sharded checkpoint's index.json; float dtypes convert\n"
         "  --threads N           threads per rank (default: KT_NUM_THREADS or the CPU count)\n"
         "\n"
         "MoE layers (one per moe op; E and k from the program's router, H from its input):\n"
@@ -62,7 +64,8 @@ static void usage(FILE *f)
         "\n"
         "output:\n"
         "  --log-every K         progress line every K steps (default 1), on rank 0:\n"
-        "                        'step 3/20 loss 6.2145 (123 ms, 2100 tokens/s)'\n"
+        "                        'step 3/20 loss 6.2145 (123 ms, 2100 tokens/s)'; at the\n"
+        "                        end the process's peak memory: 'peak RSS 123.4 MB'\n"
         "  --losses FILE         one loss per line (%%.9g), the mean over the ranks\n"
         "  --save FILE           at the end, on rank 0, one safetensors file: the\n"
         "                        parameters by name, the experts (and LoRA adapters) of\n"
@@ -509,6 +512,9 @@ int main(int argc, char **argv)
             rc = 1;
         }
     }
+    double peak = tool_peak_rss_mb();
+    if (rc == 0 && t.r.rank == 0 && peak >= 0)
+        printf("peak RSS %.1f MB\n", peak);
     teardown(&t);
     int out = tool_finish_stdout("kt-train");
     return rc != 0 ? rc : out;
