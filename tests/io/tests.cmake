@@ -13,3 +13,6 @@ if(EXISTS /usr/bin/python3)
                    $<TARGET_FILE:st_helper>)
   set_tests_properties(io_torch_roundtrip PROPERTIES SKIP_RETURN_CODE 77 LABELS io TIMEOUT 300)
 endif()
+
+# Sharded checkpoints (index.json), converting reads, kt_session_load from them.
+kt_add_test(test_io_sharded LABELS io)
