@@ -16,3 +16,5 @@ endif()
 
 # Sharded checkpoints (index.json), converting reads, kt_session_load from them.
 kt_add_test(test_io_sharded LABELS io)
+# Loading N bytes of parameters costs about N bytes of peak RSS (VmHWM), not 2N.
+kt_add_test(test_io_load_rss LABELS io)
