@@ -203,11 +203,12 @@ static int load_inputs(kt_session *s, const kt_program *p, const char *path)
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
         const char *name;
-        kt_tensor dst, view;
+        kt_tensor dst;
+        size_t pos;
         if (kt_program_tensor_info(p, KT_ROLE_INPUT, i, &name, NULL) != KT_OK ||
             kt_session_tensor(s, KT_ROLE_INPUT, name, &dst) != KT_OK) {
             rc = fail("cannot look up a program input", kt_last_error());
-        } else if (kt_st_find(f, name, &view) != KT_OK) {
+        } else if (kt_st_lookup(f, name, &pos) != KT_OK) {
             char want[96];
             kt_tensor_describe(&dst, want, sizeof want);
             fprintf(stderr, "kt-run: input '%s' (%s) is missing from %s\n", name, want, path);
@@ -222,9 +223,9 @@ static int load_inputs(kt_session *s, const kt_program *p, const char *path)
     }
     /* tensors in the file that are no input: probably a mistake, but not an error */
     for (size_t i = 0; rc == 0 && i < kt_st_count(f); i++) {
-        const char *name;
+        const char *name = "";
         kt_tensor view;
-        kt_st_entry(f, i, &name, &view);
+        kt_st_entry(f, i, &name, NULL); /* a name whatever the dtype */
         if (kt_session_tensor(s, KT_ROLE_INPUT, name, &view) != KT_OK)
             fprintf(stderr, "kt-run: note: %s: tensor '%s' is not a program input (ignored)\n",
                     path, name);
