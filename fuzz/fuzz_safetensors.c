@@ -12,6 +12,31 @@
 
 #include "kt/io.h"
 
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void roundtrip(const kt_st_file *f, kt_st_item *items, size_t n)
+{
+    size_t bytes = 0;
+    if (kt_st_serialized_size(items, n, NULL, &bytes) != KT_OK)
+        abort(); /* a readable file whose tensors cannot be written */
+    unsigned char *buf = malloc(bytes ? bytes : 1);
+    if (buf == NULL)
+        return;
+    kt_st_file *g = NULL;
+    if (kt_st_serialize(items, n, NULL, buf, bytes) != KT_OK ||
+        kt_st_open_memory(buf, bytes, "roundtrip", &g) != KT_OK || kt_st_count(g) != n)
+        abort();
+    for (size_t i = 0; i < n; i++) {
+        kt_tensor a, b;
+        if (kt_st_find(g, items[i].name, &b) != KT_OK || kt_st_find(f, items[i].name, &a) != KT_OK ||
+            a.dtype != b.dtype || !kt_tensor_same_shape(&a, &b) ||
+            memcmp(a.data, b.data, kt_tensor_nbytes(&a)) != 0)
+            abort();
+    }
+    kt_st_close(g);
+    free(buf);
+}
+
 /* A tensor of a dtype libkt has not: no view, no plain read; F64 converts to f32. */
 static void foreign(const kt_st_file *f, size_t i, const kt_st_info *info)
 {
