@@ -1,7 +1,12 @@
 /* The C half of the PyTorch cross-check (st_torch_roundtrip.py).
  *
  *   st_helper write FILE   writes the reference tensors with kt_st_save
- *   st_helper check FILE   reads a file written by Python and verifies every value
+ *   st_helper check FILE   reads a file written by Python and verifies every value (FILE may
+ *                          be a sharded checkpoint: its index or its directory)
+ *   st_helper convert IN OUT   reads every float tensor of IN (F32, BF16, F16, F64) converted
+ *                          to f32, bf16 and f16 (kt_st_read_convert) and writes them to OUT as
+ *                          "<name>.f32", "<name>.bf16", "<name>.f16", for the script to
+ *                          compare with torch's own conversions
  *
  * Both sides compute the values from the same formulas (keep them in step with the script):
  *   float dtypes: v(i) = ((i * 7) % 17 - 8) * 0.25          (exact in bf16 and f16)
@@ -145,12 +150,50 @@ static int do_check(const char *path)
     return rc;
 }
 
+static int do_convert(const char *in, const char *out)
+{
+    static const kt_dtype targets[3] = {KT_F32, KT_BF16, KT_F16};
+    kt_st_file *f = NULL;
+    if (kt_st_open(in, &f) != KT_OK)
+        return fail("kt_st_open");
+    size_t n = kt_st_count(f);
+    kt_st_item *items = calloc(3 * n + 1, sizeof *items);
+    char *names = calloc(3 * n + 1, 256);
+    int rc = items == NULL || names == NULL;
+    size_t m = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        kt_st_info info;
+        if (kt_st_entry_info(f, i, &info) != KT_OK)
+            return fail("kt_st_entry_info");
+        for (int k = 0; k < 3 && rc == 0; k++) {
+            kt_st_item *it = &items[m];
+            it->name = names + 256 * m;
+            snprintf(names + 256 * m, 256, "%s.%s", info.name, kt_dtype_name(targets[k]));
+            kt_tensor_init(&it->tensor, NULL, targets[k], info.ndim, info.shape);
+            it->tensor.data = malloc(kt_tensor_nbytes(&it->tensor) + 1);
+            m++;
+            if (it->tensor.data == NULL || kt_st_read_convert(f, info.name, &it->tensor) != KT_OK)
+                rc = fail("kt_st_read_convert");
+        }
+    }
+    if (rc == 0 && kt_st_save(out, items, m, NULL) != KT_OK)
+        rc = fail("kt_st_save");
+    for (size_t i = 0; items != NULL && i < m; i++)
+        free(items[i].tensor.data);
+    free(items);
+    free(names);
+    kt_st_close(f);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 4 && strcmp(argv[1], "convert") == 0)
+        return do_convert(argv[2], argv[3]);
     if (argc == 3 && strcmp(argv[1], "write") == 0)
         return do_write(argv[2]);
     if (argc == 3 && strcmp(argv[1], "check") == 0)
         return do_check(argv[2]);
-    fprintf(stderr, "usage: st_helper write|check FILE\n");
+    fprintf(stderr, "usage: st_helper write|check FILE | st_helper convert IN OUT\n");
     return 2;
 }

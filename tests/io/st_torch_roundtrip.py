@@ -6,10 +6,16 @@ usage: st_torch_roundtrip.py path/to/st_helper
 C -> Python: st_helper writes a file; safetensors.torch.load_file must read exactly the
 tensors (names, dtypes, shapes, values) and metadata below.
 Python -> C: safetensors.torch.save_file writes the same tensors; st_helper check must
-accept them. The value formulas match tests/io/st_helper.c.
+accept them, also split into two shards with an index as transformers' save_pretrained
+writes them. The value formulas match tests/io/st_helper.c.
+Conversions: float tensors of every dtype torch writes (f32, bf16, f16, f64), random and at
+the rounding edges, read by libkt into f32, bf16 and f16 must equal torch's .to(dtype) bit for
+bit; except f64 into bf16 / f16, where torch rounds twice (through f32) and libkt once: those
+are checked against an exact rounding computed here.
 
 Exits 77 (ctest's SKIP_RETURN_CODE) when torch or safetensors is not installed.
 """
+import json
 import os
 import subprocess
 import sys
@@ -88,6 +94,82 @@ def main():
         save_file(expected(), from_torch, metadata={"source": "torch"})
         subprocess.run([helper, "check", from_torch], check=True)
         print("ok: libkt reads the file torch wrote")
+
+        sharded = os.path.join(d, "sharded")
+        os.mkdir(sharded)
+        want = expected()
+        names = sorted(want)
+        parts = [names[: len(names) // 2], names[len(names) // 2 :]]
+        weight_map = {}
+        for k, part in enumerate(parts):
+            shard = f"model-{k + 1:05d}-of-00002.safetensors"
+            save_file({n: want[n] for n in part}, os.path.join(sharded, shard),
+                      metadata={"source": "torch"})
+            weight_map.update({n: shard for n in part})
+        total = sum(t.numel() * t.element_size() for t in want.values())
+        with open(os.path.join(sharded, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f,
+                      indent=2, sort_keys=True)
+        subprocess.run([helper, "check", sharded], check=True)
+        print("ok: libkt reads the sharded checkpoint (index + 2 shards) torch wrote")
+
+        check_conversions(helper, d)
+        print("ok: libkt's float conversions equal torch's (f64 into 16 bits: one rounding)")
+
+
+def round_f64_exact(x, dtype):
+    """x (float64) rounded once to nearest even into bfloat16 / float16, as float64."""
+    import math
+    info = torch.finfo(dtype)
+    mant = 8 if dtype == torch.bfloat16 else 11  # significand bits
+    out = []
+    for v in x.tolist():
+        if math.isnan(v) or math.isinf(v) or v == 0:
+            out.append(v)
+            continue
+        e = max(math.frexp(v)[1] - mant, math.frexp(info.tiny)[1] - mant)  # subnormals
+        q = v / 2.0**e  # exact: a power-of-two scaling
+        r = round(q)  # Python rounds half to even
+        y = math.copysign(r * 2.0**e, v)  # an underflow keeps its sign
+        if abs(y) > info.max:
+            y = math.copysign(math.inf, v)
+        out.append(y)
+    return torch.tensor(out, dtype=torch.float64).to(dtype)
+
+
+def check_conversions(helper, d):
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(4000, generator=g, dtype=torch.float64) * torch.exp2(
+        torch.randint(-30, 30, (4000,), generator=g).to(torch.float64))
+    # ties and near-ties of each target, overflow, subnormals, signed zero
+    edges = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-11, 1 + 3 * 2**-11,
+                          1 + 2**-8 + 2**-30, 1 + 2**-11 + 2**-40, 65519.0, 65520.0, -65504.0,
+                          3.4e38, 1e300, -1e-300, 2**-140, 2**-25, 2**-24 * 1.5, -0.0, 0.1],
+                         dtype=torch.float64)
+    x = torch.cat([base, edges])
+    tensors = {"f64": x, "f32": x.float(), "bf16": x.float().bfloat16(),
+               "f16": x.float().half()}
+    src = os.path.join(d, "conv_in.safetensors")
+    out = os.path.join(d, "conv_out.safetensors")
+    save_file(tensors, src)
+    subprocess.run([helper, "convert", src, out], check=True)
+    got = load_file(out)
+    targets = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+    for name, t in tensors.items():
+        for tname, tdtype in targets.items():
+            if name == "f64" and tdtype != torch.float32:
+                want = round_f64_exact(t, tdtype)
+            else:
+                want = t.to(tdtype)
+            g = got[f"{name}.{tname}"]
+            if g.dtype != tdtype or not torch.equal(g.view(torch.int16 if tdtype != torch.float32
+                                                           else torch.int32),
+                                                    want.view(torch.int16 if tdtype != torch.float32
+                                                              else torch.int32)):
+                bad = (g.double() != want.double()).nonzero()[:5].flatten().tolist()
+                sys.exit(f"FAIL: {name} -> {tname} differs at {bad}: "
+                         f"{[t[i].item() for i in bad]} gave {[g[i].item() for i in bad]}, "
+                         f"expected {[want[i].item() for i in bad]}")
 
 
 if __name__ == "__main__":
