@@ -552,9 +552,10 @@ def peft_modules(pm):
     wrappers, attn = {}, {}
     for n, mod in pm.named_modules():
         parts = n.split(".")
-        if "layers" not in parts:
+        j = parts.index("layers") + 1 if "layers" in parts else len(parts)
+        if j >= len(parts) or not parts[j].isdigit():
             continue
-        i = int(parts[parts.index("layers") + 1])
+        i = int(parts[j])
         if type(mod).__name__ == "ParamWrapper":
             kind = {"gate_up_proj": "gate_up", "down_proj": "down"}[mod.parameter_name]
             wrappers[(i, kind)] = mod
@@ -668,11 +669,17 @@ def write_lora(arch, outdir, ids, labels):
     ref = st_load(os.path.join(base_dir, "reference.safetensors"))
     if not (torch.equal(ref["input_ids"], ids) and torch.equal(ref["labels"], labels)):
         fail("%s: inputs differ from the base fixture's" % base_dir)
-    seed = 7
-    model = load(base_dir, torch.float32)
-    ad = draw_adapters(model, arch, seed)
-    pm = peft.get_peft_model(model, peft_config())
-    install(pm, arch, ad)
+    # First adapter seed whose routing margins (the adapters move the
+    # router inputs) stay >= MIN_GAP.
+    for seed in SEEDS:
+        model = load(base_dir, torch.float32)
+        ad = draw_adapters(model, arch, seed)
+        pm = peft.get_peft_model(model, peft_config())
+        install(pm, arch, ad)
+        if gaps_ok(probe(pm.base_model.model, ids)):
+            break
+    else:
+        fail("%s_lora: no adapter seed gives margins >= %g" % (arch, MIN_GAP))
     tap = RouterTap(pm.base_model.model)
     out = pm(input_ids=ids, labels=labels)
     tap.close()
@@ -706,6 +713,9 @@ def write_lora(arch, outdir, ids, labels):
     with open(cfgp) as f:
         c = json.load(f)
     c["base_model_name_or_path"] = "../" + arch  # not this machine's path
+    for k, v in c.items():
+        if isinstance(v, list) and all(isinstance(x, str) for x in v):
+            c[k] = sorted(v)  # PEFT writes sets in hash order
     with open(cfgp, "w") as f:
         json.dump(c, f, indent=2, sort_keys=True)
         f.write("\n")
@@ -723,6 +733,50 @@ def ref_seed(base_dir):
 
 # ---------------------------------------------------------------- main
 
+def generate(out, todo):
+    ids, labels = fixed_inputs()
+    for name in todo:
+        if name in ARCHS:
+            d = write_base(name, out, ids, labels)
+        elif name == "mixtral_sharded":
+            d = write_base("mixtral", out, ids, labels, shard="40KB")
+        elif name.endswith("_bf16"):
+            d = write_bf16(name[:-5], out, ids, labels)
+        else:
+            d = write_lora(name[:-5], out, ids, labels)
+        yield d
+
+
+def tree(root):
+    out = {}
+    for d, _, files in os.walk(root):
+        for f in files:
+            p = os.path.join(d, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, root)] = fh.read()
+    return out
+
+
+def check(ref_dir, todo):
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in todo:
+            if name.endswith("_lora"):  # needs its base fixture
+                base = name[:-5]
+                if not os.path.isdir(os.path.join(tmp, base)):
+                    shutil.copytree(os.path.join(ref_dir, base), os.path.join(tmp, base))
+        list(generate(tmp, todo))
+        bad = 0
+        for name in todo:
+            new = tree(os.path.join(tmp, name))
+            old = tree(os.path.join(ref_dir, name)) if os.path.isdir(os.path.join(ref_dir, name)) else {}
+            for f in sorted(set(new) | set(old)):
+                if new.get(f) != old.get(f):
+                    print("differs: %s/%s" % (name, f))
+                    bad += 1
+    print("make_fixtures --check: %d fixture(s), %d file(s) differ" % (len(todo), bad))
+    return 1 if bad else 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(
         description="Write transformers reference fixtures for libkt's tests "
@@ -731,25 +785,22 @@ def main(argv=None):
                     help="output directory (default: tests/hf/fixtures next to this script)")
     ap.add_argument("--arch", action="append", choices=ALL, metavar="NAME",
                     help="regenerate only this fixture (repeatable): " + ", ".join(ALL))
+    ap.add_argument("--check", action="store_true",
+                    help="regenerate into a temporary directory and compare byte for "
+                         "byte with --out; exit 0 identical, 1 different, 77 (skip) "
+                         "without torch")
     args = ap.parse_args(argv)
     try:
         import_stack()
     except ImportError as e:
-        print("make_fixtures: needs torch, transformers, peft, safetensors: %s" % e,
-              file=sys.stderr)
-        return 2
+        print("make_fixtures: %sneeds torch, transformers, peft, safetensors: %s"
+              % ("skipped: " if args.check else "", e), file=sys.stderr)
+        return 77 if args.check else 2
     todo = args.arch or ALL
+    if args.check:
+        return check(args.out, todo)
     os.makedirs(args.out, exist_ok=True)
-    ids, labels = fixed_inputs()
-    for name in todo:
-        if name in ARCHS:
-            d = write_base(name, args.out, ids, labels)
-        elif name == "mixtral_sharded":
-            d = write_base("mixtral", args.out, ids, labels, shard="40KB")
-        elif name.endswith("_bf16"):
-            d = write_bf16(name[:-5], args.out, ids, labels)
-        else:
-            d = write_lora(name[:-5], args.out, ids, labels)
+    for d in generate(args.out, todo):
         print("wrote", d)
     return 0
 
