@@ -285,6 +285,11 @@ def check_mapping(model, files):
     missing = set(disk) - set(mapped)
     if missing:
         fail("mapping misses %s" % sorted(missing)[:4])
+    # save_pretrained may drop only tied tensors (llama's lm_head.weight)
+    kept = {mapped[k].data_ptr() for k in disk}
+    dropped = [k for k in set(mapped) - set(disk) if mapped[k].data_ptr() not in kept]
+    if dropped:
+        fail("save_pretrained dropped untied tensors %s" % sorted(dropped)[:4])
     for k, v in disk.items():
         m = mapped[k].to(v.dtype)
         if m.shape != v.shape or not torch.equal(m, v):
