@@ -2,7 +2,8 @@
  * exactly as the one file does (by path, index or directory); every way an index and its
  * shards can disagree is refused with a message naming the file and the tensor; float dtypes
  * convert with one rounding to nearest even (bits checked); kt_session_load reads a sharded,
- * bf16 / f64 checkpoint into f32 parameters. */
+ * bf16 / f64 checkpoint into f32 parameters; transformers' own sharded and bf16 saves
+ * (tests/hf/fixtures) read as their one-file f32 original does. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -652,6 +653,72 @@ static void test_session_load_sharded(void **state)
     free(dir);
 }
 
+/* ---- transformers' own files (tests/hf/fixtures, written by save_pretrained) ----------------- */
+
+static void test_hf_fixtures(void **state)
+{
+    (void)state;
+    const char *root = KT_SOURCE_DIR "/tests/hf/fixtures";
+    struct stat st;
+    if (stat(at(root, "mixtral_sharded/model.safetensors.index.json"), &st) != 0) {
+        printf("skipped: no %s/mixtral_sharded (tests/hf/make_fixtures.py writes it)\n", root);
+        return;
+    }
+    /* the sharded save opens by its directory and equals the one-file save, bit for bit */
+    kt_st_file *one = NULL, *sharded = NULL;
+    OK(kt_st_open(at(root, "mixtral/model.safetensors"), &one));
+    OK(kt_st_open(at(root, "mixtral_sharded"), &sharded));
+    assert_int_equal(kt_st_is_sharded(sharded), 1);
+    assert_true(kt_st_shard_count(sharded) >= 2);
+    assert_int_equal(kt_st_count(sharded), kt_st_count(one));
+    uint64_t total = 0;
+    for (size_t i = 0; i < kt_st_count(one); i++) {
+        const char *name = NULL;
+        kt_tensor a, b;
+        OK(kt_st_entry(one, i, &name, &a));
+        OK(kt_st_find(sharded, name, &b));
+        assert_int_equal(a.dtype, b.dtype);
+        assert_true(kt_tensor_same_shape(&a, &b));
+        assert_memory_equal(a.data, b.data, kt_tensor_nbytes(&a));
+        total += kt_tensor_nbytes(&a);
+    }
+    char want[32];
+    snprintf(want, sizeof want, "%llu", (unsigned long long)total);
+    assert_string_equal(kt_st_metadata(sharded, "total_size"), want);
+    kt_st_close(one);
+    kt_st_close(sharded);
+
+    /* transformers' bf16 save of the f32 model: libkt's f32 -> bf16 gives the same bits, and
+     * bf16 -> f32 -> bf16 is the identity */
+    kt_st_file *f32 = NULL, *bf16 = NULL;
+    OK(kt_st_open(at(root, "qwen3_moe"), &f32));
+    OK(kt_st_open(at(root, "qwen3_moe_bf16"), &bf16));
+    int compared = 0;
+    for (size_t i = 0; i < kt_st_count(bf16); i++) {
+        const char *name = NULL;
+        kt_tensor v, w;
+        OK(kt_st_entry(bf16, i, &name, &v));
+        if (v.dtype != KT_BF16 || kt_st_find(f32, name, &w) != KT_OK || w.dtype != KT_F32)
+            continue;
+        kt_tensor down = tu_alloc(KT_BF16, v.ndim, v.shape), up = tu_alloc(KT_F32, v.ndim, v.shape);
+        OK(kt_st_read_convert(f32, name, &down));
+        assert_memory_equal(down.data, v.data, kt_tensor_nbytes(&v));
+        OK(kt_st_read_convert(bf16, name, &up));
+        OK(kt_st_check_convert(bf16, name, &down));
+        kt_tensor again = tu_convert(&up, KT_BF16);
+        assert_memory_equal(again.data, v.data, kt_tensor_nbytes(&v));
+        tu_free(&again);
+        tu_free(&down);
+        tu_free(&up);
+        compared++;
+    }
+    assert_true(compared > 10);
+    printf("mixtral_sharded equals mixtral; %d bf16 tensors of qwen3_moe_bf16 equal libkt's "
+           "rounding of qwen3_moe's f32\n", compared);
+    kt_st_close(f32);
+    kt_st_close(bf16);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -659,6 +726,7 @@ int main(void)
         cmocka_unit_test(test_index_errors),
         cmocka_unit_test(test_convert_values),
         cmocka_unit_test(test_session_load_sharded),
+        cmocka_unit_test(test_hf_fixtures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

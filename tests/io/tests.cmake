@@ -16,5 +16,6 @@ endif()
 
 # Sharded checkpoints (index.json), converting reads, kt_session_load from them.
 kt_add_test(test_io_sharded LABELS io)
+target_compile_definitions(test_io_sharded PRIVATE KT_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 # Loading N bytes of parameters costs about N bytes of peak RSS (VmHWM), not 2N.
 kt_add_test(test_io_load_rss LABELS io)
