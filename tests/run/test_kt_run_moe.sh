@@ -7,9 +7,13 @@
 # C API. Then the bad checkpoints: a missing, misshapen or extra expert tensor, no experts,
 # no adapters, a contradicting --moe-inter: exit 1 naming the file and the tensor.
 #
-# usage: test_kt_run_moe.sh KT_RUN KT_GRAPHC MOE_FIXTURE SOURCE_DIR WORKDIR
+# With KT_TRAIN: kt-train starts from that checkpoint (hf names, no libkt metadata), trains
+# LoRA adapters of rank 4, alpha 8 (--lora-rank, --lora-alpha), saves them under the same
+# names, and kt-run reads its save back.
+#
+# usage: test_kt_run_moe.sh KT_RUN KT_GRAPHC MOE_FIXTURE SOURCE_DIR WORKDIR [KT_TRAIN]
 set -uo pipefail
-run=$1 graphc=$2 fixture=$3 src=$4 dir=$5
+run=$1 graphc=$2 fixture=$3 src=$4 dir=$5 train=${6:-}
 rm -rf "$dir" && mkdir -p "$dir" || exit 1
 failures=0
 fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
@@ -62,10 +66,11 @@ if [ -n "$names" ]; then
 fi
 
 # expect_error NAME STATUS PATTERN kt-run-arguments...: exits STATUS, stderr matches PATTERN
+# (runner=TOOL expect_error ...: another tool than kt-run)
 expect_error() {
   local name=$1 want=$2 pattern=$3
   shift 3
-  "$run" "$@" > "$dir/$name.out" 2> "$dir/$name.err"
+  "${runner:-$run}" "$@" > "$dir/$name.out" 2> "$dir/$name.err"
   local rc=$?
   if [ "$rc" -ne "$want" ]; then
     fail "$name: exit status $rc, expected $want: $(cat "$dir/$name.err")"
@@ -110,6 +115,45 @@ expect_error usage_mode 2 "--moe-mode needs full, lora or frozen, not 'half'" \
 "$run" "${args[@]}" --params "$dir/params_lora.safetensors" --moe-mode lora --moe-dtype bf16 \
   2> "$dir/bf16.err" || fail "bf16 experts: exit $?: $(cat "$dir/bf16.err")"
 "$run" --help | grep -q -- "--moe-mode" || fail "--help does not mention --moe-mode"
+
+# kt-train from the checkpoint, LoRA rank 4 alpha 8, saved under the ops' names
+if [ -n "$train" ]; then
+  python3 -c 'import sys; sys.stdout.buffer.write(bytes((i * 7 + i // 5) % 11 for i in range(400)))' \
+    > "$dir/tokens.bin"
+  tr=("$dir/model.ktp" --data "$dir/tokens.bin" --data-format u8 --input-tokens input_ids
+      --input-targets labels --threads 2 --moe-mode lora --lora-rank 4 --lora-alpha 8)
+  if "$train" "${tr[@]}" --steps 3 --params "$dir/params.safetensors" \
+       --save "$dir/trained.safetensors" > "$dir/train.log" 2>&1; then
+    grep -q "r=4 alpha=8" "$dir/train.log" || fail "kt-train's summary: $(cat "$dir/train.log")"
+    shape=$(python3 - "$dir/trained.safetensors" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+h = json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]])
+print(h["model.layers.1.mlp.experts.3.up_proj.lora_A.weight"]["shape"],
+      h["model.layers.1.mlp.experts.3.up_proj.lora_B.weight"]["shape"],
+      "model.layers.1.mlp.experts.3.up_proj.weight" in h, h["__metadata__"]["kt.moe_layers"])
+PY
+)
+    [ "$shape" = "[4, 16] [24, 4] True 1" ] || fail "kt-train's save: adapters and experts: $shape"
+    # resuming (optimizer state too) and kt-run on the save, with the same rank and alpha
+    "$train" "${tr[@]}" --steps 1 --params "$dir/trained.safetensors" > "$dir/resume.log" 2>&1 ||
+      fail "kt-train from its save: $(cat "$dir/resume.log")"
+    "$run" "$dir/model.ktp" "${common[@]}" --params "$dir/trained.safetensors" --moe-mode lora \
+      --lora-rank 4 --lora-alpha 8 --backward --out "$dir/trained_out.safetensors" \
+      2> "$dir/trained_run.err" || fail "kt-run on kt-train's save: $(cat "$dir/trained_run.err")"
+    expect_error train_rank 1 "lora_A\.weight' is f32\[4,16\], the layer needs f32\[8,16\]" \
+      "$dir/model.ktp" "${common[@]}" --params "$dir/trained.safetensors" --moe-mode lora \
+      --out "$dir/bad.safetensors"
+    echo "ok: kt-train --lora-rank 4 --lora-alpha 8 from the checkpoint, saved and read back"
+  else
+    fail "kt-train from the checkpoint: $(cat "$dir/train.log")"
+  fi
+  runner=$train expect_error train_inter 1 \
+    "--moe-inter 32: moe node 'm' is written for experts of intermediate size 24" \
+    "${tr[@]}" --steps 1 --moe-inter 32
+  runner=$train expect_error train_lora_rank 2 "--lora-rank needs a whole number" \
+    "${tr[@]}" --steps 1 --lora-rank 0
+fi
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures failure(s)" >&2
