@@ -257,8 +257,10 @@ typedef struct kt_session_options {
     size_t trace_capacity;         /* ... up to this many (further events are dropped) */
     uint64_t seed;                 /* for parameter initialisation */
     /* The CPU MoE layers (kt/moe.h) the program's moe ops run: op attrs.binding indexes this
-     * array (copied by the session). Each layer serves one moe node; the session holds a
-     * reference to each (see kt_session_create). */
+     * array (copied by the session; kt_moe_layers_create makes it). Each layer serves one moe
+     * node; slots no op uses may be NULL (the bindings are the model's layer indices, with
+     * holes where a layer has no moe op). The session holds a reference to each layer (see
+     * kt_session_create). */
     struct kt_moe *const *moe_layers;
     int n_moe_layers;
     /* Several ranks (kt/comm.h; not owned): halo ops trade with the neighbouring ranks, moe
@@ -314,8 +316,9 @@ void kt_session_trace_reset(kt_session *s);
 
 /* The session as one safetensors file (kt/io.h), written whole or not at all (kt_st_save:
  * a crash or a full disk leaves the previous file). Parameters are saved under their names,
- * and the MoE layers bound to the session (kt_session_options.moe_layers) under
- * "moe.<layer>.", as kt_moe_save names them (metadata "kt.moe_layers" lists them).
+ * and the MoE layers bound to the session (kt_session_options.moe_layers) under their moe
+ * op's `names` (kt_moe_tensor_name with the op's layer: "moe.<layer>.experts..." by default,
+ * "model.layers.<layer>.mlp.experts..." for hf; metadata "kt.moe_layers" lists them).
  * with_optimizer adds the optimizer state ("optimizer.momentum.<name>", "optimizer.m.<name>",
  * "optimizer.v.<name>"; "optimizer.m.moe.<layer>" ... for a layer's trainable values, flat)
  * and the step count (metadata "kt.step"). */
@@ -329,7 +332,9 @@ kt_status kt_session_save(kt_session *s, const char *path, int with_optimizer);
  * program; a missing parameter is an error unless KT_LOAD_ALLOW_MISSING, and a tensor that
  * is neither a parameter, a MoE layer's, nor an optimizer state of one is an error unless
  * KT_LOAD_ALLOW_UNUSED (as PyTorch's strict load_state_dict). When the file holds MoE
- * experts, it must hold every bound layer's, whole. Everything is checked before anything is
+ * experts (the metadata, or a tensor under a moe op's names: a Hugging Face checkpoint), it
+ * must hold every bound layer's, whole, under the op's names (stored float dtypes are
+ * converted to the layer's weight dtype); LoRA adapters load when present (all or none). Everything is checked before anything is
  * copied: when any check fails, nothing is changed. */
 kt_status kt_session_load(kt_session *s, const char *path, unsigned flags);
 
