@@ -140,11 +140,12 @@ kt_status kt_moe_tensor_name(kt_moe_names names, int layer, int64_t expert, kt_m
 /* Loads every expert from safetensors. prefix NULL: under the layer's own names
  * (kt_moe_config.names and .layer; kt_moe_tensor_name); otherwise Hugging Face's projection
  * names under the prefix: "<prefix>experts.<e>.gate_proj.weight", "...up_proj.weight",
- * "...down_proj.weight" (prefix "" allowed). Stored F32, BF16 or F16 tensors are converted to
- * the weight dtype (round to nearest even). In LoRA mode the adapters ("...lora_A.weight",
- * "...lora_B.weight", converted to f32 likewise) are loaded too when the file has any of them:
- * then it must have all of them. Every tensor is checked (present, shape, dtype) before
- * anything is copied: a bad file leaves the layer as it was. */
+ * "...down_proj.weight" (prefix "" allowed). Each tensor must have the weight dtype (a
+ * session's kt_session_load and kt_moe_layers_load, kt/program.h, convert stored float dtypes
+ * instead). In LoRA mode the adapters ("...lora_A.weight", "...lora_B.weight", f32) are
+ * loaded too when the file has any of them: then it must have all of them. Every tensor is
+ * checked (present, shape, dtype) before anything is copied: a bad file leaves the layer as
+ * it was. */
 kt_status kt_moe_load(kt_moe *moe, const kt_st_file *file, const char *prefix);
 /* Writes the experts back out in the same naming (and the LoRA adapters, if any, as
  * "...lora_A.weight" / "...lora_B.weight"); prefix NULL: the layer's own names. */

@@ -151,6 +151,8 @@ PY
   runner=$train expect_error train_inter 1 \
     "--moe-inter 32: moe node 'm' is written for experts of intermediate size 24" \
     "${tr[@]}" --steps 1 --moe-inter 32
+  runner=$train expect_error train_experts_twice 1 "params\.safetensors holds the experts already" \
+    "${tr[@]}" --steps 1 --params "$dir/params.safetensors" --experts "$dir/params_lora.safetensors"
   runner=$train expect_error train_lora_rank 2 "--lora-rank needs a whole number" \
     "${tr[@]}" --steps 1 --lora-rank 0
 fi

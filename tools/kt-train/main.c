@@ -387,10 +387,28 @@ static int check_same_run(const trainer *t, const train_args *a)
     return rc;
 }
 
+/* Whether the file holds experts of the program's moe ops: kt-train's own save (the
+ * metadata) or a checkpoint with the first expert of one of them under the op's names. */
+static int holds_experts(const kt_st_file *f, const kt_program *p)
+{
+    int holds = kt_st_metadata(f, "kt.moe_layers") != NULL;
+    for (int i = 0; i < kt_program_moe_count(p) && !holds; i++) {
+        kt_program_moe info;
+        char name[512];
+        kt_tensor view;
+        holds = kt_program_moe_info(p, i, &info) == KT_OK &&
+                kt_moe_tensor_name(info.names, info.binding, 0, KT_MOE_GATE, "weight", name,
+                                   sizeof name) == KT_OK &&
+                kt_st_find(f, name, &view) == KT_OK;
+    }
+    kt_clear_error();
+    return holds;
+}
+
 /* Before any memory is committed: rank 0's output files can be written, the --params and
  * --experts files open as safetensors (a file of no bytes, or not one, is refused), and they
  * do not both bring experts. */
-static int check_weight_files(const train_args *a, const ranks *r)
+static int check_weight_files(const train_args *a, const ranks *r, const kt_program *p)
 {
     const char *outputs[2][2] = {{"--save", a->save}, {"--losses", a->losses}};
     for (int k = 0; k < 2 && r->rank == 0; k++) {
@@ -410,12 +428,13 @@ static int check_weight_files(const train_args *a, const ranks *r)
             return 1;
         }
         if (k == 0)
-            params_has_experts = kt_st_metadata(f, "kt.moe_layers") != NULL;
+            params_has_experts = holds_experts(f, p);
         kt_st_close(f);
     }
     if (params_has_experts && a->experts != NULL)
-        return train_error("--params %s holds the experts already (kt-train --save wrote it): "
-                           "leave out --experts %s", a->params, a->experts);
+        return train_error("--params %s holds the experts already (kt-train --save wrote it, or "
+                           "a checkpoint under the moe ops' names): leave out --experts %s",
+                           a->params, a->experts);
     return 0;
 }
 
@@ -452,7 +471,7 @@ static int setup(trainer *t, const train_args *a)
         return 1;
     int rc = data_open(&t->data, a, t->p, &t->r);
     if (rc == 0)
-        rc = check_weight_files(a, &t->r);
+        rc = check_weight_files(a, &t->r, t->p);
     if (rc == 0)
         rc = check_memory(t, a);
     if (rc == 0 && kt_threadpool_create(a->threads, &t->pool) != KT_OK)
