@@ -557,6 +557,61 @@ static void test_layers_load(void **state)
     unlink(path);
 }
 
+/* The names against what transformers writes (tests/hf/fixtures, save_pretrained): a layer
+ * of each scheme loads every expert of the checkpoint's MoE layer with no prefix, and holds
+ * the checkpoint's bytes; sizes are read off the file (E: the experts listed, I and H: the
+ * gate's shape). */
+static void test_transformers_names(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *arch;
+        kt_moe_names names;
+        int layer; /* deepseek_v2's layer 0 is dense */
+    } cases[] = {{"mixtral", KT_MOE_NAMES_MIXTRAL, 0}, {"qwen2_moe", KT_MOE_NAMES_HF, 1},
+                 {"qwen3_moe", KT_MOE_NAMES_HF, 0},    {"olmoe", KT_MOE_NAMES_HF, 1},
+                 {"deepseek_v2", KT_MOE_NAMES_HF, 1},  {"deepseek_v3", KT_MOE_NAMES_HF, 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[1024], name[256];
+        snprintf(path, sizeof path, "%s/tests/hf/fixtures/%s/model.safetensors", KT_SOURCE_DIR,
+                 cases[i].arch);
+        kt_st_file *f = NULL;
+        if (access(path, R_OK) != 0) {
+            print_message("skipped %s: %s is not there\n", cases[i].arch, path);
+            continue;
+        }
+        OK(kt_st_open(path, &f));
+        int64_t n_experts = 0;
+        kt_tensor gate, probe;
+        for (;; n_experts++) {
+            OK(kt_moe_tensor_name(cases[i].names, cases[i].layer, n_experts, KT_MOE_GATE,
+                                  "weight", name, sizeof name));
+            if (kt_st_find(f, name, n_experts == 0 ? &gate : &probe) != KT_OK)
+                break;
+        }
+        kt_clear_error();
+        assert_true(n_experts >= 2);
+        kt_moe_config c = layer_cfg(KT_MOE_FROZEN, KT_F32, cases[i].names, cases[i].layer);
+        c.n_experts = n_experts, c.intermediate = gate.shape[0], c.hidden = gate.shape[1];
+        kt_moe *m = NULL;
+        OK(kt_moe_create(&c, NULL, &m));
+        OK(kt_moe_load(m, f, NULL));
+        kt_tensor w;
+        OK(kt_moe_weight(m, n_experts - 1, KT_MOE_DOWN, &w));
+        kt_tensor want = tu_clone(&w);
+        OK(kt_moe_tensor_name(cases[i].names, cases[i].layer, n_experts - 1, KT_MOE_DOWN,
+                              "weight", name, sizeof name));
+        OK(kt_st_read(f, name, &want));
+        assert_true(tu_bitwise_equal(&w, &want));
+        print_message("%s: %lld experts of [%lld, %lld] under %s\n", cases[i].arch,
+                      (long long)n_experts, (long long)c.intermediate, (long long)c.hidden,
+                      name);
+        tu_free(&want);
+        kt_moe_destroy(m);
+        kt_st_close(f);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -567,6 +622,7 @@ int main(void)
         cmocka_unit_test(test_session_round_trip),
         cmocka_unit_test(test_session_checkpoint_errors),
         cmocka_unit_test(test_layers_load),
+        cmocka_unit_test(test_transformers_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
