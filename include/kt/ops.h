@@ -85,6 +85,11 @@
  *                 visible keys (query t sits at position S-T+t; causal, window and segment
  *                 ids restrict what it sees), lse the log-sum-exp of each row. A row that
  *                 sees no key gives o = 0, lse = 0 and no gradient. D, Dv <= 256.
+ *   cast          x -> x converted to `dtype` (f32, bf16 or f16; round to nearest even);
+ *                 backward converts the gradient back to x's dtype. The same dtype copies
+ *   shift_labels  labels [..., S] (i32/i64) -> the same shape and dtype: out[..., t] =
+ *                 labels[..., t+1] for t < S-1, out[..., S-1] = ignore_index (the causal
+ *                 language model's targets, as transformers shifts them); no gradient
  */
 #ifndef KT_OPS_H
 #define KT_OPS_H
@@ -124,7 +129,9 @@ extern "C" {
     X(HALO, halo)                     \
     X(ROPE, rope)                     \
     X(LOAD_BALANCE_LOSS, load_balance_loss) \
-    X(ATTENTION, attention)
+    X(ATTENTION, attention)           \
+    X(CAST, cast)                     \
+    X(SHIFT_LABELS, shift_labels)
 
 typedef enum kt_op {
 #define KT__OP_ENUM(upper, lower) KT_OP_##upper,
@@ -185,7 +192,8 @@ typedef struct kt_op_attrs {
     int trans_a, trans_b;       /* matmul */
     float alpha;                /* scale */
     float eps;                  /* rmsnorm (default 1e-6) */
-    int64_t ignore_index;       /* cross_entropy: targets equal to it do not count (-100) */
+    int64_t ignore_index;       /* cross_entropy: targets equal to it do not count (-100);
+                                 * shift_labels: the last position's target */
     int k;                      /* topk_router: experts per token */
     int norm_topk;              /* topk_router: renormalise the chosen weights */
     int depthwise;              /* conv1d */
@@ -222,6 +230,7 @@ typedef struct kt_op_attrs {
     int attn_causal;               /* attention: key j visible to query t only if j <= S-T+t */
     int64_t attn_window;           /* attention: and only if S-T+t - j < window (0: none) */
     float attn_softcap;            /* attention: scores softcap * tanh(s / softcap) (0: none) */
+    kt_dtype cast_dtype;           /* cast: the output's dtype (f32, bf16 or f16) */
 } kt_op_attrs;
 
 /* op's attributes at their defaults, stamped for op (required ones are marked "not set" and
