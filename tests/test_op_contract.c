@@ -133,6 +133,14 @@ static void build_cases(void)
     CASE(KT_OP_MATMUL, "f16 batch", A(.trans_b = 1), T(F16, -1, 1, 2, 5, 7),
          T(F16, -1, 1, 2, 6, 7));
     CASE(KT_OP_MATMUL, "large batch", none, T(F32, -1, 1, 8, 40, 30), T(F32, -1, 1, 8, 30, 50));
+    /* mixed: f32 a, bf16 or f16 b -> f32 */
+    CASE(KT_OP_MATMUL, "f32 x bf16 trans_b", A(.trans_b = 1), T(F32, -1, 1, 5, 7),
+         T(BF16, -1, 1, 6, 7));
+    CASE(KT_OP_MATMUL, "f32 x f16 trans_a", A(.trans_a = 1), T(F32, -1, 1, 7, 5),
+         T(F16, -1, 1, 7, 6));
+    CASE(KT_OP_MATMUL, "f32 x bf16 large", none, T(F32, -1, 1, 70, 40), T(BF16, -1, 1, 40, 90));
+    CASE(KT_OP_MATMUL, "f32 x bf16 batch broadcast", A(.trans_a = 1, .trans_b = 1),
+         T(F32, -1, 1, 1, 7, 5), T(BF16, -1, 1, 4, 6, 7));
 
     const kt_op binary[3] = {KT_OP_ADD, KT_OP_SUB, KT_OP_MUL};
     for (int b = 0; b < 3; b++) {
