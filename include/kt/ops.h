@@ -13,7 +13,8 @@
  * - Inputs and outputs are contiguous CPU tensors. Shape inference rejects wrong ranks,
  *   shapes and dtypes with KT_EINVAL and a message naming the op and the argument.
  * - Floating-point ops accept f32, bf16 and f16 unless noted; arithmetic is done in f32
- *   (round-to-nearest-even on store), and all float operands of one op share one dtype.
+ *   (round-to-nearest-even on store), and all float operands of one op share one dtype
+ *   (but matmul's mixed product and cast, which converts).
  * - Backward overwrites each requested input gradient (it does not accumulate); a gradient
  *   tensor with data == NULL is not wanted and is skipped. An output gradient with
  *   data == NULL is only allowed for outputs that carry no gradient (router indices).
@@ -21,7 +22,10 @@
  *
  * The ops and their layouts (N = leading dims flattened, "...": any leading dims):
  *   matmul        a [...,M,K] (trans_a: [...,K,M]), b [...,K,N] (trans_b: [...,N,K]) -> [...,M,N];
- *                 the leading (batch) dims broadcast as numpy's do (b may be a plain [K,N])
+ *                 the leading (batch) dims broadcast as numpy's do (b may be a plain [K,N]); also
+ *                 mixed precision: an f32 a with a bf16 or f16 b -> f32, the product of a
+ *                 with b widened exactly, f32 sums; a's gradient f32, b's summed in f32 and
+ *                 rounded to b's dtype
  *   add, sub, mul a [...], b broadcast into a (numpy rules: each of b's dims, aligned from
  *                 the end, is 1 or a's; b has no more dims than a, leading 1s aside) -> a's shape
  *   scale         x -> alpha * x

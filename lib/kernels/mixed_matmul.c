@@ -24,10 +24,17 @@ static kt__kelem elem_of(kt_dtype dt)
     return dt == KT_F32 ? KT__KE_F32 : dt == KT_BF16 ? KT__KE_BF16 : KT__KE_F16;
 }
 
-/* Pieces of whole 32-column panels, one a thread (the pool's partition is static). */
-static int64_t piece_columns(int64_t N, int threads)
+/* A piece below this many multiply-adds is not worth waking a thread for. */
+#define MIXED_MIN_PIECE_MACS ((int64_t)1 << 18)
+
+/* Pieces of whole 32-column panels, one a thread (the pool's partition is static), none
+ * smaller than MIXED_MIN_PIECE_MACS (the split never changes a sum). */
+static int64_t piece_columns(int64_t M, int64_t N, int64_t K, int threads)
 {
-    const int64_t piece = (N + threads - 1) / threads;
+    int64_t piece = (N + threads - 1) / threads;
+    const int64_t macs = M * (K > 0 ? K : 1);
+    const int64_t least = MIXED_MIN_PIECE_MACS / (macs > 0 ? macs : 1);
+    piece = piece < least ? least : piece;
     return (piece + 31) / 32 * 32;
 }
 
@@ -70,7 +77,7 @@ kt_status kt__mixed_matmul(kt_threadpool *pool, int trans_a, int trans_b, int64_
     if (M <= 0 || N <= 0)
         return KT_OK;
     mixed_job j = {path, elem_of(a_dtype), elem_of(b_dtype), trans_a, trans_b, M, N, K, lda, ldb,
-                   ldc, piece_columns(N, kt_threadpool_size(pool)), A, B, C, work};
+                   ldc, piece_columns(M, N, K, kt_threadpool_size(pool)), A, B, C, work};
     kt_parallel_for(pool, (N + j.piece - 1) / j.piece, 1, mixed_part, &j);
     return KT_OK;
 }
