@@ -26,6 +26,7 @@
 
 #include "kt/kt.h"
 #include "lib/kernels/mixed_matmul.h"
+#include "lib/kernels/registry.h"
 #include "lib/kernels/sgemm.h"
 #include "tests/support/gradcheck.h"
 #include "tests/support/test_util.h"
@@ -195,6 +196,15 @@ static void test_2d_exact(void **state)
                 expect_bits(&yp, &y, "forward with a pool of 2");
                 kt_tensor want = expected_2d(ta, tb, M, N, K, &a, &b);
                 expect_bits(&y, &want, what);
+                if (si < 3) { /* the registry's scalar reference: the same fmaf chains */
+                    kt_tensor r = tu_new(KT_F32, M, N), c = tu_new(KT_F32, M, N);
+                    kt__kpaths[kt__kpath_count - 1].mm_mixed(
+                        KT__KE_F32, nd ? KT__KE_F16 : KT__KE_BF16, ta, tb, M, 0, N, K, a.data,
+                        ta ? M : K, b.data, tb ? K : N, r.data, N, NULL);
+                    ref_chain(ta, tb, M, N, K, &a, &b, c.data);
+                    expect_bits(&r, &c, "the registry's scalar MM_MIXED reference");
+                    tu_free(&r), tu_free(&c);
+                }
                 kt_tensor yf = forward(&at, &a, &bw, NULL);
                 double *bound = abs_bound(ta, tb, M, N, K, &a, &bw);
                 expect_like_f32(&y, &yf, bound, K, f32_same_kernel(M), what);
