@@ -59,6 +59,8 @@ static const fixture fixtures[] = {
      "input q: f32[1, 4, 2, 8]\ninput k: f32[1, 6, 1, 8]\ninput v: f32[1, 6, 1, 4]\n"
      "input s: i32[1, 6]\n",
      "q, k, v, s", ""},
+    {KT_OP_CAST, "input x: bf16[4, 6]\n", "x", ""},
+    {KT_OP_SHIFT_LABELS, "input l: i64[2, 6]\n", "l", ""},
 };
 enum { N_FIXTURES = sizeof fixtures / sizeof fixtures[0] };
 

@@ -133,6 +133,14 @@ static void build_cases(void)
     CASE(KT_OP_MATMUL, "f16 batch", A(.trans_b = 1), T(F16, -1, 1, 2, 5, 7),
          T(F16, -1, 1, 2, 6, 7));
     CASE(KT_OP_MATMUL, "large batch", none, T(F32, -1, 1, 8, 40, 30), T(F32, -1, 1, 8, 30, 50));
+    /* mixed: f32 a, bf16 or f16 b -> f32 */
+    CASE(KT_OP_MATMUL, "f32 x bf16 trans_b", A(.trans_b = 1), T(F32, -1, 1, 5, 7),
+         T(BF16, -1, 1, 6, 7));
+    CASE(KT_OP_MATMUL, "f32 x f16 trans_a", A(.trans_a = 1), T(F32, -1, 1, 7, 5),
+         T(F16, -1, 1, 7, 6));
+    CASE(KT_OP_MATMUL, "f32 x bf16 large", none, T(F32, -1, 1, 70, 40), T(BF16, -1, 1, 40, 90));
+    CASE(KT_OP_MATMUL, "f32 x bf16 batch broadcast", A(.trans_a = 1, .trans_b = 1),
+         T(F32, -1, 1, 1, 7, 5), T(BF16, -1, 1, 4, 6, 7));
 
     const kt_op binary[3] = {KT_OP_ADD, KT_OP_SUB, KT_OP_MUL};
     for (int b = 0; b < 3; b++) {
@@ -313,6 +321,17 @@ static void build_cases(void)
     CASE(KT_OP_ATTENTION, "many blocks i64 segments", A(.attn_causal = 1),
          T(F32, -2, 2, 1, 130, 2, 24), T(F32, -2, 2, 1, 150, 2, 24),
          T(F32, -1, 1, 1, 150, 2, 24), T(I64, 0, 2, 1, 150));
+
+    CASE(KT_OP_CAST, "f32 to bf16", A(.cast_dtype = KT_BF16), T(F32, -3, 3, 4, 9));
+    CASE(KT_OP_CAST, "bf16 to f32", A(.cast_dtype = KT_F32), T(BF16, -3, 3, 2, 3, 5));
+    CASE(KT_OP_CAST, "f16 to bf16 (in place)", A(.cast_dtype = KT_BF16), T(F16, -3, 3, 7));
+    CASE(KT_OP_CAST, "same dtype", A(.cast_dtype = KT_BF16), T(BF16, -3, 3, 4, 6));
+    CASE(KT_OP_CAST, "large f32 to f16", A(.cast_dtype = KT_F16), T(F32, -3, 3, 40000));
+
+    CASE(KT_OP_SHIFT_LABELS, "i64 [B,S]", A(.ignore_index = -100), T(I64, 0, 50, 3, 7));
+    CASE(KT_OP_SHIFT_LABELS, "i32 1d", A(.ignore_index = -1), T(I32, 0, 50, 9));
+    CASE(KT_OP_SHIFT_LABELS, "S = 1", A(.ignore_index = -100), T(I64, 0, 50, 4, 1));
+    CASE(KT_OP_SHIFT_LABELS, "many rows", A(.ignore_index = -100), T(I32, 0, 1000, 3, 600, 40));
 }
 
 /* ---- helpers ------------------------------------------------------------------------------- */

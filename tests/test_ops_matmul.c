@@ -646,10 +646,15 @@ static void test_matmul_bad_input(void **state)
     TU_EXPECT_ERROR(kt_op_forward(KT_OP_MATMUL, NULL, in, 2, &out, 1, NULL), KT_EINVAL,
                     "matmul", "batch dims of b f32[3,64,16]", "a's f32[2,8,64]", "equal or 1");
     tu_free(&v1), tu_free(&b3);
-    in[0] = a;
-    in[1] = bbf;
+    /* a bf16 a with an f32 b (the mixed product is an f32 a with a bf16 or f16 b,
+     * test_ops_matmul_mixed) */
+    kt_tensor abf = tu_new(KT_BF16, 8, 64);
+    in[0] = abf;
+    in[1] = bok;
     TU_EXPECT_ERROR(kt_op_forward(KT_OP_MATMUL, NULL, in, 2, &out, 1, NULL), KT_EINVAL,
-                    "matmul", "b", "f32", "bf16");
+                    "matmul", "b", "bf16", "f32");
+    tu_free(&abf);
+    in[0] = a;
     in[1] = bi;
     TU_EXPECT_ERROR(kt_op_forward(KT_OP_MATMUL, NULL, in, 2, &out, 1, NULL), KT_EINVAL,
                     "matmul", "b", "i32");

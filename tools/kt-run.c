@@ -258,7 +258,23 @@ static int has_name(const out_list *o, const char *name)
 }
 
 /* Every program input from the inputs file; tensors the program does not take are noted. */
-static int load_inputs(kt_session *s, const kt_program *p, const char *path)
+/* name with bytes outside printable ASCII as \xNN (a program's names are any bytes; stderr
+ * stays text), cut to fit buf. */
+static const char *escaped(const char *name, char *buf, size_t size)
+{
+    size_t len = 0;
+    for (const unsigned char *c = (const unsigned char *)name; *c && len + 5 <= size; c++) {
+        if (*c >= 0x20 && *c < 0x7f)
+            buf[len++] = (char)*c;
+        else
+            len += (size_t)snprintf(buf + len, size - len, "\\x%02x", *c);
+    }
+    buf[len] = '\0';
+    return buf;
+}
+
+static int load_inputs(kt_session *s, const kt_program *p, const char *program,
+                       const char *path)
 {
     int n = kt_program_count(p, KT_ROLE_INPUT);
     if (n == 0) {
@@ -287,7 +303,9 @@ static int load_inputs(kt_session *s, const kt_program *p, const char *path)
         } else if (kt_st_lookup(f, name, &pos) != KT_OK) {
             char want[96];
             kt_tensor_describe(&dst, want, sizeof want);
-            fprintf(stderr, "kt-run: input '%s' (%s) is missing from %s\n", name, want, path);
+            char shown[4 * 96 + 1];
+            fprintf(stderr, "kt-run: input '%s' (%s) of %s is missing from %s\n",
+                    escaped(name, shown, sizeof shown), want, program, path);
             rc = 1;
         } else if (kt_st_read(f, name, &dst) != KT_OK) {
             char want[96];
@@ -418,7 +436,7 @@ static int run(const run_args *a)
                 st.n_params, st.n_params == 1 ? "" : "s", name);
         goto done;
     }
-    if (load_inputs(s, p, a->inputs) != 0)
+    if (load_inputs(s, p, a->program, a->inputs) != 0)
         goto done;
 
     if (kt_session_forward(s) != KT_OK) {

@@ -101,6 +101,26 @@ static int64_t bound_from(const kt_program *p, const kt__pstep *ps, int32_t b)
     return -1;
 }
 
+/* The smallest limit on buffer b's values set by the steps that read it, or by those that
+ * read what shift_labels and reshape make of it (they move values without changing them;
+ * shift_labels adds its ignore_index, which cross_entropy, the only reader that makes sense,
+ * skips). depth bounds the walk. */
+static int64_t bound_of(const kt_program *p, int32_t b, int depth)
+{
+    int64_t bound = -1;
+    for (int32_t at = 0; at < p->n_forward; at++) {
+        const kt__pstep *ps = &p->steps[at];
+        int64_t v = bound_from(p, ps, b);
+        if (ps->kind == KT__STEP_FORWARD && ps->n_in >= 1 && ps->in[0] == b &&
+            (ps->op == KT_OP_SHIFT_LABELS || ps->op == KT_OP_RESHAPE) && ps->out[0] != b &&
+            depth < 8)
+            v = bound_of(p, ps->out[0], depth + 1);
+        if (v >= 0 && (bound < 0 || v < bound))
+            bound = v;
+    }
+    return bound;
+}
+
 kt_status kt_program_index_bound(const kt_program *p, const char *input, int64_t *bound_out)
 {
     if (p == NULL || input == NULL || bound_out == NULL)
@@ -111,12 +131,7 @@ kt_status kt_program_index_bound(const kt_program *p, const char *input, int64_t
             e = &p->entries[KT_ROLE_INPUT][i];
     if (e == NULL)
         return kt__error(KT_EINVAL, "kt_program_index_bound: no input named '%s'", input);
-    int64_t bound = -1;
-    for (int32_t at = 0; at < p->n_forward; at++) {
-        int64_t b = bound_from(p, &p->steps[at], e->buf);
-        if (b >= 0 && (bound < 0 || b < bound))
-            bound = b;
-    }
+    const int64_t bound = bound_of(p, e->buf, 0);
     *bound_out = bound;
     return KT_OK;
 }

@@ -13,7 +13,8 @@
  * - Inputs and outputs are contiguous CPU tensors. Shape inference rejects wrong ranks,
  *   shapes and dtypes with KT_EINVAL and a message naming the op and the argument.
  * - Floating-point ops accept f32, bf16 and f16 unless noted; arithmetic is done in f32
- *   (round-to-nearest-even on store), and all float operands of one op share one dtype.
+ *   (round-to-nearest-even on store), and all float operands of one op share one dtype
+ *   (but matmul's mixed product and cast, which converts).
  * - Backward overwrites each requested input gradient (it does not accumulate); a gradient
  *   tensor with data == NULL is not wanted and is skipped. An output gradient with
  *   data == NULL is only allowed for outputs that carry no gradient (router indices).
@@ -21,7 +22,10 @@
  *
  * The ops and their layouts (N = leading dims flattened, "...": any leading dims):
  *   matmul        a [...,M,K] (trans_a: [...,K,M]), b [...,K,N] (trans_b: [...,N,K]) -> [...,M,N];
- *                 the leading (batch) dims broadcast as numpy's do (b may be a plain [K,N])
+ *                 the leading (batch) dims broadcast as numpy's do (b may be a plain [K,N]); also
+ *                 mixed precision: an f32 a with a bf16 or f16 b -> f32, the product of a
+ *                 with b widened exactly, f32 sums; a's gradient f32, b's summed in f32 and
+ *                 rounded to b's dtype
  *   add, sub, mul a [...], b broadcast into a (numpy rules: each of b's dims, aligned from
  *                 the end, is 1 or a's; b has no more dims than a, leading 1s aside) -> a's shape
  *   scale         x -> alpha * x
@@ -85,6 +89,11 @@
  *                 visible keys (query t sits at position S-T+t; causal, window and segment
  *                 ids restrict what it sees), lse the log-sum-exp of each row. A row that
  *                 sees no key gives o = 0, lse = 0 and no gradient. D, Dv <= 256.
+ *   cast          x -> x converted to `dtype` (f32, bf16 or f16; round to nearest even);
+ *                 backward converts the gradient back to x's dtype. The same dtype copies
+ *   shift_labels  labels [..., S] (i32/i64) -> the same shape and dtype: out[..., t] =
+ *                 labels[..., t+1] for t < S-1, out[..., S-1] = ignore_index (the causal
+ *                 language model's targets, as transformers shifts them); no gradient
  */
 #ifndef KT_OPS_H
 #define KT_OPS_H
@@ -124,7 +133,9 @@ extern "C" {
     X(HALO, halo)                     \
     X(ROPE, rope)                     \
     X(LOAD_BALANCE_LOSS, load_balance_loss) \
-    X(ATTENTION, attention)
+    X(ATTENTION, attention)           \
+    X(CAST, cast)                     \
+    X(SHIFT_LABELS, shift_labels)
 
 typedef enum kt_op {
 #define KT__OP_ENUM(upper, lower) KT_OP_##upper,
@@ -195,7 +206,8 @@ typedef struct kt_op_attrs {
     int trans_a, trans_b;       /* matmul */
     float alpha;                /* scale */
     float eps;                  /* rmsnorm (default 1e-6) */
-    int64_t ignore_index;       /* cross_entropy: targets equal to it do not count (-100) */
+    int64_t ignore_index;       /* cross_entropy: targets equal to it do not count (-100);
+                                 * shift_labels: the last position's target */
     int k;                      /* topk_router: experts per token */
     int norm_topk;              /* topk_router: renormalise the chosen weights */
     int depthwise;              /* conv1d */
@@ -234,6 +246,7 @@ typedef struct kt_op_attrs {
     float attn_softcap;            /* attention: scores softcap * tanh(s / softcap) (0: none) */
     int64_t moe_intermediate;      /* moe: the experts' intermediate size (0: the caller's) */
     kt_moe_names moe_names;        /* moe: how its layer's tensors are named in checkpoints */
+    kt_dtype cast_dtype;           /* cast: the output's dtype (f32, bf16 or f16) */
 } kt_op_attrs;
 
 /* op's attributes at their defaults, stamped for op (required ones are marked "not set" and

@@ -185,7 +185,9 @@ kt_status kt_moe_layers_load(const kt_moe_layers *layers, const char *path);
 
 /* The values an integer input may hold: [0, bound), bound the smallest limit set by the ops
  * that read the input directly (embedding ids: the table's rows; cross_entropy targets: the
- * classes, ignore_index aside; rope positions: max_positions). -1 when none of them sets one. A data loader checks its
+ * classes, ignore_index aside; rope positions: max_positions), also through shift_labels and
+ * reshape (labels shifted into cross_entropy's targets get the classes; the ignore_index
+ * aside, as there). -1 when none of them sets one. A data loader checks its
  * token ids with it, so that a bad file is reported by its offset rather than by the op. */
 kt_status kt_program_index_bound(const kt_program *p, const char *input, int64_t *bound_out);
 

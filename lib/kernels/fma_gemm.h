@@ -43,8 +43,9 @@
 #define KT__FMA_GEMM 1
 #endif
 
-/* The operands' element type (weights and activations alike). */
-typedef enum kt__fma_src { KT__FMA_BF16 = 0, KT__FMA_F32 = 1 } kt__fma_src;
+/* The operands' element type (weights and activations alike). f16 only in the dense matmul's
+ * mixed product (kt__fma_packed_mm_mixed). */
+typedef enum kt__fma_src { KT__FMA_BF16 = 0, KT__FMA_F32 = 1, KT__FMA_F16 = 2 } kt__fma_src;
 
 /* y[m, n] = (accumulate ? y : 0) + sum_k x[m, k] w[n, k] for n in [n0, n1) */
 void kt__fma_nt(kt__fma_src src, int64_t M, int64_t n0, int64_t n1, int64_t K, const void *x,
@@ -93,6 +94,15 @@ void kt__fma_packed_mm(int trans_a, int trans_b, int64_t M, int64_t n0, int64_t 
                        const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb, float *c,
                        int64_t ldc, void *work);
 size_t kt__fma_packed_mm_work_bytes(int64_t cols);
+/* The same product with operands of their own element types (one f32, the other bf16 or f16,
+ * widened exactly as they are packed), the same buffers and the same sums: every element of c
+ * one f32 sum in index order of k, each product added by an FMA, from zero (the bits of
+ * `s = fmaf(a, b, s)` in index order on the widened values). Unless both are bf16, it keeps
+ * the caller's floating-point mode (denormals as IEEE has them, as sgemm). */
+void kt__fma_packed_mm_mixed(kt__fma_src src_a, kt__fma_src src_b, int trans_a, int trans_b,
+                             int64_t M, int64_t n0, int64_t n1, int64_t K, const void *a,
+                             int64_t lda, const void *b, int64_t ldb, float *c, int64_t ldc,
+                             void *work);
 /* Rows from which it serves the dense matmul (registry.c says why). */
 #define KT__FMA_PACKED_MIN_M 64
 

@@ -1,5 +1,6 @@
 /* The dense matmul's bf16 product on the f32 FMA units, blocked and packed (fma_gemm.h,
- * kt__fma_packed_mm). Per call (a block of columns [n0, n1), all M rows), for each PNB columns
+ * kt__fma_packed_mm), and its mixed product (an f32 operand with a bf16 or f16 one,
+ * kt__fma_packed_mm_mixed), the same code with each operand widened from its own type. Per call (a block of columns [n0, n1), all M rows), for each PNB columns
  * and PKC steps of the reduction:
  *  - B's block is widened to f32 once, as panels [step][32] in the caller's work buffer (in L2;
  *    one panel stays in L1 while every tile of PMC rows runs over it);
@@ -96,17 +97,21 @@ W_TARGET static void ptile(int mr, int panel, const float *a, const float *b, in
 
 /* B's block as panels: bp[p][k][0:32] = op(B)[kb + k, nb + 32 p + j] for k < kc, zeros past
  * the block's nc columns. trans_b: B is [N, K] (a transposed pack), else [K, N] (rows). */
-W_TARGET static void pack_b(float *bp, int trans_b, const uint16_t *b, int64_t ldb, int64_t kb,
-                            int64_t kc, int64_t nb, int64_t nc)
+W_TARGET static void pack_b(float *bp, kt__fma_src src, int trans_b, const void *b, int64_t ldb,
+                            int64_t kb, int64_t kc, int64_t nb, int64_t nc)
 {
     for (int64_t p = 0; p * PC < nc; p++) {
         float *dst = bp + p * PKC * PC;
         const int64_t cols = nc - p * PC < PC ? nc - p * PC : PC;
-        if (trans_b)
-            pack_pairs_transposed(dst, b + (nb + p * PC) * ldb + kb, ldb, cols, kc);
+        if (trans_b && src == KT__FMA_BF16)
+            pack_pairs_transposed(dst, (const uint16_t *)b + (nb + p * PC) * ldb + kb, ldb, cols,
+                                  kc);
+        else if (trans_b)
+            pack_widened_transposed(dst, elem(b, (nb + p * PC) * ldb + kb, src), ldb, cols, kc,
+                                    src);
         else
             for (int64_t k = 0; k < kc; k++)
-                load_row(dst + k * PC, b + (kb + k) * ldb + nb + p * PC, cols, PC, KT__FMA_BF16);
+                load_row(dst + k * PC, elem(b, (kb + k) * ldb + nb + p * PC, src), cols, PC, src);
     }
 }
 
@@ -114,19 +119,19 @@ W_TARGET static void pack_b(float *bp, int trans_b, const uint16_t *b, int64_t l
  * ap[i][k], PAR apart. Panels (A [K, M]): tile t's ap[t * PKC * 12 + k * 12 + i]; each step's
  * store writes 16 lanes, the 4 past the tile's 12 overwritten by the next step (or landing in
  * the slack after the last). */
-W_TARGET static void pack_a(float *ap, int trans_a, const uint16_t *a, int64_t lda, int64_t kb,
-                            int64_t kc, int64_t mb, int64_t mc, const tiling *tl)
+W_TARGET static void pack_a(float *ap, kt__fma_src src, int trans_a, const void *a, int64_t lda,
+                            int64_t kb, int64_t kc, int64_t mb, int64_t mc, const tiling *tl)
 {
     if (!trans_a) {
-        widen_rows(ap, PAR, a + mb * lda + kb, lda, mc, kc, KT__FMA_BF16);
+        widen_rows(ap, PAR, elem(a, mb * lda + kb, src), lda, mc, kc, src);
         return;
     }
     for (int64_t t = 0; t < tl->n; t++) {
         float *dst = ap + t * PKC * PR;
-        const uint16_t *src = a + kb * lda + mb + tile_start(tl, t);
+        const char *from = elem(a, kb * lda + mb + tile_start(tl, t), src);
         const int h = tile_height(tl, t);
         for (int64_t k = 0; k < kc; k++)
-            _mm512_storeu_ps(dst + k * PR, load16(src + k * lda, h, KT__FMA_BF16));
+            _mm512_storeu_ps(dst + k * PR, load16(from + bytes_of(k * lda, src), h, src));
     }
 }
 
@@ -135,9 +140,11 @@ size_t kt__fma_packed_mm_work_bytes(int64_t cols)
     return cols <= 0 ? 0 : (size_t)((cols + PC - 1) / PC) * PKC * PC * sizeof(float);
 }
 
-W_TARGET void kt__fma_packed_mm(int trans_a, int trans_b, int64_t M, int64_t n0, int64_t n1,
-                                int64_t K, const uint16_t *a, int64_t lda, const uint16_t *b,
-                                int64_t ldb, float *c, int64_t ldc, void *work)
+/* The product on operands of types sa and sb (inlined for each pair the entry points pass, so
+ * the packing's type tests fold away). */
+W_INLINE void packed_mm(kt__fma_src sa, kt__fma_src sb, int trans_a, int trans_b, int64_t M,
+                        int64_t n0, int64_t n1, int64_t K, const void *a, int64_t lda,
+                        const void *b, int64_t ldb, float *c, int64_t ldc, void *work)
 {
     if (M <= 0 || n1 <= n0)
         return;
@@ -146,7 +153,8 @@ W_TARGET void kt__fma_packed_mm(int trans_a, int trans_b, int64_t M, int64_t n0,
             memset(c + m * ldc + n0, 0, (size_t)(n1 - n0) * sizeof(float));
         return;
     }
-    const unsigned csr = flush_denormals(KT__FMA_BF16);
+    const unsigned csr =
+        flush_denormals(sa == KT__FMA_BF16 && sb == KT__FMA_BF16 ? KT__FMA_BF16 : KT__FMA_F32);
     const tiling blocks = tiles_of(M, PMC);
     float *bp = work;
     float ap[PMC * PAR] __attribute__((aligned(64)));
@@ -154,11 +162,11 @@ W_TARGET void kt__fma_packed_mm(int trans_a, int trans_b, int64_t M, int64_t n0,
         const int64_t nc = n1 - nb < PNB ? n1 - nb : PNB, panels = (nc + PC - 1) / PC;
         for (int64_t kb = 0; kb < K; kb += PKC) {
             const int64_t kc = K - kb < PKC ? K - kb : PKC;
-            pack_b(bp, trans_b, b, ldb, kb, kc, nb, nc);
+            pack_b(bp, sb, trans_b, b, ldb, kb, kc, nb, nc);
             for (int64_t bi = 0; bi < blocks.n; bi++) {
                 const int64_t mb = tile_start(&blocks, bi), mc = tile_height(&blocks, bi);
                 const tiling tl = tiles_of(mc, PR);
-                pack_a(ap, trans_a, a, lda, kb, kc, mb, mc, &tl);
+                pack_a(ap, sa, trans_a, a, lda, kb, kc, mb, mc, &tl);
                 for (int64_t p = 0; p < panels; p++) {
                     const int64_t cols = nc - p * PC < PC ? nc - p * PC : PC;
                     float *cp = c + mb * ldc + nb + p * PC;
@@ -178,6 +186,35 @@ W_TARGET void kt__fma_packed_mm(int trans_a, int trans_b, int64_t M, int64_t n0,
         }
     }
     _mm_setcsr(csr);
+}
+
+W_TARGET void kt__fma_packed_mm(int trans_a, int trans_b, int64_t M, int64_t n0, int64_t n1,
+                                int64_t K, const uint16_t *a, int64_t lda, const uint16_t *b,
+                                int64_t ldb, float *c, int64_t ldc, void *work)
+{
+    packed_mm(KT__FMA_BF16, KT__FMA_BF16, trans_a, trans_b, M, n0, n1, K, a, lda, b, ldb, c, ldc,
+              work);
+}
+
+W_TARGET void kt__fma_packed_mm_mixed(kt__fma_src src_a, kt__fma_src src_b, int trans_a,
+                                      int trans_b, int64_t M, int64_t n0, int64_t n1, int64_t K,
+                                      const void *a, int64_t lda, const void *b, int64_t ldb,
+                                      float *c, int64_t ldc, void *work)
+{
+    if (src_a == KT__FMA_F32 && src_b == KT__FMA_BF16)
+        packed_mm(KT__FMA_F32, KT__FMA_BF16, trans_a, trans_b, M, n0, n1, K, a, lda, b, ldb, c,
+                  ldc, work);
+    else if (src_a == KT__FMA_F32 && src_b == KT__FMA_F16)
+        packed_mm(KT__FMA_F32, KT__FMA_F16, trans_a, trans_b, M, n0, n1, K, a, lda, b, ldb, c,
+                  ldc, work);
+    else if (src_a == KT__FMA_BF16 && src_b == KT__FMA_F32)
+        packed_mm(KT__FMA_BF16, KT__FMA_F32, trans_a, trans_b, M, n0, n1, K, a, lda, b, ldb, c,
+                  ldc, work);
+    else if (src_a == KT__FMA_F16 && src_b == KT__FMA_F32)
+        packed_mm(KT__FMA_F16, KT__FMA_F32, trans_a, trans_b, M, n0, n1, K, a, lda, b, ldb, c,
+                  ldc, work);
+    else
+        packed_mm(src_a, src_b, trans_a, trans_b, M, n0, n1, K, a, lda, b, ldb, c, ldc, work);
 }
 
 #endif

@@ -26,12 +26,15 @@ static inline const char *elem(const void *base, int64_t i, kt__fma_src src)
     return (const char *)base + bytes_of(i, src);
 }
 
-/* 16 values from p (the first n; the rest zeros) as f32: bf16 widened, f32 as is. */
+/* 16 values from p (the first n; the rest zeros) as f32: bf16 and f16 widened (exactly), f32 as
+ * is. */
 W_INLINE __m512 load16(const void *p, int64_t n, kt__fma_src src)
 {
     if (src == KT__FMA_F32)
         return _mm512_maskz_loadu_ps(kt__lanes16(n), p);
     const __m256i v = _mm512_castsi512_si256(_mm512_maskz_loadu_epi16(kt__lanes16(n), p));
+    if (src == KT__FMA_F16)
+        return _mm512_cvtph_ps(v);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
 }
 
@@ -99,6 +102,25 @@ W_INLINE void pack_pairs_transposed(float *p, const uint16_t *w, int64_t ldw, in
                 if (2 * s + 1 < kn)
                     _mm512_store_ps(p + (k0 + 2 * s + 1) * 32 + j0, pair_half(v, 1));
             }
+        }
+}
+
+/* A panel of 32 columns from rows of any source type: p[k][j] = w[j, k] as f32 for j < nrows
+ * (zeros up to 32), k < kc; 16 x 16 blocks widened by load16, then transposed. (bf16 has the
+ * cheaper pack_pairs_transposed.) */
+W_INLINE void pack_widened_transposed(float *p, const void *w, int64_t ldw, int64_t nrows,
+                                      int64_t kc, kt__fma_src src)
+{
+    for (int64_t j0 = 0; j0 < 32; j0 += 16)
+        for (int64_t k0 = 0; k0 < kc; k0 += 16) {
+            __m512 r[16];
+            for (int64_t j = 0; j < 16; j++)
+                r[j] = j0 + j < nrows ? load16(elem(w, (j0 + j) * ldw + k0, src), kc - k0, src)
+                                      : _mm512_setzero_ps();
+            transpose16(r);
+            const int64_t kn = kc - k0 < 16 ? kc - k0 : 16;
+            for (int64_t s = 0; s < kn; s++)
+                _mm512_store_ps(p + (k0 + s) * 32 + j0, r[s]);
         }
 }
 

@@ -3,8 +3,10 @@
  * arguments a path has no use for); the choice is made once per call, never per tile. */
 #include "lib/kernels/registry.h"
 
+#include <math.h>
 #include <pthread.h>
 
+#include "kt/tensor.h"
 #include "lib/core/cpu_internal.h"
 #include "lib/kernels/amx_gemm.h"
 #include "lib/kernels/bf16_dpbf16.h"
@@ -154,6 +156,19 @@ static void fma_tn_bf16(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint
     kt__fma_tn(KT__FMA_BF16, M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate, work);
 }
 
+static kt__fma_src fma_src_of(kt__kelem e)
+{
+    return e == KT__KE_F32 ? KT__FMA_F32 : e == KT__KE_BF16 ? KT__FMA_BF16 : KT__FMA_F16;
+}
+
+static void fma_packed_mixed(kt__kelem ea, kt__kelem eb, int trans_a, int trans_b, int64_t M,
+                             int64_t n0, int64_t n1, int64_t K, const void *a, int64_t lda,
+                             const void *b, int64_t ldb, float *c, int64_t ldc, void *work)
+{
+    kt__fma_packed_mm_mixed(fma_src_of(ea), fma_src_of(eb), trans_a, trans_b, M, n0, n1, K, a,
+                            lda, b, ldb, c, ldc, work);
+}
+
 static void fma_tn_f32(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *g, int64_t ldg,
                        const float *x, int64_t ldx, float *dw, int64_t lddw, float scale,
                        int accumulate, void *work)
@@ -223,6 +238,31 @@ static void ref_mm_bf16(int trans_a, int trans_b, int64_t M, int64_t n0, int64_t
     kt__bf16_gemm_mm_ref(trans_a, trans_b, M, n0, n1, K, a, lda, b, ldb, c, ldc);
 }
 
+/* operand element i of a mixed product, widened (exact) */
+static float mixed_at(const void *p, int64_t i, kt__kelem e)
+{
+    if (e == KT__KE_F32)
+        return ((const float *)p)[i];
+    const uint16_t v = ((const uint16_t *)p)[i];
+    return e == KT__KE_BF16 ? kt_bf16_to_f32_1(v) : kt_f16_to_f32_1(v);
+}
+
+/* c[m, n] = one fmaf chain in index order of k from 0: the sums fma_packed computes */
+static void ref_mm_mixed(kt__kelem ea, kt__kelem eb, int trans_a, int trans_b, int64_t M,
+                         int64_t n0, int64_t n1, int64_t K, const void *a, int64_t lda,
+                         const void *b, int64_t ldb, float *c, int64_t ldc, void *work)
+{
+    (void)work;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = n0; n < n1; n++) {
+            float s = 0.0f;
+            for (int64_t k = 0; k < K; k++)
+                s = fmaf(mixed_at(a, trans_a ? k * lda + m : m * lda + k, ea),
+                         mixed_at(b, trans_b ? n * ldb + k : k * ldb + n, eb), s);
+            c[m * ldc + n] = s;
+        }
+}
+
 /* ---- the table ------------------------------------------------------------------------------ */
 
 #define ALL INT64_MAX
@@ -233,7 +273,8 @@ enum { P_AMX, P_FMA_PACKED, P_FMA_ROWS, P_FMA_DOTS, P_FMA_DIRECT, P_FMA, P_DPBF1
  *  - fma_packed (the dense matmul's MM from 32 rows where bf16 multiplies faster widened): B's
  *    block widened once and reused over every row, which below about 32 rows costs more than
  *    the fma and fma_dots kernels' panels (the dense matmul takes whichever of MM's and
- *    NT's / NN's paths comes first in this table, so fewer rows run those).
+ *    NT's / NN's paths comes first in this table, so fewer rows run those). MM_MIXED at every
+ *    row count: no other path has it (few rows only stream B, read at half f32's bytes).
  *  - fma_rows (f32 NT up to 4 rows): dot products along w's rows, w streamed in long runs.
  *  - fma_dots (NT of 5-20 bf16 / 5-24 f32 rows): w read in place, where the tiles' packed panel
  *    costs more than it saves.
@@ -258,9 +299,12 @@ const kt__kpath kt__kpaths[] = {
     [P_FMA_PACKED] = {.name = "fma_packed",
                       .sums_as = P_FMA,
                       .insn = KT__KINSN_FMA,
-                      .needs = KT__KF_AVX512 | KT__KF_BF16_ON_FMA,
-                      .rows = {[KT__KP_MM_BF16] = {KT__FMA_PACKED_MIN_M, ALL}},
+                      .needs = KT__KF_AVX512,
+                      .needs_bf16 = KT__KF_BF16_ON_FMA,
+                      .rows = {[KT__KP_MM_BF16] = {KT__FMA_PACKED_MIN_M, ALL},
+                               [KT__KP_MM_MIXED] = {0, ALL}},
                       .mm_bf16 = FMA_FN(kt__fma_packed_mm),
+                      .mm_mixed = FMA_FN(fma_packed_mixed),
                       .mm_work_bytes = FMA_FN(kt__fma_packed_mm_work_bytes)},
     [P_FMA_ROWS] = {.name = "fma_rows",
                     .sums_as = P_FMA_ROWS,
@@ -339,7 +383,8 @@ const kt__kpath kt__kpaths[] = {
                            [KT__KP_NN_F32] = {0, ALL},
                            [KT__KP_NN2_F32] = {0, ALL},
                            [KT__KP_TN_F32] = {0, ALL},
-                           [KT__KP_MM_BF16] = {0, ALL}},
+                           [KT__KP_MM_BF16] = {0, ALL},
+                           [KT__KP_MM_MIXED] = {0, ALL}},
                   .nt_bf16 = ref_nt_bf16,
                   .nn_bf16 = kt__bf16_gemm_nn_ref,
                   .nn2_bf16 = ref_nn2_bf16,
@@ -347,7 +392,8 @@ const kt__kpath kt__kpaths[] = {
                   .nt_f32 = kt__f32_gemm_nt_ref,
                   .nn_f32 = ref_nn_f32,
                   .tn_f32 = ref_tn_f32,
-                  .mm_bf16 = ref_mm_bf16},
+                  .mm_bf16 = ref_mm_bf16,
+                  .mm_mixed = ref_mm_mixed},
 };
 const int kt__kpath_count = (int)(sizeof kt__kpaths / sizeof kt__kpaths[0]);
 _Static_assert(sizeof kt__kpaths / sizeof kt__kpaths[0] <= 8, "usable's e[] holds every path");
@@ -377,11 +423,13 @@ static int has_kernel(const kt__kpath *p, kt__kprod prod)
     case KT__KP_NN2_F32: return p->nn_f32 != NULL;
     case KT__KP_TN_F32: return p->tn_f32 != NULL;
     case KT__KP_MM_BF16: return p->mm_bf16 != NULL;
+    case KT__KP_MM_MIXED: return p->mm_mixed != NULL;
     default: return 0;
     }
 }
 
-/* Whether the product's operands are bf16 (the descriptors' needs_bf16 apply), else f32. */
+/* Whether the product's operands are bf16 (the descriptors' needs_bf16 apply), else f32 (MM_MIXED
+ * too: an f32 operand never multiplies on vdpbf16ps, so BF16_ON_FMA is not its question). */
 static int prod_bf16(kt__kprod prod)
 {
     return prod <= KT__KP_TN_BF16 || prod == KT__KP_MM_BF16;

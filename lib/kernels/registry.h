@@ -14,7 +14,8 @@
 /* The products: NT y = x w^T, NN y = g w, NN2 y = g0 w0 + g1 w1 (one sum), TN dw += s g^T x,
  * each on bf16 or f32 operands (f32 accumulation always); and MM, the dense matmul's
  * c = op(a) op(b) with either operand transposed in place (bf16 only; the MoE layer never asks
- * for it). */
+ * for it), and MM_MIXED, the same with one operand f32 and the other bf16 or f16 (widened
+ * exactly: a LoRA fine-tune's f32 activations times its frozen bf16 weights). */
 typedef enum kt__kprod {
     KT__KP_NT_BF16,
     KT__KP_NN_BF16,
@@ -25,6 +26,7 @@ typedef enum kt__kprod {
     KT__KP_NN2_F32,
     KT__KP_TN_F32,
     KT__KP_MM_BF16,
+    KT__KP_MM_MIXED,
     KT__KPROD_COUNT
 } kt__kprod;
 
@@ -78,6 +80,11 @@ typedef void (*kt__tn_f32_fn)(int64_t M, int64_t n0, int64_t n1, int64_t K, cons
 typedef void (*kt__mm_bf16_fn)(int trans_a, int trans_b, int64_t M, int64_t n0, int64_t n1,
                                int64_t K, const uint16_t *a, int64_t lda, const uint16_t *b,
                                int64_t ldb, float *c, int64_t ldc, void *work);
+/* The element types of MM_MIXED's operands. */
+typedef enum kt__kelem { KT__KE_F32 = 0, KT__KE_BF16 = 1, KT__KE_F16 = 2 } kt__kelem;
+typedef void (*kt__mm_mixed_fn)(kt__kelem ea, kt__kelem eb, int trans_a, int trans_b, int64_t M,
+                                int64_t n0, int64_t n1, int64_t K, const void *a, int64_t lda,
+                                const void *b, int64_t ldb, float *c, int64_t ldc, void *work);
 
 /* Rows [min_m, max_m] a path serves for one product; max_m 0: not that product. */
 typedef struct kt__krows {
@@ -102,6 +109,7 @@ typedef struct kt__kpath {
     kt__nn2_f32_fn nn_f32; /* g1 NULL: one product */
     kt__tn_f32_fn tn_f32;
     kt__mm_bf16_fn mm_bf16; /* c[0:M, n0:n1) = op(a) op(b), overwritten (fma_gemm.h) */
+    kt__mm_mixed_fn mm_mixed; /* the same, mixed operand types; its work is mm_work_bytes */
     size_t (*tn_work_bytes)(int64_t M); /* the work buffer its TN wants (NULL: none) */
     size_t (*mm_work_bytes)(int64_t cols); /* the work buffer its MM wants for that many
                                             * columns (NULL: none; additive over blocks of

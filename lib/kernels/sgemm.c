@@ -146,12 +146,60 @@ typedef struct gemm_job {
     float *C;
     int64_t ldc;
     int64_t tiles_n; /* work tiles along N */
+    /* kt__sgemm_mixed: operands of these dtypes (A and B then point at them as they are),
+     * widened as they are packed; KT_F32 for both in every other call */
+    kt_dtype a_dt, b_dt;
 } gemm_job;
+
+/* element i of a bf16 or f16 operand, widened (exact) */
+static inline float widened(const void *p, int64_t i, kt_dtype dt)
+{
+    const uint16_t v = ((const uint16_t *)p)[i];
+    if (dt == KT_F16)
+        return kt_f16_to_f32_1(v);
+    const uint32_t u = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* pack_a / pack_b on an operand of a narrow dtype: the same panels, values widened */
+static void pack_a_widened(const gemm_job *j, int64_t i0, int rows, int64_t p0, int64_t kc,
+                           float *ap)
+{
+    const int mr = j->kern->mr;
+    for (int64_t k = 0; k < kc; k++)
+        for (int i = 0; i < mr; i++)
+            ap[k * mr + i] = i >= rows ? 0.0f
+                             : j->trans_a
+                                 ? widened(j->A, (p0 + k) * j->lda + i0 + i, j->a_dt)
+                                 : widened(j->A, (i0 + i) * j->lda + p0 + k, j->a_dt);
+}
+
+static void pack_b_widened(const gemm_job *j, int64_t j0, int64_t cols, int64_t p0, int64_t kc,
+                           float *bp)
+{
+    const int nr = j->kern->nr;
+    for (int64_t jp = 0; jp < cols; jp += nr) {
+        const int w = cols - jp < nr ? (int)(cols - jp) : nr;
+        float *panel = bp + (jp / nr) * kc * nr;
+        for (int64_t k = 0; k < kc; k++)
+            for (int c = 0; c < nr; c++)
+                panel[k * nr + c] =
+                    c >= w ? 0.0f
+                    : j->trans_b ? widened(j->B, (j0 + jp + c) * j->ldb + p0 + k, j->b_dt)
+                                 : widened(j->B, (p0 + k) * j->ldb + j0 + jp + c, j->b_dt);
+    }
+}
 
 /* Rows [i0, i0 + rows) x k in [p0, p0 + kc) of op(A) into ap[k][0..mr), zero-padded. */
 static void pack_a(const gemm_job *j, int64_t i0, int rows, int64_t p0, int64_t kc, float *ap)
 {
     const int mr = j->kern->mr;
+    if (j->a_dt != KT_F32) {
+        pack_a_widened(j, i0, rows, p0, kc, ap);
+        return;
+    }
     if (j->trans_a) {
         for (int64_t k = 0; k < kc; k++) {
             const float *src = j->A + (p0 + k) * j->lda + i0;
@@ -179,6 +227,10 @@ static void pack_b(const gemm_job *j, int64_t j0, int64_t cols, int64_t p0, int6
                    float *bp)
 {
     const int nr = j->kern->nr;
+    if (j->b_dt != KT_F32) {
+        pack_b_widened(j, j0, cols, p0, kc, bp);
+        return;
+    }
     for (int64_t jp = 0; jp < cols; jp += nr) {
         int w = cols - jp < nr ? (int)(cols - jp) : nr;
         float *panel = bp + (jp / nr) * kc * nr;
@@ -293,6 +345,20 @@ static kt_status check_args(int trans_a, int trans_b, int64_t M, int64_t N, int6
     return KT_OK;
 }
 
+/* The blocked kernel on a checked job. */
+static void run_portable(kt_threadpool *pool, gemm_job *j)
+{
+    const int64_t M = j->M, N = j->N, K = j->K;
+    j->kern = pick_kernel();
+    j->tiles_n = (N + GEMM_NC - 1) / GEMM_NC;
+    const int64_t tiles = ((M + GEMM_MC - 1) / GEMM_MC) * j->tiles_n;
+    /* The grain only decides how many threads share the tiles, never the tiling itself. */
+    const double work_per_tile = (double)(M < GEMM_MC ? M : GEMM_MC) *
+                                 (double)(N < GEMM_NC ? N : GEMM_NC) * (double)K;
+    int64_t grain = (int64_t)ceil(GEMM_MIN_WORK_PER_PART / work_per_tile);
+    kt_parallel_for(pool, tiles, grain < 1 ? 1 : grain, gemm_tiles, j);
+}
+
 kt_status kt__sgemm_portable(kt_threadpool *pool, int trans_a, int trans_b, int64_t M,
                              int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                              const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
@@ -301,16 +367,31 @@ kt_status kt__sgemm_portable(kt_threadpool *pool, int trans_a, int trans_b, int6
     KT__TRY(check_args(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, &done));
     if (done)
         return KT_OK;
-    gemm_job j = {.kern = pick_kernel(), .trans_a = trans_a, .trans_b = trans_b, .M = M,
-                  .N = N, .K = K, .alpha = alpha, .beta = beta, .A = A, .B = B, .lda = lda,
-                  .ldb = ldb, .C = C, .ldc = ldc,
-                  .tiles_n = (N + GEMM_NC - 1) / GEMM_NC};
-    const int64_t tiles = ((M + GEMM_MC - 1) / GEMM_MC) * j.tiles_n;
-    /* The grain only decides how many threads share the tiles, never the tiling itself. */
-    const double work_per_tile = (double)(M < GEMM_MC ? M : GEMM_MC) *
-                                 (double)(N < GEMM_NC ? N : GEMM_NC) * (double)K;
-    int64_t grain = (int64_t)ceil(GEMM_MIN_WORK_PER_PART / work_per_tile);
-    kt_parallel_for(pool, tiles, grain < 1 ? 1 : grain, gemm_tiles, &j);
+    gemm_job j = {.trans_a = trans_a, .trans_b = trans_b, .M = M, .N = N, .K = K,
+                  .alpha = alpha, .beta = beta, .A = A, .B = B, .lda = lda, .ldb = ldb, .C = C,
+                  .ldc = ldc, .a_dt = KT_F32, .b_dt = KT_F32};
+    run_portable(pool, &j);
+    return KT_OK;
+}
+
+kt_status kt__sgemm_mixed(kt_threadpool *pool, int trans_a, int trans_b, int64_t M, int64_t N,
+                          int64_t K, const void *A, kt_dtype a_dtype, int64_t lda, const void *B,
+                          kt_dtype b_dtype, int64_t ldb, float *C, int64_t ldc)
+{
+    const int ok_a = a_dtype == KT_F32 || a_dtype == KT_BF16 || a_dtype == KT_F16;
+    const int ok_b = b_dtype == KT_F32 || b_dtype == KT_BF16 || b_dtype == KT_F16;
+    if (!ok_a || !ok_b)
+        return kt__error(KT_EINVAL, "sgemm: operands of dtypes %s and %s", kt_dtype_name(a_dtype),
+                         kt_dtype_name(b_dtype));
+    int done;
+    /* (the pointers are only compared with NULL there) */
+    KT__TRY(check_args(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc, &done));
+    if (done)
+        return KT_OK;
+    gemm_job j = {.trans_a = trans_a, .trans_b = trans_b, .M = M, .N = N, .K = K, .alpha = 1.0f,
+                  .beta = 0.0f, .A = A, .B = B, .lda = lda, .ldb = ldb, .C = C, .ldc = ldc,
+                  .a_dt = a_dtype, .b_dt = b_dtype};
+    run_portable(pool, &j);
     return KT_OK;
 }
 

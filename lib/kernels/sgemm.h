@@ -29,6 +29,13 @@ kt_status kt__sgemm_portable(kt_threadpool *pool, int trans_a, int trans_b, int6
                              int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                              const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
+/* The portable kernel (alpha 1, beta 0) on operands of any float dtype (A and B point at
+ * elements of a_dtype / b_dtype), bf16 and f16 widened exactly as the blocks are packed, so no
+ * f32 copy of either is made: bitwise kt__sgemm_portable on the widened operands. */
+kt_status kt__sgemm_mixed(kt_threadpool *pool, int trans_a, int trans_b, int64_t M, int64_t N,
+                          int64_t K, const void *A, kt_dtype a_dtype, int64_t lda, const void *B,
+                          kt_dtype b_dtype, int64_t ldb, float *C, int64_t ldc);
+
 /* 1 when kt__sgemm runs OpenBLAS (which threads itself and ignores the pool): in builds
  * with it, unless its kernel set predates the CPU's AVX2 (sgemm.c) or KT_CPU=blas says so. */
 int kt__sgemm_is_openblas(void);

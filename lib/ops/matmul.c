@@ -5,11 +5,18 @@
  * once on the way out; f16 operands are staged to f32 in the caller's scratch, multiplied
  * through kt__sgemm and rounded once.
  *
+ * Mixed: an f32 a with a bf16 or f16 b (frozen low-precision weights under f32 activations)
+ * gives f32, the product of a with b widened exactly (kernels/mixed_matmul.h: b read in place,
+ * widened as its panels are packed). a's gradient is the mixed products of the gradient with b;
+ * b's (when b is trained) the f32 product of a and the gradient, computed in blocks of rows in
+ * scratch (never one the size of b) and rounded to b's dtype.
+ *
  * A product whose b is one matrix (plain [K,N], or batch dims all 1) and whose a is not
  * transposed is one 2-D product of a's stacked rows: the 2-D op's path, call for call. Any
  * other batch is one kernel call per output item (matmul_batch.c), and a broadcast operand's
  * gradient sums its items' products in item order. */
 #include "lib/kernels/bf16_matmul.h"
+#include "lib/kernels/mixed_matmul.h"
 #include "lib/kernels/sgemm.h"
 #include "lib/ops/matmul_batch.h"
 #include "lib/ops/op_desc.h"
@@ -34,13 +41,29 @@ static int operands_ok(const kt_op_attrs *at, const kt_tensor *in, int n)
     return 1;
 }
 
+/* The dtypes matmul takes: a and b of one float dtype, or an f32 a with a bf16 or f16 b. */
+static kt_status check_dtypes(const kt_tensor *a, const kt_tensor *b)
+{
+    KT__TRY(kt__check_float("matmul", "a", a));
+    if (a->dtype == KT_F32 && (b->dtype == KT_F32 || kt__mm_mixed_dtypes(a, b)))
+        return KT_OK;
+    if (a->dtype == KT_F32)
+        return kt__error(KT_EINVAL, "matmul: b must be f32, bf16 or f16 with an f32 a, got %s",
+                         kt_dtype_name(b->dtype));
+    if (b->dtype == a->dtype)
+        return KT_OK;
+    return kt__error(KT_EINVAL,
+                     "matmul: b must be %s like a, got %s (mixed precision takes an f32 a with "
+                     "a bf16 or f16 b, giving f32)",
+                     kt_dtype_name(a->dtype), kt_dtype_name(b->dtype));
+}
+
 static kt_status infer_matmul(const kt_op_attrs *at, const kt_tensor *in, int n,
                               kt_tensor *out)
 {
     (void)n;
     const kt_tensor *a = &in[0], *b = &in[1];
-    KT__TRY(kt__check_float("matmul", "a", a));
-    KT__TRY(kt__check_same_dtype("matmul", "b", b, a));
+    KT__TRY(check_dtypes(a, b));
     KT__TRY(kt__check_rank("matmul", "a", a, 2, KT_MAX_DIMS));
     KT__TRY(kt__check_rank("matmul", "b", b, 2, KT_MAX_DIMS));
     const kt__mm_dims d = kt__mm_dims_of(at, in);
@@ -89,6 +112,31 @@ static mm_dims dims_of(const kt_op_attrs *at, const kt_tensor *in)
     return (mm_dims){b.M, b.N, b.K};
 }
 
+/* Rows of b's gradient a mixed backward computes at a time in f32 scratch: about 4 MiB of them,
+ * and all of them where that is more than b has. */
+static int64_t grad_b_rows(int64_t rows, int64_t cols)
+{
+    const int64_t per = (int64_t)1 << 20;
+    int64_t r = cols > 0 ? per / cols : rows;
+    r = r < 1 ? 1 : r;
+    return r < rows ? r : rows;
+}
+
+/* The mixed products' work (mixed_matmul.h) and b's gradient block, forward or backward (the
+ * gradient of a first, then b's in the same place). */
+static size_t mixed_scratch(const kt_op_attrs *at, const kt_tensor *in, int backward)
+{
+    const int ta = at->trans_a, tb = at->trans_b;
+    const mm_dims d = dims_of(at, in);
+    if (!backward)
+        return kt__mixed_matmul_work_bytes(d.M, d.N);
+    const size_t ga = ta ? kt__mixed_matmul_work_bytes(d.K, d.M)
+                         : kt__mixed_matmul_work_bytes(d.M, d.K);
+    const int64_t rows = tb ? d.N : d.K, cols = tb ? d.K : d.N;
+    const size_t gb = kt__f32_scratch_bytes(grad_b_rows(rows, cols) * cols);
+    return ga > gb ? ga : gb;
+}
+
 /* bf16 and f16 products of the 2-D path run on f32 staged in scratch. Scratch is only sized
  * for inputs that pass infer (operands_ok); anything else needs none, and the kernel is never
  * reached for it. */
@@ -96,6 +144,8 @@ static int staged(const kt_tensor *in)
 {
     return in[0].dtype == KT_BF16 || in[0].dtype == KT_F16;
 }
+
+static int mixed(const kt_tensor *in) { return kt__mm_mixed_dtypes(&in[0], &in[1]); }
 
 /* The bf16 kernels' work buffer (after the f32 result) for the forward, or for the larger of
  * the backward's two products. */
@@ -121,6 +171,8 @@ static size_t scratch_fwd_matmul(const kt_op_attrs *at, const kt_tensor *in, int
         return 0;
     if (!kt__mm_dims_of(at, in).flat)
         return kt__mm_batch_scratch(at, in, 0);
+    if (mixed(in))
+        return mixed_scratch(at, in, 0);
     if (!staged(in))
         return 0;
     const mm_dims d = dims_of(at, in);
@@ -135,6 +187,8 @@ static size_t scratch_bwd_matmul(const kt_op_attrs *at, const kt_tensor *in, int
         return 0;
     if (!kt__mm_dims_of(at, in).flat)
         return kt__mm_batch_scratch(at, in, 1);
+    if (mixed(in))
+        return mixed_scratch(at, in, 1);
     if (!staged(in))
         return 0;
     const mm_dims d = dims_of(at, in);
@@ -185,12 +239,63 @@ static kt_status bwd_matmul_bf16(const kt__op_call *c, kt_tensor *ga, kt_tensor 
     return KT_OK;
 }
 
+/* The mixed forward: one mixed product into the f32 output. */
+static kt_status fwd_matmul_mixed(const kt__op_call *c)
+{
+    const int ta = c->attrs->trans_a, tb = c->attrs->trans_b;
+    const mm_dims d = dims_of(c->attrs, c->in);
+    const kt_tensor *a = &c->in[0], *b = &c->in[1];
+    return kt__mixed_matmul(c->pool, ta, tb, d.M, d.N, d.K, a->data, KT_F32, ta ? d.M : d.K,
+                            b->data, b->dtype, tb ? d.K : d.N, c->out_w[0].data, d.N, c->scratch);
+}
+
+/* The mixed backward (bwd_matmul's products): da by mixed products straight into its f32
+ * tensor; db as f32 products of a and the gradient, a block of its rows at a time in scratch,
+ * each rounded to b's dtype. A block of db's rows is the product's first operand read from
+ * another row (not transposed) or column (transposed); no sum changes with the blocks. */
+static kt_status bwd_matmul_mixed(const kt__op_call *c, kt_tensor *ga, kt_tensor *gb)
+{
+    const int ta = c->attrs->trans_a, tb = c->attrs->trans_b;
+    const mm_dims d = dims_of(c->attrs, c->in);
+    const int64_t lda = ta ? d.M : d.K, ldb = tb ? d.K : d.N, ldg = d.N;
+    const kt_tensor *a = &c->in[0], *b = &c->in[1], *g = &c->gout[0];
+    if (ga) {
+        if (!ta)
+            KT__TRY(kt__mixed_matmul(c->pool, 0, !tb, d.M, d.K, d.N, g->data, KT_F32, ldg, b->data,
+                                     b->dtype, ldb, ga->data, d.K, c->scratch));
+        else
+            KT__TRY(kt__mixed_matmul(c->pool, tb, 1, d.K, d.M, d.N, b->data, b->dtype, ldb,
+                                     g->data, KT_F32, ldg, ga->data, d.M, c->scratch));
+    }
+    if (gb) {
+        /* !tb: db [K,N] = op(a)^T g; tb: db [N,K] = g^T op(a) */
+        const int tx = tb ? 1 : !ta, ty = tb ? ta : 0;
+        const float *X = tb ? g->data : a->data, *Y = tb ? a->data : g->data;
+        const int64_t ldx = tb ? ldg : lda, ldy = tb ? lda : ldg;
+        const int64_t rows = tb ? d.N : d.K, cols = tb ? d.K : d.N, inner = d.M;
+        const int64_t step = grad_b_rows(rows, cols);
+        float *block = c->scratch;
+        for (int64_t r0 = 0; r0 < rows; r0 += step) {
+            const int64_t r = rows - r0 < step ? rows - r0 : step;
+            KT__TRY(kt__sgemm(c->pool, tx, ty, r, cols, inner, 1.0f, tx ? X + r0 : X + r0 * ldx,
+                              ldx, Y, ldy, 0.0f, block, cols));
+            kt_tensor part;
+            KT__TRY(kt_tensor_init(&part, kt__elem_ptr(gb, r0 * cols), gb->dtype, 1,
+                                   (int64_t[]){r * cols}));
+            kt__unstage_f32(c->pool, &part, block);
+        }
+    }
+    return KT_OK;
+}
+
 static kt_status fwd_matmul(const kt__op_call *c)
 {
     if (!kt__mm_dims_of(c->attrs, c->in).flat)
         return kt__mm_batch_forward(c);
     const int ta = c->attrs->trans_a, tb = c->attrs->trans_b;
     const mm_dims d = dims_of(c->attrs, c->in);
+    if (mixed(c->in))
+        return fwd_matmul_mixed(c);
     if (c->in[0].dtype == KT_BF16)
         return fwd_matmul_bf16(c);
     char *cursor = c->scratch;
@@ -219,6 +324,8 @@ static kt_status bwd_matmul(const kt__op_call *c)
         return KT_OK;
     if (!kt__mm_dims_of(c->attrs, c->in).flat)
         return kt__mm_batch_backward(c);
+    if (mixed(c->in))
+        return bwd_matmul_mixed(c, ga, gb);
     if (c->in[0].dtype == KT_BF16)
         return bwd_matmul_bf16(c, ga, gb);
     const int64_t lda = ta ? d.M : d.K, ldb = tb ? d.K : d.N, ldg = d.N;

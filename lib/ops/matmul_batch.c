@@ -5,11 +5,16 @@
  * small; both kernels give every element the same bits whatever their pool, so this choice
  * never changes a result. OpenBLAS threads itself, so under it the items run one by one. A
  * broadcast operand's gradient is each item's product in scratch, summed into the operand's
- * items in item order (deterministic; the sum runs over elements, never over items). */
+ * items in item order (deterministic; the sum runs over elements, never over items).
+ *
+ * Mixed (an f32 a, a bf16 or f16 b): the output's and a's gradient's products are mixed products
+ * (mixed_matmul.h) on b as it is; b's gradient products are f32 ones (a and the gradient), held
+ * in the scratch as f32 like every batch gradient here and rounded once into b. */
 #include <stdatomic.h>
 #include <string.h>
 
 #include "lib/kernels/bf16_matmul.h"
+#include "lib/kernels/mixed_matmul.h"
 #include "lib/kernels/sgemm.h"
 #include "lib/ops/matmul_batch.h"
 #include "lib/ops/op_util.h"
@@ -74,11 +79,26 @@ static int64_t work_bytes(const kt__mm_dims *d, int ta, int tb, int backward)
     return (int64_t)((w + 63) / 64 * 64);
 }
 
+/* The same for the mixed products: the output's, or a's gradient's (b's are f32). */
+static int64_t mixed_work_bytes(const kt__mm_dims *d, int ta, int backward)
+{
+    const int64_t m = d->m, N = d->N, K = d->K;
+    const size_t w = !backward ? kt__mixed_matmul_work_bytes(m, N)
+                     : ta      ? kt__mixed_matmul_work_bytes(K, m)
+                               : kt__mixed_matmul_work_bytes(m, K);
+    return (int64_t)((w + 63) / 64 * 64);
+}
+
 size_t kt__mm_batch_scratch(const kt_op_attrs *at, const kt_tensor *in, int backward)
 {
     const kt__mm_dims d = kt__mm_dims_of(at, in);
     const kt_dtype dt = in[0].dtype;
     size_t bytes = 0;
+    if (kt__mm_mixed_dtypes(&in[0], &in[1])) /* f32 out; the gradient products; the work */
+        return (backward ? kt__f32_scratch_bytes(d.items * (d.m * d.K > d.K * d.N ? d.m * d.K
+                                                                                  : d.K * d.N))
+                         : 0) +
+               (size_t)(d.items * mixed_work_bytes(&d, at->trans_a, backward));
     if (dt == KT_F16) /* a, b (and grad out) staged to f32 */
         bytes += kt__f32_scratch_bytes(kt_tensor_numel(&in[0])) +
                  kt__f32_scratch_bytes(kt_tensor_numel(&in[1])) +
@@ -97,8 +117,9 @@ enum { MM_OUT = 0, MM_GRAD_A = 1, MM_GRAD_B = 2 };
 
 typedef struct batch_job {
     const kt__mm_dims *d;
-    int ta, tb, bf16, which;
-    const void *A, *B, *G; /* f32 (staged) or bf16 */
+    int ta, tb, bf16, mixed, which;
+    const void *A, *B, *G; /* f32 (staged), bf16, or (mixed) b as it is */
+    kt_dtype adt, bdt, gdt; /* what A, B and G hold */
     float *out;            /* items x item_len */
     int64_t item_len;
     char *work; /* bf16: work_len bytes an item (work_bytes) */
@@ -106,23 +127,26 @@ typedef struct batch_job {
     atomic_int failed;
 } batch_job;
 
-/* C = op(X) op(Y), [rows x cols] over `inner`, by the operands' kernel */
-static int product(const batch_job *j, kt_threadpool *pool, int tx, int ty, int64_t rows,
-                   int64_t cols, int64_t inner, const void *X, int64_t ldx, const void *Y,
-                   int64_t ldy, float *C, int64_t ldc, char *work)
+/* C = op(X) op(Y), [rows x cols] over `inner`, by the operands' kernel (xdt, ydt: what X and
+ * Y hold) */
+static int product(kt_threadpool *pool, int tx, int ty, int64_t rows, int64_t cols,
+                   int64_t inner, const void *X, kt_dtype xdt, int64_t ldx, const void *Y,
+                   kt_dtype ydt, int64_t ldy, float *C, int64_t ldc, char *work)
 {
-    if (j->bf16) {
+    if (xdt == KT_BF16 && ydt == KT_BF16) {
         kt__bf16_matmul(pool, tx, ty, rows, cols, inner, X, ldx, Y, ldy, C, ldc, work);
         return 1;
     }
+    if (xdt != KT_F32 || ydt != KT_F32)
+        return kt__mixed_matmul(pool, tx, ty, rows, cols, inner, X, xdt, ldx, Y, ydt, ldy, C,
+                                ldc, work) == KT_OK;
     return kt__sgemm(pool, tx, ty, rows, cols, inner, 1.0f, X, ldx, Y, ldy, 0.0f, C, ldc) ==
            KT_OK;
 }
 
-static const void *at_item(const batch_job *j, const void *base, int64_t item, int64_t len)
+static const void *at_item(kt_dtype dt, const void *base, int64_t item, int64_t len)
 {
-    const size_t es = j->bf16 ? sizeof(uint16_t) : sizeof(float);
-    return (const char *)base + (size_t)(item * len) * es;
+    return (const char *)base + (size_t)(item * len) * kt_dtype_size(dt);
 }
 
 /* The products of bwd_matmul (matmul.c) for one item: the same calls on item pointers. */
@@ -132,20 +156,21 @@ static void run_item(batch_job *j, int64_t o, kt_threadpool *pool)
     const int ta = j->ta, tb = j->tb;
     const int64_t m = d->m, N = d->N, K = d->K;
     const int64_t lda = ta ? m : K, ldb = tb ? K : N, ldg = N;
-    const void *A = at_item(j, j->A, item_of(d, d->as, o), m * K);
-    const void *B = at_item(j, j->B, item_of(d, d->bs, o), K * N);
-    const void *G = j->G ? at_item(j, j->G, o, m * N) : NULL;
+    const kt_dtype adt = j->adt, bdt = j->bdt, gdt = j->gdt;
+    const void *A = at_item(adt, j->A, item_of(d, d->as, o), m * K);
+    const void *B = at_item(bdt, j->B, item_of(d, d->bs, o), K * N);
+    const void *G = j->G ? at_item(gdt, j->G, o, m * N) : NULL;
     float *C = j->out + o * j->item_len;
     char *w = j->work ? j->work + o * j->work_len : NULL;
     int ok;
     if (j->which == MM_OUT)
-        ok = product(j, pool, ta, tb, m, N, K, A, lda, B, ldb, C, N, w);
+        ok = product(pool, ta, tb, m, N, K, A, adt, lda, B, bdt, ldb, C, N, w);
     else if (j->which == MM_GRAD_A)
-        ok = !ta ? product(j, pool, 0, !tb, m, K, N, G, ldg, B, ldb, C, K, w)
-                 : product(j, pool, tb, 1, K, m, N, B, ldb, G, ldg, C, m, w);
+        ok = !ta ? product(pool, 0, !tb, m, K, N, G, gdt, ldg, B, bdt, ldb, C, K, w)
+                 : product(pool, tb, 1, K, m, N, B, bdt, ldb, G, gdt, ldg, C, m, w);
     else
-        ok = !tb ? product(j, pool, !ta, 0, K, N, m, A, lda, G, ldg, C, N, w)
-                 : product(j, pool, 1, ta, N, K, m, G, ldg, A, lda, C, K, w);
+        ok = !tb ? product(pool, !ta, 0, K, N, m, A, adt, lda, G, gdt, ldg, C, N, w)
+                 : product(pool, 1, ta, N, K, m, G, gdt, ldg, A, adt, lda, C, K, w);
     if (!ok)
         atomic_store(&j->failed, 1);
 }
@@ -165,7 +190,9 @@ static kt_status run_items(kt_threadpool *pool, batch_job *j)
     const kt__mm_dims *d = j->d;
     const int threads = kt_threadpool_size(pool);
     const double flops = 2.0 * (double)d->m * (double)d->N * (double)d->K;
-    const int by_items = threads > 1 && d->items > 1 && (j->bf16 || !kt__sgemm_is_openblas()) &&
+    /* (OpenBLAS threads itself: its products run one by one; b's mixed gradient is f32's) */
+    const int own = j->bf16 || (j->mixed && j->which != MM_GRAD_B) || !kt__sgemm_is_openblas();
+    const int by_items = threads > 1 && d->items > 1 && own &&
                          (d->items >= 2 * threads || flops < MM_SMALL_ITEM_FLOPS);
     if (by_items)
         kt_parallel_for(pool, d->items, 1, items_range, j);
@@ -177,10 +204,17 @@ static kt_status run_items(kt_threadpool *pool, batch_job *j)
     return KT_OK;
 }
 
-/* t for the kernel: bf16 as it is, f32 as it is, f16 staged to f32 */
-static const void *operand(kt_threadpool *pool, const kt_tensor *t, char **cursor)
+/* t for the kernel: bf16 as it is, f32 as it is, f16 staged to f32 (but b of a mixed product,
+ * read as it is); *dt what it then holds */
+static const void *operand(kt_threadpool *pool, const kt_tensor *t, int as_is, char **cursor,
+                           kt_dtype *dt)
 {
-    return t->dtype == KT_BF16 ? t->data : (const void *)kt__stage_operand(pool, t, cursor);
+    if (t->dtype == KT_BF16 || t->dtype == KT_F32 || as_is) {
+        *dt = t->dtype;
+        return t->data;
+    }
+    *dt = KT_F32;
+    return kt__stage_operand(pool, t, cursor);
 }
 
 static char *take_work(char **cursor, const batch_job *j)
@@ -194,16 +228,18 @@ kt_status kt__mm_batch_forward(const kt__op_call *c)
 {
     const kt__mm_dims d = kt__mm_dims_of(c->attrs, c->in);
     char *cursor = c->scratch;
+    const int mixed = kt__mm_mixed_dtypes(&c->in[0], &c->in[1]);
     batch_job j = {.d = &d, .ta = c->attrs->trans_a, .tb = c->attrs->trans_b,
-                   .bf16 = c->in[0].dtype == KT_BF16, .which = MM_OUT,
+                   .bf16 = c->in[0].dtype == KT_BF16, .mixed = mixed, .which = MM_OUT,
                    .item_len = d.m * d.N,
-                   .work_len = work_bytes(&d, c->attrs->trans_a, c->attrs->trans_b, 0)};
+                   .work_len = mixed ? mixed_work_bytes(&d, c->attrs->trans_a, 0)
+                                     : work_bytes(&d, c->attrs->trans_a, c->attrs->trans_b, 0)};
     atomic_init(&j.failed, 0);
-    j.A = operand(c->pool, &c->in[0], &cursor);
-    j.B = operand(c->pool, &c->in[1], &cursor);
+    j.A = operand(c->pool, &c->in[0], 0, &cursor, &j.adt);
+    j.B = operand(c->pool, &c->in[1], mixed, &cursor, &j.bdt);
     kt_tensor *y = &c->out_w[0];
     j.out = y->dtype == KT_F32 ? y->data : kt__scratch_take(&cursor, d.items * d.m * d.N);
-    if (j.bf16)
+    if (j.bf16 || mixed)
         j.work = take_work(&cursor, &j);
     if (d.items * d.m * d.N == 0)
         return KT_OK;
@@ -278,16 +314,18 @@ kt_status kt__mm_batch_backward(const kt__op_call *c)
 {
     const kt__mm_dims d = kt__mm_dims_of(c->attrs, c->in);
     char *cursor = c->scratch;
+    const int mixed = kt__mm_mixed_dtypes(&c->in[0], &c->in[1]);
     batch_job j = {.d = &d, .ta = c->attrs->trans_a, .tb = c->attrs->trans_b,
-                   .bf16 = c->in[0].dtype == KT_BF16,
-                   .work_len = work_bytes(&d, c->attrs->trans_a, c->attrs->trans_b, 1)};
+                   .bf16 = c->in[0].dtype == KT_BF16, .mixed = mixed,
+                   .work_len = mixed ? mixed_work_bytes(&d, c->attrs->trans_a, 1)
+                                     : work_bytes(&d, c->attrs->trans_a, c->attrs->trans_b, 1)};
     atomic_init(&j.failed, 0);
-    j.A = operand(c->pool, &c->in[0], &cursor);
-    j.B = operand(c->pool, &c->in[1], &cursor);
-    j.G = operand(c->pool, &c->gout[0], &cursor);
+    j.A = operand(c->pool, &c->in[0], 0, &cursor, &j.adt);
+    j.B = operand(c->pool, &c->in[1], mixed, &cursor, &j.bdt);
+    j.G = operand(c->pool, &c->gout[0], 0, &cursor, &j.gdt);
     float *parts =
         kt__scratch_take(&cursor, d.items * (d.m * d.K > d.K * d.N ? d.m * d.K : d.K * d.N));
-    if (j.bf16)
+    if (j.bf16 || mixed)
         j.work = take_work(&cursor, &j);
     if (c->gin[0].data)
         KT__TRY(grad_of(c, &j, MM_GRAD_A, &c->gin[0], parts));

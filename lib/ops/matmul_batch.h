@@ -23,6 +23,12 @@ typedef struct kt__mm_dims {
     int64_t M;
 } kt__mm_dims;
 
+/* Whether a and b are the mixed product's operands: an f32 a with a bf16 or f16 b. */
+static inline int kt__mm_mixed_dtypes(const kt_tensor *a, const kt_tensor *b)
+{
+    return a->dtype == KT_F32 && (b->dtype == KT_BF16 || b->dtype == KT_F16);
+}
+
 /* t's batch dim d of KT__MM_BATCH, the dims padded with 1s in front. */
 int64_t kt__mm_batch_dim(const kt_tensor *t, int d);
 /* The dims of a product whose operands' ranks (2..KT_MAX_DIMS) and batch dims are valid. */

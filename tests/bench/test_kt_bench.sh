@@ -120,6 +120,22 @@ o = d[0]
 assert o["median_ms"] > 0 and o["path"] and o["ratio_vs_staged"] is None, o
 assert o["ratio_vs_openblas"] is None and o["staged_ms"] is None, o
 ' <<<"$out" || fail "gemm --dense --no-baselines JSON: $out"
+# the mixed-precision matmul (f32 x, bf16 / f16 W) beside the f32 one: both passes
+for bdt in bf16 f16; do
+  out=$("$bench" gemm --mixed --b-dtype $bdt --m 40 --n 96 --k 70 --json --repeats 2 2>&1) ||
+    fail "gemm --mixed --b-dtype $bdt exited $?: $out"
+  python3 -c '
+import json, sys
+d = [json.loads(l) for l in sys.stdin.read().splitlines() if l.startswith("{")]
+d = [o for o in d if o.get("bench") == "gemm_mixed"]
+assert [o["config"]["pass"] for o in d] == ["fwd", "bwd_dx"], d
+for o in d:
+    assert o["config"]["m"] == 40 and o["config"]["b_dtype"] == sys.argv[1], o
+    assert o["median_ms"] > 0 and o["f32_ms"] > 0 and o["ratio_vs_f32"] > 0, o
+    assert o["path"] and o["peak_insn"] == "vfmadd231ps" and o["b_bytes"] * 2 == o["f32_b_bytes"], o
+' $bdt <<<"$out" || fail "gemm --mixed $bdt JSON: $out"
+done
+"$bench" gemm --mixed --b-dtype f8 > /dev/null 2>&1; [ $? -eq 2 ] || fail "gemm --b-dtype f8 is not a usage error"
 
 # the attention op at a tiny shape, f32 and bf16, fwd and fwdbwd, with its config and keys; the
 # peer through a python that cannot run: null ratios with a note naming it

@@ -313,7 +313,8 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
 {
     long long m = -1, n = -1, k = -1;
     int kind = -1, hot = 0, single_only = 0, no_peer = 0, dense = 0, no_dense = 0;
-    int no_baselines = 0;
+    int no_baselines = 0, mixed = 0;
+    kt_dtype mixed_dtype = KT_BF16;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             printf("usage: kt-bench gemm [--m M] [--n N] [--k K] [--kind nt|nn|tn] [--hot]\n"
@@ -341,7 +342,11 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                    "tokens (with --dense, --m/--n/--k give one product), against the peak of\n"
                    "its path's instruction, OpenBLAS's sgemm in f32 and the staged path it\n"
                    "replaced (bf16 widened to f32, sgemm, rounded); --no-baselines times\n"
-                   "the op alone.\n");
+                   "the op alone.\n"
+                   "--mixed [--b-dtype bf16|f16]: the mixed-precision matmul alone, f32 x times\n"
+                   "a bf16 (or f16) W (y = x W^T and the gradient of x, W frozen), against the\n"
+                   "same op on W widened to f32, calls alternating; default 1024 x 2048 x 2048\n"
+                   "(--m/--n/--k give another), with the vfmadd231ps peak.\n");
             return 0;
         } else if (strcmp(argv[i], "--m") == 0 && i + 1 < argc) {
             if (kt_tool_parse_int("kt-bench gemm", "--m", argv[++i], 1, 1 << 20, &m))
@@ -370,6 +375,16 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
             no_dense = 1;
         } else if (strcmp(argv[i], "--no-baselines") == 0) {
             no_baselines = 1;
+        } else if (strcmp(argv[i], "--mixed") == 0) {
+            mixed = 1;
+        } else if (strcmp(argv[i], "--b-dtype") == 0 && i + 1 < argc) {
+            ++i;
+            if (strcmp(argv[i], "bf16") == 0 || strcmp(argv[i], "f16") == 0) {
+                mixed_dtype = argv[i][0] == 'b' ? KT_BF16 : KT_F16;
+            } else {
+                fprintf(stderr, "kt-bench gemm: --b-dtype must be bf16 or f16\n");
+                return 2;
+            }
         } else {
             fprintf(stderr, "kt-bench gemm: unknown option %s (see --help)\n", argv[i]);
             return 2;
@@ -383,6 +398,22 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
     if (dense && (no_dense || kind >= 0)) {
         fprintf(stderr, "kt-bench gemm: --dense runs the matmul op alone (no --no-dense, --kind)\n");
         return 2;
+    }
+    if (mixed && (dense || no_dense || kind >= 0)) {
+        fprintf(stderr, "kt-bench gemm: --mixed runs the mixed matmul alone (no --dense, "
+                        "--no-dense, --kind)\n");
+        return 2;
+    }
+    if (mixed) {
+        kt_threadpool *mpool = NULL;
+        if (kt_threadpool_create(common->threads_given ? common->threads : 0, &mpool) != KT_OK) {
+            fprintf(stderr, "kt-bench gemm: %s\n", kt_last_error());
+            return 1;
+        }
+        const int mrc = bench_gemm_mixed(common, mpool, custom ? m : 0, custom ? n : 0,
+                                         custom ? k : 0, mixed_dtype, single_only);
+        kt_threadpool_destroy(mpool);
+        return mrc;
     }
     /* the path of products of 16 rows and more (below, vdpbf16ps where the CPU has it) */
     const char *path = kt__bf16_gemm_path(1024);

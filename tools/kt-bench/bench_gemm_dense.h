@@ -15,4 +15,10 @@
 int bench_gemm_dense(const bench_args *common, kt_threadpool *pool, int64_t m, int64_t n,
                      int64_t k, int single, int baselines);
 
+/* --mixed (bench_gemm_mixed.c): the op on f32 x and a wdt (bf16 or f16) W, y = x W^T and the
+ * gradient of x, against the same on W widened to f32, at m x n x k (0: 1024 x 2048 x 2048, a
+ * LoRA fine-tune's projection over 1024 tokens). Returns 0, or 1 on failure. */
+int bench_gemm_mixed(const bench_args *common, kt_threadpool *pool, int64_t m, int64_t n,
+                     int64_t k, kt_dtype wdt, int single);
+
 #endif
