@@ -1,0 +1,700 @@
+/* kt_hf_import (kt/hf.h): config.json reading, the generated program against the checkpoints
+ * transformers wrote (tests/hf/fixtures, made by tests/hf/make_fixtures.py), the dense
+ * models' logits, loss and gradients against transformers' through the C API, and bad
+ * input: each refusal names the file, the key or the tensor, and leaves OUT as it was. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kt/kt.h"
+#include "lib/hf/hf_internal.h"
+#include "lib/io/json.h"
+#include "tests/support/test_util.h"
+
+#ifndef KT_HF_FIXTURES
+#error "KT_HF_FIXTURES: the fixture directory (tests/CMakeLists.txt defines it)"
+#endif
+#ifndef KT_HF_WORK
+#error "KT_HF_WORK: a scratch directory (tests/CMakeLists.txt defines it)"
+#endif
+
+static const char *const archs[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe",
+                                    "deepseek_v2", "deepseek_v3", "llama", "qwen2", "qwen3"};
+#define N_ARCHS (sizeof archs / sizeof archs[0])
+
+/* ---- small file helpers ---- */
+
+static char *slurp(const char *path, size_t *len_out)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    assert_non_null(buf);
+    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    buf[n] = '\0';
+    if (len_out != NULL)
+        *len_out = (size_t)n;
+    return buf;
+}
+
+static void spit(const char *path, const char *text, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(text, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+}
+
+static int exists(const char *path)
+{
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+static void rm_dir(const char *dir)
+{
+    static const char *const files[] = {"config.json", "model.safetensors", "model.ktg",
+                                        "model.ktp", "import.json", "user.txt"};
+    char p[2048];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        unlink(p);
+    }
+    rmdir(dir);
+}
+
+static void fixture(const char *arch, char *buf, size_t size)
+{
+    snprintf(buf, size, "%s/%s", KT_HF_FIXTURES, arch);
+}
+
+static int have_fixture(const char *arch)
+{
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s/config.json", KT_HF_FIXTURES, arch);
+    return exists(p);
+}
+
+static void out_dir(const char *name, char *buf, size_t size)
+{
+    mkdir(KT_HF_WORK, 0777);
+    snprintf(buf, size, "%s/%s", KT_HF_WORK, name);
+    rm_dir(buf);
+}
+
+/* ---- JSON numbers ---- */
+
+static void test_json_numbers(void **state)
+{
+    (void)state;
+    const char *text = "{\"a\": 1e-06, \"b\": 10000.0, \"c\": -0.5, \"d\": 7, \"e\": 2.5E+3}";
+    kt__json_doc *doc = NULL;
+    OK(kt__json_parse_numbers(text, strlen(text), &doc));
+    const kt__json_value *root = kt__json_root(doc);
+    assert_int_equal(root->u.list.count, 5);
+    const kt__json_value *v = root->u.list.items;
+    assert_int_equal(v[0].type, KT__JSON_FLOAT);
+    assert_true(v[0].u.number == 1e-6);
+    assert_true(v[1].u.number == 10000.0);
+    assert_true(v[2].u.number == -0.5);
+    assert_int_equal(v[3].type, KT__JSON_INT); /* whole numbers stay integers */
+    assert_true(v[4].u.number == 2500.0);
+    kt__json_free(doc);
+    doc = NULL;
+    /* the safetensors parser still refuses fractions; malformed numbers are refused */
+    TU_EXPECT_ERROR(kt__json_parse("[1.5]", 5, &doc), KT_EFORMAT, "fractions");
+    assert_null(doc);
+    TU_EXPECT_ERROR(kt__json_parse_numbers("[1.]", 4, &doc), KT_EFORMAT, "digit after '.'");
+    TU_EXPECT_ERROR(kt__json_parse_numbers("[1e]", 4, &doc), KT_EFORMAT, "exponent");
+    TU_EXPECT_ERROR(kt__json_parse_numbers("[1e999]", 7, &doc), KT_EFORMAT, "out of range");
+    TU_EXPECT_ERROR(kt__json_parse_numbers("[NaN]", 5, &doc), KT_EFORMAT, "expected a value");
+}
+
+/* ---- config.json ---- */
+
+#define LLAMA_BASE                                                                           \
+    "\"model_type\": \"llama\", \"vocab_size\": 256, \"hidden_size\": 64, "                 \
+    "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "    \
+    "\"intermediate_size\": 128, \"rms_norm_eps\": 1e-05, \"hidden_act\": \"silu\""
+
+static kt_status parse(const char *json, kt__hf_config *c)
+{
+    return kt__hf_config_parse(json, strlen(json), "dir/config.json", c);
+}
+
+static void test_config_reads(void **state)
+{
+    (void)state;
+    kt__hf_config *c = calloc(1, sizeof *c);
+    assert_non_null(c);
+    /* transformers 4's rope_theta + rope_scaling */
+    OK(parse("{" LLAMA_BASE ", \"rope_theta\": 500000.0, \"rope_scaling\": {\"type\": "
+             "\"linear\", \"factor\": 4.0}, \"head_dim\": 32}", c));
+    assert_int_equal(c->arch, KT__HF_LLAMA);
+    assert_int_equal(c->head_dim, 32);
+    assert_true(c->eps == 1e-5);
+    assert_true(c->rope.theta == 500000.0);
+    assert_int_equal(c->rope.type, KT__HF_ROPE_LINEAR);
+    assert_true(c->rope.factor == 4.0);
+    /* transformers 5's rope_parameters, yarn with its defaults */
+    OK(parse("{" LLAMA_BASE ", \"max_position_embeddings\": 8192, \"rope_parameters\": "
+             "{\"rope_type\": \"yarn\", \"rope_theta\": 10000.0, \"factor\": 2.0, "
+             "\"original_max_position_embeddings\": 4096, \"beta_fast\": null}}", c));
+    assert_int_equal(c->rope.type, KT__HF_ROPE_YARN);
+    assert_int_equal(c->rope.original_max_positions, 4096);
+    assert_true(c->rope.beta_fast == 32.0 && c->rope.beta_slow == 1.0 && c->rope.truncate);
+    assert_int_equal(c->head_dim, 16); /* hidden / heads */
+    /* Qwen2-MoE: mlp_only_layers and decoder_sparse_step make dense layers */
+    OK(parse("{\"model_type\": \"qwen2_moe\", \"vocab_size\": 256, \"hidden_size\": 64, "
+             "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"intermediate_size\": 48, "
+             "\"moe_intermediate_size\": 32, \"shared_expert_intermediate_size\": 64, "
+             "\"num_experts\": 8, \"num_experts_per_tok\": 2, \"decoder_sparse_step\": 2, "
+             "\"mlp_only_layers\": [3], \"norm_topk_prob\": true}", c));
+    assert_int_equal(c->moe_layer[0], 0);
+    assert_int_equal(c->moe_layer[1], 1);
+    assert_int_equal(c->moe_layer[2], 0);
+    assert_int_equal(c->moe_layer[3], 0); /* (3+1) % 2 == 0 but listed dense */
+    assert_true(c->qkv_bias && !c->o_bias && c->norm_topk);
+    assert_true(c->aux_coef == 0.001);
+    /* DeepSeek-V3: yarn's mscale^2 on the attention scale, q_lora_rank null = q_proj */
+    OK(parse("{\"model_type\": \"deepseek_v3\", \"vocab_size\": 256, \"hidden_size\": 64, "
+             "\"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"num_key_value_heads\": 4, "
+             "\"intermediate_size\": 128, \"moe_intermediate_size\": 32, "
+             "\"n_routed_experts\": 8, \"num_experts_per_tok\": 2, \"n_shared_experts\": 1, "
+             "\"first_k_dense_replace\": 1, \"q_lora_rank\": null, \"kv_lora_rank\": 16, "
+             "\"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16, "
+             "\"n_group\": 4, \"topk_group\": 2, \"rope_scaling\": {\"type\": \"yarn\", "
+             "\"factor\": 40, \"mscale\": 1.0, \"mscale_all_dim\": 1.0, "
+             "\"original_max_position_embeddings\": 4096}}", c));
+    assert_int_equal(c->q_lora_rank, 0);
+    assert_int_equal(c->moe_layer[0], 0);
+    assert_int_equal(c->moe_layer[2], 1);
+    assert_true(c->sigmoid && c->group_top2 && c->norm_topk && c->rope_deinterleave);
+    assert_true(c->routed_scaling == 2.5);
+    double m = 0.1 * 1.0 * log(40.0) + 1.0;
+    assert_true(fabs(c->attn_scale - m * m / 4.0) < 1e-12);
+    free(c);
+}
+
+static void test_config_refusals(void **state)
+{
+    (void)state;
+    kt__hf_config *c = calloc(1, sizeof *c);
+    assert_non_null(c);
+    TU_EXPECT_ERROR(parse("{\"model_type\": \"llama\",", c), KT_EFORMAT, "dir/config.json",
+                    "not JSON");
+    TU_EXPECT_ERROR(parse("[1]", c), KT_EFORMAT, "dir/config.json", "object");
+    TU_EXPECT_ERROR(parse("{\"model_type\": \"gpt2\"}", c), KT_EUNSUPPORTED, "dir/config.json",
+                    "'model_type' = \"gpt2\"");
+    TU_EXPECT_ERROR(parse("{\"hidden_size\": 4}", c), KT_EFORMAT, "no 'model_type'");
+    TU_EXPECT_ERROR(parse("{" LLAMA_BASE ", \"hidden_act\": \"gelu\"}", c), KT_EUNSUPPORTED,
+                    "'hidden_act' = \"gelu\"");
+    TU_EXPECT_ERROR(parse("{" LLAMA_BASE ", \"rope_scaling\": {\"rope_type\": \"dynamic\", "
+                          "\"factor\": 2.0}}", c),
+                    KT_EUNSUPPORTED, "'rope_scaling.rope_type' = \"dynamic\"");
+    TU_EXPECT_ERROR(parse("{" LLAMA_BASE ", \"rope_parameters\": {\"rope_type\": \"llama3\"}}",
+                          c),
+                    KT_EUNSUPPORTED, "'rope_parameters.rope_type' = \"llama3\"");
+    TU_EXPECT_ERROR(parse("{" LLAMA_BASE ", \"num_hidden_layers\": 0}", c), KT_EFORMAT,
+                    "'num_hidden_layers' = 0");
+    TU_EXPECT_ERROR(parse("{" LLAMA_BASE ", \"vocab_size\": \"x\"}", c), KT_EFORMAT,
+                    "'vocab_size' = \"x\"");
+    TU_EXPECT_ERROR(parse("{\"model_type\": \"qwen3\", \"vocab_size\": 256, \"hidden_size\": "
+                          "64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                          "\"intermediate_size\": 128, \"use_sliding_window\": true}", c),
+                    KT_EUNSUPPORTED, "'use_sliding_window' = true");
+    TU_EXPECT_ERROR(parse("{\"model_type\": \"mixtral\", \"vocab_size\": 256, \"hidden_size\": "
+                          "64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                          "\"intermediate_size\": 32, \"num_local_experts\": 8, "
+                          "\"num_experts_per_tok\": 2, \"sliding_window\": 4096}", c),
+                    KT_EUNSUPPORTED, "'sliding_window' = 4096");
+    TU_EXPECT_ERROR(parse("{\"model_type\": \"mixtral\", \"vocab_size\": 256, \"hidden_size\": "
+                          "64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                          "\"intermediate_size\": 32, \"num_local_experts\": 8, "
+                          "\"num_experts\": 4, \"num_experts_per_tok\": 2}", c),
+                    KT_EFORMAT, "disagree");
+    TU_EXPECT_ERROR(parse("{\"model_type\": \"deepseek_v2\", \"vocab_size\": 256, "
+                          "\"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                          "\"num_attention_heads\": 4, \"moe_intermediate_size\": 32, "
+                          "\"n_routed_experts\": 8, \"num_experts_per_tok\": 2, "
+                          "\"n_shared_experts\": 1, \"kv_lora_rank\": 16, "
+                          "\"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16, "
+                          "\"topk_method\": \"noaux_tc\"}", c),
+                    KT_EUNSUPPORTED, "'topk_method' = \"noaux_tc\"");
+    free(c);
+}
+
+/* ---- the fixtures: import, the program against the checkpoint ---- */
+
+static int lora_name(const char *name)
+{
+    return strstr(name, ".lora_A.weight") != NULL || strstr(name, ".lora_B.weight") != NULL;
+}
+
+/* Every program parameter but the adapters is a checkpoint tensor of the same shape; every
+ * checkpoint tensor is a parameter or an expert of a layer the program runs as MoE. */
+static void check_program_against(const kt_program *p, const char *model_dir, int64_t *n_lora)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/model.safetensors", model_dir);
+    kt_st_file *f = NULL;
+    OK(kt_st_open(path, &f));
+    int np = kt_program_count(p, KT_ROLE_PARAM);
+    size_t matched = 0;
+    *n_lora = 0;
+    for (int i = 0; i < np; i++) {
+        const char *name;
+        kt_tensor meta, view;
+        OK(kt_program_tensor_info(p, KT_ROLE_PARAM, i, &name, &meta));
+        if (lora_name(name)) {
+            (*n_lora)++;
+            continue;
+        }
+        if (kt_st_find(f, name, &view) != KT_OK)
+            fail_msg("%s: the program's parameter %s is not in the checkpoint", model_dir, name);
+        assert_int_equal(view.ndim, meta.ndim);
+        for (int d = 0; d < meta.ndim; d++)
+            assert_int_equal(view.shape[d], meta.shape[d]);
+        matched++;
+    }
+    int n_moe = kt_program_moe_count(p);
+    size_t experts = 0;
+    for (size_t i = 0; i < kt_st_count(f); i++) {
+        const char *name;
+        kt_tensor view;
+        OK(kt_st_entry(f, i, &name, &view));
+        long long layer, e;
+        int at = 0;
+        if (sscanf(name, "model.layers.%lld.mlp.experts.%lld.%n", &layer, &e, &at) == 2 ||
+            sscanf(name, "model.layers.%lld.block_sparse_moe.experts.%lld.%n", &layer, &e,
+                   &at) == 2) {
+            int bound = 0;
+            for (int m = 0; m < n_moe; m++) {
+                kt_program_moe info;
+                OK(kt_program_moe_info(p, m, &info));
+                if (info.binding == layer) {
+                    bound = 1;
+                    assert_true(e < info.n_experts);
+                    assert_int_equal(view.shape[strstr(name, "down_proj") ||
+                                                        strstr(name, ".w2.")
+                                                    ? 0
+                                                    : 1],
+                                     info.hidden);
+                }
+            }
+            if (!bound)
+                fail_msg("%s: expert tensor %s of a layer without a moe op", model_dir, name);
+            experts++;
+        }
+    }
+    assert_int_equal(matched + experts, kt_st_count(f));
+    kt_st_close(f);
+}
+
+static void test_import_fixtures(void **state)
+{
+    (void)state;
+    int done = 0;
+    for (size_t a = 0; a < N_ARCHS; a++) {
+        if (!have_fixture(archs[a])) {
+            print_message("note: no fixture %s/%s (tests/hf/make_fixtures.py writes them)\n",
+                          KT_HF_FIXTURES, archs[a]);
+            continue;
+        }
+        char src[1024], out[1024], path[1200];
+        fixture(archs[a], src, sizeof src);
+        out_dir(archs[a], out, sizeof out);
+        kt_hf_options o = {.batch = 2, .seq = 16};
+        OK(kt_hf_import(src, &o, out));
+        snprintf(path, sizeof path, "%s/model.ktp", out);
+        kt_program *p = NULL;
+        OK(kt_program_load(path, &p));
+        int64_t n_lora;
+        check_program_against(p, src, &n_lora);
+        assert_int_equal(n_lora, 0);
+        /* full fine-tuning: every parameter but V3's correction bias trains */
+        int frozen = strcmp(archs[a], "deepseek_v3") == 0 ? 2 : 0; /* 2 MoE layers */
+        assert_int_equal(kt_program_count(p, KT_ROLE_GRAD),
+                         kt_program_count(p, KT_ROLE_PARAM) - frozen);
+        /* the interface: input_ids/labels i64 [B,S], logits f32 [B,S,V] */
+        const char *name;
+        kt_tensor meta;
+        OK(kt_program_tensor_info(p, KT_ROLE_INPUT, 0, &name, &meta));
+        assert_string_equal(name, "input_ids");
+        assert_int_equal(meta.dtype, KT_I64);
+        assert_int_equal(meta.shape[0], 2);
+        assert_int_equal(meta.shape[1], 16);
+        OK(kt_program_tensor_info(p, KT_ROLE_OUTPUT, 0, &name, &meta));
+        assert_string_equal(name, "logits");
+        assert_int_equal(meta.ndim, 3);
+        assert_int_equal(meta.dtype, KT_F32);
+        kt_program_destroy(p);
+        /* model.ktg compiles as it stands (kt-graphc reads the same file) */
+        snprintf(path, sizeof path, "%s/model.ktg", out);
+        size_t len;
+        char *text = slurp(path, &len);
+        assert_non_null(text);
+        kt_graph *g = NULL;
+        OK(kt_ktg_parse(text, len, path, NULL, 0, &g, NULL, 0, NULL));
+        assert_non_null(strstr(text, "scope model.layers.{l}"));
+        kt_graph_destroy(g);
+        free(text);
+        snprintf(path, sizeof path, "%s/import.json", out);
+        text = slurp(path, NULL);
+        assert_non_null(text);
+        char want[64];
+        snprintf(want, sizeof want, "\"model_type\": \"%s\"", archs[a]);
+        assert_non_null(strstr(text, want));
+        assert_non_null(strstr(text, "\"source\": \"/"));
+        free(text);
+        done++;
+    }
+    if (done == 0)
+        skip();
+}
+
+/* LoRA: adapters [r, in] / [out, r] on the targets only, everything else frozen; bf16 base. */
+static void test_import_lora(void **state)
+{
+    (void)state;
+    const char *cases[] = {"qwen2_moe", "deepseek_v2", "llama"};
+    int done = 0;
+    for (size_t a = 0; a < 3; a++) {
+        if (!have_fixture(cases[a]))
+            continue;
+        char src[1024], out[1024], path[1200];
+        fixture(cases[a], src, sizeof src);
+        out_dir("lora", out, sizeof out);
+        int deepseek = a == 1;
+        kt_hf_options o = {.batch = 1, .seq = 8, .lora_rank = 4, .lora_alpha = 8,
+                           .dtype = KT_BF16,
+                           .lora_targets = deepseek ? "q_b_proj,o_proj" : "q_proj,v_proj"};
+        OK(kt_hf_import(src, &o, out));
+        snprintf(path, sizeof path, "%s/model.ktp", out);
+        kt_program *p = NULL;
+        OK(kt_program_load(path, &p));
+        int64_t n_lora;
+        check_program_against(p, src, &n_lora);
+        /* two targets, A and B each, in every layer */
+        kt__hf_config *c = calloc(1, sizeof *c);
+        snprintf(path, sizeof path, "%s/config.json", src);
+        size_t len;
+        char *text = slurp(path, &len);
+        OK(kt__hf_config_parse(text, len, path, c));
+        free(text);
+        assert_int_equal(n_lora, 4 * c->layers);
+        assert_int_equal(kt_program_count(p, KT_ROLE_GRAD), n_lora);
+        int np = kt_program_count(p, KT_ROLE_PARAM), seen_bf16 = 0;
+        for (int i = 0; i < np; i++) {
+            const char *name;
+            kt_tensor meta;
+            OK(kt_program_tensor_info(p, KT_ROLE_PARAM, i, &name, &meta));
+            if (lora_name(name)) {
+                assert_int_equal(meta.dtype, KT_F32);
+                const char *b = strstr(name, ".lora_B.weight");
+                assert_int_equal(meta.shape[b ? 1 : 0], 4);
+            } else if (strstr(name, "norm") != NULL || strstr(name, ".gate.") != NULL) {
+                assert_int_equal(meta.dtype, KT_F32); /* norms and routers stay f32 */
+            } else if (strstr(name, "_proj.weight") != NULL) {
+                assert_int_equal(meta.dtype, KT_BF16);
+                seen_bf16++;
+            }
+        }
+        assert_true(seen_bf16 > 0);
+        kt_program_destroy(p);
+        free(c);
+        snprintf(path, sizeof path, "%s/import.json", out);
+        text = slurp(path, NULL);
+        assert_non_null(strstr(text, "\"lora_rank\": 4"));
+        assert_non_null(strstr(text, "\"dtype\": \"bf16\""));
+        assert_non_null(strstr(text, a == 2 ? "\"moe_mode\": null" : "\"moe_mode\": \"frozen\""));
+        free(text);
+        done++;
+    }
+    if (done == 0)
+        skip();
+}
+
+/* ---- running an import through the C API: the dense models against transformers ---- */
+
+static void run_against_reference(const char *arch)
+{
+    char src[1024], out[1024], path[1200];
+    fixture(arch, src, sizeof src);
+    snprintf(path, sizeof path, "%s/reference.safetensors", src);
+    kt_st_file *ref = NULL;
+    OK(kt_st_open(path, &ref));
+    kt_tensor ids_view;
+    OK(kt_st_find(ref, "input_ids", &ids_view));
+    out_dir(arch, out, sizeof out);
+    kt_hf_options o = {.batch = ids_view.shape[0], .seq = ids_view.shape[1]};
+    OK(kt_hf_import(src, &o, out));
+    snprintf(path, sizeof path, "%s/model.ktp", out);
+    kt_program *p = NULL;
+    OK(kt_program_load(path, &p));
+    kt_session_options so = {.threads = 1, .optimizer = {.kind = KT_OPTIM_NONE}};
+    kt_session *s = NULL;
+    OK(kt_session_create(p, &so, &s));
+    snprintf(path, sizeof path, "%s/model.safetensors", src);
+    OK(kt_session_load(s, path, 0));
+    kt_tensor v;
+    OK(kt_session_tensor(s, KT_ROLE_INPUT, "input_ids", &v));
+    OK(kt_st_read(ref, "input_ids", &v));
+    OK(kt_session_tensor(s, KT_ROLE_INPUT, "labels", &v));
+    OK(kt_st_read(ref, "labels", &v));
+    OK(kt_session_forward(s));
+    OK(kt_session_backward(s));
+    kt_tensor want;
+    OK(kt_st_find(ref, "logits", &want));
+    kt_tensor w = tu_alloc(KT_F32, want.ndim, want.shape);
+    OK(kt_st_read(ref, "logits", &w));
+    OK(kt_session_tensor(s, KT_ROLE_OUTPUT, "logits", &v));
+    double err = tu_rel_err(&v, &w, 1e-30);
+    tu_free(&w);
+    kt_tensor loss = tu_new(KT_F32, 1);
+    OK(kt_st_read(ref, "loss", &loss));
+    double dl = fabs(kt_session_loss(s) - tu_get(&loss, 0));
+    tu_free(&loss);
+    print_message("%s: logits rel err %.3g, loss |diff| %.3g\n", arch, err, dl);
+    assert_true(err <= 1e-5);
+    assert_true(dl <= 1e-5); /* the issue's 1e-6 is relative: the loss is about 5.5 */
+    double worst = 0;
+    int n_grads = 0;
+    for (int i = 0; i < kt_program_count(p, KT_ROLE_GRAD); i++) {
+        const char *name;
+        kt_tensor meta;
+        char key[200];
+        OK(kt_program_tensor_info(p, KT_ROLE_GRAD, i, &name, &meta));
+        snprintf(key, sizeof key, "grad.%s", name);
+        OK(kt_st_find(ref, key, &want));
+        w = tu_alloc(KT_F32, want.ndim, want.shape);
+        OK(kt_st_read(ref, key, &w));
+        OK(kt_session_tensor(s, KT_ROLE_GRAD, name, &v));
+        double e = tu_rel_err(&v, &w, 1e-30);
+        if (e > worst)
+            worst = e;
+        if (e > 1e-4)
+            fail_msg("%s: grad of %s off by %.3g of its largest magnitude", arch, name, e);
+        tu_free(&w);
+        n_grads++;
+    }
+    print_message("%s: %d gradients, worst rel err %.3g\n", arch, n_grads, worst);
+    assert_true(n_grads > 0);
+    kt_session_destroy(s);
+    kt_program_destroy(p);
+    kt_st_close(ref);
+}
+
+static void test_run_dense(void **state)
+{
+    (void)state;
+    const char *dense[] = {"llama", "qwen2", "qwen3"};
+    int done = 0;
+    for (int i = 0; i < 3; i++) {
+        char p[1024];
+        snprintf(p, sizeof p, "%s/%s/reference.safetensors", KT_HF_FIXTURES, dense[i]);
+        if (!exists(p))
+            continue;
+        run_against_reference(dense[i]);
+        done++;
+    }
+    if (done == 0)
+        skip();
+}
+
+/* ---- bad input ---- */
+
+/* A copy of the qwen3_moe fixture in KT_HF_WORK/bad with config.json's text and the
+ * checkpoint's tensors edited: `drop` left out, `add` added ([4] f32), `reshape` given
+ * one row less. */
+static void make_bad(const char *config_from, const char *config_to, const char *drop,
+                     const char *add, const char *reshape, char *dir, size_t size)
+{
+    char src[1024], path[1200];
+    fixture("qwen3_moe", src, sizeof src);
+    snprintf(dir, size, "%s/bad", KT_HF_WORK);
+    mkdir(KT_HF_WORK, 0777);
+    rm_dir(dir);
+    assert_int_equal(mkdir(dir, 0777), 0);
+    snprintf(path, sizeof path, "%s/config.json", src);
+    size_t len;
+    char *text = slurp(path, &len);
+    assert_non_null(text);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *at = config_from ? strstr(text, config_from) : NULL;
+    if (config_from != NULL && at == NULL)
+        fail_msg("config.json has no '%s'", config_from);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    if (at == NULL) {
+        fwrite(text, 1, len, f);
+    } else {
+        fwrite(text, 1, (size_t)(at - text), f);
+        fputs(config_to, f);
+        fputs(at + strlen(config_from), f);
+    }
+    fclose(f);
+    free(text);
+    snprintf(path, sizeof path, "%s/model.safetensors", src);
+    kt_st_file *in = NULL;
+    OK(kt_st_open(path, &in));
+    size_t n = kt_st_count(in), k = 0;
+    kt_st_item *items = calloc(n + 1, sizeof *items);
+    float extra[4] = {0};
+    for (size_t i = 0; i < n; i++) {
+        OK(kt_st_entry(in, i, &items[k].name, &items[k].tensor));
+        if (drop && strcmp(items[k].name, drop) == 0)
+            continue;
+        if (reshape && strcmp(items[k].name, reshape) == 0) {
+            items[k].tensor.shape[0]--; /* row-major: the strides stay valid */
+        }
+        k++;
+    }
+    if (add != NULL) {
+        items[k].name = add;
+        OK(kt_tensor_init(&items[k].tensor, extra, KT_F32, 1, (const int64_t[]){4}));
+        k++;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    OK(kt_st_save(path, items, k, NULL));
+    free(items);
+    kt_st_close(in);
+}
+
+static void expect_refused(const char *dir, const kt_hf_options *o, kt_status status,
+                           const char *what, const char *what2)
+{
+    char out[1024];
+    out_dir("bad_out", out, sizeof out);
+    TU_EXPECT_ERROR(kt_hf_import(dir, o, out), status, what, what2);
+    assert_false(exists(out)); /* nothing written, not even the directory */
+    /* and an earlier import at OUT stays as it was */
+    char src[1024], path[1200];
+    fixture("qwen3_moe", src, sizeof src);
+    OK(kt_hf_import(src, NULL, out));
+    snprintf(path, sizeof path, "%s/model.ktg", out);
+    size_t before_len, after_len;
+    char *before = slurp(path, &before_len);
+    assert_int_not_equal(kt_hf_import(dir, o, out), KT_OK);
+    char *after = slurp(path, &after_len);
+    assert_non_null(after);
+    assert_int_equal(before_len, after_len);
+    assert_memory_equal(before, after, before_len);
+    free(before);
+    free(after);
+}
+
+static void test_bad_input(void **state)
+{
+    (void)state;
+    if (!have_fixture("qwen3_moe"))
+        skip();
+    char dir[1024], path[1200];
+    kt_hf_options o = {.batch = 1, .seq = 8};
+    /* config.json */
+    make_bad("{", "{,", NULL, NULL, NULL, dir, sizeof dir);
+    expect_refused(dir, &o, KT_EFORMAT, "config.json: not JSON", "JSON at byte");
+    make_bad("\"qwen3_moe\"", "\"qwen3_next\"", NULL, NULL, NULL, dir, sizeof dir);
+    expect_refused(dir, &o, KT_EUNSUPPORTED, "config.json", "'model_type' = \"qwen3_next\"");
+    make_bad("\"silu\"", "\"gelu_pytorch_tanh\"", NULL, NULL, NULL, dir, sizeof dir);
+    expect_refused(dir, &o, KT_EUNSUPPORTED, "config.json", "'hidden_act' = \"gelu_pytorch_tanh\"");
+    /* tensors: missing, extra, misshapen */
+    make_bad(NULL, NULL, "model.layers.1.self_attn.k_norm.weight", NULL, NULL, dir, sizeof dir);
+    expect_refused(dir, &o, KT_EFORMAT, "bad/model.safetensors",
+                   "'model.layers.1.self_attn.k_norm.weight' [16] is missing");
+    make_bad(NULL, NULL, "model.layers.0.mlp.experts.7.down_proj.weight", NULL, NULL, dir,
+             sizeof dir);
+    expect_refused(dir, &o, KT_EFORMAT, "bad/model.safetensors",
+                   "'model.layers.0.mlp.experts.7.down_proj.weight'");
+    make_bad(NULL, NULL, NULL, "model.layers.0.mlp.experts.8.up_proj.weight", NULL, dir,
+             sizeof dir);
+    expect_refused(dir, &o, KT_EFORMAT, "bad/model.safetensors",
+                   "'model.layers.0.mlp.experts.8.up_proj.weight' [4] is not part of the model");
+    make_bad(NULL, NULL, NULL, NULL, "model.layers.0.self_attn.q_proj.weight", dir, sizeof dir);
+    expect_refused(dir, &o, KT_EFORMAT, "bad/model.safetensors",
+                   "'model.layers.0.self_attn.q_proj.weight' has shape [63, 64]");
+    /* a truncated file */
+    make_bad(NULL, NULL, NULL, NULL, NULL, dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(truncate(path, st.st_size - 100), 0);
+    expect_refused(dir, &o, KT_EFORMAT, "bad/model.safetensors", "");
+    /* no checkpoint at all */
+    unlink(path);
+    expect_refused(dir, &o, KT_EINVAL, "bad", "no model.safetensors");
+    /* options the model cannot take */
+    make_bad(NULL, NULL, NULL, NULL, NULL, dir, sizeof dir);
+    kt_hf_options bf16 = {.dtype = KT_BF16};
+    expect_refused(dir, &bf16, KT_EINVAL, "bf16 needs LoRA", "");
+    kt_hf_options t = {.lora_rank = 2, .lora_alpha = 4, .lora_targets = "q_proj,kv_b_proj"};
+    expect_refused(dir, &t, KT_EINVAL, "'kv_b_proj' names no module", "");
+    kt_hf_options part = {.lora_rank = 2, .lora_alpha = 4, .lora_targets = "gate_proj"};
+    expect_refused(dir, &part, KT_EINVAL, "cover the three together", "");
+    kt_hf_options unknown = {.lora_rank = 2, .lora_alpha = 4, .lora_targets = "q_proj,qkv"};
+    expect_refused(dir, &unknown, KT_EINVAL, "'qkv' is not one of", "");
+    rm_dir(dir);
+}
+
+static void test_out_dir(void **state)
+{
+    (void)state;
+    if (!have_fixture("qwen3_moe"))
+        skip();
+    char src[1024], out[1024], path[1200];
+    fixture("qwen3_moe", src, sizeof src);
+    out_dir("user", out, sizeof out);
+    /* a directory holding someone else's file is never replaced */
+    assert_int_equal(mkdir(out, 0777), 0);
+    snprintf(path, sizeof path, "%s/user.txt", out);
+    spit(path, "mine", 4);
+    TU_EXPECT_ERROR(kt_hf_import(src, NULL, out), KT_EINVAL, "holds 'user.txt'");
+    assert_true(exists(path));
+    unlink(path);
+    /* an empty one is, and so is an earlier import; a file is refused */
+    OK(kt_hf_import(src, NULL, out));
+    snprintf(path, sizeof path, "%s/model.ktp", out);
+    assert_true(exists(path));
+    kt_hf_options o = {.batch = 3, .seq = 8};
+    OK(kt_hf_import(src, &o, out));
+    snprintf(path, sizeof path, "%s/model.ktg", out);
+    char *text = slurp(path, NULL);
+    assert_non_null(strstr(text, "const B = 3"));
+    free(text);
+    rm_dir(out);
+    spit(out, "x", 1);
+    TU_EXPECT_ERROR(kt_hf_import(src, NULL, out), KT_EINVAL, "not a directory");
+    unlink(out);
+    TU_EXPECT_ERROR(kt_hf_import(src, NULL, KT_HF_WORK "/no/such/dir"), KT_EINVAL,
+                    "parent directory does not exist");
+    /* no leftovers beside OUT */
+    char tmp[1200];
+    snprintf(tmp, sizeof tmp, "%s/.user.kt-import-tmp.%ld", KT_HF_WORK, (long)getpid());
+    assert_false(exists(tmp));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_numbers),    cmocka_unit_test(test_config_reads),
+        cmocka_unit_test(test_config_refusals), cmocka_unit_test(test_import_fixtures),
+        cmocka_unit_test(test_import_lora),     cmocka_unit_test(test_run_dense),
+        cmocka_unit_test(test_bad_input),       cmocka_unit_test(test_out_dir),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
