@@ -28,8 +28,10 @@
 #error "KT_HF_WORK: a scratch directory (tests/CMakeLists.txt defines it)"
 #endif
 
-static const char *const archs[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe",
-                                    "deepseek_v2", "deepseek_v3", "llama", "qwen2", "qwen3"};
+static const char *const archs[] = {"mixtral",     "qwen2_moe",   "qwen3_moe",
+                                    "olmoe",       "deepseek_v2", "deepseek_v3",
+                                    "llama",       "qwen2",       "qwen3",
+                                    "mixtral_sharded"};
 #define N_ARCHS (sizeof archs / sizeof archs[0])
 
 /* ---- small file helpers ---- */
@@ -250,10 +252,8 @@ static int lora_name(const char *name)
  * checkpoint tensor is a parameter or an expert of a layer the program runs as MoE. */
 static void check_program_against(const kt_program *p, const char *model_dir, int64_t *n_lora)
 {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/model.safetensors", model_dir);
     kt_st_file *f = NULL;
-    OK(kt_st_open(path, &f));
+    OK(kt_st_open(model_dir, &f)); /* the directory: one file or every shard of the index */
     int np = kt_program_count(p, KT_ROLE_PARAM);
     size_t matched = 0;
     *n_lora = 0;
@@ -364,7 +364,8 @@ static void test_import_fixtures(void **state)
         text = slurp(path, NULL);
         assert_non_null(text);
         char want[64];
-        snprintf(want, sizeof want, "\"model_type\": \"%s\"", archs[a]);
+        snprintf(want, sizeof want, "\"model_type\": \"%s\"",
+                 strcmp(archs[a], "mixtral_sharded") == 0 ? "mixtral" : archs[a]);
         assert_non_null(strstr(text, want));
         assert_non_null(strstr(text, "\"source\": \"/"));
         free(text);
@@ -375,9 +376,8 @@ static void test_import_fixtures(void **state)
 }
 
 /* LoRA: adapters [r, in] / [out, r] on the targets only, everything else frozen; bf16 base. */
-static void test_import_lora(void **state)
+static void import_lora(int bf16)
 {
-    (void)state;
     const char *cases[] = {"qwen2_moe", "deepseek_v2", "llama"};
     int done = 0;
     for (size_t a = 0; a < 3; a++) {
@@ -388,7 +388,7 @@ static void test_import_lora(void **state)
         out_dir("lora", out, sizeof out);
         int deepseek = a == 1;
         kt_hf_options o = {.batch = 1, .seq = 8, .lora_rank = 4, .lora_alpha = 8,
-                           .dtype = KT_BF16,
+                           .dtype = bf16 ? KT_BF16 : KT_F32,
                            .lora_targets = deepseek ? "q_b_proj,o_proj" : "q_proj,v_proj"};
         OK(kt_hf_import(src, &o, out));
         snprintf(path, sizeof path, "%s/model.ktp", out);
@@ -417,23 +417,35 @@ static void test_import_lora(void **state)
             } else if (strstr(name, "norm") != NULL || strstr(name, ".gate.") != NULL) {
                 assert_int_equal(meta.dtype, KT_F32); /* norms and routers stay f32 */
             } else if (strstr(name, "_proj.weight") != NULL) {
-                assert_int_equal(meta.dtype, KT_BF16);
-                seen_bf16++;
+                assert_int_equal(meta.dtype, bf16 ? KT_BF16 : KT_F32);
+                seen_bf16 += meta.dtype == KT_BF16;
             }
         }
-        assert_true(seen_bf16 > 0);
+        assert_true((seen_bf16 > 0) == bf16);
         kt_program_destroy(p);
         free(c);
         snprintf(path, sizeof path, "%s/import.json", out);
         text = slurp(path, NULL);
         assert_non_null(strstr(text, "\"lora_rank\": 4"));
-        assert_non_null(strstr(text, "\"dtype\": \"bf16\""));
+        assert_non_null(strstr(text, bf16 ? "\"dtype\": \"bf16\"" : "\"dtype\": \"f32\""));
         assert_non_null(strstr(text, a == 2 ? "\"moe_mode\": null" : "\"moe_mode\": \"frozen\""));
         free(text);
         done++;
     }
     if (done == 0)
         skip();
+}
+
+static void test_import_lora(void **state)
+{
+    (void)state;
+    import_lora(0);
+}
+
+static void test_import_lora_bf16(void **state)
+{
+    (void)state;
+    import_lora(1);
 }
 
 /* ---- running an import through the C API: the dense models against transformers ---- */
@@ -457,7 +469,7 @@ static void run_against_reference(const char *arch)
     snprintf(path, sizeof path, "%s/model.ktp", out);
     kt_program *p = NULL;
     OK(kt_program_load(path, &p));
-    snprintf(path, sizeof path, "%s/model.safetensors", src);
+    snprintf(path, sizeof path, "%s", src); /* a directory: one file or an index */
     kt_moe_layers layers = {0};
     kt_moe_layers_options mo = {.weight_dtype = KT_F32, .mode = KT_MOE_FULL};
     OK(kt_moe_layers_create(p, &mo, NULL, &layers));
@@ -691,7 +703,7 @@ static void test_bad_input(void **state)
     expect_refused(dir, &o, KT_EFORMAT, "bad/model.safetensors", "");
     /* no checkpoint at all */
     unlink(path);
-    expect_refused(dir, &o, KT_EINVAL, "bad", "no model.safetensors");
+    expect_refused(dir, &o, KT_EIO, "bad", "not a checkpoint directory");
     /* options the model cannot take */
     make_bad(NULL, NULL, NULL, NULL, NULL, dir, sizeof dir);
     kt_hf_options bf16 = {.dtype = KT_BF16};
@@ -703,6 +715,77 @@ static void test_bad_input(void **state)
     kt_hf_options unknown = {.lora_rank = 2, .lora_alpha = 4, .lora_targets = "q_proj,qkv"};
     expect_refused(dir, &unknown, KT_EINVAL, "'qkv' is not one of", "");
     rm_dir(dir);
+}
+
+/* A sharded checkpoint: a shard missing, and an extra tensor named with its shard. */
+static void test_bad_sharded(void **state)
+{
+    (void)state;
+    if (!have_fixture("mixtral_sharded"))
+        skip();
+    static const char *const files[] = {"config.json", "model.safetensors.index.json",
+                                        "model-00001-of-00003.safetensors",
+                                        "model-00002-of-00003.safetensors",
+                                        "model-00003-of-00003.safetensors"};
+    char src[1024], dir[1024], from[1200], to[1200], out[1024];
+    fixture("mixtral_sharded", src, sizeof src);
+    snprintf(dir, sizeof dir, "%s/bad_sharded", KT_HF_WORK);
+    mkdir(KT_HF_WORK, 0777);
+    for (int i = 0; i < 5; i++) {
+        snprintf(to, sizeof to, "%s/%s", dir, files[i]);
+        unlink(to);
+    }
+    rmdir(dir);
+    assert_int_equal(mkdir(dir, 0777), 0);
+    for (int i = 0; i < 5; i++) {
+        size_t len;
+        snprintf(from, sizeof from, "%s/%s", src, files[i]);
+        snprintf(to, sizeof to, "%s/%s", dir, files[i]);
+        char *data = slurp(from, &len);
+        assert_non_null(data);
+        spit(to, data, len);
+        free(data);
+    }
+    out_dir("bad_sharded_out", out, sizeof out);
+    OK(kt_hf_import(dir, NULL, out)); /* the copy itself is fine */
+    rm_dir(out);
+    /* an extra tensor in the third shard, listed in the index */
+    snprintf(to, sizeof to, "%s/%s", dir, files[4]);
+    kt_st_file *f = NULL;
+    OK(kt_st_open(to, &f));
+    size_t n = kt_st_count(f);
+    kt_st_item *items = calloc(n + 1, sizeof *items);
+    for (size_t i = 0; i < n; i++)
+        OK(kt_st_entry(f, i, &items[i].name, &items[i].tensor));
+    float extra[2] = {0};
+    items[n].name = "model.layers.0.mlp.bias";
+    OK(kt_tensor_init(&items[n].tensor, extra, KT_F32, 1, (const int64_t[]){2}));
+    char tmp[1300];
+    snprintf(tmp, sizeof tmp, "%s.new", to);
+    OK(kt_st_save(tmp, items, n + 1, NULL));
+    free(items);
+    kt_st_close(f);
+    assert_int_equal(rename(tmp, to), 0);
+    snprintf(to, sizeof to, "%s/%s", dir, files[1]);
+    size_t len;
+    char *index = slurp(to, &len);
+    char *map = strstr(index, "\"weight_map\": {");
+    assert_non_null(map);
+    map += strlen("\"weight_map\": {");
+    FILE *w = fopen(to, "wb");
+    fwrite(index, 1, (size_t)(map - index), w);
+    fprintf(w, "\"model.layers.0.mlp.bias\": \"%s\",", files[4]);
+    fputs(map, w);
+    fclose(w);
+    free(index);
+    TU_EXPECT_ERROR(kt_hf_import(dir, NULL, out), KT_EFORMAT, files[4],
+                    "'model.layers.0.mlp.bias' [2] is not part of the model");
+    assert_false(exists(out));
+    /* a shard the index names is missing */
+    snprintf(to, sizeof to, "%s/%s", dir, files[3]);
+    unlink(to);
+    TU_EXPECT_ERROR(kt_hf_import(dir, NULL, out), KT_EIO, files[3]);
+    assert_false(exists(out));
 }
 
 static void test_out_dir(void **state)
@@ -747,8 +830,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_numbers),    cmocka_unit_test(test_config_reads),
         cmocka_unit_test(test_config_refusals), cmocka_unit_test(test_import_fixtures),
-        cmocka_unit_test(test_import_lora),     cmocka_unit_test(test_run_against_transformers),
-        cmocka_unit_test(test_bad_input),       cmocka_unit_test(test_out_dir),
+        cmocka_unit_test(test_import_lora),
+        cmocka_unit_test(test_import_lora_bf16),     cmocka_unit_test(test_run_against_transformers),
+        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_bad_sharded),       cmocka_unit_test(test_out_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

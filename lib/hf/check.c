@@ -21,7 +21,7 @@ void kt__hf_expert_name(const kt__hf_config *cfg, int64_t layer, int64_t expert,
 
 typedef struct have_entry {
     const char *name;
-    kt_tensor view;
+    kt_st_info info;
 } have_entry;
 
 static int cmp_want(const void *a, const void *b)
@@ -61,9 +61,11 @@ static int ignored(const kt__hf_config *cfg, const char *name)
     return 0;
 }
 
-static int is_float(kt_dtype d)
+/* the stored dtypes a session converts into a float parameter (kt_st_read_convert) */
+static int is_float(const char *file_dtype)
 {
-    return d == KT_F32 || d == KT_BF16 || d == KT_F16;
+    return strcmp(file_dtype, "F32") == 0 || strcmp(file_dtype, "BF16") == 0 ||
+           strcmp(file_dtype, "F16") == 0 || strcmp(file_dtype, "F64") == 0;
 }
 
 kt_status kt__hf_check_tensors(const kt_st_file *ckpt, const char *path,
@@ -79,9 +81,10 @@ kt_status kt__hf_check_tensors(const kt_st_file *ckpt, const char *path,
     }
     memcpy(want, want_in, n * sizeof *want);
     for (size_t i = 0; i < nh; i++) {
-        s = kt_st_entry(ckpt, i, &have[i].name, &have[i].view);
+        s = kt_st_entry_info(ckpt, i, &have[i].info);
         if (s != KT_OK)
             goto done;
+        have[i].name = have[i].info.name;
     }
     qsort(want, n, sizeof *want, cmp_want);
     qsort(have, nh, sizeof *have, cmp_have);
@@ -91,6 +94,10 @@ kt_status kt__hf_check_tensors(const kt_st_file *ckpt, const char *path,
     while (i < n || j < nh) {
         int c = i == n ? 1 : j == nh ? -1 : strcmp(want[i].name, have[j].name);
         char msg[640] = "", a[96], b[96];
+        /* a tensor's own file: the shard that holds it, in a sharded checkpoint */
+        const char *file = j < nh ? kt_st_shard_path(ckpt, have[j].info.shard) : NULL;
+        if (file == NULL || c < 0)
+            file = path;
         if (c < 0) {
             dims(want[i].ndim, want[i].shape, a, sizeof a);
             snprintf(msg, sizeof msg, "%s: tensor '%s' %s is missing (the model config.json "
@@ -98,13 +105,13 @@ kt_status kt__hf_check_tensors(const kt_st_file *ckpt, const char *path,
             i++;
         } else if (c > 0) {
             if (!ignored(cfg, have[j].name)) {
-                dims(have[j].view.ndim, have[j].view.shape, a, sizeof a);
+                dims(have[j].info.ndim, have[j].info.shape, a, sizeof a);
                 snprintf(msg, sizeof msg, "%s: tensor '%s' %s is not part of the model "
-                         "config.json describes (extra tensor)", path, have[j].name, a);
+                         "config.json describes (extra tensor)", file, have[j].name, a);
             }
             j++;
         } else {
-            const kt_tensor *v = &have[j].view;
+            const kt_st_info *v = &have[j].info;
             int same = v->ndim == want[i].ndim;
             for (int d = 0; same && d < v->ndim; d++)
                 same = v->shape[d] == want[i].shape[d];
@@ -112,10 +119,10 @@ kt_status kt__hf_check_tensors(const kt_st_file *ckpt, const char *path,
                 dims(v->ndim, v->shape, a, sizeof a);
                 dims(want[i].ndim, want[i].shape, b, sizeof b);
                 snprintf(msg, sizeof msg, "%s: tensor '%s' has shape %s, config.json's model "
-                         "needs %s", path, want[i].name, a, b);
-            } else if (!is_float(v->dtype)) {
-                snprintf(msg, sizeof msg, "%s: tensor '%s' is %s, a weight must be F32, BF16 "
-                         "or F16", path, want[i].name, kt_dtype_name(v->dtype));
+                         "needs %s", file, want[i].name, a, b);
+            } else if (!is_float(v->file_dtype)) {
+                snprintf(msg, sizeof msg, "%s: tensor '%s' is %s, a weight must be F32, BF16, "
+                         "F16 or F64", file, want[i].name, v->file_dtype);
             }
             i++;
             j++;

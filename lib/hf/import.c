@@ -169,21 +169,18 @@ static kt_status write_out(const char *out_dir, const kt__hf_buf *ktg, const kt_
     return kt__hf_out_commit(&o);
 }
 
-/* The checkpoint of model_dir: one model.safetensors. */
+/* The checkpoint of model_dir: its model.safetensors.index.json (every shard) or its
+ * model.safetensors (kt_st_open of the directory). */
 static kt_status open_checkpoint(const char *model_dir, char *path, size_t size,
                                  kt_st_file **out)
 {
-    snprintf(path, size, "%s/model.safetensors", model_dir);
-    if (access(path, F_OK) != 0) {
-        char index[4200];
-        snprintf(index, sizeof index, "%s/model.safetensors.index.json", model_dir);
-        if (access(index, F_OK) == 0)
-            return kt__error(KT_EUNSUPPORTED, "%s: sharded checkpoints are not read by this "
-                             "build (no model.safetensors)", index);
-        return kt__error(KT_EINVAL, "%s: no model.safetensors (or "
-                         "model.safetensors.index.json) in the model directory", model_dir);
-    }
-    return kt_st_open(path, out);
+    snprintf(path, size, "%s", model_dir);
+    KT__TRY(kt_st_open(model_dir, out));
+    if (!kt_st_is_sharded(*out))
+        snprintf(path, size, "%s/model.safetensors", model_dir);
+    else
+        snprintf(path, size, "%s/model.safetensors.index.json", model_dir);
+    return KT_OK;
 }
 
 /* config.json -> cfg, the resolved options, model.ktg's and import.json's text. */
