@@ -45,7 +45,7 @@ done
 if [ -f "$fixtures/qwen3_moe/config.json" ]; then
   # LoRA and aux loss are written into the description and the manifest
   expect lora 0 "imported" "$fixtures/qwen3_moe" -o "$dir/lora" --lora-rank 4 --lora-alpha 8 \
-    --lora-targets q_proj,o_proj --dtype bf16 --aux-loss
+    --lora-targets q_proj,o_proj --aux-loss
   grep -q "lora_A.weight: f32\[R, H\]" "$dir/lora/model.ktg" || fail "lora: no adapter in model.ktg"
   grep -q "load_balance_loss" "$dir/lora/model.ktg" || fail "lora: no aux loss"
   grep -q '"lora_targets": \["q_proj", "o_proj"\]' "$dir/lora/import.json" || fail "lora: import.json"
