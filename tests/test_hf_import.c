@@ -545,9 +545,17 @@ static void run_case(const run_spec *r)
     double err = compare(ref, r->logits_key, &v, r->arch, r->tol_logits);
     kt_tensor loss = tu_new(KT_F32, 1);
     OK(kt_st_read(ref, r->loss_key, &loss));
-    double dl = fabs(kt_session_loss(s) - tu_get(&loss, 0));
+    double want_loss = tu_get(&loss, 0);
+    if (o.aux_loss) { /* the cross-entropy plus router_aux_loss_coef x transformers' aux loss */
+        const char *coef = kt_st_metadata(ref, "router_aux_loss_coef");
+        assert_non_null(coef);
+        OK(kt_st_read(ref, "aux_loss", &loss));
+        want_loss += atof(coef) * tu_get(&loss, 0);
+    }
+    double dl = fabs(kt_session_loss(s) - want_loss);
     tu_free(&loss);
-    print_message("%s (%s): logits rel err %.3g, loss |diff| %.3g\n", r->arch, r->ref, err, dl);
+    print_message("%s (%s%s): logits rel err %.3g, loss |diff| %.3g\n", r->arch, r->ref,
+                  o.aux_loss ? ", aux loss" : "", err, dl);
     assert_true(dl <= r->tol_loss);
     double worst = 0;
     int n_grads = 0;
@@ -612,6 +620,28 @@ static void test_run_against_transformers(void **state)
         run_spec r = {.arch = archs[a], .ref = ref, .mode = KT_MOE_FULL,
                       .expert_dtype = KT_F32, .logits_key = "logits", .loss_key = "loss",
                       .tol_logits = 1e-5, .tol_loss = 1e-5, .grads = 1};
+        run_case(&r);
+        done++;
+    }
+    if (done == 0)
+        skip();
+}
+
+/* --aux-loss: the loss adds router_aux_loss_coef x the load-balancing loss over every MoE
+ * layer's router rows, as transformers with output_router_logits. */
+static void test_run_aux_loss(void **state)
+{
+    (void)state;
+    static const char *const cases[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"};
+    int done = 0;
+    for (int i = 0; i < 4; i++) {
+        if (!have_fixture(cases[i]))
+            continue;
+        char ref[256];
+        snprintf(ref, sizeof ref, "%s/reference.safetensors", cases[i]);
+        run_spec r = {.arch = cases[i], .ref = ref, .o = {.aux_loss = 1}, .mode = KT_MOE_FULL,
+                      .expert_dtype = KT_F32, .logits_key = "logits", .loss_key = "loss",
+                      .tol_logits = 1e-5, .tol_loss = 1e-5};
         run_case(&r);
         done++;
     }
@@ -936,6 +966,7 @@ int main(void)
         cmocka_unit_test(test_import_lora),
         cmocka_unit_test(test_import_lora_bf16),
         cmocka_unit_test(test_run_against_transformers),
+        cmocka_unit_test(test_run_aux_loss),
         cmocka_unit_test(test_run_lora),
         cmocka_unit_test(test_run_bf16),
         cmocka_unit_test(test_bad_input),
