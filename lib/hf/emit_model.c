@@ -78,7 +78,12 @@ static void emit_header(kt__hf_emit *e, const char *source)
 {
     const kt__hf_config *c = e->cfg;
     kt__hf_line(e, "# %s", arch_title(c->arch));
-    kt__hf_line(e, "# Imported by kt-import from %s", source);
+    char src[1024]; /* a comment line: no control characters (a newline would end it) */
+    snprintf(src, sizeof src, "%s", source);
+    for (char *ch = src; *ch != '\0'; ch++)
+        if ((unsigned char)*ch < 0x20 || *ch == 0x7f)
+            *ch = '?';
+    kt__hf_line(e, "# Imported by kt-import from %s", src);
     kt__hf_line(e, "# (config.json: model_type \"%s\"); the parameters carry the checkpoint's "
                    "names and", c->model_type);
     kt__hf_line(e, "# shapes and are read from there by name (kt_session_load, kt-run/kt-train "
