@@ -9,16 +9,6 @@
 #include "lib/core/error.h"
 #include "lib/hf/hf_internal.h"
 
-void kt__hf_expert_name(const kt__hf_config *cfg, int64_t layer, int64_t expert, int proj,
-                        char *buf, size_t size)
-{
-    static const char *const hf[3] = {"gate_proj", "up_proj", "down_proj"};
-    static const char *const mixtral[3] = {"w1", "w3", "w2"};
-    int m = cfg->arch == KT__HF_MIXTRAL;
-    snprintf(buf, size, "model.layers.%lld.%s.experts.%lld.%s.weight", (long long)layer,
-             m ? "block_sparse_moe" : "mlp", (long long)expert, m ? mixtral[proj] : hf[proj]);
-}
-
 typedef struct have_entry {
     const char *name;
     kt_st_info info;

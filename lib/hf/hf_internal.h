@@ -151,10 +151,6 @@ typedef struct kt__hf_tensor {
     int64_t shape[4];
 } kt__hf_tensor;
 
-/* The routed experts' names under the moe op's naming for this architecture. */
-void kt__hf_expert_name(const kt__hf_config *cfg, int64_t layer, int64_t expert, int proj,
-                        char *buf, size_t size);
-
 /* Checks that `ckpt` (opened from `path`) holds exactly `want` (n of them): every name with
  * its shape, nothing else (RoPE's inv_freq buffers, and DeepSeek-V3's multi-token-prediction
  * layers past the last layer, aside). */

@@ -10,6 +10,7 @@
 #include "kt/graph.h"
 #include "kt/hf.h"
 #include "kt/io.h"
+#include "kt/moe.h"
 #include "kt/program.h"
 #include "lib/core/error.h"
 #include "lib/core/read_upto.h"
@@ -70,12 +71,19 @@ static kt_status expected_tensors(const kt_program *p, const kt__hf_config *c,
             t[n].shape[d] = meta.shape[d];
         n++;
     }
+    /* the experts under the names the moe ops give their layers (kt_moe_tensor_name) */
+    kt_moe_names names = c->arch == KT__HF_MIXTRAL ? KT_MOE_NAMES_MIXTRAL : KT_MOE_NAMES_HF;
     for (int64_t l = 0; l < c->layers; l++) {
         if (!c->moe_layer[l])
             continue;
         for (int64_t e = 0; e < c->n_experts; e++)
             for (int proj = 0; proj < 3; proj++) {
-                kt__hf_expert_name(c, l, e, proj, t[n].name, sizeof t[n].name);
+                kt_status s = kt_moe_tensor_name(names, (int)l, e, (kt_moe_proj)proj, "weight",
+                                                 t[n].name, sizeof t[n].name);
+                if (s != KT_OK) {
+                    free(t);
+                    return s;
+                }
                 t[n].ndim = 2;
                 t[n].shape[0] = proj == 2 ? c->hidden : c->moe_intermediate;
                 t[n].shape[1] = proj == 2 ? c->moe_intermediate : c->hidden;
