@@ -1,9 +1,14 @@
 /* OUT written whole or not at all: the files go to a temporary sibling directory, which is
  * renamed onto OUT at the end. An empty OUT is replaced by that one rename; an OUT holding an
- * earlier import's files is first renamed aside, then removed. Anything else at OUT is
- * refused before anything is written, so no user file is ever deleted. */
+ * earlier import's files is swapped with the new one in one step where the system can
+ * (Linux's renameat2 RENAME_EXCHANGE), else renamed aside first, then removed. Anything else
+ * at OUT is refused before anything is written, so no user file is ever deleted. */
+#if defined(__linux__)
+#define _GNU_SOURCE /* renameat2 */
+#endif
 #include "lib/hf/out_dir.h"
 
+#include <fcntl.h>
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -124,6 +129,14 @@ kt_status kt__hf_out_commit(kt__hf_out *o)
         o->tmp[0] = '\0';
         return KT_OK;
     }
+#if defined(__linux__) && defined(RENAME_EXCHANGE)
+    /* one step: OUT is the new import, the temporary name the earlier one */
+    if (renameat2(AT_FDCWD, o->tmp, AT_FDCWD, o->out, RENAME_EXCHANGE) == 0) {
+        remove_dir(o->tmp);
+        o->tmp[0] = '\0';
+        return KT_OK;
+    }
+#endif
     if (rename(o->out, o->old) != 0) {
         kt_status s = kt__error(KT_EIO, "%s: cannot move the earlier import aside: %s", o->out,
                                 strerror(errno));
