@@ -8,6 +8,7 @@
  */
 #include "lib/io/json.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +36,7 @@ typedef struct parser {
     kt__json_doc *doc;
     kt__json_value *stack; /* elements of the containers being parsed, innermost last */
     size_t stack_len, stack_cap;
+    int floats; /* fractions and exponents accepted (kt__json_parse_numbers) */
 } parser;
 
 static void *arena_alloc(kt__json_doc *doc, size_t size)
@@ -294,6 +296,42 @@ static int is_digit(const parser *ps, size_t at)
     return at < ps->len && ps->p[at] >= '0' && ps->p[at] <= '9';
 }
 
+/* The rest of a number whose integer part ends at ps->pos: JSON's fraction and exponent,
+ * then the whole text converted with strtod (the C locale's '.' is JSON's). */
+static kt_status parse_float(parser *ps, size_t start, kt__json_value *v)
+{
+    if (at_char(ps, '.')) {
+        ps->pos++;
+        if (!is_digit(ps, ps->pos))
+            return syntax_error(ps, ps->pos, "expected a digit after '.'");
+        while (is_digit(ps, ps->pos))
+            ps->pos++;
+    }
+    if (at_char(ps, 'e') || at_char(ps, 'E')) {
+        ps->pos++;
+        if (at_char(ps, '+') || at_char(ps, '-'))
+            ps->pos++;
+        if (!is_digit(ps, ps->pos))
+            return syntax_error(ps, ps->pos, "expected a digit in the exponent");
+        while (is_digit(ps, ps->pos))
+            ps->pos++;
+    }
+    char text[64];
+    size_t n = ps->pos - start;
+    if (n >= sizeof text)
+        return kt__error(KT_EFORMAT, "JSON at byte %zu: number longer than %zu characters",
+                         start, sizeof text - 1);
+    memcpy(text, ps->p + start, n);
+    text[n] = '\0';
+    errno = 0;
+    double d = strtod(text, NULL);
+    if (errno == ERANGE && (d > 1.0 || d < -1.0))
+        return kt__error(KT_EFORMAT, "JSON at byte %zu: number %s out of range", start, text);
+    v->type = KT__JSON_FLOAT;
+    v->u.number = d;
+    return KT_OK;
+}
+
 static kt_status parse_int(parser *ps, kt__json_value *v)
 {
     size_t start = ps->pos;
@@ -307,10 +345,17 @@ static kt_status parse_int(parser *ps, kt__json_value *v)
     uint64_t mag = 0;
     for (; is_digit(ps, ps->pos); ps->pos++) {
         unsigned d = ps->p[ps->pos] - '0';
+        if (mag > (UINT64_MAX - d) / 10 && ps->floats) {
+            while (is_digit(ps, ps->pos))
+                ps->pos++;
+            return parse_float(ps, start, v); /* a whole number too large for 64 bits */
+        }
         if (mag > (UINT64_MAX - d) / 10)
             return kt__error(KT_EFORMAT, "JSON at byte %zu: integer out of range", start);
         mag = mag * 10 + d;
     }
+    if ((at_char(ps, '.') || at_char(ps, 'e') || at_char(ps, 'E')) && ps->floats)
+        return parse_float(ps, start, v);
     if (at_char(ps, '.') || at_char(ps, 'e') || at_char(ps, 'E'))
         return syntax_error(ps, ps->pos,
                             "expected an integer (fractions and exponents are not supported)");
@@ -432,12 +477,13 @@ static kt_status parse_value(parser *ps, int depth, kt__json_value *v)
     return parse_literal(ps, v);
 }
 
-kt_status kt__json_parse(const char *text, size_t len, kt__json_doc **doc_out)
+static kt_status parse_document(const char *text, size_t len, int floats,
+                                kt__json_doc **doc_out)
 {
     if ((text == NULL && len > 0) || doc_out == NULL)
         return kt__error(KT_EINVAL, "kt__json_parse: NULL argument");
     kt_status s = KT_OK;
-    parser ps = {.p = (const unsigned char *)text, .len = len};
+    parser ps = {.p = (const unsigned char *)text, .len = len, .floats = floats};
     ps.doc = calloc(1, sizeof *ps.doc);
     if (ps.doc == NULL) {
         s = out_of_memory(&ps);
@@ -457,6 +503,16 @@ done:
     }
     *doc_out = ps.doc;
     return KT_OK;
+}
+
+kt_status kt__json_parse(const char *text, size_t len, kt__json_doc **doc_out)
+{
+    return parse_document(text, len, 0, doc_out);
+}
+
+kt_status kt__json_parse_numbers(const char *text, size_t len, kt__json_doc **doc_out)
+{
+    return parse_document(text, len, 1, doc_out);
 }
 
 const kt__json_value *kt__json_root(const kt__json_doc *doc) { return &doc->root; }
@@ -499,6 +555,8 @@ const char *kt__json_type_name(kt__json_type type)
         return "array";
     case KT__JSON_OBJECT:
         return "object";
+    case KT__JSON_FLOAT:
+        return "number";
     }
     return "?";
 }

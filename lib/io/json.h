@@ -4,7 +4,10 @@
  * strings must be valid UTF-8 with valid escapes (\uXXXX surrogate pairs are decoded to
  * UTF-8; lone surrogates and raw control characters are rejected), and numbers must be
  * integers in [-2^63, 2^64 - 1] without leading zeros, because headers never need
- * fractions and a silently rounded offset would be worse than an error. Nesting deeper than
+ * fractions and a silently rounded offset would be worse than an error. Readers of
+ * configuration files (config.json) ask for fractions and exponents with
+ * kt__json_parse_numbers: such numbers become KT__JSON_FLOAT (a double, finite), while plain
+ * integers stay KT__JSON_INT. Nesting deeper than
  * KT__JSON_MAX_DEPTH is rejected before it can exhaust the stack. Errors are KT_EFORMAT
  * (KT_ENOMEM when an allocation fails) with the byte offset and what was expected.
  *
@@ -28,7 +31,8 @@ typedef enum kt__json_type {
     KT__JSON_INT,
     KT__JSON_STRING,
     KT__JSON_ARRAY,
-    KT__JSON_OBJECT
+    KT__JSON_OBJECT,
+    KT__JSON_FLOAT /* only from kt__json_parse_numbers */
 } kt__json_type;
 
 typedef struct kt__json_value kt__json_value;
@@ -48,6 +52,7 @@ struct kt__json_value {
             const char *s;
             size_t len;
         } string;
+        double number; /* KT__JSON_FLOAT */
         struct {
             const kt__json_value *items; /* array elements, or object members in order */
             size_t count;
@@ -59,6 +64,9 @@ typedef struct kt__json_doc kt__json_doc;
 
 /* Parses exactly one value, optionally surrounded by whitespace, from text[0..len). */
 kt_status kt__json_parse(const char *text, size_t len, kt__json_doc **doc_out);
+/* The same, also accepting numbers with a fraction or an exponent (JSON's grammar; a value
+ * beyond the range of a double is an error). */
+kt_status kt__json_parse_numbers(const char *text, size_t len, kt__json_doc **doc_out);
 const kt__json_value *kt__json_root(const kt__json_doc *doc);
 void kt__json_free(kt__json_doc *doc);
 
