@@ -123,7 +123,7 @@ static kt_status write_tensor(kt_out_file *f, const kt_st_file *run, const char 
 
 static kt_status write_shard(const kt__xdir *d, const kt__source *src, size_t k,
                              const kt_st_file *run, const kt__adapters *ad, double scale,
-                             uint64_t *bytes)
+                             uint64_t *bytes, uint64_t *params)
 {
     const kt_st_file *shard = src->shards[k];
     size_t n = kt_st_count(shard);
@@ -138,6 +138,7 @@ static kt_status write_shard(const kt__xdir *d, const kt__source *src, size_t k,
         items[i].dtype = view.dtype, items[i].ndim = view.ndim;
         memcpy(items[i].shape, view.shape, sizeof view.shape);
         *bytes += kt_tensor_nbytes(&view);
+        *params += (uint64_t)kt_tensor_numel(&view);
     }
     kt_out_file *f = NULL;
     kt_status status = kt_out_open(path, &f);
@@ -155,15 +156,16 @@ static kt_status write_shard(const kt__xdir *d, const kt__source *src, size_t k,
     return status;
 }
 
-static kt_status write_index(const kt__xdir *d, const kt__source *src, uint64_t total)
+static kt_status write_index(const kt__xdir *d, const kt__source *src, uint64_t total,
+                             uint64_t params)
 {
     char path[KT_HF_EXPORT_PATH_BYTES];
     KT__TRY(kt__xdir_path(d, "model.safetensors.index.json", path, sizeof path));
     kt_out_file *f = NULL;
     KT__TRY(kt_out_open(path, &f));
-    kt_status st = kt_out_printf(f, "{\n  \"metadata\": {\n    \"total_size\": %llu\n  },\n"
-                                    "  \"weight_map\": {",
-                                 (unsigned long long)total);
+    kt_status st = kt_out_printf(f, "{\n  \"metadata\": {\n    \"total_parameters\": %llu,\n"
+                                    "    \"total_size\": %llu\n  },\n  \"weight_map\": {",
+                                 (unsigned long long)params, (unsigned long long)total);
     for (size_t i = 0; i < src->n_mapped && st == KT_OK; i++) {
         st = kt_out_printf(f, "%s\n    ", i ? "," : "");
         if (st == KT_OK)
@@ -228,11 +230,11 @@ kt_status kt_hf_export_full(const char *run_path, const kt_hf_export_options *op
     if (status == KT_OK)
         status = kt__xdir_begin(&d, out_dir);
     const double scale = ad.n > 0 ? options->lora_alpha / (double)ad.rank : 0.0;
-    uint64_t total = 0;
+    uint64_t total = 0, params = 0;
     for (size_t k = 0; k < src.n_shards && status == KT_OK; k++)
-        status = write_shard(&d, &src, k, run, &ad, scale, &total);
+        status = write_shard(&d, &src, k, run, &ad, scale, &total, &params);
     if (status == KT_OK && src.indexed)
-        status = write_index(&d, &src, total);
+        status = write_index(&d, &src, total, params);
     if (status == KT_OK)
         status = copy_side_files(&d, options->source_dir);
     if (status == KT_OK)
