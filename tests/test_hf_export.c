@@ -303,26 +303,39 @@ static void test_peft_layout(void **state)
     assert_non_null(strstr(cfg, fx->source));
 }
 
-/* The shared expert's gate_proj: a bare target_modules name where it is the only one, refused
- * for a model type whose gate_proj PEFT rewrites into the fused experts. */
+/* The shared expert's gate_proj: a bare target_modules name where it is the only one; for a
+ * model type whose gate_proj PEFT rewrites into the fused experts, a target_parameters entry
+ * "gate_proj.weight" instead (the same tensor names). */
 static void test_peft_dense_mlp(void **state)
 {
     fixture *fx = *state;
-    write_files(fx, 1, "qwen2_moe", 1);
-    kt_hf_export_options o = options(fx);
-    OK(kt_hf_export_peft(fx->run, &o, fx->out));
-    char path[400];
-    path_in(path, sizeof path, fx->out, "adapter_config.json");
-    assert_non_null(strstr(read_all(path), "\"target_modules\": [\"gate_proj\", \"q_proj\"]"));
-    remove_tree(fx->out);
-    o.model_type = "deepseek_v3";
-    TU_EXPECT_ERROR(kt_hf_export_peft(fx->run, &o, fx->out), KT_EINVAL,
-                    "model.layers.0.mlp.shared_experts.gate_proj", "deepseek_v3", "--merged");
-    assert_false(access(fx->out, F_OK) == 0);
-    o.model_type = NULL; /* from config.json */
-    write_files(fx, 1, "deepseek_v3", 1);
-    TU_EXPECT_ERROR(kt_hf_export_peft(fx->run, &o, fx->out), KT_EINVAL, "deepseek_v3");
-    assert_false(access(fx->out, F_OK) == 0);
+    const char *types[2] = {"qwen2_moe", "deepseek_v3"};
+    for (int k = 0; k < 2; k++) {
+        write_files(fx, 1, types[k], 1);
+        kt_hf_export_options o = options(fx); /* model_type from config.json */
+        OK(kt_hf_export_peft(fx->run, &o, fx->out));
+        char path[400];
+        path_in(path, sizeof path, fx->out, "adapter_config.json");
+        const char *cfg = read_all(path);
+        const char *want = k == 0 ? "\"target_modules\": [\"gate_proj\", \"q_proj\"]"
+                                  : "\"target_modules\": [\"q_proj\"]";
+        const char *params = k == 0
+                                 ? "\"target_parameters\": [\"experts.gate_up_proj\", "
+                                   "\"experts.down_proj\"]"
+                                 : "\"target_parameters\": [\"experts.gate_up_proj\", "
+                                   "\"experts.down_proj\", \"gate_proj.weight\"]";
+        if (strstr(cfg, want) == NULL || strstr(cfg, params) == NULL)
+            fail_msg("%s: adapter_config.json lacks %s or %s:\n%s", types[k], want, params, cfg);
+        path_in(path, sizeof path, fx->out, "adapter_model.safetensors");
+        kt_st_file *f = NULL;
+        kt_tensor t;
+        OK(kt_st_open(path, &f));
+        OK(kt_st_find(f, "base_model.model.model.layers.0.mlp.shared_experts.gate_proj.lora_B.weight",
+                      &t));
+        assert_true(tu_bitwise_equal(&t, find_ad(fx, "model.layers.0.mlp.shared_experts.gate_proj", 1)));
+        kt_st_close(f);
+        remove_tree(fx->out);
+    }
 }
 
 /* ---- full checkpoints ------------------------------------------------------------------------ */
@@ -515,7 +528,7 @@ static void test_import_record(void **state)
     char path[400];
     kt_hf_import_record r;
     path_in(path, sizeof path, fx->dir, "import.json");
-    write_text(path, "{\"source_dir\": \"/models/x\", \"model_type\": \"mixtral\", \"dtype\": "
+    write_text(path, "{\"source\": \"/models/x\", \"model_type\": \"mixtral\", \"dtype\": "
                      "\"bf16\", \"lora_rank\": 8, \"lora_alpha\": 16, \"lora_targets\": "
                      "[\"q_proj\", \"v_proj\"]}");
     OK(kt_hf_read_import_record(path, &r));
@@ -529,10 +542,10 @@ static void test_import_record(void **state)
     assert_string_equal(o.source_dir, "/models/x");
     assert_string_equal(o.targets[1], "v_proj");
     assert_null(o.targets[2]);
-    write_text(path, "{\"source_dir\": \"/models/x\", \"model_type\": \"mixtral\"}");
+    write_text(path, "{\"source\": \"/models/x\", \"model_type\": \"mixtral\"}");
     TU_EXPECT_ERROR(kt_hf_read_import_record(path, &r), KT_EFORMAT, path, "\"dtype\"");
-    write_text(path, "{\"source_dir\": 3}");
-    TU_EXPECT_ERROR(kt_hf_read_import_record(path, &r), KT_EFORMAT, "\"source_dir\"", "string");
+    write_text(path, "{\"source\": 3}");
+    TU_EXPECT_ERROR(kt_hf_read_import_record(path, &r), KT_EFORMAT, "\"source\"", "string");
     write_text(path, "not json");
     TU_EXPECT_ERROR(kt_hf_read_import_record(path, &r), KT_EFORMAT, path);
     path_in(path, sizeof path, fx->dir, "missing.json");

@@ -80,12 +80,20 @@ static kt_status check_pair(const kt__adapter *a, const char *run_path)
     return KT_OK;
 }
 
+/* The target name that reaches an adapter: kt-import's (PEFT's) gate_proj / up_proj /
+ * down_proj for the routed experts too, Mixtral's w1 / w3 / w2 included. */
+static const char *target_of(const kt__adapter *a)
+{
+    static const char *const hf[3] = {"gate_proj", "up_proj", "down_proj"};
+    return a->layer >= 0 ? hf[a->proj] : leaf_name(a->module);
+}
+
 static kt_status check_targets(const kt__adapters *set, const char *const *targets,
                                const char *run_path)
 {
     for (size_t i = 0; i < set->n; i++) {
         const kt__adapter *a = &set->items[i];
-        const char *leaf = leaf_name(a->module);
+        const char *leaf = target_of(a);
         int found = 0;
         for (const char *const *t = targets; *t && !found; t++)
             found = strcmp(*t, leaf) == 0 || (a->layer >= 0 && strcmp(*t, "experts") == 0);
@@ -98,7 +106,7 @@ static kt_status check_targets(const kt__adapters *set, const char *const *targe
     for (const char *const *t = targets; *t; t++) {
         int used = 0;
         for (size_t i = 0; i < set->n && !used; i++)
-            used = strcmp(*t, leaf_name(set->items[i].module)) == 0 ||
+            used = strcmp(*t, target_of(&set->items[i])) == 0 ||
                    (set->items[i].layer >= 0 && strcmp(*t, "experts") == 0);
         if (!used)
             return kt__error(KT_EINVAL, "%s: LoRA target '%s' has no adapter in the run",

@@ -22,7 +22,8 @@
 
 /* Model types whose v4 expert names PEFT 0.21.2 rewrites, on transformers 5, into the fused
  * experts' target_parameters (peft/utils/transformers_weight_conversion.py): a target_modules
- * entry with one of these last names never reaches a dense nn.Linear in those models. */
+ * entry with one of these last names never reaches a dense nn.Linear in those models (and
+ * gate_proj without up_proj is refused outright). */
 static const char *const remapped_mixtral[] = {"mixtral", "minimax", "minimax_m2", NULL};
 static const char *const remapped_qwen2[] = {"qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3",
                                              "deepseek_v32", "glm4_moe", "dots1",
@@ -279,9 +280,31 @@ static int leaf_covers(const kt__source *src, const kt__adapters *ad, const char
     return 1;
 }
 
-static kt_status write_config(const char *path, const kt_hf_export_options *o,
-                              const target_list *modules, int experts, int64_t r)
+static kt_status json_list(kt_out_file *f, const char *key, const char *const *first,
+                           size_t n_first, const target_list *rest, const char *suffix)
 {
+    kt_status st = kt_out_printf(f, ",\n  \"%s\": [", key);
+    size_t k = 0;
+    for (size_t i = 0; i < n_first + rest->n && st == KT_OK; i++, k++) {
+        st = kt_out_printf(f, "%s", k ? ", " : "");
+        if (st != KT_OK)
+            break;
+        if (i < n_first) {
+            st = kt__out_json_string(f, first[i]);
+        } else {
+            char name[KT__HF_NAME_BYTES + 16];
+            snprintf(name, sizeof name, "%s%s", rest->names[i - n_first], suffix);
+            st = kt__out_json_string(f, name);
+        }
+    }
+    return st == KT_OK ? kt_out_printf(f, "]") : st;
+}
+
+static kt_status write_config(const char *path, const kt_hf_export_options *o,
+                              const target_list *modules, const target_list *params,
+                              int experts, int64_t r)
+{
+    static const char *const fused[2] = {GATE_UP, DOWN};
     kt_out_file *f = NULL;
     KT__TRY(kt_out_open(path, &f));
     kt_status st = kt_out_printf(f, "{\n  \"peft_type\": \"LORA\",\n  \"task_type\": "
@@ -296,16 +319,13 @@ static kt_status write_config(const char *path, const kt_hf_export_options *o,
         st = kt_out_printf(f, ",\n  \"lora_dropout\": 0.0,\n  \"bias\": \"none\",\n"
                               "  \"fan_in_fan_out\": false,\n  \"use_rslora\": false,\n"
                               "  \"use_dora\": false,\n  \"init_lora_weights\": true,\n"
-                              "  \"inference_mode\": true,\n  \"modules_to_save\": null,\n"
-                              "  \"target_modules\": [");
-    for (size_t i = 0; i < modules->n && st == KT_OK; i++) {
-        st = kt_out_printf(f, "%s", i ? ", " : "");
-        if (st == KT_OK)
-            st = kt__out_json_string(f, modules->names[i]);
-    }
+                              "  \"inference_mode\": true,\n  \"modules_to_save\": null");
+    if (st == KT_OK)
+        st = json_list(f, "target_modules", NULL, 0, modules, "");
+    if (st == KT_OK)
+        st = json_list(f, "target_parameters", fused, experts ? 2 : 0, params, ".weight");
     if (st == KT_OK && experts) {
-        st = kt_out_printf(f, "],\n  \"target_parameters\": [\"" GATE_UP "\", \"" DOWN "\"],\n"
-                              "  \"rank_pattern\": {\"" GATE_UP "\": %lld},\n"
+        st = kt_out_printf(f, ",\n  \"rank_pattern\": {\"" GATE_UP "\": %lld},\n"
                               "  \"alpha_pattern\": {\"" GATE_UP "\": ",
                            (long long)(2 * r));
         if (st == KT_OK)
@@ -313,8 +333,7 @@ static kt_status write_config(const char *path, const kt_hf_export_options *o,
         if (st == KT_OK)
             st = kt_out_printf(f, "}\n}\n");
     } else if (st == KT_OK) {
-        st = kt_out_printf(f, "],\n  \"target_parameters\": [],\n  \"rank_pattern\": {},\n"
-                              "  \"alpha_pattern\": {}\n}\n");
+        st = kt_out_printf(f, ",\n  \"rank_pattern\": {},\n  \"alpha_pattern\": {}\n}\n");
     }
     if (st != KT_OK) {
         kt_out_discard(f);
@@ -323,10 +342,13 @@ static kt_status write_config(const char *path, const kt_hf_export_options *o,
     return kt_out_commit(f);
 }
 
-/* target_modules: each dense adapter's leaf name where it covers every such module of the
- * source, else the module's full path; refused where PEFT would rewrite the name. */
-static kt_status dense_targets(const kt__adapters *ad, const kt__source *src,
-                               const char *model_type, const char *run_path, target_list *t)
+/* Each dense adapter's target: its last name where that covers every such module of the
+ * source, else the module's full path; in target_modules, except where PEFT would rewrite
+ * the name into the fused experts (a gate_proj of DeepSeek's shared experts, say): those go
+ * to target_parameters as "<name>.weight", which PEFT wraps as an ordinary rank-r LoRA of
+ * the Linear's weight, under the same tensor names. */
+static void dense_targets(const kt__adapters *ad, const kt__source *src, const char *model_type,
+                          target_list *modules, target_list *params)
 {
     const char *const *remapped = in_list(remapped_mixtral, model_type) ? leaves_mixtral
                                   : in_list(remapped_qwen2, model_type) ? leaves_qwen2
@@ -336,18 +358,11 @@ static kt_status dense_targets(const kt__adapters *ad, const kt__source *src,
         if (a->layer >= 0)
             continue;
         const char *leaf = leaf_name(a->module);
-        if (remapped != NULL && in_list(remapped, leaf))
-            return kt__error(KT_EINVAL,
-                             "%s: adapter '%s': PEFT 0.21 on transformers 5 rewrites "
-                             "target_modules '%s' of a %s model into the fused routed experts, "
-                             "so it cannot load this adapter onto the dense projection; export "
-                             "the merged weights instead (--hf DIR --merged)",
-                             run_path, a->module, leaf, model_type);
+        target_list *t = remapped != NULL && in_list(remapped, leaf) ? params : modules;
         const char *name = leaf_covers(src, ad, leaf) ? leaf : a->module;
         if (!has(t, name))
             t->names[t->n++] = name;
     }
-    return KT_OK;
 }
 
 kt_status kt_hf_export_peft(const char *run_path, const kt_hf_export_options *options,
@@ -360,7 +375,7 @@ kt_status kt_hf_export_peft(const char *run_path, const kt_hf_export_options *op
     kt__adapters ad = {0};
     kt__xdir d = {0};
     peft_out o = {0};
-    target_list t = {0};
+    target_list t = {0}, tp = {0};
     char model_type[64], path[KT_HF_EXPORT_PATH_BYTES];
     int64_t *layers = NULL;
     size_t n_layers = 0;
@@ -385,12 +400,14 @@ kt_status kt_hf_export_peft(const char *run_path, const kt_hf_export_options *op
         o.items = calloc(o.cap, sizeof *o.items);
         o.names = calloc(o.cap, sizeof *o.names);
         t.names = calloc(ad.n + 1, sizeof *t.names);
+        tp.names = calloc(ad.n + 1, sizeof *tp.names);
         layers = calloc(ad.n + 1, sizeof *layers);
-        if (o.items == NULL || o.names == NULL || t.names == NULL || layers == NULL)
+        if (o.items == NULL || o.names == NULL || t.names == NULL || tp.names == NULL ||
+            layers == NULL)
             st = kt__error(KT_ENOMEM, "peft export: out of memory");
     }
     if (st == KT_OK)
-        st = dense_targets(&ad, &src, model_type, run_path, &t);
+        dense_targets(&ad, &src, model_type, &t, &tp);
     for (size_t i = 0; i < ad.n && st == KT_OK; i++) {
         const kt__adapter *a = &ad.items[i];
         if (a->layer < 0) {
@@ -433,12 +450,13 @@ kt_status kt_hf_export_peft(const char *run_path, const kt_hf_export_options *op
     if (st == KT_OK)
         st = kt__xdir_path(&d, "adapter_config.json", path, sizeof path);
     if (st == KT_OK)
-        st = write_config(path, options, &t, n_layers > 0, ad.rank);
+        st = write_config(path, options, &t, &tp, n_layers > 0, ad.rank);
     if (st == KT_OK)
         st = kt__xdir_commit(&d);
     kt__xdir_abort(&d);
     free(layers);
     free(t.names);
+    free(tp.names);
     free_out(&o);
     kt__adapters_free(&ad);
     kt__source_close(&src);

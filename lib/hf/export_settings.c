@@ -74,7 +74,7 @@ static kt_status read_record(const kt__json_value *root, const char *path,
 {
     if (root->type != KT__JSON_OBJECT)
         return kt__error(KT_EFORMAT, "%s: not a JSON object", path);
-    KT__TRY(get_string(root, "source_dir", r->source_dir, sizeof r->source_dir, path));
+    KT__TRY(get_string(root, "source", r->source_dir, sizeof r->source_dir, path));
     KT__TRY(get_string(root, "model_type", r->model_type, sizeof r->model_type, path));
     KT__TRY(get_string(root, "dtype", r->dtype, sizeof r->dtype, path));
     KT__TRY(get_int(root, "lora_rank", 0, 1 << 20, &r->lora_rank, path));
