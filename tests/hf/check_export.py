@@ -70,6 +70,20 @@ def configs():
                                                    kv_lora_rank=8, qk_rope_head_dim=4,
                                                    qk_nope_head_dim=4, v_head_dim=4), \
         ["q_b_proj", "gate_proj", "up_proj", "down_proj"], None
+    yield "deepseek_v3", c.DeepseekV3Config(**small, intermediate_size=48,
+                                            moe_intermediate_size=16, num_key_value_heads=4,
+                                            n_routed_experts=4, num_experts_per_tok=2,
+                                            n_shared_experts=1, first_k_dense_replace=1,
+                                            n_group=2, topk_group=1, q_lora_rank=16,
+                                            kv_lora_rank=8, qk_rope_head_dim=4,
+                                            qk_nope_head_dim=4, v_head_dim=4), \
+        ["kv_a_proj_with_mqa", "o_proj", "gate_proj", "up_proj", "down_proj"], None
+    yield "olmoe", c.OlmoeConfig(**small, intermediate_size=16, num_key_value_heads=2,
+                                 num_experts=4, num_experts_per_tok=2, pad_token_id=None), \
+        ["v_proj", "o_proj"], None
+    # a dense relative: no experts, the MLP through target_modules
+    yield "llama", c.LlamaConfig(**small, intermediate_size=48, num_key_value_heads=2), \
+        ["q_proj", "gate_proj", "down_proj"], None
 
 
 EXPERT_PROJ = ("gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")
@@ -129,11 +143,11 @@ def check_arch(kt_export, work, arch, cfg, targets, shard):
     imp = os.path.join(work, arch, "import.json")
     with open(imp, "w") as f:
         # as kt-import writes it; its gate_proj/up_proj/down_proj reach the routed experts too
-        mlp = ["gate_proj", "up_proj", "down_proj"]
+        mlp = ["gate_proj", "up_proj", "down_proj"] if any(map(is_expert, sd)) else []
         json.dump({"format": "kt-import 1", "source": os.path.abspath(src),
                    "model_type": cfg.model_type, "dtype": "f32", "lora_rank": R,
                    "lora_alpha": int(ALPHA), "lora_targets": targets + [t for t in mlp if t not in targets],
-                   "moe_mode": "lora"}, f)
+                   "moe_mode": "lora" if mlp else None}, f)
     ref_dir = os.path.join(work, arch, "reference")
     os.makedirs(ref_dir)
     shutil.copy(os.path.join(src, "config.json"), ref_dir)
