@@ -21,7 +21,7 @@
 #include "kt/io.h"
 #include "tests/support/test_util.h"
 
-enum { H = 4, I = 6, E = 3, V = 8, R = 2, NT = 16 };
+enum { H = 4, I = 6, E = 3, V = 8, R = 2, NT = 17 };
 static const double ALPHA = 5.0;
 static const char *const PROJ[3] = {"gate_proj", "up_proj", "down_proj"};
 
@@ -159,6 +159,8 @@ static int setup(void **state)
     add(fx, "model.layers.0.self_attn.q_proj.weight", KT_BF16, H, H, 0, &rng);
     add(fx, "model.layers.0.self_attn.k_proj.weight", KT_F16, 2, H, 0, &rng);
     add(fx, "model.layers.0.mlp.gate.weight", KT_F32, E, H, 0, &rng);
+    /* another q_proj, without an adapter: target_modules must name layer 0's by its path */
+    add(fx, "model.layers.1.self_attn.q_proj.weight", KT_F32, H, H, 0, &rng);
     add(fx, "model.layers.0.mlp.shared_experts.gate_proj.weight", KT_F32, I, H, 1, &rng);
     char name[96];
     for (int e = 0; e < E; e++)
@@ -292,7 +294,8 @@ static void test_peft_layout(void **state)
     path_in(path, sizeof path, fx->out, "adapter_config.json");
     const char *cfg = read_all(path);
     const char *want[] = {"\"peft_type\": \"LORA\"", "\"task_type\": \"CAUSAL_LM\"", "\"r\": 2,",
-                          "\"lora_alpha\": 5,", "\"target_modules\": [\"q_proj\"]",
+                          "\"lora_alpha\": 5,",
+                          "\"target_modules\": [\"model.layers.0.self_attn.q_proj\"]",
                           "\"target_parameters\": [\"experts.gate_up_proj\", \"experts.down_proj\"]",
                           "\"rank_pattern\": {\"experts.gate_up_proj\": 4}",
                           "\"alpha_pattern\": {\"experts.gate_up_proj\": 10}",
@@ -317,8 +320,9 @@ static void test_peft_dense_mlp(void **state)
         char path[400];
         path_in(path, sizeof path, fx->out, "adapter_config.json");
         const char *cfg = read_all(path);
-        const char *want = k == 0 ? "\"target_modules\": [\"gate_proj\", \"q_proj\"]"
-                                  : "\"target_modules\": [\"q_proj\"]";
+        const char *want =
+            k == 0 ? "\"target_modules\": [\"gate_proj\", \"model.layers.0.self_attn.q_proj\"]"
+                   : "\"target_modules\": [\"model.layers.0.self_attn.q_proj\"]";
         const char *params = k == 0
                                  ? "\"target_parameters\": [\"experts.gate_up_proj\", "
                                    "\"experts.down_proj\"]"
@@ -390,7 +394,7 @@ static void check_full(fixture *fx, int sharded, int merged)
                          tu_get(&t, k), want, x);
         }
         if (sharded) /* each shard holds exactly its tensors */
-            assert_int_equal(kt_st_count(f), fx->shard[i] ? 11 : 5);
+            assert_int_equal(kt_st_count(f), fx->shard[i] ? 11 : 6);
         kt_st_close(f);
     }
     char path[400];

@@ -46,6 +46,11 @@ def configs():
                                         num_key_value_heads=2, num_experts=4,
                                         num_experts_per_tok=2, head_dim=8), \
         ["q_proj", "k_proj"], "30KB"
+    # q_proj adapted in layer 1 only: target_modules by path
+    yield "mixtral_partial", c.MixtralConfig(**small, intermediate_size=24,
+                                             num_key_value_heads=2, num_local_experts=4,
+                                             num_experts_per_tok=2), \
+        ["layers.1.self_attn.q_proj"], None
     # Qwen2-MoE: the shared expert's Linear layers through target_modules as well
     yield "qwen2_moe", c.Qwen2MoeConfig(**small, intermediate_size=48, moe_intermediate_size=16,
                                         shared_expert_intermediate_size=24,
@@ -131,7 +136,8 @@ def check_arch(kt_export, work, arch, cfg, targets, shard):
             continue
         module = name[: -len(".weight")]
         leaf = module.split(".")[-1]
-        if not (is_expert(name) or (leaf in targets and ".experts." not in name)):
+        chosen = leaf in targets or any("." in t and module.endswith(t) for t in targets)
+        if not (is_expert(name) or (chosen and ".experts." not in name)):
             continue
         a = torch.randn(R, w.shape[1], generator=g) * 0.2
         b = torch.randn(w.shape[0], R, generator=g) * 0.2
@@ -146,7 +152,8 @@ def check_arch(kt_export, work, arch, cfg, targets, shard):
         mlp = ["gate_proj", "up_proj", "down_proj"] if any(map(is_expert, sd)) else []
         json.dump({"format": "kt-import 1", "source": os.path.abspath(src),
                    "model_type": cfg.model_type, "dtype": "f32", "lora_rank": R,
-                   "lora_alpha": int(ALPHA), "lora_targets": targets + [t for t in mlp if t not in targets],
+                   "lora_alpha": int(ALPHA), "lora_targets": [t.split(".")[-1] for t in targets] +
+                   [t for t in mlp if t not in targets],
                    "moe_mode": "lora" if mlp else None}, f)
     ref_dir = os.path.join(work, arch, "reference")
     os.makedirs(ref_dir)
