@@ -9,9 +9,11 @@
  *
  * - kt_hf_export_peft: a PEFT 0.21 adapter directory (adapter_config.json +
  *   adapter_model.safetensors) for peft.PeftModel.from_pretrained: dense adapters through
- *   target_modules, the routed experts through target_parameters "experts.gate_up_proj" (one
- *   rank-2r adapter per layer whose B is block-diagonal [B_gate 0; 0 B_up], alpha 2a, which is
- *   exactly libkt's separate gate and up adapters) and "experts.down_proj" (rank r).
+ *   target_modules (or target_parameters "<name>.weight" where PEFT would rewrite the name
+ *   into the fused experts), the routed experts through target_parameters
+ *   "experts.gate_up_proj" (one rank-2r adapter per layer whose B is block-diagonal
+ *   [B_gate 0; 0 B_up], alpha 2a, which is exactly libkt's separate gate and up adapters) and
+ *   "experts.down_proj" (rank r).
  * - kt_hf_export_full: a whole checkpoint in the source's names, dtypes and shard files
  *   (model.safetensors.index.json included when the source has one), config.json,
  *   generation_config.json and tokenizer files copied; with `merged` the LoRA deltas folded in

@@ -211,7 +211,12 @@ kt_status kt_hf_export_full(const char *run_path, const kt_hf_export_options *op
     kt__source src = {0};
     kt__adapters ad = {0};
     kt__xdir d = {0};
-    kt_status status = kt_st_open(run_path, &run);
+    /* the cheap refusal first, before the checks read the files */
+    kt_status status = kt__path_exists(out_dir)
+                           ? kt__error(KT_EINVAL, "%s: already exists (the export writes a new "
+                                                  "directory; remove it or choose another)",
+                                       out_dir)
+                           : kt_st_open(run_path, &run);
     if (status == KT_OK)
         status = kt__source_open(options->source_dir, &src);
     if (status == KT_OK)

@@ -380,7 +380,11 @@ kt_status kt_hf_export_peft(const char *run_path, const kt_hf_export_options *op
     int64_t *layers = NULL;
     size_t n_layers = 0;
     int mixtral = 0;
-    kt_status st = kt_st_open(run_path, &run);
+    kt_status st = kt__path_exists(out_dir)
+                       ? kt__error(KT_EINVAL, "%s: already exists (the export writes a new "
+                                              "directory; remove it or choose another)",
+                                   out_dir)
+                       : kt_st_open(run_path, &run);
     if (st == KT_OK)
         st = kt__source_open(options->source_dir, &src);
     if (st == KT_OK)
