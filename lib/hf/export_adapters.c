@@ -134,8 +134,8 @@ kt_status kt__adapters_find(const kt_st_file *run, const char *run_path,
         kt_tensor view;
         if ((status = kt_st_entry(run, i, &name, &view)) != KT_OK)
             break;
-        if (strncmp(name, "optimizer.", 10) == 0)
-            continue;
+        if (strncmp(name, "optimizer.", 10) == 0 || strncmp(name, "grad.", 5) == 0)
+            continue; /* optimizer state, gradients (kt-run's output files) */
         int is_a = ends_with(name, SUFFIX_A), is_b = ends_with(name, SUFFIX_B);
         if (!is_a && !is_b)
             continue;

@@ -54,7 +54,8 @@ typedef struct kt__adapters {
     int64_t rank; /* 0 when there are none */
 } kt__adapters;
 
-/* Every "<module>.lora_A.weight" / ".lora_B.weight" pair of the run ("optimizer.*" skipped):
+/* Every "<module>.lora_A.weight" / ".lora_B.weight" pair of the run ("optimizer.*" and
+ * "grad.*" skipped):
  * each A needs its B, f32, 2-D, one rank for all (options->lora_rank when given), and with
  * options->targets each module's last name component (or "experts" for a routed expert's)
  * among the targets and each target used. */
