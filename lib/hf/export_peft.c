@@ -115,6 +115,12 @@ static kt_status add_dense(peft_out *o, const kt__adapter *a, const kt__source *
 {
     char name[KT__HF_NAME_BYTES + 64];
     kt_tensor w;
+    /* Mixtral's block_sparse_moe is "mlp" in memory: PEFT would look for another name */
+    if (strstr(a->module, ".block_sparse_moe.") != NULL)
+        return kt__error(KT_EINVAL, "%s: adapter '%s': a Mixtral router adapter has no PEFT "
+                                    "name here; export the merged weights instead "
+                                    "(--hf DIR --merged)",
+                         run_path, a->module);
     snprintf(name, sizeof name, "%s.weight", a->module);
     if (kt__source_find(src, name, &w) != KT_OK)
         return kt__error(KT_EINVAL, "%s: adapter '%s': the source checkpoint has no '%s'",
