@@ -334,8 +334,8 @@ enum {
     B_FIRST = 60, B_LAST = 64, B_STORAGE = 68, B_SIZE = 72,
     /* a step record: kind, op name length, op name, then (from the end of the name) */
     S_KIND = 0, S_OPLEN = 4, S_OPNAME = 8,
-    S_ATTRS = 0, S_N_IN = 252, S_N_OUT = 256, S_IN = 260, S_OUT = 292, S_GOUT = 300,
-    S_GIN = 308, S_SCRATCH = 340, S_NAME = 344, S_FLAGS = 348, S_FLOPS = 352, S_TAIL = 360,
+    S_ATTRS = 0, S_N_IN = 264, S_N_OUT = 268, S_IN = 272, S_OUT = 304, S_GOUT = 312,
+    S_GIN = 320, S_SCRATCH = 352, S_NAME = 356, S_FLAGS = 360, S_FLOPS = 364, S_TAIL = 372,
     /* an entry record */
     E_NAME = 0, E_BUF = 4, E_GRAD = 8, E_INIT = 12, E_A = 16, E_B = 20, E_SHARD = 24, E_SIZE = 28,
     MAX_STEPS = 64
@@ -477,16 +477,17 @@ static void test_truncated_and_flipped(void **state)
     c[0] = 'X';
     TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "bad magic");
     memcpy(c, bytes, n);
-    wr_u32(c, H_VERSION, 8);
+    wr_u32(c, H_VERSION, 9);
     fix_crc(c, n);
-    TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "version 8",
-                    "reads versions 7 to 7");
+    TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "version 9",
+                    "reads versions 8 to 8");
     wr_u32(c, H_VERSION, 1);
     fix_crc(c, n);
     TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "version 1");
-    /* versions 3 to 6 have the attribute record before rope's, topk_router's,
-     * sum/mean/expand/clamp's or attention's fields: refused by their version, not misread */
-    for (uint32_t v = 3; v <= 6; v++) {
+    /* versions 3 to 7 have the attribute record before rope's, topk_router's,
+     * sum/mean/expand/clamp's, attention's or moe's fields: refused by their version, not
+     * misread */
+    for (uint32_t v = 3; v <= 7; v++) {
         char want[16];
         snprintf(want, sizeof want, "version %u", (unsigned)v);
         wr_u32(c, H_VERSION, v);
@@ -1077,7 +1078,7 @@ static int list_fields(const unsigned char *b0, const layout *L, int core_only, 
     }
     static const int attr_width[] = {4, 4, 4, 4, 8, 4, 4, 4, 4, 4, 8, 8, 4, 4, 4, 8, 8, 8, 8, 4,
                                      8, 8, 4, 4, 4, 4, 4, 8, 4, 4, 8, 4, 4, 4, 4, 4, 4, 4, 4, 4,
-                                     4, 4, 4, 8, 4, 4, 4, 4, 8, 4};
+                                     4, 4, 4, 8, 4, 4, 4, 4, 8, 4, 8, 4};
     for (int32_t i = 0; i < L->n_steps && core_only; i++) {
         size_t base = L->fields[i];
         int32_t n_in = rd_i32(b0, base + S_N_IN), n_out = rd_i32(b0, base + S_N_OUT);

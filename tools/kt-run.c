@@ -2,11 +2,13 @@
  *
  *   kt-run model.ktp --params p.safetensors --inputs in.safetensors --out out.safetensors
  *          [--backward] [--allow-missing] [--allow-unused] [--threads N] [--trace FILE]
+ *          [--moe-dtype D] [--moe-mode M] [--moe-inter I] [--lora-rank R] [--lora-alpha A]
  *
  * Loads the parameters and every program input (each checked against the program's dtype and
- * shape), runs forward (and backward), and writes every output under its name; with
- * --backward also every trainable parameter's gradient as "grad.<name>" and the loss as
- * "loss". Errors: "kt-run: <message>" on stderr, exit 1; usage errors exit 2. */
+ * shape), runs forward (and backward), and writes every output under its name and the loss
+ * as "loss"; with --backward also every trainable parameter's gradient as "grad.<name>", the
+ * MoE layers' (tools/kt-run/moe.c) under their checkpoint names. Errors: "kt-run: <message>"
+ * on stderr, exit 1; usage errors exit 2. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,12 +19,14 @@
 #include "kt/runtime.h"
 #include "tools/common/files.h"
 #include "tools/common/usage.h"
+#include "tools/kt-run/run_moe.h"
 
 #define GRAD_PREFIX "grad."
 
 typedef struct run_args {
     const char *program, *params, *inputs, *out, *trace;
     int backward, allow_missing, allow_unused, threads;
+    run_moe_args moe;
 } run_args;
 
 static void usage(FILE *f)
@@ -48,6 +52,20 @@ static void usage(FILE *f)
             "  --trace FILE      write the session's Chrome trace JSON (chrome://tracing)\n"
             "  -h, --help        this text\n"
             "\n"
+            "Programs with moe ops: kt-run creates their CPU MoE layers and reads the experts\n"
+            "from --params under the ops' names (e.g. model.layers.0.mlp.experts.3.up_proj\n"
+            ".weight), with --backward it writes \"grad.<name>\" for every expert weight (full\n"
+            "mode) or LoRA adapter (lora mode):\n"
+            "  --moe-dtype D     expert weights f32 (default) or bf16\n"
+            "  --moe-mode M      full (default; needs f32), lora or frozen\n"
+            "  --moe-inter I     the experts' intermediate size, for moe ops that do not say\n"
+            "                    theirs (their .ktg 'intermediate')\n"
+            "  --lora-rank R     lora mode: the adapters' rank (default 8); the adapters are\n"
+            "                    read from --params (...up_proj.lora_A.weight, lora_B)\n"
+            "  --lora-alpha A    lora mode: their scale is A / R (default 16)\n"
+            "  (--allow-missing: experts or adapters absent from --params keep their initial\n"
+            "  values: weights drawn from seed 0, adapters A random and B zero)\n"
+            "\n"
             "Exit status: 0 success, 1 error, 2 usage error.\n");
 }
 
@@ -56,14 +74,63 @@ static int usage_error(const char *fmt, const char *arg)
     return kt_tool_usage_error("kt-run", fmt, arg);
 }
 
+/* The MoE options that take a value: 1 when arg is one (*rc: 0 or 2), 0 when it is not. */
+static int parse_moe_option(const char *arg, const char *v, run_moe_args *m, int *rc)
+{
+    static const char *const modes[] = {"frozen", "lora", "full"}; /* kt_moe_mode order */
+    long long x;
+    *rc = 0;
+    if (strcmp(arg, "--moe-dtype") == 0) {
+        if (v != NULL && strcmp(v, "f32") == 0)
+            m->dtype = KT_F32;
+        else if (v != NULL && strcmp(v, "bf16") == 0)
+            m->dtype = KT_BF16;
+        else
+            *rc = usage_error("--moe-dtype needs f32 or bf16, not '%s'", v ? v : "");
+    } else if (strcmp(arg, "--moe-mode") == 0) {
+        *rc = 2;
+        for (int k = 0; k < 3 && v != NULL; k++)
+            if (strcmp(v, modes[k]) == 0)
+                m->mode = (kt_moe_mode)k, *rc = 0;
+        if (*rc != 0)
+            usage_error("--moe-mode needs full, lora or frozen, not '%s'", v ? v : "");
+    } else if (strcmp(arg, "--moe-inter") == 0 || strcmp(arg, "--lora-rank") == 0) {
+        const int inter = arg[2] == 'm';
+        if (v == NULL)
+            *rc = usage_error("%s needs a value", arg);
+        else if (kt_tool_parse_int("kt-run", arg, v, 1, inter ? (1ll << 30) : 256, &x) != 0)
+            *rc = 2;
+        else if (inter)
+            m->inter = x;
+        else
+            m->lora_rank = x;
+    } else if (strcmp(arg, "--lora-alpha") == 0) {
+        char *end = NULL;
+        m->lora_alpha = v != NULL ? strtof(v, &end) : 0.0f;
+        if (v == NULL || *v == '\0' || *end != '\0' || !(m->lora_alpha > 0) ||
+            m->lora_alpha > 1e6f)
+            *rc = usage_error("--lora-alpha needs a positive number, not '%s'", v ? v : "");
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 /* 0 on success, 2 (usage error), or -1 after --help. */
 static int parse_args(int argc, char **argv, run_args *a)
 {
     memset(a, 0, sizeof *a);
+    a->moe = (run_moe_args){.dtype = KT_F32, .mode = KT_MOE_FULL, .lora_rank = 8,
+                            .lora_alpha = 16.0f};
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         const char **value = NULL;
-        if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
+        int moe_rc;
+        if (parse_moe_option(arg, i + 1 < argc ? argv[i + 1] : NULL, &a->moe, &moe_rc)) {
+            if (moe_rc != 0)
+                return moe_rc;
+            i++;
+        } else if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
             usage(stdout);
             return -1;
         } else if (strcmp(arg, "--backward") == 0) {
@@ -104,6 +171,9 @@ static int parse_args(int argc, char **argv, run_args *a)
         return usage_error("%s", "no program file given");
     if (a->out == NULL)
         return usage_error("%s", "--out is required");
+    if (a->moe.mode == KT_MOE_FULL && a->moe.dtype == KT_BF16)
+        return usage_error("%s", "--moe-mode full trains f32 expert weights: use --moe-dtype "
+                           "f32, or --moe-mode lora or frozen with bf16");
     return 0;
 }
 
@@ -168,6 +238,12 @@ static int out_add(out_list *o, const char *prefix, const char *name, const kt_t
     o->items[o->n].tensor = copy;
     o->n++;
     return 0;
+}
+
+/* run_moe_gradients' callback: the name is whole already */
+static int out_add_named(void *ctx, const char *name, const kt_tensor *t)
+{
+    return out_add(ctx, "", name, t);
 }
 
 static int has_name(const out_list *o, const char *name)
@@ -273,6 +349,8 @@ static int run(const run_args *a)
     kt_program *p = NULL;
     kt_session *s = NULL;
     kt_trace_event *trace = NULL;
+    kt_threadpool *pool = NULL;
+    kt_moe_layers moe = {0};
     out_list out = {0};
 
     if (kt_program_load(a->program, &p) != KT_OK) {
@@ -292,16 +370,22 @@ static int run(const run_args *a)
                         "schedule)\n", a->program);
         goto done;
     }
-    if (kt_program_moe_count(p) > 0) {
-        const int n = kt_program_moe_count(p);
-        fprintf(stderr, "kt-run: %s has %d moe op%s, whose experts are CPU MoE layers held "
-                "outside the program; kt-run does not create them: kt-train runs such programs "
-                "(--experts loads saved experts)\n", a->program, n, n == 1 ? "" : "s");
-        goto done;
-    }
     kt_session_options so;
     memset(&so, 0, sizeof so);
     so.threads = a->threads;
+    if (kt_program_moe_count(p) > 0) {
+        /* the layers and the session share one pool: the layers run one at a time */
+        if (kt_threadpool_create(a->threads, &pool) != KT_OK) {
+            fail("cannot start the thread pool", kt_last_error());
+            goto done;
+        }
+        if (run_moe_create(p, &a->moe, pool, &moe) != 0 ||
+            run_moe_check_params(p, &moe, a->params, a->allow_missing) != 0)
+            goto done;
+        so.pool = pool;
+        so.moe_layers = moe.layers;
+        so.n_moe_layers = moe.n;
+    }
     if (a->trace != NULL) {
         so.trace_capacity = (size_t)st.n_forward_steps + (size_t)st.n_backward_steps + 16;
         trace = calloc(so.trace_capacity, sizeof *trace);
@@ -346,17 +430,20 @@ static int run(const run_args *a)
             fail("backward failed", kt_last_error());
             goto done;
         }
-        if (add_gradients(s, p, &out) != 0)
+        if (add_gradients(s, p, &out) != 0 ||
+            run_moe_gradients(p, &moe, out_add_named, &out) != 0)
             goto done;
-        if (has_name(&out, "loss")) {
-            fprintf(stderr, "kt-run: note: an output is named 'loss'; the loss is not written "
-                            "separately\n");
-        } else {
-            kt_tensor t;
-            kt_tensor_init(&t, &loss, KT_F32, 0, NULL);
-            if (out_add(&out, "", "loss", &t) != 0)
-                goto done;
-        }
+    }
+    if (isnan(loss)) {
+        /* a program without a loss */
+    } else if (has_name(&out, "loss")) {
+        fprintf(stderr, "kt-run: note: an output is named 'loss'; the loss is not written "
+                        "separately\n");
+    } else {
+        kt_tensor t;
+        kt_tensor_init(&t, &loss, KT_F32, 0, NULL);
+        if (out_add(&out, "", "loss", &t) != 0)
+            goto done;
     }
     if (kt_st_save(a->out, out.items, out.n, NULL) != KT_OK) {
         fail("cannot write the outputs", kt_last_error());
@@ -367,7 +454,7 @@ static int run(const run_args *a)
         fail("cannot write the trace", kt_last_error());
         goto done;
     }
-    if (a->backward && !isnan(loss))
+    if (!isnan(loss))
         fprintf(stderr, "kt-run: wrote %zu tensors to %s (loss %.6g)\n", out.n, a->out,
                 (double)loss);
     else
@@ -376,6 +463,8 @@ static int run(const run_args *a)
 done:
     out_free(&out);
     kt_session_destroy(s);
+    kt_moe_layers_destroy(&moe);
+    kt_threadpool_destroy(pool);
     kt_program_destroy(p);
     free(trace);
     return rc;

@@ -17,8 +17,15 @@ kt_status kt_program_moe_config(const kt_program_moe *info, int64_t intermediate
                          "moe node '%s': its expert ids do not come from a topk_router op, so "
                          "the number of experts is unknown",
                          name);
+    if (info->intermediate > 0 && intermediate > 0 && intermediate != info->intermediate)
+        return kt__error(KT_EINVAL, "moe node '%s': the program is written for experts of "
+                         "intermediate size %lld, not %lld", name,
+                         (long long)info->intermediate, (long long)intermediate);
+    if (info->intermediate > 0)
+        intermediate = info->intermediate;
     if (intermediate < 1)
-        return kt__error(KT_EINVAL, "moe node '%s': intermediate size %lld must be >= 1", name,
+        return kt__error(KT_EINVAL, "moe node '%s': intermediate size %lld must be >= 1 (the "
+                         "program leaves it to whoever creates the layer)", name,
                          (long long)intermediate);
     int64_t max_tokens = 0;
     if (world < 1)
@@ -38,6 +45,8 @@ kt_status kt_program_moe_config(const kt_program_moe *info, int64_t intermediate
                                   .lora_alpha = lora_alpha,
                                   .keep_activations = info->keep_activations,
                                   .name = info->name,
-                                  .numa_node = -1};
+                                  .numa_node = -1,
+                                  .names = info->names,
+                                  .layer = info->binding};
     return KT_OK;
 }

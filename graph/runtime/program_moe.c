@@ -55,6 +55,8 @@ kt_status kt_program_moe_info(const kt_program *p, int i, kt_program_moe *info_o
                          .top_k = ids->shape[1],
                          .n_experts = experts_of(p, ps->in[1]),
                          .act_dtype = x->dtype,
-                         .keep_activations = !(ps->flags & KT__STEP_STATE_RECOMPUTES)};
+                         .keep_activations = !(ps->flags & KT__STEP_STATE_RECOMPUTES),
+                         .intermediate = ps->attrs.moe_intermediate,
+                         .names = ps->attrs.moe_names};
     return KT_OK;
 }

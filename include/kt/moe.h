@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "io.h"
+#include "ops.h"
 #include "runtime.h"
 #include "status.h"
 #include "tensor.h"
@@ -82,6 +83,12 @@ typedef struct kt_moe_config {
      * bitwise the same as without the split. */
     int numa_node;
     kt_moe_scratch *scratch; /* shared scratch (not owned); NULL: the layer has its own */
+    /* How the layer's tensors are named in safetensors files when no prefix is given
+     * (kt_moe_load and kt_moe_save with prefix NULL, kt_moe_save_layers with prefixes NULL):
+     * kt_moe_tensor_name(names, layer, ...). kt_program_moe_config sets both from the moe op
+     * (its `names` and `layer`). */
+    kt_moe_names names;
+    int layer; /* the model's layer index, 0 to KT_MOE_MAX_LAYERS - 1 */
 } kt_moe_config;
 
 /* Creates the layer: validates the configuration, allocates the weight store (zeroed) and
@@ -114,14 +121,38 @@ typedef enum kt_moe_proj { KT_MOE_GATE = 0, KT_MOE_UP = 1, KT_MOE_DOWN = 2 } kt_
 kt_status kt_moe_set_weight(kt_moe *moe, int64_t expert, kt_moe_proj proj, const kt_tensor *w);
 /* A view of the stored weight in its original layout (write through it to change it). */
 kt_status kt_moe_weight(kt_moe *moe, int64_t expert, kt_moe_proj proj, kt_tensor *view_out);
-/* Loads every expert from safetensors in Hugging Face naming:
- * "<prefix>experts.<e>.gate_proj.weight", "...up_proj.weight", "...down_proj.weight". */
+/* The checkpoint name of expert `expert`'s projection `proj` in model layer `layer` under the
+ * scheme `names` (kt_moe_names, kt/ops.h), with `suffix` "weight" (the weight itself),
+ * "lora_A.weight" (its LoRA A, [r, in]) or "lora_B.weight" (B, [out, r]):
+ *
+ *     KT_MOE_NAMES_MOE      moe.3.experts.5.up_proj.weight
+ *     KT_MOE_NAMES_HF       model.layers.3.mlp.experts.5.up_proj.weight
+ *     KT_MOE_NAMES_MIXTRAL  model.layers.3.block_sparse_moe.experts.5.w3.weight
+ *                           (w1 gate, w3 up, w2 down)
+ *
+ * and "model.layers.3.mlp.experts.5.up_proj.lora_A.weight" for an adapter. Gradients are
+ * "grad." + the name (kt-run). Writes at most size bytes, NUL-terminated; KT_ERANGE when the
+ * name does not fit (buf untouched), KT_EINVAL for an unknown scheme, projection or suffix,
+ * a negative layer or expert. */
+kt_status kt_moe_tensor_name(kt_moe_names names, int layer, int64_t expert, kt_moe_proj proj,
+                             const char *suffix, char *buf, size_t size);
+
+/* Loads every expert from safetensors. prefix NULL: under the layer's own names
+ * (kt_moe_config.names and .layer; kt_moe_tensor_name); otherwise Hugging Face's projection
+ * names under the prefix: "<prefix>experts.<e>.gate_proj.weight", "...up_proj.weight",
+ * "...down_proj.weight" (prefix "" allowed). Each tensor must have the weight dtype (a
+ * session's kt_session_load and kt_moe_layers_load, kt/program.h, convert stored float dtypes
+ * instead). In LoRA mode the adapters ("...lora_A.weight", "...lora_B.weight", f32) are
+ * loaded too when the file has any of them: then it must have all of them. Every tensor is
+ * checked (present, shape, dtype) before anything is copied: a bad file leaves the layer as
+ * it was. */
 kt_status kt_moe_load(kt_moe *moe, const kt_st_file *file, const char *prefix);
 /* Writes the experts back out in the same naming (and the LoRA adapters, if any, as
- * "<prefix>experts.<e>.<proj>.lora_A.weight" / "lora_B.weight"). */
+ * "...lora_A.weight" / "...lora_B.weight"); prefix NULL: the layer's own names. */
 kt_status kt_moe_save(const kt_moe *moe, const char *path, const char *prefix);
-/* The same for n layers into one file, layer i under prefixes[i] (e.g. "moe.3."); each reads
- * back with kt_moe_load and its prefix. */
+/* The same for n layers into one file, layer i under prefixes[i] (e.g. "moe.3.") or, where
+ * prefixes is NULL or prefixes[i] is, under its own names; each reads back with kt_moe_load
+ * and the same prefix. Two layers writing the same name are refused. */
 kt_status kt_moe_save_layers(const kt_moe *const *layers, const char *const *prefixes, int n,
                              const char *path);
 

@@ -158,6 +158,16 @@ typedef enum kt_router_group_score {
     KT_ROUTER_GROUP_TOP2_SUM = 1 /* the sum of its two best scores (DeepSeek-V3) */
 } kt_router_group_score;
 
+/* How a moe op's layer names its tensors in checkpoints (kt_moe_tensor_name, kt/moe.h):
+ * expert e's projections of model layer l. */
+typedef enum kt_moe_names {
+    KT_MOE_NAMES_MOE = 0,    /* moe.<l>.experts.<e>.<gate_proj|up_proj|down_proj>.weight */
+    KT_MOE_NAMES_HF = 1,     /* model.layers.<l>.mlp.experts.<e>.<gate_proj|up_proj|down_proj>
+                              * .weight (Qwen2/3-MoE, OLMoE, DeepSeek-V2/V3) */
+    KT_MOE_NAMES_MIXTRAL = 2 /* model.layers.<l>.block_sparse_moe.experts.<e>.<w1|w3|w2>.weight
+                              * (w1 gate, w3 up, w2 down) */
+} kt_moe_names;
+
 typedef enum kt_halo_mode {
     KT_HALO_P2P = 0,      /* tag messages with the two neighbours */
     KT_HALO_ALLGATHER = 1 /* every rank joins the same all-gathers: deterministic pattern */
@@ -222,6 +232,8 @@ typedef struct kt_op_attrs {
     int attn_causal;               /* attention: key j visible to query t only if j <= S-T+t */
     int64_t attn_window;           /* attention: and only if S-T+t - j < window (0: none) */
     float attn_softcap;            /* attention: scores softcap * tanh(s / softcap) (0: none) */
+    int64_t moe_intermediate;      /* moe: the experts' intermediate size (0: the caller's) */
+    kt_moe_names moe_names;        /* moe: how its layer's tensors are named in checkpoints */
 } kt_op_attrs;
 
 /* op's attributes at their defaults, stamped for op (required ones are marked "not set" and

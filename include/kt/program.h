@@ -102,23 +102,86 @@ typedef struct kt_program_moe {
      * it), 1 otherwise. Advice for whoever creates the layer; either value computes the same
      * gradients. */
     int keep_activations;
+    /* The op's `intermediate`: the experts' intermediate size the program is written for
+     * (an imported model's moe_intermediate_size), or 0 when whoever creates the layer says
+     * (kt-train --moe-inter). */
+    int64_t intermediate;
+    /* The op's `names`: how the layer's tensors are named in checkpoints (kt_moe_tensor_name
+     * with layer = binding), in the session's file and in kt-run's gradients. */
+    kt_moe_names names;
 } kt_program_moe;
 
 int kt_program_moe_count(const kt_program *p);
 kt_status kt_program_moe_info(const kt_program *p, int i, kt_program_moe *info_out);
 /* The layer configuration (kt/moe.h) for moe op `info`: n_experts, hidden, top_k, act_dtype
  * and keep_activations from the program, max_tokens = info->tokens * world (with several
- * ranks the layer on rank 0 runs every rank's rows; 1 for one rank), and what a program
- * cannot know from the arguments: the intermediate size, the weight dtype, the mode and, in
- * LoRA mode, the adapters' rank and alpha (lora_rank is 0 in the other modes). The rest is
- * the plain default: name = info->name (kt_moe_create copies it), numa_node -1, no shared
- * scratch, check_finite 0; set those in *config_out afterwards. Validating the sizes is
- * kt_moe_create's (or kt_moe_memory_need's) job. KT_EINVAL when the program does not say how
- * many experts there are (ids that do not come from a topk_router op), for intermediate < 1
- * or world < 1; *config_out is set only on success. */
+ * ranks the layer on rank 0 runs every rank's rows; 1 for one rank), names and layer (=
+ * binding) from the op, and what a program cannot know from the arguments: the weight dtype,
+ * the mode and, in LoRA mode, the adapters' rank and alpha (lora_rank is 0 in the other
+ * modes). The intermediate size is the program's when info->intermediate > 0 (`intermediate`
+ * may then be 0 or the same value: a different one is KT_EINVAL saying both), else
+ * `intermediate`. The rest is the plain default: name = info->name (kt_moe_create copies it),
+ * numa_node -1, no shared scratch, check_finite 0; set those in *config_out afterwards.
+ * Validating the sizes is kt_moe_create's (or kt_moe_memory_need's) job. KT_EINVAL when the
+ * program does not say how many experts there are (ids that do not come from a topk_router
+ * op), for an intermediate size < 1 or world < 1; *config_out is set only on success. */
 kt_status kt_program_moe_config(const kt_program_moe *info, int64_t intermediate,
                                 kt_dtype weight_dtype, kt_moe_mode mode, int64_t lora_rank,
                                 float lora_alpha, int world, kt_moe_config *config_out);
+
+/* Every CPU MoE layer a program's moe ops run, made in one call (kt-train and kt-run do this
+ * before kt_session_create; the layers array is kt_session_options.moe_layers). */
+typedef struct kt_moe_layers_options {
+    kt_dtype weight_dtype; /* KT_F32 or KT_BF16 */
+    kt_moe_mode mode;
+    int64_t lora_rank;     /* LoRA mode: the adapters' r and alpha */
+    float lora_alpha;
+    /* The intermediate size of the moe ops whose program leaves it to the caller (their
+     * `intermediate` is 0); an op's own size is used where it has one. 0: none given, and
+     * such an op is KT_EINVAL naming it. */
+    int64_t intermediate;
+    /* Several ranks (world > 1): the layers are sized for world times a rank's rows, and only
+     * rank 0 creates them (the moe op runs rank 0's; the other ranks get NULL slots). 0 and 0
+     * mean one rank. */
+    int world, rank;
+} kt_moe_layers_options;
+
+typedef struct kt_moe_layers {
+    struct kt_moe **layers; /* [n], indexed by the ops' binding (`layer`); NULL where no moe
+                             * op runs (DeepSeek's dense first layers) and on ranks > 0 */
+    int n;                  /* the largest binding + 1 (0 without moe ops) */
+    int n_ops;              /* moe ops in the program */
+    int n_recompute;        /* ops whose layer keeps no intermediates (keep_activations 0) */
+    kt_moe_scratch *scratch; /* one per-call scratch the layers share (they run one at a time) */
+} kt_moe_layers;
+
+/* Creates a layer for each moe op (kt_program_moe_config with the options, named
+ * "moe.<binding>" in messages, sharing one scratch), weights zero: set them (kt_moe_load,
+ * kt_moe_layers_init, kt_moe_layers_load or a session's kt_session_load). Two ops of one
+ * binding get one layer (kt_session_create then refuses the program). pool: the layers' pool
+ * (not owned; must outlive them). On failure nothing is left allocated and *layers_out is
+ * zeroed; the message names the moe node and its layer. */
+kt_status kt_moe_layers_create(const kt_program *p, const kt_moe_layers_options *options,
+                               kt_threadpool *pool, kt_moe_layers *layers_out);
+/* Drops the creator's reference to each layer (a session bound to them keeps its own), then
+ * the scratch, and zeroes *layers. NULL or a zeroed struct is a no-op. */
+void kt_moe_layers_destroy(kt_moe_layers *layers);
+/* What kt_moe_layers_create would make on this rank holds (kt_moe_memory_need summed, with
+ * optimizer_states f32 values per trained value), to check against kt_memory_available
+ * first. */
+kt_status kt_moe_layers_memory_need(const kt_program *p, const kt_moe_layers_options *options,
+                                    int optimizer_states, uint64_t *bytes_out);
+/* Draws every expert weight from the seed alone: uniform in +-1/sqrt(in) (nn.Linear's
+ * range), one stream per (layer, expert, projection), so the weights depend neither on the
+ * order the layers are created in nor on the rank or world size. */
+kt_status kt_moe_layers_init(const kt_moe_layers *layers, uint64_t seed);
+/* Loads every layer from one safetensors file under its own names (the op's `names`): the
+ * experts and, in LoRA mode, the adapters when the file has them (kt_moe_load's rules;
+ * stored float dtypes are converted to the layer's). A tensor that is none of the layers'
+ * (another model's experts, more layers, adapters outside LoRA mode) is an error naming the
+ * file and the tensor, as is a missing or misshapen one; everything is checked before
+ * anything is copied. */
+kt_status kt_moe_layers_load(const kt_moe_layers *layers, const char *path);
 
 /* The values an integer input may hold: [0, bound), bound the smallest limit set by the ops
  * that read the input directly (embedding ids: the table's rows; cross_entropy targets: the
@@ -194,8 +257,10 @@ typedef struct kt_session_options {
     size_t trace_capacity;         /* ... up to this many (further events are dropped) */
     uint64_t seed;                 /* for parameter initialisation */
     /* The CPU MoE layers (kt/moe.h) the program's moe ops run: op attrs.binding indexes this
-     * array (copied by the session). Each layer serves one moe node; the session holds a
-     * reference to each (see kt_session_create). */
+     * array (copied by the session; kt_moe_layers_create makes it). Each layer serves one moe
+     * node; slots no op uses may be NULL (the bindings are the model's layer indices, with
+     * holes where a layer has no moe op). The session holds a reference to each layer (see
+     * kt_session_create). */
     struct kt_moe *const *moe_layers;
     int n_moe_layers;
     /* Several ranks (kt/comm.h; not owned): halo ops trade with the neighbouring ranks, moe
@@ -251,8 +316,9 @@ void kt_session_trace_reset(kt_session *s);
 
 /* The session as one safetensors file (kt/io.h), written whole or not at all (kt_st_save:
  * a crash or a full disk leaves the previous file). Parameters are saved under their names,
- * and the MoE layers bound to the session (kt_session_options.moe_layers) under
- * "moe.<layer>.", as kt_moe_save names them (metadata "kt.moe_layers" lists them).
+ * and the MoE layers bound to the session (kt_session_options.moe_layers) under their moe
+ * op's `names` (kt_moe_tensor_name with the op's layer: "moe.<layer>.experts..." by default,
+ * "model.layers.<layer>.mlp.experts..." for hf; metadata "kt.moe_layers" lists them).
  * with_optimizer adds the optimizer state ("optimizer.momentum.<name>", "optimizer.m.<name>",
  * "optimizer.v.<name>"; "optimizer.m.moe.<layer>" ... for a layer's trainable values, flat)
  * and the step count (metadata "kt.step"). */
@@ -266,7 +332,9 @@ kt_status kt_session_save(kt_session *s, const char *path, int with_optimizer);
  * program; a missing parameter is an error unless KT_LOAD_ALLOW_MISSING, and a tensor that
  * is neither a parameter, a MoE layer's, nor an optimizer state of one is an error unless
  * KT_LOAD_ALLOW_UNUSED (as PyTorch's strict load_state_dict). When the file holds MoE
- * experts, it must hold every bound layer's, whole. Everything is checked before anything is
+ * experts (the metadata, or a tensor under a moe op's names: a Hugging Face checkpoint), it
+ * must hold every bound layer's, whole, under the op's names (stored float dtypes are
+ * converted to the layer's weight dtype); LoRA adapters load when present (all or none). Everything is checked before anything is
  * copied: when any check fails, nothing is changed. */
 kt_status kt_session_load(kt_session *s, const char *path, unsigned flags);
 

@@ -97,6 +97,12 @@ static kt_status check_config(const kt_moe_config *c)
         return kt__error(KT_EINVAL, "moe '%s': keep_activations must be 0 or 1", name);
     if (c->numa_node < KT_MOE_NUMA_SPLIT)
         return kt__error(KT_EINVAL, "moe '%s': numa_node %d is invalid", name, c->numa_node);
+    if ((int)c->names < KT_MOE_NAMES_MOE || (int)c->names > KT_MOE_NAMES_MIXTRAL)
+        return kt__error(KT_EINVAL, "moe '%s': unknown tensor names %d (kt_moe_names)", name,
+                         (int)c->names);
+    if (c->layer < 0 || c->layer >= KT_MOE_MAX_LAYERS)
+        return kt__error(KT_EINVAL, "moe '%s': layer %d is outside 0 to %d", name, c->layer,
+                         KT_MOE_MAX_LAYERS - 1);
     return KT_OK;
 }
 

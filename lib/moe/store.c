@@ -1,5 +1,5 @@
-/* The expert weights and the trainable parameters: copies in, views out, and safetensors in
- * Hugging Face naming. */
+/* The expert weights and the trainable parameters: copies in, views out, and safetensors under
+ * the layer's checkpoint names (kt_moe_tensor_name) or Hugging Face's under a prefix. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,13 +114,83 @@ kt_status kt_moe_weight_grad(kt_moe *moe, int64_t expert, kt_moe_proj proj, kt_t
 
 #define NAME_MAX_LEN KT__MOE_NAME_BYTES
 
-/* kind: 0 the weight, 1 lora_A, 2 lora_B */
-static kt_status tensor_name(const kt_moe *m, char *buf, const char *prefix, int64_t e, int proj,
-                             int kind)
+static const char *const kind_suffix[3] = {"weight", "lora_A.weight", "lora_B.weight"};
+
+kt_status kt__moe_names_prefix(kt_moe_names names, int layer, char *buf, size_t size)
 {
-    static const char *const suffix[3] = {"weight", "lora_A.weight", "lora_B.weight"};
-    int n = snprintf(buf, NAME_MAX_LEN, "%sexperts.%lld.%s.%s", prefix, (long long)e,
-                     proj_names[proj], suffix[kind]);
+    int n;
+    switch (names) {
+    case KT_MOE_NAMES_MOE:
+        n = snprintf(buf, size, "moe.%d.experts.", layer);
+        break;
+    case KT_MOE_NAMES_HF:
+        n = snprintf(buf, size, "model.layers.%d.mlp.experts.", layer);
+        break;
+    case KT_MOE_NAMES_MIXTRAL:
+        n = snprintf(buf, size, "model.layers.%d.block_sparse_moe.experts.", layer);
+        break;
+    default:
+        return kt__error(KT_EINVAL, "unknown MoE tensor names %d (kt_moe_names)", (int)names);
+    }
+    if (n < 0 || (size_t)n >= size)
+        return kt__error(KT_ERANGE, "MoE tensor name prefix: %zu bytes are too few", size);
+    return KT_OK;
+}
+
+kt_status kt_moe_tensor_name(kt_moe_names names, int layer, int64_t expert, kt_moe_proj proj,
+                             const char *suffix, char *buf, size_t size)
+{
+    static const char *const mixtral_proj[3] = {"w1", "w3", "w2"}; /* gate, up, down */
+    if (suffix == NULL || buf == NULL)
+        return kt__error(KT_EINVAL, "kt_moe_tensor_name: NULL argument");
+    if ((int)proj < 0 || (int)proj > 2)
+        return kt__error(KT_EINVAL, "kt_moe_tensor_name: unknown projection %d", (int)proj);
+    if (layer < 0 || expert < 0)
+        return kt__error(KT_EINVAL, "kt_moe_tensor_name: layer %d, expert %lld: negative", layer,
+                         (long long)expert);
+    int known = 0;
+    for (int k = 0; k < 3; k++)
+        known |= strcmp(suffix, kind_suffix[k]) == 0;
+    if (!known)
+        return kt__error(KT_EINVAL, "kt_moe_tensor_name: suffix '%.64s' is none of weight, "
+                         "lora_A.weight, lora_B.weight", suffix);
+    char prefix[128], name[NAME_MAX_LEN];
+    kt_status st = kt__moe_names_prefix(names, layer, prefix, sizeof prefix);
+    if (st != KT_OK)
+        return kt__error_context(st, "kt_moe_tensor_name");
+    const char *pn = names == KT_MOE_NAMES_MIXTRAL ? mixtral_proj[proj] : proj_names[proj];
+    int n = snprintf(name, sizeof name, "%s%lld.%s.%s", prefix, (long long)expert, pn, suffix);
+    if (n < 0 || (size_t)n >= size)
+        return kt__error(KT_ERANGE, "kt_moe_tensor_name: '%s' needs %d bytes, the buffer has %zu",
+                         name, n + 1, size);
+    memcpy(buf, name, (size_t)n + 1);
+    return KT_OK;
+}
+
+/* The layer's own names, or Hugging Face's projection names under a prefix. */
+kt__moe_naming kt__moe_own_naming(const kt_moe *moe)
+{
+    return (kt__moe_naming){.prefix = NULL, .names = moe->cfg.names, .layer = moe->cfg.layer};
+}
+
+static kt__moe_naming prefix_or_own(const kt_moe *moe, const char *prefix)
+{
+    kt__moe_naming nm = kt__moe_own_naming(moe);
+    nm.prefix = prefix;
+    return nm;
+}
+
+/* kind: 0 the weight, 1 lora_A, 2 lora_B */
+static kt_status tensor_name(const kt_moe *m, char *buf, const kt__moe_naming *nm, int64_t e,
+                             int proj, int kind)
+{
+    if (nm->prefix == NULL) {
+        kt_status st = kt_moe_tensor_name(nm->names, nm->layer, e, (kt_moe_proj)proj,
+                                          kind_suffix[kind], buf, NAME_MAX_LEN);
+        return st == KT_OK ? KT_OK : kt__error_context(st, "moe '%s'", m->name);
+    }
+    int n = snprintf(buf, NAME_MAX_LEN, "%sexperts.%lld.%s.%s", nm->prefix, (long long)e,
+                     proj_names[proj], kind_suffix[kind]);
     if (n < 0 || n >= NAME_MAX_LEN)
         return kt__error(KT_EINVAL, "moe '%s': tensor name prefix too long", m->name);
     return KT_OK;
@@ -134,13 +204,42 @@ static void param_view(const kt_moe *m, int64_t e, int proj, int kind, kt_tensor
         lora_view(m, m->train.lora, e, proj, kind == 2, t);
 }
 
-/* Pass 0 checks every tensor the layer would read (name, dtype, shape); pass 1 copies. */
-static kt_status load_passes(kt_moe *moe, const kt_st_file *file, const char *prefix, int last_pass)
+static int is_float(kt_dtype d) { return d == KT_F32 || d == KT_BF16 || d == KT_F16; }
+
+/* One element of a file view as f32 (the view may be unaligned). */
+static float element_f32(const kt_tensor *src, int64_t i)
+{
+    const unsigned char *p = (const unsigned char *)src->data + (size_t)i * kt_dtype_size(src->dtype);
+    if (src->dtype == KT_F32) {
+        float v;
+        memcpy(&v, p, sizeof v);
+        return v;
+    }
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return src->dtype == KT_BF16 ? kt_bf16_to_f32_1(h) : kt_f16_to_f32_1(h);
+}
+
+/* src (a float dtype, dst's shape, contiguous) into dst's dtype, round to nearest even. */
+static void convert_into(const kt_tensor *src, kt_tensor *dst)
+{
+    const int64_t n = kt_tensor_numel(dst);
+    for (int64_t i = 0; i < n; i++) {
+        float v = element_f32(src, i);
+        if (dst->dtype == KT_BF16)
+            ((uint16_t *)dst->data)[i] = kt_f32_to_bf16_1(v);
+        else
+            ((float *)dst->data)[i] = v;
+    }
+}
+
+/* Pass 0 checks every tensor the layer would read (name, dtype, shape); pass 1 copies.
+ * convert: stored float dtypes other than the layer's are converted (else refused). */
+static kt_status load_passes(kt_moe *moe, const kt_st_file *file, const kt__moe_naming *nm,
+                             int last_pass, int convert)
 {
     if (moe->async.busy)
         return kt__error(KT_ESTATE, "moe '%s': load while a forward is in flight", moe->name);
-    if (prefix == NULL)
-        prefix = "";
     char name[NAME_MAX_LEN], want[64], got[64], why[256];
     /* LoRA adapters are loaded when the file has them, all or none: any one of them there
      * makes every one required (so a file missing some is an error naming the first, not a
@@ -149,7 +248,7 @@ static kt_status load_passes(kt_moe *moe, const kt_st_file *file, const char *pr
     if (moe->cfg.mode == KT_MOE_LORA)
         for (int64_t e = 0; e < moe->dim.E && !with_lora; e++)
             for (int i = 0; i < 6 && !with_lora; i++) {
-                KT__TRY(tensor_name(moe, name, prefix, e, i / 2, 1 + i % 2));
+                KT__TRY(tensor_name(moe, name, nm, e, i / 2, 1 + i % 2));
                 kt_tensor probe;
                 with_lora = kt_st_find(file, name, &probe) == KT_OK;
                 kt_clear_error();
@@ -160,16 +259,20 @@ static kt_status load_passes(kt_moe *moe, const kt_st_file *file, const char *pr
             for (int p = 0; p < 3; p++)
                 for (int kind = 0; kind < kinds; kind++) {
                     kt_tensor dst, src;
-                    KT__TRY(tensor_name(moe, name, prefix, e, p, kind));
+                    KT__TRY(tensor_name(moe, name, nm, e, p, kind));
                     param_view(moe, e, p, kind, &dst);
-                    if (pass == 1) {
-                        KT__TRY(kt_st_read(file, name, &dst));
-                        continue;
-                    }
                     kt_status st = kt_st_find(file, name, &src);
                     if (st != KT_OK)
                         return kt__error_context(st, "moe '%s': load", moe->name);
-                    if (!kt__moe_tensor_fits(&src, dst.dtype, dst.dtype, dst.ndim, dst.shape, why,
+                    const kt_dtype also = convert && is_float(src.dtype) ? src.dtype : dst.dtype;
+                    if (pass == 1) {
+                        if (src.dtype == dst.dtype)
+                            KT__TRY(kt_st_read(file, name, &dst));
+                        else
+                            convert_into(&src, &dst);
+                        continue;
+                    }
+                    if (!kt__moe_tensor_fits(&src, dst.dtype, also, dst.ndim, dst.shape, why,
                                              sizeof why))
                         return kt__error(
                             KT_EINVAL, "moe '%s': load: tensor '%s' is %s, the layer needs %s: %s",
@@ -184,12 +287,52 @@ kt_status kt_moe_load(kt_moe *moe, const kt_st_file *file, const char *prefix)
     if (moe == NULL || file == NULL)
         return kt__error(KT_EINVAL, "kt_moe_load: NULL argument");
     /* everything checked before anything is copied: a bad file leaves the weights */
-    return load_passes(moe, file, prefix, 1);
+    kt__moe_naming nm = prefix_or_own(moe, prefix);
+    return load_passes(moe, file, &nm, 1, 0);
 }
 
-kt_status kt__moe_load_check(kt_moe *moe, const kt_st_file *file, const char *prefix)
+kt_status kt__moe_load_named(kt_moe *moe, const kt_st_file *file, const kt__moe_naming *naming,
+                             int dry_run)
 {
-    return load_passes(moe, file, prefix, 0);
+    return load_passes(moe, file, naming, dry_run ? 0 : 1, 1);
+}
+
+int kt__moe_file_has_adapters(const kt_moe *moe, const kt_st_file *file,
+                              const kt__moe_naming *naming)
+{
+    char name[NAME_MAX_LEN];
+    kt_tensor probe;
+    int has = moe->cfg.mode == KT_MOE_LORA && tensor_name(moe, name, naming, 0, 0, 1) == KT_OK &&
+              kt_st_find(file, name, &probe) == KT_OK;
+    kt_clear_error();
+    return has;
+}
+
+int kt__moe_names_tensor(const kt_moe *moe, const kt__moe_naming *naming, const char *name)
+{
+    char prefix[NAME_MAX_LEN], want[NAME_MAX_LEN];
+    if (naming->prefix != NULL) {
+        if (snprintf(prefix, sizeof prefix, "%sexperts.", naming->prefix) >= (int)sizeof prefix)
+            return 0;
+    } else if (kt__moe_names_prefix(naming->names, naming->layer, prefix, sizeof prefix) !=
+               KT_OK) {
+        kt_clear_error();
+        return 0;
+    }
+    const size_t len = strlen(prefix);
+    if (strncmp(name, prefix, len) != 0 || name[len] < '0' || name[len] > '9')
+        return 0;
+    char *end = NULL;
+    const long long e = strtoll(name + len, &end, 10);
+    if (e < 0 || e >= moe->dim.E || *end != '.')
+        return 0;
+    const int kinds = moe->cfg.mode == KT_MOE_LORA ? 3 : 1;
+    for (int p = 0; p < 3; p++)
+        for (int kind = 0; kind < kinds; kind++)
+            if (tensor_name(moe, want, naming, e, p, kind) == KT_OK && strcmp(name, want) == 0)
+                return 1;
+    kt_clear_error();
+    return 0;
 }
 
 size_t kt__moe_st_count(const kt_moe *moe)
@@ -197,7 +340,8 @@ size_t kt__moe_st_count(const kt_moe *moe)
     return (size_t)(moe->dim.E * 3 * (moe->cfg.mode == KT_MOE_LORA ? 3 : 1));
 }
 
-kt_status kt__moe_st_items(const kt_moe *moe, const char *prefix, kt_st_item *items, char *names)
+kt_status kt__moe_st_items(const kt_moe *moe, const kt__moe_naming *naming, kt_st_item *items,
+                           char *names)
 {
     const int kinds = moe->cfg.mode == KT_MOE_LORA ? 3 : 1;
     size_t i = 0;
@@ -205,7 +349,7 @@ kt_status kt__moe_st_items(const kt_moe *moe, const char *prefix, kt_st_item *it
         for (int p = 0; p < 3; p++)
             for (int kind = 0; kind < kinds; kind++, i++) {
                 char *name = names + i * KT__MOE_NAME_BYTES;
-                KT__TRY(tensor_name(moe, name, prefix ? prefix : "", e, p, kind));
+                KT__TRY(tensor_name(moe, name, naming, e, p, kind));
                 items[i].name = name;
                 param_view(moe, e, p, kind, &items[i].tensor);
             }
@@ -215,7 +359,7 @@ kt_status kt__moe_st_items(const kt_moe *moe, const char *prefix, kt_st_item *it
 kt_status kt_moe_save_layers(const kt_moe *const *layers, const char *const *prefixes, int n,
                              const char *path)
 {
-    if (layers == NULL || prefixes == NULL || path == NULL || n < 0)
+    if (layers == NULL || path == NULL || n < 0)
         return kt__error(KT_EINVAL, "kt_moe_save_layers: NULL argument or negative count");
     size_t total = 0;
     for (int l = 0; l < n; l++) {
@@ -233,10 +377,11 @@ kt_status kt_moe_save_layers(const kt_moe *const *layers, const char *const *pre
     }
     size_t i = 0;
     for (int l = 0; l < n && st == KT_OK; l++) {
-        st = kt__moe_st_items(layers[l], prefixes[l], items + i, names + i * KT__MOE_NAME_BYTES);
+        kt__moe_naming nm = prefix_or_own(layers[l], prefixes != NULL ? prefixes[l] : NULL);
+        st = kt__moe_st_items(layers[l], &nm, items + i, names + i * KT__MOE_NAME_BYTES);
         i += kt__moe_st_count(layers[l]);
     }
-    if (st == KT_OK)
+    if (st == KT_OK) /* two layers under the same names: kt_st_save refuses the duplicate */
         st = kt_st_save(path, items, total, NULL);
     if (st != KT_OK) {
         if (n == 1)

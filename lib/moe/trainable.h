@@ -17,15 +17,40 @@ int64_t kt__moe_trainable(kt_moe *m, float **param_out, float **grad_out);
 
 #define KT__MOE_NAME_BYTES 512 /* room for each name kt__moe_st_items writes */
 
+/* Where a layer's tensors are in a file: under `prefix` with Hugging Face's projection names
+ * ("<prefix>experts.<e>.gate_proj.weight"), or with prefix NULL by kt_moe_tensor_name(names,
+ * layer, ...). */
+typedef struct kt__moe_naming {
+    const char *prefix;
+    kt_moe_names names;
+    int layer;
+} kt__moe_naming;
+
+/* The names' common start for a layer's experts: "model.layers.3.mlp.experts." (KT_ERANGE when
+ * size is too small). */
+kt_status kt__moe_names_prefix(kt_moe_names names, int layer, char *buf, size_t size);
+/* The layer's own names (its config's names and layer). */
+kt__moe_naming kt__moe_own_naming(const kt_moe *moe);
+
+/* Whether `name` is one of the tensors the layer loads under `naming`: an expert's weight
+ * (expert < E), or in LoRA mode one of its adapters. */
+int kt__moe_names_tensor(const kt_moe *moe, const kt__moe_naming *naming, const char *name);
+
 /* How many tensors kt__moe_st_items lists: every expert's gate/up/down weight (and its two
  * LoRA adapters in LoRA mode). */
 size_t kt__moe_st_count(const kt_moe *moe);
-/* Lists them as kt_moe_save names them under `prefix`, as views of the layer's memory;
- * names: kt__moe_st_count * KT__MOE_NAME_BYTES bytes for the names. */
-kt_status kt__moe_st_items(const kt_moe *moe, const char *prefix, kt_st_item *items,
+/* Lists them under `naming`, as views of the layer's memory; names: kt__moe_st_count *
+ * KT__MOE_NAME_BYTES bytes for the names. */
+kt_status kt__moe_st_items(const kt_moe *moe, const kt__moe_naming *naming, kt_st_item *items,
                            char *names);
-/* Checks what kt_moe_load would read (names, dtypes, shapes) and copies nothing. */
-kt_status kt__moe_load_check(kt_moe *moe, const kt_st_file *file, const char *prefix);
+/* kt_moe_load under `naming`, stored float dtypes converted to the layer's (as a session's
+ * parameters are); dry_run checks what it would read (names, dtypes, shapes) and copies
+ * nothing. */
+kt_status kt__moe_load_named(kt_moe *moe, const kt_st_file *file, const kt__moe_naming *naming,
+                             int dry_run);
+/* Whether the file holds the layer's first LoRA adapter under `naming` (0 outside LoRA mode). */
+int kt__moe_file_has_adapters(const kt_moe *moe, const kt_st_file *file,
+                              const kt__moe_naming *naming);
 
 /* ---- what a session's hooks (lib/ops/moe_state.c) do to a bound layer ---- */
 

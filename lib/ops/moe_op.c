@@ -220,9 +220,17 @@ static kt_status bwd_moe(const kt__op_call *c)
     return kt_moe_backward(m, &c->gout[0], &c->gin[0], &c->gin[2], 1.0f);
 }
 
+/* kt_moe_names order */
+static const char *const moe_name_schemes[] = {"moe", "hf", "mixtral"};
+_Static_assert(sizeof(kt_moe_names) == sizeof(int), "an enum attribute is stored as an int");
+
 static const kt__attr_desc moe_attrs[] = {
     KT__A_INT("layer", binding, 0, 0, KT_MOE_MAX_LAYERS - 1,
-              "which of the session's MoE layers runs it"),
+              "which of the session's MoE layers runs it: the model's layer index"),
+    KT__A_I64("intermediate", moe_intermediate, 0, 0, (int64_t)1 << 30,
+              "the experts' intermediate size (0: whoever creates the layers says)"),
+    KT__A_ENUM("names", moe_names, KT_MOE_NAMES_MOE, moe_name_schemes,
+               "the layer's tensor names in checkpoints (kt_moe_names)"),
 };
 
 const kt__op_desc kt__op_moe = {

@@ -2,7 +2,9 @@
  * are its state. Binding checks each moe node against its layer; a failed step poisons every
  * bound layer's forward cache and the next forward reports it; what the layers train (LoRA
  * adapters, f32 experts) is the session's to optimize; their experts and adapters go into
- * the session's file as "moe.<b>.experts..." with "kt.moe_layers" listing the layers.
+ * the session's file under the names the moe op's `names` says (kt_moe_tensor_name with the
+ * op's layer: "moe.<b>.experts...", "model.layers.<b>.mlp.experts..."), with "kt.moe_layers"
+ * listing the layers.
  *
  * state_recompute: a layer keeps its own intermediates for its backward, outside the plan:
  * the f32 gate and up activations, 2 k I floats a token (dsv2lite: 66 KiB, against 4 KiB of
@@ -58,6 +60,11 @@ static kt_status check_nodes(const kt__op_bind *bd)
                                  bd->nodes[o].step);
         const kt_moe_config *cfg = kt_moe_get_config(layers[b]);
         const kt_tensor *x = &nd->in[0], *ids = &nd->in[1];
+        const int64_t inter = nd->attrs->moe_intermediate;
+        if (inter > 0 && cfg->intermediate != inter)
+            return kt__error(KT_EINVAL, "session: moe node '%s' is written for experts of "
+                             "intermediate size %lld, but MoE layer %d has %lld", nd->name,
+                             (long long)inter, b, (long long)cfg->intermediate);
         int64_t world = bd->comm ? kt_comm_size(bd->comm) : 1;
         if (cfg->hidden != x->shape[1] || cfg->top_k != ids->shape[1] ||
             cfg->max_tokens < x->shape[0] * world || cfg->act_dtype != x->dtype)
@@ -189,6 +196,17 @@ static void poison_moe(void *state)
             kt__moe_session_poison(m->layers[i]);
 }
 
+/* How layer b's tensors are named in the session's file: by its moe op's `names` (a layer no
+ * op runs keeps the moe scheme). */
+static kt__moe_naming naming_of(const moe_state *m, int b)
+{
+    kt__moe_naming nm = {.prefix = NULL, .names = KT_MOE_NAMES_MOE, .layer = b};
+    for (int i = 0; i < m->n_nodes; i++)
+        if (m->nodes[i].attrs->binding == b)
+            nm.names = m->nodes[i].attrs->moe_names;
+    return nm;
+}
+
 static size_t save_count_moe(void *state, size_t *name_bytes)
 {
     const moe_state *m = state;
@@ -208,9 +226,8 @@ static kt_status save_items_moe(void *state, kt_st_item *items, char *names)
         const kt_moe *l = m->layers[b];
         if (l == NULL)
             continue;
-        char prefix[32];
-        snprintf(prefix, sizeof prefix, "moe.%d.", b);
-        KT__TRY(kt__moe_st_items(l, prefix, items + at, names + at * KT__MOE_NAME_BYTES));
+        kt__moe_naming nm = naming_of(m, b);
+        KT__TRY(kt__moe_st_items(l, &nm, items + at, names + at * KT__MOE_NAME_BYTES));
         at += kt__moe_st_count(l);
     }
     return KT_OK;
@@ -232,23 +249,44 @@ static kt_status save_meta_moe(void *state, char *value, size_t cap)
     return KT_OK;
 }
 
-/* Whether the file holds MoE experts (a session saved with its layers; a file of parameters
- * alone, as saved before sessions saved their layers, leaves them as they are). */
+/* Whether `name` starts with the experts' names of a layer one of the program's moe ops runs
+ * (under that op's names); the layer in *layer_out. */
+static int names_op_layer(const moe_state *m, const char *name, int *layer_out)
+{
+    for (int i = 0; i < m->n_nodes; i++) {
+        const kt_op_attrs *at = m->nodes[i].attrs;
+        char prefix[128];
+        if (kt__moe_names_prefix(at->moe_names, at->binding, prefix, sizeof prefix) != KT_OK)
+            continue;
+        if (strncmp(name, prefix, strlen(prefix)) == 0) {
+            *layer_out = at->binding;
+            return 1;
+        }
+    }
+    kt_clear_error();
+    return 0;
+}
+
+/* Whether the file holds MoE experts: a session saved with its layers, or a checkpoint with a
+ * tensor under one of the moe ops' names (a file of parameters alone, as saved before
+ * sessions saved their layers, leaves them as they are). */
 static int file_holds_moe(void *state, const kt_st_file *f)
 {
-    (void)state;
+    const moe_state *m = state;
     if (kt_st_metadata(f, "kt.moe_layers") != NULL)
         return 1;
     for (size_t i = 0; i < kt_st_count(f); i++) {
         const char *name = NULL;
         kt_tensor view;
-        if (kt_st_entry(f, i, &name, &view) == KT_OK && strncmp(name, "moe.", 4) == 0)
+        int layer;
+        if (kt_st_entry(f, i, &name, &view) == KT_OK &&
+            (strncmp(name, "moe.", 4) == 0 || names_op_layer(m, name, &layer)))
             return 1;
     }
     return 0;
 }
 
-/* Every bound layer's, whole. */
+/* Every bound layer's, whole, under its op's names. */
 static kt_status load_moe(void *state, const kt_st_file *f, int dry_run, const char *path)
 {
     const moe_state *m = state;
@@ -256,27 +294,33 @@ static kt_status load_moe(void *state, const kt_st_file *f, int dry_run, const c
         kt_moe *l = m->layers[b];
         if (l == NULL)
             continue;
-        char prefix[32];
-        snprintf(prefix, sizeof prefix, "moe.%d.", b);
-        kt_status st = dry_run ? kt__moe_load_check(l, f, prefix) : kt_moe_load(l, f, prefix);
+        kt__moe_naming nm = naming_of(m, b);
+        kt_status st = kt__moe_load_named(l, f, &nm, dry_run);
         if (st != KT_OK)
             return kt__error_context(st, "%s: MoE layer %d", path, b);
     }
     return KT_OK;
 }
 
-/* A tensor of a layer the program runs (whether or not this rank holds it):
- * "moe.<b>.experts..." or, with an optimizer prefix, "moe.<b>". */
+/* A tensor of a layer the program runs: one of its experts' (or adapters') under its op's
+ * names (exactly, where this rank holds the layer: expert < E, adapters in LoRA mode; by the
+ * names' start elsewhere), or, with an optimizer prefix, "moe.<b>" (the span). */
 static int knows_moe(void *state, const char *name, int is_state)
 {
     const moe_state *m = state;
     int b = -1, used = -1;
-    if (sscanf(name, "moe.%d%n", &b, &used) != 1 || b < 0)
+    if (names_op_layer(m, name, &b)) {
+        if (b >= m->n_layers || m->layers[b] == NULL)
+            return 1;
+        kt__moe_naming nm = naming_of(m, b);
+        return kt__moe_names_tensor(m->layers[b], &nm, name);
+    }
+    if (!is_state || sscanf(name, "moe.%d%n", &b, &used) != 1 || b < 0 || name[used] != '\0')
         return 0;
     int runs = 0;
     for (int i = 0; i < m->n_nodes; i++)
         runs |= m->nodes[i].attrs->binding == b;
-    return runs && (name[used] == '\0' ? is_state : strncmp(name + used, ".experts.", 9) == 0);
+    return runs;
 }
 
 const kt__op_state kt__moe_state = {

@@ -52,10 +52,13 @@ static void usage(FILE *f)
         "  --threads N           threads per rank (default: KT_NUM_THREADS or the CPU count)\n"
         "\n"
         "MoE layers (one per moe op; E and k from the program's router, H from its input):\n"
-        "  --moe-inter I         expert intermediate size (default 2*H)\n"
+        "  --moe-inter I         expert intermediate size, for moe ops that do not say\n"
+        "                        theirs (their .ktg 'intermediate'; default 2*H)\n"
         "  --moe-dtype D         expert weights f32 (default) or bf16\n"
         "  --moe-mode M          full (default: train every expert weight; needs f32), lora\n"
-        "                        (rank-8 adapters, alpha 16) or frozen\n"
+        "                        (adapters on every expert's gate, up and down) or frozen\n"
+        "  --lora-rank R         --moe-mode lora: the adapters' rank (default 8)\n"
+        "  --lora-alpha A        --moe-mode lora: their scale is A / R (default 16)\n"
         "  --experts FILE        start from these expert weights (as kt_moe_save_layers\n"
         "                        writes them: every layer's, and no other model's experts or\n"
         "                        adapters); not with a --params file that holds experts\n"
@@ -66,7 +69,8 @@ static void usage(FILE *f)
         "  --losses FILE         one loss per line (%%.9g), the mean over the ranks\n"
         "  --save FILE           at the end, on rank 0, one safetensors file: the\n"
         "                        parameters by name, the experts (and LoRA adapters) of\n"
-        "                        every MoE layer as moe.<layer>.experts.<e>.<proj>.weight,\n"
+        "                        every MoE layer under its moe op's names (by default\n"
+        "                        moe.<layer>.experts.<e>.<proj>.weight),\n"
         "                        and the optimizer state; written whole or not at all (a\n"
         "                        kill or a full disk leaves the previous file as it was)\n"
         "  -h, --help            this text\n"
@@ -153,6 +157,14 @@ static int parse_value(train_args *a, const char *opt, const char *v)
             a->seed = (uint64_t)x;
     } else if (strcmp(opt, "--moe-inter") == 0) {
         rc = parse_i64(opt, v, 1, &a->moe_inter);
+    } else if (strcmp(opt, "--lora-rank") == 0) {
+        if ((rc = parse_i64(opt, v, 1, &a->lora_rank)) == 0 && a->lora_rank > 256)
+            rc = usage_error("--lora-rank %s is more than 256 (the MoE layer's limit)", v);
+    } else if (strcmp(opt, "--lora-alpha") == 0) {
+        char *end;
+        a->lora_alpha = strtof(v, &end);
+        if (*v == '\0' || *end != '\0' || !(a->lora_alpha > 0) || a->lora_alpha > 1e6f)
+            rc = usage_error("--lora-alpha needs a positive number, not '%s'", v);
     } else if (strcmp(opt, "--threads") == 0) {
         if ((rc = parse_i64(opt, v, 1, &x)) == 0 && x > 1024)
             rc = usage_error("--threads %s is more than 1024 (libkt's pool limit)", v);
@@ -183,7 +195,8 @@ static int takes_value(const char *opt)
     static const char *const opts[] = {
         "--data", "--data-format", "--data-header", "--input-tokens", "--input-targets",
         "--steps", "--optimizer", "--lr", "--seed", "--params", "--threads", "--moe-inter",
-        "--moe-dtype", "--moe-mode", "--experts", "--log-every", "--losses", "--save"};
+        "--moe-dtype", "--moe-mode", "--lora-rank", "--lora-alpha", "--experts", "--log-every",
+        "--losses", "--save"};
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
         if (strcmp(opt, opts[i]) == 0)
             return 1;
@@ -195,7 +208,8 @@ static int parse_args(int argc, char **argv, train_args *a)
 {
     *a = (train_args){.tokens_input = "tokens", .targets_input = "targets", .token_bytes = 2,
                       .log_every = 1, .lr = -1.0f, .optimizer = KT_OPTIM_ADAMW, .seed = 1,
-                      .moe_dtype = KT_F32, .moe_mode = KT_MOE_FULL};
+                      .moe_dtype = KT_F32, .moe_mode = KT_MOE_FULL, .lora_rank = 8,
+                      .lora_alpha = 16.0f};
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         int rc = 0;
@@ -240,7 +254,7 @@ typedef struct trainer {
     ranks r;
     kt_program *p;
     kt_threadpool *pool;
-    moe_layers moe;
+    kt_moe_layers moe;
     kt_session *s;
     token_data data;
     kt_out_file *losses; /* rank 0's --losses file, opened before the first step */
@@ -284,13 +298,16 @@ static void print_summary(const trainer *t, const train_args *a)
            "bytes, %s lr %g\n", a->program, t->r.world, t->r.world == 1 ? "" : "s",
            (long long)t->data.window, (long long)per_rank, (long long)st.param_bytes,
            a->optimizer == KT_OPTIM_ADAMW ? "adamw" : "sgd", (double)a->lr);
-    if (t->moe.n_ops > 0) {
+    const kt_moe_config *c = moe_first_config(&t->moe); /* rank 0 holds the layers */
+    if (c != NULL) {
         static const char *const modes[] = {"frozen", "lora", "full"};
-        const kt_moe_config *c = &t->moe.first;
-        printf("kt-train: %d MoE layer%s (E=%lld, k=%lld, H=%lld, I=%lld, %s, %s)%s", t->moe.n_ops,
+        printf("kt-train: %d MoE layer%s (E=%lld, k=%lld, H=%lld, I=%lld, %s, %s", t->moe.n_ops,
                t->moe.n_ops == 1 ? "" : "s", (long long)c->n_experts, (long long)c->top_k,
                (long long)c->hidden, (long long)c->intermediate, kt_dtype_name(c->weight_dtype),
-               modes[c->mode], t->r.world > 1 ? ", experts on rank 0" : "");
+               modes[c->mode]);
+        if (c->mode == KT_MOE_LORA)
+            printf(" r=%lld alpha=%g", (long long)c->lora_rank, (double)c->lora_alpha);
+        printf(")%s", t->r.world > 1 ? ", experts on rank 0" : "");
         if (t->moe.n_recompute > 0) /* the checkpoint pass's choice */
             printf(", %d recomputing gate/up in backward (checkpointed)", t->moe.n_recompute);
         printf("\n");
@@ -334,21 +351,24 @@ static uint64_t params_hash(const trainer *t)
  * values are gathered and compared with rank 0's before the first step. */
 static int check_same_run(const trainer *t, const train_args *a)
 {
-    enum { N = 14 };
+    enum { N = 16 };
     static const char *const names[N] = {
         "--steps", "--seed", "--lr", "--optimizer", "--moe-inter", "--moe-dtype", "--moe-mode",
+        "--lora-rank", "--lora-alpha",
         "--data-format", "--data-header", "the data file's token count",
         "the data file's contents",
         "the program's tokens per step", "--input-tokens / --input-targets",
         "the initial parameters (--params, --seed)"};
-    uint32_t lr_bits;
+    uint32_t lr_bits, alpha_bits;
     memcpy(&lr_bits, &a->lr, sizeof lr_bits);
+    memcpy(&alpha_bits, &a->lora_alpha, sizeof alpha_bits);
     uint64_t names_hash = hash_bytes(0xcbf29ce484222325ull, a->tokens_input,
                                      strlen(a->tokens_input) + 1);
     names_hash = hash_bytes(names_hash, a->targets_input, strlen(a->targets_input) + 1);
     const uint64_t own[N] = {(uint64_t)a->steps, a->seed, lr_bits, (uint64_t)a->optimizer,
                              (uint64_t)a->moe_inter, (uint64_t)a->moe_dtype,
-                             (uint64_t)a->moe_mode, (uint64_t)a->token_bytes,
+                             (uint64_t)a->moe_mode, (uint64_t)a->lora_rank, alpha_bits,
+                             (uint64_t)a->token_bytes,
                              (uint64_t)a->data_header, (uint64_t)t->data.n_tokens,
                              t->data.content_hash,
                              (uint64_t)t->data.window, names_hash, params_hash(t)};
@@ -367,10 +387,28 @@ static int check_same_run(const trainer *t, const train_args *a)
     return rc;
 }
 
+/* Whether the file holds experts of the program's moe ops: kt-train's own save (the
+ * metadata) or a checkpoint with the first expert of one of them under the op's names. */
+static int holds_experts(const kt_st_file *f, const kt_program *p)
+{
+    int holds = kt_st_metadata(f, "kt.moe_layers") != NULL;
+    for (int i = 0; i < kt_program_moe_count(p) && !holds; i++) {
+        kt_program_moe info;
+        char name[512];
+        kt_tensor view;
+        holds = kt_program_moe_info(p, i, &info) == KT_OK &&
+                kt_moe_tensor_name(info.names, info.binding, 0, KT_MOE_GATE, "weight", name,
+                                   sizeof name) == KT_OK &&
+                kt_st_find(f, name, &view) == KT_OK;
+    }
+    kt_clear_error();
+    return holds;
+}
+
 /* Before any memory is committed: rank 0's output files can be written, the --params and
  * --experts files open as safetensors (a file of no bytes, or not one, is refused), and they
  * do not both bring experts. */
-static int check_weight_files(const train_args *a, const ranks *r)
+static int check_weight_files(const train_args *a, const ranks *r, const kt_program *p)
 {
     const char *outputs[2][2] = {{"--save", a->save}, {"--losses", a->losses}};
     for (int k = 0; k < 2 && r->rank == 0; k++) {
@@ -390,12 +428,13 @@ static int check_weight_files(const train_args *a, const ranks *r)
             return 1;
         }
         if (k == 0)
-            params_has_experts = kt_st_metadata(f, "kt.moe_layers") != NULL;
+            params_has_experts = holds_experts(f, p);
         kt_st_close(f);
     }
     if (params_has_experts && a->experts != NULL)
-        return train_error("--params %s holds the experts already (kt-train --save wrote it): "
-                           "leave out --experts %s", a->params, a->experts);
+        return train_error("--params %s holds the experts already (kt-train --save wrote it, or "
+                           "a checkpoint under the moe ops' names): leave out --experts %s",
+                           a->params, a->experts);
     return 0;
 }
 
@@ -432,7 +471,7 @@ static int setup(trainer *t, const train_args *a)
         return 1;
     int rc = data_open(&t->data, a, t->p, &t->r);
     if (rc == 0)
-        rc = check_weight_files(a, &t->r);
+        rc = check_weight_files(a, &t->r, t->p);
     if (rc == 0)
         rc = check_memory(t, a);
     if (rc == 0 && kt_threadpool_create(a->threads, &t->pool) != KT_OK)
@@ -473,7 +512,7 @@ static void teardown(trainer *t)
 {
     data_close(&t->data);
     kt_session_destroy(t->s);
-    moe_free(&t->moe);
+    kt_moe_layers_destroy(&t->moe);
     kt_threadpool_destroy(t->pool);
     kt_program_destroy(t->p);
     ranks_close(&t->r); /* last: it waits for every rank */

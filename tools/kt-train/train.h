@@ -26,9 +26,11 @@ typedef struct train_args {
     float lr;                                 /* < 0: the optimizer's default */
     kt_optimizer_kind optimizer;
     uint64_t seed;
-    int64_t moe_inter;                        /* 0: 2 * H */
+    int64_t moe_inter;                        /* 0: the program's, else 2 * H */
     kt_dtype moe_dtype;
     kt_moe_mode moe_mode;
+    int64_t lora_rank;                        /* --moe-mode lora: r (default 8) */
+    float lora_alpha;                         /* ... and alpha (default 16) */
     int threads;                              /* 0: KT_NUM_THREADS or the CPU count */
 } train_args;
 
@@ -88,25 +90,17 @@ void data_close(token_data *d);
 
 /* ---- moe_setup.c ------------------------------------------------------------------------- */
 
-typedef struct moe_layers {
-    kt_moe **layers; /* indexed by the moe ops' `layer` binding; NULL slots on ranks > 0 */
-    int n;
-    int n_ops;       /* moe ops in the program */
-    kt_moe_config first; /* the first op's configuration, for the summary line */
-    int n_recompute;     /* ops whose layers keep no intermediates (the checkpoint pass's
-                          * choice, kt_program_moe.keep_activations) */
-    kt_moe_scratch *scratch; /* one per-call scratch for all layers (they run one at a time) */
-} moe_layers;
-
-/* Creates a layer for each moe op of the program (on rank 0 only when there are several
- * ranks: rank 0 owns the experts), initialised from the seed, or loaded from --experts. */
-int moe_setup(moe_layers *m, const train_args *a, const kt_program *p, const ranks *r,
+/* Creates a layer for each moe op of the program (kt_moe_layers_create; on rank 0 only when
+ * there are several ranks: rank 0 owns the experts), initialised from the seed, or loaded
+ * from --experts. */
+int moe_setup(kt_moe_layers *m, const train_args *a, const kt_program *p, const ranks *r,
               kt_threadpool *pool);
 /* The bytes the layers moe_setup creates on this rank will hold (kt_moe_memory_need), with
  * `states` optimizer values per trained value. */
 int moe_memory_need(const train_args *a, const kt_program *p, const ranks *r, int states,
                     uint64_t *bytes_out);
-void moe_free(moe_layers *m);
+/* The configuration of the first layer this rank holds, for the summary line (NULL: none). */
+const kt_moe_config *moe_first_config(const kt_moe_layers *m);
 
 /* ---- loop.c ------------------------------------------------------------------------------ */
 

@@ -1,0 +1,160 @@
+/* Every CPU MoE layer a program needs (kt/program.h: kt_moe_layers_create and the rest): the
+ * program says how many moe ops there are and their shapes (kt_program_moe_info), the options
+ * say the rest (weight dtype, training mode, the intermediate size the program leaves open).
+ * With several ranks only rank 0 creates them: the moe op gathers every rank's rows to rank 0
+ * and runs its layers on the whole batch, so they are sized for W times a rank's rows. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kt/program.h"
+#include "lib/core/error.h"
+#include "lib/core/mix.h"
+
+#define LAYER_NAME_BYTES 32
+
+static int world_of(const kt_moe_layers_options *o) { return o->world > 0 ? o->world : 1; }
+
+/* Moe op i's layer configuration, named "moe.<binding>" (name: LAYER_NAME_BYTES). */
+static kt_status op_config(const kt_program *p, const kt_moe_layers_options *o, int i,
+                           kt_program_moe *info, kt_moe_config *c, char *name)
+{
+    KT__TRY(kt_program_moe_info(p, i, info));
+    if (info->intermediate == 0 && o->intermediate <= 0)
+        return kt__error(KT_EINVAL, "moe node '%s' (layer %d) leaves the experts' intermediate "
+                         "size to whoever creates its layer, and none was given", info->name,
+                         info->binding);
+    /* the options' size is the fallback of the ops that leave it open, never a second
+     * opinion on an op that says its own */
+    KT__TRY(kt_program_moe_config(info, info->intermediate > 0 ? 0 : o->intermediate,
+                                  o->weight_dtype, o->mode, o->lora_rank, o->lora_alpha,
+                                  world_of(o), c));
+    snprintf(name, LAYER_NAME_BYTES, "moe.%d", info->binding);
+    c->name = name;
+    return KT_OK;
+}
+
+static kt_status check_args(const kt_program *p, const kt_moe_layers_options *o, const char *fn)
+{
+    if (p == NULL || o == NULL)
+        return kt__error(KT_EINVAL, "%s: NULL argument", fn);
+    if (o->world < 0 || o->rank < 0 || o->rank >= world_of(o))
+        return kt__error(KT_EINVAL, "%s: rank %d of world %d", fn, o->rank, o->world);
+    return KT_OK;
+}
+
+void kt_moe_layers_destroy(kt_moe_layers *layers)
+{
+    if (layers == NULL)
+        return;
+    for (int b = 0; b < layers->n && layers->layers != NULL; b++)
+        kt_moe_destroy(layers->layers[b]);
+    kt_moe_scratch_destroy(layers->scratch); /* after its layers */
+    free(layers->layers);
+    memset(layers, 0, sizeof *layers);
+}
+
+kt_status kt_moe_layers_create(const kt_program *p, const kt_moe_layers_options *options,
+                               kt_threadpool *pool, kt_moe_layers *layers_out)
+{
+    if (layers_out == NULL)
+        return kt__error(KT_EINVAL, "kt_moe_layers_create: NULL argument");
+    memset(layers_out, 0, sizeof *layers_out);
+    KT__TRY(check_args(p, options, "kt_moe_layers_create"));
+    kt_moe_layers m = {.n_ops = kt_program_moe_count(p)};
+    int max_binding = -1;
+    for (int i = 0; i < m.n_ops; i++) {
+        kt_program_moe info;
+        KT__TRY(kt_program_moe_info(p, i, &info));
+        max_binding = info.binding > max_binding ? info.binding : max_binding;
+    }
+    if (m.n_ops == 0) {
+        *layers_out = m;
+        return KT_OK;
+    }
+    m.n = max_binding + 1;
+    m.layers = calloc((size_t)m.n, sizeof *m.layers);
+    if (m.layers == NULL)
+        return kt__error(KT_ENOMEM, "kt_moe_layers_create: out of memory");
+    kt_status st = options->rank == 0 ? kt_moe_scratch_create(-1, &m.scratch) : KT_OK;
+    for (int i = 0; i < m.n_ops && st == KT_OK; i++) {
+        kt_program_moe info;
+        kt_moe_config c;
+        char name[LAYER_NAME_BYTES];
+        if ((st = op_config(p, options, i, &info, &c, name)) != KT_OK)
+            break;
+        c.scratch = m.scratch;
+        m.n_recompute += !c.keep_activations;
+        if (options->rank != 0 || m.layers[info.binding] != NULL)
+            continue; /* rank 0 owns the experts; a binding used twice: the session says so */
+        if ((st = kt_moe_create(&c, pool, &m.layers[info.binding])) != KT_OK)
+            kt__error_context(st, "MoE layer %d for moe node '%s'", info.binding, info.name);
+    }
+    if (st != KT_OK) {
+        kt_moe_layers_destroy(&m);
+        return st;
+    }
+    *layers_out = m;
+    return KT_OK;
+}
+
+kt_status kt_moe_layers_memory_need(const kt_program *p, const kt_moe_layers_options *options,
+                                    int optimizer_states, uint64_t *bytes_out)
+{
+    if (bytes_out == NULL)
+        return kt__error(KT_EINVAL, "kt_moe_layers_memory_need: NULL argument");
+    KT__TRY(check_args(p, options, "kt_moe_layers_memory_need"));
+    uint64_t total = 0;
+    const int n_ops = kt_program_moe_count(p);
+    for (int i = 0; i < n_ops && options->rank == 0; i++) { /* rank 0 owns the experts */
+        kt_program_moe info;
+        kt_moe_config c;
+        char name[LAYER_NAME_BYTES];
+        uint64_t bytes;
+        KT__TRY(op_config(p, options, i, &info, &c, name));
+        kt_status st = kt_moe_memory_need(&c, optimizer_states, &bytes);
+        if (st != KT_OK)
+            return kt__error_context(st, "MoE layer %d for moe node '%s' (intermediate %lld)",
+                                     info.binding, info.name, (long long)c.intermediate);
+        total += bytes;
+    }
+    *bytes_out = total;
+    return KT_OK;
+}
+
+/* One independent stream per (layer, expert, projection). */
+static void init_weight(kt_tensor *w, uint64_t seed, int layer, int64_t expert, int proj)
+{
+    uint64_t state = kt__splitmix64(
+        kt__splitmix64(kt__splitmix64(seed ^ 0x6d6f65ull) ^ (uint64_t)layer) ^ (uint64_t)expert);
+    state = kt__splitmix64(state ^ (uint64_t)proj);
+    double limit = 1.0 / sqrt((double)w->shape[1]); /* [out, in] */
+    for (int64_t i = 0; i < kt_tensor_numel(w); i++) {
+        state = kt__splitmix64(state);
+        float v = (float)(limit * (2.0 * (double)(state >> 11) / 9007199254740992.0 - 1.0));
+        if (w->dtype == KT_BF16)
+            ((uint16_t *)w->data)[i] = kt_f32_to_bf16_1(v);
+        else
+            ((float *)w->data)[i] = v;
+    }
+}
+
+kt_status kt_moe_layers_init(const kt_moe_layers *layers, uint64_t seed)
+{
+    if (layers == NULL)
+        return kt__error(KT_EINVAL, "kt_moe_layers_init: NULL argument");
+    for (int b = 0; b < layers->n; b++) {
+        kt_moe *m = layers->layers[b];
+        if (m == NULL)
+            continue;
+        const kt_moe_config *c = kt_moe_get_config(m);
+        for (int64_t e = 0; e < c->n_experts; e++)
+            for (int p = 0; p < 3; p++) {
+                kt_tensor w;
+                KT__TRY(kt_moe_weight(m, e, (kt_moe_proj)p, &w));
+                init_weight(&w, seed, b, e, p);
+            }
+    }
+    return KT_OK;
+}
