@@ -19,6 +19,7 @@
 
 #include "kt/hf_export.h"
 #include "kt/io.h"
+#include "kt/moe.h"
 #include "tests/support/test_util.h"
 
 enum { H = 4, I = 6, E = 3, V = 8, R = 2, NT = 17 };
@@ -342,6 +343,53 @@ static void test_peft_dense_mlp(void **state)
     }
 }
 
+/* The run's expert adapters as libkt's MoE layer writes them (kt_moe_save under the checkpoint
+ * names, KT_MOE_NAMES_HF): the export finds them and PEFT's tensors hold the layer's values. */
+static void test_peft_from_moe_layer(void **state)
+{
+    fixture *fx = *state;
+    write_files(fx, 0, "qwen3_moe", 0);
+    kt_moe_config cfg = {.n_experts = E, .hidden = H, .intermediate = I, .top_k = 2,
+                         .max_tokens = 4, .weight_dtype = KT_F32, .act_dtype = KT_F32,
+                         .mode = KT_MOE_LORA, .lora_rank = R, .lora_alpha = (float)ALPHA,
+                         .numa_node = -1, .names = KT_MOE_NAMES_HF, .layer = 0};
+    kt_moe *moe = NULL;
+    OK(kt_moe_create(&cfg, NULL, &moe));
+    tu_rng rng;
+    tu_rng_seed(&rng, 7);
+    for (int e = 0; e < E; e++)
+        for (int p = 0; p < 3; p++)
+            for (int b = 0; b < 2; b++) {
+                kt_tensor v;
+                OK(kt_moe_lora(moe, e, (kt_moe_proj)p, b, &v));
+                tu_fill_uniform(&v, &rng, -1, 1); /* B is zero at creation */
+            }
+    OK(kt_moe_save(moe, fx->run, NULL));
+    kt_hf_export_options o = options(fx);
+    OK(kt_hf_export_peft(fx->run, &o, fx->out));
+    char path[400];
+    path_in(path, sizeof path, fx->out, "adapter_model.safetensors");
+    kt_st_file *f = NULL;
+    kt_tensor gB, dA;
+    OK(kt_st_open(path, &f));
+    assert_int_equal(kt_st_count(f), 4); /* the experts' gate_up and down, nothing else */
+    OK(kt_st_find(f, "base_model.model.model.layers.0.mlp.experts.base_layer.lora_B.weight", &gB));
+    OK(kt_st_find(f, "base_model.model.model.layers.0.mlp.experts.lora_A.weight", &dA));
+    for (int e = 0; e < E; e++) {
+        kt_tensor ub, da;
+        OK(kt_moe_lora(moe, e, KT_MOE_UP, 1, &ub));
+        OK(kt_moe_lora(moe, e, KT_MOE_DOWN, 0, &da));
+        for (int i = 0; i < I; i++)
+            for (int j = 0; j < R; j++) {
+                assert_true(tu_get(&gB, (I + i) * 2 * R * E + (R + j) * E + e) ==
+                            tu_get(&ub, i * R + j));
+                assert_true(tu_get(&dA, (e * R + j) * I + i) == tu_get(&da, j * I + i));
+            }
+    }
+    kt_st_close(f);
+    kt_moe_destroy(moe);
+}
+
 /* ---- full checkpoints ------------------------------------------------------------------------ */
 
 /* The nearest value of dtype to x, ties to even, by search (independent of the export's
@@ -561,6 +609,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_peft_layout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peft_dense_mlp, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_peft_from_moe_layer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_sharded, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_single_merged, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_sharded_merged, setup, teardown),
