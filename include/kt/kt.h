@@ -18,6 +18,7 @@
 #include "comm.h"
 #include "graph.h"
 #include "hf.h"
+#include "hf_export.h"
 #include "io.h"
 #include "moe.h"
 #include "ops.h"
