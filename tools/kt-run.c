@@ -42,7 +42,10 @@ static void usage(FILE *f)
             "                    may be omitted with --allow-missing or when there are none):\n"
             "                    a .safetensors FILE, a sharded checkpoint's index.json, or a\n"
             "                    DIR with model.safetensors.index.json or model.safetensors;\n"
-            "                    float dtypes convert to the program's (bf16 -> f32, ...)\n"
+            "                    float dtypes convert to the program's (bf16 -> f32, ...);\n"
+            "                    in a program that marks what a checkpoint holds ('loaded',\n"
+            "                    as kt-import writes), the others (LoRA adapters) may be\n"
+            "                    absent and keep their init\n"
             "  --inputs FILE     every program input by name, with the program's dtype and\n"
             "                    shape (may be omitted when the program has no inputs)\n"
             "  --out FILE        written: every output by name; with --backward also\n"
@@ -423,7 +426,8 @@ static int run(const run_args *a)
     }
     if (a->params != NULL) {
         const unsigned flags = (a->allow_missing ? KT_LOAD_ALLOW_MISSING : 0u) |
-                               (a->allow_unused ? KT_LOAD_ALLOW_UNUSED : 0u);
+                               (a->allow_unused ? KT_LOAD_ALLOW_UNUSED : 0u) |
+                               KT_LOAD_ALLOW_INITIALISED;
         if (kt_session_load(s, a->params, flags) != KT_OK) {
             fail("cannot load the parameters", kt_last_error());
             goto done;

@@ -184,11 +184,16 @@ static kt_status load_one(const kt_st_file *f, const char *name, kt_tensor *dst,
 static kt_status load_params(kt_session *s, const kt_st_file *f, unsigned flags, int dry_run,
                              const char *path)
 {
-    const int allow = (flags & KT_LOAD_ALLOW_MISSING) != 0;
     const int kind = adamw(s);
+    int marks_loaded = 0; /* the program says which parameters a checkpoint holds */
+    for (int32_t i = 0; i < s->p->n_entries[KT_ROLE_PARAM]; i++)
+        marks_loaded |= s->p->entries[KT_ROLE_PARAM][i].init.kind == KT_INIT_LOADED;
     for (int32_t i = 0; i < s->p->n_entries[KT_ROLE_PARAM]; i++) {
         const kt__pentry *e = &s->p->entries[KT_ROLE_PARAM][i];
         const char *pname = kt__strings_get(&s->p->strings, e->name);
+        const int allow = (flags & KT_LOAD_ALLOW_MISSING) != 0 ||
+                          ((flags & KT_LOAD_ALLOW_INITIALISED) != 0 && marks_loaded &&
+                           e->init.kind != KT_INIT_LOADED);
         KT__TRY(load_one(f, pname, &s->tensors[e->buf], dry_run, allow, path));
         if (e->grad_buf < 0 || (!dry_run && !(flags & KT_LOAD_OPTIMIZER)))
             continue;

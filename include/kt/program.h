@@ -329,6 +329,11 @@ kt_status kt_session_save(kt_session *s, const char *path, int with_optimizer);
 #define KT_LOAD_ALLOW_MISSING 1u /* parameters absent from the file keep their values */
 #define KT_LOAD_OPTIMIZER 2u     /* also load the optimizer state and step count */
 #define KT_LOAD_ALLOW_UNUSED 4u  /* tensors the program has no parameter for are skipped */
+/* In a program that marks the parameters a checkpoint must hold (init `loaded`, as kt-import
+ * writes them), the others (LoRA adapters added to the base model) keep their initial values
+ * when the file lacks them; every `loaded` one must still be there. In a program without
+ * `loaded` parameters the flag changes nothing: each parameter is required. */
+#define KT_LOAD_ALLOW_INITIALISED 8u
 
 /* Loads every parameter from the file, checking each one's dtype and shape against the
  * program; a missing parameter is an error unless KT_LOAD_ALLOW_MISSING, and a tensor that

@@ -69,6 +69,23 @@ static kt_status get_int(const kt__json_value *root, const char *key, int64_t lo
     return KT_OK;
 }
 
+/* lora_alpha: an integer or a fraction (kt-import --lora-alpha 0.5). */
+static kt_status get_alpha(const kt__json_value *root, const char *path, double *out)
+{
+    const kt__json_value *v = member(root, "lora_alpha");
+    if (v != NULL && v->type == KT__JSON_FLOAT) {
+        if (!(v->u.number >= 0.0 && v->u.number <= (double)(1 << 30)))
+            return kt__error(KT_EFORMAT, "%s: \"lora_alpha\" is %g, expected 0 to %d", path,
+                             v->u.number, 1 << 30);
+        *out = v->u.number;
+        return KT_OK;
+    }
+    int64_t alpha = 0;
+    KT__TRY(get_int(root, "lora_alpha", 0, 1 << 30, &alpha, path));
+    *out = (double)alpha;
+    return KT_OK;
+}
+
 static kt_status read_record(const kt__json_value *root, const char *path,
                              kt_hf_import_record *r)
 {
@@ -78,9 +95,7 @@ static kt_status read_record(const kt__json_value *root, const char *path,
     KT__TRY(get_string(root, "model_type", r->model_type, sizeof r->model_type, path));
     KT__TRY(get_string(root, "dtype", r->dtype, sizeof r->dtype, path));
     KT__TRY(get_int(root, "lora_rank", 0, 1 << 20, &r->lora_rank, path));
-    int64_t alpha = 0;
-    KT__TRY(get_int(root, "lora_alpha", 0, 1 << 30, &alpha, path));
-    r->lora_alpha = (double)alpha;
+    KT__TRY(get_alpha(root, path, &r->lora_alpha));
     const kt__json_value *targets;
     KT__TRY(need(root, "lora_targets", KT__JSON_ARRAY, path, &targets));
     if (targets->u.list.count > KT_HF_EXPORT_MAX_TARGETS)
@@ -107,7 +122,7 @@ kt_status kt_hf_read_import_record(const char *path, kt_hf_import_record *record
     size_t len = 0;
     KT__TRY(kt__read_text(path, IMPORT_MAX_BYTES, &text, &len));
     kt__json_doc *doc = NULL;
-    kt_status status = kt__json_parse(text, len, &doc);
+    kt_status status = kt__json_parse_numbers(text, len, &doc); /* aux coefficient, alpha */
     if (status != KT_OK) {
         status = kt__error_context(status, "%s", path);
         goto out;

@@ -29,6 +29,8 @@ def parse(argv):
                     help="dtype to load and compute in (default float32: a bf16 "
                          "checkpoint is widened exactly)")
     ap.add_argument("--key", default="logits", help="tensor to compare (default logits)")
+    ap.add_argument("--inputs", help="take input_ids from this file (e.g. the fixture's "
+                    "reference, when LOGITS is kt-run's output)")
     return ap.parse_args(argv)
 
 
@@ -52,16 +54,19 @@ def load_model(model_dir, dtype):
     return m.eval()
 
 
-def compare(model, logits_path, key, tol, what):
+def compare(model, logits_path, key, tol, what, inputs_path=None):
+    """inputs_path: take input_ids from this file instead (kt-run's output has none)."""
     import torch
     from safetensors.torch import load_file
     ref = load_file(logits_path)
-    for k in ("input_ids", key):
-        if k not in ref:
-            print("%s: %s: no tensor %r" % (what, logits_path, k), file=sys.stderr)
+    ids_file = inputs_path or logits_path
+    ids = load_file(ids_file)
+    for k, d, p in (("input_ids", ids, ids_file), (key, ref, logits_path)):
+        if k not in d:
+            print("%s: %s: no tensor %r" % (what, p, k), file=sys.stderr)
             return 2
     with torch.no_grad():
-        got = model(input_ids=ref["input_ids"]).logits.float()
+        got = model(input_ids=ids["input_ids"]).logits.float()
     want = ref[key].float()
     if got.shape != want.shape:
         print("%s: logits shape %s, expected %s" % (what, list(got.shape), list(want.shape)),
@@ -90,7 +95,7 @@ def main(argv=None):
     except Exception as e:  # transformers raises many kinds
         print("check_hf: %s: cannot load: %s" % (args.model_dir, e), file=sys.stderr)
         return 2
-    return compare(model, args.logits, args.key, args.tol, "check_hf")
+    return compare(model, args.logits, args.key, args.tol, "check_hf", args.inputs)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 """Load a PEFT adapter onto a transformers model and compare its logits.
 
 usage: check_peft.py MODEL_DIR ADAPTER_DIR LOGITS.safetensors [--tol X] [--dtype D]
+                     [--inputs IDS.safetensors]
 
 MODEL_DIR: the base checkpoint (from_pretrained); ADAPTER_DIR: what
 `peft.PeftModel.from_pretrained` reads (adapter_config.json +
@@ -31,6 +32,8 @@ def main(argv=None):
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "auto"], default="float32",
                     help="dtype to load the base in (default float32)")
     ap.add_argument("--key", default="logits", help="tensor to compare (default logits)")
+    ap.add_argument("--inputs", help="take input_ids from this file (e.g. the fixture's "
+                    "reference, when LOGITS is kt-run's output)")
     args = ap.parse_args(argv)
     try:
         check_hf.import_torch()
@@ -49,7 +52,7 @@ def main(argv=None):
         print("check_peft: %s + %s: cannot load: %s" % (args.model_dir, args.adapter_dir, e),
               file=sys.stderr)
         return 2
-    return check_hf.compare(model, args.logits, args.key, args.tol, "check_peft")
+    return check_hf.compare(model, args.logits, args.key, args.tol, "check_peft", args.inputs)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
  *
  * Step s reads the window of T + 1 tokens starting at token s * T, wrapping around the end
  * of the file, where T is the number of tokens one step consumes over all ranks. The tokens
- * input gets the first T, the targets input the same window shifted by one. Each input is
+ * input gets the first T, the targets input the same window shifted by one, and a labels input
+ * (transformers' convention, as kt-import's programs take them: the program shifts the labels
+ * itself with shift_labels) the same T tokens as the token input. Each input is
  * filled as if it held the whole window (row-major in its global shape, the shard dimension
  * W times longer) and every rank keeps its own slice along the shard dimension: for the 1-D
  * token inputs of examples/lm.ktg, rank r gets tokens [r T/W, (r+1) T/W). Every rank checks
@@ -78,9 +80,9 @@ static int check_inputs_fed(const token_data *d, const train_args *a, const kt_p
             fed |= strcmp(d->feeds[k].name, name) == 0;
         if (!fed) {
             train_error("the program takes input '%s', which kt-train cannot feed: "
-                        "it feeds token ids to '%s' and the next tokens to '%s' (see "
-                        "--input-tokens, --input-targets)", name, a->tokens_input,
-                        a->targets_input);
+                        "it feeds token ids to '%s' and '%s' and the next tokens to '%s' "
+                        "(see --input-tokens, --input-labels, --input-targets)", name,
+                        d->feeds[0].name, a->labels_input, a->targets_input);
             return 1;
         }
     }
@@ -90,18 +92,27 @@ static int check_inputs_fed(const token_data *d, const train_args *a, const kt_p
 static int describe_inputs(token_data *d, const train_args *a, const kt_program *p,
                            const ranks *r)
 {
-    if (find_input(p, a->tokens_input) < 0) {
+    /* kt-import's programs name the token input as transformers does */
+    const char *tokens = a->tokens_input;
+    if (!a->tokens_input_set && find_input(p, tokens) < 0 && find_input(p, "input_ids") >= 0)
+        tokens = "input_ids";
+    if (find_input(p, tokens) < 0) {
         train_error("%s has no input named '%s' (the token ids; see "
-                    "--input-tokens)", a->program, a->tokens_input);
+                    "--input-tokens)", a->program, tokens);
         return 1;
     }
-    if (describe_feed(&d->feeds[0], a->tokens_input, 0, p, r) != 0)
+    if (describe_feed(&d->feeds[0], tokens, 0, p, r) != 0)
         return 1;
     d->n_feeds = 1;
     if (find_input(p, a->targets_input) >= 0) {
         if (describe_feed(&d->feeds[1], a->targets_input, 1, p, r) != 0)
             return 1;
         d->n_feeds = 2;
+    }
+    if (find_input(p, a->labels_input) >= 0) {
+        if (describe_feed(&d->feeds[d->n_feeds], a->labels_input, 0, p, r) != 0)
+            return 1;
+        d->n_feeds++;
     }
     if (check_inputs_fed(d, a, p) != 0)
         return 1;
@@ -113,15 +124,16 @@ static int describe_inputs(token_data *d, const train_args *a, const kt_program 
     if (r->world > 1 && !sharded)
         return train_error("%s shards none of its token inputs, so each of the %d ranks would "
                            "train on the same window: compile it with 'shard %s dim D' (the "
-                           "time dimension)", a->program, r->world, a->tokens_input);
+                           "time dimension)", a->program, r->world, tokens);
     d->window = global_numel(&d->feeds[0]);
-    if (d->n_feeds == 2 && global_numel(&d->feeds[1]) != d->window) {
-        train_error("input '%s' takes %lld tokens per step over %d rank%s, but "
-                    "'%s' takes %lld: they must be the same window", d->feeds[1].name,
-                    (long long)global_numel(&d->feeds[1]), r->world, r->world == 1 ? "" : "s",
-                    d->feeds[0].name, (long long)d->window);
-        return 1;
-    }
+    for (int k = 1; k < d->n_feeds; k++)
+        if (global_numel(&d->feeds[k]) != d->window) {
+            train_error("input '%s' takes %lld tokens per step over %d rank%s, but "
+                        "'%s' takes %lld: they must be the same window", d->feeds[k].name,
+                        (long long)global_numel(&d->feeds[k]), r->world,
+                        r->world == 1 ? "" : "s", d->feeds[0].name, (long long)d->window);
+            return 1;
+        }
     /* the ids must fit every op that reads them as indices */
     d->bound = -1;
     for (int k = 0; k < d->n_feeds; k++) {

@@ -36,7 +36,10 @@ static void usage(FILE *f)
         "  --data-format F       u8 (any file as bytes), u16 or i32, little-endian (default\n"
         "                        u16)\n"
         "  --data-header BYTES   skip a header (1024 for llm.c's .bin files; default 0)\n"
-        "  --input-tokens NAME   the program input that gets the tokens (default tokens)\n"
+        "  --input-tokens NAME   the program input that gets the tokens (default tokens, or\n"
+        "                        input_ids when the program has no tokens input)\n"
+        "  --input-labels NAME   one that gets the same tokens, which the program shifts\n"
+        "                        itself (default labels: kt-import's programs)\n"
         "  --input-targets NAME  the one that gets the next tokens (default targets; not fed\n"
         "                        when the program has no such input)\n"
         "\n"
@@ -50,7 +53,10 @@ static void usage(FILE *f)
         "                        program's and nothing else) instead of the seed's; a file\n"
         "                        --save wrote brings the experts too, whole. FILE, a DIR\n"
         "                        with model.safetensors.index.json or model.safetensors, or\n"
-        "                        a sharded checkpoint's index.json; float dtypes convert\n"
+        "                        a sharded checkpoint's index.json; float dtypes convert.\n"
+        "                        In a program that marks what a checkpoint holds ('loaded',\n"
+        "                        as kt-import writes), the other parameters (LoRA adapters)\n"
+        "                        may be absent: they start from the seed\n"
         "  --threads N           threads per rank (default: KT_NUM_THREADS or the CPU count)\n"
         "\n"
         "MoE layers (one per moe op; E and k from the program's router, H from its input):\n"
@@ -143,9 +149,11 @@ static int parse_value(train_args *a, const char *opt, const char *v)
                       : strcmp(opt, "--losses") == 0          ? &a->losses
                       : strcmp(opt, "--input-tokens") == 0    ? &a->tokens_input
                       : strcmp(opt, "--input-targets") == 0   ? &a->targets_input
+                      : strcmp(opt, "--input-labels") == 0    ? &a->labels_input
                                                               : NULL;
     if (file != NULL) {
         *file = v;
+        a->tokens_input_set |= file == &a->tokens_input;
     } else if (strcmp(opt, "--data-format") == 0) {
         if ((rc = parse_choice(opt, v, formats, 3, &c)) == 0)
             a->token_bytes = c == 0 ? 1 : c == 1 ? 2 : 4;
@@ -197,6 +205,7 @@ static int takes_value(const char *opt)
 {
     static const char *const opts[] = {
         "--data", "--data-format", "--data-header", "--input-tokens", "--input-targets",
+        "--input-labels",
         "--steps", "--optimizer", "--lr", "--seed", "--params", "--threads", "--moe-inter",
         "--moe-dtype", "--moe-mode", "--lora-rank", "--lora-alpha", "--experts", "--log-every",
         "--losses", "--save"};
@@ -209,7 +218,8 @@ static int takes_value(const char *opt)
 /* 0 on success, 2 (usage error), or -1 after --help. */
 static int parse_args(int argc, char **argv, train_args *a)
 {
-    *a = (train_args){.tokens_input = "tokens", .targets_input = "targets", .token_bytes = 2,
+    *a = (train_args){.tokens_input = "tokens", .targets_input = "targets",
+                      .labels_input = "labels", .token_bytes = 2,
                       .log_every = 1, .lr = -1.0f, .optimizer = KT_OPTIM_ADAMW, .seed = 1,
                       .moe_dtype = KT_F32, .moe_mode = KT_MOE_FULL, .lora_rank = 8,
                       .lora_alpha = 16.0f};
@@ -287,7 +297,7 @@ static int create_session(trainer *t, const train_args *a)
                              .comm = t->r.comm};
     if (kt_session_create(t->p, &so, &t->s) != KT_OK)
         return train_fail("cannot create the session", kt_last_error());
-    if (a->params != NULL && kt_session_load(t->s, a->params, 0) != KT_OK)
+    if (a->params != NULL && kt_session_load(t->s, a->params, KT_LOAD_ALLOW_INITIALISED) != KT_OK)
         return train_fail("cannot load the parameters", kt_last_error());
     return 0;
 }
@@ -360,7 +370,7 @@ static int check_same_run(const trainer *t, const train_args *a)
         "--lora-rank", "--lora-alpha",
         "--data-format", "--data-header", "the data file's token count",
         "the data file's contents",
-        "the program's tokens per step", "--input-tokens / --input-targets",
+        "the program's tokens per step", "--input-tokens / --input-labels / --input-targets",
         "the initial parameters (--params, --seed)"};
     uint32_t lr_bits, alpha_bits;
     memcpy(&lr_bits, &a->lr, sizeof lr_bits);
@@ -368,6 +378,7 @@ static int check_same_run(const trainer *t, const train_args *a)
     uint64_t names_hash = hash_bytes(0xcbf29ce484222325ull, a->tokens_input,
                                      strlen(a->tokens_input) + 1);
     names_hash = hash_bytes(names_hash, a->targets_input, strlen(a->targets_input) + 1);
+    names_hash = hash_bytes(names_hash, a->labels_input, strlen(a->labels_input) + 1);
     const uint64_t own[N] = {(uint64_t)a->steps, a->seed, lr_bits, (uint64_t)a->optimizer,
                              (uint64_t)a->moe_inter, (uint64_t)a->moe_dtype,
                              (uint64_t)a->moe_mode, (uint64_t)a->lora_rank, alpha_bits,

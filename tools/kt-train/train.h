@@ -20,6 +20,8 @@
 typedef struct train_args {
     const char *program, *data, *params, *experts, *save, *losses;
     const char *tokens_input, *targets_input; /* program input names */
+    const char *labels_input; /* gets the tokens unshifted (the program shifts them) */
+    int tokens_input_set;     /* --input-tokens given: no input_ids fallback */
     int token_bytes;                          /* --data-format: 1 (u8), 2 (u16), 4 (i32) */
     int64_t data_header;                      /* bytes skipped at the start of the file */
     int64_t steps, log_every;
@@ -59,7 +61,7 @@ kt_status ranks_agree(const ranks *r, kt_status local);
 
 typedef struct feed {
     const char *name; /* the program input */
-    int shift;        /* 0: the window's tokens; 1: the next tokens (targets) */
+    int shift;        /* 0: the window's tokens (tokens, labels); 1: the next tokens (targets) */
     int shard_dim;    /* -1: the whole window */
     kt_tensor view;   /* the session's input tensor (this rank's part) */
     int64_t global[KT_MAX_DIMS]; /* the input's shape over all ranks */
@@ -74,7 +76,7 @@ typedef struct token_data {
     int64_t window;   /* tokens per step over all ranks (T) */
     int64_t bound;    /* token ids must be in [0, bound); -1: no check here */
     int64_t *buf;     /* window + 1 tokens */
-    feed feeds[2];
+    feed feeds[3];
     int n_feeds;
 } token_data;
 
