@@ -9,14 +9,7 @@
 
 const kt__json_value *kt__hf_member(const kt__hf_json *j, const char *key)
 {
-    if (j->obj == NULL || j->obj->type != KT__JSON_OBJECT)
-        return NULL;
-    const kt__json_value *found = NULL;
-    for (size_t i = 0; i < j->obj->u.list.count; i++) {
-        const kt__json_value *m = &j->obj->u.list.items[i];
-        if (m->key_len == strlen(key) && memcmp(m->key, key, m->key_len) == 0)
-            found = m; /* the last of duplicates, as Python's json module keeps */
-    }
+    const kt__json_value *found = kt__json_member(j->obj, key);
     return found != NULL && found->type == KT__JSON_NULL ? NULL : found;
 }
 

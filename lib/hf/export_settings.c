@@ -10,22 +10,10 @@
 
 #define IMPORT_MAX_BYTES (1u << 20)
 
-static const kt__json_value *member(const kt__json_value *obj, const char *key)
-{
-    if (obj == NULL || obj->type != KT__JSON_OBJECT)
-        return NULL;
-    for (size_t i = 0; i < obj->u.list.count; i++) {
-        const kt__json_value *v = &obj->u.list.items[i];
-        if (v->key_len == strlen(key) && memcmp(v->key, key, v->key_len) == 0)
-            return v;
-    }
-    return NULL;
-}
-
 static kt_status need(const kt__json_value *root, const char *key, kt__json_type type,
                       const char *path, const kt__json_value **out)
 {
-    const kt__json_value *v = member(root, key);
+    const kt__json_value *v = kt__json_member(root, key);
     if (v == NULL)
         return kt__error(KT_EFORMAT, "%s: no key \"%s\" (kt-import writes it)", path, key);
     if (v->type != type)
@@ -48,7 +36,7 @@ static kt_status copy_string(const kt__json_value *v, char *dst, size_t size, co
 static kt_status get_string(const kt__json_value *root, const char *key, char *dst, size_t size,
                             const char *path)
 {
-    const kt__json_value *v;
+    const kt__json_value *v = NULL;
     KT__TRY(need(root, key, KT__JSON_STRING, path, &v));
     return copy_string(v, dst, size, path, key);
 }
@@ -56,7 +44,7 @@ static kt_status get_string(const kt__json_value *root, const char *key, char *d
 static kt_status get_int(const kt__json_value *root, const char *key, int64_t lo, int64_t hi,
                          int64_t *out, const char *path)
 {
-    const kt__json_value *v;
+    const kt__json_value *v = NULL;
     KT__TRY(need(root, key, KT__JSON_INT, path, &v));
     if (v->u.integer.magnitude > (uint64_t)INT64_MAX)
         return kt__error(KT_EFORMAT, "%s: \"%s\" is out of range", path, key);
@@ -72,7 +60,7 @@ static kt_status get_int(const kt__json_value *root, const char *key, int64_t lo
 /* lora_alpha: an integer or a fraction (kt-import --lora-alpha 0.5). */
 static kt_status get_alpha(const kt__json_value *root, const char *path, double *out)
 {
-    const kt__json_value *v = member(root, "lora_alpha");
+    const kt__json_value *v = kt__json_member(root, "lora_alpha");
     if (v != NULL && v->type == KT__JSON_FLOAT) {
         if (!(v->u.number >= 0.0 && v->u.number <= (double)(1 << 30)))
             return kt__error(KT_EFORMAT, "%s: \"lora_alpha\" is %g, expected 0 to %d", path,
@@ -96,7 +84,7 @@ static kt_status read_record(const kt__json_value *root, const char *path,
     KT__TRY(get_string(root, "dtype", r->dtype, sizeof r->dtype, path));
     KT__TRY(get_int(root, "lora_rank", 0, 1 << 20, &r->lora_rank, path));
     KT__TRY(get_alpha(root, path, &r->lora_alpha));
-    const kt__json_value *targets;
+    const kt__json_value *targets = NULL;
     KT__TRY(need(root, "lora_targets", KT__JSON_ARRAY, path, &targets));
     if (targets->u.list.count > KT_HF_EXPORT_MAX_TARGETS)
         return kt__error(KT_EFORMAT, "%s: more than %d \"lora_targets\"", path,

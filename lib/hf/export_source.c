@@ -12,18 +12,6 @@
 #define INDEX_NAME "model.safetensors.index.json"
 #define INDEX_MAX_BYTES (64u << 20)
 
-static const kt__json_value *member(const kt__json_value *obj, const char *key)
-{
-    if (obj == NULL || obj->type != KT__JSON_OBJECT)
-        return NULL;
-    for (size_t i = 0; i < obj->u.list.count; i++) {
-        const kt__json_value *v = &obj->u.list.items[i];
-        if (v->key_len == strlen(key) && memcmp(v->key, key, v->key_len) == 0)
-            return v;
-    }
-    return NULL;
-}
-
 /* A shard name is a plain file name in the directory: no path, no hidden file. */
 static int plain_file_name(const char *s, size_t len)
 {
@@ -56,7 +44,7 @@ static kt_status read_index(kt__source *s, const char *path)
         status = kt__error_context(status, "%s", path);
         goto out;
     }
-    map = member(kt__json_root(doc), "weight_map");
+    map = kt__json_member(kt__json_root(doc), "weight_map");
     if (map == NULL || map->type != KT__JSON_OBJECT || map->u.list.count == 0) {
         status = kt__error(KT_EFORMAT, "%s: no \"weight_map\" object of tensor names", path);
         goto out;

@@ -560,3 +560,17 @@ const char *kt__json_type_name(kt__json_type type)
     }
     return "?";
 }
+
+const kt__json_value *kt__json_member(const kt__json_value *obj, const char *key)
+{
+    if (obj == NULL || obj->type != KT__JSON_OBJECT)
+        return NULL;
+    const kt__json_value *found = NULL;
+    const size_t len = strlen(key);
+    for (size_t i = 0; i < obj->u.list.count; i++) {
+        const kt__json_value *m = &obj->u.list.items[i];
+        if (m->key_len == len && memcmp(m->key, key, len) == 0)
+            found = m;
+    }
+    return found;
+}

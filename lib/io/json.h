@@ -77,5 +77,8 @@ int kt__json_utf8_valid(const char *s, size_t len);
 
 /* "object", "string", ... for messages. */
 const char *kt__json_type_name(kt__json_type type);
+/* The member of an object called key (the last of duplicates, as Python's json module
+ * keeps), or NULL: obj NULL or not an object, or no such member. */
+const kt__json_value *kt__json_member(const kt__json_value *obj, const char *key);
 
 #endif
