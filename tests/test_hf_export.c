@@ -182,17 +182,10 @@ static int setup(void **state)
     return 0;
 }
 
-static void remove_tree(const char *dir)
-{
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-}
-
 static int teardown(void **state)
 {
     fixture *fx = *state;
-    remove_tree(fx->dir);
+    tu_remove_tree(fx->dir);
     for (int i = 0; i < fx->n; i++) {
         tu_free(&fx->src[i]);
         tu_free(&fx->run_t[i]);
@@ -339,7 +332,7 @@ static void test_peft_dense_mlp(void **state)
                       &t));
         assert_true(tu_bitwise_equal(&t, find_ad(fx, "model.layers.0.mlp.shared_experts.gate_proj", 1)));
         kt_st_close(f);
-        remove_tree(fx->out);
+        tu_remove_tree(fx->out);
     }
 }
 

@@ -100,7 +100,7 @@ static void write_checkpoint(const char *dir, kt_dtype dtype)
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
-static kt_session *make_session(kt_program **p_out, kt_graph **g_out)
+static kt_session *make_session(kt_program **p_out)
 {
     char text[8192];
     size_t len = (size_t)snprintf(text, sizeof text, "input x: f32[1, %d]\n", ROWS);
@@ -113,17 +113,11 @@ static kt_session *make_session(kt_program **p_out, kt_graph **g_out)
         len += (size_t)snprintf(text + len, sizeof text - len, "y = add(y, t%d)\n", k);
     len += (size_t)snprintf(text + len, sizeof text - len, "output y\n");
     assert_true(len < sizeof text);
-    char diag[2048];
-    kt_graph *g = NULL;
-    kt_program *p = NULL;
+    kt_program *p = tu_compile_ktg(text, "rss.ktg", 0);
     kt_session *s = NULL;
-    OK(kt_ktg_parse(text, len, "rss.ktg", NULL, 0, &g, diag, sizeof diag, NULL));
-    kt_compile_options co = {.training = 0};
-    OK(kt_compile(g, &co, &p));
     kt_session_options so = {.threads = 1};
     OK(kt_session_create(p, &so, &s));
     *p_out = p;
-    *g_out = g;
     return s;
 }
 
@@ -148,10 +142,9 @@ static void spot_check(kt_session *s, kt_dtype stored)
 static double load_growth(const char *dir, kt_dtype stored)
 {
     kt_program *p;
-    kt_graph *g;
     int reset = reset_peak();
     long before = status_kb("VmRSS");
-    kt_session *s = make_session(&p, &g);
+    kt_session *s = make_session(&p);
     OK(kt_session_load(s, dir, 0));
     long peak = status_kb("VmHWM");
     assert_true(before > 0 && peak > 0);
@@ -184,7 +177,6 @@ static double load_growth(const char *dir, kt_dtype stored)
     }
     kt_session_destroy(s);
     kt_program_destroy(p);
-    kt_graph_destroy(g);
     return growth;
 }
 

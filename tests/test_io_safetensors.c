@@ -47,17 +47,6 @@ static kt_status open_header(const char *header, size_t data_len)
     return s;
 }
 
-static char *temp_dir(void)
-{
-    char tmpl[] = "/tmp/kt_st_test.XXXXXX";
-    char *dir = mkdtemp(tmpl);
-    assert_non_null(dir);
-    char *copy = malloc(strlen(dir) + 1);
-    assert_non_null(copy);
-    strcpy(copy, dir);
-    return copy;
-}
-
 static int count_dir_entries(const char *dir)
 {
     DIR *d = opendir(dir);
@@ -203,7 +192,7 @@ static void test_roundtrip_file(void **state)
     (void)state;
     tensor_set ts;
     make_set(&ts, 2);
-    char *dir = temp_dir();
+    char *dir = tu_temp_dir("kt_st_test");
     char *path = join(dir, "model.safetensors");
     assert_int_equal(kt_st_save(path, ts.items, 3, NULL), KT_OK);
     /* saving again replaces the file atomically and leaves no temporary behind */
@@ -753,7 +742,7 @@ static void test_write_errors(void **state)
     assert_int_equal((unsigned char)buf[0], 0x5a); /* untouched on failure */
 
     /* a failed save names the path and leaves nothing behind */
-    char *dir = temp_dir();
+    char *dir = tu_temp_dir("kt_st_test");
     char *missing = join(dir, "no/such/dir.st");
     TU_EXPECT_ERROR(kt_st_save(missing, items, 2, NULL), KT_EIO, missing,
                     "No such file or directory");
@@ -774,7 +763,7 @@ static void test_open_errors(void **state)
     kt_st_file *f = NULL;
     TU_EXPECT_ERROR(kt_st_open("/nonexistent/x.safetensors", &f), KT_EIO,
                     "/nonexistent/x.safetensors", "No such file or directory");
-    char *dir = temp_dir();
+    char *dir = tu_temp_dir("kt_st_test");
     /* a directory is a checkpoint directory (tests/test_io_sharded.c), here an empty one */
     TU_EXPECT_ERROR(kt_st_open(dir, &f), KT_EIO, dir, "model.safetensors.index.json",
                     "model.safetensors");
@@ -861,7 +850,7 @@ static void test_open_unmappable(void **state)
     TU_EXPECT_ERROR(s, KT_EFORMAT, path, "1 trailing bytes");
     assert_null(f);
 
-    char *dir = temp_dir();
+    char *dir = tu_temp_dir("kt_st_test");
     char *fifo = join(dir, "pipe.st");
     assert_int_equal(mkfifo(fifo, 0600), 0);
     TU_EXPECT_ERROR(kt_st_open(fifo, &f), KT_EINVAL, fifo, "FIFO");

@@ -23,17 +23,6 @@
 
 /* ---- helpers --------------------------------------------------------------------------------- */
 
-static char *temp_dir(void)
-{
-    char tmpl[] = "/tmp/kt_sharded_test.XXXXXX";
-    char *dir = mkdtemp(tmpl);
-    assert_non_null(dir);
-    char *copy = malloc(strlen(dir) + 1);
-    assert_non_null(copy);
-    strcpy(copy, dir);
-    return copy;
-}
-
 /* dir/name in a static ring of buffers: enough for the few paths a check uses at once. */
 static const char *at(const char *dir, const char *name)
 {
@@ -51,13 +40,6 @@ static void write_text(const char *path, const char *text)
     assert_non_null(f);
     assert_int_equal(fputs(text, f) >= 0, 1);
     assert_int_equal(fclose(f), 0);
-}
-
-static void remove_tree(const char *dir)
-{
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
 }
 
 /* A file of raw tensors in any of the format's dtypes: names[i] is dtypes[i] with counts[i]
@@ -192,7 +174,7 @@ static void expect_same_tensors(const kt_st_file *f, const checkpoint *c)
 static void test_sharded_equals_single(void **state)
 {
     (void)state;
-    char *dir = temp_dir();
+    char *dir = tu_temp_dir("kt_sharded_test");
     const char *single = at(dir, "single"), *sharded = at(dir, "sharded");
     char single_dir[512], sharded_dir[512];
     strcpy(single_dir, single);
@@ -304,7 +286,7 @@ static void test_sharded_equals_single(void **state)
     assert_null(f);
 
     free_checkpoint(&c);
-    remove_tree(dir);
+    tu_remove_tree(dir);
     free(dir);
 }
 
@@ -327,7 +309,7 @@ static void test_sharded_equals_single(void **state)
 static void test_index_errors(void **state)
 {
     (void)state;
-    char *dir = temp_dir();
+    char *dir = tu_temp_dir("kt_sharded_test");
     float xs[2] = {1, 2}, ys[3] = {3, 4, 5}, zs[1] = {6};
     kt_st_item a[2] = {{"x", {0}}, {"y", {0}}}, b[1] = {{"z", {0}}}, dup[2] = {{"z", {0}},
                                                                                  {"x", {0}}};
@@ -417,7 +399,7 @@ static void test_index_errors(void **state)
     TU_EXPECT_ERROR(kt_st_open(at(dir, "absent.index.json"), &f), KT_EIO, "absent.index.json",
                     "No such file");
     assert_null(f);
-    remove_tree(dir);
+    tu_remove_tree(dir);
     free(dir);
 }
 
@@ -489,7 +471,7 @@ static void test_convert_values(void **state)
     static const uint16_t f16_pair[2] = {0x3c06, 0x3c0c};  /* 1 + 6 * 2^-10, 1 + 3 * 2^-8 */
     int64_t ids[2] = {1, 2};
     uint8_t fp8[2] = {0x38, 0x40};
-    char *dir = temp_dir();
+    char *dir = tu_temp_dir("kt_sharded_test");
     const char *path = at(dir, "mixed.safetensors");
     char p[512];
     strcpy(p, path);
@@ -571,7 +553,7 @@ static void test_convert_values(void **state)
     tu_free(&d);
     TU_EXPECT_ERROR(kt_st_read_convert(NULL, "x", &d), KT_EINVAL, "NULL");
     kt_st_close(f);
-    remove_tree(dir);
+    tu_remove_tree(dir);
     free(dir);
 }
 
@@ -584,27 +566,20 @@ static const char model_text[] = "input x: f32[2, 8]\n"
                                  "h = add(h, b)\n"
                                  "output h\n";
 
-static kt_session *model_session(kt_program **p_out, kt_graph **g_out)
+static kt_session *model_session(kt_program **p_out)
 {
-    char diag[1024];
-    kt_graph *g = NULL;
-    kt_program *p = NULL;
+    kt_program *p = tu_compile_ktg(model_text, "model.ktg", 0);
     kt_session *s = NULL;
-    OK(kt_ktg_parse(model_text, strlen(model_text), "model.ktg", NULL, 0, &g, diag, sizeof diag,
-                    NULL));
-    kt_compile_options co = {.training = 0};
-    OK(kt_compile(g, &co, &p));
     kt_session_options so = {.threads = 1, .seed = 3};
     OK(kt_session_create(p, &so, &s));
     *p_out = p;
-    *g_out = g;
     return s;
 }
 
 static void test_session_load_sharded(void **state)
 {
     (void)state;
-    char *dir = temp_dir();
+    char *dir = tu_temp_dir("kt_sharded_test");
     uint16_t w[32];
     double b[4] = {0.1, -2.5, 1e-3, 7.0};
     for (int i = 0; i < 32; i++)
@@ -620,8 +595,7 @@ static void test_session_load_sharded(void **state)
                "\"w\": \"model-00001-of-00002.safetensors\", "
                "\"b\": \"model-00002-of-00002.safetensors\"}}");
     kt_program *p;
-    kt_graph *g;
-    kt_session *s = model_session(&p, &g);
+    kt_session *s = model_session(&p);
     OK(kt_session_load(s, dir, 0));
     kt_tensor sw, sb;
     OK(kt_session_tensor(s, KT_ROLE_PARAM, "w", &sw));
@@ -648,8 +622,7 @@ static void test_session_load_sharded(void **state)
                     "No such file");
     kt_session_destroy(s);
     kt_program_destroy(p);
-    kt_graph_destroy(g);
-    remove_tree(dir);
+    tu_remove_tree(dir);
     free(dir);
 }
 

@@ -223,14 +223,7 @@ static const char model[] =
 static void test_in_a_model(void **state)
 {
     (void)state;
-    kt_graph *g = NULL;
-    char diag[4096];
-    int n_err = 0;
-    if (kt_ktg_parse(model, strlen(model), "cast.ktg", NULL, 0, &g, diag, sizeof diag, &n_err) !=
-        KT_OK)
-        fail_msg("cast.ktg does not parse:\n%s", diag);
-    kt_program *p = NULL;
-    OK(kt_compile(g, NULL, &p));
+    kt_program *p = tu_compile_ktg(model, "cast.ktg", 1);
     int64_t bound = 0;
     OK(kt_program_index_bound(p, "input_ids", &bound));
     assert_int_equal(bound, MV); /* the embedding's rows */
@@ -293,7 +286,6 @@ static void test_in_a_model(void **state)
     assert_true(gmax > 0.0);
     kt_session_destroy(s);
     kt_program_destroy(p);
-    kt_graph_destroy(g);
 }
 
 int main(void)

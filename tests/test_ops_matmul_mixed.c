@@ -429,14 +429,7 @@ static const char model[] =
 static void test_in_a_model(void **state)
 {
     (void)state;
-    kt_graph *g = NULL;
-    char diag[4096];
-    int n_err = 0;
-    if (kt_ktg_parse(model, strlen(model), "lora.ktg", NULL, 0, &g, diag, sizeof diag, &n_err) !=
-        KT_OK)
-        fail_msg("lora.ktg does not parse:\n%s", diag);
-    kt_program *p = NULL;
-    OK(kt_compile(g, NULL, &p));
+    kt_program *p = tu_compile_ktg(model, "lora.ktg", 1);
     kt_session_options so = {.threads = 2, .seed = 5,
                              .optimizer = {.kind = KT_OPTIM_SGD, .lr = 0.1f}};
     kt_session *s = NULL;
@@ -483,7 +476,6 @@ static void test_in_a_model(void **state)
     tu_free(&w0);
     kt_session_destroy(s);
     kt_program_destroy(p);
-    kt_graph_destroy(g);
 }
 
 int main(void)

@@ -25,16 +25,6 @@
 
 /* ---- helpers --------------------------------------------------------------------------------- */
 
-static char *temp_dir(void)
-{
-    char tmpl[] = "/tmp/kt_out_test.XXXXXX";
-    char *dir = mkdtemp(tmpl);
-    assert_non_null(dir);
-    char *copy = strdup(dir);
-    assert_non_null(copy);
-    return copy;
-}
-
 static char *join(const char *dir, const char *name)
 {
     size_t n = strlen(dir) + strlen(name) + 2;
@@ -142,7 +132,7 @@ static void write_whole(const char *path, const char *text)
 static void test_write_and_replace(void **state)
 {
     (void)state;
-    char *dir = temp_dir(), *path = join(dir, "out.bin");
+    char *dir = tu_temp_dir("kt_out_test"), *path = join(dir, "out.bin");
     write_whole(path, "first");
     expect_file(path, "first");
     write_whole(path, "second, longer");
@@ -204,7 +194,7 @@ static void test_write_and_replace(void **state)
 static void test_permissions(void **state)
 {
     (void)state;
-    char *dir = temp_dir(), *path = join(dir, "new.txt");
+    char *dir = tu_temp_dir("kt_out_test"), *path = join(dir, "new.txt");
     mode_t old = umask(027);
     write_whole(path, "x");
     struct stat st;
@@ -231,7 +221,7 @@ static void test_permissions(void **state)
 static void test_refuses_non_regular(void **state)
 {
     (void)state;
-    char *dir = temp_dir();
+    char *dir = tu_temp_dir("kt_out_test");
     char *target = join(dir, "target"), *link = join(dir, "link"), *dangling = join(dir, "dang");
     char *fifo = join(dir, "fifo"), *sub = join(dir, "sub");
     put_file(target, "keep me");
@@ -320,7 +310,7 @@ static void expect_full_disk_fails(const char *path)
 static void test_failed_write_keeps_old(void **state)
 {
     (void)state;
-    char *dir = temp_dir(), *path = join(dir, "prog.ktp");
+    char *dir = tu_temp_dir("kt_out_test"), *path = join(dir, "prog.ktp");
     put_file(path, "the previous good file");
     expect_full_disk_fails(path);
     expect_file(path, "the previous good file");
@@ -366,7 +356,7 @@ static void kill_mid_write(const char *path, int mib)
 static void test_kill_during_write(void **state)
 {
     (void)state;
-    char *dir = temp_dir(), *path = join(dir, "model.st");
+    char *dir = tu_temp_dir("kt_out_test"), *path = join(dir, "model.st");
     put_file(path, "old weights");
     kill_mid_write(path, 8);
     expect_file(path, "old weights");
@@ -387,7 +377,7 @@ static void test_kill_during_write(void **state)
 static void test_stale_temporaries(void **state)
 {
     (void)state;
-    char *dir = temp_dir(), *path = join(dir, "a.bin");
+    char *dir = tu_temp_dir("kt_out_test"), *path = join(dir, "a.bin");
     fflush(NULL);
     pid_t dead = fork();
     assert_true(dead >= 0);
@@ -424,7 +414,7 @@ static void test_named_fallback(void **state)
 {
     (void)state;
     kt__out_force_named = 1;
-    char *dir = temp_dir(), *path = join(dir, "f.bin");
+    char *dir = tu_temp_dir("kt_out_test"), *path = join(dir, "f.bin");
     put_file(path, "old");
     kt_out_file *f = NULL;
     assert_int_equal(kt_out_open(path, &f), KT_OK);
@@ -475,7 +465,7 @@ static void test_named_fallback(void **state)
 static void test_in_open(void **state)
 {
     (void)state;
-    char *dir = temp_dir(), *file = join(dir, "in.bin"), *fifo = join(dir, "fifo");
+    char *dir = tu_temp_dir("kt_out_test"), *file = join(dir, "in.bin"), *fifo = join(dir, "fifo");
     put_file(file, "data");
     assert_int_equal(mkfifo(fifo, 0600), 0);
     int fd = -1, reg = -1;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -203,4 +204,38 @@ kt_op_attrs *tu_attrs_into(kt_op_attrs *dst, kt_op op, kt_op_attrs given)
         }
     }
     return dst;
+}
+
+kt_program *tu_compile_ktg(const char *text, const char *filename, int training)
+{
+    char diag[4096];
+    kt_graph *g = NULL;
+    if (kt_ktg_parse(text, strlen(text), filename, NULL, 0, &g, diag, sizeof diag, NULL) !=
+        KT_OK)
+        fail_msg("%s does not parse:\n%s", filename, diag);
+    kt_compile_options co = {.training = training};
+    kt_program *p = NULL;
+    kt_status st = kt_compile(g, &co, &p);
+    kt_graph_destroy(g);
+    if (st != KT_OK)
+        fail_msg("%s does not compile: %s", filename, kt_last_error());
+    return p;
+}
+
+char *tu_temp_dir(const char *tag)
+{
+    char tmpl[256];
+    snprintf(tmpl, sizeof tmpl, "/tmp/%s.XXXXXX", tag);
+    char *dir = mkdtemp(tmpl);
+    assert_non_null(dir);
+    char *copy = strdup(dir);
+    assert_non_null(copy);
+    return copy;
+}
+
+void tu_remove_tree(const char *dir)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
 }

@@ -62,6 +62,14 @@ kt_op_attrs *tu_attrs_into(kt_op_attrs *dst, kt_op op, kt_op_attrs given);
             fail_msg("%s: %s", #expr, kt_last_error());                                       \
     } while (0)
 
+/* A .ktg text compiled into a program (training = 0: forward only), the parser's diagnostics
+ * in the failure message; the graph is not kept. */
+kt_program *tu_compile_ktg(const char *text, const char *filename, int training);
+
+/* A new directory /tmp/<tag>.XXXXXX (malloc'd path), and its removal with what is in it. */
+char *tu_temp_dir(const char *tag);
+void tu_remove_tree(const char *dir);
+
 /* Asserts that the status equals `expected` and that the last error message contains
  * every one of the given substrings (NULL-terminated). */
 void tu_expect_error(kt_status got, kt_status expected, const char *first, ...);
