@@ -85,11 +85,14 @@ static void fixture(const char *arch, char *buf, size_t size)
     snprintf(buf, size, "%s/%s", KT_HF_FIXTURES, arch);
 }
 
-static int have_fixture(const char *arch)
+/* The fixtures are committed (tests/hf/make_fixtures.py writes them): one missing is a broken
+ * checkout, never a pass. */
+static void need_fixture(const char *arch)
 {
     char p[1024];
     snprintf(p, sizeof p, "%s/%s/config.json", KT_HF_FIXTURES, arch);
-    return exists(p);
+    if (!exists(p))
+        fail_msg("no fixture %s/%s (tests/hf/make_fixtures.py writes them)", KT_HF_FIXTURES, arch);
 }
 
 static void out_dir(const char *name, char *buf, size_t size)
@@ -309,13 +312,8 @@ static void check_program_against(const kt_program *p, const char *model_dir, in
 static void test_import_fixtures(void **state)
 {
     (void)state;
-    int done = 0;
     for (size_t a = 0; a < N_ARCHS; a++) {
-        if (!have_fixture(archs[a])) {
-            print_message("note: no fixture %s/%s (tests/hf/make_fixtures.py writes them)\n",
-                          KT_HF_FIXTURES, archs[a]);
-            continue;
-        }
+        need_fixture(archs[a]);
         char src[1024], out[1024], path[1200];
         fixture(archs[a], src, sizeof src);
         out_dir(archs[a], out, sizeof out);
@@ -369,20 +367,15 @@ static void test_import_fixtures(void **state)
         assert_non_null(strstr(text, want));
         assert_non_null(strstr(text, "\"source\": \"/"));
         free(text);
-        done++;
     }
-    if (done == 0)
-        skip();
 }
 
 /* LoRA: adapters [r, in] / [out, r] on the targets only, everything else frozen; bf16 base. */
 static void import_lora(int bf16)
 {
     const char *cases[] = {"qwen2_moe", "deepseek_v2", "llama"};
-    int done = 0;
     for (size_t a = 0; a < 3; a++) {
-        if (!have_fixture(cases[a]))
-            continue;
+        need_fixture(cases[a]);
         char src[1024], out[1024], path[1200];
         fixture(cases[a], src, sizeof src);
         out_dir("lora", out, sizeof out);
@@ -430,10 +423,7 @@ static void import_lora(int bf16)
         assert_non_null(strstr(text, bf16 ? "\"dtype\": \"bf16\"" : "\"dtype\": \"f32\""));
         assert_non_null(strstr(text, a == 2 ? "\"moe_mode\": null" : "\"moe_mode\": \"frozen\""));
         free(text);
-        done++;
     }
-    if (done == 0)
-        skip();
 }
 
 static void test_import_lora(void **state)
@@ -609,22 +599,18 @@ static void run_case(const run_spec *r)
 static void test_run_against_transformers(void **state)
 {
     (void)state;
-    int done = 0;
     for (size_t a = 0; a < N_ARCHS; a++) {
         char ref[256];
         snprintf(ref, sizeof ref, "%s/reference.safetensors", archs[a]);
         char p[1400];
         snprintf(p, sizeof p, "%s/%s", KT_HF_FIXTURES, ref);
         if (!exists(p))
-            continue;
+            fail_msg("no fixture %s (tests/hf/make_fixtures.py writes it)", p);
         run_spec r = {.arch = archs[a], .ref = ref, .mode = KT_MOE_FULL,
                       .expert_dtype = KT_F32, .logits_key = "logits", .loss_key = "loss",
                       .tol_logits = 1e-5, .tol_loss = 1e-5, .grads = 1};
         run_case(&r);
-        done++;
     }
-    if (done == 0)
-        skip();
 }
 
 /* --aux-loss: the loss adds router_aux_loss_coef x the load-balancing loss over every MoE
@@ -633,20 +619,15 @@ static void test_run_aux_loss(void **state)
 {
     (void)state;
     static const char *const cases[] = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"};
-    int done = 0;
     for (int i = 0; i < 4; i++) {
-        if (!have_fixture(cases[i]))
-            continue;
+        need_fixture(cases[i]);
         char ref[256];
         snprintf(ref, sizeof ref, "%s/reference.safetensors", cases[i]);
         run_spec r = {.arch = cases[i], .ref = ref, .o = {.aux_loss = 1}, .mode = KT_MOE_FULL,
                       .expert_dtype = KT_F32, .logits_key = "logits", .loss_key = "loss",
                       .tol_logits = 1e-5, .tol_loss = 1e-5};
         run_case(&r);
-        done++;
     }
-    if (done == 0)
-        skip();
 }
 
 /* LoRA (rank 4, alpha 8) on the attention projections and the routed experts, with the
@@ -656,13 +637,12 @@ static void test_run_lora(void **state)
     (void)state;
     static const char *const cases[][2] = {{"qwen3_moe", "qwen3_moe_lora"},
                                            {"mixtral", "mixtral_lora"}};
-    int done = 0;
     for (int i = 0; i < 2; i++) {
         char ref[256], p[1400];
         snprintf(ref, sizeof ref, "%s/lora_reference.safetensors", cases[i][1]);
         snprintf(p, sizeof p, "%s/%s", KT_HF_FIXTURES, ref);
         if (!exists(p))
-            continue;
+            fail_msg("no fixture %s (tests/hf/make_fixtures.py writes it)", p);
         run_spec r = {.arch = cases[i][0], .ref = ref,
                       .o = {.lora_rank = 4, .lora_alpha = 8,
                             .lora_targets =
@@ -670,10 +650,7 @@ static void test_run_lora(void **state)
                       .mode = KT_MOE_LORA, .expert_dtype = KT_F32, .logits_key = "logits",
                       .loss_key = "loss", .tol_logits = 1e-5, .tol_loss = 1e-5, .grads = 1};
         run_case(&r);
-        done++;
     }
-    if (done == 0)
-        skip();
 }
 
 /* The bf16 checkpoints with a bf16 frozen base (LoRA adapters at PEFT's init, B = 0, so the
@@ -685,10 +662,8 @@ static void test_run_bf16(void **state)
 {
     (void)state;
     static const char *const cases[] = {"qwen3_moe_bf16", "deepseek_v3_bf16"};
-    int done = 0;
     for (int i = 0; i < 2; i++) {
-        if (!have_fixture(cases[i]))
-            continue;
+        need_fixture(cases[i]);
         char ref[256];
         snprintf(ref, sizeof ref, "%s/reference.safetensors", cases[i]);
         run_spec r = {.arch = cases[i], .ref = ref,
@@ -702,10 +677,7 @@ static void test_run_bf16(void **state)
         r.tol_logits = 5e-2;
         r.tol_loss = 5e-2; /* 1e-2 relative at a loss of about 5 */
         run_case(&r);
-        done++;
     }
-    if (done == 0)
-        skip();
 }
 
 /* ---- bad input ---- */
@@ -799,8 +771,7 @@ static void expect_refused(const char *dir, const kt_hf_options *o, kt_status st
 static void test_bad_input(void **state)
 {
     (void)state;
-    if (!have_fixture("qwen3_moe"))
-        skip();
+    need_fixture("qwen3_moe");
     char dir[1024], path[1200];
     kt_hf_options o = {.batch = 1, .seq = 8};
     /* config.json */
@@ -852,8 +823,7 @@ static void test_bad_input(void **state)
 static void test_bad_sharded(void **state)
 {
     (void)state;
-    if (!have_fixture("mixtral_sharded"))
-        skip();
+    need_fixture("mixtral_sharded");
     static const char *const files[] = {"config.json", "model.safetensors.index.json",
                                         "model-00001-of-00003.safetensors",
                                         "model-00002-of-00003.safetensors",
@@ -922,8 +892,7 @@ static void test_bad_sharded(void **state)
 static void test_out_dir(void **state)
 {
     (void)state;
-    if (!have_fixture("qwen3_moe"))
-        skip();
+    need_fixture("qwen3_moe");
     char src[1024], out[1024], path[1200];
     fixture("qwen3_moe", src, sizeof src);
     out_dir("user", out, sizeof out);

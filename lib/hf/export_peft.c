@@ -54,14 +54,10 @@ static kt_status read_model_type(const char *source_dir, char *buf, size_t size)
     KT__TRY(kt__path_join(path, sizeof path, source_dir, "config.json"));
     KT__TRY(kt__read_text(path, 16u << 20, &text, &len));
     kt__json_doc *doc = NULL;
-    kt_status st = kt__json_parse(text, len, &doc);
+    kt_status st = kt__json_parse_numbers(text, len, &doc); /* configs hold 1e-06 and the like */
     if (st != KT_OK)
         st = kt__error_context(st, "%s (give the model type, e.g. through import.json)", path);
-    const kt__json_value *root = st == KT_OK ? kt__json_root(doc) : NULL;
-    const kt__json_value *v = NULL;
-    for (size_t i = 0; root && root->type == KT__JSON_OBJECT && i < root->u.list.count; i++)
-        if (strcmp(root->u.list.items[i].key, "model_type") == 0)
-            v = &root->u.list.items[i];
+    const kt__json_value *v = st == KT_OK ? kt__json_member(kt__json_root(doc), "model_type") : NULL;
     if (st == KT_OK && (v == NULL || v->type != KT__JSON_STRING || v->u.string.len >= size))
         st = kt__error(KT_EFORMAT, "%s: no \"model_type\" string", path);
     if (st == KT_OK)

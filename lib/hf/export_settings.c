@@ -95,10 +95,8 @@ static kt_status read_record(const kt__json_value *root, const char *path,
             return kt__error(KT_EFORMAT, "%s: \"lora_targets\"[%zu] is %s, expected a string",
                              path, i, kt__json_type_name(t->type));
         KT__TRY(copy_string(t, r->targets[i], sizeof r->targets[i], path, "lora_targets"));
-        r->target_list[i] = r->targets[i];
     }
-    r->n_targets = (int)targets->u.list.count;
-    r->target_list[r->n_targets] = NULL;
+    r->n_targets = (int)targets->u.list.count; /* target_list points into the copy made out */
     return KT_OK;
 }
 

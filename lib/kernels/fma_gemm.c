@@ -127,32 +127,14 @@ W_TARGET static void tile(int mr, int packed, const float *a, const float *b, in
 
 /* ---- loading operands ---------------------------------------------------------------------- */
 
-/* pack_transposed for bf16 (fma_util.h's pack_pairs_transposed, panels WC wide). */
-W_TARGET static void pack_transposed_bf16(float *p, const uint16_t *w, int64_t ldw, int64_t nrows,
-                                          int64_t kc)
-{
-    pack_pairs_transposed(p, w, ldw, nrows, kc);
-}
-
-/* NT's panel: p[k][j] = w[j, k] for j < nrows (zeros above, up to 32), k < kc. */
+/* NT's panel: p[k][j] = w[j, k] for j < nrows (zeros above, up to WC = 32), k < kc. */
 W_TARGET static void pack_transposed(float *p, const void *w, int64_t ldw, int64_t nrows,
                                      int64_t kc, kt__fma_src src)
 {
-    if (src == KT__FMA_BF16) {
-        pack_transposed_bf16(p, w, ldw, nrows, kc);
-        return;
-    }
-    for (int64_t j0 = 0; j0 < WC; j0 += 16)
-        for (int64_t k0 = 0; k0 < kc; k0 += 16) {
-            __m512 r[16];
-            for (int64_t j = 0; j < 16; j++)
-                r[j] = j0 + j < nrows ? load16(elem(w, (j0 + j) * ldw + k0, src), kc - k0, src)
-                                      : _mm512_setzero_ps();
-            transpose16(r);
-            const int64_t kn = kc - k0 < 16 ? kc - k0 : 16;
-            for (int64_t k = 0; k < kn; k++)
-                _mm512_store_ps(p + (k0 + k) * WC + j0, r[k]);
-        }
+    if (src == KT__FMA_BF16)
+        pack_pairs_transposed(p, w, ldw, nrows, kc);
+    else
+        pack_widened_transposed(p, w, ldw, nrows, kc, src);
 }
 
 /* NN's and TN's panel: p[r][0:32] = rows r < nrows of src from column 0, ncols wide (zeros

@@ -276,17 +276,6 @@ kt_status kt__moe_load_named(kt_moe *moe, const kt_st_file *file, const kt__moe_
     return load_passes(moe, file, naming, dry_run ? 0 : 1, 1);
 }
 
-int kt__moe_file_has_adapters(const kt_moe *moe, const kt_st_file *file,
-                              const kt__moe_naming *naming)
-{
-    char name[NAME_MAX_LEN];
-    kt_tensor probe;
-    int has = moe->cfg.mode == KT_MOE_LORA && tensor_name(moe, name, naming, 0, 0, 1) == KT_OK &&
-              kt_st_find(file, name, &probe) == KT_OK;
-    kt_clear_error();
-    return has;
-}
-
 int kt__moe_names_tensor(const kt_moe *moe, const kt__moe_naming *naming, const char *name)
 {
     char prefix[NAME_MAX_LEN], want[NAME_MAX_LEN];

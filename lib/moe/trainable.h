@@ -48,9 +48,6 @@ kt_status kt__moe_st_items(const kt_moe *moe, const kt__moe_naming *naming, kt_s
  * nothing. */
 kt_status kt__moe_load_named(kt_moe *moe, const kt_st_file *file, const kt__moe_naming *naming,
                              int dry_run);
-/* Whether the file holds the layer's first LoRA adapter under `naming` (0 outside LoRA mode). */
-int kt__moe_file_has_adapters(const kt_moe *moe, const kt_st_file *file,
-                              const kt__moe_naming *naming);
 
 /* ---- what a session's hooks (lib/ops/moe_state.c) do to a bound layer ---- */
 

@@ -165,7 +165,12 @@ int main(int argc, char **argv)
             fprintf(stderr, "st_compare: unknown option %s\n", argv[i]);
             return 2;
         }
-        kinds[k].tol = strtod(argv[++i], NULL);
+        char *end = NULL;
+        kinds[k].tol = strtod(argv[++i], &end);
+        if (end == argv[i] || *end != '\0' || !(kinds[k].tol >= 0.0)) {
+            fprintf(stderr, "st_compare: %s %s: not a tolerance\n", argv[i - 1], argv[i]);
+            return 2;
+        }
     }
 
     kt_st_file *ref = NULL, *out = NULL;

@@ -55,6 +55,7 @@ n = struct.unpack("<Q", b[:8])[0]
 print("\n".join(sorted(k for k in json.loads(b[8:8 + n]) if k != "__metadata__")))
 PY
 )
+[ -n "$names" ] || fail "cannot list the tensor names of full_backward.safetensors"
 if [ -n "$names" ]; then
   for want in grad.model.layers.1.mlp.experts.3.up_proj.weight \
               grad.model.layers.1.mlp.experts.0.down_proj.weight \
