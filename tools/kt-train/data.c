@@ -12,6 +12,7 @@
  * every id of the file before the first step (and each window again as it reads it), so a bad
  * token id stops every rank, before any work, with the same message. */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -148,41 +149,41 @@ static int describe_inputs(token_data *d, const train_args *a, const kt_program 
 
 /* ---- the file side ------------------------------------------------------------------------ */
 
-static int open_file(token_data *d, const train_args *a)
+static int open_file(token_data *d, const char *path, const train_args *a)
 {
-    d->path = a->data;
+    d->path = path;
     d->token_bytes = a->token_bytes;
     d->header = a->data_header;
     int fd = -1;
     struct stat st;
-    if (kt_in_open(a->data, &fd, NULL) != KT_OK)
+    if (kt_in_open(path, &fd, NULL) != KT_OK)
         return train_fail("cannot open the data file", kt_last_error());
     if ((d->file = fdopen(fd, "rb")) == NULL || fstat(fd, &st) != 0) {
-        train_error("cannot open the data file %s: %s", a->data, strerror(errno));
+        train_error("cannot open the data file %s: %s", path, strerror(errno));
         if (d->file == NULL)
             close(fd);
         return 1;
     }
     if (!S_ISREG(st.st_mode)) { /* a pipe: the windows are read at offsets */
-        train_error("the data file %s is not a regular file (a pipe?)", a->data);
+        train_error("the data file %s is not a regular file (a pipe?)", path);
         return 1;
     }
     int64_t payload = (int64_t)st.st_size - d->header;
     if (payload < 0) {
         train_error("--data-header %lld is larger than %s (%lld bytes)",
-                    (long long)d->header, a->data, (long long)st.st_size);
+                    (long long)d->header, path, (long long)st.st_size);
         return 1;
     }
     if (payload % d->token_bytes != 0) {
         train_error("%s: %lld bytes%s are not a whole number of %d-byte tokens "
-                    "(wrong --data-format?)", a->data, (long long)payload,
+                    "(wrong --data-format?)", path, (long long)payload,
                     d->header ? " after the header" : "", d->token_bytes);
         return 1;
     }
     d->n_tokens = payload / d->token_bytes;
     if (d->n_tokens < d->window + 1) {
         train_error("%s holds %lld tokens; one step needs %lld (a window of %lld "
-                    "tokens and the next one for the targets)", a->data, (long long)d->n_tokens,
+                    "tokens and the next one for the targets)", path, (long long)d->n_tokens,
                     (long long)d->window + 1, (long long)d->window);
         return 1;
     }
@@ -214,10 +215,11 @@ static int check_all_ids(token_data *d)
     return failed;
 }
 
-int data_open(token_data *d, const train_args *a, const kt_program *p, const ranks *r)
+int data_open(token_data *d, const char *path, const train_args *a, const kt_program *p,
+              const ranks *r)
 {
     memset(d, 0, sizeof *d);
-    if (describe_inputs(d, a, p, r) != 0 || open_file(d, a) != 0 || check_all_ids(d) != 0)
+    if (describe_inputs(d, a, p, r) != 0 || open_file(d, path, a) != 0 || check_all_ids(d) != 0)
         return 1;
     d->buf = malloc(sizeof *d->buf * (size_t)(d->window + 1));
     if (d->buf == NULL)
@@ -344,5 +346,84 @@ int data_load_step(token_data *d, int64_t step, const ranks *r)
         return 1;
     for (int k = 0; k < d->n_feeds; k++)
         fill_feed(&d->feeds[k], d->buf, r);
+    return 0;
+}
+
+int64_t data_windows(const token_data *d)
+{
+    return (d->n_tokens - 1) / d->window;
+}
+
+double data_bytes_per_token(const token_data *d)
+{
+    return d->token_bytes == 1 ? 1.0 : 0.0;
+}
+
+/* Counts of each id over the whole file into counts[0, v). */
+static int count_ids(token_data *d, int64_t *counts, int64_t v)
+{
+    enum { RUN = 1 << 16 };
+    int64_t *ids = malloc(sizeof *ids * RUN);
+    if (ids == NULL)
+        return train_fail("out of memory counting the tokens", NULL);
+    int failed = 0;
+    for (int64_t first = 0; first < d->n_tokens && !failed; first += RUN) {
+        const int64_t n = d->n_tokens - first < RUN ? d->n_tokens - first : RUN;
+        failed = read_run(d, first, n, ids);
+        for (int64_t i = 0; i < n && !failed; i++)
+            if (ids[i] >= 0 && ids[i] < v)
+                counts[ids[i]]++;
+    }
+    free(ids);
+    return failed;
+}
+
+/* The largest id of the file plus one (the ids were checked non-negative at open). */
+static int id_span(token_data *d, int64_t *span)
+{
+    enum { RUN = 1 << 16 };
+    int64_t *ids = malloc(sizeof *ids * RUN);
+    if (ids == NULL)
+        return train_fail("out of memory counting the tokens", NULL);
+    int failed = 0;
+    for (int64_t first = 0; first < d->n_tokens && !failed; first += RUN) {
+        const int64_t n = d->n_tokens - first < RUN ? d->n_tokens - first : RUN;
+        failed = read_run(d, first, n, ids);
+        for (int64_t i = 0; i < n && !failed; i++)
+            if (ids[i] + 1 > *span)
+                *span = ids[i] + 1;
+    }
+    free(ids);
+    return failed;
+}
+
+int data_unigram_loss(token_data *train, token_data *heldout, double *nats_out)
+{
+    int64_t v = train->bound;
+    if (v < 0) {
+        v = 0;
+        if (id_span(train, &v) != 0 || id_span(heldout, &v) != 0)
+            return 1;
+    }
+    int64_t *counts = calloc((size_t)v, sizeof *counts);
+    if (counts == NULL)
+        return train_fail("out of memory for the unigram counts", NULL);
+    int failed = count_ids(train, counts, v);
+    double total = (double)train->n_tokens + (double)v, sum = 0;
+    int64_t predicted = 0;
+    /* the held-out windows' predicted tokens: each window's tokens after its first */
+    for (int64_t w = 0; w < data_windows(heldout) && !failed; w++) {
+        failed = read_run(heldout, w * heldout->window + 1, heldout->window, heldout->buf);
+        for (int64_t i = 0; i < heldout->window && !failed; i++) {
+            int64_t id = heldout->buf[i];
+            double c = id >= 0 && id < v ? (double)counts[id] : 0.0;
+            sum -= log((c + 1.0) / total);
+            predicted++;
+        }
+    }
+    free(counts);
+    if (failed)
+        return 1;
+    *nats_out = predicted > 0 ? sum / (double)predicted : NAN;
     return 0;
 }

@@ -483,7 +483,7 @@ static int setup(trainer *t, const train_args *a)
 {
     if (ranks_open(&t->r) != 0 || load_program(t, a) != 0)
         return 1;
-    int rc = data_open(&t->data, a, t->p, &t->r);
+    int rc = data_open(&t->data, a->data, a, t->p, &t->r);
     if (rc == 0)
         rc = check_weight_files(a, &t->r, t->p);
     if (rc == 0)

@@ -80,15 +80,27 @@ typedef struct token_data {
     int n_feeds;
 } token_data;
 
-/* Finds the program's token inputs and checks the file against them, every id included:
- * before any memory is committed. */
-int data_open(token_data *d, const train_args *a, const kt_program *p, const ranks *r);
+/* Finds the program's token inputs and checks the file at `path` (the --data file, or the
+ * held-out --eval-data one) against them, every id included: before any memory is
+ * committed. */
+int data_open(token_data *d, const char *path, const train_args *a, const kt_program *p,
+              const ranks *r);
 /* Points the inputs at the session's tensors. */
 int data_bind(token_data *d, kt_session *s);
 /* Writes step `step`'s window (tokens and targets) into the session's inputs: this rank's
  * slice along each input's shard dimension. */
 int data_load_step(token_data *d, int64_t step, const ranks *r);
 void data_close(token_data *d);
+/* Whole windows the file holds without wrapping around: the held-out evaluation reads windows
+ * 0 .. data_windows() - 1 (data_load_step with those indices). */
+int64_t data_windows(const token_data *d);
+/* The source bytes one token stands for (1 for bytes; a tokenizer's from the prepared file;
+ * 0 when unknown), for bits per byte. */
+double data_bytes_per_token(const token_data *d);
+/* The unigram baseline: the mean cross-entropy (nats per predicted token) on `heldout`'s
+ * windows of the token frequencies counted over `train`'s file (add-one smoothed over the
+ * vocabulary bound, or over the ids seen when the program gives none). */
+int data_unigram_loss(token_data *train, token_data *heldout, double *nats_out);
 
 /* ---- moe_setup.c ------------------------------------------------------------------------- */
 
