@@ -1,0 +1,390 @@
+/* kt-generate: continues a prompt from a trained model, one token's forward a token (the
+ * key/value cache: decoder.c).
+ *
+ *   kt-generate DECODE.ktp|DECODE.ktg [-D NAME=VALUE ...] --params CHECKPOINT
+ *               (--prompt TEXT | --prompt-ids 1,2,3) [--max-new N] [--greedy]
+ *               [--temperature T] [--top-k K] [--top-p P] [--seed S] [--eos ID] [--ids]
+ *               [--dump-logits FILE] [--threads N]
+ *
+ * The continuation goes to stdout, the speeds to stderr. Exit status: 0 success, 1 error (one
+ * line "kt-generate: ..."), 2 usage error. */
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tools/common/files.h"
+#include "tools/common/usage.h"
+#include "tools/kt-generate/generate.h"
+
+#define DEFAULT_MAX_NEW 64
+
+typedef struct gen_args {
+    const char *program, *params, *prompt, *prompt_ids, *dump;
+    kt_ktg_define defines[GEN_MAX_DEFINES];
+    int n_defines;
+    long long max_new; /* -1: the default */
+    double temperature, top_p;
+    long long top_k, seed, eos; /* eos -1: none */
+    int greedy, sampling_flags, as_ids, threads;
+} gen_args;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: kt-generate DECODE.ktp|DECODE.ktg [-D NAME=VALUE ...] --params CHECKPOINT\n"
+        "                   (--prompt TEXT | --prompt-ids 1,2,3) [options]\n"
+        "\n"
+        "Continues a prompt from a trained model. DECODE is the model's decode program (one\n"
+        "token a step, its key/value cache fed back: examples/moe_lm_decode.ktg, the twin of\n"
+        "examples/moe_lm.ktg); a .ktg is compiled here, with -D overrides as kt-graphc takes\n"
+        "them (the context -D C=..., the model's sizes). Each token, the prompt's too, costs\n"
+        "one token's forward. The continuation goes to stdout, the speeds to stderr.\n"
+        "\n"
+        "  --params FILE       the checkpoint: kt-train --save's file or a run directory's\n"
+        "                      checkpoint state (parameters and experts, by name; the\n"
+        "                      optimizer state in it is skipped)\n"
+        "  --prompt TEXT       the prompt's bytes are its tokens (byte-level models)\n"
+        "  --prompt-ids LIST   the prompt as token ids, 1,2,3\n"
+        "  --max-new N         tokens to generate (default %d, or what the context leaves);\n"
+        "                      the prompt and N-1 of them must fit the context C\n"
+        "  --greedy            the most probable token each time (no sampling)\n"
+        "  --temperature T     divide the logits by T > 0 (default 1; 0: greedy)\n"
+        "  --top-k K           sample among the K most probable (default 0: all)\n"
+        "  --top-p P           then among the fewest, most probable first, whose\n"
+        "                      probability reaches P, 0 < P <= 1 (default 1: all)\n"
+        "  --seed S            the sampler's seed, >= 0 (default 1): same seed, same tokens\n"
+        "  --eos ID            stop after generating this token id\n"
+        "  --ids               print token ids (1,2,3) instead of text; text prints each id\n"
+        "                      below 256 as its byte (\\xNN unless printable ASCII, newline or\n"
+        "                      tab; a backslash as \\\\), others as \\{ID}\n"
+        "  --dump-logits FILE  write every step's logits as safetensors: \"logits\" f32\n"
+        "                      [steps, VOCAB] (row i: after feeding token i) and \"tokens\"\n"
+        "                      i32 [steps], the tokens fed (to compare with a full forward)\n"
+        "  --threads N         thread-pool size (default: KT_NUM_THREADS or the CPU count)\n"
+        "  -h, --help          this text\n"
+        "\n"
+        "Exit status: 0 success, 1 error, 2 usage error.\n", DEFAULT_MAX_NEW);
+}
+
+int gen_error(const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, GEN_TOOL ": %s\n", msg);
+    return 1;
+}
+
+static int usage_error(const char *fmt, const char *arg)
+{
+    return kt_tool_usage_error(GEN_TOOL, fmt, arg);
+}
+
+static int parse_define(gen_args *a, const char *spec)
+{
+    const char *eq = strchr(spec, '=');
+    if (eq == NULL || eq == spec)
+        return usage_error("-D needs NAME=VALUE, got '%s'", spec);
+    if (a->n_defines == GEN_MAX_DEFINES)
+        return usage_error("too many -D options (at most 64), at '%s'", spec);
+    char opt[80];
+    snprintf(opt, sizeof opt, "-D %.*s", (int)(eq - spec < 64 ? eq - spec : 64), spec);
+    long long v;
+    if (kt_tool_parse_int(GEN_TOOL, opt, eq + 1, LLONG_MIN, LLONG_MAX, &v) != 0)
+        return 2;
+    char *name = malloc((size_t)(eq - spec) + 1);
+    if (name == NULL)
+        return usage_error("out of memory at '%s'", spec);
+    memcpy(name, spec, (size_t)(eq - spec));
+    name[eq - spec] = '\0';
+    a->defines[a->n_defines++] = (kt_ktg_define){name, v};
+    return 0;
+}
+
+/* A number for opt in [lo, hi] (lo_open: lo itself excluded). */
+static int parse_real(const char *opt, const char *v, double lo, int lo_open, double hi,
+                      double *out)
+{
+    char *end = NULL;
+    double x = (v[0] >= '0' && v[0] <= '9') || v[0] == '.' ? strtod(v, &end) : NAN;
+    if (end == NULL || *end != '\0' || !(x >= lo) || (lo_open && x == lo) || !(x <= hi)) {
+        kt_tool_usage_error(GEN_TOOL, "%s needs a number %s %g%s, not '%s'", opt,
+                            lo_open ? ">" : ">=", lo,
+                            hi < INFINITY ? (hi == 1.0 ? " and <= 1" : "") : "", v);
+        return 2;
+    }
+    *out = x;
+    return 0;
+}
+
+/* Options that take a value; 0, or 2 after a usage error. */
+static int parse_value(gen_args *a, const char *opt, const char *v)
+{
+    const char **file = strcmp(opt, "--params") == 0       ? &a->params
+                        : strcmp(opt, "--prompt") == 0      ? &a->prompt
+                        : strcmp(opt, "--prompt-ids") == 0  ? &a->prompt_ids
+                        : strcmp(opt, "--dump-logits") == 0 ? &a->dump
+                                                            : NULL;
+    if (file != NULL) {
+        *file = v;
+        return 0;
+    }
+    long long x;
+    if (strcmp(opt, "-D") == 0)
+        return parse_define(a, v);
+    if (strcmp(opt, "--temperature") == 0)
+        return a->sampling_flags++, parse_real(opt, v, 0.0, 0, 1e30, &a->temperature);
+    if (strcmp(opt, "--top-p") == 0)
+        return a->sampling_flags++, parse_real(opt, v, 0.0, 1, 1.0, &a->top_p);
+    if (strcmp(opt, "--top-k") == 0)
+        return a->sampling_flags++, kt_tool_parse_int(GEN_TOOL, opt, v, 0, INT_MAX, &a->top_k);
+    if (strcmp(opt, "--max-new") == 0)
+        return kt_tool_parse_int(GEN_TOOL, opt, v, 0, INT_MAX, &a->max_new);
+    if (strcmp(opt, "--seed") == 0)
+        return kt_tool_parse_int(GEN_TOOL, opt, v, 0, LLONG_MAX, &a->seed);
+    if (strcmp(opt, "--eos") == 0)
+        return kt_tool_parse_int(GEN_TOOL, opt, v, 0, LLONG_MAX, &a->eos);
+    if (kt_tool_parse_int(GEN_TOOL, opt, v, 1, KT_MAX_THREADS, &x) != 0) /* --threads */
+        return 2;
+    a->threads = (int)x;
+    return 0;
+}
+
+/* 0, 2 (usage error) or -1 (--help). */
+static int parse_args(int argc, char **argv, gen_args *a)
+{
+    static const char *const valued[] = {"--params", "--prompt", "--prompt-ids",
+                                         "--dump-logits", "-D", "--temperature", "--top-p",
+                                         "--top-k", "--max-new", "--seed", "--eos",
+                                         "--threads"};
+    memset(a, 0, sizeof *a);
+    a->max_new = -1, a->temperature = 1.0, a->top_p = 1.0, a->seed = 1, a->eos = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        int takes = 0;
+        for (size_t k = 0; k < sizeof valued / sizeof *valued; k++)
+            takes |= strcmp(arg, valued[k]) == 0;
+        if (takes) {
+            if (i + 1 >= argc)
+                return usage_error("%s needs a value", arg);
+            if (parse_value(a, arg, argv[++i]) != 0)
+                return 2;
+        } else if (strncmp(arg, "-D", 2) == 0 && arg[2] != '\0') {
+            if (parse_define(a, arg + 2) != 0)
+                return 2;
+        } else if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
+            usage(stdout);
+            return -1;
+        } else if (strcmp(arg, "--greedy") == 0) {
+            a->greedy = 1;
+        } else if (strcmp(arg, "--ids") == 0) {
+            a->as_ids = 1;
+        } else if (arg[0] == '-' && arg[1] != '\0') {
+            return usage_error("unknown option '%s'", arg);
+        } else if (a->program == NULL) {
+            a->program = arg;
+        } else {
+            return usage_error("unexpected argument '%s' (one program only)", arg);
+        }
+    }
+    if (a->program == NULL)
+        return usage_error("%s", "no decode program given");
+    if (a->params == NULL)
+        return usage_error("%s", "--params is required (the trained model's checkpoint)");
+    if ((a->prompt == NULL) == (a->prompt_ids == NULL))
+        return usage_error("%s", "give one of --prompt TEXT and --prompt-ids LIST");
+    if (a->greedy && a->sampling_flags > 0)
+        return usage_error("%s", "--greedy takes the most probable token: it does not go "
+                           "with --temperature, --top-k or --top-p");
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Every step's logits and the token fed, for --dump-logits. */
+typedef struct logit_log {
+    float *rows;
+    int32_t *tokens;
+    int64_t n, cap, vocab;
+} logit_log;
+
+static int log_add(logit_log *g, int64_t token, const float *logits)
+{
+    if (g->n == g->cap) {
+        int64_t cap = g->cap ? 2 * g->cap : 64;
+        float *rows = realloc(g->rows, (size_t)(cap * g->vocab) * sizeof *rows);
+        if (rows != NULL)
+            g->rows = rows;
+        int32_t *tokens = realloc(g->tokens, (size_t)cap * sizeof *tokens);
+        if (tokens != NULL)
+            g->tokens = tokens;
+        if (rows == NULL || tokens == NULL)
+            return gen_error("out of memory (--dump-logits)");
+        g->cap = cap;
+    }
+    memcpy(g->rows + g->n * g->vocab, logits, (size_t)g->vocab * sizeof *logits);
+    g->tokens[g->n++] = (int32_t)token;
+    return 0;
+}
+
+static int log_save(const logit_log *g, const char *path)
+{
+    kt_st_item items[2] = {{.name = "logits"}, {.name = "tokens"}};
+    const int64_t rows[2] = {g->n, g->vocab};
+    if (kt_tensor_init(&items[0].tensor, g->rows, KT_F32, 2, rows) != KT_OK ||
+        kt_tensor_init(&items[1].tensor, g->tokens, KT_I32, 1, rows) != KT_OK ||
+        kt_st_save(path, items, 2, NULL) != KT_OK)
+        return gen_error("cannot write the logits: %s", kt_last_error());
+    return 0;
+}
+
+static int finite_row(const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            return 0;
+    return 1;
+}
+
+/* The prompt's ids, checked against the vocabulary and the context; how many new tokens. */
+static int plan(const gen_args *a, const gen_decoder *d, int64_t **ids, int64_t *n,
+                int64_t *max_new)
+{
+    int rc = a->prompt != NULL ? gen_text_ids(a->prompt, ids, n)
+                               : gen_parse_ids(a->prompt_ids, ids, n);
+    if (rc != 0)
+        return rc;
+    if (*n == 0)
+        return usage_error("%s", "the prompt is empty (it needs one token at least)");
+    for (int64_t i = 0; i < *n; i++)
+        if ((*ids)[i] >= d->vocab)
+            return gen_error("the prompt's token %lld is id %lld, outside the model's "
+                             "vocabulary (0..%lld)%s", (long long)i, (long long)(*ids)[i],
+                             (long long)(d->vocab - 1),
+                             a->prompt != NULL ? ": a byte-level prompt needs VOCAB >= 256"
+                                               : "");
+    if (a->eos >= d->vocab)
+        return gen_error("--eos %lld is outside the model's vocabulary (0..%lld)", a->eos,
+                         (long long)(d->vocab - 1));
+    if (*n > d->context)
+        return gen_error("the prompt is %lld tokens, longer than the context of %lld the "
+                         "decode program holds (compile it with a larger C: -D C=...)",
+                         (long long)*n, (long long)d->context);
+    /* the last new token is sampled, never fed: the context holds the prompt and N - 1 */
+    const int64_t room = d->context - *n + 1;
+    if (a->max_new > room)
+        return gen_error("--max-new %lld: a prompt of %lld tokens leaves room for %lld new "
+                         "ones in the context of %lld (compile the decode program with a "
+                         "larger C: -D C=...)", a->max_new, (long long)*n, (long long)room,
+                         (long long)d->context);
+    *max_new = a->max_new >= 0 ? a->max_new : room < DEFAULT_MAX_NEW ? room : DEFAULT_MAX_NEW;
+    return 0;
+}
+
+static void report_speed(const char *what, int64_t n, double seconds)
+{
+    if (n == 0) {
+        fprintf(stderr, GEN_TOOL ": %s: 0 tokens\n", what);
+        return;
+    }
+    fprintf(stderr, GEN_TOOL ": %s: %lld tokens in %.1f ms (%.1f tokens/s, %.3f ms/token)\n",
+            what, (long long)n, 1e3 * seconds, seconds > 0 ? (double)n / seconds : 0.0,
+            1e3 * seconds / (double)n);
+}
+
+static int generate(const gen_args *a)
+{
+    gen_decoder d;
+    gen_sampler smp = {0};
+    logit_log log = {0};
+    int64_t *ids = NULL, n = 0, max_new = 0;
+    const float *logits = NULL;
+    const gen_decoder_options o = {a->program, a->defines, a->n_defines, a->params,
+                                   a->threads};
+    int rc = gen_decoder_open(&d, &o);
+    if (rc == 0)
+        rc = plan(a, &d, &ids, &n, &max_new);
+    if (rc == 0)
+        rc = gen_sampler_init(&smp, a->greedy, a->temperature, a->top_k, a->top_p,
+                              (uint64_t)a->seed, d.vocab);
+    log.vocab = d.vocab;
+    /* the prompt: every token but the last is only remembered */
+    const double t0 = now_s();
+    for (int64_t i = 0; rc == 0 && i < n; i++) {
+        rc = gen_decoder_step(&d, ids[i], &logits);
+        if (rc == 0 && a->dump != NULL)
+            rc = log_add(&log, ids[i], logits);
+    }
+    const double t1 = now_s();
+    int64_t made = 0;
+    while (rc == 0 && made < max_new) {
+        if (!finite_row(logits, d.vocab)) {
+            rc = gen_error("the logits at position %lld are not finite (a damaged "
+                           "checkpoint?)", (long long)(d.filled - 1));
+            break;
+        }
+        const int64_t next = gen_sampler_pick(&smp, logits);
+        gen_print_token(stdout, next, a->as_ids, made++);
+        fflush(stdout);
+        if (next == a->eos || made == max_new)
+            break;
+        rc = gen_decoder_step(&d, next, &logits);
+        if (rc == 0 && a->dump != NULL)
+            rc = log_add(&log, next, logits);
+    }
+    const double t2 = now_s();
+    if (made > 0)
+        fputc('\n', stdout);
+    if (rc == 0) {
+        report_speed("prompt", n, t1 - t0);
+        /* the generation's forwards: one fewer than its tokens */
+        report_speed("generated", made, t2 - t1);
+        if (a->dump != NULL)
+            rc = log_save(&log, a->dump);
+    }
+    free(log.rows);
+    free(log.tokens);
+    free(ids);
+    gen_sampler_free(&smp);
+    gen_decoder_close(&d);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    gen_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc == 0 && kt_check_environment() != KT_OK)
+        rc = kt_tool_usage_error(GEN_TOOL, "%s", kt_last_error());
+    if (rc == 0) {
+        const tool_path paths[] = {{"the program file", a.program, 0},
+                                   {"--params", a.params, 0},
+                                   {"--dump-logits", a.dump, 1}};
+        rc = tool_check_paths(GEN_TOOL, paths, 3);
+    }
+    if (rc == 0 && (tool_probe_safetensors(GEN_TOOL, "the checkpoint", a.params) != 0 ||
+                    tool_probe_output(GEN_TOOL, "the logits", a.dump) != 0))
+        rc = 1;
+    if (rc == 0)
+        rc = generate(&a);
+    else if (rc < 0)
+        rc = 0;
+    for (int i = 0; i < a.n_defines; i++)
+        free((char *)a.defines[i].name);
+    int out = tool_finish_stdout(GEN_TOOL);
+    return rc != 0 ? rc : out;
+}
