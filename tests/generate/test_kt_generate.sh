@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# kt-generate on a small model that kt-train trained for a few steps and saved:
+#  (a) the logits of the decode steps (the key/value cache, --dump-logits) equal those of the
+#      training program's forward over the whole sequence (kt-run, no cache) within 1e-5 of
+#      the largest logit, for a greedy and a sampled sequence, the context filled to its end;
+#  (b) each greedy token is the argmax of the full forward's logits before it;
+#  (c) sampling: the same seed gives the same tokens, other seeds others; top-k 1, top-p
+#      near 0 and temperature near 0 give the greedy tokens; top-k / top-p samples lie in the
+#      set they allow (against the full forward's logits); the text output is the ids'
+#      bytes, escaped;
+#  (d) bad input: a prompt longer than the context, an id outside the vocabulary, a checkpoint
+#      of another shape (a missing, misshapen or extra tensor, named), a program that is no
+#      decode program, bad flag values: exit 1 or 2 with a message, no output file.
+#
+# usage: test_kt_generate.sh KT_GRAPHC KT_TRAIN KT_RUN KT_GENERATE ST_COMPARE SOURCE_DIR WORKDIR
+set -uo pipefail
+graphc=$1 train=$2 run=$3 gen=$4 compare=$5 src=$6 dir=$7
+check="$src/tests/generate/check_generate.py"
+command -v python3 > /dev/null || { echo "SKIP: no python3 (reads the logits files)"; exit 77; }
+rm -rf "$dir" && mkdir -p "$dir" || exit 1
+failures=0
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+
+# The model: examples/moe_lm_decode.ktg's twin for training, at test sizes.
+C=24 INTER=16
+sizes=(-D VOCAB=256 -D H=32 -D HQ=4 -D HKV=2 -D D=8 -D E=4 -D TOPK=2 -D L=2)
+model="$src/examples/qwen3_moe.ktg"
+"$graphc" "$model" "${sizes[@]}" -D B=2 -D T=16 -o "$dir/train.ktp" > /dev/null &&
+  "$graphc" "$model" "${sizes[@]}" -D B=1 -D T=$C -o "$dir/full.ktp" > /dev/null ||
+  { echo "FAIL: $model does not compile"; exit 1; }
+decode="$src/examples/moe_lm_decode.ktg"
+"$graphc" "$decode" "${sizes[@]}" -D C=$C -D INTER=$INTER -o "$dir/decode.ktp" > /dev/null ||
+  { echo "FAIL: $decode does not compile"; exit 1; }
+cat "$src"/docs/*.md > "$dir/text.bin"
+"$train" "$dir/train.ktp" --data "$dir/text.bin" --data-format u8 --steps 3 --lr 0.01 \
+  --moe-inter $INTER --save "$dir/ckpt.safetensors" --threads 2 > "$dir/train.log" 2>&1 ||
+  { echo "FAIL: kt-train: $(tail -n 2 "$dir/train.log")"; exit 1; }
+ckpt="$dir/ckpt.safetensors"
+
+# generate NAME kt-generate-arguments...: the ids on $dir/NAME.ids, stderr on NAME.err
+generate() {
+  local name=$1
+  shift
+  "$gen" "$dir/decode.ktp" --params "$ckpt" --threads 2 --ids "$@" \
+    > "$dir/$name.ids" 2> "$dir/$name.err" ||
+    { fail "$name: kt-generate exited $?: $(cat "$dir/$name.err")"; return 1; }
+}
+# full NAME: the training program's forward over the tokens NAME's dump fed
+full() {
+  python3 "$check" inputs "$dir/$1.dump" "$dir/$1.in" &&
+    "$run" "$dir/full.ktp" --params "$ckpt" --inputs "$dir/$1.in" --out "$dir/$1.full" \
+      --moe-inter $INTER --moe-mode frozen --threads 2 2> "$dir/$1.run.err" ||
+    { fail "$1: the full forward: $(cat "$dir/$1.run.err")"; return 1; }
+}
+
+prompt=84,104,101,32,71  # "The G"
+P=5 NEW=$((C - 5 + 1))   # the context filled: the last new token is never fed
+# (a) + (b) greedy
+if generate greedy --prompt-ids $prompt --greedy --max-new $NEW --dump-logits "$dir/greedy.dump" &&
+   full greedy; then
+  "$compare" "$dir/greedy.full" "$dir/greedy.dump" --select logits --logits 1e-5 ||
+    fail "greedy: the decode steps' logits differ from the full forward's"
+  python3 "$check" greedy "$dir/greedy.full" $P "$(cat "$dir/greedy.ids")" ||
+    fail "greedy: a token is not the full forward's argmax"
+  [ "$(tr ',' '\n' < "$dir/greedy.ids" | grep -c .)" -eq $NEW ] ||
+    fail "greedy: $(cat "$dir/greedy.ids") is not $NEW tokens"
+fi
+# (a) on a sampled sequence, and its tokens within the top-k 5 / top-p 0.9 set
+if generate sampled --prompt-ids $prompt --top-k 5 --top-p 0.9 --seed 7 --max-new $NEW \
+     --dump-logits "$dir/sampled.dump" && full sampled; then
+  "$compare" "$dir/sampled.full" "$dir/sampled.dump" --select logits --logits 1e-5 ||
+    fail "sampled: the decode steps' logits differ from the full forward's"
+  python3 "$check" within "$dir/sampled.full" $P "$(cat "$dir/sampled.ids")" 5 0.9 ||
+    fail "sampled: a token outside what top-k 5 and top-p 0.9 allow"
+  cmp -s "$dir/sampled.ids" "$dir/greedy.ids" && fail "sampled: the same tokens as greedy"
+fi
+# top-p alone, on the model's own distribution
+if generate nucleus --prompt-ids $prompt --top-p 0.5 --seed 3 --max-new $NEW \
+     --dump-logits "$dir/nucleus.dump" && full nucleus; then
+  python3 "$check" within "$dir/nucleus.full" $P "$(cat "$dir/nucleus.ids")" 0 0.5 ||
+    fail "nucleus: a token outside the top-p 0.5 set"
+fi
+
+# (c) seeds: the same twice; three seeds at least two sequences
+for s in 1 2 3; do generate seed$s --prompt "The " --seed $s --max-new 16; done
+generate seed1_again --prompt "The " --seed 1 --max-new 16
+cmp -s "$dir/seed1.ids" "$dir/seed1_again.ids" || fail "seed 1 twice gave different tokens"
+[ "$(cat "$dir"/seed{1,2,3}.ids | sort -u | wc -l)" -ge 2 ] ||
+  fail "seeds 1, 2 and 3 gave the same tokens"
+echo "ok: seeds: seed 1 twice $(cat "$dir/seed1.ids"); seed 2 $(cat "$dir/seed2.ids")"
+# the greedy limits
+for how in "--top-k 1" "--temperature 1e-6" "--top-p 1e-9" "--temperature 0"; do
+  name=limit_${how// /_}
+  generate "$name" --prompt-ids $prompt --max-new $NEW --seed 5 $how &&
+    { cmp -s "$dir/$name.ids" "$dir/greedy.ids" || fail "$how: not the greedy tokens"; }
+done
+# text output: the ids' bytes, escaped where not printable
+"$gen" "$dir/decode.ktp" --params "$ckpt" --threads 2 --prompt-ids $prompt --max-new $NEW \
+  --seed 9 > "$dir/text.out" 2> "$dir/text.err" || fail "text: exit $?: $(cat "$dir/text.err")"
+generate text_ids --prompt-ids $prompt --max-new $NEW --seed 9
+python3 "$check" text "$(cat "$dir/text_ids.ids")" > "$dir/text.want"
+cmp -s "$dir/text.out" "$dir/text.want" ||
+  fail "text: '$(cat "$dir/text.out")' is not the ids' bytes '$(cat "$dir/text.want")'"
+grep -q "generated: $NEW tokens in .* tokens/s" "$dir/text.err" ||
+  fail "text: no speed line on stderr: $(cat "$dir/text.err")"
+grep -q "prompt: $P tokens in" "$dir/text.err" || fail "text: no prompt speed line"
+# --eos: stops after that id
+first=$(cut -d, -f1 "$dir/greedy.ids")
+generate eos --prompt-ids $prompt --greedy --eos "$first"
+[ "$(cat "$dir/eos.ids")" = "$first" ] || fail "--eos $first: got $(cat "$dir/eos.ids")"
+echo "ok: top-k 1, temperature and top-p near 0 give the greedy tokens; text, --eos"
+
+# (d) expect NAME STATUS PATTERN kt-generate-arguments...
+expect() {
+  local name=$1 want=$2 pattern=$3
+  shift 3
+  "$gen" "$@" > "$dir/$name.out" 2> "$dir/$name.err"
+  local rc=$?
+  if [ "$rc" -ne "$want" ]; then
+    fail "$name: exit status $rc, expected $want: $(cat "$dir/$name.err")"
+  elif ! grep -q -E -e "$pattern" "$dir/$name.err"; then
+    fail "$name: stderr does not match '$pattern': $(cat "$dir/$name.err")"
+  else
+    echo "ok: $name: $(head -n 1 "$dir/$name.err")"
+  fi
+}
+base=("$dir/decode.ktp" --params "$ckpt" --threads 1)
+long=$(printf 'x%.0s' $(seq 1 $((C + 1))))
+expect long_prompt 1 "the prompt is $((C + 1)) tokens, longer than the context of $C" \
+  "${base[@]}" --prompt "$long" --dump-logits "$dir/bad.dump"
+expect too_many_new 1 "--max-new $((NEW + 1)): a prompt of $P tokens leaves room for $NEW" \
+  "${base[@]}" --prompt-ids $prompt --max-new $((NEW + 1))
+expect id_outside 1 "token 1 is id 256, outside the model's vocabulary \(0\.\.255\)" \
+  "${base[@]}" --prompt-ids 1,256
+expect eos_outside 1 "--eos 256 is outside the model's vocabulary" \
+  "${base[@]}" --prompt-ids 1 --eos 256
+"$graphc" "$decode" "${sizes[@]}" -D C=$C -D INTER=$INTER -D L=3 -o "$dir/decode_l3.ktp" > /dev/null
+expect missing_tensor 1 "no tensor .*model\.layers\.2\..*" \
+  "$dir/decode_l3.ktp" --params "$ckpt" --prompt-ids 1
+"$graphc" "$decode" "${sizes[@]}" -D C=$C -D INTER=$INTER -D L=1 -o "$dir/decode_l1.ktp" > /dev/null
+expect extra_tensor 1 "model\.layers\.1\..* is not a parameter" \
+  "$dir/decode_l1.ktp" --params "$ckpt" --prompt-ids 1
+expect misshapen 1 "cannot load the checkpoint: .*model\..*f32\[.*" \
+  "$decode" "${sizes[@]}" -D C=$C -D INTER=$INTER -D H=48 --params "$ckpt" --prompt-ids 1
+expect no_decode 1 "no input 'segments': it is not a decode program" \
+  "$dir/full.ktp" --params "$ckpt" --prompt-ids 1
+expect define_ktp 2 "-D C: overrides apply to a \.ktg description" \
+  "${base[@]}" -D C=8 --prompt-ids 1
+expect define_unknown 1 "names no constant" \
+  "$decode" -D NOPE=1 --params "$ckpt" --prompt-ids 1
+expect top_p_zero 2 "--top-p needs a number > 0 and <= 1, not '0'" "${base[@]}" --prompt a --top-p 0
+expect top_p_big 2 "--top-p needs a number > 0 and <= 1, not '1.5'" "${base[@]}" --prompt a --top-p 1.5
+expect temperature 2 "--temperature needs a number >= 0, not '-1'" "${base[@]}" --prompt a --temperature -1
+expect top_k 2 "--top-k needs a whole number" "${base[@]}" --prompt a --top-k -3
+expect max_new 2 "--max-new needs a whole number" "${base[@]}" --prompt a --max-new x
+expect greedy_and_t 2 "--greedy .* does not go with" "${base[@]}" --prompt a --greedy --top-k 3
+expect two_prompts 2 "give one of --prompt" "${base[@]}" --prompt a --prompt-ids 1
+expect no_prompt 2 "give one of --prompt" "${base[@]}"
+expect empty_prompt 2 "the prompt is empty" "${base[@]}" --prompt ""
+expect bad_ids 2 "--prompt-ids needs token ids" "${base[@]}" --prompt-ids 1,,2
+expect no_params 2 "--params is required" "$dir/decode.ktp" --prompt a
+expect dump_is_params 2 "--dump-logits names the same file as --params" \
+  "${base[@]}" --prompt a --dump-logits "$ckpt"
+expect not_a_checkpoint 1 "cannot read the checkpoint" \
+  "$dir/decode.ktp" --params "$dir/text.bin" --prompt a
+[ -e "$dir/bad.dump" ] && fail "a refused run wrote its --dump-logits file"
+"$gen" --help | grep -q -- "--top-p" || fail "--help does not mention --top-p"
+
+[ $failures -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
+echo "all kt-generate checks passed"
