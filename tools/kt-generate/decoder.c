@@ -174,6 +174,19 @@ static int experts_in_checkpoint(const kt_program *p, const char *params, int64_
     return rc;
 }
 
+/* segments' length, C, from the program's tables (before a session exists); 1 without it */
+static int64_t program_context(const kt_program *p)
+{
+    for (int i = 0; i < kt_program_count(p, KT_ROLE_INPUT); i++) {
+        const char *name = "";
+        kt_tensor meta;
+        if (kt_program_tensor_info(p, KT_ROLE_INPUT, i, &name, &meta) == KT_OK &&
+            strcmp(name, "segments") == 0 && meta.ndim == 2 && meta.shape[1] > 0)
+            return meta.shape[1];
+    }
+    return 1;
+}
+
 static int create_session(gen_decoder *d, const gen_decoder_options *o)
 {
     kt_session_options so;
@@ -190,6 +203,16 @@ static int create_session(gen_decoder *d, const gen_decoder_options *o)
             return gen_error("cannot create the MoE layers: %s", kt_last_error());
         so.moe_layers = d->moe.layers;
         so.n_moe_layers = d->moe.n;
+    }
+    if (o->trace) {
+        /* room for a forward's steps (and the session's own events) at every position */
+        kt_program_stats st;
+        kt_program_get_stats(d->program, &st);
+        so.trace_capacity = ((size_t)st.n_forward_steps + 16) * (size_t)program_context(d->program);
+        d->trace = calloc(so.trace_capacity ? so.trace_capacity : 1, sizeof *d->trace);
+        if (d->trace == NULL)
+            return gen_error("out of memory (--trace)");
+        so.trace = d->trace;
     }
     if (kt_session_create(d->program, &so, &d->session) != KT_OK)
         return gen_error("cannot create a session: %s", kt_last_error());
@@ -258,6 +281,13 @@ int gen_decoder_step(gen_decoder *d, int64_t token, const float **logits_out)
     return 0;
 }
 
+int gen_decoder_write_trace(const gen_decoder *d, const char *path)
+{
+    if (kt_trace_write_json(d->trace, kt_session_trace_count(d->session), path) != KT_OK)
+        return gen_error("cannot write the trace: %s", kt_last_error());
+    return 0;
+}
+
 void gen_decoder_close(gen_decoder *d)
 {
     kt_session_destroy(d->session);
@@ -265,5 +295,6 @@ void gen_decoder_close(gen_decoder *d)
     kt_threadpool_destroy(d->pool);
     kt_program_destroy(d->program);
     free(d->layers);
+    free(d->trace);
     memset(d, 0, sizeof *d);
 }

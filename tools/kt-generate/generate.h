@@ -36,6 +36,7 @@ typedef struct gen_decoder {
     int64_t context; /* C: tokens a generation may feed */
     int64_t vocab;   /* the logits' width; every id fed must be below it */
     int64_t filled;  /* tokens fed so far (the next one's position) */
+    kt_trace_event *trace; /* --trace: every step of every forward */
 } gen_decoder;
 
 typedef struct gen_decoder_options {
@@ -44,6 +45,7 @@ typedef struct gen_decoder_options {
     int n_defines;
     const char *params;  /* the checkpoint: parameters and experts */
     int threads;
+    int trace; /* record the forwards' steps (gen_decoder_write_trace) */
 } gen_decoder_options;
 
 int gen_decoder_open(gen_decoder *d, const gen_decoder_options *o);
@@ -51,6 +53,8 @@ int gen_decoder_open(gen_decoder *d, const gen_decoder_options *o);
  * next step). Refused once the context is full. */
 int gen_decoder_step(gen_decoder *d, int64_t token, const float **logits_out);
 void gen_decoder_close(gen_decoder *d);
+/* The recorded steps as Chrome trace JSON (chrome://tracing, Perfetto). */
+int gen_decoder_write_trace(const gen_decoder *d, const char *path);
 /* The program from a .ktp, or compiled (forward only) from a .ktg with the defines. */
 int gen_program_load(const char *path, const kt_ktg_define *defines, int n_defines,
                      kt_program **program_out);

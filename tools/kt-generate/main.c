@@ -4,7 +4,7 @@
  *   kt-generate DECODE.ktp|DECODE.ktg [-D NAME=VALUE ...] --params CHECKPOINT
  *               (--prompt TEXT | --prompt-ids 1,2,3) [--max-new N] [--greedy]
  *               [--temperature T] [--top-k K] [--top-p P] [--seed S] [--eos ID] [--ids]
- *               [--dump-logits FILE] [--threads N]
+ *               [--dump-logits FILE] [--trace FILE] [--threads N]
  *
  * The continuation goes to stdout, the speeds to stderr. Exit status: 0 success, 1 error (one
  * line "kt-generate: ..."), 2 usage error. */
@@ -22,7 +22,7 @@
 #define DEFAULT_MAX_NEW 64
 
 typedef struct gen_args {
-    const char *program, *params, *prompt, *prompt_ids, *dump;
+    const char *program, *params, *prompt, *prompt_ids, *dump, *trace;
     kt_ktg_define defines[GEN_MAX_DEFINES];
     int n_defines;
     long long max_new; /* -1: the default */
@@ -63,6 +63,8 @@ static void usage(FILE *f)
         "  --dump-logits FILE  write every step's logits as safetensors: \"logits\" f32\n"
         "                      [steps, VOCAB] (row i: after feeding token i) and \"tokens\"\n"
         "                      i32 [steps], the tokens fed (to compare with a full forward)\n"
+        "  --trace FILE        write every forward's steps as Chrome trace JSON\n"
+        "                      (chrome://tracing, Perfetto): where a token's time goes\n"
         "  --threads N         thread-pool size (default: KT_NUM_THREADS or the CPU count)\n"
         "  -h, --help          this text\n"
         "\n"
@@ -129,6 +131,7 @@ static int parse_value(gen_args *a, const char *opt, const char *v)
                         : strcmp(opt, "--prompt") == 0      ? &a->prompt
                         : strcmp(opt, "--prompt-ids") == 0  ? &a->prompt_ids
                         : strcmp(opt, "--dump-logits") == 0 ? &a->dump
+                        : strcmp(opt, "--trace") == 0       ? &a->trace
                                                             : NULL;
     if (file != NULL) {
         *file = v;
@@ -159,9 +162,9 @@ static int parse_value(gen_args *a, const char *opt, const char *v)
 static int parse_args(int argc, char **argv, gen_args *a)
 {
     static const char *const valued[] = {"--params", "--prompt", "--prompt-ids",
-                                         "--dump-logits", "-D", "--temperature", "--top-p",
-                                         "--top-k", "--max-new", "--seed", "--eos",
-                                         "--threads"};
+                                         "--dump-logits", "--trace", "-D",
+                                         "--temperature", "--top-p", "--top-k",
+                                         "--max-new", "--seed", "--eos", "--threads"};
     memset(a, 0, sizeof *a);
     a->max_new = -1, a->temperature = 1.0, a->top_p = 1.0, a->seed = 1, a->eos = -1;
     for (int i = 1; i < argc; i++) {
@@ -309,8 +312,8 @@ static int generate(const gen_args *a)
     logit_log log = {0};
     int64_t *ids = NULL, n = 0, max_new = 0;
     const float *logits = NULL;
-    const gen_decoder_options o = {a->program, a->defines, a->n_defines, a->params,
-                                   a->threads};
+    const gen_decoder_options o = {a->program, a->defines, a->n_defines,
+                                   a->params, a->threads, a->trace != NULL};
     int rc = gen_decoder_open(&d, &o);
     if (rc == 0)
         rc = plan(a, &d, &ids, &n, &max_new);
@@ -351,6 +354,8 @@ static int generate(const gen_args *a)
         report_speed("generated", made, t2 - t1);
         if (a->dump != NULL)
             rc = log_save(&log, a->dump);
+        if (rc == 0 && a->trace != NULL)
+            rc = gen_decoder_write_trace(&d, a->trace);
     }
     free(log.rows);
     free(log.tokens);
@@ -373,11 +378,13 @@ int main(int argc, char **argv)
     if (rc == 0) {
         const tool_path paths[] = {{"the program file", a.program, 0},
                                    {"--params", a.params, 0},
-                                   {"--dump-logits", a.dump, 1}};
-        rc = tool_check_paths(GEN_TOOL, paths, 3);
+                                   {"--dump-logits", a.dump, 1},
+                                   {"--trace", a.trace, 1}};
+        rc = tool_check_paths(GEN_TOOL, paths, 4);
     }
     if (rc == 0 && (tool_probe_safetensors(GEN_TOOL, "the checkpoint", a.params) != 0 ||
-                    tool_probe_output(GEN_TOOL, "the logits", a.dump) != 0))
+                    tool_probe_output(GEN_TOOL, "the logits", a.dump) != 0 ||
+                    tool_probe_output(GEN_TOOL, "the trace", a.trace) != 0))
         rc = 1;
     if (rc == 0)
         rc = generate(&a);
