@@ -88,7 +88,7 @@ def cmd_greedy(full, prompt_len, text):
         elif g != best:
             fail("token %d: %d, but the full forward's argmax is %d (logit %.6g against %.6g)"
                  % (i, g, best, row[best], row[g]))
-    if len(got) < 2:
+    if len(got) < 1:
         fail("only %d tokens to check" % len(got))
     print("ok: %d greedy tokens are the full forward's argmax (%d near ties)" % (len(got), close))
 

@@ -37,11 +37,15 @@ cat "$src"/docs/*.md > "$dir/text.bin"
   { echo "FAIL: kt-train: $(tail -n 2 "$dir/train.log")"; exit 1; }
 ckpt="$dir/ckpt.safetensors"
 
+# The description (kt-generate compiles it twice: the prompt in one forward, then one token a
+# step), or the compiled program (the prompt one token a step too).
+described=("$decode" "${sizes[@]}" -D C=$C -D INTER=$INTER)
+prog=("${described[@]}")
 # generate NAME kt-generate-arguments...: the ids on $dir/NAME.ids, stderr on NAME.err
 generate() {
   local name=$1
   shift
-  "$gen" "$dir/decode.ktp" --params "$ckpt" --threads 2 --ids "$@" \
+  "$gen" "${prog[@]}" --params "$ckpt" --threads 2 --ids "$@" \
     > "$dir/$name.ids" 2> "$dir/$name.err" ||
     { fail "$name: kt-generate exited $?: $(cat "$dir/$name.err")"; return 1; }
 }
@@ -54,19 +58,38 @@ full() {
 }
 
 prompt=84,104,101,32,71  # "The G"
-P=5 NEW=$((C - 5 + 1))   # the context filled: the last new token is never fed
+P=5 MAXNEW=$((C - 5 + 1))   # the context filled: the last new token is never fed
 # (a) + (b) greedy
-if generate greedy --prompt-ids $prompt --greedy --max-new $NEW --dump-logits "$dir/greedy.dump" &&
-   full greedy; then
+if generate greedy --prompt-ids $prompt --greedy --max-new $MAXNEW \
+     --dump-logits "$dir/greedy.dump" && full greedy; then
   "$compare" "$dir/greedy.full" "$dir/greedy.dump" --select logits --logits 1e-5 ||
     fail "greedy: the decode steps' logits differ from the full forward's"
   python3 "$check" greedy "$dir/greedy.full" $P "$(cat "$dir/greedy.ids")" ||
     fail "greedy: a token is not the full forward's argmax"
-  [ "$(tr ',' '\n' < "$dir/greedy.ids" | grep -c .)" -eq $NEW ] ||
-    fail "greedy: $(cat "$dir/greedy.ids") is not $NEW tokens"
+  [ "$(tr ',' '\n' < "$dir/greedy.ids" | grep -c .)" -eq $MAXNEW ] ||
+    fail "greedy: $(cat "$dir/greedy.ids") is not $MAXNEW tokens"
+fi
+# (a) + (b) the prompt one token a step (a compiled program)
+prog=("$dir/decode.ktp")
+if generate stepwise --prompt-ids $prompt --greedy --max-new $MAXNEW \
+     --dump-logits "$dir/stepwise.dump" && full stepwise; then
+  "$compare" "$dir/stepwise.full" "$dir/stepwise.dump" --select logits --logits 1e-5 ||
+    fail "stepwise: the decode steps' logits differ from the full forward's"
+  python3 "$check" greedy "$dir/stepwise.full" $P "$(cat "$dir/stepwise.ids")" ||
+    fail "stepwise: a token is not the full forward's argmax"
+fi
+prog=("${described[@]}")
+# (a) a prompt that fills the context: all but its last token in one forward
+whole=$(seq -s, 40 $((40 + C - 1)))
+if generate whole --prompt-ids "$whole" --greedy --max-new 1 --dump-logits "$dir/whole.dump" &&
+   full whole; then
+  "$compare" "$dir/whole.full" "$dir/whole.dump" --select logits --logits 1e-5 ||
+    fail "whole: the prompt's logits differ from the full forward's"
+  python3 "$check" greedy "$dir/whole.full" $C "$(cat "$dir/whole.ids")" ||
+    fail "whole: the token is not the full forward's argmax"
 fi
 # (a) on a sampled sequence, and its tokens within the top-k 5 / top-p 0.9 set
-if generate sampled --prompt-ids $prompt --top-k 5 --top-p 0.9 --seed 7 --max-new $NEW \
+if generate sampled --prompt-ids $prompt --top-k 5 --top-p 0.9 --seed 7 --max-new $MAXNEW \
      --dump-logits "$dir/sampled.dump" && full sampled; then
   "$compare" "$dir/sampled.full" "$dir/sampled.dump" --select logits --logits 1e-5 ||
     fail "sampled: the decode steps' logits differ from the full forward's"
@@ -75,7 +98,7 @@ if generate sampled --prompt-ids $prompt --top-k 5 --top-p 0.9 --seed 7 --max-ne
   cmp -s "$dir/sampled.ids" "$dir/greedy.ids" && fail "sampled: the same tokens as greedy"
 fi
 # top-p alone, on the model's own distribution
-if generate nucleus --prompt-ids $prompt --top-p 0.5 --seed 3 --max-new $NEW \
+if generate nucleus --prompt-ids $prompt --top-p 0.5 --seed 3 --max-new $MAXNEW \
      --dump-logits "$dir/nucleus.dump" && full nucleus; then
   python3 "$check" within "$dir/nucleus.full" $P "$(cat "$dir/nucleus.ids")" 0 0.5 ||
     fail "nucleus: a token outside the top-p 0.5 set"
@@ -91,17 +114,17 @@ echo "ok: seeds: seed 1 twice $(cat "$dir/seed1.ids"); seed 2 $(cat "$dir/seed2.
 # the greedy limits
 for how in "--top-k 1" "--temperature 1e-6" "--top-p 1e-9" "--temperature 0"; do
   name=limit_${how// /_}
-  generate "$name" --prompt-ids $prompt --max-new $NEW --seed 5 $how &&
+  generate "$name" --prompt-ids $prompt --max-new $MAXNEW --seed 5 $how &&
     { cmp -s "$dir/$name.ids" "$dir/greedy.ids" || fail "$how: not the greedy tokens"; }
 done
 # text output: the ids' bytes, escaped where not printable
-"$gen" "$dir/decode.ktp" --params "$ckpt" --threads 2 --prompt-ids $prompt --max-new $NEW \
+"$gen" "${described[@]}" --params "$ckpt" --threads 2 --prompt-ids $prompt --max-new $MAXNEW \
   --seed 9 > "$dir/text.out" 2> "$dir/text.err" || fail "text: exit $?: $(cat "$dir/text.err")"
-generate text_ids --prompt-ids $prompt --max-new $NEW --seed 9
+generate text_ids --prompt-ids $prompt --max-new $MAXNEW --seed 9
 python3 "$check" text "$(cat "$dir/text_ids.ids")" > "$dir/text.want"
 cmp -s "$dir/text.out" "$dir/text.want" ||
   fail "text: '$(cat "$dir/text.out")' is not the ids' bytes '$(cat "$dir/text.want")'"
-grep -q "generated: $NEW tokens in .* tokens/s" "$dir/text.err" ||
+grep -q "generated: $MAXNEW tokens in .* tokens/s" "$dir/text.err" ||
   fail "text: no speed line on stderr: $(cat "$dir/text.err")"
 grep -q "prompt: $P tokens in" "$dir/text.err" || fail "text: no prompt speed line"
 # --eos: stops after that id
@@ -128,8 +151,8 @@ base=("$dir/decode.ktp" --params "$ckpt" --threads 1)
 long=$(printf 'x%.0s' $(seq 1 $((C + 1))))
 expect long_prompt 1 "the prompt is $((C + 1)) tokens, longer than the context of $C" \
   "${base[@]}" --prompt "$long" --dump-logits "$dir/bad.dump"
-expect too_many_new 1 "--max-new $((NEW + 1)): a prompt of $P tokens leaves room for $NEW" \
-  "${base[@]}" --prompt-ids $prompt --max-new $((NEW + 1))
+expect too_many_new 1 "--max-new $((MAXNEW + 1)): a prompt of $P tokens leaves room for $MAXNEW" \
+  "${base[@]}" --prompt-ids $prompt --max-new $((MAXNEW + 1))
 expect id_outside 1 "token 1 is id 256, outside the model's vocabulary \(0\.\.255\)" \
   "${base[@]}" --prompt-ids 1,256
 expect eos_outside 1 "--eos 256 is outside the model's vocabulary" \
@@ -144,13 +167,24 @@ expect misshapen 1 "cannot load the checkpoint: .*model\..*f32\[.*" \
   "$decode" "${sizes[@]}" -D C=$C -D INTER=$INTER -D H=48 --params "$ckpt" --prompt-ids 1
 expect no_decode 1 "no input 'segments': it is not a decode program" \
   "$dir/full.ktp" --params "$ckpt" --prompt-ids 1
+expect long_prompt_ktg 1 "the prompt is $((C + 1)) tokens, longer than the context of $C" \
+  "${described[@]}" --params "$ckpt" --prompt "$long"
+expect define_new 2 "-D NEW: kt-generate sets the tokens a step itself" \
+  "${described[@]}" -D NEW=2 --params "$ckpt" --prompt-ids 1,2,3
+"$graphc" "$decode" "${sizes[@]}" -D C=$C -D INTER=$INTER -D NEW=2 -o "$dir/decode_new2.ktp" \
+  > /dev/null
+expect new_two 1 "decode_new2\.ktp takes 2 tokens a step; kt-generate's steps take one" \
+  "$dir/decode_new2.ktp" --params "$ckpt" --prompt-ids 1
 expect define_ktp 2 "-D C: overrides apply to a \.ktg description" \
   "${base[@]}" -D C=8 --prompt-ids 1
 expect define_unknown 1 "names no constant" \
   "$decode" -D NOPE=1 --params "$ckpt" --prompt-ids 1
-expect top_p_zero 2 "--top-p needs a number > 0 and <= 1, not '0'" "${base[@]}" --prompt a --top-p 0
-expect top_p_big 2 "--top-p needs a number > 0 and <= 1, not '1.5'" "${base[@]}" --prompt a --top-p 1.5
-expect temperature 2 "--temperature needs a number >= 0, not '-1'" "${base[@]}" --prompt a --temperature -1
+expect top_p_zero 2 "--top-p needs a number > 0 and <= 1, not '0'" \
+  "${base[@]}" --prompt a --top-p 0
+expect top_p_big 2 "--top-p needs a number > 0 and <= 1, not '1.5'" \
+  "${base[@]}" --prompt a --top-p 1.5
+expect temperature 2 "--temperature needs a number >= 0, not '-1'" \
+  "${base[@]}" --prompt a --temperature -1
 expect top_k 2 "--top-k needs a whole number" "${base[@]}" --prompt a --top-k -3
 expect max_new 2 "--max-new needs a whole number" "${base[@]}" --prompt a --max-new x
 expect greedy_and_t 2 "--greedy .* does not go with" "${base[@]}" --prompt a --greedy --top-k 3

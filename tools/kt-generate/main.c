@@ -259,36 +259,45 @@ static int finite_row(const float *x, int64_t n)
     return 1;
 }
 
-/* The prompt's ids, checked against the vocabulary and the context; how many new tokens. */
-static int plan(const gen_args *a, const gen_decoder *d, int64_t **ids, int64_t *n,
-                int64_t *max_new)
+static int log_row(void *ctx, int64_t token, const float *logits)
+{
+    return log_add(ctx, token, logits);
+}
+
+/* The prompt's ids (not yet checked against a model). */
+static int read_prompt(const gen_args *a, int64_t **ids, int64_t *n)
 {
     int rc = a->prompt != NULL ? gen_text_ids(a->prompt, ids, n)
                                : gen_parse_ids(a->prompt_ids, ids, n);
-    if (rc != 0)
-        return rc;
-    if (*n == 0)
-        return usage_error("%s", "the prompt is empty (it needs one token at least)");
-    for (int64_t i = 0; i < *n; i++)
-        if ((*ids)[i] >= d->vocab)
+    if (rc == 0 && *n == 0)
+        rc = usage_error("%s", "the prompt is empty (it needs one token at least)");
+    return rc;
+}
+
+/* The prompt against the model's vocabulary and context; how many new tokens. */
+static int plan(const gen_args *a, const gen_decoder *d, const int64_t *ids, int64_t n,
+                int64_t *max_new)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] >= d->vocab)
             return gen_error("the prompt's token %lld is id %lld, outside the model's "
-                             "vocabulary (0..%lld)%s", (long long)i, (long long)(*ids)[i],
+                             "vocabulary (0..%lld)%s", (long long)i, (long long)ids[i],
                              (long long)(d->vocab - 1),
                              a->prompt != NULL ? ": a byte-level prompt needs VOCAB >= 256"
                                                : "");
     if (a->eos >= d->vocab)
         return gen_error("--eos %lld is outside the model's vocabulary (0..%lld)", a->eos,
                          (long long)(d->vocab - 1));
-    if (*n > d->context)
+    if (n > d->context)
         return gen_error("the prompt is %lld tokens, longer than the context of %lld the "
                          "decode program holds (compile it with a larger C: -D C=...)",
-                         (long long)*n, (long long)d->context);
+                         (long long)n, (long long)d->context);
     /* the last new token is sampled, never fed: the context holds the prompt and N - 1 */
-    const int64_t room = d->context - *n + 1;
+    const int64_t room = d->context - n + 1;
     if (a->max_new > room)
         return gen_error("--max-new %lld: a prompt of %lld tokens leaves room for %lld new "
                          "ones in the context of %lld (compile the decode program with a "
-                         "larger C: -D C=...)", a->max_new, (long long)*n, (long long)room,
+                         "larger C: -D C=...)", a->max_new, (long long)n, (long long)room,
                          (long long)d->context);
     *max_new = a->max_new >= 0 ? a->max_new : room < DEFAULT_MAX_NEW ? room : DEFAULT_MAX_NEW;
     return 0;
@@ -312,18 +321,24 @@ static int generate(const gen_args *a)
     logit_log log = {0};
     int64_t *ids = NULL, n = 0, max_new = 0;
     const float *logits = NULL;
-    const gen_decoder_options o = {a->program, a->defines, a->n_defines,
-                                   a->params, a->threads, a->trace != NULL};
-    int rc = gen_decoder_open(&d, &o);
+    memset(&d, 0, sizeof d);
+    int rc = read_prompt(a, &ids, &n);
+    const gen_decoder_options o = {a->program, a->defines, a->n_defines, a->params,
+                                   a->threads, a->trace != NULL, n};
     if (rc == 0)
-        rc = plan(a, &d, &ids, &n, &max_new);
+        rc = gen_decoder_open(&d, &o);
+    if (rc == 0)
+        rc = plan(a, &d, ids, n, &max_new);
     if (rc == 0)
         rc = gen_sampler_init(&smp, a->greedy, a->temperature, a->top_k, a->top_p,
                               (uint64_t)a->seed, d.vocab);
     log.vocab = d.vocab;
-    /* the prompt: every token but the last is only remembered */
+    /* the prompt: every token but the last is only remembered (a prefill takes them at
+     * once) */
     const double t0 = now_s();
-    for (int64_t i = 0; rc == 0 && i < n; i++) {
+    if (rc == 0)
+        rc = gen_decoder_prefill(&d, ids, a->dump != NULL ? log_row : NULL, &log);
+    for (int64_t i = d.filled; rc == 0 && i < n; i++) {
         rc = gen_decoder_step(&d, ids[i], &logits);
         if (rc == 0 && a->dump != NULL)
             rc = log_add(&log, ids[i], logits);

@@ -1,6 +1,7 @@
 /* The decode program: a compiled .ktp as it is, or a .ktg description compiled here, forward
  * only, with the -D overrides (so that one command line sets the context C and the model's
- * sizes, as kt-graphc would). */
+ * sizes, as kt-graphc would) and NEW, the tokens a step, set by kt-generate: 1 for the decode
+ * steps, the prompt's length less one for the prefill. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,10 +14,22 @@
 #define MAX_SOURCE_BYTES (16u << 20)
 #define DIAG_BYTES (64u * 1024u)
 
-static int ends_with(const char *s, const char *suffix)
+int gen_is_description(const char *path)
 {
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && strcmp(s + n - m, suffix) == 0;
+    size_t n = strlen(path);
+    return n >= 4 && strcmp(path + n - 4, ".ktg") == 0;
+}
+
+int64_t gen_program_context(const kt_program *p)
+{
+    for (int i = 0; i < kt_program_count(p, KT_ROLE_INPUT); i++) {
+        const char *name = "";
+        kt_tensor meta;
+        if (kt_program_tensor_info(p, KT_ROLE_INPUT, i, &name, &meta) == KT_OK &&
+            strcmp(name, "segments") == 0 && meta.ndim == 2)
+            return meta.shape[1];
+    }
+    return 0;
 }
 
 /* The whole file, NUL-terminated; NULL after printing why. */
@@ -65,9 +78,20 @@ static char *read_source(const char *path, size_t *len_out)
     return buf;
 }
 
-static int compile_description(const char *path, const kt_ktg_define *defines, int n_defines,
-                               kt_program **program_out)
+static int compile_description(const char *path, const kt_ktg_define *user, int n_user,
+                               int64_t n_new, kt_program **program_out)
 {
+    kt_ktg_define defines[GEN_MAX_DEFINES + 1];
+    int n_defines = 0;
+    for (int i = 0; i < n_user; i++) {
+        if (strcmp(user[i].name, "NEW") == 0)
+            return kt_tool_usage_error(GEN_TOOL, "-D NEW: kt-generate sets the tokens a step "
+                                       "itself (1, and the prompt's length less one to take "
+                                       "the prompt in one forward)");
+        defines[n_defines++] = user[i];
+    }
+    if (n_new > 0)
+        defines[n_defines++] = (kt_ktg_define){"NEW", n_new};
     size_t len;
     char *text = read_source(path, &len);
     if (text == NULL)
@@ -97,11 +121,11 @@ static int compile_description(const char *path, const kt_ktg_define *defines, i
 }
 
 int gen_program_load(const char *path, const kt_ktg_define *defines, int n_defines,
-                     kt_program **program_out)
+                     int64_t n_new, kt_program **program_out)
 {
     *program_out = NULL;
-    if (ends_with(path, ".ktg"))
-        return compile_description(path, defines, n_defines, program_out);
+    if (gen_is_description(path))
+        return compile_description(path, defines, n_defines, n_new, program_out);
     if (n_defines > 0)
         return kt_tool_usage_error(GEN_TOOL, "-D %s: overrides apply to a .ktg description, "
                                    "and %s is a compiled program (compile it again with "
