@@ -132,6 +132,21 @@ first=$(cut -d, -f1 "$dir/greedy.ids")
 generate eos --prompt-ids $prompt --greedy --eos "$first"
 [ "$(cat "$dir/eos.ids")" = "$first" ] || fail "--eos $first: got $(cat "$dir/eos.ids")"
 echo "ok: top-k 1, temperature and top-p near 0 give the greedy tokens; text, --eos"
+# --params a kt-train run directory: its newest checkpoint (an older one here is no model)
+mkdir -p "$dir/run/step-00000002" "$dir/run/step-00000001" "$dir/run/.step-00000003.tmp.1"
+cp "$ckpt" "$dir/run/step-00000002/session.safetensors"
+cp "$dir/text.bin" "$dir/run/step-00000001/session.safetensors"
+cp "$dir/text.bin" "$dir/run/.step-00000003.tmp.1/session.safetensors"
+for where in run run/step-00000002; do
+  name=rundir_${where//\//_}
+  "$gen" "${prog[@]}" --params "$dir/$where" --threads 2 --ids --prompt-ids $prompt --greedy \
+    --max-new $MAXNEW > "$dir/$name.ids" 2> "$dir/$name.err" ||
+    fail "--params $where: exit $?: $(cat "$dir/$name.err")"
+  grep -q "the checkpoint .*run/step-00000002/session\.safetensors" "$dir/$name.err" ||
+    fail "--params $where: not the newest checkpoint: $(cat "$dir/$name.err")"
+  cmp -s "$dir/$name.ids" "$dir/greedy.ids" || fail "--params $where: not the greedy tokens"
+done
+echo "ok: --params a run directory or a checkpoint directory: step-00000002/session.safetensors"
 
 # (d) expect NAME STATUS PATTERN kt-generate-arguments...
 expect() {

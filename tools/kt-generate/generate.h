@@ -88,6 +88,11 @@ int gen_is_description(const char *path);
 /* C: the length of the program's segments input (0 without one). */
 int64_t gen_program_context(const kt_program *p);
 
+/* The file --params means (checkpoint.c): a kt-train checkpoint directory's session.safetensors,
+ * a run directory's newest checkpoint's; *path_out NULL: params as it is (a file, a Hugging
+ * Face directory). */
+int gen_checkpoint_path(const char *params, char **path_out);
+
 /* ---- sampling (sample.c) ------------------------------------------------------------------- */
 
 typedef struct gen_sampler {

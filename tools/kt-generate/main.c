@@ -43,9 +43,10 @@ static void usage(FILE *f)
         "them (the context -D C=..., the model's sizes). Each token, the prompt's too, costs\n"
         "one token's forward. The continuation goes to stdout, the speeds to stderr.\n"
         "\n"
-        "  --params FILE       the checkpoint: kt-train --save's file or a run directory's\n"
-        "                      checkpoint state (parameters and experts, by name; the\n"
-        "                      optimizer state in it is skipped)\n"
+        "  --params FILE|DIR   the checkpoint (parameters and experts, by name; optimizer\n"
+        "                      state in it is skipped): kt-train --save's file, a kt-train\n"
+        "                      run directory (its newest step-N/session.safetensors) or\n"
+        "                      checkpoint directory, a Hugging Face model directory\n"
         "  --prompt TEXT       the prompt's bytes are its tokens (byte-level models)\n"
         "  --prompt-ids LIST   the prompt as token ids, 1,2,3\n"
         "  --max-new N         tokens to generate (default %d, or what the context leaves);\n"
@@ -387,7 +388,12 @@ int main(int argc, char **argv)
         return 2;
     }
     gen_args a;
+    char *checkpoint = NULL;
     int rc = parse_args(argc, argv, &a);
+    if (rc == 0 && (rc = gen_checkpoint_path(a.params, &checkpoint)) == 0 && checkpoint) {
+        fprintf(stderr, GEN_TOOL ": the checkpoint %s\n", checkpoint);
+        a.params = checkpoint;
+    }
     if (rc == 0 && kt_check_environment() != KT_OK)
         rc = kt_tool_usage_error(GEN_TOOL, "%s", kt_last_error());
     if (rc == 0) {
@@ -407,6 +413,7 @@ int main(int argc, char **argv)
         rc = 0;
     for (int i = 0; i < a.n_defines; i++)
         free((char *)a.defines[i].name);
+    free(checkpoint);
     int out = tool_finish_stdout(GEN_TOOL);
     return rc != 0 ? rc : out;
 }
