@@ -94,15 +94,18 @@ static size_t downsample(loss_series t, double *xs, double *ys)
     return m;
 }
 
-/* A centred moving average over about 1/25 of the points (each side), light enough to keep
- * the curve's shape; nothing for short curves. */
+/* A centred moving average over about 1/25 of the points, light enough to keep the curve's
+ * shape; nothing for short curves. The window narrows towards the ends so that it stays
+ * centred: a one-sided one would lag behind the steep start of a run. */
 static size_t smooth(const double *ys, size_t m, double *out)
 {
     if (m < 25)
         return 0;
     size_t half = m / 50 > 0 ? m / 50 : 1;
     for (size_t i = 0; i < m; i++) {
-        size_t lo = i >= half ? i - half : 0, hi = i + half < m ? i + half : m - 1;
+        size_t h = half < i ? half : i;
+        h = h < m - 1 - i ? h : m - 1 - i;
+        size_t lo = i - h, hi = i + h;
         double s = 0;
         for (size_t k = lo; k <= hi; k++)
             s += ys[k];

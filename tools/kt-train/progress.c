@@ -29,6 +29,8 @@ struct progress {
     progress_options o;
     int live;          /* the live line (a terminal, not force_plain) */
     int line_shown;    /* the live line is on screen, without its newline */
+    int text_width;    /* the longest live text so far: the bar keeps its width */
+    int64_t drawn_step; /* the step the live line last showed */
     char *run_dir, *metrics_path, *plot_path;
     FILE *metrics;     /* appended and flushed per record */
     int failed;        /* a record could not be written: later writes stop */
@@ -266,6 +268,10 @@ static void draw_line(progress *p, double now)
         len = (int)sizeof text - 1;
     /* one column short of the width: a line that fills it would wrap on some terminals and
      * \r would then redraw only its last row */
+    if (len > p->text_width)
+        p->text_width = len;
+    while (len < p->text_width && len < (int)sizeof text - 1) /* padded: a steady bar */
+        text[len++] = ' ';
     int width = terminal_width(p->o.out) - 1, bar = width - len - 3;
     fputs("\r", p->o.out);
     if (bar >= 10) {
@@ -283,6 +289,7 @@ static void draw_line(progress *p, double now)
     fflush(p->o.out);
     p->line_shown = 1;
     p->last_draw_t = now;
+    p->drawn_step = p->step;
 }
 
 static void plain_line(progress *p, double now)
@@ -414,7 +421,8 @@ int progress_close(progress *p)
     if (p == NULL)
         return 0;
     if (p->live && p->step > p->o.first_step) {
-        draw_line(p, now_s()); /* the last step, also when a redraw was skipped */
+        if (!p->line_shown || p->drawn_step != p->step)
+            draw_line(p, now_s()); /* the last step, also when its redraw was skipped */
         fputc('\n', p->o.out);
         fflush(p->o.out);
     }
