@@ -486,12 +486,60 @@ static void test_terminal(void **state)
     assert_true(strstr(last, "\033[K\n") != NULL);
 }
 
+/* What cannot be written is said, naming the path: a run directory that is a file (at open),
+ * a loss.svg that cannot be replaced (once, at close). A resume with no records yet starts
+ * them. */
+static void test_errors(void **state)
+{
+    (void)state;
+    char *dir = tu_temp_dir("kt-progress-errors");
+    FILE *out = tmpfile();
+    assert_non_null(out);
+    char *file = path_in(dir, "plain-file");
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fclose(f);
+    progress_options o = {.out = out, .run_dir = file, .total_steps = 4, .tokens_per_step = 8,
+                          .log_every = 1};
+    progress *p = NULL;
+    n_errors = 0;
+    assert_int_equal(progress_open(&p, &o), 1);
+    assert_null(p);
+    assert_int_equal(n_errors, 1);
+    assert_non_null(strstr(last_error, file));
+
+    /* loss.svg is a directory: the steps go on, close says it once and fails */
+    o.run_dir = dir;
+    o.first_step = 2; /* resumed, but no metrics.jsonl yet */
+    assert_int_equal(mkdir(path_in(dir, "loss.svg"), 0777), 0);
+    n_errors = 0;
+    assert_int_equal(progress_open(&p, &o), 0);
+    progress_step(p, 3, 1.5, 1e-3, 1.0);
+    progress_eval(p, 3, 1.75, -1);
+    progress_step(p, 4, 1.25, 1e-3, 1.0);
+    assert_int_equal(n_errors, 0);
+    assert_int_equal(progress_close(p), 1);
+    assert_int_equal(n_errors, 1);
+    assert_non_null(strstr(last_error, path_in(dir, "loss.svg")));
+    fclose(out);
+    /* metrics.jsonl went on */
+    record r[8];
+    int nr = read_records(path_in(dir, "metrics.jsonl"), r, 8);
+    assert_int_equal(nr, 3);
+    assert_true(value_of(&r[0], "step") == 3 && value_of(&r[0], "loss") == 1.5);
+    assert_true(value_of(&r[1], "step") == 3 && value_of(&r[1], "eval_loss") == 1.75);
+    assert_true(value_of(&r[2], "step") == 4 && value_of(&r[2], "loss") == 1.25);
+    tu_remove_tree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plain_and_records),
         cmocka_unit_test(test_long_run_chart),
         cmocka_unit_test(test_terminal),
+        cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

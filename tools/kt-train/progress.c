@@ -33,8 +33,10 @@ struct progress {
     int64_t drawn_step; /* the step the live line last showed */
     char *run_dir, *metrics_path, *plot_path;
     FILE *metrics;     /* appended and flushed per record */
-    int failed;        /* a record could not be written: later writes stop */
-    char failure[1100]; /* ... what and where, said at close */
+    /* a record (METRICS, PLOT) that could not be written: its later writes stop, the other
+     * goes on; what and where is said at close */
+    int failed[2];
+    char failure[2][1100];
     double t0;         /* when the run (this process) started */
     double elapsed0;   /* elapsed_s of the records kept from before a resume */
     double last_step_t, last_draw_t, log_since_t;
@@ -78,16 +80,19 @@ static int curve_add(curve *c, int64_t step, double loss)
     return 0;
 }
 
-/* The first failure to write a record, kept to be said once at close; later writes stop. */
-static void record_failure(progress *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void record_failure(progress *p, const char *fmt, ...)
+enum { METRICS, PLOT };
+
+/* The first failure to write a record, kept to be said once at close. */
+static void record_failure(progress *p, int which, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void record_failure(progress *p, int which, const char *fmt, ...)
 {
-    if (p->failed)
+    if (p->failed[which])
         return;
-    p->failed = 1;
+    p->failed[which] = 1;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(p->failure, sizeof p->failure, fmt, ap);
+    vsnprintf(p->failure[which], sizeof p->failure[which], fmt, ap);
     va_end(ap);
 }
 
@@ -126,10 +131,10 @@ static int json_field(const char *line, const char *key, double *v)
 
 static void append_record(progress *p, const char *line)
 {
-    if (p->metrics == NULL || p->failed)
+    if (p->metrics == NULL || p->failed[METRICS])
         return;
     if (fputs(line, p->metrics) == EOF || fflush(p->metrics) != 0)
-        record_failure(p, "cannot write %s: %s", p->metrics_path, strerror(errno));
+        record_failure(p, METRICS, "cannot write %s: %s", p->metrics_path, strerror(errno));
 }
 
 /* Keeps the records of steps <= first_step (rewriting the file whole when some go) and loads
@@ -206,14 +211,14 @@ static int open_records(progress *p)
 
 static void write_plot(progress *p)
 {
-    if (p->plot_path == NULL || p->failed)
+    if (p->plot_path == NULL || p->failed[PLOT])
         return;
     loss_series t = {p->train.step, p->train.loss, p->train.n};
     loss_series e = {p->eval.step, p->eval.loss, p->eval.n};
     char title[600];
     snprintf(title, sizeof title, "kt-train loss: %s", p->run_dir);
     if (loss_plot_write(p->plot_path, title, t, e, p->o.total_steps) != KT_OK)
-        record_failure(p, "%s", kt_last_error());
+        record_failure(p, PLOT, "%s", kt_last_error());
 }
 
 /* ---- the display ------------------------------------------------------------------------- */
@@ -367,7 +372,7 @@ void progress_step(progress *p, int64_t step, double loss, double lr, double gra
                  (long long)step, l, r, g, tps, el);
         append_record(p, rec);
         if (curve_add(&p->train, step, loss) != 0)
-            record_failure(p, "out of memory keeping the loss curve");
+            record_failure(p, PLOT, "out of memory keeping the loss curve for %s", p->plot_path);
     }
     if (p->live) {
         if (now - p->last_draw_t >= REDRAW_S || step >= p->o.total_steps)
@@ -397,7 +402,8 @@ void progress_eval(progress *p, int64_t step, double loss, double bits_per_byte)
                  (long long)step, l, pp, b);
         append_record(p, rec);
         if (curve_add(&p->eval, step, loss) != 0)
-            record_failure(p, "out of memory keeping the held-out curve");
+            record_failure(p, PLOT, "out of memory keeping the held-out curve for %s",
+                           p->plot_path);
         write_plot(p);
     }
 }
@@ -429,11 +435,12 @@ int progress_close(progress *p)
     if (p->metrics != NULL) {
         write_plot(p);
         if (fclose(p->metrics) != 0)
-            record_failure(p, "cannot write %s: %s", p->metrics_path, strerror(errno));
+            record_failure(p, METRICS, "cannot write %s: %s", p->metrics_path, strerror(errno));
     }
     int rc = 0;
-    if (p->failed)
-        rc = train_error("%s", p->failure);
+    for (int k = METRICS; k <= PLOT; k++)
+        if (p->failed[k])
+            rc = train_error("%s", p->failure[k]);
     free(p->run_dir);
     free(p->metrics_path);
     free(p->plot_path);
