@@ -174,7 +174,10 @@ static int polyline_points(const char *svg, const char *cls)
 /* 1: the file parses as XML; -1: no python3 here to check it */
 static int parses_as_xml(const char *path)
 {
-    if (system("python3 -c 'import xml.etree.ElementTree' >/dev/null 2>&1") != 0)
+    static int have_python = -1;
+    if (have_python < 0)
+        have_python = system("python3 -c 'import xml.etree.ElementTree' >/dev/null 2>&1") == 0;
+    if (!have_python)
         return -1;
     char cmd[1200];
     snprintf(cmd, sizeof cmd,
