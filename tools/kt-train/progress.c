@@ -259,24 +259,26 @@ static void draw_line(progress *p, double now)
     double elapsed = now - p->t0;
     int64_t done = p->step - p->o.first_step;
     double per_step = done > 0 ? elapsed / (double)done : NAN;
-    char el[32], eta[32], text[256], held[48] = "";
+    char el[32], eta[32], text[256], held[48] = "", rate[32] = "?";
     clock_text(el, sizeof el, elapsed);
     clock_text(eta, sizeof eta, per_step * (double)(p->o.total_steps - p->step));
     if (!isnan(p->heldout))
         snprintf(held, sizeof held, " held-out %.4f", p->heldout);
-    int len = snprintf(text, sizeof text, "step %lld/%lld loss %.4f%s %.0f tok/s %s eta %s",
-                       (long long)p->step, (long long)p->o.total_steps, p->loss, held,
-                       (double)p->o.tokens_per_step / per_step, el, eta);
+    if (per_step > 0)
+        snprintf(rate, sizeof rate, "%.0f", (double)p->o.tokens_per_step / per_step);
+    int len = snprintf(text, sizeof text, "step %lld/%lld loss %.4f%s %s tok/s %s eta %s",
+                       (long long)p->step, (long long)p->o.total_steps, p->loss, held, rate,
+                       el, eta);
     if (len < 0)
         return;
     if (len >= (int)sizeof text)
         len = (int)sizeof text - 1;
-    /* one column short of the width: a line that fills it would wrap on some terminals and
-     * \r would then redraw only its last row */
     if (len > p->text_width)
         p->text_width = len;
     while (len < p->text_width && len < (int)sizeof text - 1) /* padded: a steady bar */
         text[len++] = ' ';
+    /* one column short of the width: a line that fills it would wrap on some terminals and
+     * \r would then redraw only its last row */
     int width = terminal_width(p->o.out) - 1, bar = width - len - 3;
     fputs("\r", p->o.out);
     if (bar >= 10) {
