@@ -193,7 +193,7 @@ static void legend(kt_out_file *o, int has_train, int has_average, int has_heldo
 kt_status loss_plot_write(const char *path, const char *title, loss_series train,
                           loss_series heldout, int64_t x_max)
 {
-    static double xs[MAX_POINTS], ys[MAX_POINTS], avg[MAX_POINTS];
+    double xs[MAX_POINTS], ys[MAX_POINTS], avg[MAX_POINTS];
     size_t m = downsample(train, xs, ys), n_avg = smooth(ys, m, avg);
 
     frame f = {(double)x_max, INFINITY, -INFINITY};
