@@ -198,7 +198,7 @@ expect top_p_zero 2 "--top-p needs a number > 0 and <= 1, not '0'" \
   "${base[@]}" --prompt a --top-p 0
 expect top_p_big 2 "--top-p needs a number > 0 and <= 1, not '1.5'" \
   "${base[@]}" --prompt a --top-p 1.5
-expect temperature 2 "--temperature needs a number >= 0, not '-1'" \
+expect temperature 2 "--temperature needs a number >= 0 and <= 1e\+06, not '-1'" \
   "${base[@]}" --prompt a --temperature -1
 expect top_k 2 "--top-k needs a whole number" "${base[@]}" --prompt a --top-k -3
 expect max_new 2 "--max-new needs a whole number" "${base[@]}" --prompt a --max-new x

@@ -57,7 +57,7 @@ static void usage(FILE *f)
         "  --top-p P           then among the fewest, most probable first, whose\n"
         "                      probability reaches P, 0 < P <= 1 (default 1: all)\n"
         "  --seed S            the sampler's seed, >= 0 (default 1): same seed, same tokens\n"
-        "  --eos ID            stop after generating this token id\n"
+        "  --eos ID            stop after generating this token id (printed too)\n"
         "  --ids               print token ids (1,2,3) instead of text; text prints each id\n"
         "                      below 256 as its byte (\\xNN unless printable ASCII, newline or\n"
         "                      tab; a backslash as \\\\), others as \\{ID}\n"
@@ -116,9 +116,8 @@ static int parse_real(const char *opt, const char *v, double lo, int lo_open, do
     char *end = NULL;
     double x = (v[0] >= '0' && v[0] <= '9') || v[0] == '.' ? strtod(v, &end) : NAN;
     if (end == NULL || *end != '\0' || !(x >= lo) || (lo_open && x == lo) || !(x <= hi)) {
-        kt_tool_usage_error(GEN_TOOL, "%s needs a number %s %g%s, not '%s'", opt,
-                            lo_open ? ">" : ">=", lo,
-                            hi < INFINITY ? (hi == 1.0 ? " and <= 1" : "") : "", v);
+        kt_tool_usage_error(GEN_TOOL, "%s needs a number %s %g and <= %g, not '%s'", opt,
+                            lo_open ? ">" : ">=", lo, hi, v);
         return 2;
     }
     *out = x;
@@ -142,7 +141,7 @@ static int parse_value(gen_args *a, const char *opt, const char *v)
     if (strcmp(opt, "-D") == 0)
         return parse_define(a, v);
     if (strcmp(opt, "--temperature") == 0)
-        return a->sampling_flags++, parse_real(opt, v, 0.0, 0, 1e30, &a->temperature);
+        return a->sampling_flags++, parse_real(opt, v, 0.0, 0, 1e6, &a->temperature);
     if (strcmp(opt, "--top-p") == 0)
         return a->sampling_flags++, parse_real(opt, v, 0.0, 1, 1.0, &a->top_p);
     if (strcmp(opt, "--top-k") == 0)
