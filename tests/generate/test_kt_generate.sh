@@ -184,6 +184,8 @@ expect no_decode 1 "no input 'segments': it is not a decode program" \
   "$dir/full.ktp" --params "$ckpt" --prompt-ids 1
 expect long_prompt_ktg 1 "the prompt is $((C + 1)) tokens, longer than the context of $C" \
   "${described[@]}" --params "$ckpt" --prompt "$long"
+expect rope_table 1 "the context C = 5000 is longer than the program.s RoPE table" \
+  "$decode" "${sizes[@]}" -D C=5000 -D INTER=$INTER --params "$ckpt" --prompt-ids 1
 expect define_new 2 "-D NEW: kt-generate sets the tokens a step itself" \
   "${described[@]}" -D NEW=2 --params "$ckpt" --prompt-ids 1,2,3
 "$graphc" "$decode" "${sizes[@]}" -D C=$C -D INTER=$INTER -D NEW=2 -o "$dir/decode_new2.ktp" \
