@@ -112,6 +112,20 @@ int gen_sampler_init(gen_sampler *s, int greedy, double temperature, int64_t top
 int64_t gen_sampler_pick(gen_sampler *s, const float *logits);
 void gen_sampler_free(gen_sampler *s);
 
+/* ---- --dump-logits (dump.c) ----------------------------------------------------------------- */
+
+typedef struct gen_logit_log {
+    float *rows;     /* [n, vocab] */
+    int32_t *tokens; /* [n]: the token fed before each row */
+    int64_t n, cap, vocab;
+} gen_logit_log;
+
+/* One forward's logits (vocab of them) after feeding token; ctx: the log (a prefill row
+ * callback). */
+int gen_logit_row(void *ctx, int64_t token, const float *logits);
+int gen_logit_save(const gen_logit_log *g, const char *path);
+void gen_logit_free(gen_logit_log *g);
+
 /* ---- prompts and output (text.c) ------------------------------------------------------------ */
 
 /* "1,2,3" -> ids (malloc'd); 2 on a malformed list. */

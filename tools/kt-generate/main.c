@@ -214,54 +214,12 @@ static double now_s(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* Every step's logits and the token fed, for --dump-logits. */
-typedef struct logit_log {
-    float *rows;
-    int32_t *tokens;
-    int64_t n, cap, vocab;
-} logit_log;
-
-static int log_add(logit_log *g, int64_t token, const float *logits)
-{
-    if (g->n == g->cap) {
-        int64_t cap = g->cap ? 2 * g->cap : 64;
-        float *rows = realloc(g->rows, (size_t)(cap * g->vocab) * sizeof *rows);
-        if (rows != NULL)
-            g->rows = rows;
-        int32_t *tokens = realloc(g->tokens, (size_t)cap * sizeof *tokens);
-        if (tokens != NULL)
-            g->tokens = tokens;
-        if (rows == NULL || tokens == NULL)
-            return gen_error("out of memory (--dump-logits)");
-        g->cap = cap;
-    }
-    memcpy(g->rows + g->n * g->vocab, logits, (size_t)g->vocab * sizeof *logits);
-    g->tokens[g->n++] = (int32_t)token;
-    return 0;
-}
-
-static int log_save(const logit_log *g, const char *path)
-{
-    kt_st_item items[2] = {{.name = "logits"}, {.name = "tokens"}};
-    const int64_t rows[2] = {g->n, g->vocab};
-    if (kt_tensor_init(&items[0].tensor, g->rows, KT_F32, 2, rows) != KT_OK ||
-        kt_tensor_init(&items[1].tensor, g->tokens, KT_I32, 1, rows) != KT_OK ||
-        kt_st_save(path, items, 2, NULL) != KT_OK)
-        return gen_error("cannot write the logits: %s", kt_last_error());
-    return 0;
-}
-
 static int finite_row(const float *x, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
         if (!isfinite(x[i]))
             return 0;
     return 1;
-}
-
-static int log_row(void *ctx, int64_t token, const float *logits)
-{
-    return log_add(ctx, token, logits);
 }
 
 /* The prompt's ids (not yet checked against a model). */
@@ -318,7 +276,7 @@ static int generate(const gen_args *a)
 {
     gen_decoder d;
     gen_sampler smp = {0};
-    logit_log log = {0};
+    gen_logit_log log = {0};
     int64_t *ids = NULL, n = 0, max_new = 0;
     const float *logits = NULL;
     memset(&d, 0, sizeof d);
@@ -337,11 +295,11 @@ static int generate(const gen_args *a)
      * once) */
     const double t0 = now_s();
     if (rc == 0)
-        rc = gen_decoder_prefill(&d, ids, a->dump != NULL ? log_row : NULL, &log);
+        rc = gen_decoder_prefill(&d, ids, a->dump != NULL ? gen_logit_row : NULL, &log);
     for (int64_t i = d.filled; rc == 0 && i < n; i++) {
         rc = gen_decoder_step(&d, ids[i], &logits);
         if (rc == 0 && a->dump != NULL)
-            rc = log_add(&log, ids[i], logits);
+            rc = gen_logit_row(&log, ids[i], logits);
     }
     const double t1 = now_s();
     int64_t made = 0;
@@ -358,7 +316,7 @@ static int generate(const gen_args *a)
             break;
         rc = gen_decoder_step(&d, next, &logits);
         if (rc == 0 && a->dump != NULL)
-            rc = log_add(&log, next, logits);
+            rc = gen_logit_row(&log, next, logits);
     }
     const double t2 = now_s();
     if (made > 0)
@@ -368,12 +326,11 @@ static int generate(const gen_args *a)
         /* the generation's forwards: one fewer than its tokens */
         report_speed("generated", made, t2 - t1);
         if (a->dump != NULL)
-            rc = log_save(&log, a->dump);
+            rc = gen_logit_save(&log, a->dump);
         if (rc == 0 && a->trace != NULL)
             rc = gen_decoder_write_trace(&d, a->trace);
     }
-    free(log.rows);
-    free(log.tokens);
+    gen_logit_free(&log);
     free(ids);
     gen_sampler_free(&smp);
     gen_decoder_close(&d);
