@@ -3,13 +3,29 @@
  * of MoE layers. The key/value cache is the step program's past_k<l>/past_v<l> inputs
  * themselves: a session's inputs keep their memory and no step writes them, so after each
  * forward the new keys and values (the k<l>, v<l> outputs) are copied into the slots of their
- * positions and segments marks the slots filled. Slots fill in order and never move: the keys
- * carry their RoPE positions already and a step's query attends to every filled slot, so a
- * token costs one token's forward plus the copy of its key and value. */
+ * positions and segments marks the slots filled. Slots fill from the end, position p in slot
+ * C-2-p, next to the new token's (C-1), so that the filled keys and the new one share
+ * attention's key blocks (empty blocks are skipped); they never move. Their order does not
+ * matter: the keys carry their RoPE positions already and a step's one query attends to every
+ * filled slot. A token costs one token's forward plus the copy of its key and value. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "tools/kt-generate/generate.h"
+
+/* The step program's cache slot of position p (p < C-1). */
+static int64_t slot_of(const gen_decoder *d, int64_t p)
+{
+    return d->context - 2 - p;
+}
+
+/* Row `row` of one's [1, n, HKV, D] into the cache's slot. */
+static void cache_store(kt_tensor *past, const kt_tensor *one, int64_t row, int64_t slot)
+{
+    const size_t bytes = kt_tensor_nbytes(one) / (size_t)one->shape[1];
+    memcpy((char *)past->data + (size_t)slot * bytes, (const char *)one->data + row * bytes,
+           bytes);
+}
 
 /* The program's experts must be in the checkpoint (kt_session_load leaves absent ones as they
  * are); a moe op that does not say its intermediate size takes the checkpoint's (gate [I, H]). */
@@ -119,15 +135,14 @@ int gen_decoder_prefill(gen_decoder *d, const int64_t *ids,
     }
     if (kt_session_forward(p->session) != KT_OK)
         return gen_error("the prompt's forward failed: %s", kt_last_error());
-    /* the new keys and values fill the step program's slots 0..n-1 */
-    for (int l = 0; l < d->step.n_layers; l++) {
-        memcpy(d->step.layers[l].past_k.data, p->layers[l].k.data,
-               kt_tensor_nbytes(&p->layers[l].k));
-        memcpy(d->step.layers[l].past_v.data, p->layers[l].v.data,
-               kt_tensor_nbytes(&p->layers[l].v));
+    /* the new keys and values fill the step program's slots of positions 0..n-1 */
+    for (int64_t i = 0; i < n; i++) {
+        for (int l = 0; l < d->step.n_layers; l++) {
+            cache_store(&d->step.layers[l].past_k, &p->layers[l].k, i, slot_of(d, i));
+            cache_store(&d->step.layers[l].past_v, &p->layers[l].v, i, slot_of(d, i));
+        }
+        gen_stage_set_index(&d->step.segments, slot_of(d, i), 0);
     }
-    for (int64_t i = 0; i < n; i++)
-        gen_stage_set_index(&d->step.segments, i, 0);
     d->filled = n;
     for (int64_t i = 0; i < n && row != NULL; i++)
         if (row(ctx, ids[i], (const float *)p->logits.data + i * d->vocab) != 0)
@@ -153,14 +168,12 @@ int gen_decoder_step(gen_decoder *d, int64_t token, const float **logits_out)
                          kt_last_error());
     /* the last position's key stays in the new-token slot: no later step reads it */
     if (d->filled < d->context - 1) {
+        const int64_t slot = slot_of(d, d->filled);
         for (int l = 0; l < s->n_layers; l++) {
-            const size_t bytes = kt_tensor_nbytes(&s->layers[l].k);
-            memcpy((char *)s->layers[l].past_k.data + (size_t)d->filled * bytes,
-                   s->layers[l].k.data, bytes);
-            memcpy((char *)s->layers[l].past_v.data + (size_t)d->filled * bytes,
-                   s->layers[l].v.data, bytes);
+            cache_store(&s->layers[l].past_k, &s->layers[l].k, 0, slot);
+            cache_store(&s->layers[l].past_v, &s->layers[l].v, 0, slot);
         }
-        gen_stage_set_index(&s->segments, d->filled, 0);
+        gen_stage_set_index(&s->segments, slot, 0);
     }
     d->filled++;
     *logits_out = s->logits.data;
