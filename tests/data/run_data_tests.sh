@@ -31,11 +31,13 @@ refuse() {
   else fail "$what: exit $got (expected $rc with '$text'): $out"; fi
 }
 
-# ---- the inputs ---------------------------------------------------------------------------------
+# ---- the inputs ----------------------------------------------------------------------------------
 mkdir -p text/sub
 printf 'The first document.\nIt has two lines.\n' > text/a.txt
 printf 'A second paragraph one.\n\nParagraph two,\n  indented.\n \nThree.' > text/sub/b.txt
-for i in $(seq 1 6); do printf 'document %d: %s\n' "$i" "$(seq -s ' ' 1 "$i")" > "text/d$i.txt"; done
+for i in $(seq 1 6); do
+  printf 'document %d: %s\n' "$i" "$(seq -s ' ' 1 "$i")" > "text/d$i.txt"
+done
 : > text/empty.txt
 {
   echo '{"prompt": "Q: 2+2?\nA:", "response": " 4"}'
@@ -50,7 +52,8 @@ for i in $(seq 1 6); do printf 'document %d: %s\n' "$i" "$(seq -s ' ' 1 "$i")" >
 texts=(text/a.txt text/d1.txt text/d2.txt text/d3.txt text/d4.txt text/d5.txt text/d6.txt
        text/empty.txt text/sub/b.txt) # the directory's files in sorted order
 if "$data" text -o out_text > text.log 2>&1; then
-  out=$($check bytes out_text --heldout 1 "${texts[@]}") && ok "text files: $out" || fail "text files: $out"
+  out=$($check bytes out_text --heldout 1 "${texts[@]}") && ok "text files: $out" ||
+    fail "text files: $out"
   grep -q "skipped 1 empty file" text.log && ok "the empty file is said to be skipped" ||
     fail "no word of the empty file: $(cat text.log)"
 else fail "kt-data text: $(cat text.log)"; fi
@@ -82,7 +85,7 @@ done
 [ "$differs" -eq 1 ] && ok "other seeds hold out other documents" ||
   fail "four other seeds all held out the same document"
 
-# ---- refusals -----------------------------------------------------------------------------------
+# ---- refusals ------------------------------------------------------------------------------------
 mkdir -p none && : > none/e.txt
 refuse "empty input" 1 "the input is empty" "$data" none -o out_bad
 printf '{"prompt": "a", "response": "b"}\n{"prompt": "a" "response": "b"}\n' > badjson.jsonl
@@ -135,7 +138,8 @@ n=$(python3 -c "import json,struct,sys; f=open(sys.argv[1],'rb'); \
   print(json.loads(f.read(struct.unpack('<Q',f.read(8))[0]))['tokens']['shape'][0])" \
   prep/train.safetensors)
 $check edit prep/train.safetensors short_mask.safetensors mask-length $((n - 1)) 2> /dev/null
-refuse "a mask of the wrong length" 1 "a mask of the wrong length: loss_mask holds $((n - 1)) values, tokens $n" \
+refuse "a mask of the wrong length" 1 \
+  "a mask of the wrong length: loss_mask holds $((n - 1)) values, tokens $n" \
   "$train" seg.ktp --data short_mask.safetensors --steps 1
 $check edit prep/train.safetensors bad_id.safetensors token 1234 300
 refuse "an id out of range" 1 "token 1234 (byte offset" \
@@ -143,9 +147,10 @@ refuse "an id out of range" 1 "token 1234 (byte offset" \
 refuse "packed documents without segments" 1 "has no 'segments' input" \
   "$train" lab.ktp --data prep/train.safetensors --steps 1
 "$train" lab.ktp --data prep/train.safetensors --steps 2 --allow-cross-document --threads 1 \
-  > allow.log 2>&1 && ok "--allow-cross-document trains it" || fail "--allow-cross-document: $(cat allow.log)"
+  > allow.log 2>&1 && ok "--allow-cross-document trains it" ||
+  fail "--allow-cross-document: $(cat allow.log)"
 
-# ---- the tokenizer path ---------------------------------------------------------------------------
+# ---- the tokenizer path --------------------------------------------------------------------------
 py=""
 for p in "${KT_HF_PYTHON:-}" /work/venv-torch/bin/python; do
   [ -n "$p" ] && command -v "$p" > /dev/null 2>&1 && "$p" -c "import tokenizers" 2> /dev/null &&

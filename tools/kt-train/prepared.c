@@ -32,7 +32,7 @@ int prepared_detect(FILE *f, int64_t size, int *is_prepared)
     return 0;
 }
 
-/* ---- the header's data_offsets ---------------------------------------------------------------- */
+/* ---- the header's data_offsets --------------------------------------------------------------- */
 
 static size_t skip_space(const char *h, size_t n, size_t i)
 {
@@ -117,7 +117,7 @@ static int tensor_begin(const char *h, size_t n, const char *name, int64_t *begi
     return 0;
 }
 
-/* ---- the metadata and the tensors ------------------------------------------------------------- */
+/* ---- the metadata and the tensors ------------------------------------------------------------ */
 
 static int metadata_int(const token_data *d, const kt_st_file *f, const char *key, int required,
                         int64_t *out)
