@@ -43,16 +43,19 @@ class UsageError(Exception):
 # one counted part; a prompt/response pair the prompt (not counted) and the response (counted).
 
 
-def input_files(paths):
+def input_files(paths, out_dir):
     """The files named, and the regular files under the directories named (sorted, so that
-    the same tree gives the same documents in the same order everywhere)."""
-    out = []
+    the same tree gives the same documents in the same order everywhere). Under a directory,
+    hidden files and directories (.git) and the output directory are left out."""
+    out, skip = [], os.path.realpath(out_dir)
     for p in paths:
         if os.path.isdir(p):
             found = []
             for root, dirs, files in os.walk(p):
-                dirs.sort()
-                found.extend(os.path.join(root, f) for f in sorted(files))
+                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and
+                                 os.path.realpath(os.path.join(root, d)) != skip)
+                found.extend(os.path.join(root, f) for f in sorted(files)
+                             if not f.startswith("."))
             found = [f for f in found if os.path.isfile(f)]
             if not found:
                 raise DataError(f"{p}: the directory holds no files")
@@ -135,7 +138,7 @@ def jsonl_documents(path, raw, as_bytes):
 
 def read_documents(args):
     docs, skipped = [], 0
-    for path in input_files(args.inputs):
+    for path in input_files(args.inputs, args.out):
         raw = read_bytes(path)
         kind = args.format
         if kind == "auto":
@@ -317,7 +320,8 @@ def parse_args(argv):
         description="Turns text files, or JSON lines of prompt/response pairs, into kt-train's "
                     "prepared token files: OUT/train.safetensors and OUT/heldout.safetensors "
                     "(tokens, loss_mask, doc_index; see docs/training.md).",
-        epilog="inputs: files, or directories (every file under them, in sorted order). "
+        epilog="inputs: files, or directories (every file under them in sorted order, but "
+               "hidden ones and OUT). "
                "A .jsonl file holds one JSON object a line, {\"prompt\": ..., \"response\": ...} "
                "or {\"instruction\": ..., \"input\": ..., \"output\": ...}: the prompt's "
                "tokens get loss_mask 0, the response's (and its EOS) 1. Any other file is "

@@ -39,6 +39,7 @@ for i in $(seq 1 6); do
   printf 'document %d: %s\n' "$i" "$(seq -s ' ' 1 "$i")" > "text/d$i.txt"
 done
 : > text/empty.txt
+mkdir -p text/.git && echo 'not a document' > text/.git/HEAD && echo 'nor this' > text/.hidden
 {
   echo '{"prompt": "Q: 2+2?\nA:", "response": " 4"}'
   echo
@@ -50,7 +51,7 @@ done
 
 # ---- bytes mode: exact contents ------------------------------------------------------------------
 texts=(text/a.txt text/d1.txt text/d2.txt text/d3.txt text/d4.txt text/d5.txt text/d6.txt
-       text/empty.txt text/sub/b.txt) # the directory's files in sorted order
+       text/empty.txt text/sub/b.txt) # the directory's files in sorted order, not the hidden
 if "$data" text -o out_text > text.log 2>&1; then
   out=$($check bytes out_text --heldout 1 "${texts[@]}") && ok "text files: $out" ||
     fail "text files: $out"
@@ -69,6 +70,13 @@ if "$data" pairs.jsonl -o out_pairs --eos 10 > pairs.log 2>&1; then
     grep -q "bytes per token" pairs.log && ok "the summary: $(head -1 pairs.log)" ||
     fail "the summary: $(cat pairs.log)"
 else fail "kt-data pairs: $(cat pairs.log)"; fi
+
+# the output inside the input directory: a second run does not read the first one's files
+"$data" text -o text/prep > /dev/null 2>&1 && "$data" text -o text/prep > /dev/null 2>&1 &&
+  out=$($check bytes text/prep --heldout 1 "${texts[@]}") &&
+  ok "hidden files and the output directory are left out: $out" ||
+  fail "an output directory inside the input: ${out:-kt-data failed}"
+rm -rf text/prep
 
 # the split: the same seed gives the same files, byte for byte; another seed other documents
 "$data" text -o out_text2 > /dev/null 2>&1 &&
