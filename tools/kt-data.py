@@ -94,12 +94,18 @@ def text_documents(path, raw, as_bytes, paragraphs):
     return [(f"{path}: paragraph {k + 1}", [(p, 1)]) for k, p in enumerate(paras)]
 
 
+def json_type(v):
+    """JSON's name for a parsed value's type."""
+    return {str: "a string", list: "an array", dict: "an object", bool: "a boolean",
+            int: "a number", float: "a number"}.get(type(v), "null")
+
+
 def pair_field(obj, keys, path, line):
     for k in keys:
         if k in obj:
             v = obj[k]
             if not isinstance(v, str):
-                raise DataError(f"{path}:{line}: \"{k}\" is {type(v).__name__}, not a string")
+                raise DataError(f"{path}:{line}: \"{k}\" is {json_type(v)}, not a string")
             return v
     return None
 
@@ -118,7 +124,7 @@ def jsonl_documents(path, raw, as_bytes):
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{n}: not JSON: {e.msg} at column {e.colno}") from None
         if not isinstance(obj, dict):
-            raise DataError(f"{path}:{n}: a {type(obj).__name__}, not an object with "
+            raise DataError(f"{path}:{n}: {json_type(obj)}, not an object with "
                             f"\"prompt\" and \"response\"")
         prompt = pair_field(obj, ("prompt", "instruction"), path, n)
         response = pair_field(obj, ("response", "output"), path, n)
@@ -306,9 +312,10 @@ def summary(name, split, tokenizer):
     counted = sum(split.mask)
     per = split.source_bytes / n if n else 0.0
     docs = f"{split.n_docs} document{'s' if split.n_docs != 1 else ''}"
+    eos = f"EOS {tokenizer.eos}" if tokenizer.eos is not None else "no EOS"
     print(f"{PROG}: {name}: {docs}, {n} tokens ({counted} counted, {n - counted} masked), "
           f"{split.source_bytes} bytes, {per:.3f} bytes per token ({tokenizer.name}, "
-          f"vocabulary {tokenizer.vocab})")
+          f"vocabulary {tokenizer.vocab}, {eos})")
 
 
 # ---- the command line --------------------------------------------------------------------------

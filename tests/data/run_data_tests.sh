@@ -12,10 +12,10 @@
 #   - with a Python that has `tokenizers` (KT_HF_PYTHON, else /work/venv-torch/bin/python):
 #     the tokenizer path on a BPE trained here, at run time; skipped (said so) without one
 #
-# usage: run_data_tests.sh KT_DATA KT_GRAPHC KT_TRAIN WORKDIR
+# usage: run_data_tests.sh KT_DATA KT_GRAPHC KT_TRAIN WORKDIR [PYTHON]
 set -uo pipefail
 abs() { case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
-data=$(abs "$1") graphc=$(abs "$2") train=$(abs "$3") work=$4
+data=$(abs "$1") graphc=$(abs "$2") train=$(abs "$3") work=$4 cmake_py=${5:-}
 here=$(cd "$(dirname "$0")" && pwd)
 check="python3 $here/check_prepared.py"
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
@@ -99,13 +99,13 @@ refuse "empty input" 1 "the input is empty" "$data" none -o out_bad
 printf '{"prompt": "a", "response": "b"}\n{"prompt": "a" "response": "b"}\n' > badjson.jsonl
 refuse "a line that is not JSON" 1 "badjson.jsonl:2: not JSON" "$data" badjson.jsonl -o out_bad
 printf '{"prompt": "a", "response": "b"}\n\n[1, 2]\n' > list.jsonl
-refuse "a line that is not an object" 1 "list.jsonl:3: a list, not an object" \
+refuse "a line that is not an object" 1 "list.jsonl:3: an array, not an object" \
   "$data" list.jsonl -o out_bad
 printf '{"prompt": "a", "answer": "b"}\n' > keys.jsonl
 refuse "an object without the keys" 1 'keys.jsonl:1: the object needs "prompt" and "response"' \
   "$data" keys.jsonl -o out_bad
 printf '{"prompt": "a", "response": 7}\n' > type.jsonl
-refuse "a response that is not a string" 1 'type.jsonl:1: "response" is int' \
+refuse "a response that is not a string" 1 'type.jsonl:1: "response" is a number' \
   "$data" type.jsonl -o out_bad
 refuse "a missing file" 1 "nothere.txt: no such file" "$data" text/a.txt nothere.txt -o out_bad
 if [ "$(id -u)" -ne 0 ]; then
@@ -160,7 +160,7 @@ refuse "packed documents without segments" 1 "has no 'segments' input" \
 
 # ---- the tokenizer path --------------------------------------------------------------------------
 py=""
-for p in "${KT_HF_PYTHON:-}" /work/venv-torch/bin/python; do
+for p in "${KT_HF_PYTHON:-}" "$cmake_py" /work/venv-torch/bin/python; do
   [ -n "$p" ] && command -v "$p" > /dev/null 2>&1 && "$p" -c "import tokenizers" 2> /dev/null &&
     { py=$p; break; }
 done
@@ -183,7 +183,8 @@ EOF
 eos=$("$py" -c "from tokenizers import Tokenizer; import sys; \
   print(Tokenizer.from_file(sys.argv[1]).token_to_id('<|endoftext|>'))" tok.json)
 if "$py" "$data" pairs.jsonl -o out_tok --tokenizer tok.json > tok.log 2>&1; then
-  grep -q "(tok.json, vocabulary" tok.log || fail "the summary names no tokenizer: $(cat tok.log)"
+  grep -q "(tok.json, vocabulary [0-9]*, EOS $eos)" tok.log ||
+    fail "the summary names no tokenizer or EOS: $(cat tok.log)"
   out=$("$py" "$here/check_prepared.py" tokenizer out_tok tok.json "$eos" pairs.jsonl) &&
     ok "tokenizer.json, its <|endoftext|> ($eos) appended: $out" || fail "tokenizer: $out"
 else fail "kt-data --tokenizer: $(cat tok.log)"; fi
