@@ -52,7 +52,7 @@ for t in $(seq "$trials"); do
   sleep "$(printf '%d.%03d' $((d / 1000)) $((d % 1000)))"
   kill -9 "$pid" 2> /dev/null
   wait "$pid" 2> /dev/null
-  left=$(ls -A "k$t" 2> /dev/null | grep -v '^\.lock$' | tr '\n' ' ')
+  left=$(ls -A "k$t" 2> /dev/null | grep -v -e '^\.lock$' -e '^metrics.jsonl$' | tr '\n' ' ')
   kept=$(ls "k$t" 2> /dev/null | grep '^step-' | tr '\n' ' ')
   for c in $kept; do # every checkpoint there is whole
     [ -s "k$t/$c/run.json" ] && [ -s "k$t/$c/session.safetensors" ] && [ -s "k$t/$c/program.ktp" ] ||
@@ -76,7 +76,7 @@ for t in $(seq "$trials"); do
   resume_equal "$t" "k${t}_copy"
   if ! "${run[@]}" --resume "k$t" > "k${t}_inplace.log" 2>&1 ||
      ! "$check" params "k$t/$final/session.safetensors" "ref/$final/session.safetensors" 0 > /dev/null ||
-     [ -n "$(ls -A "k$t" | grep -v -e '^\.lock$' -e '^step-')" ]; then
+     [ -n "$(ls -A "k$t" | grep -v -e '^\.lock$' -e '^step-' -e '^metrics.jsonl$' -e '^loss.svg$')" ]; then
     echo "FAIL: trial $t: --resume k$t in place: $(tail -2 "k${t}_inplace.log")"; bad=$((bad + 1))
   fi
   echo "trial $t (kill at $d ms): left $left; resumed from $newest and the older ones kept"

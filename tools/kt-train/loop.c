@@ -8,16 +8,8 @@
 #include <math.h>
 #include <signal.h>
 #include <string.h>
-#include <time.h>
 
 #include "tools/kt-train/trainer.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* One optimizer step; *loss_out: the mean loss of its windows over every rank. */
 static int run_step(trainer *t, const train_args *a, int64_t step, float *loss_out)
@@ -74,45 +66,48 @@ static int evaluate(trainer *t, int64_t step)
     if (eval_run(t, &loss) != 0)
         return 1;
     t->last_eval = loss;
-    if (t->r.rank == 0) {
-        char text[128];
-        eval_describe(t, loss, text, sizeof text);
-        printf("step %lld: held-out loss %s\n", (long long)step, text);
-        fflush(stdout);
-    }
+    double bytes = data_bytes_per_token(&t->eval);
+    if (t->progress != NULL)
+        progress_eval(t->progress, step, loss, bytes > 0 ? loss / log(2.0) / bytes : -1.0);
     return 0;
 }
 
-/* The losses are written through the library's writer: the file appears, whole, when the run
- * ends (a killed run leaves any previous file as it was). A failed write is sticky there and
- * reported once, at the end: rank 0 stopping here would leave the other ranks waiting in the
- * next step's collectives. */
-static void report_step(trainer *t, const train_args *a, int64_t done, float loss,
-                        double *since, int64_t *logged)
+/* rank 0: the --losses line and the progress display. The losses are written through the
+ * library's writer: the file appears, whole, when the run ends (a killed run leaves any
+ * previous file as it was). A failed write is sticky there and reported once, at the end:
+ * rank 0 stopping here would leave the other ranks waiting in the next step's collectives. */
+static void report_step(trainer *t, int64_t done, float loss)
 {
     if (t->losses != NULL)
         kt_out_printf(t->losses, "%.9g\n", (double)loss);
     if (!isfinite(loss))
-        fprintf(stderr, "kt-train: warning: step %lld: the loss is %g\n", (long long)done,
-                (double)loss);
-    if (done % a->log_every != 0 && done != a->steps)
-        return;
-    double dt = (now_s() - *since) / (double)*logged; /* per step */
-    printf("step %lld/%lld loss %.4f lr %.3g grad norm %.3g (%.*f ms, %.0f tokens/s)\n",
-           (long long)done, (long long)a->steps, (double)loss, (double)kt_session_lr(t->s),
-           (double)kt_session_grad_norm(t->s), dt < 0.01 ? 2 : 0, dt * 1e3,
-           (double)(t->data.window * a->accum) / dt);
-    fflush(stdout);
-    *since = now_s();
-    *logged = 0;
+        progress_note(t->progress, "kt-train: warning: step %lld: the loss is %g",
+                      (long long)done, (double)loss);
+    progress_step(t->progress, done, (double)loss, (double)kt_session_lr(t->s),
+                  (double)kt_session_grad_norm(t->s));
 }
 
 int train_loop(trainer *t, const train_args *a, int *stopped_by)
 {
     int rc = 0, sig = 0;
-    double since = now_s();
-    int64_t logged = 0, done = t->first_step, evaluated = -1;
+    int64_t done = t->first_step, evaluated = -1;
     *stopped_by = 0;
+    const progress_options po = {.out = stdout,
+                                 .run_dir = t->run_dir,
+                                 .first_step = t->first_step,
+                                 .total_steps = a->steps,
+                                 .tokens_per_step = t->data.window * a->accum,
+                                 .log_every = a->log_every};
+    kt_status opened = KT_OK;
+    if (t->r.rank == 0 && progress_open(&t->progress, &po) != 0)
+        opened = KT_EIO;
+    if (ranks_agree(&t->r, opened) != KT_OK) {
+        if (opened == KT_OK)
+            train_error("rank %d: stopping: %s", t->r.rank, kt_last_error());
+        progress_close(t->progress);
+        t->progress = NULL;
+        return 1;
+    }
     for (int64_t step = t->first_step; step < a->steps && rc == 0 && sig == 0; step++) {
         float loss = NAN;
         if (run_step(t, a, step, &loss) != 0) {
@@ -120,9 +115,8 @@ int train_loop(trainer *t, const train_args *a, int *stopped_by)
             break;
         }
         done = step + 1;
-        logged++;
         if (t->r.rank == 0)
-            report_step(t, a, done, loss, &since, &logged);
+            report_step(t, done, loss);
         if (stop_agree(&t->r, &sig) != 0) {
             rc = 1;
             break;
@@ -139,7 +133,7 @@ int train_loop(trainer *t, const train_args *a, int *stopped_by)
     if (rc == 0 && sig != 0) {
         *stopped_by = sig;
         if (t->r.rank == 0)
-            fprintf(stderr, "kt-train: %s after step %lld: %s\n",
+            progress_note(t->progress, "kt-train: %s after step %lld: %s",
                     sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)", (long long)done,
                     t->run_dir != NULL ? "saving a checkpoint to resume from"
                                        : "nothing saved (no --run-dir)");
@@ -151,6 +145,9 @@ int train_loop(trainer *t, const train_args *a, int *stopped_by)
         if (rc == 0 && t->run_dir != NULL)
             rc = save_checkpoint(t, a, done, "end of the run");
     }
+    if (progress_close(t->progress) != 0)
+        rc = rc != 0 ? rc : 1;
+    t->progress = NULL;
     /* the record of the run, also of one that failed part way */
     if (t->losses != NULL && kt_out_commit(t->losses) != KT_OK) {
         fprintf(stderr, "kt-train: cannot write the losses: %s\n", kt_last_error());

@@ -268,7 +268,10 @@ int checkpoint_write(trainer *t, const train_args *a, int64_t step, const char *
     if (replaced)
         remove_flat_dir(old);
     prune(t, a->keep);
-    printf("kt-train: %s: saved checkpoint %s\n", why, final);
+    if (t->progress != NULL)
+        progress_note(t->progress, "kt-train: %s: saved checkpoint %s", why, final);
+    else
+        printf("kt-train: %s: saved checkpoint %s\n", why, final);
     fflush(stdout);
     return 0;
 }

@@ -3,6 +3,7 @@
 #ifndef KT_TRAINER_H
 #define KT_TRAINER_H
 
+#include "tools/kt-train/progress.h"
 #include "tools/kt-train/train.h"
 
 /* train_args.set_flags: options given on the command line (contradictions are checked
@@ -48,6 +49,7 @@ typedef struct trainer {
     resume_point from;
     int64_t first_step;    /* steps done before this run (a resumed one's) */
     double last_eval;      /* the last held-out loss (NAN: none yet) */
+    progress *progress;    /* rank 0's display and records while the loop runs (else NULL) */
 } trainer;
 
 /* ---- program.c --------------------------------------------------------------------------- */
