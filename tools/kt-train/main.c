@@ -56,7 +56,8 @@ static void usage(FILE *f)
         "                        itself (default labels: kt-import's programs)\n"
         "  --input-targets NAME  the one that gets the next tokens (default targets; not fed\n"
         "                        when the program has no such input)\n"
-        "\n"
+        "\n");
+    fprintf(f,
         "training:\n"
         "  --steps N             optimizer steps in the whole run (required; 0 with --save\n"
         "                        or --run-dir writes the initial state)\n"
@@ -85,7 +86,8 @@ static void usage(FILE *f)
         "                        as kt-import writes), the other parameters (LoRA adapters)\n"
         "                        may be absent: they start from the seed\n"
         "  --threads N           threads per rank (default: KT_NUM_THREADS or the CPU count)\n"
-        "\n"
+        "\n");
+    fprintf(f,
         "evaluation:\n"
         "  --eval-data FILE      held-out tokens (the same formats as --data): at the start\n"
         "                        the unigram baseline (the --data file's token frequencies\n"
