@@ -14,12 +14,17 @@
 #   - refused, with the reason and a non-zero exit: a checkpoint whose session file was
 #     damaged or truncated, or whose run.json was (the other checkpoints left alone); a resume
 #     with another setting, program or data file; contradictory flags
-#   - --steps 0 --save writes the initial state
+#   - --steps 0 --save writes the initial state; --schedule linear's learning rates (from
+#     metrics.jsonl) follow the formula; a resume from an earlier checkpoint of the same run
+#     directory replaces the later ones
+#   - with KT_LAUNCH (UCX built): 2 ranks resume bit for bit, and a SIGINT sent to rank 1 alone
+#     stops both after the same step, with rank 0's checkpoint
 #
-# usage: resume_test.sh KT_TRAIN TRAIN_CHECK WORKDIR
+# usage: resume_test.sh KT_TRAIN TRAIN_CHECK WORKDIR [KT_LAUNCH|none]
 set -uo pipefail
 abs() { case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
-train=$(abs "$1") check=$(abs "$2") work=$3
+train=$(abs "$1") check=$(abs "$2") work=$3 launch=${4:-none}
+[ "$launch" = none ] || launch=$(abs "$launch")
 src=$(cd "$(dirname "$0")/../.." && pwd)
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 
@@ -188,6 +193,62 @@ run init0 "${lm[@]}" --data train.bin --steps 0 --save init0.safetensors &&
     --losses init1.txt &&
   run init2 "${lm[@]}" --data train.bin --steps 1 --lr 1e-3 --clip 0 --losses init2.txt &&
   same_losses "--steps 0 --save: the initial state (its first step equals the seed's)" init1.txt init2.txt
+
+# ---- --schedule linear: warm-up 2, then a straight line from 0.01 to 0.001 at step 6 ----------
+run linear "${lm[@]}" --data train.bin --threads 1 --steps 6 --lr 0.01 --schedule linear --warmup 2 \
+  --min-lr 0.001 --run-dir linear &&
+  lrs=$(sed -n 's/.*"lr":\([^,]*\),.*/\1/p' linear/metrics.jsonl | tr '\n' ' ') &&
+  if echo "$lrs" | awk '{ n = split("0.005 0.01 0.01 0.00775 0.0055 0.00325", w, " ")
+         if (NF != n) exit 1
+         for (i = 1; i <= n; i++) if ($i - w[i] > 1e-8 || w[i] - $i > 1e-8) exit 1 }'; then
+    ok "--schedule linear --warmup 2: learning rates $lrs"
+  else
+    fail "--schedule linear --warmup 2: learning rates $lrs (want 0.005 0.01 0.01 0.00775 0.0055 0.00325)"
+  fi
+
+# ---- a resume from an earlier checkpoint of the same directory replaces the later ones -------
+rm -rf back && cp -r keep back && cp -r lm_full/step-00000004 back/ # steps 4, 6, 8
+run back "${opts[@]}" --steps 8 --resume back/step-00000004 --losses back.txt &&
+  grep -q "holds 2 checkpoints after step 4" back.log &&
+  [ "$(ls back | grep step- | tr '\n' ' ')" = "step-00000004 step-00000008 " ] && # not 6
+  same "resumed in place from step 4: the later checkpoints replaced, step 8 as one run's" \
+    back/step-00000008 lm_full/step-00000008 ||
+  fail "resume in place from step 4: $(grep note back.log); left $(ls back | tr '\n' ' ')"
+
+# ---- several ranks ----------------------------------------------------------------------------
+if [ "$launch" = none ]; then
+  echo "skip: the 2-rank checks (no kt-launch: built without UCX)"
+else
+  lm2=("$src/examples/lm.ktg" -D T=16 -D H=32 -D VOCAB=64 -D E=4 -D L=2 -D K=4 -D TOPK=2)
+  two() { local name=$1; shift
+    timeout 120 "$launch" -n 2 --transport shm --timeout-ms 20000 -- "$train" "$@" > "$name.log" 2>&1; }
+  two mr_full "${lm2[@]}" "${opts[@]}" --steps 8 --run-dir mr_full --save-every 4 --losses mr_full.txt &&
+    two mr_res "${lm2[@]}" "${opts[@]}" --steps 8 --resume mr_full/step-00000004 --run-dir mr_res \
+      --losses mr_res.txt &&
+    tail -n 4 mr_full.txt > mr_full_tail.txt &&
+    same_losses "2 ranks: steps 5-8 after --resume" mr_res.txt mr_full_tail.txt &&
+    same "2 ranks: step 8 after --resume" mr_res/step-00000008 mr_full/step-00000008 ||
+    { fail "2 ranks: resume"; tail -5 mr_full.log mr_res.log; }
+  rm -rf mr_sig
+  two mr_sig "${lm2[@]}" "${opts[@]}" --steps 100000 --log-every 1 --run-dir mr_sig &
+  lpid=$!
+  for _ in $(seq 400); do grep -q "step 5/" mr_sig.log 2> /dev/null && break; sleep 0.05; done
+  # rank 1 alone: the kt-train child of the launcher that is not rank 0
+  rank1=$(ps -eo pid=,args= | awk '/kt-train .*--run-dir mr_sig/ && !/kt-launch/ { print $1 }' |
+          while read -r p; do [ "$(tr '\0' '\n' < /proc/$p/environ | grep -c '^KT_RANK=1$')" = 1 ] && echo "$p"; done)
+  [ -n "$rank1" ] && kill -INT "$rank1"
+  wait "$lpid"
+  rc=$?
+  saved=$(ls mr_sig 2> /dev/null | grep step- | tail -1)
+  at=$([ -n "$saved" ] && echo $((10#${saved#step-})))
+  if [ -n "$rank1" ] && [ "$rc" -eq 130 ] && [ -n "$saved" ] &&
+     grep -q "interrupted (SIGINT) after step $at:" mr_sig.log; then
+    ok "2 ranks, SIGINT to rank 1 only: exit $rc, $(grep -h -m1 "interrupted" mr_sig.log), $saved written"
+  else
+    fail "2 ranks, SIGINT to rank 1 (pid ${rank1:-not found}): exit $rc, checkpoint ${saved:-none}"
+    tail -5 mr_sig.log
+  fi
+fi
 
 echo "$((checks - failures)) of $checks checks passed"
 [ "$failures" -eq 0 ]

@@ -512,6 +512,12 @@ static void print_summary(const trainer *t, const train_args *a)
     if (t->resumed)
         printf("kt-train: resumed from %s at step %lld\n", t->from.dir,
                (long long)t->first_step);
+    int later = t->resumed ? run_dir_later_checkpoints(t, t->first_step) : 0;
+    if (later > 0)
+        printf("kt-train: note: %s holds %d checkpoint%s after step %lld, from the run before "
+               "this resume: the first checkpoint this run writes replaces %s\n", t->run_dir,
+               later, later == 1 ? "" : "s", (long long)t->first_step,
+               later == 1 ? "it" : "them");
     fflush(stdout);
 }
 
@@ -794,7 +800,10 @@ int main(int argc, char **argv)
     }
     teardown(&t);
     int out = tool_finish_stdout("kt-train");
-    if (rc == 0 && stopped != 0)
-        stop_exit(stopped);
+    /* a signal that came after the last step (during the last evaluation or save, which it
+     * let finish) still ends the process by it, so that a calling script stops too */
+    int sig = stopped != 0 ? stopped : stop_signal();
+    if (rc == 0 && sig != 0)
+        stop_exit(sig);
     return rc != 0 ? rc : out;
 }

@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -193,15 +194,26 @@ int checkpoint_hash_file(const char *path, uint64_t *bytes, uint64_t *hash)
     return hash_file(path, bytes, hash) == 0 ? 0 : -1;
 }
 
-/* Removes the checkpoints beyond the newest `keep`; what cannot be removed is said, not
- * fatal (the new checkpoint is complete). */
-static void prune(const trainer *t, int64_t keep)
+/* Removes the checkpoints beyond the newest `keep`, and, at a resumed run's first checkpoint
+ * (`step`), every other one after the step it resumed from: a run resumed from an earlier
+ * checkpoint of this directory replaces the steps that followed it (the abandoned run's),
+ * which would otherwise be taken for its own by the next --resume. What cannot be removed is
+ * said, not fatal (the new checkpoint is complete). */
+static void prune(trainer *t, int64_t keep, int64_t step)
 {
-    int64_t *steps = NULL;
-    int n = 0;
+    int64_t *steps = NULL, stale_after = INT64_MAX;
+    int n = 0, kept = 0;
+    if (t->resumed && !t->saved_since_resume)
+        stale_after = t->first_step;
+    t->saved_since_resume = 1;
     if (list_steps(t->run_dir, &steps, &n) != 0)
         return;
-    for (int i = (int)keep; i < n; i++) {
+    for (int i = 0; i < n; i++) {
+        int stale = steps[i] > stale_after && steps[i] != step;
+        if (!stale && kept < keep) {
+            kept++;
+            continue;
+        }
         char name[32], from[4200], away[4200];
         snprintf(name, sizeof name, STEP_FMT, (long long)steps[i]);
         char hidden[64];
@@ -216,6 +228,20 @@ static void prune(const trainer *t, int64_t keep)
     }
     free(steps);
     sync_dir(t->run_dir);
+}
+
+int run_dir_later_checkpoints(const trainer *t, int64_t step)
+{
+    int64_t *steps = NULL;
+    int n = 0, later = 0;
+    if (t->run_dir == NULL || list_steps(t->run_dir, &steps, &n) != 0) {
+        kt_clear_error();
+        return 0;
+    }
+    for (int i = 0; i < n; i++)
+        later += steps[i] > step;
+    free(steps);
+    return later;
 }
 
 int checkpoint_write(trainer *t, const train_args *a, int64_t step, const char *why)
@@ -267,7 +293,7 @@ int checkpoint_write(trainer *t, const train_args *a, int64_t step, const char *
     }
     if (replaced)
         remove_flat_dir(old);
-    prune(t, a->keep);
+    prune(t, a->keep, step);
     if (t->progress != NULL)
         progress_note(t->progress, "kt-train: %s: saved checkpoint %s", why, final);
     else

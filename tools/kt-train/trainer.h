@@ -46,6 +46,7 @@ typedef struct trainer {
     const char *run_dir;   /* --run-dir, or the resumed one; NULL: no checkpoints */
     int run_dir_lock;      /* rank 0's lock on it (-1: none) */
     int resumed;
+    int saved_since_resume; /* a checkpoint written since (the later ones are then gone) */
     resume_point from;
     int64_t first_step;    /* steps done before this run (a resumed one's) */
     double last_eval;      /* the last held-out loss (NAN: none yet) */
@@ -82,6 +83,9 @@ void run_dir_close(trainer *t);
  * run.json) through a temporary sibling, synced, then renamed; then removes the checkpoints
  * beyond --keep. 0, or 1 after train_error (the older checkpoints are left as they were). */
 int checkpoint_write(trainer *t, const train_args *a, int64_t step, const char *why);
+/* How many checkpoints of the run directory are after `step` (a resume from an earlier one
+ * replaces them as it goes: the first checkpoint it writes removes them). */
+int run_dir_later_checkpoints(const trainer *t, int64_t step);
 /* Finds the checkpoint --resume names (a step directory, or a run directory's latest
  * complete one) and checks its run.json against this run's settings. */
 int checkpoint_find(const char *path, resume_point *out);
