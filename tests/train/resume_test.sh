@@ -11,7 +11,8 @@
 #     bit as one without; the unigram baseline and the final held-out line are printed
 #   - SIGINT (and SIGTERM) in the middle of a run: the step finishes, a checkpoint is written,
 #     the exit status is 130 (143); resuming finishes equal to the uninterrupted run
-#   - refused, with the reason and a non-zero exit: a checkpoint whose session file was
+#   - refused, with the reason and a non-zero exit: a second run into a run directory in use; a
+#     checkpoint whose session file was
 #     damaged or truncated, or whose run.json was (the other checkpoints left alone); a resume
 #     with another setting, program or data file; contradictory flags
 #   - --steps 0 --save writes the initial state; --schedule linear's learning rates (from
@@ -143,6 +144,15 @@ for sig in INT TERM; do
     fail "SIG$sig: exit $rc (want $want), checkpoint '${saved:-none}':"; sed 's/^/    /' "sig$sig.log" | tail -5
   fi
 done
+
+# one run at a time in a run directory
+rm -rf locked
+"$train" "${long[@]}" --run-dir locked > locked_first.log 2>&1 &
+pid=$!
+for _ in $(seq 200); do grep -q "^step 2/" locked_first.log && break; sleep 0.05; done
+refused locked 1 "the run directory locked is in use by another kt-train" "$train" "${long[@]}" --run-dir locked
+kill -TERM "$pid"
+wait "$pid"
 
 # ---- bad checkpoints and mismatched resumes ---------------------------------------------------
 rm -rf bad && cp -r lm_full bad

@@ -106,6 +106,8 @@ int train_loop(trainer *t, const train_args *a, int *stopped_by)
             train_error("rank %d: stopping: %s", t->r.rank, kt_last_error());
         progress_close(t->progress);
         t->progress = NULL;
+        kt_out_discard(t->losses);
+        t->losses = NULL;
         return 1;
     }
     for (int64_t step = t->first_step; step < a->steps && rc == 0 && sig == 0; step++) {
@@ -134,9 +136,10 @@ int train_loop(trainer *t, const train_args *a, int *stopped_by)
         *stopped_by = sig;
         if (t->r.rank == 0)
             progress_note(t->progress, "kt-train: %s after step %lld: %s",
-                    sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)", (long long)done,
-                    t->run_dir != NULL ? "saving a checkpoint to resume from"
-                                       : "nothing saved (no --run-dir)");
+                          sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)",
+                          (long long)done, t->run_dir != NULL
+                                               ? "saving a checkpoint to resume from"
+                                               : "nothing saved (no --run-dir)");
         if (t->run_dir != NULL)
             rc = save_checkpoint(t, a, done, "stopped by a signal");
     } else if (rc == 0) {

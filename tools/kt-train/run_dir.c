@@ -166,7 +166,7 @@ static int write_bytes(const char *path, const void *data, size_t n)
 }
 
 /* The size and hash of a file as it is on disk (read back: what a resume will find). */
-static int hash_file(const char *path, uint64_t *bytes, uint64_t *hash)
+int checkpoint_hash_file(const char *path, uint64_t *bytes, uint64_t *hash)
 {
     FILE *f = fopen(path, "rb");
     if (f == NULL)
@@ -187,11 +187,6 @@ static int hash_file(const char *path, uint64_t *bytes, uint64_t *hash)
     *bytes = total;
     *hash = h;
     return 0;
-}
-
-int checkpoint_hash_file(const char *path, uint64_t *bytes, uint64_t *hash)
-{
-    return hash_file(path, bytes, hash) == 0 ? 0 : -1;
 }
 
 /* Removes the checkpoints beyond the newest `keep`, and, at a resumed run's first checkpoint
@@ -260,7 +255,7 @@ int checkpoint_write(trainer *t, const train_args *a, int64_t step, const char *
     snprintf(path, sizeof path, "%s/session.safetensors", tmp);
     if (kt_session_save(t->s, path, 1) != KT_OK)
         rc = train_error("cannot write the checkpoint's session: %s", kt_last_error());
-    if (rc == 0 && hash_file(path, &bytes, &hash) != 0)
+    if (rc == 0 && checkpoint_hash_file(path, &bytes, &hash) != 0)
         rc = train_error("cannot read back %s: %s", path, strerror(errno));
     snprintf(path, sizeof path, "%s/program.ktp", tmp);
     if (rc == 0 && write_bytes(path, t->program_bytes, t->program_size) != 0)
