@@ -2,7 +2,8 @@
 # kt-train's run directory, resume, evaluation and stop signals, on two small MoE models given
 # as .ktg descriptions (compiled in-process with -D): examples/lm.ktg (causal conv, checkpointed
 # blocks, CPU MoE) and tests/models/qwen3_moe.ktg (attention with RoPE, Hugging Face names).
-# With AdamW, a cosine schedule with warm-up, --accum 2 and the MoE experts trained:
+# With AdamW, a cosine schedule with warm-up, --accum 2 and the MoE experts trained (or LoRA
+# adapters on them):
 #   - resume: 2N steps in one run equal N steps, --resume, N steps: the losses and every tensor
 #     of the final checkpoint (parameters, experts, optimizer state) bit for bit; resuming a
 #     run directory takes its newest checkpoint; the program may be left out (the
@@ -88,6 +89,18 @@ for model in lm qwen; do
   grep -q "resumed from ${model}_full/step-00000004 at step 4" "${model}_resumed.log" &&
     ok "$model: said where it resumed from" || fail "$model: no 'resumed from' line"
 done
+# LoRA adapters on the experts (their AdamW state is the MoE layers' too)
+lora=(--moe-mode lora --lora-rank 4)
+run lora_full "${lm[@]}" "${opts[@]}" "${lora[@]}" --steps 8 --run-dir lora_full --save-every 4 \
+    --losses lora_full.txt &&
+  run lora_resumed "${lm[@]}" "${opts[@]}" "${lora[@]}" --steps 8 \
+    --resume lora_full/step-00000004 --run-dir lora_resumed --losses lora_resumed.txt &&
+  tail -n 4 lora_full.txt > lora_full_tail.txt &&
+  same_losses "lora: steps 5-8 after --resume" lora_resumed.txt lora_full_tail.txt &&
+  same "lora: step 8 after --resume (adapters and their optimizer state)" \
+    lora_resumed/step-00000008 lora_full/step-00000008
+refused lora_mode 1 "\-\-moe-mode is full here but lora" \
+  "$train" "${lm[@]}" "${opts[@]}" --steps 8 --resume lora_full/step-00000004 --run-dir x2
 # the MoE layers' experts and their AdamW state are in the checkpoint
 names=$(head -c 65536 lm_full/step-00000008/session.safetensors | tr -c 'a-z0-9_.' '\n' |
         grep -E '^(moe\.0\.experts\.3\.down_proj\.weight|optimizer\.[mv]\.moe\.[01])$' | sort -u |
