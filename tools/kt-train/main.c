@@ -42,11 +42,13 @@ static void usage(FILE *f)
         "                        checkpoint's program.ktp is used)\n"
         "\n"
         "data:\n"
-        "  --data FILE           token ids: kt-data's prepared file, or a flat binary file;\n"
-        "                        step s reads windows s*N .. s*N+N-1 (N: --accum) of T+1\n"
-        "                        tokens from token w*T on (T: tokens per window over all\n"
-        "                        ranks), wrapping around the end; ids outside the model's\n"
-        "                        vocabulary are an error\n"
+        "  --data FILE           token ids: kt-data's prepared file (tokens, loss mask,\n"
+        "                        documents), or a flat binary file; step s reads windows\n"
+        "                        s*N .. s*N+N-1 (N: --accum) of T+1 tokens from token w*T\n"
+        "                        on (T: tokens per window over all ranks), wrapping around\n"
+        "                        the end; ids outside the model's vocabulary are an error\n"
+        "  --allow-cross-document  train on packed documents with a program that has no\n"
+        "                        'segments' input (its attention then crosses them)\n"
         "  --data-format F       a flat file's ids: u8 (any file as bytes), u16 or i32,\n"
         "                        little-endian (default u16)\n"
         "  --data-header BYTES   skip a header (1024 for llm.c's .bin files; default 0)\n"
@@ -404,6 +406,8 @@ static int parse_args(int argc, char **argv, train_args *a)
         if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
             usage(stdout);
             return -1;
+        } else if (strcmp(arg, "--allow-cross-document") == 0) {
+            a->allow_cross_document = 1;
         } else if (strncmp(arg, "-D", 2) == 0 && arg[2] != '\0') {
             rc = parse_define(a, arg + 2);
         } else if (arg[0] == '-' && arg[1] != '\0') {

@@ -59,6 +59,8 @@ static int collect(const trainer *t, const train_args *a, setting *s)
         (long long)t->data.n_tokens);
     put(s, &n, "data_format", "--data-format", SAME, "%d", t->data.token_bytes);
     put(s, &n, "data_header", "--data-header", SAME, "%lld", (long long)a->data_header);
+    put(s, &n, "allow_cross_document", "--allow-cross-document", SAME, "%d",
+        a->allow_cross_document);
     put(s, &n, "tokens_per_window", "the program's tokens per window", SAME, "%lld",
         (long long)t->data.window);
     put(s, &n, "input_names", "--input-tokens/--input-labels/--input-targets", SAME,
