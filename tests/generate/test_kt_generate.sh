@@ -33,7 +33,8 @@ decode="$src/examples/moe_lm_decode.ktg"
   { echo "FAIL: $decode does not compile"; exit 1; }
 cat "$src"/docs/*.md > "$dir/text.bin"
 "$train" "$dir/train.ktp" --data "$dir/text.bin" --data-format u8 --steps 3 --lr 0.01 \
-  --moe-inter $INTER --save "$dir/ckpt.safetensors" --threads 2 > "$dir/train.log" 2>&1 ||
+  --moe-inter $INTER --save "$dir/ckpt.safetensors" --run-dir "$dir/trained" --threads 2 \
+  > "$dir/train.log" 2>&1 ||
   { echo "FAIL: kt-train: $(tail -n 2 "$dir/train.log")"; exit 1; }
 ckpt="$dir/ckpt.safetensors"
 
@@ -147,6 +148,12 @@ for where in run run/step-00000002; do
   cmp -s "$dir/$name.ids" "$dir/greedy.ids" || fail "--params $where: not the greedy tokens"
 done
 echo "ok: --params a run directory or a checkpoint directory: step-00000002/session.safetensors"
+# and the run directory kt-train wrote: the same model as its --save
+generate trained --params "$dir/trained" --prompt-ids $prompt --greedy --max-new $MAXNEW &&
+  { cmp -s "$dir/trained.ids" "$dir/greedy.ids" ||
+      fail "--params kt-train's run directory: not the tokens of its --save"; }
+grep -q "the checkpoint .*trained/step-00000003/session\.safetensors" "$dir/trained.err" ||
+  fail "--params kt-train's run directory: $(cat "$dir/trained.err")"
 
 # (d) expect NAME STATUS PATTERN kt-generate-arguments...
 expect() {
