@@ -19,7 +19,7 @@ void bench_read_probe_close(bench_read_probe *p);
 /* Register peak (GFLOP/s) of the instruction the bf16 GEMMs of large products run on (the
  * registry's descriptor for them, kernels/registry.h: vdpbf16ps, or vfmadd231ps where they widen
  * bf16 to f32, at the path's width; bench_bf16_peak_name: its name) on `threads` threads (the
- * pool's; NULL pool: the caller's), median of `repeats` runs after a warm-up; 0 where it cannot
+ * pool's; NULL pool: the caller's), the best of `repeats` runs after a warm-up; 0 where it cannot
  * run. */
 double bench_bf16_peak_gflops(kt_threadpool *pool, int threads, int repeats);
 const char *bench_bf16_peak_name(void);
