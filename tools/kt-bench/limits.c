@@ -39,7 +39,7 @@ __attribute__((target("avx512f"))) static void read_range_avx512(void *ctx, int6
 }
 
 /* The same on ymm for AVX2 machines (the plain loop is one serial chain of adds, far below the
- * memory's rate: 3 GB/s where the layer read 10) */
+ * memory's rate) */
 __attribute__((target("avx2"))) static void read_range_avx2(void *ctx, int64_t b, int64_t e,
                                                             int thread)
 {
@@ -199,8 +199,9 @@ __attribute__((target("avx512f"))) static float fma_peak_loop(const float *seed)
 /* vfmadd231ps on ymm (8 x 2 flop an instruction), the AVX2 paths' (lib/kernels/avx2_gemm.h):
  * 12 chains, enough to cover the FMA latency on both pipes, and with the two operands 14 of
  * the 16 ymm registers (16 chains would spill). Each chain is an accumulator (c += a b), as in
- * the kernels: on this session's AMD EPYC the chains through the multiplicand (c = c a + b, the
- * zmm loop's form) ran at about 0.75 of that rate, below what the kernels reached. */
+ * the kernels: on an AMD EPYC, chains through the multiplicand (c = c a + b, the zmm loop's
+ * form) ran slower, below what the kernels reached (docs/moe-measurements.md, "AVX2
+ * machines"). */
 #define FMA256_CHAINS 12
 __attribute__((target("avx2,fma"))) static float fma256_peak_loop(const float *seed)
 {
