@@ -111,8 +111,8 @@ static void test_transpose(void **state)
 #ifdef KT__ATTN_AVX2
     tu_rng rng;
     tu_rng_seed(&rng, 32);
-    static const int64_t shapes[][3] = {{1, 1, 16}, {7, 9, 16}, {16, 16, 16}, {33, 70, 48},
-                                        {5, 64, 8}};
+    static const int64_t shapes[][3] = {
+        {1, 1, 16}, {7, 9, 16}, {16, 16, 16}, {33, 70, 48}, {5, 64, 8}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const int64_t rows = shapes[i][0], cols = shapes[i][1], ldd = shapes[i][2];
         const int64_t lds = cols + 3;
@@ -182,7 +182,8 @@ static void test_softmax_pieces(void **state)
             assert_true(x0 && dp0);
             x[2 * ld + 5] = -INFINITY;
             for (int i = 0; i < 16; i++)
-                lse[i] = (float)tu_rng_uniform(&rng, -1, 1), di[i] = (float)tu_rng_uniform(&rng, -1, 1);
+                lse[i] = (float)tu_rng_uniform(&rng, -1, 1),
+                di[i] = (float)tu_rng_uniform(&rng, -1, 1);
             memcpy(x0, x, sizeof(float) * rows * ld);
             memcpy(dp0, dp, sizeof(float) * rows * ld);
             kt__attn_probs_grad_avx2(rows, cols, x, ld, dp, ld, lse, di, per_col, cap);
@@ -196,7 +197,8 @@ static void test_softmax_pieces(void **state)
                         ds *= 1.0 - y * y;
                     }
                     near(x[e], p, 8, "probs p", e);
-                    if (!(fabs(dp[e] - ds) <= 16 * ldexp(fabs(p) * (fabs(dp0[e]) + fabs(di[i])), -23) + 1e-30))
+                    if (!(fabs(dp[e] - ds) <=
+                          16 * ldexp(fabs(p) * (fabs(dp0[e]) + fabs(di[i])), -23) + 1e-30))
                         fail_msg("probs ds[%lld] = %.9g, want %.9g", (long long)e, dp[e], ds);
                 }
             free(x), free(dp), free(x0), free(dp0);

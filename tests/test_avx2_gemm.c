@@ -64,8 +64,8 @@ static int runnable(void)
 typedef struct mat {
     kt__kelem e;
     int64_t rows, cols, ld;
-    float *v;   /* the values */
-    void *enc;  /* as e */
+    float *v;  /* the values */
+    void *enc; /* as e */
 } mat;
 
 static mat mat_new(kt__kelem e, int64_t rows, int64_t cols, int64_t pad, tu_rng *rng)
@@ -119,9 +119,8 @@ static out out_new(int64_t rows, int64_t cols, int64_t c_lo, int64_t c_hi, int n
     assert_true(o.c0 && o.c && o.want);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < o.ldc; j++)
-            o.c0[r * o.ldc + j] = nan_inside && j >= c_lo && j < c_hi
-                                      ? NAN
-                                      : (float)tu_rng_uniform(rng, -2, 2);
+            o.c0[r * o.ldc + j] =
+                nan_inside && j >= c_lo && j < c_hi ? NAN : (float)tu_rng_uniform(rng, -2, 2);
     memcpy(o.c, o.c0, n * sizeof(float));
     memcpy(o.want, o.c0, n * sizeof(float));
     return o;
@@ -182,12 +181,14 @@ static void check_nt_nn(const kt__kpath *p, int kind, kt__kelem e, int64_t M, in
     else if (bf)
         p->nn_bf16(M, R, n0, n1, a.enc, a.ld, b.enc, b.ld, o.c, o.ldc, acc);
     else
-        p->nn_f32(M, R, n0, n1, a.enc, b.enc, two ? a1.enc : NULL, two ? b1.enc : NULL, a.ld,
-                  b.ld, o.c, o.ldc, acc);
+        p->nn_f32(M, R, n0, n1, a.enc, b.enc, two ? a1.enc : NULL, two ? b1.enc : NULL, a.ld, b.ld,
+                  o.c, o.ldc, acc);
     char what[160];
     snprintf(what, sizeof what, "%s %s M %lld R %lld cols [%lld, %lld) acc %d", p->name,
-             nt ? "nt" : two ? "nn2" : "nn", (long long)M, (long long)R, (long long)n0,
-             (long long)n1, acc);
+             nt    ? "nt"
+             : two ? "nn2"
+                   : "nn",
+             (long long)M, (long long)R, (long long)n0, (long long)n1, acc);
     expect_bits(&o, what);
     mat_free(&a), mat_free(&b), mat_free(&a1), mat_free(&b1), out_free(&o);
 }
@@ -235,8 +236,8 @@ static void check_mm(const kt__kpath *p, kt__kelem ea, kt__kelem eb, int ta, int
         p->mm_mixed(ea, eb, ta, tb, M, n0, n1, K, a.enc, a.ld, b.enc, b.ld, o.c, o.ldc, NULL);
     static const char *names[] = {"f32", "bf16", "f16"};
     char what[160];
-    snprintf(what, sizeof what, "%s mm %s x %s ta %d tb %d M %lld N [%lld, %lld) K %lld",
-             p->name, names[ea], names[eb], ta, tb, (long long)M, (long long)n0, (long long)n1,
+    snprintf(what, sizeof what, "%s mm %s x %s ta %d tb %d M %lld N [%lld, %lld) K %lld", p->name,
+             names[ea], names[eb], ta, tb, (long long)M, (long long)n0, (long long)n1,
              (long long)K);
     expect_bits(&o, what);
     mat_free(&a), mat_free(&b), out_free(&o);
@@ -247,10 +248,7 @@ static const int64_t rows_set[] = {1, 2, 3, 5, 6, 7, 12, 13, 95, 97, 193};
 static const int64_t red_set[] = {1, 2, 7, 8, 9, 31, 256, 257, 600};
 static const int64_t col_set[] = {1, 3, 7, 8, 9, 16, 17, 40, 128, 130, 300};
 
-static int64_t pick(const int64_t *set, size_t n, tu_rng *rng)
-{
-    return set[tu_rng_next(rng) % n];
-}
+static int64_t pick(const int64_t *set, size_t n, tu_rng *rng) { return set[tu_rng_next(rng) % n]; }
 #define PICK(set) pick(set, sizeof set / sizeof set[0], &rng)
 
 /* the block [n0, n1) of cols: the whole, or one starting past 0 */
@@ -329,8 +327,8 @@ static void test_tiles_mm(void **state)
                     const int64_t N = PICK(col_set);
                     int64_t n0, n1;
                     block_of(N, &rng, &n0, &n1);
-                    check_mm(p, pairs[i][0], pairs[i][1], ta, tb, PICK(rows_set), N,
-                             PICK(red_set), n0, n1, &rng);
+                    check_mm(p, pairs[i][0], pairs[i][1], ta, tb, PICK(rows_set), N, PICK(red_set),
+                             n0, n1, &rng);
                 }
 }
 
@@ -359,8 +357,7 @@ static void test_dots(void **state)
                     if (e)
                         p->nt_f32(M, n0, n1, K, x.enc, x.ld, w.enc, w.ld, o.c, o.ldc, acc);
                     else
-                        p->nt_bf16(M, n0, n1, K, x.enc, x.ld, w.enc, w.ld, NULL, o.c, o.ldc,
-                                   acc);
+                        p->nt_bf16(M, n0, n1, K, x.enc, x.ld, w.enc, w.ld, NULL, o.c, o.ldc, acc);
                     for (int64_t m = 0; m < M; m++)
                         for (int64_t n = 0; n < o.ldc; n++) {
                             const float got = o.c[m * o.ldc + n], c0 = o.c0[m * o.ldc + n];
@@ -400,8 +397,7 @@ static void test_dispatch(void **state)
     assert_string_equal(kt__kpath_pick(KT__KP_TN_BF16, 1000)->name, "avx2_fma");
     assert_string_equal(kt__kpath_pick(KT__KP_MM_MIXED, 3)->name, "avx2_fma");
     assert_string_equal(kt__kpath_pick(KT__KP_NT_BF16, 1)->name, "avx2_dots");
-    assert_string_equal(kt__kpath_pick(KT__KP_NT_BF16, KT__AVX2_DOTS_MAX_M + 1)->name,
-                        "avx2_fma");
+    assert_string_equal(kt__kpath_pick(KT__KP_NT_BF16, KT__AVX2_DOTS_MAX_M + 1)->name, "avx2_fma");
     assert_int_equal(kt__kpath_pick(KT__KP_NT_BF16, 1)->bits, 256);
     print_message("%lld cases, %lld elements checked\n", (long long)g_cases, (long long)g_elems);
 }

@@ -169,10 +169,7 @@ static float ref_one(const prob *p, int64_t r, int64_t col)
 
 static int tile_path(const prob *p)
 {
-    const char *path = kt__f32_gemm_path(p->kind == NT   ? "nt"
-                                         : p->kind == TN ? "tn"
-                                                         : "nn",
-                                         p->M);
+    const char *path = kt__f32_gemm_path(p->kind == NT ? "nt" : p->kind == TN ? "tn" : "nn", p->M);
     return strcmp(path, "fma") == 0 || strcmp(path, "avx2_fma") == 0; /* the same sums */
 }
 

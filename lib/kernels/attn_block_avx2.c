@@ -89,17 +89,16 @@ Y_INLINE void tile(const int R, const int NV, __m256i last, int full, int64_t K,
             const __m256i k = v == NV - 1 && !full ? last : all;
             __m256 x = c[r][v];
             if (fc)
-                x = _mm256_fmadd_ps(_mm256_maskload_ps(p, k), _mm256_maskload_ps(fc + 8 * v, k),
-                                    x);
+                x = _mm256_fmadd_ps(_mm256_maskload_ps(p, k), _mm256_maskload_ps(fc + 8 * v, k), x);
             else if (accumulate)
                 x = _mm256_add_ps(x, _mm256_maskload_ps(p, k));
             _mm256_maskstore_ps(p, k, x);
         }
 }
 
-#define TILE_CASE(R, NV)                                                                         \
-    case (R) * 4 + (NV):                                                                         \
-        tile(R, NV, last, full, K, A, sam, sak, B, ldb, C, ldc, accumulate, fc);                 \
+#define TILE_CASE(R, NV)                                                                           \
+    case (R)*4 + (NV):                                                                             \
+        tile(R, NV, last, full, K, A, sam, sak, B, ldb, C, ldc, accumulate, fc);                   \
         return;
 
 Y_TARGET static void tile_any(int R, int NV, __m256i last, int full, int64_t K, const float *A,
@@ -107,11 +106,10 @@ Y_TARGET static void tile_any(int R, int NV, __m256i last, int full, int64_t K, 
                               int64_t ldc, int accumulate, const float *fc)
 {
     switch (R * 4 + NV) {
-        TILE_CASE(6, 2) TILE_CASE(6, 1) TILE_CASE(5, 2) TILE_CASE(5, 1)
-        TILE_CASE(4, 2) TILE_CASE(4, 1) TILE_CASE(3, 2) TILE_CASE(3, 1)
-        TILE_CASE(2, 2) TILE_CASE(2, 1) TILE_CASE(1, 2) TILE_CASE(1, 1)
-    default:
-        return;
+        TILE_CASE(6, 2)
+        TILE_CASE(6, 1) TILE_CASE(5, 2) TILE_CASE(5, 1) TILE_CASE(4, 2) TILE_CASE(4, 1)
+            TILE_CASE(3, 2) TILE_CASE(3, 1) TILE_CASE(2, 2) TILE_CASE(2, 1) TILE_CASE(1, 2)
+                TILE_CASE(1, 1) default : return;
     }
 }
 #undef TILE_CASE
@@ -220,8 +218,8 @@ Y_TARGET void kt__attn_online_avx2(int64_t rows, int64_t cols, float *s, int64_t
         }
         const __m256 a = exp8(_mm256_sub_ps(m_old, use));
         _mm256_storeu_ps(alpha + c, a);
-        _mm256_storeu_ps(l + c, _mm256_fmadd_ps(_mm256_loadu_ps(l + c), a,
-                                                _mm256_add_ps(sum0, sum1)));
+        _mm256_storeu_ps(l + c,
+                         _mm256_fmadd_ps(_mm256_loadu_ps(l + c), a, _mm256_add_ps(sum0, sum1)));
         _mm256_storeu_ps(m + c, mx);
     }
 }
@@ -236,9 +234,9 @@ Y_TARGET void kt__attn_scale_cols_avx2(int64_t rows, int64_t cols, float *x, int
     }
 }
 
-Y_TARGET void kt__attn_probs_grad_avx2(int64_t rows, int64_t cols, float *s, int64_t lds,
-                                       float *dp, int64_t ldp, const float *lse, const float *di,
-                                       int per_col, float cap)
+Y_TARGET void kt__attn_probs_grad_avx2(int64_t rows, int64_t cols, float *s, int64_t lds, float *dp,
+                                       int64_t ldp, const float *lse, const float *di, int per_col,
+                                       float cap)
 {
     const __m256 one = _mm256_set1_ps(1.0f), ncap = _mm256_set1_ps(-cap);
     const __m256 inv = _mm256_set1_ps(cap > 0.0f ? 1.0f / cap : 0.0f);

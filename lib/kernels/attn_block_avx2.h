@@ -11,9 +11,9 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KT__ATTN_AVX2 1
 
-void kt__attn_gemm_avx2(int64_t M, int64_t N, int64_t K, const float *A, int64_t sam,
-                        int64_t sak, const float *B, int64_t ldb, float *C, int64_t ldc,
-                        int accumulate, const float *fc);
+void kt__attn_gemm_avx2(int64_t M, int64_t N, int64_t K, const float *A, int64_t sam, int64_t sak,
+                        const float *B, int64_t ldb, float *C, int64_t ldc, int accumulate,
+                        const float *fc);
 void kt__attn_transpose_avx2(int64_t rows, int64_t cols, const float *src, int64_t lds, float f,
                              float *dst, int64_t ldd);
 void kt__attn_softcap_avx2(int64_t rows, int64_t cols, float *x, int64_t ld, float cap);

@@ -39,8 +39,7 @@ V_INLINE void dots_step(const int MRX, kt__fma_src src, int64_t nw, int64_t K, c
     if (k < K) {
         __m256 wv[ROWS_W];
         for (int j = 0; j < ROWS_W; j++)
-            wv[j] = j < nw ? v_load8(v_elem(w, j * ldw + k, src), K - k, src)
-                           : _mm256_setzero_ps();
+            wv[j] = j < nw ? v_load8(v_elem(w, j * ldw + k, src), K - k, src) : _mm256_setzero_ps();
         for (int i = 0; i < MRX; i++) {
             const __m256 xv = v_load8(v_elem(x, i * ldx + k, src), K - k, src);
             for (int j = 0; j < ROWS_W; j++)
@@ -54,11 +53,11 @@ V_INLINE void dots_step(const int MRX, kt__fma_src src, int64_t nw, int64_t K, c
         }
 }
 
-#define DOTS_CASE(R)                                                                             \
-    case R:                                                                                      \
-        for (int64_t n = n0; n < n1; n += ROWS_W)                                                \
-            dots_step(R, src, n1 - n < ROWS_W ? n1 - n : ROWS_W, K, xr, ldx,                     \
-                      v_elem(w, n * ldw, src), ldw, yr + n, ldy, accumulate);                    \
+#define DOTS_CASE(R)                                                                               \
+    case R:                                                                                        \
+        for (int64_t n = n0; n < n1; n += ROWS_W)                                                  \
+            dots_step(R, src, n1 - n < ROWS_W ? n1 - n : ROWS_W, K, xr, ldx,                       \
+                      v_elem(w, n * ldw, src), ldw, yr + n, ldy, accumulate);                      \
         break;
 _Static_assert(KT__AVX2_DOTS_MAX_M == 4, "kt__avx2_nt_dots has one case per row count");
 

@@ -143,9 +143,9 @@ typedef struct epilogue {
 /* One register tile: R rows by NV vectors of 8 columns (ncols of them valid), over kc steps;
  * a's element (r, k) at a[r ars + k aks], b the strip [kc][16]; with init the sums start
  * from in's values (row stride ldi: c itself, or partial sums elsewhere). */
-V_INLINE void tile(const int R, const int NV, int64_t kc, const float *a, int64_t ars,
-                   int64_t aks, const float *b, const float *in, int64_t ldi, float *c,
-                   int64_t ldc, int64_t ncols, const epilogue *ep)
+V_INLINE void tile(const int R, const int NV, int64_t kc, const float *a, int64_t ars, int64_t aks,
+                   const float *b, const float *in, int64_t ldi, float *c, int64_t ldc,
+                   int64_t ncols, const epilogue *ep)
 {
     const int init = ep->init;
     __m256 acc[MR][2];
@@ -191,9 +191,9 @@ V_INLINE void tile(const int R, const int NV, int64_t kc, const float *a, int64_
         }
 }
 
-#define TILE_CASE(R, NV)                                                                         \
-    case (R) * 4 + (NV):                                                                         \
-        tile(R, NV, kc, a, ars, aks, b, in, ldi, c, ldc, ncols, ep);                             \
+#define TILE_CASE(R, NV)                                                                           \
+    case (R)*4 + (NV):                                                                             \
+        tile(R, NV, kc, a, ars, aks, b, in, ldi, c, ldc, ncols, ep);                               \
         return;
 
 V_TARGET static void tile_any(int R, int64_t kc, const float *a, int64_t ars, int64_t aks,
@@ -202,11 +202,10 @@ V_TARGET static void tile_any(int R, int64_t kc, const float *a, int64_t ars, in
 {
     const int nv = ncols > 8 ? 2 : 1;
     switch (R * 4 + nv) {
-        TILE_CASE(6, 2) TILE_CASE(6, 1) TILE_CASE(5, 2) TILE_CASE(5, 1)
-        TILE_CASE(4, 2) TILE_CASE(4, 1) TILE_CASE(3, 2) TILE_CASE(3, 1)
-        TILE_CASE(2, 2) TILE_CASE(2, 1) TILE_CASE(1, 2) TILE_CASE(1, 1)
-    default:
-        return;
+        TILE_CASE(6, 2)
+        TILE_CASE(6, 1) TILE_CASE(5, 2) TILE_CASE(5, 1) TILE_CASE(4, 2) TILE_CASE(4, 1)
+            TILE_CASE(3, 2) TILE_CASE(3, 1) TILE_CASE(2, 2) TILE_CASE(2, 1) TILE_CASE(1, 2)
+                TILE_CASE(1, 1) default : return;
     }
 }
 #undef TILE_CASE
@@ -215,9 +214,8 @@ V_TARGET static void tile_any(int R, int64_t kc, const float *a, int64_t ars, in
  * strip of the panel; out (row stride ldo) gets the sums as ep says, those that start from
  * values from in's (row stride ldi) */
 V_TARGET static void block_product_from(int64_t mc, int64_t kc, int64_t nc, const float *ap,
-                                        int64_t ars, int64_t aks, const float *bp,
-                                        const float *in, int64_t ldi, float *out, int64_t ldo,
-                                        const epilogue *ep)
+                                        int64_t ars, int64_t aks, const float *bp, const float *in,
+                                        int64_t ldi, float *out, int64_t ldo, const epilogue *ep)
 {
     const int64_t tiles = (mc + MR - 1) / MR, base = mc / tiles, extra = mc % tiles;
     for (int64_t s = 0; s * 16 < nc; s++) {
@@ -232,9 +230,9 @@ V_TARGET static void block_product_from(int64_t mc, int64_t kc, int64_t nc, cons
 }
 
 /* the same with the sums continuing from out's own values */
-V_TARGET static void block_product(int64_t mc, int64_t kc, int64_t nc, const float *ap,
-                                   int64_t ars, int64_t aks, const float *bp, float *out,
-                                   int64_t ldo, const epilogue *ep)
+V_TARGET static void block_product(int64_t mc, int64_t kc, int64_t nc, const float *ap, int64_t ars,
+                                   int64_t aks, const float *bp, float *out, int64_t ldo,
+                                   const epilogue *ep)
 {
     block_product_from(mc, kc, nc, ap, ars, aks, bp, out, ldo, out, ldo, ep);
 }
@@ -260,8 +258,8 @@ V_INLINE void pack_b(float *bp, kt__avx2_op b, int64_t kb, int64_t kc, int64_t n
         pack_b_cols(bp, v_elem(b.p, nb * b.ld + kb, b.src), b.ld, b.src, kc, nc);
 }
 
-V_TARGET void kt__avx2_gemm(int64_t M, int64_t N, int64_t K, kt__avx2_op a, kt__avx2_op b,
-                            float *c, int64_t ldc, kt__avx2_out out, float scale)
+V_TARGET void kt__avx2_gemm(int64_t M, int64_t N, int64_t K, kt__avx2_op a, kt__avx2_op b, float *c,
+                            int64_t ldc, kt__avx2_out out, float scale)
 {
     if (M <= 0 || N <= 0)
         return;
@@ -329,8 +327,8 @@ V_TARGET void kt__avx2_gemm(int64_t M, int64_t N, int64_t K, kt__avx2_op a, kt__
                         const epilogue ep = {kb > 0, 0, 0, 1.0f};
                         block_product(mc, kc, nc, ap, ars, aks, bp, sum, NC, &ep);
                     } else { /* the last block: from the partial sums into C */
-                        block_product_from(mc, kc, nc, ap, ars, aks, bp, sum, NC,
-                                           c + mb * ldc + nb, ldc, &last);
+                        block_product_from(mc, kc, nc, ap, ars, aks, bp, sum, NC, c + mb * ldc + nb,
+                                           ldc, &last);
                     }
                 }
             }

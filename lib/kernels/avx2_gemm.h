@@ -52,8 +52,8 @@ void kt__avx2_gemm(int64_t M, int64_t N, int64_t K, kt__avx2_op a, kt__avx2_op b
 /* y[m, n] = (accumulate ? y : 0) + sum_k x[m, k] w[n, k] for m < M, n in [n0, n1); bf16 or
  * f32 operands. Meant for M up to KT__AVX2_DOTS_MAX_M (any M works). */
 #define KT__AVX2_DOTS_MAX_M 4
-void kt__avx2_nt_dots(kt__fma_src src, int64_t M, int64_t n0, int64_t n1, int64_t K,
-                      const void *x, int64_t ldx, const void *w, int64_t ldw, float *y,
-                      int64_t ldy, int accumulate);
+void kt__avx2_nt_dots(kt__fma_src src, int64_t M, int64_t n0, int64_t n1, int64_t K, const void *x,
+                      int64_t ldx, const void *w, int64_t ldw, float *y, int64_t ldy,
+                      int accumulate);
 
 #endif

@@ -299,12 +299,13 @@ V2_TARGET static void axpy_avx2(int64_t n, float alpha, const float *x, float *y
     const __m256 va = _mm256_set1_ps(alpha);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     if (i < n) {
         const __m256i k = lanes8(n - i);
-        _mm256_maskstore_ps(y + i, k,
-                            _mm256_fmadd_ps(va, _mm256_maskload_ps(x + i, k),
-                                            _mm256_maskload_ps(y + i, k)));
+        _mm256_maskstore_ps(
+            y + i, k,
+            _mm256_fmadd_ps(va, _mm256_maskload_ps(x + i, k), _mm256_maskload_ps(y + i, k)));
     }
 }
 
@@ -313,9 +314,9 @@ V2_TARGET static void axpy_avx2(int64_t n, float alpha, const float *x, float *y
 
 /* rows_dots_avx512's blocking with one row at a time: ranks' chunks of RD_COLS columns packed
  * (a's columns may be strided), lane sums carried between chunks in part */
-V2_TARGET static void rows_dots_avx2(int64_t n, int64_t nrows, const void *x, int64_t ldx,
-                                     int bf16, const float *a, int64_t a_row, int64_t a_col,
-                                     int64_t R, float *out)
+V2_TARGET static void rows_dots_avx2(int64_t n, int64_t nrows, const void *x, int64_t ldx, int bf16,
+                                     const float *a, int64_t a_row, int64_t a_col, int64_t R,
+                                     float *out)
 {
     _Alignas(32) float ap[DOTS2_BLOCK][RD_COLS];
     _Alignas(32) float part[RD_ROWS][DOTS2_BLOCK][16];
@@ -336,14 +337,15 @@ V2_TARGET static void rows_dots_avx2(int64_t n, int64_t nrows, const void *x, in
                     __m256 acc[DOTS2_BLOCK][2];
                     for (int j = 0; j < DOTS2_BLOCK; j++)
                         for (int h = 0; h < 2; h++)
-                            acc[j][h] = c0 == 0 ? _mm256_setzero_ps()
-                                                : _mm256_load_ps(&part[r][j][8 * h]);
+                            acc[j][h] =
+                                c0 == 0 ? _mm256_setzero_ps() : _mm256_load_ps(&part[r][j][8 * h]);
                     for (int64_t i = 0; i < cw; i += 16) {
                         const __m256 x0 = load_row8(xr, bf16, c0 + i, cw - i);
                         const __m256 x1 = load_row8(xr, bf16, c0 + i + 8, cw - i - 8);
                         for (int j = 0; j < DOTS2_BLOCK; j++) {
                             acc[j][0] = _mm256_fmadd_ps(x0, _mm256_load_ps(&ap[j][i]), acc[j][0]);
-                            acc[j][1] = _mm256_fmadd_ps(x1, _mm256_load_ps(&ap[j][i + 8]), acc[j][1]);
+                            acc[j][1] =
+                                _mm256_fmadd_ps(x1, _mm256_load_ps(&ap[j][i + 8]), acc[j][1]);
                         }
                     }
                     for (int j = 0; j < (last ? nq : DOTS2_BLOCK); j++) {
