@@ -87,8 +87,8 @@ static void usage(FILE *f)
         "The peer: train_torch_peer.py run by the python --torch-python names, else\n"
         "KT_TORCH_PYTHON, else python3 from PATH (torch >= 2, transformers >= 5, peft for\n"
         "lora); without it (or with --no-peer) libkt's side alone, the ratios null.\n"
-        "--torch-experts: transformers' experts implementation (default eager, its fastest\n"
-        "on this CPU; grouped_mm is its default). --verbose: the children's output.\n");
+        "--torch-experts: transformers' experts implementation: grouped_mm (its default,\n"
+        "and the default here), batched_mm or eager. --verbose: the children's output.\n");
 }
 
 /* ---- options ---------------------------------------------------------------------------- */
@@ -129,6 +129,10 @@ static int parse(int argc, char **argv, train_opts *o)
         } else if (strcmp(s, "--peer-script") == 0) {
             o->script = v;
         } else if (strcmp(s, "--torch-experts") == 0) {
+            static const char *const impls[] = {"grouped_mm", "batched_mm", "eager"};
+            if (!bench_is_one_of(v, impls, 3))
+                return kt_tool_usage_error(tool, "--torch-experts: grouped_mm, batched_mm or "
+                                           "eager, not '%s'", v);
             o->experts_impl = v;
         } else if (strcmp(s, "--lora-shape") == 0) {
             if (strcmp(v, "30b-a3b") != 0 && strcmp(v, "tiny") != 0)
@@ -324,10 +328,12 @@ static int64_t param_dim(const kt_program *p, const char *name, int dim)
 
 static int64_t param_count(const kt_program *p, const train_shape *s)
 {
-    int64_t n = 0;
+    int64_t n = 0; /* the model's: LoRA adapters are not counted */
     for (int i = 0; i < kt_program_count(p, KT_ROLE_PARAM); i++) {
+        const char *name;
         kt_tensor meta;
-        if (kt_program_tensor_info(p, KT_ROLE_PARAM, i, NULL, &meta) == KT_OK)
+        if (kt_program_tensor_info(p, KT_ROLE_PARAM, i, &name, &meta) == KT_OK &&
+            strstr(name, ".lora_A.") == NULL && strstr(name, ".lora_B.") == NULL)
             n += kt_tensor_numel(&meta);
     }
     return n + s->layers * s->experts * 3 * s->hidden * s->inter;
@@ -619,7 +625,7 @@ static int run_lora(const train_opts *o, int threads, int json)
 int bench_train(int argc, char **argv, const bench_args *common)
 {
     static char found[4096];
-    train_opts o = {.configs = 3, .peer = 1, .warmup = -1, .experts_impl = "eager",
+    train_opts o = {.configs = 3, .peer = 1, .warmup = -1, .experts_impl = "grouped_mm",
                     .script = bench_find_script(KT_BENCH_TRAIN_PEER_SCRIPT, "train_torch_peer.py",
                                                 found, sizeof found)};
     int rc = parse(argc, argv, &o);
