@@ -617,8 +617,11 @@ static int run_lora(const train_opts *o, int threads, int json)
                 base && base[0] ? base : "/tmp");
         return 1;
     }
-    const int rc = run_lora_in(o, threads, json, tmp);
+    /* a signal kills the running child, and the 2.4 GB checkpoint goes with the directory */
+    train_proc_catch_signals();
+    const int rc = train_proc_interrupted ? 1 : run_lora_in(o, threads, json, tmp);
     nftw(tmp, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    train_proc_reraise();
     return rc;
 }
 

@@ -16,6 +16,30 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+volatile sig_atomic_t train_proc_interrupted;
+
+static void on_signal(int sig) { train_proc_interrupted = sig; }
+
+static const int caught[] = {SIGINT, SIGTERM, SIGHUP};
+
+void train_proc_catch_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal; /* no SA_RESTART: poll returns EINTR */
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < sizeof caught / sizeof caught[0]; i++)
+        sigaction(caught[i], &sa, NULL);
+}
+
+void train_proc_reraise(void)
+{
+    for (size_t i = 0; i < sizeof caught / sizeof caught[0]; i++)
+        signal(caught[i], SIG_DFL);
+    if (train_proc_interrupted)
+        raise(train_proc_interrupted);
+}
+
 static double effective_timeout(double fallback)
 {
     const char *e = getenv("KT_BENCH_PEER_TIMEOUT_S");
@@ -42,7 +66,7 @@ static int drain(int fd, double deadline, int echo, train_proc *out)
     size_t len = 0;
     for (;;) {
         const double left = deadline - bench_now_s();
-        if (left <= 0)
+        if (left <= 0 || train_proc_interrupted)
             return 1;
         struct pollfd pf = {fd, POLLIN, 0};
         const int r = poll(&pf, 1, left > 1e6 ? 1000000000 : (int)(left * 1000) + 1);
@@ -123,7 +147,10 @@ int train_proc_run(int (*fn)(void *ctx), void *ctx, char *const *argv, double ti
     }
     if (r == pid)
         out->peak_rss_bytes = (int64_t)ru.ru_maxrss * 1024; /* Linux: kilobytes */
-    if (late)
+    if (late && train_proc_interrupted)
+        snprintf(out->what, sizeof out->what, "interrupted by signal %d",
+                 (int)train_proc_interrupted);
+    else if (late)
         snprintf(out->what, sizeof out->what, "no result in %.0f s", limit);
     else if (r == pid && WIFEXITED(status))
         snprintf(out->what, sizeof out->what, "exit %d", out->exit_code = WEXITSTATUS(status));

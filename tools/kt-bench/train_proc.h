@@ -4,6 +4,7 @@
 #ifndef KT_BENCH_TRAIN_PROC_H
 #define KT_BENCH_TRAIN_PROC_H
 
+#include <signal.h>
 #include <stdint.h>
 
 typedef struct train_proc {
@@ -22,6 +23,14 @@ typedef struct train_proc {
  * Returns 0 when the child exited 0 with a result line, else 1 (out says how). */
 int train_proc_run(int (*fn)(void *ctx), void *ctx, char *const *argv, double timeout_s,
                    int echo, train_proc *out);
+
+/* Set (to the signal's number) by the handler train_proc_catch_signals installs for SIGINT,
+ * SIGTERM and SIGHUP: a running child is then killed and train_proc_run returns 1, so that the
+ * caller can remove what it wrote before it dies of the signal (train_proc_reraise). */
+extern volatile sig_atomic_t train_proc_interrupted;
+void train_proc_catch_signals(void);
+/* Restores the default actions and, when a signal came, dies of it. */
+void train_proc_reraise(void);
 
 /* The number after "key": in the result line (key given with its quotes, e.g. "\"step_ms\"");
  * -1 when absent or null. */
