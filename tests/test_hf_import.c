@@ -925,6 +925,107 @@ static void test_out_dir(void **state)
     assert_false(exists(tmp));
 }
 
+/* ---- --segments: packed documents never attend across ---- */
+
+typedef struct imported {
+    kt_program *p;
+    kt_moe_layers layers;
+    kt_session *s;
+    int64_t seq, vocab;
+} imported;
+
+static void import_and_open(const char *arch, int64_t seq, int segments, const char *name,
+                            imported *m)
+{
+    char src[1024], out[1024], path[1200];
+    fixture(arch, src, sizeof src);
+    out_dir(name, out, sizeof out);
+    kt_hf_options o = {.batch = 1, .seq = seq, .segments = segments};
+    OK(kt_hf_import(src, &o, out));
+    snprintf(path, sizeof path, "%s/model.ktp", out);
+    memset(m, 0, sizeof *m);
+    m->seq = seq;
+    OK(kt_program_load(path, &m->p));
+    kt_moe_layers_options mo = {.weight_dtype = KT_F32, .mode = KT_MOE_FULL};
+    OK(kt_moe_layers_create(m->p, &mo, NULL, &m->layers));
+    kt_session_options so = {.threads = 1, .optimizer = {.kind = KT_OPTIM_NONE},
+                             .moe_layers = m->layers.layers, .n_moe_layers = m->layers.n};
+    OK(kt_session_create(m->p, &so, &m->s));
+    OK(kt_session_load(m->s, src, 0));
+}
+
+static void close_imported(imported *m)
+{
+    kt_session_destroy(m->s);
+    kt_moe_layers_destroy(&m->layers);
+    kt_program_destroy(m->p);
+}
+
+/* Forward on ids [seq] (segments: the document of each token, or NULL); the logits view. */
+static kt_tensor forward_ids(imported *m, const int64_t *ids, const int64_t *segments)
+{
+    kt_tensor v;
+    const char *inputs[3] = {"input_ids", "labels", "segments"};
+    for (int k = 0; k < (segments != NULL ? 3 : 2); k++) {
+        OK(kt_session_tensor(m->s, KT_ROLE_INPUT, inputs[k], &v));
+        memcpy(v.data, k == 2 ? segments : ids, sizeof *ids * (size_t)m->seq);
+    }
+    OK(kt_session_forward(m->s));
+    OK(kt_session_tensor(m->s, KT_ROLE_OUTPUT, "logits", &v));
+    m->vocab = v.shape[2];
+    return v;
+}
+
+/* The largest |a - b| of `rows` rows of logits, relative to the largest |b|. */
+static double rows_diff(const kt_tensor *a, int64_t a_row, const kt_tensor *b, int64_t b_row,
+                        int64_t rows, int64_t vocab)
+{
+    const float *x = (const float *)a->data + a_row * vocab;
+    const float *y = (const float *)b->data + b_row * vocab;
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < rows * vocab; i++) {
+        worst = fmax(worst, fabs((double)x[i] - y[i]));
+        scale = fmax(scale, fabs((double)y[i]));
+    }
+    return worst / scale;
+}
+
+/* Two documents packed into one sequence with segments give each document's logits as if it
+ * ran alone (RoPE's scores depend on relative positions only): the second document sees
+ * nothing of the first. Without the segments it does (the control: the check can fail). GQA
+ * (Qwen3-MoE) and multi-head latent attention (DeepSeek-V2). */
+static void test_segments_isolate_documents(void **state)
+{
+    (void)state;
+    static const char *const seg_archs[] = {"qwen3_moe", "deepseek_v2"};
+    enum { HALF = 4 };
+    for (size_t c = 0; c < sizeof seg_archs / sizeof seg_archs[0]; c++) {
+        need_fixture(seg_archs[c]);
+        imported packed, alone;
+        import_and_open(seg_archs[c], 2 * HALF, 1, "seg_packed", &packed);
+        import_and_open(seg_archs[c], HALF, 0, "seg_alone", &alone);
+        int64_t ids[2 * HALF], docs[2 * HALF], one_doc[2 * HALF] = {0};
+        for (int i = 0; i < 2 * HALF; i++) {
+            ids[i] = (7 * i + 3) % 100;
+            docs[i] = i / HALF;
+        }
+        kt_tensor both = forward_ids(&packed, ids, docs);
+        double d_first, d_second, d_crossed;
+        kt_tensor first = forward_ids(&alone, ids, NULL);
+        d_first = rows_diff(&both, 0, &first, 0, HALF, packed.vocab);
+        kt_tensor second = forward_ids(&alone, ids + HALF, NULL);
+        d_second = rows_diff(&both, HALF, &second, 0, HALF, packed.vocab);
+        both = forward_ids(&packed, ids, one_doc);
+        d_crossed = rows_diff(&both, HALF, &second, 0, HALF, packed.vocab);
+        print_message("%s: packed with segments vs alone: first document %.3g, second %.3g; "
+                      "without segments %.3g\n", seg_archs[c], d_first, d_second, d_crossed);
+        assert_true(d_first <= 1e-5 && d_second <= 1e-5);
+        assert_true(d_crossed > 1e-3);
+        close_imported(&packed);
+        close_imported(&alone);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -941,6 +1042,7 @@ int main(void)
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_bad_sharded),
         cmocka_unit_test(test_out_dir),
+        cmocka_unit_test(test_segments_isolate_documents),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

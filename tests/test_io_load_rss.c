@@ -185,7 +185,7 @@ static void test_load_rss(void **state)
     (void)state;
     if (status_kb("VmHWM") < 0) {
         printf("skipped: no /proc/self/status (VmHWM) on this system\n");
-        return;
+        skip();
     }
     char tmpl[] = "/tmp/kt_rss_test.XXXXXX";
     char *dir = mkdtemp(tmpl);

@@ -40,6 +40,9 @@ static void usage(FILE *f)
             "                      q_b_proj, kv_a_proj_with_mqa, kv_b_proj); default: all\n"
             "  --aux-loss          add router_aux_loss_coef x the load-balancing loss\n"
             "                      (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE)\n"
+            "  --segments          an input segments [B, S] of document ids for every\n"
+            "                      attention, so that kt-train's packed sequences (kt-data)\n"
+            "                      never attend across documents\n"
             "  -h, --help          this text\n"
             "\n"
             "exit status: 0 imported, 1 refused or not written, 2 usage\n");
@@ -65,8 +68,8 @@ static int parse_args(args *a, int argc, char **argv)
             usage(stdout);
             return -1;
         }
-        if (strcmp(s, "--aux-loss") == 0) {
-            a->o.aux_loss = 1;
+        if (strcmp(s, "--aux-loss") == 0 || strcmp(s, "--segments") == 0) {
+            *(s[2] == 'a' ? &a->o.aux_loss : &a->o.segments) = 1;
             continue;
         }
         int takes_value = strcmp(s, "-o") == 0 || strcmp(s, "--batch") == 0 ||

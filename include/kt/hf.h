@@ -53,6 +53,10 @@ typedef struct kt_hf_options {
     /* Add router_aux_loss_coef times the load-balancing loss over all MoE layers' router
      * logits (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE; DeepSeek has none in transformers). */
     int aux_loss;
+    /* Add an input `segments` i64 [B, S] (the document each token belongs to, as kt-train
+     * feeds packed sequences) to every attention: a token never attends to another
+     * document's. */
+    int segments;
 } kt_hf_options;
 
 /* options may be NULL (the defaults). out_dir is written whole or not at all: the files go

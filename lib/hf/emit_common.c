@@ -80,6 +80,11 @@ void kt__hf_line(kt__hf_emit *e, const char *fmt, ...)
     kt__hf_put(e->b, "%s\n", line);
 }
 
+const char *kt__hf_segments_arg(const kt__hf_emit *e)
+{
+    return e->segments ? ", segments" : "";
+}
+
 void kt__hf_open(kt__hf_emit *e, const char *fmt, ...)
 {
     char line[512];

@@ -41,7 +41,7 @@ void kt__hf_emit_gqa(kt__hf_emit *e)
     }
     kt__hf_line(e, "q = rope(q, %s)", rope);
     kt__hf_line(e, "k = rope(k, %s)", rope);
-    kt__hf_line(e, "o, lse = attention(q, k, v, causal = 1)");
+    kt__hf_line(e, "o, lse = attention(q, k, v%s, causal = 1)", kt__hf_segments_arg(e));
     kt__hf_line(e, "o = reshape(o, shape = [N, HQ * D])");
     kt__hf_linear(e, "o", "o", "o_proj", "H", "HQ * D", c->heads * c->head_dim, c->o_bias,
                   KT__HF_T_O);

@@ -47,9 +47,10 @@ void kt__hf_emit_mla(kt__hf_emit *e)
         char s[40];
         kt__hf_float(s, sizeof s, c->attn_scale);
         kt__hf_line(e, "# yarn: 1/sqrt(DN + DR) times mscale(factor, mscale_all_dim)^2");
-        kt__hf_line(e, "o, lse = attention(q, k, v, causal = 1, scale = %s)", s);
+        kt__hf_line(e, "o, lse = attention(q, k, v%s, causal = 1, scale = %s)",
+                    kt__hf_segments_arg(e), s);
     } else {
-        kt__hf_line(e, "o, lse = attention(q, k, v, causal = 1)");
+        kt__hf_line(e, "o, lse = attention(q, k, v%s, causal = 1)", kt__hf_segments_arg(e));
     }
     kt__hf_line(e, "o = reshape(o, shape = [N, NH * DV])");
     kt__hf_linear(e, "o", "o", "o_proj", "H", "NH * DV", c->heads * c->v_head, 0, KT__HF_T_O);

@@ -241,6 +241,8 @@ void kt__hf_emit_model(kt__hf_emit *e, const char *source)
     kt__hf_put(e->b, "\n");
     kt__hf_line(e, "input input_ids: i64[B, S]");
     kt__hf_line(e, "input labels: i64[B, S]");
+    if (e->segments)
+        kt__hf_line(e, "input segments: i64[B, S]    # packed documents never attend across");
     kt__hf_put(e->b, "\n");
     kt__hf_line(e, "%s model.embed_tokens.weight: %s[VOCAB, H] = loaded", kw, big);
     kt__hf_line(e, "h = embedding(model.embed_tokens.weight, input_ids)");

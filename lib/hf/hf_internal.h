@@ -105,6 +105,7 @@ typedef struct kt__hf_emit {
     double lora_alpha;
     unsigned targets;  /* KT__HF_T_* */
     int aux_loss;
+    int segments;      /* attention(q, k, v, segments) */
     int depth;         /* indentation level */
 } kt__hf_emit;
 
@@ -120,6 +121,9 @@ void kt__hf_emit_model(kt__hf_emit *e, const char *source);
 void kt__hf_line(kt__hf_emit *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void kt__hf_open(kt__hf_emit *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void kt__hf_close(kt__hf_emit *e);
+/* ", segments" when the model takes document ids (kt_hf_options.segments), else "": the
+ * attention calls' optional fourth input. */
+const char *kt__hf_segments_arg(const kt__hf_emit *e);
 /* "param" or "param frozen": base weights are frozen under LoRA. */
 const char *kt__hf_param_kw(const kt__hf_emit *e);
 /* A norm weight declared in the current scope and applied: out = rmsnorm(in, NAME.weight). */

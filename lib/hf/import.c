@@ -138,6 +138,7 @@ static void manifest(kt__hf_buf *b, const char *source, const kt__hf_config *c,
     } else {
         kt__hf_put(b, "  \"moe_mode\": null,\n");
     }
+    kt__hf_put(b, "  \"segments\": %s,\n", r->segments ? "true" : "false");
     kt__hf_put(b, "  \"aux_loss\": %s,\n  \"router_aux_loss_coef\": %s\n}\n",
                r->aux_loss ? "true" : "false", coef);
 }
@@ -212,7 +213,8 @@ static kt_status generate(const char *model_dir, const kt_hf_options *options,
         return kt__error(KT_EIO, "%s: cannot resolve the model directory's path", model_dir);
     kt__hf_emit e = {.cfg = cfg, .b = ktg, .batch = r->batch, .seq = r->seq, .bf16 = r->bf16,
                      .lora_rank = r->lora_rank, .lora_alpha = r->lora_alpha,
-                     .targets = r->targets, .aux_loss = r->aux_loss};
+                     .targets = r->targets, .aux_loss = r->aux_loss,
+                     .segments = r->segments};
     kt__hf_emit_model(&e, source);
     manifest(json, source, cfg, r);
     if (ktg->failed || json->failed)

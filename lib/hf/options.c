@@ -150,6 +150,7 @@ kt_status kt__hf_resolve_options(const kt_hf_options *in, const kt__hf_config *c
                              "%s computes no load-balancing loss", c->model_type);
         r.aux_loss = 1;
     }
+    r.segments = o.segments != 0;
     *out = r;
     return KT_OK;
 }

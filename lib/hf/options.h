@@ -12,6 +12,7 @@ typedef struct kt__hf_resolved {
     unsigned targets; /* KT__HF_T_* */
     int expert_lora;  /* the routed experts get the MoE layer's LoRA mode */
     int aux_loss;
+    int segments;     /* an input of document ids for every attention */
 } kt__hf_resolved;
 
 kt_status kt__hf_resolve_options(const kt_hf_options *in, const kt__hf_config *cfg,

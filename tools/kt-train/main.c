@@ -30,9 +30,12 @@ static void usage(FILE *f)
         "with the per-rank token count (kt-graphc -D T=...).\n"
         "\n"
         "data:\n"
-        "  --data FILE           flat binary token ids; step s reads T+1 tokens from token\n"
+        "  --data FILE           flat binary token ids, or kt-data's prepared file (tokens,\n"
+        "                        loss mask, documents); step s reads T+1 tokens from token\n"
         "                        s*T on (T: tokens per step over all ranks), wrapping around\n"
         "                        the end; ids outside the model's vocabulary are an error\n"
+        "  --allow-cross-document  train on packed documents with a program that has no\n"
+        "                        'segments' input (its attention then crosses them)\n"
         "  --data-format F       u8 (any file as bytes), u16 or i32, little-endian (default\n"
         "                        u16)\n"
         "  --data-header BYTES   skip a header (1024 for llm.c's .bin files; default 0)\n"
@@ -229,6 +232,8 @@ static int parse_args(int argc, char **argv, train_args *a)
         if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
             usage(stdout);
             return -1;
+        } else if (strcmp(arg, "--allow-cross-document") == 0) {
+            a->allow_cross_document = 1;
         } else if (arg[0] == '-' && arg[1] != '\0') {
             if (!takes_value(arg))
                 rc = usage_error("unknown option '%s'", arg);

@@ -22,19 +22,23 @@ typedef struct progress_options {
     int force_plain;          /* 1: plain lines even on a terminal */
 } progress_options;
 
-/* On a resumed run (first_step > 0) the records of RUN_DIR/metrics.jsonl up to first_step are
- * kept (the curve goes on) and later ones, from steps the checkpoint does not hold, dropped.
- * Returns 0, or 1 after train_error. */
+/* Creates RUN_DIR when it is missing. A new run (first_step 0) starts RUN_DIR/metrics.jsonl
+ * empty. On a resumed run (first_step > 0) the records of RUN_DIR/metrics.jsonl up to
+ * first_step are kept (the curve goes on, elapsed_s continues) and later ones, from steps the
+ * checkpoint does not hold, dropped, with a line cut short by a kill (the file is rewritten
+ * whole). Returns 0, or 1 after train_error. */
 int progress_open(progress **out, const progress_options *o);
-/* Step `step` (1-based) finished with this loss, learning rate and gradient norm. */
+/* Step `step` (1-based) finished with this loss, learning rate and gradient norm (< 0 or NaN
+ * when unknown). Values that are not finite are null in metrics.jsonl. */
 void progress_step(progress *p, int64_t step, double loss, double lr, double grad_norm);
 /* A held-out evaluation after step `step`: its mean loss (nats per token); bits_per_byte < 0
  * when unknown. Prints a line, appends to metrics.jsonl and redraws loss.svg. */
 void progress_eval(progress *p, int64_t step, double loss, double bits_per_byte);
 /* A message line that does not garble the live line ("saved checkpoint step-200"). */
 void progress_note(progress *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Ends the live line; flushes and closes the records. 0, or 1 when a record could not be
- * written (said once, with the path). */
+/* Ends the live line; redraws loss.svg, flushes and closes the records. 0, or 1 when a record
+ * could not be written (said once per file, with the path, through train_error; the run's
+ * other record went on). NULL: 0. */
 int progress_close(progress *p);
 
 #endif

@@ -3,6 +3,7 @@
  *   main.c       options, setup, exit codes
  *   ranks.c      the communicator from the launcher's environment (or one rank)
  *   data.c       the token file and the per-rank slices of each step's window
+ *   prepared.c   kt-data's prepared files (tokens, loss mask, documents): their header
  *   moe_setup.c  the CPU MoE layers the program's moe ops run: created, initialised, saved
  *   loop.c       the training loop: forward, backward, step, progress and the loss file
  *
@@ -22,6 +23,7 @@ typedef struct train_args {
     const char *tokens_input, *targets_input; /* program input names */
     const char *labels_input; /* gets the tokens unshifted (the program shifts them) */
     int tokens_input_set;     /* --input-tokens given: no input_ids fallback */
+    int allow_cross_document; /* packed documents fed to a program without segments */
     int token_bytes;                          /* --data-format: 1 (u8), 2 (u16), 4 (i32) */
     int64_t data_header;                      /* bytes skipped at the start of the file */
     int64_t steps, log_every;
@@ -59,9 +61,19 @@ kt_status ranks_agree(const ranks *r, kt_status local);
 
 /* ---- data.c ------------------------------------------------------------------------------ */
 
+/* What a program input gets from each window (docs/training.md, "Preparing data"). */
+typedef enum feed_kind {
+    FEED_TOKENS,   /* the window's tokens */
+    FEED_TARGETS,  /* the next tokens; -100 where the next token does not count or starts a
+                      document */
+    FEED_LABELS,   /* the tokens unshifted (the program shifts them); -100 where the token
+                      does not count or starts a document */
+    FEED_SEGMENTS  /* per row of the input, 0 and one more at each document start */
+} feed_kind;
+
 typedef struct feed {
     const char *name; /* the program input */
-    int shift;        /* 0: the window's tokens (tokens, labels); 1: the next tokens (targets) */
+    feed_kind kind;
     int shard_dim;    /* -1: the whole window */
     kt_tensor view;   /* the session's input tensor (this rank's part) */
     int64_t global[KT_MAX_DIMS]; /* the input's shape over all ranks */
@@ -71,13 +83,22 @@ typedef struct token_data {
     const char *path;
     FILE *file;
     int token_bytes;
-    int64_t header, n_tokens;
-    uint64_t content_hash; /* of every id in the file (the ranks compare it) */
+    int64_t header, n_tokens; /* header: the file offset of the first token */
+    uint64_t content_hash; /* of every id in the file, and a prepared file's mask and
+                              documents (the ranks compare it) */
     int64_t window;   /* tokens per step over all ranks (T) */
     int64_t bound;    /* token ids must be in [0, bound); -1: no check here */
     int64_t *buf;     /* window + 1 tokens */
-    feed feeds[3];
+    feed feeds[4];
     int n_feeds;
+    /* a prepared file (kt-data's kt-tokens-1); a flat file is one document, all counted */
+    int prepared;
+    int64_t mask_offset, doc_offset; /* file offsets of loss_mask (u8) and doc_index (i32) */
+    int64_t vocab, source_bytes;     /* kt.vocab, kt.bytes (0: not given) */
+    int64_t n_docs;
+    unsigned char *mask, *starts;    /* window + 1: the loss mask, 1 where a document starts */
+    int64_t *docs, *values;          /* window + 2 document indices (from the token before
+                                        the window on), window values for one input */
 } token_data;
 
 /* Finds the program's token inputs and checks the file at `path` (the --data file, or the
@@ -101,6 +122,16 @@ double data_bytes_per_token(const token_data *d);
  * windows of the token frequencies counted over `train`'s file (add-one smoothed over the
  * vocabulary bound, or over the ids seen when the program gives none). */
 int data_unigram_loss(token_data *train, token_data *heldout, double *nats_out);
+
+/* ---- prepared.c: kt-data's files ------------------------------------------------------------ */
+
+/* Whether the file of `size` bytes starts as a safetensors file (then it must be a prepared
+ * one: data_open does not read it as flat tokens). */
+int prepared_detect(FILE *f, int64_t size, int *is_prepared);
+/* Reads d->path's metadata and tensor descriptions (kt_st_open) into d: n_tokens, the
+ * offsets, kt.vocab (checked against d->bound) and kt.bytes; refuses a file that is not
+ * kt-tokens-1, a tensor missing or of the wrong dtype, a mask of the wrong length. */
+int prepared_open(token_data *d);
 
 /* ---- moe_setup.c ------------------------------------------------------------------------- */
 
