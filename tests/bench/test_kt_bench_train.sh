@@ -72,9 +72,26 @@ check main none "--no-peer" <<<"$out" || fail "train main JSON: $out"
 out=$("$bench" train $main --torch-python /nonexistent/python 2>&1) ||
   fail "train main (no python) exited $?: $out"
 check main gone "/nonexistent/python" <<<"$out" || fail "train main (no python) JSON: $out"
-out=$("$bench" train $main --torch-python python3 --peer-script "$here/fake_train_peer.py" 2>&1) ||
-  fail "train main (stand-in peer) exited $?: $out"
+args=$(mktemp)
+out=$(FAKE_TRAIN_PEER_ARGS=$args "$bench" train $main --torch-python python3 \
+        --peer-script "$here/fake_train_peer.py" 2>&1) || fail "train main (stand-in peer) exited $?: $out"
 check main fake <<<"$out" || fail "train main (stand-in peer) JSON: $out"
+# the peer was given the model the program is: its sizes, batch, steps and threads
+python3 -c '
+import json, sys
+a = json.load(open(sys.argv[1]))
+o = [json.loads(l) for l in sys.stdin.read().splitlines() if l.startswith("{")][0]
+c = o["config"]
+want = {"--vocab": c["vocab"], "--hidden": c["hidden"], "--heads": c["heads"],
+        "--kv-heads": c["kv_heads"], "--head-dim": c["head_dim"], "--experts": c["experts"],
+        "--top-k": c["top_k"], "--inter": c["intermediate"], "--layers": c["layers"],
+        "--batch": c["batch"], "--seq": c["seq"], "--steps": c["steps"], "--warmup": c["warmup"],
+        "--threads": c["threads"]}
+bad = {k: (a.get(k), v) for k, v in want.items() if a.get(k) != str(v)}
+assert not bad, bad
+assert float(a["--aux-coef"]) == 0.001 and a["--experts-impl"] == "grouped_mm", a
+' "$args" <<<"$out" || fail "train main: the peer got other sizes than the model: $(cat "$args")"
+rm -f "$args"
 out=$(FAKE_TRAIN_PEER=77 "$bench" train $main --torch-python python3 \
         --peer-script "$here/fake_train_peer.py" 2>&1) || fail "train main (peer 77) exited $?: $out"
 check main gone "exit 77" <<<"$out" || fail "train main (peer 77) JSON: $out"
