@@ -123,7 +123,7 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=True)
         dt = time.perf_counter() - t0
-        losses.append(float(out.loss))
+        losses.append(float(out.loss.detach()))
         if step >= a.warmup:
             times.append(dt)
     med = statistics.median(times)
