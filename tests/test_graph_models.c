@@ -1045,6 +1045,42 @@ static void test_cosine_schedule(void **state)
     assert_true(check_optimizer(build_lm(LN), LN, lm_set_inputs, &oc2, 7, cosine_lr) < 1e-4);
 }
 
+/* The same warm-up, then a straight line to min_lr at total_steps; constant: the warm-up, then
+ * base. */
+static double linear_lr(const kt_optimizer_config *oc, int64_t k)
+{
+    double base = oc->lr, lo = oc->min_lr;
+    if (k < oc->warmup_steps)
+        return base * (double)(k + 1) / (double)oc->warmup_steps;
+    if (oc->schedule == KT_LR_CONSTANT)
+        return base;
+    if (k >= oc->total_steps)
+        return lo;
+    double t = (double)(k - oc->warmup_steps) / (double)(oc->total_steps - oc->warmup_steps);
+    return base + (lo - base) * t;
+}
+
+static void test_linear_schedule(void **state)
+{
+    (void)state;
+    /* 10 steps over warm-up 2 and total 7: ramp, line, then the floor; SGD and AdamW */
+    kt_optimizer_config oc = {.kind = KT_OPTIM_SGD, .lr = 0.2f, .schedule = KT_LR_LINEAR,
+                              .warmup_steps = 2, .total_steps = 7, .min_lr = 0.02f};
+    assert_true(check_optimizer(build_mlp(MN), MN, mlp_set_inputs, &oc, 10, linear_lr) < 1e-4);
+    assert_float_equal(linear_lr(&oc, 0), 0.1, 1e-12);
+    assert_float_equal(linear_lr(&oc, 2), 0.2, 1e-12);
+    assert_float_equal(linear_lr(&oc, 4), 0.2 - 0.18 * 2 / 5, 1e-12);
+    assert_float_equal(linear_lr(&oc, 7), 0.02, 1e-12);
+    kt_optimizer_config oc2 = {.kind = KT_OPTIM_ADAMW, .lr = 0.01f, .beta1 = 0.9f,
+                               .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
+                               .schedule = KT_LR_LINEAR, .warmup_steps = 2, .total_steps = 6};
+    assert_true(check_optimizer(build_lm(LN), LN, lm_set_inputs, &oc2, 7, linear_lr) < 1e-4);
+    /* the warm-up applies to a constant schedule too */
+    kt_optimizer_config oc3 = {.kind = KT_OPTIM_SGD, .lr = 0.2f, .schedule = KT_LR_CONSTANT,
+                               .warmup_steps = 4, .total_steps = 100, .min_lr = 0.05f};
+    assert_true(check_optimizer(build_mlp(MN), MN, mlp_set_inputs, &oc3, 6, linear_lr) < 1e-4);
+}
+
 /* ---- 4. gradient accumulation and the session's state machine -------------------------- */
 
 /* Copies rows [first, first+rows) of a [N,...] tensor into a new tensor. */
@@ -1991,6 +2027,7 @@ int main(void)
         cmocka_unit_test(test_adamw_matches_reference),
         cmocka_unit_test(test_clip_norm),
         cmocka_unit_test(test_cosine_schedule),
+        cmocka_unit_test(test_linear_schedule),
         cmocka_unit_test(test_grad_accumulation),
         cmocka_unit_test(test_param_without_gradient),
         cmocka_unit_test(test_optimizer_config_errors),

@@ -298,9 +298,13 @@ static void test_lr_schedules(void **state)
     (void)state;
     const float base = 0.1f, lo = 0.01f;
     const int64_t warm = 10, total = 110;
-    /* constant ignores everything but base */
-    for (int64_t s = 0; s < 300; s += 37)
+    /* constant: the warm-up, then base whatever min and total say */
+    expect_lr(kt__lr_at(KT_LR_CONSTANT, base, lo, warm, total, 0), (double)base / 10);
+    expect_lr(kt__lr_at(KT_LR_CONSTANT, base, lo, warm, total, 4), (double)base * 5 / 10);
+    for (int64_t s = warm - 1; s < 300; s += 37)
         assert_true(kt__lr_at(KT_LR_CONSTANT, base, lo, warm, total, s) == base);
+    for (int64_t s = 0; s < 300; s += 37)
+        assert_true(kt__lr_at(KT_LR_CONSTANT, base, lo, 0, total, s) == base);
     /* warm-up: step 0 gives base/warm, step warm-1 reaches base, linear in between */
     expect_lr(kt__lr_at(KT_LR_COSINE, base, lo, warm, total, 0), (double)base / 10);
     expect_lr(kt__lr_at(KT_LR_COSINE, base, lo, warm, total, 4), (double)base * 5 / 10);
@@ -325,6 +329,33 @@ static void test_lr_schedules(void **state)
     assert_true(kt__lr_at(KT_LR_COSINE, base, lo, 0, 100, 100) == lo);
     /* min 0 decays to exactly 0 */
     assert_true(kt__lr_at(KT_LR_COSINE, base, 0.0f, 0, 100, 100) == 0.0f);
+}
+
+static void test_lr_linear(void **state)
+{
+    (void)state;
+    const float base = 0.1f, lo = 0.01f;
+    const int64_t warm = 10, total = 110;
+    /* the same warm-up as the others */
+    expect_lr(kt__lr_at(KT_LR_LINEAR, base, lo, warm, total, 0), (double)base / 10);
+    expect_lr(kt__lr_at(KT_LR_LINEAR, base, lo, warm, total, 6), (double)base * 7 / 10);
+    assert_true(kt__lr_at(KT_LR_LINEAR, base, lo, warm, total, warm - 1) == base);
+    /* then a straight line from base at the warm-up's end to min at total */
+    assert_true(kt__lr_at(KT_LR_LINEAR, base, lo, warm, total, warm) == base);
+    for (int64_t s = warm; s < total; s += 7)
+        expect_lr(kt__lr_at(KT_LR_LINEAR, base, lo, warm, total, s),
+                  (double)base + ((double)lo - base) * (double)(s - warm) / (double)(total - warm));
+    expect_lr(kt__lr_at(KT_LR_LINEAR, base, lo, warm, total, warm + 25),
+              (double)base - ((double)base - lo) / 4);
+    assert_true(kt__lr_at(KT_LR_LINEAR, base, lo, warm, total, total) == lo);
+    assert_true(kt__lr_at(KT_LR_LINEAR, base, lo, warm, total, total + 5) == lo);
+    /* no warm-up, to 0 (Hugging Face's "linear"): base at step 0, half way base/2 */
+    assert_true(kt__lr_at(KT_LR_LINEAR, base, 0.0f, 0, 100, 0) == base);
+    expect_lr(kt__lr_at(KT_LR_LINEAR, base, 0.0f, 0, 100, 50), (double)base / 2);
+    expect_lr(kt__lr_at(KT_LR_LINEAR, base, 0.0f, 0, 100, 99), (double)base / 100);
+    assert_true(kt__lr_at(KT_LR_LINEAR, base, 0.0f, 0, 100, 100) == 0.0f);
+    /* a total inside the warm-up still ramps */
+    expect_lr(kt__lr_at(KT_LR_LINEAR, base, lo, 20, 5, 3), (double)base * 4 / 20);
 }
 
 /* ---- accumulate and scale ------------------------------------------------------------------ */
@@ -503,6 +534,7 @@ int main(void)
         cmocka_unit_test(test_adamw_first_step),
         cmocka_unit_test(test_sum_squares),
         cmocka_unit_test(test_lr_schedules),
+        cmocka_unit_test(test_lr_linear),
         cmocka_unit_test(test_accumulate_scale),
         cmocka_unit_test(test_edges),
         cmocka_unit_test(test_against_torch),

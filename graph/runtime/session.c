@@ -156,10 +156,11 @@ static kt_status check_optimizer(const kt_optimizer_config *o)
         return kt__error(KT_EINVAL, "session: Nesterov momentum needs a momentum > 0 and zero "
                          "dampening (momentum %g, dampening %g)", (double)o->momentum,
                          (double)o->dampening);
-    if (o->schedule != KT_LR_CONSTANT && o->schedule != KT_LR_COSINE)
+    if (o->schedule != KT_LR_CONSTANT && o->schedule != KT_LR_COSINE &&
+        o->schedule != KT_LR_LINEAR)
         return kt__error(KT_EINVAL, "session: unknown learning-rate schedule %d", o->schedule);
-    if (o->schedule == KT_LR_COSINE && (o->warmup_steps < 0 || o->total_steps < 0))
-        return kt__error(KT_EINVAL, "session: cosine schedule with warmup_steps %lld and "
+    if (o->warmup_steps < 0 || o->total_steps < 0)
+        return kt__error(KT_EINVAL, "session: learning-rate schedule with warmup_steps %lld and "
                          "total_steps %lld (neither may be negative)",
                          (long long)o->warmup_steps, (long long)o->total_steps);
     return KT_OK;

@@ -223,7 +223,14 @@ typedef enum kt_optimizer_kind {
     KT_OPTIM_ADAMW = 1,
     KT_OPTIM_NONE = 2
 } kt_optimizer_kind;
-typedef enum kt_lr_schedule_kind { KT_LR_CONSTANT = 0, KT_LR_COSINE = 1 } kt_lr_schedule_kind;
+/* Every schedule starts with warmup_steps of linear warm-up (kt_optimizer_config); then constant
+ * keeps lr, linear falls in a straight line and cosine along half a cosine to min_lr at
+ * total_steps. */
+typedef enum kt_lr_schedule_kind {
+    KT_LR_CONSTANT = 0,
+    KT_LR_COSINE = 1,
+    KT_LR_LINEAR = 2
+} kt_lr_schedule_kind;
 
 typedef struct kt_optimizer_config {
     kt_optimizer_kind kind;
@@ -238,8 +245,9 @@ typedef struct kt_optimizer_config {
     float weight_decay;
     float clip_norm;           /* clip gradients to this global L2 norm; 0: off */
     kt_lr_schedule_kind schedule;
-    int64_t warmup_steps, total_steps; /* cosine */
-    float min_lr;                      /* cosine */
+    int64_t warmup_steps;              /* every schedule: 0 none */
+    int64_t total_steps;               /* linear and cosine reach min_lr here */
+    float min_lr;                      /* linear and cosine */
 } kt_optimizer_config;
 
 /* One timeline event, recorded when the session is given a trace buffer. */

@@ -237,18 +237,19 @@ void kt__accumulate(kt_threadpool *pool, float *dst, const float *src, int64_t n
 float kt__lr_at(kt_lr_schedule_kind kind, float base_lr, float min_lr, int64_t warmup_steps,
                 int64_t total_steps, int64_t step)
 {
-    if (kind != KT_LR_COSINE)
-        return base_lr;
     if (step < 0)
         step = 0;
     /* Warm-up wins over total_steps, so a total shorter than the warm-up still ramps up
      * instead of starting at min_lr. */
     if (step < warmup_steps)
         return (float)((double)base_lr * (double)(step + 1) / (double)warmup_steps);
+    if (kind != KT_LR_COSINE && kind != KT_LR_LINEAR)
+        return base_lr;
     int64_t warm = warmup_steps > 0 ? warmup_steps : 0;
     if (step >= total_steps)
         return min_lr;
     double progress = (double)(step - warm) / (double)(total_steps - warm);
-    double cosine = 0.5 * (1.0 + cos(3.14159265358979323846 * progress));
-    return (float)((double)min_lr + ((double)base_lr - (double)min_lr) * cosine);
+    double left = kind == KT_LR_LINEAR ? 1.0 - progress
+                                       : 0.5 * (1.0 + cos(3.14159265358979323846 * progress));
+    return (float)((double)min_lr + ((double)base_lr - (double)min_lr) * left);
 }

@@ -43,11 +43,12 @@ void kt__scale_inplace(kt_threadpool *pool, float *x, int64_t n, float s);
 /* dst += src (accumulating micro-batch gradients) */
 void kt__accumulate(kt_threadpool *pool, float *dst, const float *src, int64_t n);
 
-/* Learning-rate schedules (kt_lr_schedule_kind, kt/program.h). */
-/* constant: base_lr. cosine: linear warm-up from 0 over warmup_steps (step 0 -> base_lr/warmup,
- * reaching base_lr at step warmup_steps-1), then half a cosine from base_lr to min_lr over the
- * remaining total_steps - warmup_steps; min_lr from total_steps on. step counts from 0; a
- * step inside the warm-up ramps even when total_steps <= warmup_steps. */
+/* Learning-rate schedules (kt_lr_schedule_kind, kt/program.h). Every kind first warms up
+ * linearly from 0 over warmup_steps (step 0 -> base_lr/warmup, reaching base_lr at step
+ * warmup_steps-1); then constant stays at base_lr, linear falls in a straight line and cosine
+ * along half a cosine from base_lr to min_lr over the remaining total_steps - warmup_steps,
+ * both at min_lr from total_steps on. step counts from 0; a step inside the warm-up ramps even
+ * when total_steps <= warmup_steps. */
 float kt__lr_at(kt_lr_schedule_kind kind, float base_lr, float min_lr, int64_t warmup_steps,
                 int64_t total_steps, int64_t step);
 

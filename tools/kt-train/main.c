@@ -1,43 +1,56 @@
-/* kt-train: trains a compiled program (.ktp) on a token file, on one rank or, under a
- * launcher, context-parallel over several (docs/parallel.md).
+/* kt-train: trains a compiled program (.ktp) or a model description (.ktg) on a token file,
+ * on one rank or, under a launcher, context-parallel over several (docs/parallel.md,
+ * docs/training.md).
  *
- *   kt-train model.ktp --data TOKENS --steps N [options]
+ *   kt-train model.ktp|model.ktg [-D NAME=VALUE] --data TOKENS --steps N [options]
  *
  * Exit status: 0 success, 1 error (one line "kt-train: ..." naming what and where), 2 usage
  * error. */
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "tools/kt-train/train.h"
+#include "tools/kt-train/trainer.h"
 #include "tools/common/files.h"
 #include "tools/common/usage.h"
 
 static void usage(FILE *f)
 {
     fprintf(f,
-        "usage: kt-train model.ktp --data TOKENS --steps N [options]\n"
+        "usage: kt-train model.ktp|model.ktg [-D NAME=VALUE ...] --data TOKENS --steps N\n"
+        "                [options]\n"
+        "       kt-train [model] --resume RUN_DIR|STEP_DIR --data TOKENS --steps N [options]\n"
         "\n"
-        "Trains a compiled libkt program on a file of token ids: each step feeds a window of\n"
-        "the file to the program's token input (and the window shifted by one token to its\n"
-        "targets input), runs forward and backward, and applies the optimizer. Under a\n"
-        "launcher (kt-launch -n W, torchrun, mpirun, srun) the W ranks train one model\n"
-        "context-parallel: the window is W times the program's token count, each rank feeds\n"
-        "its slice along the inputs' shard dimension (.ktg 'shard'), rank 0 runs the MoE\n"
-        "experts, and gradients and the loss are averaged over the ranks. Compile the program\n"
-        "with the per-rank token count (kt-graphc -D T=...).\n"
+        "Trains a libkt program on a file of token ids: each optimizer step feeds --accum\n"
+        "windows of the file to the program's token input (and each window shifted by one\n"
+        "token to its targets input), runs forward and backward on each, and applies the\n"
+        "optimizer to their mean gradient. Under a launcher (kt-launch -n W, torchrun,\n"
+        "mpirun, srun) the W ranks train one model context-parallel: the window is W times\n"
+        "the program's token count, each rank feeds its slice along the inputs' shard\n"
+        "dimension (.ktg 'shard'), rank 0 runs the MoE experts, and gradients and the loss\n"
+        "are averaged over the ranks. Compile the program with the per-rank token count.\n"
+        "\n"
+        "model:\n"
+        "  model.ktp             a compiled program (kt-graphc)\n"
+        "  model.ktg             a model description, compiled here as kt-graphc does\n"
+        "  -D NAME=VALUE         with a .ktg: override its const NAME (-D B=8 -D T=256 sets\n"
+        "                        the batch and sequence length); repeatable, at most 64\n"
+        "                        (with --resume the model may be left out: the\n"
+        "                        checkpoint's program.ktp is used)\n"
         "\n"
         "data:\n"
-        "  --data FILE           flat binary token ids, or kt-data's prepared file (tokens,\n"
-        "                        loss mask, documents); step s reads T+1 tokens from token\n"
-        "                        s*T on (T: tokens per step over all ranks), wrapping around\n"
+        "  --data FILE           token ids: kt-data's prepared file (tokens, loss mask,\n"
+        "                        documents), or a flat binary file; step s reads windows\n"
+        "                        s*N .. s*N+N-1 (N: --accum) of T+1 tokens from token w*T\n"
+        "                        on (T: tokens per window over all ranks), wrapping around\n"
         "                        the end; ids outside the model's vocabulary are an error\n"
         "  --allow-cross-document  train on packed documents with a program that has no\n"
         "                        'segments' input (its attention then crosses them)\n"
-        "  --data-format F       u8 (any file as bytes), u16 or i32, little-endian (default\n"
-        "                        u16)\n"
+        "  --data-format F       a flat file's ids: u8 (any file as bytes), u16 or i32,\n"
+        "                        little-endian (default u16)\n"
         "  --data-header BYTES   skip a header (1024 for llm.c's .bin files; default 0)\n"
         "  --input-tokens NAME   the program input that gets the tokens (default tokens, or\n"
         "                        input_ids when the program has no tokens input)\n"
@@ -45,13 +58,27 @@ static void usage(FILE *f)
         "                        itself (default labels: kt-import's programs)\n"
         "  --input-targets NAME  the one that gets the next tokens (default targets; not fed\n"
         "                        when the program has no such input)\n"
-        "\n"
+        "\n");
+    fprintf(f,
         "training:\n"
-        "  --steps N             optimizer steps (required)\n"
+        "  --steps N             optimizer steps in the whole run (required; 0 with --save\n"
+        "                        or --run-dir writes the initial state)\n"
+        "  --accum N             gradient accumulation: windows per optimizer step, their\n"
+        "                        gradients averaged (default 1)\n"
         "  --optimizer O         adamw (default) or sgd\n"
-        "  --lr X                learning rate (default 1e-3 for adamw, 0.1 for sgd)\n"
+        "  --lr X                peak learning rate (default 1e-3 for adamw, 0.1 for sgd)\n"
+        "  --schedule S          constant (default), linear or cosine: after the warm-up,\n"
+        "                        linear and cosine fall from --lr to --min-lr at --steps\n"
+        "  --warmup N            linear warm-up from 0 over the first N steps, for every\n"
+        "                        schedule (default 0)\n"
+        "  --min-lr X            where linear and cosine end (default 0)\n"
+        "  --weight-decay X      decoupled (AdamW) or L2 (SGD) weight decay (default 0)\n"
+        "  --beta1 X, --beta2 X  AdamW's moment decay rates (default 0.9 and 0.999)\n"
+        "  --momentum X          SGD's momentum (default 0)\n"
+        "  --clip X              clip the gradients to this global L2 norm, 0 off (default\n"
+        "                        1.0); the norm is that of the averaged gradient\n"
         "  --seed S              parameter and expert initialisation (default 1); the same\n"
-        "                        on every rank\n"
+        "                        on every rank; nothing random happens after it\n"
         "  --params FILE         start from these parameters (safetensors, every one of the\n"
         "                        program's and nothing else) instead of the seed's; a file\n"
         "                        --save wrote brings the experts too, whole. FILE, a DIR\n"
@@ -61,6 +88,34 @@ static void usage(FILE *f)
         "                        as kt-import writes), the other parameters (LoRA adapters)\n"
         "                        may be absent: they start from the seed\n"
         "  --threads N           threads per rank (default: KT_NUM_THREADS or the CPU count)\n"
+        "\n");
+    fprintf(f,
+        "evaluation:\n"
+        "  --eval-data FILE      held-out tokens (the same formats as --data): at the start\n"
+        "                        the unigram baseline (the --data file's token frequencies\n"
+        "                        scored on it), at the end the held-out loss, perplexity and\n"
+        "                        bits per byte (when the file says its source bytes), and\n"
+        "                        their ratio to the baseline\n"
+        "  --eval-every N        also evaluate every N steps (default: only at the end)\n"
+        "  --eval-windows M      evaluate on the first M windows (default: every whole one)\n"
+        "\n"
+        "run directory and resume:\n"
+        "  --run-dir DIR         checkpoints DIR/step-NNNNNNNN/ (session.safetensors: the\n"
+        "                        parameters, experts, adapters and optimizer state;\n"
+        "                        program.ktp; run.json: the step, data position, random\n"
+        "                        state, settings and file hashes), each written whole or not\n"
+        "                        at all, at the end of the run and on SIGINT/SIGTERM\n"
+        "  --save-every N        also a checkpoint every N steps\n"
+        "  --keep K              keep the newest K checkpoints (default 3)\n"
+        "  --resume DIR          go on from a checkpoint: a run directory's newest, or a\n"
+        "                        step directory; with the same data and settings (a\n"
+        "                        difference is refused, naming it; --steps may grow with a\n"
+        "                        constant schedule). Checkpoints go on into that run\n"
+        "                        directory, or into --run-dir. Not with --params or\n"
+        "                        --experts\n"
+        "  SIGINT, SIGTERM       finish the step, write a checkpoint (with a run directory),\n"
+        "                        exit by the signal (status 130, 143); a second one stops\n"
+        "                        at once\n"
         "\n"
         "MoE layers (one per moe op; E and k from the program's router, H from its input):\n"
         "  --moe-inter I         expert intermediate size, for moe ops that do not say\n"
@@ -76,9 +131,11 @@ static void usage(FILE *f)
         "\n"
         "output:\n"
         "  --log-every K         progress line every K steps (default 1), on rank 0:\n"
-        "                        'step 3/20 loss 6.2145 (123 ms, 2100 tokens/s)'; at the\n"
-        "                        end the process's peak memory: 'peak RSS 123.4 MB'\n"
-        "  --losses FILE         one loss per line (%%.9g), the mean over the ranks\n"
+        "                        'step 3/20 loss 6.2145 lr 0.001 grad norm 0.8 (123 ms,\n"
+        "                        2100 tokens/s)'; at the end the process's peak memory:\n"
+        "                        'peak RSS 123.4 MB'\n"
+        "  --losses FILE         one loss per step (%%.9g), the mean over the step's windows\n"
+        "                        and the ranks\n"
         "  --save FILE           at the end, on rank 0, one safetensors file: the\n"
         "                        parameters by name, the experts (and LoRA adapters) of\n"
         "                        every MoE layer under its moe op's names (by default\n"
@@ -87,7 +144,7 @@ static void usage(FILE *f)
         "                        kill or a full disk leaves the previous file as it was)\n"
         "  -h, --help            this text\n"
         "\n"
-        "Exit status: 0 success, 1 error, 2 usage error.\n");
+        "Exit status: 0 success, 1 error, 2 usage error, 130/143 stopped by SIGINT/SIGTERM.\n");
 }
 
 static int usage_error(const char *fmt, const char *arg)
@@ -136,6 +193,41 @@ static int parse_choice(const char *opt, const char *v, const char *const *names
     return kt_tool_usage_error("kt-train", "%s: unknown value '%s'", opt, v);
 }
 
+/* a number in [lo, hi] (hi_open: below hi) */
+static int parse_float(const char *opt, const char *v, double lo, double hi, int hi_open,
+                       float *out)
+{
+    char *end;
+    double x = strtod(v, &end);
+    if (*v == '\0' || *end != '\0' || v[0] == ' ' || !(x >= lo) || (hi_open ? !(x < hi) : x > hi))
+        return kt_tool_usage_error("kt-train", "%s needs a number from %g to %g%s, not '%s'",
+                                   opt, lo, hi, hi_open ? " (exclusive)" : "", v);
+    *out = (float)x;
+    return 0;
+}
+
+static int parse_define(train_args *a, const char *spec)
+{
+    const char *eq = strchr(spec, '=');
+    if (eq == NULL || eq == spec)
+        return usage_error("-D needs NAME=VALUE, not '%s'", spec);
+    if (a->n_defines == (int)(sizeof a->defines / sizeof a->defines[0]))
+        return usage_error("too many -D options (at most 64), at '%s'", spec);
+    char opt[80];
+    snprintf(opt, sizeof opt, "-D %.*s", (int)(eq - spec < 64 ? eq - spec : 64), spec);
+    long long v;
+    if (kt_tool_parse_int("kt-train", opt, eq + 1, LLONG_MIN, LLONG_MAX, &v) != 0)
+        return 2;
+    size_t n = (size_t)(eq - spec);
+    char *name = malloc(n + 1);
+    if (name == NULL)
+        return usage_error("out of memory at '%s'", spec);
+    memcpy(name, spec, n);
+    name[n] = '\0';
+    a->defines[a->n_defines++] = (kt_ktg_define){.name = name, .value = v};
+    return 0;
+}
+
 /* Options that take a value; 0 done, 2 usage error. */
 static int parse_value(train_args *a, const char *opt, const char *v)
 {
@@ -143,6 +235,7 @@ static int parse_value(train_args *a, const char *opt, const char *v)
     static const char *const optimizers[] = {"sgd", "adamw"};   /* kt_optimizer_kind order */
     static const char *const modes[] = {"frozen", "lora", "full"}; /* kt_moe_mode order */
     static const char *const dtypes[] = {"f32", "bf16"};
+    static const char *const schedules[] = {"constant", "cosine", "linear"}; /* enum order */
     int64_t x;
     int c, rc = 0;
     const char **file = strcmp(opt, "--data") == 0            ? &a->data
@@ -153,17 +246,36 @@ static int parse_value(train_args *a, const char *opt, const char *v)
                       : strcmp(opt, "--input-tokens") == 0    ? &a->tokens_input
                       : strcmp(opt, "--input-targets") == 0   ? &a->targets_input
                       : strcmp(opt, "--input-labels") == 0    ? &a->labels_input
+                      : strcmp(opt, "--eval-data") == 0       ? &a->eval_data
+                      : strcmp(opt, "--run-dir") == 0         ? &a->run_dir
+                      : strcmp(opt, "--resume") == 0          ? &a->resume
                                                               : NULL;
     if (file != NULL) {
         *file = v;
         a->tokens_input_set |= file == &a->tokens_input;
+    } else if (strcmp(opt, "-D") == 0) {
+        rc = parse_define(a, v);
     } else if (strcmp(opt, "--data-format") == 0) {
         if ((rc = parse_choice(opt, v, formats, 3, &c)) == 0)
             a->token_bytes = c == 0 ? 1 : c == 1 ? 2 : 4;
     } else if (strcmp(opt, "--data-header") == 0) {
         rc = parse_i64(opt, v, 0, &a->data_header);
     } else if (strcmp(opt, "--steps") == 0) {
-        rc = parse_i64(opt, v, 1, &a->steps);
+        rc = parse_i64(opt, v, 0, &a->steps);
+        a->set_flags |= TRAIN_SET_STEPS;
+    } else if (strcmp(opt, "--accum") == 0) {
+        if ((rc = parse_i64(opt, v, 1, &a->accum)) == 0 && a->accum > 65536)
+            rc = usage_error("--accum %s is more than 65536", v);
+    } else if (strcmp(opt, "--warmup") == 0) {
+        rc = parse_i64(opt, v, 0, &a->warmup);
+    } else if (strcmp(opt, "--eval-every") == 0 || strcmp(opt, "--eval-windows") == 0) {
+        rc = parse_i64(opt, v, 1, opt[7] == 'e' ? &a->eval_every : &a->eval_windows);
+        a->set_flags |= TRAIN_SET_EVAL;
+    } else if (strcmp(opt, "--save-every") == 0) {
+        rc = parse_i64(opt, v, 1, &a->save_every);
+    } else if (strcmp(opt, "--keep") == 0) {
+        rc = parse_i64(opt, v, 1, &a->keep);
+        a->set_flags |= TRAIN_SET_KEEP;
     } else if (strcmp(opt, "--log-every") == 0) {
         rc = parse_i64(opt, v, 1, &a->log_every);
     } else if (strcmp(opt, "--seed") == 0) {
@@ -187,6 +299,9 @@ static int parse_value(train_args *a, const char *opt, const char *v)
     } else if (strcmp(opt, "--optimizer") == 0) {
         if ((rc = parse_choice(opt, v, optimizers, 2, &c)) == 0)
             a->optimizer = (kt_optimizer_kind)c;
+    } else if (strcmp(opt, "--schedule") == 0) {
+        if ((rc = parse_choice(opt, v, schedules, 3, &c)) == 0)
+            a->schedule = (kt_lr_schedule_kind)c;
     } else if (strcmp(opt, "--moe-mode") == 0) {
         if ((rc = parse_choice(opt, v, modes, 3, &c)) == 0)
             a->moe_mode = (kt_moe_mode)c;
@@ -198,6 +313,20 @@ static int parse_value(train_args *a, const char *opt, const char *v)
         a->lr = strtof(v, &end);
         if (*v == '\0' || *end != '\0' || !(a->lr > 0) || a->lr > 1e6f)
             rc = usage_error("--lr needs a positive number, not '%s'", v);
+    } else if (strcmp(opt, "--min-lr") == 0) {
+        rc = parse_float(opt, v, 0, 1e6, 0, &a->min_lr);
+        a->set_flags |= TRAIN_SET_MIN_LR;
+    } else if (strcmp(opt, "--weight-decay") == 0) {
+        rc = parse_float(opt, v, 0, 1e6, 0, &a->weight_decay);
+    } else if (strcmp(opt, "--beta1") == 0 || strcmp(opt, "--beta2") == 0) {
+        /* 0 would mean the library's default: the smallest rate taken is a tiny one */
+        rc = parse_float(opt, v, 1e-30, 1, 1, opt[6] == '1' ? &a->beta1 : &a->beta2);
+        a->set_flags |= TRAIN_SET_BETAS;
+    } else if (strcmp(opt, "--momentum") == 0) {
+        rc = parse_float(opt, v, 0, 1, 1, &a->momentum);
+        a->set_flags |= TRAIN_SET_MOMENTUM;
+    } else if (strcmp(opt, "--clip") == 0) {
+        rc = parse_float(opt, v, 0, 1e30, 0, &a->clip);
     } else {
         rc = usage_error("unknown option '%s'", opt);
     }
@@ -211,10 +340,54 @@ static int takes_value(const char *opt)
         "--input-labels",
         "--steps", "--optimizer", "--lr", "--seed", "--params", "--threads", "--moe-inter",
         "--moe-dtype", "--moe-mode", "--lora-rank", "--lora-alpha", "--experts", "--log-every",
-        "--losses", "--save"};
+        "--losses", "--save", "-D", "--accum", "--weight-decay", "--beta1", "--beta2",
+        "--momentum", "--schedule", "--warmup", "--min-lr", "--clip", "--eval-data",
+        "--eval-every", "--eval-windows", "--run-dir", "--save-every", "--keep", "--resume"};
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
         if (strcmp(opt, opts[i]) == 0)
             return 1;
+    return 0;
+}
+
+/* Options that contradict each other or ask for what cannot happen: a usage error naming
+ * them, before anything is read. */
+static int check_contradictions(const train_args *a)
+{
+    const char *ext = a->program != NULL ? strrchr(a->program, '.') : NULL;
+    if (a->n_defines > 0 && (ext == NULL || strcmp(ext, ".ktg") != 0))
+        return usage_error("-D overrides a .ktg model's consts; %s is not a .ktg",
+                           a->program != NULL ? a->program : "the checkpoint's program.ktp");
+    if (a->resume != NULL && a->params != NULL)
+        return usage_error("--resume %s brings the parameters: leave out --params", a->resume);
+    if (a->resume != NULL && a->experts != NULL)
+        return usage_error("--resume %s brings the experts: leave out --experts", a->resume);
+    if (a->save_every > 0 && a->run_dir == NULL && a->resume == NULL)
+        return usage_error("%s", "--save-every writes checkpoints into a run directory: give "
+                           "--run-dir DIR (or --resume one)");
+    if ((a->set_flags & TRAIN_SET_KEEP) && a->run_dir == NULL && a->resume == NULL)
+        return usage_error("%s", "--keep counts a run directory's checkpoints: give --run-dir "
+                           "DIR (or --resume one)");
+    if ((a->set_flags & TRAIN_SET_EVAL) && a->eval_data == NULL)
+        return usage_error("%s", "--eval-every and --eval-windows need the held-out tokens: "
+                           "give --eval-data FILE");
+    if ((a->set_flags & TRAIN_SET_MOMENTUM) && a->optimizer != KT_OPTIM_SGD)
+        return usage_error("%s", "--momentum is SGD's: add --optimizer sgd, or use --beta1 "
+                           "with adamw");
+    if ((a->set_flags & TRAIN_SET_BETAS) && a->optimizer != KT_OPTIM_ADAMW)
+        return usage_error("%s", "--beta1 and --beta2 are AdamW's: leave them out with "
+                           "--optimizer sgd (its momentum is --momentum)");
+    if ((a->set_flags & TRAIN_SET_MIN_LR) && a->schedule == KT_LR_CONSTANT)
+        return usage_error("%s", "--min-lr is where a linear or cosine schedule ends: add "
+                           "--schedule linear or cosine");
+    if (a->min_lr > a->lr)
+        return kt_tool_usage_error("kt-train", "--min-lr %g is above --lr %g: a schedule only "
+                                   "falls", (double)a->min_lr, (double)a->lr);
+    if (a->steps == 0 && a->save == NULL && a->run_dir == NULL)
+        return usage_error("%s", "--steps 0 trains nothing: it only writes the initial state, "
+                           "with --save FILE or --run-dir DIR");
+    if (a->steps == 0 && a->resume != NULL)
+        return usage_error("%s", "--steps 0 with --resume: --steps is the run's whole length, "
+                           "not the steps still to do");
     return 0;
 }
 
@@ -225,7 +398,8 @@ static int parse_args(int argc, char **argv, train_args *a)
                       .labels_input = "labels", .token_bytes = 2,
                       .log_every = 1, .lr = -1.0f, .optimizer = KT_OPTIM_ADAMW, .seed = 1,
                       .moe_dtype = KT_F32, .moe_mode = KT_MOE_FULL, .lora_rank = 8,
-                      .lora_alpha = 16.0f};
+                      .lora_alpha = 16.0f, .steps = -1, .accum = 1, .beta1 = 0.9f,
+                      .beta2 = 0.999f, .clip = 1.0f, .keep = 3, .schedule = KT_LR_CONSTANT};
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         int rc = 0;
@@ -234,6 +408,8 @@ static int parse_args(int argc, char **argv, train_args *a)
             return -1;
         } else if (strcmp(arg, "--allow-cross-document") == 0) {
             a->allow_cross_document = 1;
+        } else if (strncmp(arg, "-D", 2) == 0 && arg[2] != '\0') {
+            rc = parse_define(a, arg + 2);
         } else if (arg[0] == '-' && arg[1] != '\0') {
             if (!takes_value(arg))
                 rc = usage_error("unknown option '%s'", arg);
@@ -243,60 +419,52 @@ static int parse_args(int argc, char **argv, train_args *a)
                 rc = parse_value(a, arg, argv[++i]);
         } else if (a->program == NULL) {
             a->program = arg;
+            a->set_flags |= TRAIN_SET_PROGRAM;
         } else {
             rc = usage_error("unexpected argument '%s' (one program file only)", arg);
         }
         if (rc != 0)
             return rc;
     }
-    if (a->program == NULL)
+    if (a->program == NULL && a->resume == NULL)
         return usage_error("%s", "no program file given");
     if (a->data == NULL)
         return usage_error("%s", "--data is required");
-    if (a->steps <= 0)
+    if (a->steps < 0)
         return usage_error("%s", "--steps is required");
     if (a->moe_mode == KT_MOE_FULL && a->moe_dtype == KT_BF16)
         return usage_error("%s", "--moe-mode full trains f32 expert weights: use --moe-dtype "
                            "f32, or --moe-mode lora or frozen with bf16");
     if (a->lr < 0)
         a->lr = a->optimizer == KT_OPTIM_SGD ? 0.1f : 1e-3f;
+    int rc = check_contradictions(a);
+    if (rc != 0)
+        return rc;
     const tool_path paths[] = {{"the program", a->program, 0}, {"--data", a->data, 0},
                                {"--params", a->params, 0},     {"--experts", a->experts, 0},
+                               {"--eval-data", a->eval_data, 0},
                                {"--save", a->save, 1},         {"--losses", a->losses, 1}};
     return tool_check_paths("kt-train", paths, sizeof paths / sizeof paths[0]);
 }
 
 /* ---- setup and teardown ------------------------------------------------------------------ */
 
-typedef struct trainer {
-    ranks r;
-    kt_program *p;
-    kt_threadpool *pool;
-    kt_moe_layers moe;
-    kt_session *s;
-    token_data data;
-    kt_out_file *losses; /* rank 0's --losses file, opened before the first step */
-} trainer;
-
-static int load_program(trainer *t, const train_args *a)
-{
-    if (kt_program_load(a->program, &t->p) != KT_OK)
-        return train_fail("cannot load the program", kt_last_error());
-    kt_program_stats st;
-    kt_program_get_stats(t->p, &st);
-    if (st.n_backward_steps == 0) {
-        train_error("%s has no loss (or was compiled with --forward-only): "
-                    "there is nothing to train", a->program);
-        return 1;
-    }
-    return 0;
-}
-
 static int create_session(trainer *t, const train_args *a)
 {
     kt_session_options so = {.pool = t->pool,
                              .seed = a->seed,
-                             .optimizer = {.kind = a->optimizer, .lr = a->lr},
+                             .optimizer = {.kind = a->optimizer,
+                                           .lr = a->lr,
+                                           .momentum = a->momentum,
+                                           .beta1 = a->beta1,
+                                           .beta2 = a->beta2,
+                                           .weight_decay = a->weight_decay,
+                                           .clip_norm = a->clip,
+                                           .schedule = a->schedule,
+                                           .warmup_steps = a->warmup,
+                                           .total_steps = a->steps,
+                                           .min_lr = a->min_lr},
+                             .micro_batches = (int)a->accum,
                              .moe_layers = t->moe.layers,
                              .n_moe_layers = t->moe.n,
                              .comm = t->r.comm};
@@ -312,10 +480,18 @@ static void print_summary(const trainer *t, const train_args *a)
     kt_program_stats st;
     kt_program_get_stats(t->p, &st);
     int64_t per_rank = t->data.window / t->r.world;
-    printf("kt-train: %s: %d rank%s, %lld tokens per step (%lld per rank), %lld parameter "
-           "bytes, %s lr %g\n", a->program, t->r.world, t->r.world == 1 ? "" : "s",
-           (long long)t->data.window, (long long)per_rank, (long long)st.param_bytes,
-           a->optimizer == KT_OPTIM_ADAMW ? "adamw" : "sgd", (double)a->lr);
+    static const char *const schedules[] = {"constant", "cosine", "linear"};
+    printf("kt-train: %s: %d rank%s, %lld tokens per window (%lld per rank) x %lld per step, "
+           "%lld parameter bytes, %s lr %g %s", a->program, t->r.world,
+           t->r.world == 1 ? "" : "s", (long long)t->data.window, (long long)per_rank,
+           (long long)a->accum, (long long)st.param_bytes,
+           a->optimizer == KT_OPTIM_ADAMW ? "adamw" : "sgd", (double)a->lr,
+           schedules[a->schedule]);
+    if (a->warmup > 0)
+        printf(" warm-up %lld", (long long)a->warmup);
+    if (a->schedule != KT_LR_CONSTANT)
+        printf(" to %g", (double)a->min_lr);
+    printf(", weight decay %g, clip %g\n", (double)a->weight_decay, (double)a->clip);
     const kt_moe_config *c = moe_first_config(&t->moe); /* rank 0 holds the layers */
     if (c != NULL) {
         static const char *const modes[] = {"frozen", "lora", "full"};
@@ -331,28 +507,28 @@ static void print_summary(const trainer *t, const train_args *a)
         printf("\n");
     }
     printf("kt-train: data %s: %lld tokens\n", a->data, (long long)t->data.n_tokens);
-    fflush(stdout);
-}
-
-/* 64-bit FNV-1a over 8-byte words (and the tail bytes) */
-static uint64_t hash_bytes(uint64_t h, const void *data, size_t n)
-{
-    const unsigned char *b = data;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, b + i, 8);
-        h = (h ^ w) * 0x100000001b3ull;
+    if (t->eval.path != NULL) {
+        char text[128];
+        eval_describe(t, t->baseline_nats, text, sizeof text);
+        printf("kt-train: held-out %s: %lld windows; unigram baseline %s\n", a->eval_data,
+               (long long)t->eval_windows, text);
     }
-    for (; i < n; i++)
-        h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
+    if (t->resumed)
+        printf("kt-train: resumed from %s at step %lld\n", t->from.dir,
+               (long long)t->first_step);
+    int later = t->resumed ? run_dir_later_checkpoints(t, t->first_step) : 0;
+    if (later > 0)
+        printf("kt-train: note: %s holds %d checkpoint%s after step %lld, from the run before "
+               "this resume: the first checkpoint this run writes replaces %s\n", t->run_dir,
+               later, later == 1 ? "" : "s", (long long)t->first_step,
+               later == 1 ? "it" : "them");
+    fflush(stdout);
 }
 
 /* The initial parameters, in program order (they come from --params or --seed) */
 static uint64_t params_hash(const trainer *t)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
+    uint64_t h = HASH_START;
     for (int i = 0; i < kt_program_count(t->p, KT_ROLE_PARAM); i++) {
         const char *name = NULL;
         kt_tensor v;
@@ -369,18 +545,19 @@ static uint64_t params_hash(const trainer *t)
  * values are gathered and compared with rank 0's before the first step. */
 static int check_same_run(const trainer *t, const train_args *a)
 {
-    enum { N = 16 };
+    enum { N = 17 };
     static const char *const names[N] = {
         "--steps", "--seed", "--lr", "--optimizer", "--moe-inter", "--moe-dtype", "--moe-mode",
         "--lora-rank", "--lora-alpha",
         "--data-format", "--data-header", "the data file's token count",
         "the data file's contents",
         "the program's tokens per step", "--input-tokens / --input-labels / --input-targets",
-        "the initial parameters (--params, --seed)"};
+        "the initial parameters (--params, --seed)",
+        "training settings (--accum, --schedule, --warmup, --clip, --weight-decay, ...)"};
     uint32_t lr_bits, alpha_bits;
     memcpy(&lr_bits, &a->lr, sizeof lr_bits);
     memcpy(&alpha_bits, &a->lora_alpha, sizeof alpha_bits);
-    uint64_t names_hash = hash_bytes(0xcbf29ce484222325ull, a->tokens_input,
+    uint64_t names_hash = hash_bytes(HASH_START, a->tokens_input,
                                      strlen(a->tokens_input) + 1);
     names_hash = hash_bytes(names_hash, a->targets_input, strlen(a->targets_input) + 1);
     names_hash = hash_bytes(names_hash, a->labels_input, strlen(a->labels_input) + 1);
@@ -390,7 +567,8 @@ static int check_same_run(const trainer *t, const train_args *a)
                              (uint64_t)a->token_bytes,
                              (uint64_t)a->data_header, (uint64_t)t->data.n_tokens,
                              t->data.content_hash,
-                             (uint64_t)t->data.window, names_hash, params_hash(t)};
+                             (uint64_t)t->data.window, names_hash, params_hash(t),
+                             resume_settings_hash(t, a)};
     uint64_t *all = malloc(sizeof own * (size_t)t->r.world);
     if (all == NULL)
         return train_fail("out of memory", NULL);
@@ -480,27 +658,54 @@ static int check_memory(const trainer *t, const train_args *a)
                        kt_format_bytes(avail, have, sizeof have));
 }
 
+/* --resume: the checkpoint, and the program it holds when none is given. */
+static int find_resume(trainer *t, train_args *a)
+{
+    if (a->resume == NULL)
+        return 0;
+    if (checkpoint_find(a->resume, &t->from) != 0)
+        return 1;
+    t->resumed = 1;
+    if (a->program == NULL)
+        a->program = t->from.program;
+    return 0;
+}
+
 /* Everything before the first step. Every argument and input file is checked, and the whole
  * run's memory admitted, before anything large is allocated. The parts that differ between
- * ranks (rank 0's MoE layers and the sessions that bind them) are agreed on, so that no rank
- * starts training while another has failed; the rest fails the same way on every rank. */
-static int setup(trainer *t, const train_args *a)
+ * ranks (rank 0's MoE layers and the sessions that bind them, rank 0's run directory) are
+ * agreed on, so that no rank starts training while another has failed; the rest fails the
+ * same way on every rank. */
+static int setup(trainer *t, train_args *a)
 {
-    if (ranks_open(&t->r) != 0 || load_program(t, a) != 0)
+    t->last_eval = NAN;
+    t->run_dir_lock = -1;
+    if (ranks_open(&t->r) != 0 || find_resume(t, a) != 0 || program_open(t, a) != 0)
         return 1;
+    t->run_dir = a->run_dir != NULL ? a->run_dir : t->resumed ? t->from.run_dir : NULL;
     int rc = data_open(&t->data, a->data, a, t->p, &t->r);
+    if (rc == 0 && a->eval_data != NULL)
+        rc = eval_open(t, a);
     if (rc == 0)
         rc = check_weight_files(a, &t->r, t->p);
     if (rc == 0)
         rc = check_memory(t, a);
     if (rc == 0 && kt_threadpool_create(a->threads, &t->pool) != KT_OK)
         rc = train_fail("cannot start the thread pool", kt_last_error());
+    if (rc == 0 && t->resumed)
+        rc = resume_check(t, a, &t->from);
+    if (rc == 0)
+        rc = run_dir_open(t);
     if (rc == 0)
         rc = moe_setup(&t->moe, a, t->p, &t->r, t->pool);
     if (rc == 0)
         rc = create_session(t, a);
+    if (rc == 0 && t->resumed && (rc = resume_load(t)) == 0)
+        t->first_step = t->from.step;
     if (rc == 0)
         rc = data_bind(&t->data, t->s);
+    if (rc == 0 && t->eval.path != NULL)
+        rc = data_bind(&t->eval, t->s);
     if (rc == 0 && t->r.rank == 0 && a->losses != NULL &&
         kt_out_open(a->losses, &t->losses) != KT_OK)
         rc = train_fail("cannot create the losses file", kt_last_error());
@@ -527,13 +732,35 @@ static int save(trainer *t, const train_args *a)
     return 0;
 }
 
+/* The run's result against the bar it had to pass. */
+static void print_result(const trainer *t)
+{
+    if (t->eval.path == NULL || isnan(t->last_eval))
+        return;
+    double bytes = data_bytes_per_token(&t->eval);
+    printf("held-out loss %.4f", t->last_eval);
+    if (bytes > 0)
+        printf(" = %.4f bits/byte", t->last_eval / log(2.0) / bytes);
+    else
+        printf(" (perplexity %.4g)", exp(t->last_eval));
+    if (t->baseline_nats > 0)
+        printf(", %.3f of the unigram baseline (%.4f%s)", t->last_eval / t->baseline_nats,
+               bytes > 0 ? t->baseline_nats / log(2.0) / bytes : t->baseline_nats,
+               bytes > 0 ? " bits/byte" : " nats");
+    printf("\n");
+}
+
 static void teardown(trainer *t)
 {
     data_close(&t->data);
+    if (t->eval.path != NULL)
+        data_close(&t->eval);
     kt_session_destroy(t->s);
     kt_moe_layers_destroy(&t->moe);
     kt_threadpool_destroy(t->pool);
     kt_program_destroy(t->p);
+    free(t->program_bytes);
+    run_dir_close(t);
     ranks_close(&t->r); /* last: it waits for every rank */
 }
 
@@ -543,20 +770,22 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    train_args a;
+    static train_args a; /* static: the -D names it holds live as long as the process */
     int rc = parse_args(argc, argv, &a);
     if (rc != 0)
         return rc < 0 ? tool_finish_stdout("kt-train") : rc;
     if (kt_check_environment() != KT_OK)
         return usage_error("%s", kt_last_error());
-    trainer t;
+    static trainer t;
     memset(&t, 0, sizeof t);
+    stop_install(); /* a signal during setup stops after the first step */
     rc = setup(&t, &a);
+    int stopped = 0;
     if (rc == 0)
-        rc = train_loop(&a, t.s, &t.data, &t.r, t.losses);
+        rc = train_loop(&t, &a, &stopped);
     else
         kt_out_discard(t.losses);
-    if (rc == 0) {
+    if (rc == 0 && stopped == 0) {
         /* rank 0 writes the files; the others wait for it and learn whether it could */
         kt_status saved = KT_OK;
         if (a.save != NULL && t.r.rank == 0 && save(&t, &a) != 0)
@@ -568,9 +797,17 @@ int main(int argc, char **argv)
         }
     }
     double peak = tool_peak_rss_mb();
-    if (rc == 0 && t.r.rank == 0 && peak >= 0)
-        printf("peak RSS %.1f MB\n", peak);
+    if (rc == 0 && t.r.rank == 0) {
+        print_result(&t);
+        if (peak >= 0)
+            printf("peak RSS %.1f MB\n", peak);
+    }
     teardown(&t);
     int out = tool_finish_stdout("kt-train");
+    /* a signal that came after the last step (during the last evaluation or save, which it
+     * let finish) still ends the process by it, so that a calling script stops too */
+    int sig = stopped != 0 ? stopped : stop_signal();
+    if (rc == 0 && sig != 0)
+        stop_exit(sig);
     return rc != 0 ? rc : out;
 }

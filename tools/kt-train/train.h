@@ -5,7 +5,12 @@
  *   data.c       the token file and the per-rank slices of each step's window
  *   prepared.c   kt-data's prepared files (tokens, loss mask, documents): their header
  *   moe_setup.c  the CPU MoE layers the program's moe ops run: created, initialised, saved
- *   loop.c       the training loop: forward, backward, step, progress and the loss file
+ *   loop.c       the training loop: accumulation, step, evaluation, checkpoints, progress
+ *   program.c    the program: a .ktp, or a .ktg compiled in-process with -D overrides
+ *   eval.c       the held-out loss and the unigram baseline
+ *   run_dir.c    the run directory's checkpoints: written atomically, listed, pruned, read
+ *   resume.c     a run's settings in its checkpoint, compared on --resume
+ *   stop.c       SIGINT and SIGTERM: finish the step, checkpoint, exit 128+signal
  *
  * Every function that can fail prints one line "kt-train: ..." naming what and where
  * (train_error, which also records it for the other ranks), and returns nonzero; main turns
@@ -36,6 +41,20 @@ typedef struct train_args {
     int64_t lora_rank;                        /* --moe-mode lora: r (default 8) */
     float lora_alpha;                         /* ... and alpha (default 16) */
     int threads;                              /* 0: KT_NUM_THREADS or the CPU count */
+    /* the optimizer and its schedule (trainer.h: what the trainer package adds) */
+    float weight_decay, beta1, beta2, momentum, min_lr, clip;
+    kt_lr_schedule_kind schedule;
+    int64_t warmup, accum;
+    /* a .ktg model: its -D overrides */
+    kt_ktg_define defines[64];
+    int n_defines;
+    /* held-out evaluation */
+    const char *eval_data;
+    int64_t eval_every, eval_windows;         /* 0: only at the end; 0: every whole window */
+    /* the run directory and resume */
+    const char *run_dir, *resume;
+    int64_t save_every, keep;                 /* 0: only at the end */
+    int set_flags;                            /* TRAIN_SET_*: options given on the command line */
 } train_args;
 
 /* Prints "kt-train: <message>" and records it as the last error (so that the other ranks
@@ -149,8 +168,6 @@ const kt_moe_config *moe_first_config(const kt_moe_layers *m);
 
 /* ---- loop.c ------------------------------------------------------------------------------ */
 
-/* losses: rank 0's --losses file (else NULL), committed by the loop at its end */
-int train_loop(const train_args *a, kt_session *s, token_data *d, const ranks *r,
-               kt_out_file *losses);
+/* The training loop is trainer.h's train_loop (it needs the whole trainer). */
 
 #endif
