@@ -7,13 +7,13 @@
 #
 # usage: examples/train_lm.sh [BUILD_DIR] [STEPS]
 #   BUILD_DIR  where the tools were built (default: build)
-#   STEPS      optimizer steps (default 530: about 4-5 minutes on 2 cores); a few (< 20) is
+#   STEPS      optimizer steps (default 400: about 4 minutes on 2 quiet cores); a few (< 20) is
 #              the quick check ctest runs: the same pipeline, a smaller held-out evaluation
 # Output goes to BUILD_DIR/lm/: the prepared data (data/), the run directory (run/:
 # metrics.jsonl, loss.svg, checkpoints) and the trained model, lm.safetensors.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=${1:-build} steps=${2:-530}
+build=${1:-build} steps=${2:-400}
 case "$build" in /*) ;; *) build="$root/$build" ;; esac
 case "$steps" in '' | *[!0-9]* | 0*) echo "train_lm.sh: STEPS must be a positive number, not '$steps'" >&2; exit 2 ;; esac
 for tool in kt-data kt-graphc kt-train; do
@@ -42,7 +42,7 @@ if [ "$steps" -lt 20 ]; then quick=(--eval-windows 2); fi
 "$build/tools/kt-train" "$out/moe_lm.ktp" --data "$out/data/train.safetensors" \
   --eval-data "$out/data/heldout.safetensors" --eval-every 150 "${quick[@]}" \
   --steps "$steps" --lr 3e-3 --schedule cosine --warmup 20 --min-lr 3e-4 \
-  --run-dir "$out/run" --save "$out/lm.safetensors"
+  --log-every 25 --run-dir "$out/run" --save "$out/lm.safetensors"
 
 # a sample, when kt-generate is built
 if [ -x "$build/tools/kt-generate" ]; then
