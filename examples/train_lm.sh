@@ -52,5 +52,7 @@ if [ -x "$build/tools/kt-generate" ]; then
     --params "$out/lm.safetensors" --prompt "The " --max-new 60 --temperature 0.8 \
     --top-k 40 --seed 1 --eos 256
   echo
+else
+  echo "(no sample: $build/tools/kt-generate is not built)"
 fi
 echo "the run: $out/run (metrics.jsonl, loss.svg, checkpoints); the model: $out/lm.safetensors"
