@@ -32,8 +32,9 @@ static const char *kind_name[4] = {"nt", "nn", "tn", "nt_dots"};
 static int vector_path(void) { return kt__cpu_has_avx512() && kt__cpu_has_avx512_bf16(); }
 
 /* Whether a product of M rows gives the scalar reference's bits: the portable path is the
- * reference itself, and the FMA path (fma_gemm.h) sums in its order, but for NT and NN adds
- * to y's value product by product where the reference adds the sum. */
+ * reference itself, and the FMA paths (fma_gemm.h, and avx2_fma: avx2_gemm.h) sum in its
+ * order, but for NT and NN add to y's value product by product where the reference adds the
+ * sum. */
 static int ref_bits(int64_t M, int kind, int accumulate)
 {
     if (kind == NT_DOTS)
@@ -41,7 +42,8 @@ static int ref_bits(int64_t M, int kind, int accumulate)
     const char *path = kt__bf16_gemm_kind_path(kind_name[kind], M);
     if (strcmp(path, "scalar") == 0)
         return 1;
-    return strcmp(path, "fma") == 0 && (!accumulate || kind == TN);
+    return (strcmp(path, "fma") == 0 || strcmp(path, "avx2_fma") == 0) &&
+           (!accumulate || kind == TN);
 }
 
 /* One problem. Operands a [ar, lda], b [br, ldb], output c [cr, ldc] (c0 its initial value):

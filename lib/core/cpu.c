@@ -148,6 +148,12 @@ int kt__cpu_has_f16c(void)
     return f->avx2 && f->f16c;
 }
 
+int kt__cpu_has_avx2(void)
+{
+    const kt_cpu_features *f = kt_cpu_get_features();
+    return f->avx2 && f->f16c;
+}
+
 int kt__cpu_bf16_on_fma(void) { return kt_cpu_get_features()->bf16_on_fma; }
 
 int kt__cpu_is_intel(void)

@@ -4,6 +4,7 @@
 
 #include "lib/core/cpu_internal.h"
 #include "lib/kernels/attn_block.h"
+#include "lib/kernels/attn_block_avx2.h"
 #include "lib/kernels/lane_mask.h"
 
 /* ---- plain C ---------------------------------------------------------------------------- */
@@ -315,6 +316,12 @@ void kt__attn_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t sam,
         return;
     }
 #endif
+#ifdef KT__ATTN_AVX2
+    if (kt__cpu_has_avx2()) {
+        kt__attn_gemm_avx2(M, N, K, A, sam, sak, B, ldb, C, ldc, accumulate, NULL);
+        return;
+    }
+#endif
     gemm_plain(M, N, K, A, sam, sak, B, ldb, C, ldc, accumulate);
 }
 
@@ -327,6 +334,12 @@ void kt__attn_gemm_rescale(int64_t M, int64_t N, int64_t K, const float *A, int6
 #ifdef ATTN_AVX512
     if (kt__cpu_has_avx512()) {
         gemm_avx512(M, N, K, A, sam, sak, B, ldb, C, ldc, 1, f);
+        return;
+    }
+#endif
+#ifdef KT__ATTN_AVX2
+    if (kt__cpu_has_avx2()) {
+        kt__attn_gemm_avx2(M, N, K, A, sam, sak, B, ldb, C, ldc, 1, f);
         return;
     }
 #endif
@@ -343,6 +356,12 @@ void kt__attn_transpose(int64_t rows, int64_t cols, const float *src, int64_t ld
         return;
     }
 #endif
+#ifdef KT__ATTN_AVX2
+    if (kt__cpu_has_avx2()) {
+        kt__attn_transpose_avx2(rows, cols, src, lds, f, dst, ldd);
+        return;
+    }
+#endif
     transpose_plain(rows, cols, src, lds, f, dst, ldd);
 }
 
@@ -351,6 +370,12 @@ void kt__attn_softcap(int64_t rows, int64_t cols, float *x, int64_t ld, float ca
 #ifdef ATTN_AVX512
     if (kt__cpu_has_avx512()) {
         softcap_avx512(rows, cols, x, ld, cap);
+        return;
+    }
+#endif
+#ifdef KT__ATTN_AVX2
+    if (kt__cpu_has_avx2()) {
+        kt__attn_softcap_avx2(rows, cols, x, ld, cap);
         return;
     }
 #endif
@@ -366,6 +391,12 @@ void kt__attn_online_cols(int64_t rows, int64_t cols, float *s, int64_t ld, floa
         return;
     }
 #endif
+#ifdef KT__ATTN_AVX2
+    if (kt__cpu_has_avx2()) {
+        kt__attn_online_avx2(rows, cols, s, ld, m, l, alpha);
+        return;
+    }
+#endif
     online_plain(rows, cols, s, ld, m, l, alpha);
 }
 
@@ -374,6 +405,12 @@ void kt__attn_scale_cols(int64_t rows, int64_t cols, float *x, int64_t ld, const
 #ifdef ATTN_AVX512
     if (kt__cpu_has_avx512()) {
         scale_cols_avx512(rows, cols, x, ld, f);
+        return;
+    }
+#endif
+#ifdef KT__ATTN_AVX2
+    if (kt__cpu_has_avx2()) {
+        kt__attn_scale_cols_avx2(rows, cols, x, ld, f);
         return;
     }
 #endif
@@ -388,6 +425,12 @@ void kt__attn_probs_grad(int64_t rows, int64_t cols, float *s, int64_t lds, floa
 #ifdef ATTN_AVX512
     if (kt__cpu_has_avx512()) {
         probs_grad_avx512(rows, cols, s, lds, dp, ldp, lse, di, per_col, cap);
+        return;
+    }
+#endif
+#ifdef KT__ATTN_AVX2
+    if (kt__cpu_has_avx2()) {
+        kt__attn_probs_grad_avx2(rows, cols, s, lds, dp, ldp, lse, di, per_col, cap);
         return;
     }
 #endif

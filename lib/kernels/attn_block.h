@@ -1,7 +1,7 @@
 /* The block kernels of the attention op (lib/ops/attention.c): one f32 block product and the
  * softmax pieces of flash attention, AVX-512 where the CPU has it (kt__cpu_has_avx512, so
- * KT_CPU=portable picks the plain loops), else plain C. Each path gives the same bits for any
- * thread count; the two paths differ in rounding (the vector exp and the order of a product's
+ * KT_CPU=portable picks the plain loops), else AVX2 + FMA (attn_block_avx2.h), else plain C.
+ * Each path gives the same bits for any thread count; the paths differ in rounding (the vector exp and the order of a product's
  * sums are their own). They are not registry paths: they serve one op, at block sizes the op
  * fixes, with no row ranges to choose between.
  *

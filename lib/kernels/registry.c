@@ -9,6 +9,7 @@
 #include "kt/tensor.h"
 #include "lib/core/cpu_internal.h"
 #include "lib/kernels/amx_gemm.h"
+#include "lib/kernels/avx2_gemm.h"
 #include "lib/kernels/bf16_dpbf16.h"
 #include "lib/kernels/bf16_gemm.h"
 #include "lib/kernels/f32_gemm.h"
@@ -30,6 +31,8 @@ static void features_init(void)
         if (kt__cpu_has_avx512_bf16())
             f |= KT__KF_AVX512_BF16;
     }
+    if (kt__cpu_has_avx2())
+        f |= KT__KF_AVX2;
     if (kt__amx_usable())
         f |= KT__KF_AMX;
     if (kt__cpu_bf16_on_fma())
@@ -186,6 +189,145 @@ static void fma_tn_f32(int64_t M, int64_t n0, int64_t n1, int64_t K, const float
 #define DP_FN(f) NULL
 #endif
 
+/* ---- the AVX2 kernels (avx2_gemm.h) ------------------------------------------------------ */
+
+#ifdef KT__AVX2_GEMM
+static kt__avx2_op av_op(const void *p, int64_t ld, int trans, kt__fma_src src)
+{
+    const kt__avx2_op o = {p, ld, trans, src};
+    return o;
+}
+
+static const void *av_at(const void *p, int64_t i, kt__fma_src src)
+{
+    return (const char *)p + i * (src == KT__FMA_F32 ? 4 : 2);
+}
+
+/* y[:, n0:n1) (+)= x w^T: A = x, B = w^T (w's rows read as B's columns) */
+static void av_nt(kt__fma_src src, int64_t M, int64_t n0, int64_t n1, int64_t K, const void *x,
+                  int64_t ldx, const void *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
+{
+    kt__avx2_gemm(M, n1 - n0, K, av_op(x, ldx, 0, src), av_op(av_at(w, n0 * ldw, src), ldw, 1, src),
+                  y + n0, ldy, accumulate ? KT__AVX2_CHAIN : KT__AVX2_OVERWRITE, 1.0f);
+}
+
+/* y[:, k0:k1) (+)= g0 w0 (+ g1 w1, the same sum continued) */
+static void av_nn(kt__fma_src src, int64_t M, int64_t N, int64_t k0, int64_t k1, const void *g0,
+                  const void *w0, const void *g1, const void *w1, int64_t ldg, int64_t ldw,
+                  float *y, int64_t ldy, int accumulate)
+{
+    kt__avx2_gemm(M, k1 - k0, N, av_op(g0, ldg, 0, src), av_op(av_at(w0, k0, src), ldw, 0, src),
+                  y + k0, ldy, accumulate ? KT__AVX2_CHAIN : KT__AVX2_OVERWRITE, 1.0f);
+    if (g1 != NULL)
+        kt__avx2_gemm(M, k1 - k0, N, av_op(g1, ldg, 0, src),
+                      av_op(av_at(w1, k0, src), ldw, 0, src), y + k0, ldy, KT__AVX2_CHAIN, 1.0f);
+}
+
+/* dw[n0:n1, :] (+)= scale g[:, n0:n1)^T x: A = g^T, B = x */
+static void av_tn(kt__fma_src src, int64_t M, int64_t n0, int64_t n1, int64_t K, const void *g,
+                  int64_t ldg, const void *x, int64_t ldx, float *dw, int64_t lddw, float scale,
+                  int accumulate)
+{
+    kt__avx2_gemm(n1 - n0, K, M, av_op(av_at(g, n0, src), ldg, 1, src), av_op(x, ldx, 0, src),
+                  dw + n0 * lddw, lddw, accumulate ? KT__AVX2_SCALED_ADD : KT__AVX2_SCALED, scale);
+}
+
+static void av_nt_bf16(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
+                       int64_t ldx, const uint16_t *w, int64_t ldw, const uint16_t *next,
+                       float *y, int64_t ldy, int accumulate)
+{
+    (void)next;
+    av_nt(KT__FMA_BF16, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+}
+
+static void av_nt_f32(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *x, int64_t ldx,
+                      const float *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
+{
+    av_nt(KT__FMA_F32, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+}
+
+static void av_dots_bf16(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
+                         int64_t ldx, const uint16_t *w, int64_t ldw, const uint16_t *next,
+                         float *y, int64_t ldy, int accumulate)
+{
+    (void)next;
+    kt__avx2_nt_dots(KT__FMA_BF16, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+}
+
+static void av_dots_f32(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *x,
+                        int64_t ldx, const float *w, int64_t ldw, float *y, int64_t ldy,
+                        int accumulate)
+{
+    kt__avx2_nt_dots(KT__FMA_F32, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
+}
+
+static void av_nn_bf16(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
+                       int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
+                       int accumulate)
+{
+    av_nn(KT__FMA_BF16, M, N, k0, k1, g, w, NULL, NULL, ldg, ldw, y, ldy, accumulate);
+}
+
+static void av_nn2_bf16(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g0,
+                        const uint16_t *w0, const uint16_t *g1, const uint16_t *w1, int64_t ldg,
+                        int64_t ldw, float *y, int64_t ldy, int stream)
+{
+    (void)stream;
+    av_nn(KT__FMA_BF16, M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, 0);
+}
+
+static void av_nn_f32(int64_t M, int64_t N, int64_t k0, int64_t k1, const float *g0,
+                      const float *w0, const float *g1, const float *w1, int64_t ldg, int64_t ldw,
+                      float *y, int64_t ldy, int accumulate)
+{
+    av_nn(KT__FMA_F32, M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, accumulate);
+}
+
+static void av_tn_bf16(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
+                       int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
+                       float scale, int accumulate, void *work)
+{
+    (void)work;
+    av_tn(KT__FMA_BF16, M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
+}
+
+static void av_tn_f32(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *g, int64_t ldg,
+                      const float *x, int64_t ldx, float *dw, int64_t lddw, float scale,
+                      int accumulate, void *work)
+{
+    (void)work;
+    av_tn(KT__FMA_F32, M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
+}
+
+static kt__fma_src av_src_of(kt__kelem e)
+{
+    return e == KT__KE_F32 ? KT__FMA_F32 : e == KT__KE_BF16 ? KT__FMA_BF16 : KT__FMA_F16;
+}
+
+/* c[:, n0:n1) = op(a) op(b): b's columns from n0 (its rows when trans_b) */
+static void av_mm_mixed(kt__kelem ea, kt__kelem eb, int trans_a, int trans_b, int64_t M,
+                        int64_t n0, int64_t n1, int64_t K, const void *a, int64_t lda,
+                        const void *b, int64_t ldb, float *c, int64_t ldc, void *work)
+{
+    (void)work;
+    const kt__fma_src sa = av_src_of(ea), sb = av_src_of(eb);
+    kt__avx2_gemm(M, n1 - n0, K, av_op(a, lda, trans_a, sa),
+                  av_op(av_at(b, trans_b ? n0 * ldb : n0, sb), ldb, trans_b, sb), c + n0, ldc,
+                  KT__AVX2_OVERWRITE, 1.0f);
+}
+
+static void av_mm_bf16(int trans_a, int trans_b, int64_t M, int64_t n0, int64_t n1, int64_t K,
+                       const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb, float *c,
+                       int64_t ldc, void *work)
+{
+    av_mm_mixed(KT__KE_BF16, KT__KE_BF16, trans_a, trans_b, M, n0, n1, K, a, lda, b, ldb, c, ldc,
+                work);
+}
+#define AV_FN(f) f
+#else
+#define AV_FN(f) NULL
+#endif
+
 /* ---- the scalar references --------------------------------------------------------------- */
 
 static void ref_nt_bf16(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
@@ -266,7 +408,18 @@ static void ref_mm_mixed(kt__kelem ea, kt__kelem eb, int trans_a, int trans_b, i
 /* ---- the table ------------------------------------------------------------------------------ */
 
 #define ALL INT64_MAX
-enum { P_AMX, P_FMA_PACKED, P_FMA_ROWS, P_FMA_DOTS, P_FMA_DIRECT, P_FMA, P_DPBF16, P_SCALAR };
+enum {
+    P_AMX,
+    P_FMA_PACKED,
+    P_FMA_ROWS,
+    P_FMA_DOTS,
+    P_FMA_DIRECT,
+    P_FMA,
+    P_DPBF16,
+    P_AVX2_DOTS,
+    P_AVX2,
+    P_SCALAR
+};
 
 /* Why the row ranges are where they are (the measurements are in docs/moe.md):
  *  - amx from one full tile of rows (16): below, the tiles are mostly padding.
@@ -282,7 +435,12 @@ enum { P_AMX, P_FMA_PACKED, P_FMA_ROWS, P_FMA_DOTS, P_FMA_DIRECT, P_FMA, P_DPBF1
  *    sums without their panels.
  *  - fma from 16 bf16 rows where bf16 multiplies faster widened (below, vdpbf16ps streams the
  *    weights as fast), every row count where the CPU lacks vdpbf16ps.
- *  - avx512_bf16 at every row count it is reached for. */
+ *  - avx512_bf16 at every row count it is reached for.
+ *  - avx2_dots and avx2_fma only where the CPU has AVX2 + FMA + F16C but no AVX-512 (the paths
+ *    above serve every product there): avx2_dots for NT of up to KT__AVX2_DOTS_MAX_M rows
+ *    (w streamed in place; the tiles' transposed panel costs more than it saves there),
+ *    avx2_fma for every other product and row count (docs/moe-measurements.md, "AVX2
+ *    machines"). */
 const kt__kpath kt__kpaths[] = {
     [P_AMX] = {.name = "amx",
                .sums_as = P_AMX,
@@ -299,6 +457,7 @@ const kt__kpath kt__kpaths[] = {
     [P_FMA_PACKED] = {.name = "fma_packed",
                       .sums_as = P_FMA,
                       .insn = KT__KINSN_FMA,
+                      .bits = 512,
                       .needs = KT__KF_AVX512,
                       .needs_bf16 = KT__KF_BF16_ON_FMA,
                       .rows = {[KT__KP_MM_BF16] = {KT__FMA_PACKED_MIN_M, ALL},
@@ -309,6 +468,7 @@ const kt__kpath kt__kpaths[] = {
     [P_FMA_ROWS] = {.name = "fma_rows",
                     .sums_as = P_FMA_ROWS,
                     .insn = KT__KINSN_FMA,
+                    .bits = 512,
                     .needs = KT__KF_AVX512,
                     .needs_f32 = KT__KF_F32_OWN,
                     .rows = {[KT__KP_NT_F32] = {1, KT__FMA_ROWS_MAX_M}},
@@ -316,6 +476,7 @@ const kt__kpath kt__kpaths[] = {
     [P_FMA_DOTS] = {.name = "fma_dots",
                     .sums_as = P_FMA_DOTS,
                     .insn = KT__KINSN_FMA,
+                    .bits = 512,
                     .needs = KT__KF_AVX512,
                     .needs_bf16 = KT__KF_BF16_ON_FMA,
                     .needs_f32 = KT__KF_F32_OWN,
@@ -326,6 +487,7 @@ const kt__kpath kt__kpaths[] = {
     [P_FMA_DIRECT] = {.name = "fma_direct",
                       .sums_as = P_FMA,
                       .insn = KT__KINSN_FMA,
+                      .bits = 512,
                       .needs = KT__KF_AVX512,
                       .needs_bf16 = KT__KF_BF16_ON_FMA,
                       .needs_f32 = KT__KF_F32_OWN,
@@ -339,6 +501,7 @@ const kt__kpath kt__kpaths[] = {
     [P_FMA] = {.name = "fma",
                .sums_as = P_FMA,
                .insn = KT__KINSN_FMA,
+               .bits = 512,
                .needs = KT__KF_AVX512,
                .needs_bf16 = KT__KF_BF16_ON_FMA,
                .needs_f32 = KT__KF_F32_OWN,
@@ -362,6 +525,7 @@ const kt__kpath kt__kpaths[] = {
     [P_DPBF16] = {.name = "avx512_bf16",
                   .sums_as = P_DPBF16,
                   .insn = KT__KINSN_DPBF16,
+                  .bits = 512,
                   .needs = KT__KF_AVX512 | KT__KF_AVX512_BF16,
                   .rows = {[KT__KP_NT_BF16] = {0, ALL},
                            [KT__KP_NN_BF16] = {0, ALL},
@@ -372,6 +536,43 @@ const kt__kpath kt__kpaths[] = {
                   .nn2_bf16 = DP_FN(kt__bf16_nn2_dpbf16),
                   .tn_bf16 = DP_FN(kt__bf16_tn_dpbf16),
                   .tn_work_bytes = DP_FN(kt__bf16_tn_dpbf16_work_bytes)},
+    [P_AVX2_DOTS] = {.name = "avx2_dots",
+                     .sums_as = P_AVX2_DOTS,
+                     .insn = KT__KINSN_FMA,
+                     .bits = 256,
+                     .needs = KT__KF_AVX2,
+                     .needs_f32 = KT__KF_F32_OWN,
+                     .unless = KT__KF_AVX512,
+                     .rows = {[KT__KP_NT_BF16] = {1, KT__AVX2_DOTS_MAX_M},
+                              [KT__KP_NT_F32] = {1, KT__AVX2_DOTS_MAX_M}},
+                     .nt_bf16 = AV_FN(av_dots_bf16),
+                     .nt_f32 = AV_FN(av_dots_f32)},
+    [P_AVX2] = {.name = "avx2_fma",
+                .sums_as = P_AVX2,
+                .insn = KT__KINSN_FMA,
+                .bits = 256,
+                .needs = KT__KF_AVX2,
+                .needs_f32 = KT__KF_F32_OWN,
+                .unless = KT__KF_AVX512,
+                .rows = {[KT__KP_NT_BF16] = {0, ALL},
+                         [KT__KP_NN_BF16] = {0, ALL},
+                         [KT__KP_NN2_BF16] = {0, ALL},
+                         [KT__KP_TN_BF16] = {0, ALL},
+                         [KT__KP_NT_F32] = {0, ALL},
+                         [KT__KP_NN_F32] = {0, ALL},
+                         [KT__KP_NN2_F32] = {0, ALL},
+                         [KT__KP_TN_F32] = {0, ALL},
+                         [KT__KP_MM_BF16] = {0, ALL},
+                         [KT__KP_MM_MIXED] = {0, ALL}},
+                .nt_bf16 = AV_FN(av_nt_bf16),
+                .nn_bf16 = AV_FN(av_nn_bf16),
+                .nn2_bf16 = AV_FN(av_nn2_bf16),
+                .tn_bf16 = AV_FN(av_tn_bf16),
+                .nt_f32 = AV_FN(av_nt_f32),
+                .nn_f32 = AV_FN(av_nn_f32),
+                .tn_f32 = AV_FN(av_tn_f32),
+                .mm_bf16 = AV_FN(av_mm_bf16),
+                .mm_mixed = AV_FN(av_mm_mixed)},
     [P_SCALAR] = {.name = "scalar",
                   .sums_as = P_SCALAR,
                   .insn = KT__KINSN_SCALAR,
@@ -396,7 +597,8 @@ const kt__kpath kt__kpaths[] = {
                   .mm_mixed = ref_mm_mixed},
 };
 const int kt__kpath_count = (int)(sizeof kt__kpaths / sizeof kt__kpaths[0]);
-_Static_assert(sizeof kt__kpaths / sizeof kt__kpaths[0] <= 8, "usable's e[] holds every path");
+#define MAX_PATHS 12
+_Static_assert(sizeof kt__kpaths / sizeof kt__kpaths[0] <= MAX_PATHS, "usable's e[] holds every path");
 
 static int has_kernel(const kt__kpath *p, kt__kprod prod);
 
@@ -442,7 +644,7 @@ typedef struct usable {
     struct {
         int64_t lo, hi;
         const kt__kpath *path;
-    } e[8];
+    } e[MAX_PATHS];
 } usable;
 static pthread_once_t usable_once = PTHREAD_ONCE_INIT;
 static usable usable_by_prod[KT__KPROD_COUNT];
@@ -453,11 +655,12 @@ static void usable_init(void)
     for (int prod = 0; prod < KT__KPROD_COUNT; prod++) {
         usable *u = &usable_by_prod[prod];
         const int bf16 = prod_bf16((kt__kprod)prod);
-        for (int i = 0; i < kt__kpath_count && u->n < 8; i++) {
+        for (int i = 0; i < kt__kpath_count && u->n < MAX_PATHS; i++) {
             const kt__kpath *p = &kt__kpaths[i];
             const unsigned needs = p->needs | (bf16 ? p->needs_bf16 : p->needs_f32);
             const kt__krows r = p->rows[prod];
-            if (r.max_m == 0 || !has_kernel(p, (kt__kprod)prod) || (have & needs) != needs)
+            if (r.max_m == 0 || !has_kernel(p, (kt__kprod)prod) || (have & needs) != needs ||
+                (have & p->unless) != 0)
                 continue;
             u->e[u->n].lo = (p->all_rows_without & ~have) ? 0 : r.min_m;
             u->e[u->n].hi = r.max_m;

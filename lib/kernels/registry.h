@@ -33,7 +33,8 @@ typedef enum kt__kprod {
 /* The instruction a path multiplies with, and so the register peak it is judged against. */
 typedef enum kt__kinsn {
     KT__KINSN_SCALAR, /* plain C: no peak */
-    KT__KINSN_FMA,    /* vfmadd231ps, 16 x 2 flop (bf16 widened to f32, or f32) */
+    KT__KINSN_FMA,    /* vfmadd231ps, 16 x 2 flop at 512 bits, 8 x 2 at 256 (the path's
+                       * bits): bf16 widened to f32, or f32 */
     KT__KINSN_DPBF16, /* vdpbf16ps, 16 x 4 flop */
     KT__KINSN_AMX,    /* tdpbf16ps on the AMX tiles */
     KT__KINSN_COUNT
@@ -49,6 +50,7 @@ enum {
     KT__KF_AMX = 1u << 2,         /* AMX tiles usable (passed the start-up self-test) */
     KT__KF_BF16_ON_FMA = 1u << 3,
     KT__KF_F32_OWN = 1u << 4,
+    KT__KF_AVX2 = 1u << 5, /* avx2 + fma + f16c (kt__cpu_has_avx2) */
 };
 /* This CPU's KT__KF_* bits (after KT_CPU). */
 unsigned kt__kernel_features(void);
@@ -96,8 +98,11 @@ typedef struct kt__kpath {
     int sums_as;        /* index of the path whose sums (bits) it computes: itself, or the
                          * one it reads its operands differently from */
     kt__kinsn insn;     /* what it multiplies with */
+    int bits;           /* at what vector width: 512 (zmm) or 256 (ymm); 0 for the scalar
+                         * path and the AMX tiles (kt-bench times its peak at that width) */
     unsigned needs;     /* KT__KF_* for every product it serves */
     unsigned needs_bf16, needs_f32; /* and for its bf16 / f32 products */
+    unsigned unless;    /* KT__KF_* whose presence rules it out (faster paths need them) */
     unsigned all_rows_without; /* features whose absence lets it serve every row count (the
                                 * rows below min_m were left to a path that needs them) */
     kt__krows rows[KT__KPROD_COUNT];

@@ -247,6 +247,184 @@ VEC_TARGET static void rows_axpys_avx512(int64_t n, int64_t nrows, const float *
         }
     }
 }
+
+/* ---- AVX2 + FMA (CPUs without AVX-512): the AVX-512 loops' sums at 8 lanes, the 16 lanes of
+ * a dot product as two ymm (so the bits are the AVX-512 path's) ---------------------------- */
+
+#define V2_TARGET __attribute__((target("avx2,fma")))
+#define V2_INLINE static inline __attribute__((always_inline, target("avx2,fma")))
+
+V2_INLINE __m256i lanes8(int64_t n)
+{
+    static const int32_t tab[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    n = n < 0 ? 0 : n > 8 ? 8 : n;
+    return _mm256_loadu_si256((const __m256i *)(tab + 8 - n));
+}
+
+/* 8 values (the first `left`, the rest zero) widened to f32 */
+V2_INLINE __m256 load_row8(const void *x, int bf16, int64_t i, int64_t left)
+{
+    if (bf16) {
+        __m128i h;
+        if (left >= 8) {
+            h = _mm_loadu_si128((const __m128i *)((const uint16_t *)x + i));
+        } else {
+            uint16_t t[8] = {0};
+            if (left > 0)
+                memcpy(t, (const uint16_t *)x + i, (size_t)left * sizeof *t);
+            h = _mm_loadu_si128((const __m128i *)t);
+        }
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    return left >= 8 ? _mm256_loadu_ps((const float *)x + i)
+                     : _mm256_maskload_ps((const float *)x + i, lanes8(left));
+}
+
+V2_TARGET static float dot_avx2(int64_t n, const float *a, const float *b)
+{
+    __m256 lo = _mm256_setzero_ps(), hi = lo;
+    for (int64_t i = 0; i < n; i += 16) {
+        lo = _mm256_fmadd_ps(load_row8(a, 0, i, n - i), load_row8(b, 0, i, n - i), lo);
+        hi = _mm256_fmadd_ps(load_row8(a, 0, i + 8, n - i - 8), load_row8(b, 0, i + 8, n - i - 8),
+                             hi);
+    }
+    float l[16];
+    _mm256_storeu_ps(l, lo);
+    _mm256_storeu_ps(l + 8, hi);
+    return fold16(l);
+}
+
+V2_TARGET static void axpy_avx2(int64_t n, float alpha, const float *x, float *y)
+{
+    const __m256 va = _mm256_set1_ps(alpha);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    if (i < n) {
+        const __m256i k = lanes8(n - i);
+        _mm256_maskstore_ps(
+            y + i, k,
+            _mm256_fmadd_ps(va, _mm256_maskload_ps(x + i, k), _mm256_maskload_ps(y + i, k)));
+    }
+}
+
+/* Ranks at a time in rows_dots_avx2: 4 ranks x 16 lanes = 8 ymm accumulators. */
+#define DOTS2_BLOCK 4
+
+/* rows_dots_avx512's blocking with one row at a time: ranks' chunks of RD_COLS columns packed
+ * (a's columns may be strided), lane sums carried between chunks in part */
+V2_TARGET static void rows_dots_avx2(int64_t n, int64_t nrows, const void *x, int64_t ldx, int bf16,
+                                     const float *a, int64_t a_row, int64_t a_col, int64_t R,
+                                     float *out)
+{
+    _Alignas(32) float ap[DOTS2_BLOCK][RD_COLS];
+    _Alignas(32) float part[RD_ROWS][DOTS2_BLOCK][16];
+    const size_t es = bf16 ? 2 : 4;
+    for (int64_t q0 = 0; q0 < R; q0 += DOTS2_BLOCK) {
+        const int nq = R - q0 < DOTS2_BLOCK ? (int)(R - q0) : DOTS2_BLOCK;
+        for (int64_t r0 = 0; r0 < nrows; r0 += RD_ROWS) {
+            const int64_t rb = nrows - r0 < RD_ROWS ? nrows - r0 : RD_ROWS;
+            for (int64_t c0 = 0; c0 < n || c0 == 0; c0 += RD_COLS) {
+                const int64_t cw = n - c0 < RD_COLS ? n - c0 : RD_COLS;
+                const int last = c0 + RD_COLS >= n;
+                for (int j = 0; j < DOTS2_BLOCK; j++)
+                    for (int64_t i = 0; i < (cw + 15) / 16 * 16; i++)
+                        ap[j][i] = j < nq && i < cw ? a[(q0 + j) * a_row + (c0 + i) * a_col] : 0.0f;
+                for (int64_t r = 0; r < rb; r++) {
+                    const unsigned char *xr =
+                        (const unsigned char *)x + (size_t)((r0 + r) * ldx) * es;
+                    __m256 acc[DOTS2_BLOCK][2];
+                    for (int j = 0; j < DOTS2_BLOCK; j++)
+                        for (int h = 0; h < 2; h++)
+                            acc[j][h] =
+                                c0 == 0 ? _mm256_setzero_ps() : _mm256_load_ps(&part[r][j][8 * h]);
+                    for (int64_t i = 0; i < cw; i += 16) {
+                        const __m256 x0 = load_row8(xr, bf16, c0 + i, cw - i);
+                        const __m256 x1 = load_row8(xr, bf16, c0 + i + 8, cw - i - 8);
+                        for (int j = 0; j < DOTS2_BLOCK; j++) {
+                            acc[j][0] = _mm256_fmadd_ps(x0, _mm256_load_ps(&ap[j][i]), acc[j][0]);
+                            acc[j][1] =
+                                _mm256_fmadd_ps(x1, _mm256_load_ps(&ap[j][i + 8]), acc[j][1]);
+                        }
+                    }
+                    for (int j = 0; j < (last ? nq : DOTS2_BLOCK); j++) {
+                        _mm256_store_ps(&part[r][j][0], acc[j][0]);
+                        _mm256_store_ps(&part[r][j][8], acc[j][1]);
+                        if (last)
+                            out[(r0 + r) * R + q0 + j] = fold16(part[r][j]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* 8 columns [i, i + 8) of ranks [q0, q0 + nq) down all the rows (nq a constant where inlined,
+ * so the accumulators stay in registers: rank_block's reason) */
+V2_INLINE void rank_block8(const int nq, int64_t n, int64_t i, int64_t nrows, const void *x,
+                           int64_t ldx, int bf16, const float *coef, int64_t R, int64_t q0,
+                           float *acc, int64_t lda)
+{
+    const size_t es = bf16 ? 2 : 4;
+    __m256 a[RANK_BLOCK];
+    for (int q = 0; q < nq; q++)
+        a[q] = _mm256_setzero_ps();
+    for (int64_t r = 0; r < nrows; r++) {
+        const void *row = (const unsigned char *)x + (size_t)(r * ldx) * es;
+        const __m256 xv = load_row8(row, bf16, i, n - i);
+        const float *c = coef + r * R + q0;
+        for (int q = 0; q < nq; q++)
+            a[q] = _mm256_fmadd_ps(_mm256_set1_ps(c[q]), xv, a[q]);
+    }
+    const __m256i k = lanes8(n - i);
+    for (int q = 0; q < nq; q++)
+        _mm256_maskstore_ps(acc + (q0 + q) * lda + i, k, a[q]);
+}
+
+V2_TARGET static void rank_update_avx2(int64_t n, int64_t nrows, const void *x, int64_t ldx,
+                                       int bf16, const float *coef, int64_t R, float *acc,
+                                       int64_t lda)
+{
+    for (int64_t i = 0; i < n; i += 8)
+        for (int64_t q0 = 0; q0 < R; q0 += RANK_BLOCK) {
+            const int nq = R - q0 < RANK_BLOCK ? (int)(R - q0) : RANK_BLOCK;
+#define RANK_CASE(NQ)                                                                              \
+    case NQ:                                                                                       \
+        rank_block8(NQ, n, i, nrows, x, ldx, bf16, coef, R, q0, acc, lda);                         \
+        break;
+            switch (nq) {
+                RANK_CASE(1)
+                RANK_CASE(2)
+                RANK_CASE(3)
+                RANK_CASE(4)
+                RANK_CASE(5)
+                RANK_CASE(6)
+                RANK_CASE(7)
+                RANK_CASE(8)
+            }
+#undef RANK_CASE
+        }
+}
+
+V2_TARGET static void rows_axpys_avx2(int64_t n, int64_t nrows, const float *coef, int64_t R,
+                                      const float *x, int64_t ldx, float scale, float *y,
+                                      int64_t ldy)
+{
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256i k = lanes8(n - i);
+        for (int64_t r = 0; r < nrows; r++) {
+            const float *c = coef + r * R;
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t q = 0; q < R; q++)
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(c[q]), _mm256_maskload_ps(x + q * ldx + i, k),
+                                      acc);
+            float *yr = y + r * ldy + i;
+            _mm256_maskstore_ps(yr, k, _mm256_fmadd_ps(vs, acc, _mm256_maskload_ps(yr, k)));
+        }
+    }
+}
 #endif
 
 /* The portable order: lane l sums i = 16c + l (fused multiply-add as fmaf would round once;
@@ -264,6 +442,8 @@ float kt__vec_dot(int64_t n, const float *a, const float *b)
 #ifdef VEC_AVX512
     if (kt__cpu_has_avx512())
         return dot_avx512(n, a, b);
+    if (kt__cpu_has_avx2())
+        return dot_avx2(n, a, b);
 #endif
     return dot_plain(n, a, b);
 }
@@ -273,6 +453,10 @@ void kt__vec_axpy(int64_t n, float alpha, const float *x, float *y)
 #ifdef VEC_AVX512
     if (kt__cpu_has_avx512()) {
         axpy_avx512(n, alpha, x, y);
+        return;
+    }
+    if (kt__cpu_has_avx2()) {
+        axpy_avx2(n, alpha, x, y);
         return;
     }
 #endif
@@ -286,6 +470,10 @@ void kt__vec_rows_axpys(int64_t n, int64_t nrows, const float *coef, int64_t R, 
 #ifdef VEC_AVX512
     if (kt__cpu_has_avx512()) {
         rows_axpys_avx512(n, nrows, coef, R, x, ldx, scale, y, ldy);
+        return;
+    }
+    if (kt__cpu_has_avx2()) {
+        rows_axpys_avx2(n, nrows, coef, R, x, ldx, scale, y, ldy);
         return;
     }
 #endif
@@ -304,6 +492,10 @@ void kt__vec_rows_dots(int64_t n, int64_t nrows, const void *x, int64_t ldx, int
 #ifdef VEC_AVX512
     if (kt__cpu_has_avx512()) {
         rows_dots_avx512(n, nrows, x, ldx, bf16, a, a_row, a_col, R, out);
+        return;
+    }
+    if (kt__cpu_has_avx2()) {
+        rows_dots_avx2(n, nrows, x, ldx, bf16, a, a_row, a_col, R, out);
         return;
     }
 #endif
@@ -328,6 +520,10 @@ void kt__vec_rank_update(int64_t n, int64_t nrows, const void *x, int64_t ldx, i
 #ifdef VEC_AVX512
     if (kt__cpu_has_avx512()) {
         rank_update_avx512(n, nrows, x, ldx, bf16, coef, R, acc, lda);
+        return;
+    }
+    if (kt__cpu_has_avx2()) {
+        rank_update_avx2(n, nrows, x, ldx, bf16, coef, R, acc, lda);
         return;
     }
 #endif

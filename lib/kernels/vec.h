@@ -1,7 +1,7 @@
 /* Small f32 vector kernels for the LoRA adapters (rank r is small, so the adapter products are
- * dot products and axpys over the long dimension): AVX-512 where the CPU has it, else plain
- * loops with the same 16-lane order, so a given build and CPU gives the same bits for any
- * thread count. */
+ * dot products and axpys over the long dimension): AVX-512 where the CPU has it, else AVX2 +
+ * FMA (the same sums: 16 lanes as two ymm), else plain loops with the same 16-lane order, so a
+ * given build and CPU gives the same bits for any thread count. */
 #ifndef KT_KERNELS_VEC_H
 #define KT_KERNELS_VEC_H
 

@@ -2,6 +2,7 @@
 #ifndef KT_TOOLS_BENCH_H
 #define KT_TOOLS_BENCH_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -58,6 +59,15 @@ int bench_run_peer(const char *cmd, char *buf, size_t size, char *note, size_t n
 double bench_peer_value(const char *buf, const char *match1, const char *match2,
                         const char *key);
 void bench_print_ratio(const char *key, double v, int have);
+/* v printed with fmt into buf, or "null" where it is not finite (JSON has no inf or nan: a
+ * fraction of a peak that could not be measured, say); BENCH_JNUM gives each use its buffer. */
+const char *bench_jnum(char *buf, size_t size, const char *fmt, double v);
+#define BENCH_JNUM(fmt, v) bench_jnum((char[48]){0}, 48, fmt, v)
+/* num / den, or NAN (printed null) where den is not a positive figure */
+static inline double bench_ratio(double num, double den)
+{
+    return den > 0 ? num / den : (double)NAN;
+}
 void bench_print_json_text(const char *s);
 
 #endif

@@ -456,9 +456,9 @@ typedef struct peaks {
 static void measure_peaks(const attn_cfg *c, kt_threadpool *pool, peaks *pk)
 {
     const int threads = kt_threadpool_size(pool);
-    const double fma = bench_insn_peak_gflops(KT__KINSN_FMA, pool, threads, 5);
+    const double fma = bench_insn_peak_gflops(KT__KINSN_FMA, bench_fma_bits(), pool, threads, 5);
     const double dp =
-        c->dtype == KT_BF16 ? bench_insn_peak_gflops(KT__KINSN_DPBF16, pool, threads, 5) : 0.0;
+        c->dtype == KT_BF16 ? bench_insn_peak_gflops(KT__KINSN_DPBF16, 512, pool, threads, 5) : 0.0;
     const double main_peak = c->dtype == KT_BF16 ? dp : fma;
     pk->main = main_peak > pk->main ? main_peak : pk->main;
     pk->fma = fma > pk->fma ? fma : pk->fma;

@@ -279,20 +279,21 @@ static void report(const bench_args *common, const char *model, const char *shap
         printf("{\"bench\":\"gemm\",\"model\":\"%s\",\"shape\":\"%s\",\"kind\":\"%s\","
                "\"path\":\"%s\",\"kernel\":\"%s\",\"peak_insn\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"threads\":%d,\"weights\":\"%s\","
                "\"median_ms\":%.4f,\"best_ms\":%.4f,\"gflops\":%.2f,\"gflops_best\":%.2f,"
-               "\"peak_gflops\":%.2f,\"fraction_of_peak\":%.4f,\"weight_gbs\":%.2f,"
+               "\"peak_bits\":%d,\"peak_gflops\":%.2f,\"fraction_of_peak\":%s,\"weight_gbs\":%.2f,"
                "\"onednn_ms\":",
                model, shape, kind_names[kind], path, kp->name, insn, (long long)M, (long long)N,
-               (long long)K, threads, hot ? "hot" : "cold", t.median_s * 1e3, t.best_s * 1e3, gf, gf_best, peak,
-               gf / peak, gbs);
+               (long long)K, threads, hot ? "hot" : "cold", t.median_s * 1e3, t.best_s * 1e3, gf, gf_best,
+               kp->bits, peak, BENCH_JNUM("%.4f", bench_ratio(gf, peak)), gbs);
         if (vs > 0)
             printf("%.4f,\"ratio_vs_onednn\":%.3f}\n", peer.median_s * 1e3, vs);
         else
             printf("null,\"ratio_vs_onednn\":null}\n");
     } else {
         printf("%-9s %-3s %-2s %-11s m=%-5lld n=%-5lld k=%-5lld thr=%d  %9.3f ms  %7.1f GFLOP/s "
-               "(best %7.1f)  fraction_of_peak %.3f (%s)  weights %6.1f GB/s",
+               "(best %7.1f)  fraction_of_peak %s (%s)  weights %6.1f GB/s",
                model, shape, kind_names[kind], path, (long long)M, (long long)N, (long long)K,
-               threads, t.median_s * 1e3, gf, gf_best, gf / peak, insn, gbs);
+               threads, t.median_s * 1e3, gf, gf_best,
+               peak > 0 ? BENCH_JNUM("%.3f", gf / peak) : "n/a", insn, gbs);
         if (vs > 0)
             printf("  onednn %7.1f GFLOP/s: %.2fx\n", flop / peer.median_s * 1e-9, vs);
         else
@@ -470,8 +471,8 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                     /* the peak again right before each run: the machine may be shared,
                      * and the fraction should compare like with like */
                     /* the peak of the instruction this product's kernel multiplies with */
-                    const kt__kinsn kinsn = kernel_path(kd, M)->insn;
-                    const double pk1 = have_peak ? bench_insn_peak_gflops(kinsn, NULL, 1, 5) : 1.0;
+                    const kt__kpath *kpath = kernel_path(kd, M);
+                    const double pk1 = have_peak ? bench_path_peak_gflops(kpath, NULL, 1, 5) : 0.0;
                     timing t1 = time_kernel(kd, M, N, K, &bu, NULL, common, 0);
                     const double pd = peer ? peer_difference(kd, M, N, K, &bu) : 0.0;
                     /* a peer that computes something else gets no ratio (null) */
@@ -485,7 +486,7 @@ int bench_gemm(int argc, char **argv, const bench_args *common)
                     report(common, mname, sname, kd, M, N, K, 1, t1, pk1, hot, p1);
                     if (!single_only && threads > 1) {
                         const double pkp =
-                            have_peak ? bench_insn_peak_gflops(kinsn, pool, threads, 5) : 1.0;
+                            have_peak ? bench_path_peak_gflops(kpath, pool, threads, 5) : 0.0;
                         timing tp = time_kernel(kd, M, N, K, &bu, pool, common, 0);
                         timing pp =
                             peer_ok ? time_kernel(kd, M, N, K, &bu, NULL, common, threads) : none;

@@ -147,21 +147,23 @@ static void report(const bench_args *common, const dense_shape *s, int threads, 
     if (common->json) {
         printf("{\"bench\":\"gemm_dense\",\"config\":{\"shape\":\"%s\",\"m\":%lld,\"n\":%lld,"
                "\"k\":%lld,\"dtype\":\"bf16\",\"trans_b\":true,\"threads\":%d},\"path\":\"%s\","
-               "\"peak_insn\":\"%s\",\"median_ms\":%.4f,\"gflops\":%.2f,\"peak_gflops\":%.2f,",
+               "\"peak_insn\":\"%s\",\"peak_bits\":%d,\"median_ms\":%.4f,\"gflops\":%.2f,"
+               "\"peak_gflops\":%.2f,",
                s->name, (long long)s->M, (long long)s->N, (long long)s->K, threads, path->name,
-               insn, t * 1e3, gf, peak);
+               insn, path->bits, t * 1e3, gf, peak);
         if (peak > 0)
             printf("\"fraction_of_peak\":%.4f,", frac);
         else
             printf("\"fraction_of_peak\":null,");
         if (have_blas && t_blas > 0)
-            printf("\"openblas_ms\":%.4f,\"ratio_vs_openblas\":%.3f,", t_blas * 1e3, t_blas / t);
+            printf("\"openblas_ms\":%.4f,\"ratio_vs_openblas\":%s,", t_blas * 1e3,
+                   BENCH_JNUM("%.3f", t_blas / t));
         else
             printf("\"openblas_ms\":null,\"ratio_vs_openblas\":null,\"note\":\"%s\",",
                    t_staged > 0 ? "no OpenBLAS in this build" : "--no-baselines");
         if (t_staged > 0)
-            printf("\"staged_ms\":%.4f,\"ratio_vs_staged\":%.3f}\n", t_staged * 1e3,
-                   t_staged / t);
+            printf("\"staged_ms\":%.4f,\"ratio_vs_staged\":%s}\n", t_staged * 1e3,
+                   BENCH_JNUM("%.3f", t_staged / t));
         else
             printf("\"staged_ms\":null,\"ratio_vs_staged\":null}\n");
     } else {
@@ -207,7 +209,7 @@ int bench_gemm_dense(const bench_args *common, kt_threadpool *pool, int64_t m, i
                 return 1;
             }
             const kt__kpath *path = kt__bf16_matmul_path(1, s.M);
-            const double peak = bench_insn_peak_gflops(path->insn, use, threads, 5);
+            const double peak = bench_path_peak_gflops(path, use, threads, 5);
             const double t = time_runs(RUN_OP, &s, &b, use, common);
             const double tb = have_blas ? time_runs(RUN_OPENBLAS, &s, &b, use, common) : -1.0;
             const double tst = baselines ? time_runs(RUN_STAGED, &s, &b, use, common) : 0.0;

@@ -17,6 +17,7 @@
 #include "tools/kt-bench/bench.h"
 #include "tools/common/usage.h"
 #include "tools/kt-bench/limits.h"
+#include "lib/kernels/bf16_gemm.h"
 #include "lib/kernels/f32_gemm.h"
 #include "tools/kt-bench/moe_peer.h"
 #include "lib/kernels/sgemm.h"
@@ -621,7 +622,7 @@ int bench_moe(int argc, char **argv, const bench_args *common)
      * Intel it issues at a quarter of the FMA rate, so this fraction is the looser one). */
     const kt__kinsn large = kt__kpath_pick(KT__KP_TN_BF16, 1024)->insn;
     const double dp_peak = a.dtype == KT_BF16 && large != KT__KINSN_DPBF16
-                               ? bench_insn_peak_gflops(KT__KINSN_DPBF16, pool, threads, 5)
+                               ? bench_insn_peak_gflops(KT__KINSN_DPBF16, 512, pool, threads, 5)
                                : 0.0;
     int have[2];
     for (int k = 0; k < 2; k++)
@@ -642,27 +643,34 @@ int bench_moe(int argc, char **argv, const bench_args *common)
             print_config(&a, pass, threads);
             printf("\"%s_ms\":%.4f,\"tokens_per_s\":%.1f,\"gflops\":%.2f,", pass ? "fwdbwd" : "fwd",
                    t * 1e3, (double)a.qlen / t, gf);
-            printf("\"%s\":%.2f,\"fraction_of_peak\":%.3f,",
-                   a.dtype == KT_BF16 ? "peak_gflops" : "sgemm_gflops", peak, frac_peak);
+            /* the path of the layer's large products, whose peak this is (scalar: none, null) */
+            printf("\"gemm_path\":\"%s\",", a.dtype == KT_BF16 ? kt__bf16_gemm_path(1024)
+                                               : f32_fma       ? kt__f32_gemm_path("nn", 1024)
+                                                               : "sgemm");
+            printf("\"%s\":%.2f,\"fraction_of_peak\":%s,",
+                   a.dtype == KT_BF16 ? "peak_gflops" : "sgemm_gflops", peak,
+                   BENCH_JNUM("%.3f", bench_ratio(gf, peak)));
             if (dp_peak > 0)
-                printf("\"dpbf16_peak_gflops\":%.2f,\"fraction_of_dpbf16_peak\":%.3f,", dp_peak,
-                       gf / dp_peak);
+                printf("\"dpbf16_peak_gflops\":%.2f,\"fraction_of_dpbf16_peak\":%s,", dp_peak,
+                       BENCH_JNUM("%.3f", gf / dp_peak));
             if (a.dtype == KT_F32) {
                 printf("\"sgemm_core\":\"%s\",\"f32_kernels\":\"%s\",", kt__sgemm_core_name(),
                        f32_fma ? "fma" : "sgemm");
                 if (fma_peak > 0)
-                    printf("\"fma_peak_gflops\":%.2f,\"fraction_of_fma_peak\":%.3f,", fma_peak,
-                           gf / fma_peak);
+                    printf("\"fma_peak_gflops\":%.2f,\"fraction_of_fma_peak\":%s,", fma_peak,
+                           BENCH_JNUM("%.3f", gf / fma_peak));
             }
             if (frac_bw >= 0)
-                printf("\"bandwidth_gbs\":%.2f,\"fraction_of_bandwidth\":%.3f,"
-                       "\"bandwidth_best_gbs\":%.2f,\"fraction_of_best_bandwidth\":%.3f,",
-                       bw.gbs, frac_bw, bw.best_gbs, bw.best_fraction);
+                printf("\"bandwidth_gbs\":%.2f,\"fraction_of_bandwidth\":%s,"
+                       "\"bandwidth_best_gbs\":%.2f,\"fraction_of_best_bandwidth\":%s,",
+                       bw.gbs, BENCH_JNUM("%.3f", frac_bw), bw.best_gbs,
+                       BENCH_JNUM("%.3f", bw.best_fraction));
             else
                 printf("\"fraction_of_bandwidth\":null,");
             for (int k = 0; k < 2; k++) {
                 if (have[k])
-                    printf("\"ratio_vs_torch_%s\":%.3f,", k ? "f32" : "bf16", ratio[k]);
+                    printf("\"ratio_vs_torch_%s\":%s,", k ? "f32" : "bf16",
+                           BENCH_JNUM("%.3f", ratio[k]));
                 else
                     printf("\"ratio_vs_torch_%s\":null,", k ? "f32" : "bf16");
             }

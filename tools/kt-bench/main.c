@@ -3,6 +3,7 @@
  *   kt-bench <what> [options] [--json]
  *
  * Each subcommand prints one line (or one JSON object with --json) per configuration. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +72,14 @@ double bench_median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+const char *bench_jnum(char *buf, size_t size, const char *fmt, double v)
+{
+    if (!isfinite(v))
+        return "null";
+    snprintf(buf, size, fmt, v);
+    return buf;
 }
 
 static void usage(FILE *f)
