@@ -409,7 +409,7 @@ static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
  * the set from the CPU model at load and falls back to an old one for models it does not know
  * (Debian's 0.3.21 runs "Prescott", SSE3, on Emerald Rapids). On a CPU with AVX2 and FMA
  * whose OpenBLAS set has neither, the blocked kernel here (AVX-512 or AVX2 microkernels, on
- * the caller's pool) is used instead: the example model's training (examples/train_lm.sh, 200
+ * the caller's pool) is used instead: the example model's training (examples/train_conv_lm.sh, 200
  * steps, 2 threads, the MoE on its own kernels) took 25.5 s with OpenBLAS's Prescott kernels,
  * 17.6-20.3 s with this kernel and 20.0 s with OpenBLAS forced to its SkylakeX kernels.
  * KT_CPU=blas keeps OpenBLAS. Where OpenBLAS has AVX2 kernels it stays, also on AVX-512 CPUs

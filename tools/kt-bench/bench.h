@@ -28,6 +28,7 @@ int bench_comm(int argc, char **argv, const bench_args *common);
 int bench_halo(int argc, char **argv, const bench_args *common);
 int bench_attention(int argc, char **argv, const bench_args *common);
 int bench_layer(int argc, char **argv, const bench_args *common);
+int bench_train(int argc, char **argv, const bench_args *common);
 
 /* Multi-rank benchmarks (bench_comm.c). kt-bench starts its ranks itself: fork + exec of its
  * own binary as "kt-bench __rank ARGS..." with the rank environment (KT_RANK, KT_WORLD_SIZE,

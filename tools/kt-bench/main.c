@@ -104,6 +104,9 @@ static void usage(FILE *f)
                "          (--torch-python PATH or KT_TORCH_PYTHON: a python with torch >= 2)\n"
                "  layer   one Qwen3-MoE decoder layer forward+backward through a session:\n"
                "          its step time and the share of it each op takes\n"
+               "  train   training a model (the main job's, and LoRA on a Qwen3-MoE of\n"
+               "          30B-A3B's layer size) against PyTorch (transformers, PEFT):\n"
+               "          tokens/s and peak RSS of each\n"
                "\n"
                "common options:\n"
                "  --json         one JSON object per configuration\n"
@@ -172,6 +175,8 @@ static int bench_main(int argc, char **argv)
         rc = bench_attention(n_rest, rest, &common);
     } else if (strcmp(argv[1], "layer") == 0) {
         rc = bench_layer(n_rest, rest, &common);
+    } else if (strcmp(argv[1], "train") == 0) {
+        rc = bench_train(n_rest, rest, &common);
     } else {
         fprintf(stderr, "kt-bench: unknown benchmark '%s'\n\n", argv[1]);
         usage(stderr);
