@@ -21,26 +21,27 @@ rm -rf "$dir" && mkdir -p "$dir" || exit 1
 failures=0
 fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
 
-# The model: examples/moe_lm_decode.ktg's twin for training, at test sizes.
+# The model: examples/moe_lm.ktg, the training twin of examples/moe_lm_decode.ktg, at test
+# sizes (its full forward over C tokens is the reference; segments all 0: one document).
 C=24 INTER=16
-sizes=(-D VOCAB=256 -D H=32 -D HQ=4 -D HKV=2 -D D=8 -D E=4 -D TOPK=2 -D L=2)
-model="$src/examples/qwen3_moe.ktg"
+sizes=(-D VOCAB=256 -D H=32 -D HQ=4 -D HKV=2 -D D=8 -D E=4 -D TOPK=2 -D L=2 -D INTER=$INTER)
+model="$src/examples/moe_lm.ktg"
 "$graphc" "$model" "${sizes[@]}" -D B=2 -D T=16 -o "$dir/train.ktp" > /dev/null &&
   "$graphc" "$model" "${sizes[@]}" -D B=1 -D T=$C -o "$dir/full.ktp" > /dev/null ||
   { echo "FAIL: $model does not compile"; exit 1; }
 decode="$src/examples/moe_lm_decode.ktg"
-"$graphc" "$decode" "${sizes[@]}" -D C=$C -D INTER=$INTER -o "$dir/decode.ktp" > /dev/null ||
+"$graphc" "$decode" "${sizes[@]}" -D C=$C -o "$dir/decode.ktp" > /dev/null ||
   { echo "FAIL: $decode does not compile"; exit 1; }
 cat "$src"/docs/*.md > "$dir/text.bin"
 "$train" "$dir/train.ktp" --data "$dir/text.bin" --data-format u8 --steps 3 --lr 0.01 \
-  --moe-inter $INTER --save "$dir/ckpt.safetensors" --run-dir "$dir/trained" --threads 2 \
+  --save "$dir/ckpt.safetensors" --run-dir "$dir/trained" --threads 2 \
   > "$dir/train.log" 2>&1 ||
   { echo "FAIL: kt-train: $(tail -n 2 "$dir/train.log")"; exit 1; }
 ckpt="$dir/ckpt.safetensors"
 
 # The description (kt-generate compiles it twice: the prompt in one forward, then one token a
 # step), or the compiled program (the prompt one token a step too).
-described=("$decode" "${sizes[@]}" -D C=$C -D INTER=$INTER)
+described=("$decode" "${sizes[@]}" -D C=$C)
 prog=("${described[@]}")
 # generate NAME kt-generate-arguments...: the ids on $dir/NAME.ids, stderr on NAME.err
 generate() {
@@ -52,9 +53,9 @@ generate() {
 }
 # full NAME: the training program's forward over the tokens NAME's dump fed
 full() {
-  python3 "$check" inputs "$dir/$1.dump" "$dir/$1.in" &&
+  python3 "$check" inputs "$dir/$1.dump" "$dir/$1.in" --segments &&
     "$run" "$dir/full.ktp" --params "$ckpt" --inputs "$dir/$1.in" --out "$dir/$1.full" \
-      --moe-inter $INTER --moe-mode frozen --threads 2 2> "$dir/$1.run.err" ||
+      --moe-mode frozen --threads 2 2> "$dir/$1.run.err" ||
     { fail "$1: the full forward: $(cat "$dir/$1.run.err")"; return 1; }
 }
 
@@ -179,23 +180,23 @@ expect id_outside 1 "token 1 is id 256, outside the model's vocabulary \(0\.\.25
   "${base[@]}" --prompt-ids 1,256
 expect eos_outside 1 "--eos 256 is outside the model's vocabulary" \
   "${base[@]}" --prompt-ids 1 --eos 256
-"$graphc" "$decode" "${sizes[@]}" -D C=$C -D INTER=$INTER -D L=3 -o "$dir/decode_l3.ktp" > /dev/null
+"$graphc" "$decode" "${sizes[@]}" -D C=$C -D L=3 -o "$dir/decode_l3.ktp" > /dev/null
 expect missing_tensor 1 "no tensor .*model\.layers\.2\..*" \
   "$dir/decode_l3.ktp" --params "$ckpt" --prompt-ids 1
-"$graphc" "$decode" "${sizes[@]}" -D C=$C -D INTER=$INTER -D L=1 -o "$dir/decode_l1.ktp" > /dev/null
+"$graphc" "$decode" "${sizes[@]}" -D C=$C -D L=1 -o "$dir/decode_l1.ktp" > /dev/null
 expect extra_tensor 1 "model\.layers\.1\..* is not a parameter" \
   "$dir/decode_l1.ktp" --params "$ckpt" --prompt-ids 1
 expect misshapen 1 "cannot load the checkpoint: .*model\..*f32\[.*" \
-  "$decode" "${sizes[@]}" -D C=$C -D INTER=$INTER -D H=48 --params "$ckpt" --prompt-ids 1
-expect no_decode 1 "no input 'segments': it is not a decode program" \
+  "$decode" "${sizes[@]}" -D C=$C -D H=48 --params "$ckpt" --prompt-ids 1
+expect no_decode 1 "no input 'positions': it is not a decode program" \
   "$dir/full.ktp" --params "$ckpt" --prompt-ids 1
 expect long_prompt_ktg 1 "the prompt is $((C + 1)) tokens, longer than the context of $C" \
   "${described[@]}" --params "$ckpt" --prompt "$long"
 expect rope_table 1 "the context C = 5000 is longer than the program.s RoPE table" \
-  "$decode" "${sizes[@]}" -D C=5000 -D INTER=$INTER --params "$ckpt" --prompt-ids 1
+  "$decode" "${sizes[@]}" -D C=5000 --params "$ckpt" --prompt-ids 1
 expect define_new 2 "-D NEW: kt-generate sets the tokens a step itself" \
   "${described[@]}" -D NEW=2 --params "$ckpt" --prompt-ids 1,2,3
-"$graphc" "$decode" "${sizes[@]}" -D C=$C -D INTER=$INTER -D NEW=2 -o "$dir/decode_new2.ktp" \
+"$graphc" "$decode" "${sizes[@]}" -D C=$C -D NEW=2 -o "$dir/decode_new2.ktp" \
   > /dev/null
 expect new_two 1 "decode_new2\.ktp takes 2 tokens a step; kt-generate's steps take one" \
   "$dir/decode_new2.ktp" --params "$ckpt" --prompt-ids 1

@@ -170,7 +170,8 @@ int gen_stage_open(gen_stage *s, const kt_moe_layers *moe, kt_threadpool *pool,
 {
     if (create_session(s, moe, pool, params, threads, trace_forwards) != 0 ||
         find_index_input(s, "segments", 0, &s->segments) != 0 ||
-        find_index_input(s, "tokens", 0, &s->tokens) != 0)
+        find_index_input(s, "tokens", 0, &s->tokens) != 0 ||
+        find_index_input(s, "positions", s->tokens.shape[1], &s->positions) != 0)
         return 1;
     s->context = s->segments.shape[1];
     s->n_new = s->tokens.shape[1];
@@ -178,8 +179,7 @@ int gen_stage_open(gen_stage *s, const kt_moe_layers *moe, kt_threadpool *pool,
         return gen_error("the program's context (segments [1, %lld]) holds no cache beside "
                          "its %lld new token%s: compile it with a larger C", (long long)s->context,
                          (long long)s->n_new, s->n_new == 1 ? "" : "s");
-    if (find_index_input(s, "positions", s->n_new, &s->positions) != 0 || find_layers(s) != 0 ||
-        check_inputs(s) != 0 || check_logits_and_bounds(s) != 0)
+    if (find_layers(s) != 0 || check_inputs(s) != 0 || check_logits_and_bounds(s) != 0)
         return 1;
     /* nothing filled yet: every cache slot empty, the new tokens in the last slots */
     for (int64_t i = 0; i < s->context; i++)
