@@ -47,11 +47,14 @@ if [ "$steps" -lt 20 ]; then quick=(--eval-windows 2); fi
 # a sample, when kt-generate is built
 if [ -x "$build/tools/kt-generate" ]; then
   # the context is the 64 positions the model trained on (moe_lm.ktg's T)
-  echo "a sample (kt-generate, temperature 0.8, from the prompt 'The '):"
-  "$build/tools/kt-generate" "$root/examples/moe_lm_decode.ktg" -D C=64 \
+  # its speed lines (stderr) after the sample, not inside it
+  sample=$("$build/tools/kt-generate" "$root/examples/moe_lm_decode.ktg" -D C=64 \
     --params "$out/lm.safetensors" --prompt "The " --max-new 60 --temperature 0.8 \
-    --top-k 40 --seed 1 --eos 256
-  echo
+    --top-k 40 --seed 1 --eos 256 2> "$out/generate.log") ||
+    { cat "$out/generate.log" >&2; exit 1; }
+  echo "a sample (kt-generate, temperature 0.8, top-k 40, the prompt 'The ' and what follows):"
+  printf '  The %s\n' "$sample"
+  cat "$out/generate.log"
 else
   echo "(no sample: $build/tools/kt-generate is not built)"
 fi
