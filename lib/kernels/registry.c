@@ -76,107 +76,83 @@ static void amx_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t 
     kt__amx_gemm_tn(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
 }
 
-/* ---- the FMA kernels (fma_gemm.h, fma_unpacked.c) ---------------------------------------- */
+/* ---- typed entry points of the dtype-generic kernels ---------------------------------------- */
 
-#ifdef KT__FMA_GEMM
-static void fma_nt_bf16(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
-                        int64_t ldx, const uint16_t *w, int64_t ldw, const uint16_t *next,
-                        float *y, int64_t ldy, int accumulate)
-{
-    (void)next;
-    kt__fma_nt(KT__FMA_BF16, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
-}
+/* The descriptors' functions are typed per product kind and element; each kernel family has
+ * one function per kind that takes the element (kt__fma_src) first. These make the typed entry
+ * points PREFIX_nt_bf16 / _nt_f32, PREFIX_nn_bf16 / _nn2_bf16 / _nn_f32 and PREFIX_tn_bf16 /
+ * _tn_f32 of a family's FN. */
+#define NT_ENTRIES(prefix, fn)                                                                     \
+    static void prefix##_nt_bf16(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,  \
+                                 int64_t ldx, const uint16_t *w, int64_t ldw,                     \
+                                 const uint16_t *next, float *y, int64_t ldy, int accumulate)     \
+    {                                                                                              \
+        (void)next;                                                                                \
+        fn(KT__FMA_BF16, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);                        \
+    }                                                                                              \
+    static void prefix##_nt_f32(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *x,      \
+                                int64_t ldx, const float *w, int64_t ldw, float *y, int64_t ldy,   \
+                                int accumulate)                                                    \
+    {                                                                                              \
+        fn(KT__FMA_F32, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);                         \
+    }
 
-static void fma_nt_f32(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *x, int64_t ldx,
-                       const float *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
-{
-    kt__fma_nt(KT__FMA_F32, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
-}
+#define NN_ENTRIES(prefix, fn)                                                                     \
+    static void prefix##_nn_bf16(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,  \
+                                 int64_t ldg, const uint16_t *w, int64_t ldw, float *y,           \
+                                 int64_t ldy, int accumulate)                                      \
+    {                                                                                              \
+        fn(KT__FMA_BF16, M, N, k0, k1, g, w, NULL, NULL, ldg, ldw, y, ldy, accumulate);            \
+    }                                                                                              \
+    static void prefix##_nn2_bf16(int64_t M, int64_t N, int64_t k0, int64_t k1,                    \
+                                  const uint16_t *g0, const uint16_t *w0, const uint16_t *g1,     \
+                                  const uint16_t *w1, int64_t ldg, int64_t ldw, float *y,         \
+                                  int64_t ldy, int stream)                                         \
+    {                                                                                              \
+        (void)stream;                                                                              \
+        fn(KT__FMA_BF16, M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, 0);                       \
+    }                                                                                              \
+    static void prefix##_nn_f32(int64_t M, int64_t N, int64_t k0, int64_t k1, const float *g0,     \
+                                const float *w0, const float *g1, const float *w1, int64_t ldg,    \
+                                int64_t ldw, float *y, int64_t ldy, int accumulate)               \
+    {                                                                                              \
+        fn(KT__FMA_F32, M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, accumulate);               \
+    }
 
-static void dots_nt_bf16(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
-                         int64_t ldx, const uint16_t *w, int64_t ldw, const uint16_t *next,
-                         float *y, int64_t ldy, int accumulate)
-{
-    (void)next;
-    kt__fma_nt_dots(KT__FMA_BF16, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
-}
+#define TN_ENTRIES(prefix, fn)                                                                     \
+    static void prefix##_tn_bf16(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,  \
+                                 int64_t ldg, const uint16_t *x, int64_t ldx, float *dw,          \
+                                 int64_t lddw, float scale, int accumulate, void *work)           \
+    {                                                                                              \
+        fn(KT__FMA_BF16, M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate, work);         \
+    }                                                                                              \
+    static void prefix##_tn_f32(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *g,      \
+                                int64_t ldg, const float *x, int64_t ldx, float *dw, int64_t lddw, \
+                                float scale, int accumulate, void *work)                           \
+    {                                                                                              \
+        fn(KT__FMA_F32, M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate, work);          \
+    }
 
-static void dots_nt_f32(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *x, int64_t ldx,
-                        const float *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
-{
-    kt__fma_nt_dots(KT__FMA_F32, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
-}
-
-static void fma_nn_bf16(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
-                        int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
-                        int accumulate)
-{
-    kt__fma_nn(KT__FMA_BF16, M, N, k0, k1, g, w, NULL, NULL, ldg, ldw, y, ldy, accumulate);
-}
-
-static void fma_nn2_bf16(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g0,
-                         const uint16_t *w0, const uint16_t *g1, const uint16_t *w1, int64_t ldg,
-                         int64_t ldw, float *y, int64_t ldy, int stream)
-{
-    (void)stream;
-    kt__fma_nn(KT__FMA_BF16, M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, 0);
-}
-
-static void fma_nn_f32(int64_t M, int64_t N, int64_t k0, int64_t k1, const float *g0,
-                       const float *w0, const float *g1, const float *w1, int64_t ldg, int64_t ldw,
-                       float *y, int64_t ldy, int accumulate)
-{
-    kt__fma_nn(KT__FMA_F32, M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, accumulate);
-}
-
-static void direct_nn_bf16(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
-                           int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
-                           int accumulate)
-{
-    kt__fma_nn_direct(KT__FMA_BF16, M, N, k0, k1, g, w, NULL, NULL, ldg, ldw, y, ldy,
-                      accumulate);
-}
-
-static void direct_nn2_bf16(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g0,
-                            const uint16_t *w0, const uint16_t *g1, const uint16_t *w1,
-                            int64_t ldg, int64_t ldw, float *y, int64_t ldy, int stream)
-{
-    (void)stream;
-    kt__fma_nn_direct(KT__FMA_BF16, M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, 0);
-}
-
-static void direct_nn_f32(int64_t M, int64_t N, int64_t k0, int64_t k1, const float *g0,
-                          const float *w0, const float *g1, const float *w1, int64_t ldg,
-                          int64_t ldw, float *y, int64_t ldy, int accumulate)
-{
-    kt__fma_nn_direct(KT__FMA_F32, M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, accumulate);
-}
-
-static void fma_tn_bf16(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
-                        int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
-                        float scale, int accumulate, void *work)
-{
-    kt__fma_tn(KT__FMA_BF16, M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate, work);
-}
-
-static kt__fma_src fma_src_of(kt__kelem e)
+static inline kt__fma_src src_of(kt__kelem e)
 {
     return e == KT__KE_F32 ? KT__FMA_F32 : e == KT__KE_BF16 ? KT__FMA_BF16 : KT__FMA_F16;
 }
+
+/* ---- the FMA kernels (fma_gemm.h, fma_unpacked.c) ---------------------------------------- */
+
+#ifdef KT__FMA_GEMM
+NT_ENTRIES(fma, kt__fma_nt)
+NT_ENTRIES(dots, kt__fma_nt_dots)
+NN_ENTRIES(fma, kt__fma_nn)
+NN_ENTRIES(direct, kt__fma_nn_direct)
+TN_ENTRIES(fma, kt__fma_tn)
 
 static void fma_packed_mixed(kt__kelem ea, kt__kelem eb, int trans_a, int trans_b, int64_t M,
                              int64_t n0, int64_t n1, int64_t K, const void *a, int64_t lda,
                              const void *b, int64_t ldb, float *c, int64_t ldc, void *work)
 {
-    kt__fma_packed_mm_mixed(fma_src_of(ea), fma_src_of(eb), trans_a, trans_b, M, n0, n1, K, a,
+    kt__fma_packed_mm_mixed(src_of(ea), src_of(eb), trans_a, trans_b, M, n0, n1, K, a,
                             lda, b, ldb, c, ldc, work);
-}
-
-static void fma_tn_f32(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *g, int64_t ldg,
-                       const float *x, int64_t ldx, float *dw, int64_t lddw, float scale,
-                       int accumulate, void *work)
-{
-    kt__fma_tn(KT__FMA_F32, M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate, work);
 }
 #define FMA_FN(f) f
 #else
@@ -226,83 +202,17 @@ static void av_nn(kt__fma_src src, int64_t M, int64_t N, int64_t k0, int64_t k1,
 /* dw[n0:n1, :] (+)= scale g[:, n0:n1)^T x: A = g^T, B = x */
 static void av_tn(kt__fma_src src, int64_t M, int64_t n0, int64_t n1, int64_t K, const void *g,
                   int64_t ldg, const void *x, int64_t ldx, float *dw, int64_t lddw, float scale,
-                  int accumulate)
+                  int accumulate, void *work)
 {
+    (void)work; /* the product packs into its own blocks */
     kt__avx2_gemm(n1 - n0, K, M, av_op(av_at(g, n0, src), ldg, 1, src), av_op(x, ldx, 0, src),
                   dw + n0 * lddw, lddw, accumulate ? KT__AVX2_SCALED_ADD : KT__AVX2_SCALED, scale);
 }
 
-static void av_nt_bf16(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
-                       int64_t ldx, const uint16_t *w, int64_t ldw, const uint16_t *next,
-                       float *y, int64_t ldy, int accumulate)
-{
-    (void)next;
-    av_nt(KT__FMA_BF16, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
-}
-
-static void av_nt_f32(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *x, int64_t ldx,
-                      const float *w, int64_t ldw, float *y, int64_t ldy, int accumulate)
-{
-    av_nt(KT__FMA_F32, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
-}
-
-static void av_dots_bf16(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *x,
-                         int64_t ldx, const uint16_t *w, int64_t ldw, const uint16_t *next,
-                         float *y, int64_t ldy, int accumulate)
-{
-    (void)next;
-    kt__avx2_nt_dots(KT__FMA_BF16, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
-}
-
-static void av_dots_f32(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *x,
-                        int64_t ldx, const float *w, int64_t ldw, float *y, int64_t ldy,
-                        int accumulate)
-{
-    kt__avx2_nt_dots(KT__FMA_F32, M, n0, n1, K, x, ldx, w, ldw, y, ldy, accumulate);
-}
-
-static void av_nn_bf16(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g,
-                       int64_t ldg, const uint16_t *w, int64_t ldw, float *y, int64_t ldy,
-                       int accumulate)
-{
-    av_nn(KT__FMA_BF16, M, N, k0, k1, g, w, NULL, NULL, ldg, ldw, y, ldy, accumulate);
-}
-
-static void av_nn2_bf16(int64_t M, int64_t N, int64_t k0, int64_t k1, const uint16_t *g0,
-                        const uint16_t *w0, const uint16_t *g1, const uint16_t *w1, int64_t ldg,
-                        int64_t ldw, float *y, int64_t ldy, int stream)
-{
-    (void)stream;
-    av_nn(KT__FMA_BF16, M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, 0);
-}
-
-static void av_nn_f32(int64_t M, int64_t N, int64_t k0, int64_t k1, const float *g0,
-                      const float *w0, const float *g1, const float *w1, int64_t ldg, int64_t ldw,
-                      float *y, int64_t ldy, int accumulate)
-{
-    av_nn(KT__FMA_F32, M, N, k0, k1, g0, w0, g1, w1, ldg, ldw, y, ldy, accumulate);
-}
-
-static void av_tn_bf16(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t *g,
-                       int64_t ldg, const uint16_t *x, int64_t ldx, float *dw, int64_t lddw,
-                       float scale, int accumulate, void *work)
-{
-    (void)work;
-    av_tn(KT__FMA_BF16, M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
-}
-
-static void av_tn_f32(int64_t M, int64_t n0, int64_t n1, int64_t K, const float *g, int64_t ldg,
-                      const float *x, int64_t ldx, float *dw, int64_t lddw, float scale,
-                      int accumulate, void *work)
-{
-    (void)work;
-    av_tn(KT__FMA_F32, M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
-}
-
-static kt__fma_src av_src_of(kt__kelem e)
-{
-    return e == KT__KE_F32 ? KT__FMA_F32 : e == KT__KE_BF16 ? KT__FMA_BF16 : KT__FMA_F16;
-}
+NT_ENTRIES(av, av_nt)
+NT_ENTRIES(av_dots, kt__avx2_nt_dots)
+NN_ENTRIES(av, av_nn)
+TN_ENTRIES(av, av_tn)
 
 /* c[:, n0:n1) = op(a) op(b): b's columns from n0 (its rows when trans_b) */
 static void av_mm_mixed(kt__kelem ea, kt__kelem eb, int trans_a, int trans_b, int64_t M,
@@ -310,7 +220,7 @@ static void av_mm_mixed(kt__kelem ea, kt__kelem eb, int trans_a, int trans_b, in
                         const void *b, int64_t ldb, float *c, int64_t ldc, void *work)
 {
     (void)work;
-    const kt__fma_src sa = av_src_of(ea), sb = av_src_of(eb);
+    const kt__fma_src sa = src_of(ea), sb = src_of(eb);
     kt__avx2_gemm(M, n1 - n0, K, av_op(a, lda, trans_a, sa),
                   av_op(av_at(b, trans_b ? n0 * ldb : n0, sb), ldb, trans_b, sb), c + n0, ldc,
                   KT__AVX2_OVERWRITE, 1.0f);
@@ -545,8 +455,8 @@ const kt__kpath kt__kpaths[] = {
                      .unless = KT__KF_AVX512,
                      .rows = {[KT__KP_NT_BF16] = {1, KT__AVX2_DOTS_MAX_M},
                               [KT__KP_NT_F32] = {1, KT__AVX2_DOTS_MAX_M}},
-                     .nt_bf16 = AV_FN(av_dots_bf16),
-                     .nt_f32 = AV_FN(av_dots_f32)},
+                     .nt_bf16 = AV_FN(av_dots_nt_bf16),
+                     .nt_f32 = AV_FN(av_dots_nt_f32)},
     [P_AVX2] = {.name = "avx2_fma",
                 .sums_as = P_AVX2,
                 .insn = KT__KINSN_FMA,
