@@ -9,16 +9,10 @@
 #include <immintrin.h>
 #include <math.h>
 
-#define Y_TARGET __attribute__((target("avx2,fma")))
-#define Y_INLINE static inline __attribute__((always_inline, target("avx2,fma")))
+#include "lib/kernels/avx2_util.h" /* v_lanes8, transpose8 */
 
-/* the first n lanes (all from 8 on, none at 0 or below) */
-Y_INLINE __m256i lanes8(int64_t n)
-{
-    static const int32_t tab[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
-    n = n < 0 ? 0 : n > 8 ? 8 : n;
-    return _mm256_loadu_si256((const __m256i *)(tab + 8 - n));
-}
+#define Y_TARGET V_TARGET
+#define Y_INLINE V_INLINE
 
 /* 2^n for integral n in [-254, 254] (two factors, each a normal power of two) */
 Y_INLINE __m256 scale2(__m256 p, __m256 n)
@@ -123,32 +117,12 @@ Y_TARGET void kt__attn_gemm_avx2(int64_t M, int64_t N, int64_t K, const float *A
         const int64_t nn = N - n0 < 16 ? N - n0 : 16;
         const int nv = nn > 8 ? 2 : 1;
         const int64_t tail = nn - 8 * (nv - 1);
-        const __m256i last = lanes8(tail);
+        const __m256i last = v_lanes8(tail);
         for (int64_t m0 = 0; m0 < M; m0 += 6) {
             const int R = M - m0 < 6 ? (int)(M - m0) : 6;
             tile_any(R, nv, last, tail == 8, K, A + m0 * sam, sam, sak, B + n0, ldb,
                      C + m0 * ldc + n0, ldc, accumulate, fc ? fc + n0 : NULL);
         }
-    }
-}
-
-/* 8 x 8 transpose in registers: r[i] lane j -> r[j] lane i */
-Y_INLINE void transpose8(__m256 r[8])
-{
-    __m256 t[8], u[8];
-    for (int i = 0; i < 4; i++) {
-        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 2; i++) {
-        u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-        u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
-        u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-        u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
-    }
-    for (int i = 0; i < 4; i++) {
-        r[i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x20);
-        r[4 + i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x31);
     }
 }
 
@@ -158,7 +132,7 @@ Y_TARGET void kt__attn_transpose_avx2(int64_t rows, int64_t cols, const float *s
 {
     const __m256 vf = _mm256_set1_ps(f);
     for (int64_t c0 = 0; c0 < cols; c0 += 8) {
-        const __m256i in = lanes8(cols - c0);
+        const __m256i in = v_lanes8(cols - c0);
         const int64_t cn = cols - c0 < 8 ? cols - c0 : 8;
         for (int64_t r0 = 0; r0 < ldd; r0 += 8) {
             __m256 r[8];
@@ -166,7 +140,7 @@ Y_TARGET void kt__attn_transpose_avx2(int64_t rows, int64_t cols, const float *s
                 r[i] = r0 + i < rows ? _mm256_maskload_ps(src + (r0 + i) * lds + c0, in)
                                      : _mm256_setzero_ps();
             transpose8(r);
-            const __m256i out = lanes8(ldd - r0);
+            const __m256i out = v_lanes8(ldd - r0);
             for (int64_t j = 0; j < cn; j++)
                 _mm256_maskstore_ps(dst + (c0 + j) * ldd + r0, out, _mm256_mul_ps(r[j], vf));
         }

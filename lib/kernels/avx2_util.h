@@ -1,5 +1,6 @@
-/* What avx2_gemm.c and avx2_dots.c share: loading 8 values of any operand type as f32 (bf16
- * and f16 widened exactly), the lane masks of 256-bit vectors and the floating-point mode.
+/* What avx2_gemm.c, avx2_dots.c and attn_block_avx2.c share: loading 8 values of any operand type as f32 (bf16
+ * and f16 widened exactly), the lane masks of 256-bit vectors, an 8 x 8 register transpose and the
+ * floating-point mode.
  * Only for builds with the AVX2 kernels (KT__AVX2_GEMM). */
 #ifndef KT_KERNELS_AVX2_UTIL_H
 #define KT_KERNELS_AVX2_UTIL_H
@@ -31,6 +32,26 @@ V_INLINE __m256i v_lanes8(int64_t n)
     static const int32_t tab[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
     n = n < 0 ? 0 : n > 8 ? 8 : n;
     return _mm256_loadu_si256((const __m256i *)(tab + 8 - n));
+}
+
+/* 8 x 8 transpose in registers: r[i] lane j -> r[j] lane i */
+V_INLINE void transpose8(__m256 r[8])
+{
+    __m256 t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++) {
+        u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x20);
+        r[4 + i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x31);
+    }
 }
 
 /* 8 halves widened: bf16 by a shift into the high half, f16 by vcvtph2ps */
