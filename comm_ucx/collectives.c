@@ -283,6 +283,88 @@ kt_status kt__ucx_all_reduce(kt_comm *comm, void *buf, size_t count, kt_dtype dt
     return st;
 }
 
+/* Direct: every rank sends block p to rank p and adds the W blocks it receives in rank
+ * order (f32 accumulation). */
+kt_status kt__ucx_reduce_scatter(kt_comm *comm, const void *send, void *recv, size_t count,
+                                 kt_dtype dtype, kt_reduce_op rop)
+{
+    kt__ucx_comm *c = (kt__ucx_comm *)comm;
+    kt__ucx_op op = next_op(c, KT__KIND_REDUCE_SCATTER);
+    int size = comm->size, rank = comm->rank;
+    size_t esize = dtype == KT_F32 ? 4 : 2, block = count * esize;
+    size_t in_bytes = (size_t)size * block, acc_at = (in_bytes + 63) / 64 * 64;
+    if (acc_at < in_bytes || acc_at > SIZE_MAX - count * sizeof(float))
+        return kt__error(KT_ERANGE, "rank %d: reduce_scatter of %zu elements is too large", rank,
+                         count);
+    KT__TRY(grow_scratch(c, acc_at + count * sizeof(float)));
+    char *in = c->scratch;
+    const char *out = send;
+    kt__ucx_req *reqs;
+    KT__TRY(alloc_reqs(c, 2 * size, &reqs));
+    batch b = {c, &op, reqs, 0, KT_OK};
+    memcpy(in + (size_t)rank * block, out + (size_t)rank * block, block);
+    for (int i = 1; i < size; i++) {
+        int p = (rank + size - i) % size;
+        b_recv(&b, 0, p, in + (size_t)p * block, block);
+    }
+    for (int i = 1; i < size; i++) {
+        int p = (rank + i) % size;
+        b_send(&b, 0, p, out + (size_t)p * block, block);
+    }
+    kt_status st = b_wait(&b);
+    release_reqs(c);
+    if (st != KT_OK)
+        return st;
+    float *acc = (float *)(void *)(in + acc_at);
+    memset(acc, 0, count * sizeof(float));
+    for (int p = 0; p < size; p++)
+        kt__comm_accumulate(acc, in + (size_t)p * block, count, dtype);
+    if (rop == KT_REDUCE_MEAN)
+        for (size_t i = 0; i < count; i++)
+            acc[i] /= (float)size;
+    if (dtype == KT_BF16)
+        kt_f32_to_bf16(recv, acc, count);
+    else
+        memcpy(recv, acc, block);
+    return KT_OK;
+}
+
+/* Every pair exchanges its blocks at once; zero-length blocks are sent too, so a rank that
+ * expects a different length from a peer learns it from the length check. */
+kt_status kt__ucx_all_to_all_v(kt_comm *comm, const void *send, const size_t *send_bytes,
+                               void *recv, const size_t *recv_bytes)
+{
+    kt__ucx_comm *c = (kt__ucx_comm *)comm;
+    kt__ucx_op op = next_op(c, KT__KIND_ALL_TO_ALL_V);
+    int size = comm->size, rank = comm->rank;
+    const char *in = send;
+    char *out = recv;
+    kt__ucx_req *reqs;
+    KT__TRY(alloc_reqs(c, 2 * size, &reqs));
+    batch b = {c, &op, reqs, 0, KT_OK};
+    size_t so = 0, ro = 0, my_so = 0, my_ro = 0;
+    for (int p = 0; p < size; p++) {
+        if (p == rank) {
+            my_so = so, my_ro = ro;
+        } else {
+            b_recv(&b, 0, p, recv_bytes[p] ? out + ro : NULL, recv_bytes[p]);
+        }
+        so += send_bytes[p];
+        ro += recv_bytes[p];
+    }
+    so = 0;
+    for (int p = 0; p < size; p++) {
+        if (p != rank)
+            b_send(&b, 0, p, send_bytes[p] ? in + so : NULL, send_bytes[p]);
+        so += send_bytes[p];
+    }
+    if (b.st == KT_OK && send_bytes[rank] > 0)
+        memmove(out + my_ro, in + my_so, send_bytes[rank]);
+    kt_status st = b_wait(&b);
+    release_reqs(c);
+    return st;
+}
+
 /* Wire form of one rank's status in agree. */
 typedef struct agree_hdr {
     int32_t status;

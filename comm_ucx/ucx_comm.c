@@ -27,7 +27,7 @@
 
 static const char *const kind_names[KT__KIND_COUNT] = {
     "send/recv", "barrier", "broadcast", "all_gather", "gatherv", "scatterv", "all_reduce",
-    "agree"};
+    "agree", "reduce_scatter", "all_to_all_v"};
 
 const char *kt__ucx_kind_name(unsigned kind)
 {
@@ -527,6 +527,8 @@ static const kt__comm_ops ucx_ops = {
     .gatherv = kt__ucx_gatherv,
     .scatterv = kt__ucx_scatterv,
     .all_reduce = kt__ucx_all_reduce,
+    .reduce_scatter = kt__ucx_reduce_scatter,
+    .all_to_all_v = kt__ucx_all_to_all_v,
     .agree = kt__ucx_agree,
 };
 

@@ -37,6 +37,8 @@ typedef enum kt__ucx_kind {
     KT__KIND_SCATTERV,
     KT__KIND_ALL_REDUCE,
     KT__KIND_AGREE,
+    KT__KIND_REDUCE_SCATTER,
+    KT__KIND_ALL_TO_ALL_V,
     KT__KIND_COUNT
 } kt__ucx_kind;
 
@@ -139,6 +141,10 @@ kt_status kt__ucx_scatterv(kt_comm *comm, const void *send, const size_t *counts
                            int root);
 kt_status kt__ucx_all_reduce(kt_comm *comm, void *buf, size_t count, kt_dtype dtype,
                              kt_reduce_op op);
+kt_status kt__ucx_reduce_scatter(kt_comm *comm, const void *send, void *recv, size_t count,
+                                 kt_dtype dtype, kt_reduce_op op);
+kt_status kt__ucx_all_to_all_v(kt_comm *comm, const void *send, const size_t *send_bytes,
+                               void *recv, const size_t *recv_bytes);
 kt_status kt__ucx_agree(kt_comm *comm, kt_status local, const char *local_message,
                         int *lowest_out, kt_status *status_out,
                         char message_out[KT__COMM_MSG_MAX]);

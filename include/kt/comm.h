@@ -92,6 +92,20 @@ kt_status kt_comm_scatterv(kt_comm *comm, const void *send, const size_t *counts
 kt_status kt_comm_all_reduce(kt_comm *comm, void *buf, size_t count, kt_dtype dtype,
                              kt_reduce_op op);
 
+/* Rank r receives, into recv (count elements), the sum (or mean) over every rank of block r
+ * of send (size * count elements in rank order); f32 or bf16 (accumulated in f32). recv may
+ * be this rank's block of send. Every rank holds the same bits a one-rank sum would give for
+ * its block only up to the order of the additions, which is fixed (the same on every run). */
+kt_status kt_comm_reduce_scatter(kt_comm *comm, const void *send, void *recv, size_t count,
+                                 kt_dtype dtype, kt_reduce_op op);
+/* Every rank sends send_bytes[p] bytes to rank p (blocks of send in rank order) and receives
+ * recv_bytes[p] bytes from rank p (blocks of recv in rank order); the block for itself is
+ * copied. recv_bytes[p] must equal what p sends to this rank (a mismatch fails with
+ * KT_ESTATE naming the peer): exchange the counts first (kt_comm_all_gather) when only the
+ * sender knows them. */
+kt_status kt_comm_all_to_all_v(kt_comm *comm, const void *send, const size_t *send_bytes,
+                               void *recv, const size_t *recv_bytes);
+
 /* Error synchronisation: every rank calls it with its own status (and kt_last_error() as
  * the message when it failed). Returns KT_OK on every rank when all succeeded; otherwise
  * every rank returns the status and the message of the lowest failing rank. */

@@ -259,22 +259,69 @@ kt_status kt_comm_scatterv(kt_comm *comm, const void *send, const size_t *counts
     return finish(comm, comm->ops->scatterv(comm, send, counts, recv, root));
 }
 
-kt_status kt_comm_all_reduce(kt_comm *comm, void *buf, size_t count, kt_dtype dtype,
-                             kt_reduce_op op)
+static kt_status check_reduction(const kt_comm *c, const char *fn, size_t count, kt_dtype dtype,
+                                 kt_reduce_op op)
 {
-    static const char fn[] = "kt_comm_all_reduce";
-    KT__TRY(usable(comm, fn));
     if (dtype != KT_F32 && dtype != KT_BF16)
         return kt__error(KT_EUNSUPPORTED, "%s: dtype %s (only f32 and bf16 are reduced)", fn,
                          kt_dtype_name(dtype));
     if (op != KT_REDUCE_SUM && op != KT_REDUCE_MEAN)
         return kt__error(KT_EINVAL, "%s: unknown reduce op %d", fn, (int)op);
-    if (count > SIZE_MAX / sizeof(float) / (size_t)comm->size)
+    if (count > SIZE_MAX / sizeof(float) / (size_t)c->size)
         return kt__error(KT_ERANGE, "%s: %zu elements are too many", fn, count);
+    return KT_OK;
+}
+
+kt_status kt_comm_all_reduce(kt_comm *comm, void *buf, size_t count, kt_dtype dtype,
+                             kt_reduce_op op)
+{
+    static const char fn[] = "kt_comm_all_reduce";
+    KT__TRY(usable(comm, fn));
+    KT__TRY(check_reduction(comm, fn, count, dtype, op));
     KT__TRY(check_buf(fn, "buf", buf, count));
     if (comm->size == 1 || count == 0)
         return KT_OK; /* the sum or mean of one contribution is itself, bit for bit */
     return finish(comm, comm->ops->all_reduce(comm, buf, count, dtype, op));
+}
+
+kt_status kt_comm_reduce_scatter(kt_comm *comm, const void *send, void *recv, size_t count,
+                                 kt_dtype dtype, kt_reduce_op op)
+{
+    static const char fn[] = "kt_comm_reduce_scatter";
+    KT__TRY(usable(comm, fn));
+    KT__TRY(check_reduction(comm, fn, count, dtype, op));
+    size_t block = count * kt_dtype_size(dtype);
+    KT__TRY(check_buf(fn, "send", send, block * (size_t)comm->size));
+    KT__TRY(check_buf(fn, "recv", recv, block));
+    if (count == 0)
+        return KT_OK;
+    if (comm->size == 1) {
+        memmove(recv, send, block); /* one contribution: its sum and mean are itself */
+        return KT_OK;
+    }
+    return finish(comm, comm->ops->reduce_scatter(comm, send, recv, count, dtype, op));
+}
+
+kt_status kt_comm_all_to_all_v(kt_comm *comm, const void *send, const size_t *send_bytes,
+                               void *recv, const size_t *recv_bytes)
+{
+    static const char fn[] = "kt_comm_all_to_all_v";
+    size_t send_total = 0, recv_total = 0;
+    KT__TRY(usable(comm, fn));
+    KT__TRY(sum_counts(comm, fn, send_bytes, &send_total));
+    KT__TRY(sum_counts(comm, fn, recv_bytes, &recv_total));
+    KT__TRY(check_buf(fn, "send", send, send_total));
+    KT__TRY(check_buf(fn, "recv", recv, recv_total));
+    int me = comm->rank;
+    if (send_bytes[me] != recv_bytes[me])
+        return kt__error(KT_EINVAL, "%s: rank %d sends itself %zu bytes but expects %zu", fn, me,
+                         send_bytes[me], recv_bytes[me]);
+    if (comm->size == 1) {
+        if (send_bytes[0] > 0)
+            memmove(recv, send, send_bytes[0]);
+        return KT_OK;
+    }
+    return finish(comm, comm->ops->all_to_all_v(comm, send, send_bytes, recv, recv_bytes));
 }
 
 kt_status kt_comm_agree(kt_comm *comm, kt_status local)

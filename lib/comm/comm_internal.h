@@ -30,6 +30,10 @@ typedef struct kt__comm_ops {
                           int root);
     kt_status (*all_reduce)(kt_comm *comm, void *buf, size_t count, kt_dtype dtype,
                             kt_reduce_op op);
+    kt_status (*reduce_scatter)(kt_comm *comm, const void *send, void *recv, size_t count,
+                                kt_dtype dtype, kt_reduce_op op);
+    kt_status (*all_to_all_v)(kt_comm *comm, const void *send, const size_t *send_bytes,
+                              void *recv, const size_t *recv_bytes);
     /* Exchanges every rank's status; on success *lowest_out is the lowest failing rank (or -1)
      * and its status and message are in *status_out / message_out. A failure of the exchange
      * itself is returned (and poisons). */
