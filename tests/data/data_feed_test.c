@@ -7,7 +7,6 @@
  * (kt-import's input_ids and unshifted labels, no segments). */
 #include <math.h>
 #include <setjmp.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -18,24 +17,6 @@
 
 #include "tests/support/test_util.h"
 #include "tools/kt-train/train.h"
-
-/* main.c's, which this test does not link: print and record the message */
-int train_error(const char *fmt, ...)
-{
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    kt_set_error(KT_EINVAL, "%s", msg);
-    fprintf(stderr, "kt-train: %s\n", kt_last_error());
-    return 1;
-}
-
-int train_fail(const char *what, const char *detail)
-{
-    return train_error("%s%s%s", what, detail && *detail ? ": " : "", detail ? detail : "");
-}
 
 /* ---- the data: four documents of 5, 7, 3 and 8 tokens ------------------------------------- */
 

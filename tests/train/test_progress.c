@@ -7,7 +7,6 @@
 #include <math.h>
 #include <pty.h>
 #include <setjmp.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,19 +23,12 @@
 #include "tools/kt-train/progress.h"
 #include "tools/kt-train/train.h"
 
-/* progress.c reports through kt-train's train_error (main.c); here it is kept to be checked */
-static char last_error[2048];
-static int n_errors;
-
-int train_error(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
-    va_end(ap);
-    n_errors++;
-    return 1;
-}
+/* progress.c reports through kt-train's train_error (errors.c): the messages it printed since
+ * the last reset, and the last one's text */
+static int errors_at_reset;
+#define n_errors (train_errors_reported() - errors_at_reset)
+#define reset_errors() (errors_at_reset = train_errors_reported())
+#define last_error kt_last_error()
 
 /* ---- reading the outputs back ------------------------------------------------------------ */
 
@@ -363,7 +355,7 @@ static void resumed_run(const char *dir)
 static void test_plain_and_records(void **state)
 {
     (void)state;
-    n_errors = 0;
+    reset_errors();
     char *dir = tu_temp_dir("kt-progress&<run");
     first_run(dir);
     int xml = parses_as_xml(path_in(dir, "loss.svg"));
@@ -381,7 +373,7 @@ static void test_plain_and_records(void **state)
 static void test_long_run_chart(void **state)
 {
     (void)state;
-    n_errors = 0;
+    reset_errors();
     char *dir = tu_temp_dir("kt-progress-long");
     FILE *out = tmpfile();
     progress_options o = {.out = out, .run_dir = dir, .total_steps = 5000,
@@ -505,7 +497,7 @@ static void test_errors(void **state)
     progress_options o = {.out = out, .run_dir = file, .total_steps = 4, .tokens_per_step = 8,
                           .log_every = 1};
     progress *p = NULL;
-    n_errors = 0;
+    reset_errors();
     assert_int_equal(progress_open(&p, &o), 1);
     assert_null(p);
     assert_int_equal(n_errors, 1);
@@ -515,7 +507,7 @@ static void test_errors(void **state)
     o.run_dir = dir;
     o.first_step = 2; /* resumed, but no metrics.jsonl yet */
     assert_int_equal(mkdir(path_in(dir, "loss.svg"), 0777), 0);
-    n_errors = 0;
+    reset_errors();
     assert_int_equal(progress_open(&p, &o), 0);
     progress_step(p, 3, 1.5, 1e-3, 1.0);
     progress_eval(p, 3, 1.75, -1);

@@ -9,7 +9,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -153,25 +152,6 @@ static void usage(FILE *f)
 static int usage_error(const char *fmt, const char *arg)
 {
     return kt_tool_usage_error("kt-train", fmt, arg);
-}
-
-int train_error(const char *fmt, ...)
-{
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    /* recorded first: what ranks_agree tells the other ranks, and the library's message
-     * store escapes what is not printable UTF-8 (a tensor name from a file) */
-    kt_set_error(KT_EINVAL, "%s", msg);
-    fprintf(stderr, "kt-train: %s\n", kt_last_error());
-    return 1;
-}
-
-int train_fail(const char *what, const char *detail)
-{
-    return train_error("%s%s%s", what, detail && *detail ? ": " : "", detail ? detail : "");
 }
 
 /* ---- options ------------------------------------------------------------------------------ */

@@ -13,7 +13,7 @@
  *   stop.c       SIGINT and SIGTERM: finish the step, checkpoint, exit 128+signal
  *
  * Every function that can fail prints one line "kt-train: ..." naming what and where
- * (train_error, which also records it for the other ranks), and returns nonzero; main turns
+ * (train_error in errors.c, which also records it for the other ranks), and returns nonzero; main turns
  * that into exit status 1. */
 #ifndef KT_TRAIN_H
 #define KT_TRAIN_H
@@ -62,6 +62,8 @@ typedef struct train_args {
 int train_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* train_error("<what>: <detail>"), or "<what>" without a detail */
 int train_fail(const char *what, const char *detail);
+/* How many messages train_error has printed in this process (errors.c). */
+int train_errors_reported(void);
 
 /* ---- ranks.c ----------------------------------------------------------------------------- */
 
