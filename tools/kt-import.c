@@ -111,10 +111,9 @@ static int parse_args(args *a, int argc, char **argv)
                 else
                     return usage_error("--dtype is f32 or bf16, not '%s'", v);
             } else if (strcmp(s, "--lora-alpha") == 0) {
-                char *end = NULL;
-                double x = (v[0] >= '0' && v[0] <= '9') || v[0] == '.' ? strtod(v, &end) : 0;
-                if (end == NULL || *end != '\0' || !(x > 0) || x > 1e6)
-                    return usage_error("--lora-alpha needs a number > 0, not '%s'", v);
+                double x;
+                if (kt_tool_parse_real("kt-import", s, v, 0, 1e6, KT_TOOL_LO_OPEN, &x) != 0)
+                    return 2;
                 a->o.lora_alpha = (float)x;
                 a->alpha_given = 1;
             } else {

@@ -178,15 +178,13 @@ static int parse_choice(const char *opt, const char *v, const char *const *names
     return kt_tool_usage_error("kt-train", "%s: unknown value '%s'", opt, v);
 }
 
-/* a number in [lo, hi] (hi_open: below hi) */
-static int parse_float(const char *opt, const char *v, double lo, double hi, int hi_open,
+/* a number in [lo, hi], an end in `open` (KT_TOOL_*_OPEN) excluded */
+static int parse_float(const char *opt, const char *v, double lo, double hi, int open,
                        float *out)
 {
-    char *end;
-    double x = strtod(v, &end);
-    if (*v == '\0' || *end != '\0' || v[0] == ' ' || !(x >= lo) || (hi_open ? !(x < hi) : x > hi))
-        return kt_tool_usage_error("kt-train", "%s needs a number from %g to %g%s, not '%s'",
-                                   opt, lo, hi, hi_open ? " (exclusive)" : "", v);
+    double x;
+    if (kt_tool_parse_real("kt-train", opt, v, lo, hi, open, &x) != 0)
+        return 2;
     *out = (float)x;
     return 0;
 }
@@ -272,10 +270,7 @@ static int parse_value(train_args *a, const char *opt, const char *v)
         if ((rc = parse_i64(opt, v, 1, &a->lora_rank)) == 0 && a->lora_rank > 256)
             rc = usage_error("--lora-rank %s is more than 256 (the MoE layer's limit)", v);
     } else if (strcmp(opt, "--lora-alpha") == 0) {
-        char *end;
-        a->lora_alpha = strtof(v, &end);
-        if (*v == '\0' || *end != '\0' || !(a->lora_alpha > 0) || a->lora_alpha > 1e6f)
-            rc = usage_error("--lora-alpha needs a positive number, not '%s'", v);
+        rc = parse_float(opt, v, 0, 1e6, KT_TOOL_LO_OPEN, &a->lora_alpha);
     } else if (strcmp(opt, "--threads") == 0) {
         if ((rc = parse_i64(opt, v, 1, &x)) == 0 && x > 1024)
             rc = usage_error("--threads %s is more than 1024 (libkt's pool limit)", v);
@@ -294,21 +289,19 @@ static int parse_value(train_args *a, const char *opt, const char *v)
         if ((rc = parse_choice(opt, v, dtypes, 2, &c)) == 0)
             a->moe_dtype = c == 0 ? KT_F32 : KT_BF16;
     } else if (strcmp(opt, "--lr") == 0) {
-        char *end;
-        a->lr = strtof(v, &end);
-        if (*v == '\0' || *end != '\0' || !(a->lr > 0) || a->lr > 1e6f)
-            rc = usage_error("--lr needs a positive number, not '%s'", v);
+        rc = parse_float(opt, v, 0, 1e6, KT_TOOL_LO_OPEN, &a->lr);
     } else if (strcmp(opt, "--min-lr") == 0) {
         rc = parse_float(opt, v, 0, 1e6, 0, &a->min_lr);
         a->set_flags |= TRAIN_SET_MIN_LR;
     } else if (strcmp(opt, "--weight-decay") == 0) {
         rc = parse_float(opt, v, 0, 1e6, 0, &a->weight_decay);
     } else if (strcmp(opt, "--beta1") == 0 || strcmp(opt, "--beta2") == 0) {
-        /* 0 would mean the library's default: the smallest rate taken is a tiny one */
-        rc = parse_float(opt, v, 1e-30, 1, 1, opt[6] == '1' ? &a->beta1 : &a->beta2);
+        /* 0 would mean the library's default: only rates above it are taken */
+        rc = parse_float(opt, v, 0, 1, KT_TOOL_LO_OPEN | KT_TOOL_HI_OPEN,
+                         opt[6] == '1' ? &a->beta1 : &a->beta2);
         a->set_flags |= TRAIN_SET_BETAS;
     } else if (strcmp(opt, "--momentum") == 0) {
-        rc = parse_float(opt, v, 0, 1, 1, &a->momentum);
+        rc = parse_float(opt, v, 0, 1, KT_TOOL_HI_OPEN, &a->momentum);
         a->set_flags |= TRAIN_SET_MOMENTUM;
     } else if (strcmp(opt, "--clip") == 0) {
         rc = parse_float(opt, v, 0, 1e30, 0, &a->clip);
