@@ -502,7 +502,7 @@ static void test_graph_session(void **state)
 
 /* With no communicator cp_attention is causal attention on its shard, run chunk by chunk (two
  * halves, each on its key prefix) with the prefix gradients summed: the float64 reference is
- * ref_attention made causal. */
+ * ref_attention made causal. bf16 and f16 against f32 within test_low_precision's bounds. */
 static void ref_cp_attention(const kt_op_attrs *at, const gc_dt *in, int n_in, gc_dt *out,
                              int n_out)
 {
@@ -537,6 +537,7 @@ static void test_cp_one_rank(void **state)
                 gc_check(&g);
                 if (threads == 3) {
                     gc_check_lowp(&g, KT_BF16, 32.0 * ldexp(1.0, -9));
+                    gc_check_lowp(&g, KT_F16, 32.0 * ldexp(1.0, -12));
                     gc_check_deterministic(&g, 3);
                 }
             }
