@@ -179,6 +179,14 @@ typedef enum kt_moe_names {
                               * (w1 gate, w3 up, w2 down) */
 } kt_moe_names;
 
+/* Where a moe op's experts run when the session has several ranks (docs/parallel.md). */
+typedef enum kt_moe_parallel {
+    KT_MOE_PARALLEL_RANK0 = 0, /* rank 0 holds every expert and runs every rank's rows */
+    KT_MOE_PARALLEL_EP = 1     /* expert parallelism: each rank holds a share of the experts
+                                * (a layer of top_k 1) and runs the (token, slot) pairs routed
+                                * to them; rows travel by all-to-all */
+} kt_moe_parallel;
+
 typedef enum kt_halo_mode {
     KT_HALO_P2P = 0,      /* tag messages with the two neighbours */
     KT_HALO_ALLGATHER = 1 /* every rank joins the same all-gathers: deterministic pattern */
@@ -246,6 +254,7 @@ typedef struct kt_op_attrs {
     float attn_softcap;            /* attention: scores softcap * tanh(s / softcap) (0: none) */
     int64_t moe_intermediate;      /* moe: the experts' intermediate size (0: the caller's) */
     kt_moe_names moe_names;        /* moe: how its layer's tensors are named in checkpoints */
+    kt_moe_parallel moe_parallel;  /* moe: rank 0 holds the experts, or each rank its share */
     kt_dtype cast_dtype;           /* cast: the output's dtype (f32, bf16 or f16) */
 } kt_op_attrs;
 
