@@ -10,7 +10,10 @@
  *                                   every parameter (the graph's, the experts' or adapters'
  *                                   on their owner) equal one rank's; the experts split in
  *                                   consecutive ranges of E/W (E = 7, not divisible by 2, 3
- *                                   or 4) or, with `map`, expert g on rank g % W
+ *                                   or 4) or, with `map`, expert g on rank g % W; in ep,
+ *                                   every rank saves its session and resumes a fresh share
+ *                                   from it (optimizer state too: one more step equal) and
+ *                                   from the one-rank session's file (its experts by name)
  *
  * Prints "PASS rank r ..." or "FAIL rank r: why" and exits 0/1. */
 #include <math.h>
@@ -18,6 +21,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <unistd.h>
 
 #include <kt/kt.h>
 
@@ -313,6 +318,58 @@ static void scenario_varlen(kt_comm *comm, kt_moe_parallel par)
 
 enum { TT = 4 };
 
+/* Saving sharded experts: every rank saves its session (its share, the replicated parameters
+ * and the optimizer state); a fresh session with a fresh share resumes from that file, and
+ * another from the one-rank session's file (the whole layer: the share takes its experts by
+ * name); both equal the trained run, and one more step of the resumed share equals one more
+ * step of the one-rank run. */
+static void check_resume(run *a, run *b, kt_comm *comm, const int64_t *ids, int64_t n,
+                         kt_moe_mode mode, kt_moe *whole)
+{
+    const int world = kt_comm_size(comm), rank = kt_comm_rank(comm);
+    char mine_path[128], whole_path[128];
+    const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(mine_path, sizeof mine_path, "%s/ep_rank_test.%d.%d.safetensors", dir,
+             (int)getppid(), rank);
+    snprintf(whole_path, sizeof whole_path, "%s/ep_rank_test.%d.%d.whole.safetensors", dir,
+             (int)getppid(), rank);
+    OK(kt_session_save(a->s, mine_path, 1));
+    OK(kt_session_save(b->s, whole_path, 0));
+    for (int from_whole = 0; from_whole < 2; from_whole++) {
+        kt_moe *fresh = make_layer(ids, n, TT * world * K, mode);
+        run r;
+        start(&r, a->p, comm, fresh, TT, rank * TT, KT_OPTIM_ADAMW, 0.5f);
+        /* a layer's optimizer state is one flat span: it resumes from the same placement only */
+        OK(kt_session_load(r.s, from_whole ? whole_path : mine_path,
+                           from_whole ? 0u : KT_LOAD_OPTIMIZER));
+        const char *what = from_whole ? "resumed from the one-rank file" : "resumed from its shard";
+        expect(what, tensor_of(&r, KT_ROLE_PARAM, "router"), tensor_of(b, KT_ROLE_PARAM, "router"),
+               H * E, 1e-5);
+        expect_experts(what, fresh, ids, n, whole, mode, 0, 1.0f);
+        if (!from_whole) {
+            /* one more step each: the shard's optimizer state came back too */
+            feed(&r, STEPS, 0);
+            feed(b, STEPS, 0);
+            OK(kt_session_forward(r.s));
+            OK(kt_session_backward(r.s));
+            OK(kt_session_forward(b->s));
+            OK(kt_session_backward(b->s));
+            OK(kt_session_step(r.s));
+            OK(kt_session_step(b->s));
+            expect_experts("a step after resuming", fresh, ids, n, whole, mode, 0, 1.0f);
+            expect("the router a step after resuming", tensor_of(&r, KT_ROLE_PARAM, "router"),
+                   tensor_of(b, KT_ROLE_PARAM, "router"), H * E, 1e-5);
+        }
+        kt_session_destroy(r.s);
+        kt_moe_destroy(fresh);
+        /* the one-rank run has stepped once more: the whole-layer file is from before */
+        if (!from_whole)
+            OK(kt_session_save(b->s, whole_path, 0));
+    }
+    unlink(mine_path);
+    unlink(whole_path);
+}
+
 static void scenario_train(kt_comm *comm, kt_moe_parallel par, kt_moe_mode mode, int map)
 {
     const int world = kt_comm_size(comm), rank = kt_comm_rank(comm);
@@ -354,6 +411,8 @@ static void scenario_train(kt_comm *comm, kt_moe_parallel par, kt_moe_mode mode,
            tensor_of(&b, KT_ROLE_PARAM, "router"), H * E, 1e-5);
     if (mine != NULL)
         expect_experts("after the steps", mine, ids, n, whole, mode, 0, 1.0f);
+    if (ep)
+        check_resume(&a, &b, comm, ids, n, mode, whole);
     for (int i = 0; i < 2; i++) {
         kt_session_destroy(both[i]->s);
         kt_program_destroy(both[i]->p);
