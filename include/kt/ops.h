@@ -186,6 +186,13 @@ typedef enum kt_moe_parallel {
                                 * (a layer of top_k 1) and runs the (token, slot) pairs routed
                                 * to them; rows travel by all-to-all */
 } kt_moe_parallel;
+/* Who chooses it (kt_session_options.moe_parallel, kt_moe_layers_options.parallel): each moe
+ * op's `parallel` (0, what zeroed options give), or one mode for every moe op. */
+typedef enum kt_moe_parallel_choice {
+    KT_MOE_PARALLEL_PROGRAM = 0,
+    KT_MOE_PARALLEL_ALL_RANK0 = 1,
+    KT_MOE_PARALLEL_ALL_EP = 2
+} kt_moe_parallel_choice;
 
 typedef enum kt_halo_mode {
     KT_HALO_P2P = 0,      /* tag messages with the two neighbours */

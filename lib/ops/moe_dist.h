@@ -13,6 +13,9 @@
 /* Expert parallelism's largest world (its per-peer counts live on the stack). */
 #define KT__MOE_MAX_RANKS 1024
 
+/* The call's mode: the op's `parallel`, or the session's choice for every op. */
+kt_moe_parallel kt__moe_mode(const kt__op_call *c);
+
 /* The layer bound as the call's `layer` on this rank; NULL where this rank holds none. */
 kt_moe *kt__moe_bound(const kt__op_call *c);
 

@@ -52,11 +52,12 @@ static kt_status layer_of(const kt__op_call *c, kt_moe **out)
 /* Several ranks: rank 0 holding the experts (moe_rank0.c) or expert parallelism (moe_ep.c). */
 static size_t comm_scratch_moe(const kt_op_attrs *at, const kt_tensor *in, int n, int world)
 {
-    (void)n;
+    (void)n, (void)at;
     if (world <= 1)
         return 0;
-    return at->moe_parallel == KT_MOE_PARALLEL_EP ? kt__moe_ep_scratch(in, world)
-                                                  : kt__moe_rank0_scratch(in, world);
+    /* either mode: the session may choose for every op (kt_session_options.moe_parallel) */
+    size_t ep = kt__moe_ep_scratch(in, world), rank0 = kt__moe_rank0_scratch(in, world);
+    return ep > rank0 ? ep : rank0;
 }
 
 static int distributed(const kt__op_call *c) { return c->comm != NULL && kt_comm_size(c->comm) > 1; }
@@ -64,7 +65,7 @@ static int distributed(const kt__op_call *c) { return c->comm != NULL && kt_comm
 static kt_status fwd_moe(const kt__op_call *c)
 {
     if (distributed(c))
-        return c->attrs->moe_parallel == KT_MOE_PARALLEL_EP ? kt__moe_ep_forward(c)
+        return kt__moe_mode(c) == KT_MOE_PARALLEL_EP ? kt__moe_ep_forward(c)
                                                             : kt__moe_rank0_forward(c);
     kt_moe *m = NULL;
     KT__TRY(layer_of(c, &m));
@@ -74,7 +75,7 @@ static kt_status fwd_moe(const kt__op_call *c)
 static kt_status bwd_moe(const kt__op_call *c)
 {
     if (distributed(c))
-        return c->attrs->moe_parallel == KT_MOE_PARALLEL_EP ? kt__moe_ep_backward(c)
+        return kt__moe_mode(c) == KT_MOE_PARALLEL_EP ? kt__moe_ep_backward(c)
                                                             : kt__moe_rank0_backward(c);
     kt_moe *m = NULL;
     KT__TRY(layer_of(c, &m));

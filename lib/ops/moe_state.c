@@ -40,21 +40,30 @@ typedef struct moe_state {
     char *rows;       /* several ranks: the rows this rank runs for the others (moe_dist.h) */
     size_t rows_bytes;
     kt__moe_placement **placement; /* per layer, expert parallelism: made at first use */
+    int choice;                    /* kt_session_options.moe_parallel */
 } moe_state;
 
+/* An op's mode: its `parallel`, unless the session chooses for every op. */
+static kt_moe_parallel mode_of(int choice, const kt_op_attrs *at)
+{
+    return choice == KT_MOE_PARALLEL_ALL_EP      ? KT_MOE_PARALLEL_EP
+           : choice == KT_MOE_PARALLEL_ALL_RANK0 ? KT_MOE_PARALLEL_RANK0
+                                                 : at->moe_parallel;
+}
+
 /* The mode of binding b's moe op (rank 0's when no op runs it). */
-static kt_moe_parallel parallel_of(const kt__op_node *nodes, int n, int b)
+static kt_moe_parallel parallel_of(const kt__op_node *nodes, int n, int choice, int b)
 {
     for (int i = 0; i < n; i++)
         if (nodes[i].attrs->binding == b)
-            return nodes[i].attrs->moe_parallel;
+            return mode_of(choice, nodes[i].attrs);
     return KT_MOE_PARALLEL_RANK0;
 }
 
-static int any_ep(const kt__op_node *nodes, int n)
+static int any_ep(const kt__op_node *nodes, int n, int choice)
 {
     for (int i = 0; i < n; i++)
-        if (nodes[i].attrs->moe_parallel == KT_MOE_PARALLEL_EP)
+        if (mode_of(choice, nodes[i].attrs) == KT_MOE_PARALLEL_EP)
             return 1;
     return 0;
 }
@@ -67,7 +76,7 @@ static kt_status check_nodes(const kt__op_bind *bd)
     for (int i = 0; i < bd->n_nodes; i++) {
         const kt__op_node *nd = &bd->nodes[i];
         int b = nd->attrs->binding;
-        const int ep = several && nd->attrs->moe_parallel == KT_MOE_PARALLEL_EP;
+        const int ep = several && mode_of(bd->moe_parallel, nd->attrs) == KT_MOE_PARALLEL_EP;
         const int held = b < bd->n_bindings && layers != NULL && layers[b] != NULL;
         if (several && !ep && kt_comm_rank(bd->comm) != 0)
             continue; /* rank 0 owns the experts */
@@ -145,6 +154,7 @@ static kt_status bind_moe(const kt__op_bind *bd, void **state_out)
     }
     m->nodes = bd->nodes;
     m->n_nodes = bd->n_nodes;
+    m->choice = bd->moe_parallel;
     m->layers = (kt_moe *const *)bd->bindings;
     m->n_layers = bd->bindings != NULL ? n : 0;
     for (int b = 0; b < m->n_layers; b++) {
@@ -172,7 +182,8 @@ static kt_status bind_moe(const kt__op_bind *bd, void **state_out)
         if (m->layers[b] == NULL)
             continue;
         const kt_moe_config *cfg = kt_moe_get_config(m->layers[b]);
-        size_t need = parallel_of(bd->nodes, bd->n_nodes, b) == KT_MOE_PARALLEL_EP
+        size_t need = parallel_of(bd->nodes, bd->n_nodes, bd->moe_parallel, b) ==
+                              KT_MOE_PARALLEL_EP
                           ? kt__moe_ep_rows_bytes(cfg)
                           : kt__moe_rank0_rows_bytes(cfg);
         m->rows_bytes = need > m->rows_bytes ? need : m->rows_bytes;
@@ -180,7 +191,7 @@ static kt_status bind_moe(const kt__op_bind *bd, void **state_out)
     if (several && m->n_nodes > 0 && m->rows_bytes < 4096)
         m->rows_bytes = 4096; /* a rank running no rows still carves its (empty) tensors */
     if ((m->rows_bytes > 0 && posix_memalign((void **)&m->rows, 64, m->rows_bytes) != 0) ||
-        (several && any_ep(bd->nodes, bd->n_nodes) &&
+        (several && any_ep(bd->nodes, bd->n_nodes, bd->moe_parallel) &&
          (m->placement = calloc((size_t)m->n_layers + 1, sizeof *m->placement)) == NULL)) {
         m->rows = NULL;
         unbind_moe(m);
@@ -233,6 +244,12 @@ kt_status kt__moe_rows(const kt__op_call *c, size_t need, char **out)
                          m ? m->rows_bytes : 0);
     *out = m->rows;
     return KT_OK;
+}
+
+kt_moe_parallel kt__moe_mode(const kt__op_call *c)
+{
+    const moe_state *m = c->state;
+    return mode_of(m ? m->choice : KT_MOE_PARALLEL_PROGRAM, c->attrs);
 }
 
 kt__moe_placement **kt__moe_placement_slot(void *state, int binding)
@@ -395,7 +412,7 @@ static int knows_moe(void *state, const char *name, int is_state)
     if (names_op_layer(m, name, &b)) {
         /* an expert-parallel share knows its own experts; the others' are other ranks' */
         if (b >= m->n_layers || m->layers[b] == NULL ||
-            parallel_of(m->nodes, m->n_nodes, b) == KT_MOE_PARALLEL_EP)
+            parallel_of(m->nodes, m->n_nodes, m->choice, b) == KT_MOE_PARALLEL_EP)
             return 1;
         kt__moe_naming nm = naming_of(m, b);
         return kt__moe_names_tensor(m->layers[b], &nm, name);

@@ -30,6 +30,7 @@ typedef struct kt__op_bind {
     void *const *bindings; /* kt_session_options.moe_layers: objects the caller made */
     int n_bindings;
     struct kt_comm *comm; /* NULL: one rank */
+    int moe_parallel;     /* kt_session_options.moe_parallel (kt_moe_parallel_choice) */
 } kt__op_bind;
 
 /* A flat array of f32 values the op trains itself, with its gradient. The session
