@@ -215,6 +215,10 @@ expect_error world_size "KT_WORLD_SIZE=abc is not a world size" \
   env KT_RANK=0 KT_WORLD_SIZE=abc "$train" lm1.ktp --data markov.bin --steps 1 --threads 1
 expect_error rank_of_one "KT_RANK=1 with KT_WORLD_SIZE=1" \
   env KT_RANK=1 KT_WORLD_SIZE=1 "$train" lm1.ktp --data markov.bin --steps 1 --threads 1
+# run-directory checkpoints are rank 0's alone: refused with expert parallelism
+[ "$launch" = none ] || expect_error ep_run_dir "would miss the other ranks' experts" \
+  "$launch" -n 2 --transport shm --timeout-ms 20000 -- "$train" lm2.ktp --data markov.bin \
+  --steps 1 --threads 1 --moe-parallel ep --run-dir ep_run_dir
 # a run larger than the machine's memory is refused at once, before anything is allocated
 "$graphc" "$src/examples/lm.ktg" -o lm_huge.ktp -D T=4096 -D H=8192 -D VOCAB=65536 -D E=8 \
   -D L=2 -D K=4 -D TOPK=2 > /dev/null

@@ -443,6 +443,20 @@ static int parse_args(int argc, char **argv, train_args *a)
 
 static int writes_save(const trainer *t);
 
+/* Whether the run splits experts over the ranks (--moe-parallel ep, or a moe op's). */
+static int uses_ep(const trainer *t, const train_args *a)
+{
+    if (t->r.world < 2 || a->moe_parallel == KT_MOE_PARALLEL_ALL_RANK0)
+        return 0;
+    for (int i = 0; i < kt_program_moe_count(t->p); i++) {
+        kt_program_moe info;
+        if (a->moe_parallel == KT_MOE_PARALLEL_ALL_EP ||
+            (kt_program_moe_info(t->p, i, &info) == KT_OK && info.parallel == KT_MOE_PARALLEL_EP))
+            return 1;
+    }
+    return 0;
+}
+
 /* --params FILE: with expert parallelism rank r > 0 reads FILE.rank<r> where there is one (its
  * share as an expert-parallel --save wrote it); else FILE, from which each share takes its
  * experts by name (a one-rank run's file, say). */
@@ -710,6 +724,11 @@ static int setup(trainer *t, train_args *a)
         rc = resume_check(t, a, &t->from);
     if (rc == 0)
         rc = run_dir_open(t);
+    if (rc == 0 && (a->run_dir != NULL || a->resume != NULL) && uses_ep(t, a))
+        /* every rank sees the same options and program: all stop, none waits */
+        rc = train_error("--run-dir / --resume with expert parallelism: the run directory's "
+                         "checkpoints are rank 0's alone and would miss the other ranks' "
+                         "experts; use --save and --params (FILE.rank<r>)");
     if (rc == 0)
         rc = moe_setup(&t->moe, a, t->p, &t->r, t->pool);
     if (rc == 0)
