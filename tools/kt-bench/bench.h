@@ -40,6 +40,9 @@ int bench_spawn_ranks(int n, const char *transport, char *const *args, int n_arg
                       bench_line_fn on_line, void *ctx);
 int bench_rank(int argc, char **argv);               /* the "__rank" entry */
 int bench_halo_rank(int argc, char **argv);          /* bench_halo.c */
+int bench_moe_rank(int argc, char **argv);           /* bench_moe_ranks.c */
+/* kt-bench moe --ranks: rank 0 holding the experts against expert parallelism */
+int bench_moe_ranks(int argc, char **argv, const bench_args *common);
 FILE *bench_result_stream(void);                     /* rank 0: NULL elsewhere */
 struct kt_comm *bench_rank_comm(const char *who);    /* the UCX communicator from the env */
 int bench_have_ucx(void);
