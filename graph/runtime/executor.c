@@ -86,6 +86,10 @@ kt_status kt__session_run(kt_session *s, int32_t begin, int32_t end)
     const int tracing = s->opt.trace != NULL;
     for (int32_t at = begin; at < end; at++) {
         uint64_t t0 = tracing ? kt__now_ns() : 0;
+        if (at == s->hold_at) { /* KT_FAULT hold, once */
+            s->hold_at = -1;
+            kt__session_fault_hold(s->fault.hold_ms);
+        }
         kt_status status = run_step(s, at);
         if (status != KT_OK) {
             if (at == s->inject_at) { /* the hook fires once */

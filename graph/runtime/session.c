@@ -201,6 +201,7 @@ kt_status kt_session_create(const kt_program *p, const kt_session_options *optio
     s->loss = NAN;
     s->inject_at = -1;
     s->failed_at = -1;
+    s->hold_at = -1;
     s->fault.phase = -1;
     kt_status status = KT_OK;
     if (s->opt.trace == NULL)

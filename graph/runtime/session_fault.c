@@ -10,16 +10,21 @@
  * makes the op of the phase of training step S (1-based: the step after S-1 optimizer steps)
  * fail on rank R (every rank when rank is left out) once. op: an op name (cross_entropy) or a
  * node name, the first of the phase that matches; or a number, the phase's op kernels
- * counted from 0; left out: the phase's first. phase=step fails the optimizer step. */
+ * counted from 0; left out: the phase's first. phase=step fails the optimizer step (before
+ * its gradient all-reduce), phase=save the first kt_session_save after step S (before
+ * anything is written). hold=MS: instead of failing, the op (or the save) first waits MS
+ * milliseconds, then runs: a slow or hung rank, which a test may kill or stop meanwhile. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "graph/runtime/session_internal.h"
 #include "kt/comm.h"
 #include "lib/core/error.h"
 
-static const char *const phase_names[] = {"forward", "backward", "step"};
+static const char *const phase_names[] = {"forward", "backward", "step", "save"};
 
 /* The program steps [begin, end) of a phase (forward or backward). */
 static void phase_range(const kt_session *s, int phase, int32_t *begin, int32_t *end)
@@ -31,7 +36,7 @@ static void phase_range(const kt_session *s, int phase, int32_t *begin, int32_t 
 static kt_status bad_fault(const char *spec, const char *why, const char *what)
 {
     return kt__error(KT_EINVAL, "KT_FAULT=\"%s\": %s%s (the test hook takes "
-                     "rank=R,step=S,phase=forward|backward|step[,op=NAME|INDEX])", spec, why,
+                     "rank=R,step=S,phase=forward|backward|step|save[,op=NAME|INDEX][,hold=MS])", spec, why,
                      what);
 }
 
@@ -98,19 +103,24 @@ kt_status kt__session_fault_parse(kt_session *s)
             if (parse_int(v, 1, &step) != 0)
                 return bad_fault(f->spec, "step is not a step (1, 2, ...): ", v);
         } else if (strcmp(kv, "phase") == 0) {
-            for (phase = 0; phase < 3 && strcmp(v, phase_names[phase]) != 0; phase++)
+            for (phase = 0; phase < 4 && strcmp(v, phase_names[phase]) != 0; phase++)
                 ;
-            if (phase == 3)
+            if (phase == 4)
                 return bad_fault(f->spec, "unknown phase ", v);
         } else if (strcmp(kv, "op") == 0) {
             op = v;
+        } else if (strcmp(kv, "hold") == 0) {
+            long long ms;
+            if (parse_int(v, 1, &ms) != 0 || ms > 600000)
+                return bad_fault(f->spec, "hold is not a time in ms (1..600000): ", v);
+            f->hold_ms = (int)ms;
         } else {
             return bad_fault(f->spec, "unknown key ", kv);
         }
     }
     if (phase == KT__FAULT_BACKWARD && s->p->n_steps == s->p->n_forward)
         return bad_fault(f->spec, "phase backward in a program ", "compiled without training");
-    if (phase != KT__FAULT_STEP) {
+    if (phase == KT__FAULT_FORWARD || phase == KT__FAULT_BACKWARD) {
         int32_t count;
         f->at = find_op(s, phase, op, &count);
         if (f->at < 0) {
@@ -134,17 +144,44 @@ void kt__session_fault_arm(kt_session *s, int phase)
     if (f->phase != phase || f->step != s->steps_done + 1)
         return;
     f->phase = -1; /* once */
-    if (phase != KT__FAULT_STEP)
+    if (phase != KT__FAULT_FORWARD && phase != KT__FAULT_BACKWARD)
+        return;
+    if (f->hold_ms > 0)
+        s->hold_at = f->at;
+    else
         kt__session_inject_failure(s, f->at);
+}
+
+void kt__session_fault_hold(int ms)
+{
+    struct timespec left = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&left, &left) != 0 && errno == EINTR)
+        ; /* a signal handler ran (kt-train's SIGTERM): the hold goes on */
+}
+
+/* The optimizer step's and the save's hook: a hold waits, a failure is returned. */
+static kt_status fire(kt_session *s, kt_status status)
+{
+    s->fault.phase = -1; /* once */
+    if (s->fault.hold_ms > 0) {
+        kt__session_fault_hold(s->fault.hold_ms);
+        return KT_OK;
+    }
+    return kt__error(status, "injected failure (KT_FAULT=\"%s\", a test hook)", s->fault.spec);
 }
 
 kt_status kt__session_fault_step(kt_session *s)
 {
     if (s->fault.phase != KT__FAULT_STEP || s->fault.step != s->steps_done + 1)
         return KT_OK;
-    kt__session_fault_arm(s, KT__FAULT_STEP);
-    return kt__error(KT_EINTERNAL, "injected failure (KT_FAULT=\"%s\", a test hook)",
-                     s->fault.spec);
+    return fire(s, KT_EINTERNAL);
+}
+
+kt_status kt__session_fault_save(kt_session *s)
+{
+    if (s->fault.phase != KT__FAULT_SAVE || s->steps_done < s->fault.step)
+        return KT_OK;
+    return fire(s, KT_EIO);
 }
 
 kt_status kt__session_fail(kt_session *s, kt_status status, const char *what)
