@@ -167,6 +167,10 @@ typedef struct kt__ucx_setup {
 /* The job id as messages show it: quoted, or "(unnamed)". */
 const char *kt__ucx_job_name(const kt__ucx_setup *s, char buf[136]);
 
+/* Rank 0's address when none is given, from the site launcher's variables (master_addr.c):
+ * source is the variable the rank came from ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", ...). */
+kt_status kt__ucx_default_master(const char *source, int size, char out[256]);
+
 /* Options, else the environment (KT_*, torchrun, Open MPI, Slurm), with defaults. */
 kt_status kt__ucx_resolve(const kt_comm_options *options, kt__ucx_setup *setup_out);
 
