@@ -388,6 +388,16 @@ kt_status kt__ucx_wait(kt__ucx_comm *c, const kt__ucx_op *op, kt__ucx_req *reqs,
         if (notice && c->abort_in.origin >= 0) { /* the peer stopped by its own failure */
             st = root_failure(c);
             break;
+        } else if (notice && c->abort_in.blame >= 0 && c->abort_in.blame != src &&
+                   c->abort_in.blame != c->base.rank) {
+            /* src stopped because of another rank (it timed out waiting for it, or saw it
+             * die): that one is named, not src, which only passes the news on */
+            c->blame = c->abort_in.blame;
+            int hung = c->abort_in.status == KT_ETIMEDOUT;
+            st = kt__error(hung ? KT_ETIMEDOUT : KT_EPEER, "rank %d: peer %d %s; peer %d "
+                           "reports: %s", c->base.rank, c->blame,
+                           hung ? "is not responding" : "failed", src, c->abort_in.text);
+            break;
         } else if (notice) { /* the peer's communication failed */
             c->blame = src;
             st = kt__error(KT_EPEER, "rank %d: peer %d failed: %s", c->base.rank, src,
@@ -438,7 +448,13 @@ kt_status kt__ucx_wait(kt__ucx_comm *c, const kt__ucx_op *op, kt__ucx_req *reqs,
             }
             if (got && c->abort_in.origin >= 0)
                 st = root_failure(c); /* the peer stopped because of its own failure */
-            else if (got)
+            else if (got && c->abort_in.status == KT_ETIMEDOUT && c->abort_in.blame >= 0 &&
+                     c->abort_in.blame != src && c->abort_in.blame != c->base.rank) {
+                c->blame = c->abort_in.blame; /* the end of the chain: the stuck rank */
+                st = kt__error(KT_ETIMEDOUT, "rank %d: peer %d is not responding (%s; peer %d "
+                               "reports: %s)", c->base.rank, c->blame, mine, src,
+                               c->abort_in.text);
+            } else if (got)
                 st = kt__error(KT_ETIMEDOUT, "%s; peer %d reports: %s", mine, src,
                                c->abort_in.text);
             else

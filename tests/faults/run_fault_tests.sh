@@ -3,19 +3,21 @@
 # rank-0 MoE example, context parallel) over kt-launch:
 #   fail   KT_FAULT makes one op (forward or backward, each of the program's op kernels by
 #          index) or the optimizer step of step 2 fail on rank 0 (the expert owner), 1 (a
-#          middle rank) or 2 (the last): every rank exits 1 within the deadline, each with
-#          the same root cause "rank R: step 2: OP 'NODE' (PHASE): injected failure"
+#          middle rank) or 2 (the last), or rank 0's checkpoint save after step 2: every rank
+#          exits 1 within the deadline, each with the same root cause "rank R: step 2: OP
+#          'NODE' (PHASE): injected failure" (the save: "rank 0: ... injected failure")
 #   kill / stop
 #          KT_FAULT hold keeps one rank inside the forward, the backward, the optimizer step
 #          (the peers wait in the gradient all-reduce) or rank 0's checkpoint save (the peers
 #          wait for its outcome) and the test kills it (SIGKILL) or stops it (SIGSTOP): every
-#          survivor exits nonzero within the deadline (+ a margin) naming that rank; after a
+#          survivor exits nonzero within the deadline (+ a margin), the first peer its message
+#          names being that rank (not one that passed the news on); after a
 #          save case the run directory's newest checkpoint still resumes
 # A case counts as a hang when the job is still running 40 s after it started (then killed).
 #
 # usage: run_fault_tests.sh KT_GRAPHC KT_TRAIN KT_LAUNCH WORKDIR [RUNS|all] [SEED] [FILTER]
 #   RUNS: that many cases drawn (seeded), a third each of failures, kills and stops
-#   (ctest: 20; the issue: 100); all: every case once (240 runs). FILTER: an extended regex
+#   (ctest: 20; the issue: 100); all: every case once (241 runs). FILTER: an extended regex
 #   the cases ("fail forward 3 1", "STOP save - 2") must match. Prints "N runs, H hangs, F
 #   failures".
 set -uo pipefail
@@ -53,6 +55,7 @@ for r in 0 1 2; do
   for i in $(seq 0 $((nf - 1))); do cases+=("fail forward $i $r"); done
   for i in $(seq 0 $((nb - 1))); do cases+=("fail backward $i $r"); done
   cases+=("fail step - $r")
+  [ $r = 0 ] && cases+=("fail save - 0") # only rank 0 saves
   for sig in KILL STOP; do
     for ph in forward backward step save; do cases+=("$sig $ph - $r"); done
   done
@@ -94,6 +97,7 @@ for c in "${list[@]}"; do
   d=cases/$n; mkdir -p "$d"
   echo "$c" > "$d/case"
   extra=(--steps 3)
+  [ "$phase" = save ] && extra=(--steps 3 --run-dir "$d/run" --save-every 1)
   t0=$(now_ms)
   if [ "$kind" = fail ]; then
     spec="rank=$rank,step=2,phase=$phase"; [ "$op" != - ] && spec+=",op=$op"
@@ -102,7 +106,7 @@ for c in "${list[@]}"; do
     el=$(( $(now_ms) - t0 ))
     [ $rc -eq 124 ] || [ $rc -eq 137 ] && { hangs=$((hangs + 1)); bad "$c: a hang"; continue; }
     roots=$(sed -n 's/^\[rank \([0-9]\)\] kt-train: rank \1 stops: //p' "$d/out" | sort -u)
-    want="rank $rank: step 2: "
+    want="rank $rank: step 2: "; [ "$phase" = save ] && want="rank 0: "
     okr=1
     for r in 0 1 2; do [ "$(cat "$d/rc.$r" 2> /dev/null)" = 1 ] || okr=0; done
     if [ $okr != 1 ] || [ "$(grep -c "kt-train: rank [0-2] stops: " "$d/out")" -ne $W ] ||
@@ -156,8 +160,9 @@ for c in "${list[@]}"; do
   for r in 0 1 2; do
     [ "$r" = "$rank" ] && continue
     [ "$(cat "$d/rc.$r" 2> /dev/null)" = 1 ] || okr=0
-    grep "^\[rank $r\] kt-train: " "$d/out" | grep -q -E "peer $rank (failed|to take)|from peer $rank" ||
-      named=0
+    # the first rank the survivor's message names is the victim (not a rank passing it on)
+    first=$(sed -n "s/^\[rank $r\] kt-train: rank $r stops: //p" "$d/out" | grep -o -E 'peer [0-9]+' | head -1)
+    [ "$first" = "peer $rank" ] || named=0
   done
   allow=$((deadline + margin)); [ "$phase" = save ] && [ "$rank" != 0 ] && allow=$((allow + hold))
   if [ $okr != 1 ] || [ $named != 1 ] || [ $el -gt $allow ]; then

@@ -62,11 +62,9 @@ static int save_checkpoint(trainer *t, const train_args *a, int64_t step, const 
     if (t->r.rank == 0 && checkpoint_write(t, a, step, why) != 0)
         saved = KT_EIO;
     if (ranks_agree(&t->r, saved) != KT_OK) {
-        if (kt_comm_status(t->r.comm) != KT_OK) /* not rank 0's save: a rank was lost */
+        /* rank 0's failure as agreed (it printed its own already), or a rank lost */
+        if (t->r.comm != NULL)
             train_error("rank %d stops: %s", t->r.rank, kt_last_error());
-        else if (saved == KT_OK)
-            train_error("rank %d: rank 0 could not save the checkpoint: %s", t->r.rank,
-                        kt_last_error());
         return 1;
     }
     return 0;
