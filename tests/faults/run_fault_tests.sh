@@ -8,20 +8,24 @@
 #          'NODE' (PHASE): injected failure" (the save: "rank 0: ... injected failure")
 #   kill / stop
 #          KT_FAULT hold keeps one rank inside the forward, the backward, the optimizer step
-#          (the peers wait in the gradient all-reduce) or rank 0's checkpoint save (the peers
-#          wait for its outcome) and the test kills it (SIGKILL) or stops it (SIGSTOP): every
+#          (the peers wait in the gradient all-reduce), rank 0's checkpoint save (the peers
+#          wait for its outcome; "save") or rank 0's final --save onto a good file ("final")
+#          and the test kills it (SIGKILL) or stops it (SIGSTOP): every
 #          survivor exits nonzero within the deadline (+ a margin), the first peer its message
-#          names being that rank (not one that passed the news on); after a
-#          save case the run directory's newest checkpoint still resumes
+#          names being that rank (not one that passed the news on; in the final save a
+#          survivor may also exit 0 when rank 0 saved: the lost rank's part was in); after a
+#          save case the run directory's newest checkpoint still resumes, after a final one
+#          the --save file is the previous one (rank 0 killed) or loads (train_check)
 # A case counts as a hang when the job is still running 40 s after it started (then killed).
 #
-# usage: run_fault_tests.sh KT_GRAPHC KT_TRAIN KT_LAUNCH WORKDIR [RUNS|all] [SEED] [FILTER]
+# usage: run_fault_tests.sh KT_GRAPHC KT_TRAIN KT_LAUNCH TRAIN_CHECK WORKDIR [RUNS|all] [SEED]
+#                            [FILTER]
 #   RUNS: that many cases drawn (seeded), a third each of failures, kills and stops
-#   (ctest: 20; the issue: 100); all: every case once (241 runs). FILTER: an extended regex
+#   (ctest: 20; the issue: 100); all: every case once (247 runs). FILTER: an extended regex
 #   the cases ("fail forward 3 1", "STOP save - 2") must match. Prints "N runs, H hangs, F
 #   failures".
 set -uo pipefail
-graphc=$1 train=$2 launch=$3 work=$4 runs=${5:-20} seed=${6:-32} filter=${7:-}
+graphc=$1 train=$2 launch=$3 check=$4 work=$5 runs=${6:-20} seed=${7:-32} filter=${8:-}
 src=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$work" && cd "$work" || exit 1
 rm -rf cases && mkdir cases
@@ -47,6 +51,9 @@ count_ops() {
     sed -n 's/.*the '"$1"' runs \([0-9]*\) op kernels.*/\1/p'
 }
 nf=$(count_ops forward) nb=$(count_ops backward)
+# a good --save file for the final-save cases to overwrite
+timeout 60 "$launch" -n $W --timeout-ms 20000 -- "$train" "${args[@]}" --steps 1 \
+  --save good.safetensors > good.log 2>&1 || { echo "FAIL: the good save"; cat good.log; exit 1; }
 if [ -z "$nf" ] || [ -z "$nb" ]; then echo "FAIL: cannot count the ops"; exit 1; fi
 echo "the 2-layer example runs $nf forward and $nb backward op kernels"
 
@@ -57,7 +64,7 @@ for r in 0 1 2; do
   cases+=("fail step - $r")
   [ $r = 0 ] && cases+=("fail save - 0") # only rank 0 saves
   for sig in KILL STOP; do
-    for ph in forward backward step save; do cases+=("$sig $ph - $r"); done
+    for ph in forward backward step save final; do cases+=("$sig $ph - $r"); done
   done
 done
 if [ -n "$filter" ]; then # only the cases that match (to rerun one kind)
@@ -119,15 +126,18 @@ for c in "${list[@]}"; do
   fi
   # kill / stop: the victim holds (30 s) where the case says, the test signals it there
   holder=$rank where="phase=$phase"
-  [ "$phase" = save ] && holder=0
+  case $phase in save | final) holder=0 ;; esac
   if [ "$phase" = save ]; then
     rm -rf "$d/run"; extra=(--steps 3 --run-dir "$d/run" --save-every 1)
+  elif [ "$phase" = final ]; then # the last step is 2: the save after it is the final one
+    where="phase=save" extra=(--steps 2 --save "$d/out.safetensors")
+    cp good.safetensors "$d/out.safetensors"
   fi
-  hold=30000; [ "$phase" = save ] && [ "$rank" != 0 ] && hold=2000 # rank 0 saves, then sees
+  hold=30000; [ "$holder" != "$rank" ] && hold=2000 # rank 0 saves, then sees the loss
   run_job "$d" KT_FAULT="rank=$holder,step=2,$where,hold=$hold"
   # in the hold once step 1 is over on rank 0 (it prints it) and a moment has passed
   for _ in $(seq 200); do
-    grep -q '^\[rank 0\] step 1/3' "$d/out" 2> /dev/null && break
+    grep -q '^\[rank 0\] step 1/' "$d/out" 2> /dev/null && break
     kill -0 "$job" 2> /dev/null || break
     sleep 0.05
   done
@@ -159,16 +169,30 @@ for c in "${list[@]}"; do
   okr=1 named=1
   for r in 0 1 2; do
     [ "$r" = "$rank" ] && continue
+    # a rank lost after its part of the final save's agreement was in: the run's work is
+    # done (rank 0 saved), and a survivor that got every message it needed may end well
+    [ "$phase" = final ] && [ "$(cat "$d/rc.$r" 2> /dev/null)" = 0 ] &&
+      grep -q '^\[rank 0\] kt-train: saved' "$d/out" && continue
     [ "$(cat "$d/rc.$r" 2> /dev/null)" = 1 ] || okr=0
     # the first rank the survivor's message names is the victim (not a rank passing it on)
     first=$(sed -n "s/^\[rank $r\] kt-train: rank $r stops: //p" "$d/out" | grep -o -E 'peer [0-9]+' | head -1)
     [ "$first" = "peer $rank" ] || named=0
   done
-  allow=$((deadline + margin)); [ "$phase" = save ] && [ "$rank" != 0 ] && allow=$((allow + hold))
+  allow=$((deadline + margin)); [ "$holder" != "$rank" ] && allow=$((allow + hold))
   if [ $okr != 1 ] || [ $named != 1 ] || [ $el -gt $allow ]; then
     bad "$c: survivors out after $el ms, exit statuses $(cat "$d"/rc.* 2> /dev/null | tr '\n' ' '), named $named"
     sed 's/^/    /' "$d/out" | grep -v '\] step [0-9]' | tail -12
     continue
+  fi
+  if [ "$phase" = final ]; then
+    left=$(ls -A "$d" | grep -v -E '^(out|out.safetensors|case|pid\..|rc\..)$' | tr '\n' ' ')
+    if [ "$rank" = 0 ] && ! cmp -s "$d/out.safetensors" good.safetensors; then
+      bad "$c: the --save file changed although its writer was killed"
+    elif ! "$check" params "$d/out.safetensors" "$d/out.safetensors" 0 > /dev/null; then
+      bad "$c: the --save file does not load"
+    elif [ -n "$left" ]; then
+      bad "$c: left beside the --save file: $left"
+    fi
   fi
   if [ "$phase" = save ]; then # the newest checkpoint left must resume (one more step)
     if ! timeout 60 "$launch" -n $W --timeout-ms 20000 -- "$train" --resume "$d/run" \

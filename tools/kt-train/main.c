@@ -775,8 +775,7 @@ int main(int argc, char **argv)
             saved = KT_EIO;
         if (ranks_agree(&t.r, saved) != KT_OK) { /* rank 0's save, or a rank not there */
             if (t.r.comm != NULL)
-                train_error("rank %d stops at the end of the run: %s", t.r.rank,
-                            kt_last_error());
+                train_error("rank %d stops: %s", t.r.rank, kt_last_error());
             rc = 1;
         }
     }
