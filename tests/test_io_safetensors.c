@@ -466,6 +466,7 @@ static void test_malformed_entries(void **state)
         assert_string_equal(info.file_dtype, foreign[i].dtype);
         assert_int_equal(info.dtype, KT_DTYPE_COUNT);
         assert_int_equal(info.nbytes, 3 * foreign[i].bytes);
+        assert_int_equal(info.file_offset, 8 + strlen(h)); /* the first of the data section */
         kt_st_close(f);
         free(img);
         snprintf(h, sizeof h, "{\"w\":{\"dtype\":\"%s\",\"shape\":[3],\"data_offsets\":[0,3]}}",

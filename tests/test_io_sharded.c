@@ -230,6 +230,15 @@ static void test_sharded_equals_single(void **state)
             assert_int_equal(info.shard, i < 3 ? 0 : 1);
             assert_int_equal(info.nbytes, kt_tensor_nbytes(&c.items[order[i]].tensor));
             assert_int_equal(info.dtype, c.items[order[i]].tensor.dtype);
+            /* file_offset: the tensor's bytes, read straight from its shard's file */
+            unsigned char from_file[256];
+            assert_true(info.nbytes <= sizeof from_file);
+            FILE *shard_file = fopen(kt_st_shard_path(f, info.shard), "rb");
+            assert_non_null(shard_file);
+            assert_int_equal(fseek(shard_file, (long)info.file_offset, SEEK_SET), 0);
+            assert_int_equal(fread(from_file, 1, info.nbytes, shard_file), info.nbytes);
+            fclose(shard_file);
+            assert_memory_equal(from_file, c.items[order[i]].tensor.data, info.nbytes);
             assert_string_equal(kt_st_entry_file(f, (size_t)i), i < 3 ? shard1 : shard2);
             OK(kt_st_lookup(f, name, &pos));
             assert_int_equal(pos, i);

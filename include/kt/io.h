@@ -107,6 +107,8 @@ typedef struct kt_st_info {
     int64_t shape[KT_MAX_DIMS];
     size_t nbytes;
     size_t shard; /* index for kt_st_shard_name / kt_st_shard_path */
+    uint64_t file_offset; /* where its bytes begin in that shard's file (for readers that
+                             stream a tensor from the file instead of mapping it) */
 } kt_st_info;
 
 /* The i-th tensor's description, whatever its dtype (kt_st_entry needs a libkt dtype for its

@@ -394,6 +394,7 @@ kt_status kt__st_shard_parse(const unsigned char *image, size_t size, const char
         goto done;
     }
     f->data = image + 8 + header_len;
+    f->data_offset = 8 + (size_t)header_len;
     f->data_size = size - 8 - (size_t)header_len;
     s = kt__json_parse((const char *)image + 8, (size_t)header_len, &f->doc);
     if (s != KT_OK) {
@@ -757,6 +758,7 @@ kt_status kt_st_entry_info(const kt_st_file *file, size_t i, kt_st_info *info_ou
     memcpy(r.shape, e->shape, sizeof r.shape);
     r.nbytes = (size_t)(e->end - e->begin);
     r.shard = e->shard;
+    r.file_offset = (uint64_t)file->shards[e->shard].data_offset + e->begin;
     *info_out = r;
     return KT_OK;
 }

@@ -33,6 +33,7 @@ typedef struct kt__st_shard {
     const char *name; /* as the index names it; else the path's last component */
     const unsigned char *data; /* the data section */
     size_t data_size;
+    size_t data_offset; /* where the data section begins in the file: 8 + the header */
     void *mapped; /* munmap'ed on close, when the file was mapped */
     size_t mapped_size;
     void *owned; /* freed on close: a file read into memory */

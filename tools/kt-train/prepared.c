@@ -3,10 +3,9 @@
  * kt.vocab, kt.bytes and kt.tokenizer in its metadata (docs/training.md, "Preparing data").
  *
  * The library validates the file (kt_st_open: the header, the offsets, every byte covered)
- * and gives its metadata and shapes; it has no U8 dtype, so the mask has no view, and
- * data.c reads all three tensors from the file by offset as it reads a flat file's windows.
- * The offsets come from the header's data_offsets, found here by a small scan of the JSON
- * the library has already accepted. */
+ * and gives its metadata, shapes and where each tensor's bytes are; it has no U8 dtype, so
+ * the mask has no view, and data.c reads all three tensors from the file by offset as it
+ * reads a flat file's windows. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,91 +31,6 @@ int prepared_detect(FILE *f, int64_t size, int *is_prepared)
     return 0;
 }
 
-/* ---- the header's data_offsets --------------------------------------------------------------- */
-
-static size_t skip_space(const char *h, size_t n, size_t i)
-{
-    while (i < n && (h[i] == ' ' || h[i] == '\t' || h[i] == '\n' || h[i] == '\r'))
-        i++;
-    return i;
-}
-
-/* Past the string starting at h[i] == '"'. */
-static size_t skip_string(const char *h, size_t n, size_t i)
-{
-    for (i++; i < n && h[i] != '"'; i++)
-        if (h[i] == '\\')
-            i++;
-    return i + 1;
-}
-
-/* Past the value at h[i]: a string, an object or array (nesting counted), or a scalar. */
-static size_t skip_value(const char *h, size_t n, size_t i)
-{
-    if (i < n && h[i] == '"')
-        return skip_string(h, n, i);
-    int depth = 0;
-    for (; i < n; i++) {
-        if (h[i] == '"')
-            i = skip_string(h, n, i) - 1;
-        else if (h[i] == '{' || h[i] == '[')
-            depth++;
-        else if (h[i] == '}' || h[i] == ']') {
-            if (depth-- == 0)
-                return i;
-            if (depth == 0)
-                return i + 1;
-        } else if (h[i] == ',' && depth == 0)
-            return i;
-    }
-    return i;
-}
-
-/* Whether the key string at h[i] is exactly `name` (keys written with escapes do not match:
- * kt-data writes none, and the caller then says it cannot find the tensor). */
-static int key_is(const char *h, size_t n, size_t i, const char *name)
-{
-    size_t len = strlen(name);
-    return i + len + 1 < n && h[i] == '"' && memcmp(h + i + 1, name, len) == 0 &&
-           h[i + len + 1] == '"';
-}
-
-/* Where the value of the object at h[i]'s member `name` starts; 0 when it has none. */
-static size_t find_member(const char *h, size_t n, size_t i, const char *name)
-{
-    i = skip_space(h, n, i);
-    if (i >= n || h[i] != '{')
-        return 0;
-    for (i = skip_space(h, n, i + 1); i < n && h[i] == '"';) {
-        int match = key_is(h, n, i, name);
-        i = skip_space(h, n, skip_string(h, n, i));
-        if (i >= n || h[i] != ':')
-            return 0;
-        i = skip_space(h, n, i + 1);
-        if (match)
-            return i;
-        i = skip_space(h, n, skip_value(h, n, i));
-        if (i < n && h[i] == ',')
-            i = skip_space(h, n, i + 1);
-    }
-    return 0;
-}
-
-/* The begin of `name`'s data_offsets, relative to the data section. */
-static int tensor_begin(const char *h, size_t n, const char *name, int64_t *begin)
-{
-    size_t v = find_member(h, n, 0, name), at = v ? find_member(h, n, v, "data_offsets") : 0;
-    if (at == 0 || h[at] != '[')
-        return 1;
-    char *end;
-    errno = 0;
-    long long b = strtoll(h + skip_space(h, n, at + 1), &end, 10);
-    if (errno != 0 || b < 0 || end > h + n)
-        return 1;
-    *begin = b;
-    return 0;
-}
-
 /* ---- the metadata and the tensors ------------------------------------------------------------ */
 
 static int metadata_int(const token_data *d, const kt_st_file *f, const char *key, int required,
@@ -139,9 +53,10 @@ static int metadata_int(const token_data *d, const kt_st_file *f, const char *ke
     return 0;
 }
 
-/* The tensor's length after checking that it is a 1-D tensor of `dtype` (the format's name). */
-static int tensor_length(const token_data *d, const kt_st_file *f, const char *name,
-                         const char *dtype, int64_t *len)
+/* The tensor's length and file offset after checking that it is a 1-D tensor of `dtype`
+ * (the format's name). */
+static int tensor_at(const token_data *d, const kt_st_file *f, const char *name,
+                     const char *dtype, int64_t *len, int64_t *offset)
 {
     size_t i;
     kt_st_info info;
@@ -154,46 +69,7 @@ static int tensor_length(const token_data *d, const kt_st_file *f, const char *n
         return train_error("%s: '%s' is a %d-D %s tensor; kt-tokens-1 has it 1-D %s", d->path,
                            name, info.ndim, info.file_dtype, dtype);
     *len = info.shape[0];
-    return 0;
-}
-
-/* The header's JSON text (validated by kt_st_open) and its length; the data section starts
- * at 8 + length. */
-static int read_header(const token_data *d, char **text, size_t *len)
-{
-    unsigned char b[8];
-    uint64_t n = 0;
-    if (fseeko(d->file, 0, SEEK_SET) != 0 || fread(b, 1, 8, d->file) != 8)
-        return train_error("cannot read %s's header: %s", d->path, strerror(errno));
-    for (int i = 7; i >= 0; i--)
-        n = n << 8 | b[i];
-    if ((*text = malloc((size_t)n + 1)) == NULL)
-        return train_fail("out of memory reading the data file's header", NULL);
-    if (fread(*text, 1, (size_t)n, d->file) != (size_t)n) {
-        free(*text);
-        return train_error("cannot read %s's header: %s", d->path, strerror(errno));
-    }
-    *len = (size_t)n;
-    return 0;
-}
-
-static int locate_tensors(token_data *d)
-{
-    char *h = NULL;
-    size_t n = 0;
-    if (read_header(d, &h, &n) != 0)
-        return 1;
-    int64_t tokens, mask, docs;
-    int bad = tensor_begin(h, n, "tokens", &tokens) || tensor_begin(h, n, "loss_mask", &mask) ||
-              tensor_begin(h, n, "doc_index", &docs);
-    free(h);
-    if (bad)
-        return train_error("%s: cannot find the tensors' data_offsets in the header (names "
-                           "written with escapes?)", d->path);
-    const int64_t data = 8 + (int64_t)n;
-    d->header = data + tokens;
-    d->mask_offset = data + mask;
-    d->doc_offset = data + docs;
+    *offset = (int64_t)info.file_offset;
     return 0;
 }
 
@@ -214,9 +90,9 @@ int prepared_open(token_data *d)
                          PREPARED_FORMAT);
     int64_t n_mask = 0, n_docs = 0;
     if (rc == 0)
-        rc = tensor_length(d, f, "tokens", "I32", &d->n_tokens) ||
-             tensor_length(d, f, "loss_mask", "U8", &n_mask) ||
-             tensor_length(d, f, "doc_index", "I32", &n_docs) ||
+        rc = tensor_at(d, f, "tokens", "I32", &d->n_tokens, &d->header) ||
+             tensor_at(d, f, "loss_mask", "U8", &n_mask, &d->mask_offset) ||
+             tensor_at(d, f, "doc_index", "I32", &n_docs, &d->doc_offset) ||
              metadata_int(d, f, "kt.vocab", 1, &d->vocab) ||
              metadata_int(d, f, "kt.bytes", 0, &d->source_bytes);
     if (rc == 0 && (n_mask != d->n_tokens || n_docs != d->n_tokens))
@@ -231,8 +107,6 @@ int prepared_open(token_data *d)
                          (long long)d->vocab, tokenizer ? tokenizer : "kt.tokenizer unset",
                          (long long)d->bound, (long long)d->vocab);
     kt_st_close(f);
-    if (rc == 0)
-        rc = locate_tensors(d);
     d->prepared = 1;
     d->token_bytes = 4;
     return rc;
