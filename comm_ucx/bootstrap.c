@@ -93,6 +93,7 @@ kt_status kt__ucx_resolve(const kt_comm_options *o, kt__ucx_setup *out)
     const long max_ranks = 1l << KT__TAG_SRC_BITS;
     kt__ucx_setup s = {.rank = -1, .size = 0};
     int found_r, found_s;
+    const char *source = "options"; /* the variable that gave the rank */
     if (o != NULL && o->world_size != 0) {
         s.rank = o->rank;
         s.size = o->world_size;
@@ -104,6 +105,7 @@ kt_status kt__ucx_resolve(const kt_comm_options *o, kt__ucx_setup *out)
             if (found_r && found_s) {
                 s.rank = r;
                 s.size = n;
+                source = pairs[i][0];
             }
         }
         if (s.size == 0)
@@ -121,6 +123,11 @@ kt_status kt__ucx_resolve(const kt_comm_options *o, kt__ucx_setup *out)
         addr = getenv("KT_MASTER_ADDR");
     if (addr == NULL || addr[0] == '\0')
         addr = getenv("MASTER_ADDR");
+    char derived[256];
+    if ((addr == NULL || addr[0] == '\0') && s.size > 1) {
+        KT__TRY(kt__ucx_default_master(source, s.size, derived));
+        addr = derived;
+    }
     if (addr == NULL || addr[0] == '\0')
         addr = "127.0.0.1";
     if (strlen(addr) >= sizeof s.master_addr)

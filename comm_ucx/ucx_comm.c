@@ -233,7 +233,9 @@ static int abort_arrived(kt__ucx_comm *c, const kt__ucx_req *reqs, int n, int *s
         if (len >= sizeof c->abort_in.text)
             len = sizeof c->abort_in.text - 1;
         c->abort_in.text[len] = '\0';
-        int relevant = info.length < head || c->abort_in.status != KT_ETIMEDOUT;
+        if (info.length < head) /* not a notice of this version: a failure without details */
+            c->abort_in = (kt__ucx_abort_msg){.status = KT_EPEER, .blame = -1, .origin = -1};
+        int relevant = c->abort_in.status != KT_ETIMEDOUT || c->abort_in.origin >= 0;
         for (int i = 0; i < n && !relevant; i++)
             relevant = reqs[i].req != NULL && reqs[i].peer == src &&
                        c->abort_in.blame != c->base.rank;
@@ -261,6 +263,7 @@ static void send_notices(kt__ucx_comm *c, kt_status status, const char *message)
     if (msg != NULL && reqs != NULL) {
         msg->status = (int32_t)status;
         msg->blame = (int32_t)c->blame;
+        msg->origin = (int32_t)c->origin;
         snprintf(msg->text, sizeof msg->text, "%s", message);
         size_t len = offsetof(kt__ucx_abort_msg, text) + strlen(msg->text) + 1;
         ucp_tag_t tag = kt__tag_make(KT__TAG_CLASS_ABORT, 0, 0, c->base.rank, 0);
@@ -291,6 +294,59 @@ static void idle(unsigned *spins)
     }
     struct timespec ts = {0, 50 * 1000};
     nanosleep(&ts, NULL);
+}
+
+/* How long a rank that learned of rank r's own failure listens for a lower rank's: ranks
+ * that fail at about the same time (the same bad step everywhere) then all name the lowest. */
+static int root_grace_ms(const kt__ucx_comm *c)
+{
+    return c->base.timeout_ms / 4 < 1000 ? c->base.timeout_ms / 4 : 1000;
+}
+
+/* The failure of rank *origin is the story so far (*status, text): listens for the grace
+ * period for the notices of lower ranks that failed themselves and keeps the lowest. Other
+ * notices (deadlines, relays of the same failure) are dropped. */
+static void lowest_root(kt__ucx_comm *c, int *origin, kt_status *status,
+                        char text[KT__COMM_MSG_MAX])
+{
+    int64_t until = kt__ucx_now_ms() + root_grace_ms(c);
+    unsigned spins = 0;
+    while (*origin > 0 && kt__ucx_now_ms() < until) {
+        int src;
+        if (c->abort_req == NULL && post_abort_recv(c) != KT_OK)
+            return;
+        if (abort_arrived(c, NULL, 0, &src)) {
+            int o = c->abort_in.origin;
+            if (o >= 0 && o < *origin) {
+                *origin = o;
+                *status = c->abort_in.status < 0 && c->abort_in.status >= KT_EINTERNAL
+                              ? (kt_status)c->abort_in.status
+                              : KT_EINTERNAL;
+                snprintf(text, KT__COMM_MSG_MAX, "%s", c->abort_in.text);
+            }
+            spins = 0;
+            continue;
+        }
+        if (ucp_worker_progress(c->worker) == 0)
+            idle(&spins);
+    }
+}
+
+/* A peer's notice of a rank's own failure arrived (in c->abort_in): the error every rank
+ * reports is that rank's message as it wrote it (or a lower rank's, within the grace). */
+static kt_status root_failure(kt__ucx_comm *c)
+{
+    int origin = c->abort_in.origin;
+    kt_status status = c->abort_in.status < 0 && c->abort_in.status >= KT_EINTERNAL
+                           ? (kt_status)c->abort_in.status
+                           : KT_EINTERNAL;
+    char text[KT__COMM_MSG_MAX];
+    snprintf(text, sizeof text, "%s",
+             c->abort_in.text[0] ? c->abort_in.text : "(no reason given)");
+    lowest_root(c, &origin, &status, text);
+    c->origin = origin;
+    c->blame = origin;
+    return kt__error(status, "%s", text);
 }
 
 kt_status kt__ucx_wait(kt__ucx_comm *c, const kt__ucx_op *op, kt__ucx_req *reqs, int n)
@@ -328,7 +384,21 @@ kt_status kt__ucx_wait(kt__ucx_comm *c, const kt__ucx_op *op, kt__ucx_req *reqs,
         if (!pending)
             return KT_OK;
         int src;
-        if (abort_arrived(c, reqs, n, &src)) {
+        int notice = abort_arrived(c, reqs, n, &src);
+        if (notice && c->abort_in.origin >= 0) { /* the peer stopped by its own failure */
+            st = root_failure(c);
+            break;
+        } else if (notice && c->abort_in.blame >= 0 && c->abort_in.blame != src &&
+                   c->abort_in.blame != c->base.rank) {
+            /* src stopped because of another rank (it timed out waiting for it, or saw it
+             * die): that one is named, not src, which only passes the news on */
+            c->blame = c->abort_in.blame;
+            int hung = c->abort_in.status == KT_ETIMEDOUT;
+            st = kt__error(hung ? KT_ETIMEDOUT : KT_EPEER, "rank %d: peer %d %s; peer %d "
+                           "reports: %s", c->base.rank, c->blame,
+                           hung ? "is not responding" : "failed", src, c->abort_in.text);
+            break;
+        } else if (notice) { /* the peer's communication failed */
             c->blame = src;
             st = kt__error(KT_EPEER, "rank %d: peer %d failed: %s", c->base.rank, src,
                            c->abort_in.text[0] ? c->abort_in.text : "(no reason given)");
@@ -376,7 +446,15 @@ kt_status kt__ucx_wait(kt__ucx_comm *c, const kt__ucx_op *op, kt__ucx_req *reqs,
                 if (ucp_worker_progress(c->worker) == 0)
                     idle(&spins);
             }
-            if (got)
+            if (got && c->abort_in.origin >= 0)
+                st = root_failure(c); /* the peer stopped because of its own failure */
+            else if (got && c->abort_in.status == KT_ETIMEDOUT && c->abort_in.blame >= 0 &&
+                     c->abort_in.blame != src && c->abort_in.blame != c->base.rank) {
+                c->blame = c->abort_in.blame; /* the end of the chain: the stuck rank */
+                st = kt__error(KT_ETIMEDOUT, "rank %d: peer %d is not responding (%s; peer %d "
+                               "reports: %s)", c->base.rank, c->blame, mine, src,
+                               c->abort_in.text);
+            } else if (got)
                 st = kt__error(KT_ETIMEDOUT, "%s; peer %d reports: %s", mine, src,
                                c->abort_in.text);
             else
@@ -454,6 +532,20 @@ static void ucx_abort(kt_comm *comm, kt_status status, const char *message)
     close_endpoints(c, 1);
 }
 
+static void ucx_abort_local(kt_comm *comm, int origin, kt_status *status,
+                            char message[KT__COMM_MSG_MAX])
+{
+    kt__ucx_comm *c = (kt__ucx_comm *)comm;
+    c->origin = origin;
+    c->blame = -1;
+    send_notices(c, *status, message);
+    if (origin == comm->rank) { /* a lower rank may have failed at the same time */
+        lowest_root(c, &origin, status, message);
+        c->origin = origin;
+    }
+    close_endpoints(c, 1);
+}
+
 /* Messages nobody will receive (after a failure, or a peer's abort notice) are taken off
  * the worker: UCX would otherwise print a warning for each at destroy. */
 static void drain_unexpected(kt__ucx_comm *c)
@@ -520,6 +612,7 @@ static const kt__comm_ops ucx_ops = {
     .name = "ucx",
     .destroy = ucx_destroy,
     .abort = ucx_abort,
+    .abort_local = ucx_abort_local,
     .sendrecv = ucx_sendrecv,
     .barrier = kt__ucx_barrier,
     .broadcast = kt__ucx_broadcast,
@@ -637,6 +730,7 @@ kt_status kt_comm_create_ucx(const kt_comm_options *options, kt_comm **comm_out)
         return kt__error(KT_ENOMEM, "kt_comm_create_ucx: out of memory");
     kt__comm_init(&c->base, &ucx_ops, s.rank, s.size, s.timeout_ms);
     c->blame = -1;
+    c->origin = -1;
     c->send_flags = s.transport == KT_COMM_TRANSPORT_TCP ? 0 : UCP_OP_ATTR_FLAG_FAST_CMPL;
     c->eps_closed = 1; /* until they exist */
     c->peers = calloc((size_t)s.size, sizeof *c->peers);

@@ -66,6 +66,9 @@ static inline uint32_t kt__tag_seq(ucp_tag_t t)
 typedef struct kt__ucx_abort_msg {
     int32_t status;
     int32_t blame;
+    /* the rank whose own failure (kt_comm_abort) this notice tells, also when another rank
+     * passes it on; -1 for a failure of the communication itself (a deadline, a dead peer) */
+    int32_t origin;
     char text[KT__COMM_MSG_MAX];
 } kt__ucx_abort_msg;
 
@@ -91,6 +94,7 @@ struct kt__ucx_comm {
     void *abort_req; /* the posted receive of abort notices from any peer */
     int blame;       /* the peer the last failed wait names, for the abort notice */
     int notified;    /* the abort notices went out already */
+    int origin;      /* the failing rank the poison names (kt__ucx_abort_msg.origin), or -1 */
     uint32_t send_flags; /* ucp_tag_send_nbx op_attr_mask for data (FAST_CMPL or not) */
     kt__ucx_abort_msg abort_in;
     void *scratch; /* all_reduce's buffer at the root, kept between calls */
@@ -162,6 +166,10 @@ typedef struct kt__ucx_setup {
 
 /* The job id as messages show it: quoted, or "(unnamed)". */
 const char *kt__ucx_job_name(const kt__ucx_setup *s, char buf[136]);
+
+/* Rank 0's address when none is given, from the site launcher's variables (master_addr.c):
+ * source is the variable the rank came from ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", ...). */
+kt_status kt__ucx_default_master(const char *source, int size, char out[256]);
 
 /* Options, else the environment (KT_*, torchrun, Open MPI, Slurm), with defaults. */
 kt_status kt__ucx_resolve(const kt_comm_options *options, kt__ucx_setup *setup_out);

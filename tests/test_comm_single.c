@@ -130,6 +130,39 @@ static void test_agree(void **state)
     kt_comm_destroy(c);
 }
 
+/* kt_comm_abort: this rank's failure poisons with "rank 0: <message>"; a failure agree
+ * reported keeps its rank, with the caller's context after it; the first poison stays. */
+static void test_abort(void **state)
+{
+    (void)state;
+    assert_int_equal(kt_comm_abort(NULL, KT_EIO), KT_EINVAL);
+    kt_comm *c = make();
+    assert_int_equal(kt_comm_abort(c, KT_OK), KT_EINVAL);
+    assert_int_equal(kt_comm_status(c), KT_OK); /* a wrong call does not poison */
+    kt__error(KT_EIO, "step 3: loss 'l' (forward): target 9 is outside 0..7");
+    assert_int_equal(kt_comm_abort(c, KT_EIO), KT_EIO);
+    assert_string_equal(kt_last_error(), "rank 0: step 3: loss 'l' (forward): target 9 is "
+                                         "outside 0..7");
+    assert_int_equal(kt_comm_status(c), KT_EIO);
+    assert_int_equal(kt_comm_barrier(c), KT_EIO);
+    assert_string_equal(kt_last_error(), "rank 0: step 3: loss 'l' (forward): target 9 is "
+                                         "outside 0..7");
+    kt__error(KT_ERANGE, "a later failure");
+    assert_int_equal(kt_comm_abort(c, KT_ERANGE), KT_EIO); /* the first one stays */
+    assert_string_equal(kt_last_error(), "rank 0: step 3: loss 'l' (forward): target 9 is "
+                                         "outside 0..7");
+    kt_comm_destroy(c);
+
+    c = make();
+    kt__error(KT_ERANGE, "layer 'm' produced NaN");
+    assert_int_equal(kt_comm_agree(c, KT_ERANGE), KT_ERANGE); /* "rank 0: layer ..." */
+    kt__error_context(KT_ERANGE, "step 2: moe 'm' (forward)");
+    assert_int_equal(kt_comm_abort(c, KT_ERANGE), KT_ERANGE);
+    assert_string_equal(kt_last_error(), "rank 0: step 2: moe 'm' (forward): layer 'm' "
+                                         "produced NaN");
+    kt_comm_destroy(c);
+}
+
 static void test_create_ucx_arguments(void **state)
 {
     (void)state;
@@ -150,6 +183,7 @@ int main(void)
         cmocka_unit_test(test_collectives_are_copies),
         cmocka_unit_test(test_invalid_arguments_do_not_poison),
         cmocka_unit_test(test_agree),
+        cmocka_unit_test(test_abort),
         cmocka_unit_test(test_create_ucx_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

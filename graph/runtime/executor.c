@@ -1,6 +1,7 @@
 /* The executor: runs prepared steps in order. Everything was validated and bound when the
  * session was created, so each step is a kernel call through a function pointer; nothing is
  * allocated and nothing is checked twice. */
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -85,6 +86,10 @@ kt_status kt__session_run(kt_session *s, int32_t begin, int32_t end)
     const int tracing = s->opt.trace != NULL;
     for (int32_t at = begin; at < end; at++) {
         uint64_t t0 = tracing ? kt__now_ns() : 0;
+        if (at == s->hold_at) { /* KT_FAULT hold, once */
+            s->hold_at = -1;
+            kt__session_fault_hold(s->fault.hold_ms);
+        }
         kt_status status = run_step(s, at);
         if (status != KT_OK) {
             if (at == s->inject_at) { /* the hook fires once */
@@ -92,6 +97,9 @@ kt_status kt__session_run(kt_session *s, int32_t begin, int32_t end)
                 s->inject_at = -1;
             }
             const kt__pstep *ps = &s->p->steps[at];
+            s->failed_at = at;
+            snprintf(s->failed_message, sizeof s->failed_message, "%s",
+                     kt_last_error()[0] != '\0' ? kt_last_error() : kt_status_str(status));
             return kt__error_context(status, "step %d (%s of %s '%s')", at, s->exec[at].category,
                                      ps->kind <= KT__STEP_BACKWARD ? kt_op_name(ps->op) : "-",
                                      kt__strings_get(&s->p->strings, ps->name));
@@ -134,10 +142,14 @@ kt_status kt_session_forward(kt_session *s)
     if (s == NULL)
         return kt__error(KT_EINVAL, "kt_session_forward: session is NULL");
     s->forward_ok = 0;
-    KT__TRY(recover_state(s));
-    kt_status status = kt__session_run(s, 0, s->p->n_forward);
+    s->failed_at = -1;
+    kt_status status = recover_state(s);
     if (status != KT_OK)
-        return poison_state(s, status);
+        return kt__session_fail(s, status, "forward");
+    kt__session_fault_arm(s, KT__FAULT_FORWARD);
+    status = kt__session_run(s, 0, s->p->n_forward);
+    if (status != KT_OK)
+        return kt__session_fail(s, poison_state(s, status), "forward");
     if (s->p->loss_buf >= 0)
         s->loss = *(const float *)s->tensors[s->p->loss_buf].data;
     s->forward_ok = 1;
@@ -160,9 +172,11 @@ kt_status kt_session_backward(kt_session *s)
     for (int i = 0; s->micro == 0 && i < s->n_stateful; i++) /* a new accumulation */
         if (s->stateful[i].hooks->backward_begin != NULL)
             s->stateful[i].hooks->backward_begin(s->stateful[i].state);
+    s->failed_at = -1;
+    kt__session_fault_arm(s, KT__FAULT_BACKWARD);
     kt_status status = kt__session_run(s, s->p->n_forward, s->p->n_steps);
     if (status != KT_OK)
-        return poison_state(s, status);
+        return kt__session_fail(s, poison_state(s, status), "backward");
     s->micro++;
     for (int i = 0; i < s->n_stateful; i++)
         if (s->stateful[i].hooks->backward_end != NULL)

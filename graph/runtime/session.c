@@ -200,6 +200,9 @@ kt_status kt_session_create(const kt_program *p, const kt_session_options *optio
         s->opt = *options;
     s->loss = NAN;
     s->inject_at = -1;
+    s->failed_at = -1;
+    s->hold_at = -1;
+    s->fault.phase = -1;
     kt_status status = KT_OK;
     if (s->opt.trace == NULL)
         s->opt.trace_capacity = 0;
@@ -232,7 +235,8 @@ kt_status kt_session_create(const kt_program *p, const kt_session_options *optio
     if ((status = kt__session_keep_bindings(s)) != KT_OK ||
         (status = kt__session_bind_state(s)) != KT_OK ||
         (status = alloc_comm_scratch(s)) != KT_OK || (status = bind(s)) != KT_OK ||
-        (status = kt_session_init_params(s, s->opt.seed)) != KT_OK)
+        (status = kt_session_init_params(s, s->opt.seed)) != KT_OK ||
+        (status = kt__session_fault_parse(s)) != KT_OK)
         goto fail;
     *session_out = s;
     return KT_OK;

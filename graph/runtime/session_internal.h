@@ -6,6 +6,16 @@
 #include "lib/ops/op_desc.h"
 #include "lib/ops/op_state.h"
 
+/* KT_FAULT, the fault-injection test hook (session_fault.c). */
+enum { KT__FAULT_FORWARD = 0, KT__FAULT_BACKWARD = 1, KT__FAULT_STEP = 2, KT__FAULT_SAVE = 3 };
+typedef struct kt__fault {
+    int phase;    /* KT__FAULT_*, or -1: none here (or it has fired) */
+    int64_t step; /* the training step it fires in (steps_done + 1) */
+    int32_t at;   /* forward / backward: the program step whose kernel fails */
+    int hold_ms;  /* > 0: instead of failing, wait this long first (a slow or hung rank) */
+    char spec[128];
+} kt__fault;
+
 /* One step, prepared at session creation so that running it is a function-pointer call. */
 typedef struct kt__exec_step {
     kt__op_kernel_fn kernel; /* forward or backward kernel; NULL for fill / accumulate */
@@ -30,6 +40,10 @@ struct kt_session {
     size_t trace_count;
     int32_t inject_at; /* tests: the step that fails next (once), or -1 */
     kt__op_kernel_fn injected_kernel; /* its own kernel, restored when it has failed */
+    kt__fault fault;
+    int32_t hold_at; /* KT_FAULT hold: the program step that waits before it runs, or -1 */
+    int32_t failed_at; /* the program step the last run failed in, or -1 */
+    char failed_message[1024]; /* its message, before the step's context was added */
     void **comm_scratch; /* per step: message buffers for this world size, or NULL */
     /* the ops with lifecycle hooks (ops/op_state.h) that have state in this session, in op
      * table order: the only ones the per-step hooks are called for */
@@ -73,6 +87,20 @@ int kt__optimizer_states(const kt_optimizer_config *o);
 
 /* Tests: makes step `step` (one that runs an op kernel) fail the next time it runs. */
 kt_status kt__session_inject_failure(kt_session *s, int32_t step);
+
+/* KT_FAULT: parsed at creation (a malformed one is refused, naming it); armed at the start
+ * of each forward / backward; the optimizer step's check (an error when it fires). */
+kt_status kt__session_fault_parse(kt_session *s);
+void kt__session_fault_arm(kt_session *s, int phase);
+kt_status kt__session_fault_step(kt_session *s);
+kt_status kt__session_fault_save(kt_session *s);
+/* KT_FAULT hold: the calling thread waits ms milliseconds. */
+void kt__session_fault_hold(int ms);
+/* A failed forward, backward or optimizer step of a session with several ranks: the
+ * message gets the training step and the op (what: the part, when no op failed), and
+ * kt_comm_abort tells the other ranks. Returns the root cause every rank reports. With one
+ * rank: status, the message as it was. */
+kt_status kt__session_fail(kt_session *s, kt_status status, const char *what);
 
 /* Runs steps [begin, end); on failure names the step in the message. */
 kt_status kt__session_run(kt_session *s, int32_t begin, int32_t end);

@@ -129,6 +129,7 @@ kt_status kt_session_save(kt_session *s, const char *path, int with_optimizer)
 {
     if (s == NULL || path == NULL)
         return kt__error(KT_EINVAL, "kt_session_save: NULL argument");
+    KT__TRY(kt__session_fault_save(s));
     const int states = with_optimizer ? n_states(s) : 0;
     size_t name_bytes, cap = count_items(s, states, &name_bytes);
     unit_list u = {.items = calloc(cap + 1, sizeof *u.items),

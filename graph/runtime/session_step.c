@@ -70,6 +70,8 @@ static kt_status average_over_ranks(kt_session *s)
     return KT_OK;
 }
 
+static kt_status update_all(kt_session *s);
+
 kt_status kt_session_step(kt_session *s)
 {
     if (s == NULL)
@@ -80,6 +82,17 @@ kt_status kt_session_step(kt_session *s)
         return kt__error(KT_EINVAL, "step: the learning rate is 0, so the step would change "
                          "nothing: set kt_session_options.optimizer.lr (e.g. 1e-3), or use "
                          "KT_OPTIM_NONE to step without updating"); /* zeroed options */
+    s->failed_at = -1;
+    kt_status st = kt__session_fault_step(s);
+    if (st == KT_OK)
+        st = update_all(s);
+    return st == KT_OK ? KT_OK : kt__session_fail(s, st, "optimizer step");
+}
+
+/* The step after the caller's mistakes are ruled out: a failure here leaves the other ranks
+ * out of step. */
+static kt_status update_all(kt_session *s)
+{
     const kt_optimizer_config *o = &s->opt.optimizer;
     uint64_t t0 = s->opt.trace ? kt__now_ns() : 0;
     const int32_t n_params = s->p->n_entries[KT_ROLE_PARAM];

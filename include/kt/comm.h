@@ -111,6 +111,21 @@ kt_status kt_comm_all_to_all_v(kt_comm *comm, const void *send, const size_t *se
  * every rank returns the status and the message of the lowest failing rank. */
 kt_status kt_comm_agree(kt_comm *comm, kt_status local);
 
+/* This rank stops because of its own failure (status, with kt_last_error() as the message):
+ * the communicator is poisoned with "rank R: <message>" and every peer is told, so that a
+ * peer waiting in (or entering) any collective fails at once with that message instead of
+ * a mismatch or its deadline. When lower ranks fail at about the same time (within a short
+ * grace: a quarter of the timeout, at most a second), every rank ends with the lowest
+ * one's message. Returns that root cause (status and kt_last_error()) on every rank:
+ * - the communicator was poisoned already (a peer's notice, a dead or stopped peer): that
+ *   earlier error, unchanged;
+ * - the message holds the result of the last kt_comm_agree that failed ("rank L: ..."):
+ *   rank L's failure, with the caller's context moved after "rank L: " (every rank that
+ *   agreed builds the same text);
+ * - otherwise this rank's own failure (or a lower rank's that came within the grace).
+ * KT_EINVAL without poisoning for a NULL comm or status KT_OK. */
+kt_status kt_comm_abort(kt_comm *comm, kt_status status);
+
 #ifdef __cplusplus
 }
 #endif

@@ -22,6 +22,8 @@ void kt__comm_init(kt_comm *comm, const kt__comm_ops *ops, int rank, int size, i
     comm->timeout_ms = timeout_ms;
     comm->poison = KT_OK;
     comm->poison_message[0] = '\0';
+    comm->agreed_rank = -1;
+    comm->agreed_message[0] = '\0';
 }
 
 kt_status kt__comm_env_timeout(int *timeout_ms_out)
@@ -342,10 +344,55 @@ kt_status kt_comm_agree(kt_comm *comm, kt_status local)
     } else {
         memcpy(message, local_message, sizeof message);
     }
+    comm->agreed_rank = lowest;
     if (lowest < 0)
         return KT_OK;
     /* The same bytes on every rank: the failing rank's text, prefixed with its rank. */
-    return kt__error(status, "rank %d: %s", lowest, message);
+    kt__error(status, "rank %d: %s", lowest, message);
+    snprintf(comm->agreed_message, sizeof comm->agreed_message, "%s", kt_last_error());
+    return status;
+}
+
+/* The root cause of a failure every rank has agreed on already: the caller's message holds
+ * the agreed "rank L: text" somewhere (after its own context); the result is "rank L:
+ * <context><text>". Returns 0 when the message does not hold it (a new failure). */
+static int agreed_root(const kt_comm *c, const char *local, char root[KT__COMM_MSG_MAX])
+{
+    if (c->agreed_rank < 0 || c->agreed_message[0] == '\0')
+        return 0;
+    const char *at = strstr(local, c->agreed_message);
+    if (at == NULL)
+        return 0;
+    char prefix[32];
+    int np = snprintf(prefix, sizeof prefix, "rank %d: ", c->agreed_rank);
+    snprintf(root, KT__COMM_MSG_MAX, "%s%.*s%s", prefix, (int)(at - local), local,
+             at + np);
+    return 1;
+}
+
+kt_status kt_comm_abort(kt_comm *comm, kt_status status)
+{
+    char local[KT__COMM_MSG_MAX];
+    snprintf(local, sizeof local, "%s",
+             kt_last_error()[0] != '\0' ? kt_last_error() : kt_status_str(status));
+    if (comm == NULL)
+        return kt__error(KT_EINVAL, "kt_comm_abort: comm is NULL");
+    if (status == KT_OK)
+        return kt__error(KT_EINVAL, "kt_comm_abort: status is KT_OK (nothing failed)");
+    if (comm->poison != KT_OK) /* an earlier failure: the one every rank knows */
+        return kt__error(comm->poison, "%s", comm->poison_message);
+    int origin = comm->rank;
+    if (agreed_root(comm, local, comm->poison_message))
+        origin = comm->agreed_rank;
+    else
+        snprintf(comm->poison_message, sizeof comm->poison_message, "rank %d: %.1000s",
+                 comm->rank, local);
+    comm->poison = status;
+    if (comm->size > 1 && comm->ops->abort_local != NULL)
+        comm->ops->abort_local(comm, origin, &comm->poison, comm->poison_message);
+    else if (comm->size > 1 && comm->ops->abort != NULL)
+        comm->ops->abort(comm, status, comm->poison_message);
+    return kt__error(comm->poison, "%s", comm->poison_message);
 }
 
 /* ---- the single-rank communicator ---------------------------------------------------- */

@@ -40,6 +40,14 @@ typedef struct kt__comm_ops {
     kt_status (*agree)(kt_comm *comm, kt_status local, const char *local_message,
                        int *lowest_out, kt_status *status_out,
                        char message_out[KT__COMM_MSG_MAX]);
+    /* kt_comm_abort, after the front end poisoned the communicator with *status / message:
+     * the failure of rank `origin` (this rank, or the lowest failing rank of a failed
+     * agree). Tells the peers; when origin is this rank, waits a short grace for the notices
+     * of lower ranks that failed too and, when one came, puts the lowest one's status and
+     * text in *status / message. Then releases what references caller memory, like abort.
+     * NULL: the front end calls abort instead. */
+    void (*abort_local)(kt_comm *comm, int origin, kt_status *status,
+                        char message[KT__COMM_MSG_MAX]);
 } kt__comm_ops;
 
 struct kt_comm {
@@ -48,6 +56,10 @@ struct kt_comm {
     int timeout_ms;
     kt_status poison; /* KT_OK while usable */
     char poison_message[KT__COMM_MSG_MAX];
+    /* the last kt_comm_agree's lowest failing rank (-1: it succeeded) and its result
+     * ("rank L: ..."), so that kt_comm_abort knows a failure every rank has learned already */
+    int agreed_rank;
+    char agreed_message[KT__COMM_MSG_MAX];
 };
 
 /* Fills the common part of a backend's communicator (which embeds struct kt_comm first). */

@@ -2,7 +2,8 @@
  *
  *   main.c   options, starting the ranks, watching them, exit status
  *   guard.c  the process that kills the ranks' groups if kt-launch is SIGKILLed
- *   relay.c  the process that prefixes the ranks' output lines and never blocks them */
+ *   relay.c  the process that prefixes the ranks' output lines and never blocks them
+ *   hosts.c  --hosts: which host runs a rank, and the command that starts it there */
 #ifndef KT_LAUNCH_H
 #define KT_LAUNCH_H
 
@@ -49,5 +50,20 @@ int guard_pipe_fd(void);
  * close_in_child first. -1 if it cannot be started. */
 pid_t relay_start(rank_proc *ranks, int n, const int *close_in_child, int n_close,
                   int *ctl_out);
+
+/* ---- hosts.c ---- */
+typedef struct launch_hosts {
+    int n;             /* 0: every rank on this machine */
+    char **names;
+    const char *command; /* the template: "ssh {host}", "ip netns exec {host}" */
+} launch_hosts;
+/* Splits "h1,h2,..." into h->names; -1 for an empty list or an empty name. */
+int hosts_parse(const char *list, launch_hosts *h);
+/* The host (index into names) of a rank: blocks of world / n ranks. */
+int hosts_of_rank(const launch_hosts *h, int rank, int world);
+/* In the forked child, after the rank's KT_* variables are set: the argv that starts the
+ * program on the rank's host (the template's words, env with the KT_* variables, the
+ * program). NULL when out of memory or the template is empty. */
+char **hosts_command(const launch_hosts *h, int rank, int world, char **prog);
 
 #endif

@@ -1,7 +1,8 @@
 /* kt-launch: starts N ranks of a program on this machine for the UCX communicator.
  *
  *   kt-launch -n N [--transport shm|tcp] [--port P] [--timeout-ms MS] [--grace-ms MS]
- *             [--keep-going] -- program args...
+ *             [--keep-going] [--hosts H1,H2,... [--host-cmd TEMPLATE] [--master-addr A]]
+ *             -- program args...
  *   kt-launch --print-env [-n RANKS_PER_HOST] [--port P] HOSTS...
  *
  * Each rank gets KT_RANK, KT_WORLD_SIZE, KT_MASTER_ADDR=127.0.0.1 and KT_MASTER_PORT (a free
@@ -78,6 +79,14 @@ static void usage(FILE *f)
             "                    also how long processes the exited ranks left behind may\n"
             "                    hold their output before they are stopped the same way\n"
             "  --keep-going      let the other ranks run on when one fails\n"
+            "  --hosts H1,H2,... start the ranks on these hosts, in blocks of N / hosts (N a\n"
+            "                    multiple of their count; rank 0 on H1), each through the\n"
+            "                    host command with the KT_* variables on its command line\n"
+            "  --host-cmd T      the host command: its words, {host} replaced, then\n"
+            "                    \"env KT_RANK=... ... program args\" (default \"ssh {host}\";\n"
+            "                    network namespaces: \"ip netns exec {host}\")\n"
+            "  --master-addr A   rank 0's address the others connect to (default with\n"
+            "                    --hosts: H1; without: 127.0.0.1)\n"
             "  --print-env       print the environment each host needs for a multi-host run\n"
             "                    (the first host is the master); starts nothing\n"
             "  -h, --help        this text\n"
@@ -161,6 +170,9 @@ static int exit_code(int status)
     return 1;
 }
 
+static launch_hosts hosts = {.command = "ssh {host}"};
+static const char *master_addr;
+
 static pid_t spawn(int rank, int n, int port, const char *job_id, const char *transport,
                    const char *timeout, char **argv, int out_fd[2], int err_fd[2])
 {
@@ -199,6 +211,12 @@ static pid_t spawn(int rank, int n, int port, const char *job_id, const char *tr
     kt_tool_set_rank_env(rank, n, port, job_id, transport);
     if (timeout != NULL)
         setenv("KT_COMM_TIMEOUT_MS", timeout, 1);
+    if (master_addr != NULL)
+        setenv("KT_MASTER_ADDR", master_addr, 1);
+    if (hosts.n > 0 && (argv = hosts_command(&hosts, rank, n, argv)) == NULL) {
+        fprintf(stderr, "kt-launch: rank %d: cannot build the host command\n", rank);
+        _exit(127);
+    }
     execvp(argv[0], argv);
     fprintf(stderr, "kt-launch: cannot run %s: %s\n", argv[0], strerror(errno));
     _exit(127);
@@ -247,11 +265,27 @@ int main(int argc, char **argv)
             }
         } else if (strcmp(a, "--keep-going") == 0) {
             keep_going = 1;
+        } else if (strcmp(a, "--hosts") == 0 && has) {
+            if (hosts_parse(argv[++i], &hosts) != 0) {
+                fprintf(stderr, "kt-launch: --hosts needs host names separated by commas, "
+                        "not '%s'\n", argv[i]);
+                return 2;
+            }
+        } else if (strcmp(a, "--host-cmd") == 0 && has) {
+            hosts.command = argv[++i];
+            if (strstr(hosts.command, "{host}") == NULL) {
+                fprintf(stderr, "kt-launch: --host-cmd '%s' does not name {host}\n",
+                        hosts.command);
+                return 2;
+            }
+        } else if (strcmp(a, "--master-addr") == 0 && has) {
+            master_addr = argv[++i];
         } else if (strcmp(a, "--print-env") == 0) {
             env_mode = 1;
         } else if (!has && (strcmp(a, "-n") == 0 || strcmp(a, "--port") == 0 ||
                             strcmp(a, "--timeout-ms") == 0 || strcmp(a, "--grace-ms") == 0 ||
-                            strcmp(a, "--transport") == 0)) {
+                            strcmp(a, "--transport") == 0 || strcmp(a, "--hosts") == 0 ||
+                            strcmp(a, "--host-cmd") == 0 || strcmp(a, "--master-addr") == 0)) {
             fprintf(stderr, "kt-launch: %s needs a value (see --help)\n", a);
             return 2;
         } else if (a[0] == '-') {
@@ -282,6 +316,13 @@ int main(int argc, char **argv)
         return 2;
     }
     char **prog = argv + i;
+    if (hosts.n > 0 && n % hosts.n != 0) {
+        fprintf(stderr, "kt-launch: -n %d ranks do not split evenly over the %d hosts of "
+                "--hosts\n", n, hosts.n);
+        return 2;
+    }
+    if (hosts.n > 0 && master_addr == NULL)
+        master_addr = hosts.names[0];
     if (port == 0 && (port = kt_tool_free_port()) < 0) {
         fprintf(stderr, "kt-launch: cannot find a free port on 127.0.0.1: %s\n", strerror(errno));
         return 1;

@@ -11,13 +11,25 @@
 
 #include "tools/kt-train/trainer.h"
 
+/* A failure in the step: alone, what failed where; with several ranks, the root cause that
+ * every rank reports (the session has told the others already when it failed itself; a
+ * failure here, loading the data, is told now). */
+static int step_failed(trainer *t, int64_t step, const char *what)
+{
+    if (t->r.comm == NULL)
+        return train_error("step %lld: %s failed on rank %d: %s", (long long)step + 1, what,
+                           t->r.rank, kt_last_error());
+    kt_comm_abort(t->r.comm, KT_EINTERNAL);
+    return train_error("rank %d stops: %s", t->r.rank, kt_last_error());
+}
+
 /* One optimizer step; *loss_out: the mean loss of its windows over every rank. */
 static int run_step(trainer *t, const train_args *a, int64_t step, float *loss_out)
 {
     double sum = 0.0;
     for (int64_t k = 0; k < a->accum; k++) {
         if (data_load_step(&t->data, step * a->accum + k, &t->r) != 0)
-            return 1;
+            return step_failed(t, step, "loading the data");
         const char *phase = "forward";
         kt_status st = kt_session_forward(t->s);
         if (st == KT_OK) {
@@ -26,12 +38,10 @@ static int run_step(trainer *t, const train_args *a, int64_t step, float *loss_o
             st = kt_session_backward(t->s);
         }
         if (st != KT_OK)
-            return train_error("step %lld: %s failed on rank %d: %s", (long long)step + 1,
-                               phase, t->r.rank, kt_last_error());
+            return step_failed(t, step, phase);
     }
     if (kt_session_step(t->s) != KT_OK)
-        return train_error("step %lld: optimizer step failed on rank %d: %s",
-                           (long long)step + 1, t->r.rank, kt_last_error());
+        return step_failed(t, step, "optimizer step");
     if (a->accum == 1) { /* the step averaged it over the ranks */
         *loss_out = kt_session_loss(t->s);
         return 0;
@@ -52,9 +62,9 @@ static int save_checkpoint(trainer *t, const train_args *a, int64_t step, const 
     if (t->r.rank == 0 && checkpoint_write(t, a, step, why) != 0)
         saved = KT_EIO;
     if (ranks_agree(&t->r, saved) != KT_OK) {
-        if (saved == KT_OK)
-            train_error("rank %d: rank 0 could not save the checkpoint: %s", t->r.rank,
-                        kt_last_error());
+        /* rank 0's failure as agreed (it printed its own already), or a rank lost */
+        if (t->r.comm != NULL)
+            train_error("rank %d stops: %s", t->r.rank, kt_last_error());
         return 1;
     }
     return 0;

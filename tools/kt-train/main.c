@@ -923,8 +923,8 @@ int main(int argc, char **argv)
         if (a.save != NULL && writes_save(&t) && save(&t, &a) != 0)
             saved = KT_EIO;
         if (ranks_agree(&t.r, saved) != KT_OK) { /* rank 0's save, or a rank not there */
-            if (saved == KT_OK)
-                train_error("rank %d: at the end of the run: %s", t.r.rank, kt_last_error());
+            if (t.r.comm != NULL)
+                train_error("rank %d stops: %s", t.r.rank, kt_last_error());
             rc = 1;
         }
     }
