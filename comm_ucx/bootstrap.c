@@ -447,7 +447,7 @@ static kt_status master_gather(kt__ucx_boot *b, int lfd, const void *addr, size_
     void **addrs = calloc((size_t)s->size, sizeof *addrs);
     kt_status st = KT_OK;
     const char *why = NULL;
-    char stranger[200] = "";
+    char stranger[256] = "";
     int strangers = 0;
     if (addrs == NULL)
         return kt__error(KT_ENOMEM, "rank 0: rendezvous: out of memory");
