@@ -146,21 +146,41 @@ kt_status kt__ucx_post_recv(kt__ucx_comm *c, const kt__ucx_op *op, unsigned low,
     return KT_OK;
 }
 
+/* Cancels the receives, then gives the requests a short grace to complete before they are
+ * released (UCX frees a released request when it completes). No allocation: it runs on
+ * every failure path, and the steady state must not allocate at all. */
 void kt__ucx_drop(kt__ucx_comm *c, kt__ucx_req *reqs, int n)
 {
-    void **pending = malloc((size_t)(n > 0 ? n : 1) * sizeof *pending);
+    int pending = 0;
     for (int i = 0; i < n; i++) {
-        if (reqs[i].req != NULL && reqs[i].is_recv)
+        if (reqs[i].req == NULL)
+            continue;
+        pending = 1;
+        if (reqs[i].is_recv)
             ucp_request_cancel(c->worker, reqs[i].req);
-        if (pending != NULL)
-            pending[i] = reqs[i].req;
-        else if (reqs[i].req != NULL)
+    }
+    int64_t end = pending ? kt__ucx_now_ms() + ABORT_GRACE_MS : 0;
+    while (pending) {
+        pending = 0;
+        for (int i = 0; i < n; i++) {
+            if (reqs[i].req == NULL)
+                continue;
+            if (ucp_request_check_status(reqs[i].req) == UCS_INPROGRESS) {
+                pending = 1;
+            } else {
+                ucp_request_free(reqs[i].req);
+                reqs[i].req = NULL;
+            }
+        }
+        if (!pending || kt__ucx_now_ms() >= end)
+            break;
+        if (ucp_worker_progress(c->worker) == 0)
+            sched_yield();
+    }
+    for (int i = 0; i < n; i++) {
+        if (reqs[i].req != NULL)
             ucp_request_free(reqs[i].req);
         reqs[i].req = NULL;
-    }
-    if (pending != NULL) {
-        progress_until_done(c, pending, n, ABORT_GRACE_MS);
-        free(pending);
     }
 }
 
@@ -644,7 +664,7 @@ kt_status kt_comm_create_ucx(const kt_comm_options *options, kt_comm **comm_out)
         st = kt__error(KT_ENOMEM, "kt_comm_create_ucx: out of memory");
         goto fail;
     }
-    if ((st = init_context(c, &s)) != KT_OK)
+    if ((st = init_context(c, &s)) != KT_OK || (st = kt__ucx_coll_init(c)) != KT_OK)
         goto fail;
     ucs_status_t us = ucp_worker_get_address(c->worker, &my_addr, &my_len);
     if (us != UCS_OK) {

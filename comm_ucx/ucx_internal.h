@@ -93,7 +93,7 @@ struct kt__ucx_comm {
     int notified;    /* the abort notices went out already */
     uint32_t send_flags; /* ucp_tag_send_nbx op_attr_mask for data (FAST_CMPL or not) */
     kt__ucx_abort_msg abort_in;
-    void *scratch; /* all_reduce's buffer at the root, kept between calls */
+    void *scratch; /* the collectives' arena (coll_plan.h), made with the communicator */
     size_t scratch_bytes;
     /* request slots of the collectives, allocated once: two levels, because all_reduce
      * runs a broadcast step while its own requests are held */
@@ -130,6 +130,10 @@ kt_status kt__ucx_post_recv(kt__ucx_comm *c, const kt__ucx_op *op, unsigned low,
 kt_status kt__ucx_wait(kt__ucx_comm *c, const kt__ucx_op *op, kt__ucx_req *reqs, int n);
 /* Releases reqs[0..n) after a posting failure part-way through a collective. */
 void kt__ucx_drop(kt__ucx_comm *c, kt__ucx_req *reqs, int n);
+
+/* The collectives' request slots and pipeline arena (in reqs and scratch), made once with
+ * the communicator so that no collective allocates; freed by the destroy. */
+kt_status kt__ucx_coll_init(kt__ucx_comm *c);
 
 /* Collectives (collectives.c), for the ops table. */
 kt_status kt__ucx_barrier(kt_comm *comm);
