@@ -253,6 +253,8 @@ static int abort_arrived(kt__ucx_comm *c, const kt__ucx_req *reqs, int n, int *s
         if (len >= sizeof c->abort_in.text)
             len = sizeof c->abort_in.text - 1;
         c->abort_in.text[len] = '\0';
+        if (info.length >= head && c->abort_in.status == KT_ETIMEDOUT && src < c->base.size)
+            c->peers[src].waits_for = c->abort_in.blame;
         int relevant = info.length < head || c->abort_in.status != KT_ETIMEDOUT;
         for (int i = 0; i < n && !relevant; i++)
             relevant = reqs[i].req != NULL && reqs[i].peer == src &&
@@ -313,6 +315,51 @@ static void idle(unsigned *spins)
     nanosleep(&ts, NULL);
 }
 
+/* Where the deadline notices received so far lead from peer p: the rank every rank in the
+ * chain waited for, which said nothing itself. */
+static int chain_end(const kt__ucx_comm *c, int p)
+{
+    for (int hops = 0; hops < c->base.size; hops++) {
+        int next = c->peers[p].waits_for;
+        if (next < 0 || next >= c->base.size || next == c->base.rank || next == p)
+            break;
+        p = next;
+    }
+    return p;
+}
+
+/* Listens for the grace period to the deadline notices of the other ranks of a chain of
+ * waits (a ring's), recording whom each waited for. */
+static void settle_chain(kt__ucx_comm *c, unsigned *spins)
+{
+    int64_t until = kt__ucx_now_ms() + (c->base.timeout_ms / 4 < 1000 ? c->base.timeout_ms / 4
+                                                                      : 1000);
+    kt__ucx_abort_msg kept = c->abort_in;
+    while (kt__ucx_now_ms() < until) {
+        int src;
+        if (c->abort_req == NULL && post_abort_recv(c) != KT_OK)
+            break;
+        if (!abort_arrived(c, NULL, 0, &src) && ucp_worker_progress(c->worker) == 0)
+            idle(spins);
+    }
+    c->abort_in = kept;
+}
+
+/* " (...)" naming the end of the chain of waits from peer p when it is another rank. */
+typedef struct chain_note {
+    char s[96];
+} chain_note;
+
+static chain_note chain_text(const kt__ucx_comm *c, int p)
+{
+    chain_note n = {""};
+    int end = chain_end(c, p);
+    if (end != p)
+        snprintf(n.s, sizeof n.s, " (the chain of waits ends at peer %d, which went quiet)",
+                 end);
+    return n;
+}
+
 kt_status kt__ucx_wait(kt__ucx_comm *c, const kt__ucx_op *op, kt__ucx_req *reqs, int n)
 {
     int64_t deadline = kt__ucx_now_ms() + c->base.timeout_ms;
@@ -350,8 +397,11 @@ kt_status kt__ucx_wait(kt__ucx_comm *c, const kt__ucx_op *op, kt__ucx_req *reqs,
         int src;
         if (abort_arrived(c, reqs, n, &src)) {
             c->blame = src;
-            st = kt__error(KT_EPEER, "rank %d: peer %d failed: %s", c->base.rank, src,
-                           c->abort_in.text[0] ? c->abort_in.text : "(no reason given)");
+            if (c->abort_in.status == KT_ETIMEDOUT)
+                settle_chain(c, &spins);
+            st = kt__error(KT_EPEER, "rank %d: peer %d failed: %s%s", c->base.rank, src,
+                           c->abort_in.text[0] ? c->abort_in.text : "(no reason given)",
+                           chain_text(c, src).s);
             break;
         }
         /* A failed peer: name the one this wait needs, else any (the collective cannot
@@ -397,10 +447,12 @@ kt_status kt__ucx_wait(kt__ucx_comm *c, const kt__ucx_op *op, kt__ucx_req *reqs,
                     idle(&spins);
             }
             if (got)
-                st = kt__error(KT_ETIMEDOUT, "%s; peer %d reports: %s", mine, src,
-                               c->abort_in.text);
+                settle_chain(c, &spins);
+            if (got)
+                st = kt__error(KT_ETIMEDOUT, "%s; peer %d reports: %s%s", mine, src,
+                               c->abort_in.text, chain_text(c, src).s);
             else
-                st = kt__error(KT_ETIMEDOUT, "%s", mine);
+                st = kt__error(KT_ETIMEDOUT, "%s%s", mine, chain_text(c, r->peer).s);
             break;
         }
         idle(&spins);
@@ -611,7 +663,8 @@ static kt_status init_context(kt__ucx_comm *c, const kt__ucx_setup *s)
 static kt_status create_endpoints(kt__ucx_comm *c, const kt__ucx_setup *s, const void **addrs)
 {
     for (int p = 0; p < s->size; p++) {
-        c->peers[p] = (kt__ucx_peer){.comm = c, .rank = p, .ep = NULL, .failed = UCS_OK};
+        c->peers[p] = (kt__ucx_peer){.comm = c, .rank = p, .ep = NULL, .failed = UCS_OK,
+                                     .waits_for = -1};
         if (p == s->rank)
             continue;
         ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
