@@ -106,6 +106,47 @@ static kt_status bcast_step(kt__ucx_comm *c, const kt__ucx_op *op, unsigned step
     return st;
 }
 
+kt_status kt__ucx_coll_connect(kt__ucx_comm *c)
+{
+    kt__ucx_op op = next_op(c, KT__KIND_BARRIER);
+    int size = c->base.size, rank = c->base.rank;
+    kt__ucx_req *reqs = NULL;
+    KT__TRY(alloc_reqs(c, 2 * size, &reqs));
+    batch b = {c, &op, reqs, 0, KT_OK};
+    for (int i = 1; i < size; i++)
+        b_recv(&b, 2, (rank + size - i) % size, NULL, 0);
+    for (int i = 1; i < size; i++)
+        b_send(&b, 2, (rank + i) % size, NULL, 0);
+    kt_status st = b_wait(&b);
+    release_reqs(c);
+    if (st != KT_OK)
+        return st;
+    /* The wireup of every lane may still be going on: flush every endpoint (its lanes are
+     * connected when the flush completes), within the deadline. */
+    int64_t deadline = kt__ucx_now_ms() + c->base.timeout_ms;
+    for (int p = 0; p < size; p++) {
+        if (p == rank || c->peers[p].ep == NULL)
+            continue;
+        ucp_request_param_t prm = {.op_attr_mask = 0};
+        ucs_status_ptr_t r = ucp_ep_flush_nbx(c->peers[p].ep, &prm);
+        if (UCS_PTR_IS_ERR(r))
+            return kt__error(KT_EPEER, "rank %d: connecting to peer %d failed: %s", rank, p,
+                             ucs_status_string(UCS_PTR_STATUS(r)));
+        while (r != NULL && ucp_request_check_status(r) == UCS_INPROGRESS &&
+               kt__ucx_now_ms() < deadline)
+            ucp_worker_progress(c->worker);
+        if (r != NULL) {
+            ucs_status_t us = ucp_request_check_status(r);
+            ucp_request_free(r);
+            if (us != UCS_OK)
+                return kt__error(us == UCS_INPROGRESS ? KT_ETIMEDOUT : KT_EPEER,
+                                 "rank %d: connecting to peer %d: %s", rank, p,
+                                 us == UCS_INPROGRESS ? "timed out" : ucs_status_string(us));
+        }
+    }
+    return KT_OK;
+}
+
 kt_status kt__ucx_barrier(kt_comm *comm)
 {
     kt__ucx_comm *c = (kt__ucx_comm *)comm;

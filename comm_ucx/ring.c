@@ -153,9 +153,9 @@ static void finish_block(void *out, float *part, const void *own, size_t n, kt_d
     kt_f32_to_bf16(out, part, n);
 }
 
-kt_status kt__ring_reduce_scatter(kt__ucx_comm *c, const kt__ucx_op *op, unsigned phase,
-                                  const void *in, void *out, size_t total, kt_dtype dt,
-                                  kt_reduce_op rop)
+static kt_status reduce_scatter(kt__ucx_comm *c, const kt__ucx_op *op, unsigned phase,
+                                const void *in, void *out, size_t total, kt_dtype dt,
+                                kt_reduce_op rop)
 {
     ring g;
     ring_init(&g, c, op, total, sizeof(float), phase);
@@ -211,8 +211,8 @@ kt_status kt__ring_reduce_scatter(kt__ucx_comm *c, const kt__ucx_op *op, unsigne
     return ring_finish(&g);
 }
 
-kt_status kt__ring_all_gather(kt__ucx_comm *c, const kt__ucx_op *op, unsigned phase, void *buf,
-                              size_t total, size_t es)
+static kt_status all_gather(kt__ucx_comm *c, const kt__ucx_op *op, unsigned phase, void *buf,
+                            size_t total, size_t es)
 {
     ring g;
     ring_init(&g, c, op, total, es, phase);
@@ -252,4 +252,28 @@ kt_status kt__ring_all_gather(kt__ucx_comm *c, const kt__ucx_op *op, unsigned ph
         }
     }
     return ring_finish(&g);
+}
+
+/* Slices go without FAST_CMPL: a slice that arrives before its receive is posted (the
+ * sender a step ahead) then waits as a rendezvous request instead of eager fragments that
+ * UCX would buffer in memory it allocates. */
+kt_status kt__ring_reduce_scatter(kt__ucx_comm *c, const kt__ucx_op *op, unsigned phase,
+                                  const void *in, void *out, size_t total, kt_dtype dt,
+                                  kt_reduce_op rop)
+{
+    uint32_t flags = c->send_flags;
+    c->send_flags = 0;
+    kt_status st = reduce_scatter(c, op, phase, in, out, total, dt, rop);
+    c->send_flags = flags;
+    return st;
+}
+
+kt_status kt__ring_all_gather(kt__ucx_comm *c, const kt__ucx_op *op, unsigned phase, void *buf,
+                              size_t total, size_t es)
+{
+    uint32_t flags = c->send_flags;
+    c->send_flags = 0;
+    kt_status st = all_gather(c, op, phase, buf, total, es);
+    c->send_flags = flags;
+    return st;
 }

@@ -734,7 +734,7 @@ kt_status kt_comm_create_ucx(const kt_comm_options *options, kt_comm **comm_out)
         st = post_abort_recv(c); /* posted for the communicator's lifetime */
     /* Every rank learns whether all of them got this far. */
     st = kt__ucx_rendezvous_finish(boot, st, kt_last_error());
-    if (st != KT_OK)
+    if (st != KT_OK || (st = kt__ucx_coll_connect(c)) != KT_OK)
         goto fail;
     kt__ucx_boot_close(boot);
     ucp_worker_release_address(c->worker, my_addr);

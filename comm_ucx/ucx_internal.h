@@ -137,6 +137,9 @@ void kt__ucx_drop(kt__ucx_comm *c, kt__ucx_req *reqs, int n);
 /* The collectives' request slots and pipeline arena (in reqs and scratch), made once with
  * the communicator so that no collective allocates; freed by the destroy. */
 kt_status kt__ucx_coll_init(kt__ucx_comm *c);
+/* A message between every pair once, so that UCX connects every endpoint (over TCP it
+ * connects on first use, allocating) while the communicator is being created. */
+kt_status kt__ucx_coll_connect(kt__ucx_comm *c);
 
 /* Collectives (collectives.c), for the ops table. */
 kt_status kt__ucx_barrier(kt_comm *comm);
