@@ -446,7 +446,9 @@ kt_status kt__ucx_wait(kt__ucx_comm *c, const kt__ucx_op *op, kt__ucx_req *reqs,
                 if (ucp_worker_progress(c->worker) == 0)
                     idle(&spins);
             }
-            if (got)
+            /* the peers of a chain of waits (a ring) may time out later than this rank:
+             * listen for their notices too, so the message names the chain's end */
+            if (got || c->base.size > 2)
                 settle_chain(c, &spins);
             if (got)
                 st = kt__error(KT_ETIMEDOUT, "%s; peer %d reports: %s%s", mine, src,
