@@ -417,8 +417,30 @@ kt_status kt__ucx_wait(kt__ucx_comm *c, const kt__ucx_op *op, kt__ucx_req *reqs,
             if (c->peers[p].failed != UCS_OK)
                 failed = p;
         if (failed >= 0) {
+            /* A peer that failed by itself tells why before it closes its endpoints; the
+             * closing may be seen first (a neighbour in a ring that heard of another
+             * rank's death): a grace for its notice, which names the root cause. */
+            int from = -1;
+            int64_t until = kt__ucx_now_ms() + (c->base.timeout_ms / 4 < 1000
+                                                    ? c->base.timeout_ms / 4 : 1000);
+            while (kt__ucx_now_ms() < until) {
+                int nsrc;
+                if (c->abort_req == NULL && post_abort_recv(c) != KT_OK)
+                    break;
+                if (abort_arrived(c, NULL, 0, &nsrc) && nsrc == failed &&
+                    c->abort_in.status != KT_ETIMEDOUT) {
+                    from = nsrc;
+                    break;
+                }
+                if (ucp_worker_progress(c->worker) == 0)
+                    idle(&spins);
+            }
             c->blame = failed;
-            st = peer_failed_error(c, op, failed_req, failed);
+            if (from >= 0)
+                st = kt__error(KT_EPEER, "rank %d: peer %d failed: %s", c->base.rank, from,
+                               c->abort_in.text[0] ? c->abort_in.text : "(no reason given)");
+            else
+                st = peer_failed_error(c, op, failed_req, failed);
             break;
         }
         if (kt__ucx_now_ms() >= deadline) {
