@@ -253,7 +253,7 @@ static int abort_arrived(kt__ucx_comm *c, const kt__ucx_req *reqs, int n, int *s
         if (len >= sizeof c->abort_in.text)
             len = sizeof c->abort_in.text - 1;
         c->abort_in.text[len] = '\0';
-        if (info.length >= head && c->abort_in.status == KT_ETIMEDOUT && src < c->base.size)
+        if (info.length >= head && src < c->base.size) /* whom its failure came through */
             c->peers[src].waits_for = c->abort_in.blame;
         int relevant = info.length < head || c->abort_in.status != KT_ETIMEDOUT;
         for (int i = 0; i < n && !relevant; i++)

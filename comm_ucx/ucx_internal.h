@@ -79,8 +79,9 @@ typedef struct kt__ucx_peer {
     /* point-to-point messages posted to / from this peer (any tag), to name them in errors:
      * the tag layout has no room for a point-to-point sequence number */
     uint32_t sent, received;
-    /* the peer this peer's deadline notice blamed (it waited for it), -1 if none: in a ring
-     * every rank waits for its neighbour, and these links lead to the rank that went quiet */
+    /* the peer this peer's abort notice blamed (it waited for it, or heard of the failure
+     * from it), -1 if none: in a ring every rank waits for its neighbour, and these links
+     * lead to the rank that went quiet */
     int waits_for;
 } kt__ucx_peer;
 
