@@ -25,6 +25,19 @@
 static atomic_int g_counting;
 static atomic_long g_allocs, g_ucx_allocs;
 
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+
+#ifdef UNDER_ASAN
+/* AddressSanitizer owns malloc: the scenarios run (and check their results), uncounted. */
+static const int g_can_count = 0;
+#else
+static const int g_can_count = 1;
 /* This binary's code: libkt (linked statically) and the test. An allocation called from
  * anywhere else (UCX's own pools, registration and wireup, glibc) is counted apart. */
 extern char __executable_start, etext;
@@ -40,11 +53,6 @@ static void counted(const void *caller)
         atomic_fetch_add_explicit(&g_ucx_allocs, 1, memory_order_relaxed);
 }
 
-#if defined(__SANITIZE_ADDRESS__)
-/* AddressSanitizer owns malloc: the scenarios run (and check their results), uncounted. */
-static const int g_can_count = 0;
-#else
-static const int g_can_count = 1;
 extern void *__libc_malloc(size_t);
 extern void *__libc_calloc(size_t, size_t);
 extern void *__libc_realloc(void *, size_t);

@@ -288,7 +288,7 @@ static void check_all_to_all_v(kt_comm *c)
  * 16 MiB; every dtype and op on the small ones, the large ones once each. */
 static void check_reductions(kt_comm *c)
 {
-    static const size_t counts[] = {1, 7, 1000, 8191, 8192, 8193, 300001};
+    static const size_t counts[] = {0, 1, 7, 1000, 8191, 8192, 8193, 300001};
     for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
         for (int dt = 0; dt < 2; dt++)
             for (int op = 0; op < 2; op++) {

@@ -196,13 +196,14 @@ int bench_coll(int argc, char **argv, const bench_args *common)
     /* ucx_perftest's point-to-point bandwidth, once per size from 1 MiB (the reference of
      * the bandwidth-bound sizes) */
     double ucx_bw[MAX_SIZES];
-    char note[400] = "";
+    char note[400] = "ucx_perftest gave no figure";
+    char small_note[64];
+    snprintf(small_note, sizeof small_note, "%s", quick ? "--quick: no ucx_perftest"
+                                                        : "ucx_perftest is run from 1 MiB");
     for (int i = 0; i < n; i++)
         ucx_bw[i] = sizes[i] >= (1u << 20) && !quick
                         ? bench_ucx_perftest_bw(sizes[i], transport, note, sizeof note)
                         : -1;
-    if (quick)
-        snprintf(note, sizeof note, "--quick: no ucx_perftest");
     if (!common->json)
         printf("comm --collectives: transport %s, f32; bus bandwidth as NCCL's (all_reduce x "
                "2(W-1)/W, RS/AG x (W-1)/W) against ucx_perftest tag_bw point to point and gloo\n",
@@ -241,7 +242,8 @@ int bench_coll(int argc, char **argv, const bench_args *common)
                     sizes[j] == col.r[i].bytes)
                     col.r[i].ucx_mbs = ucx_bw[j];
             char both[720];
-            snprintf(both, sizeof both, "%s%s%s", col.r[i].ucx_mbs > 0 ? "" : note,
+            const char *un = col.r[i].bytes < (1u << 20) || quick ? small_note : note;
+            snprintf(both, sizeof both, "%s%s%s", col.r[i].ucx_mbs > 0 ? "" : un,
                      col.r[i].ucx_mbs > 0 || col.r[i].gloo_secs > 0 ? "" : "; ",
                      col.r[i].gloo_secs > 0 ? "" : gnote);
             print_coll(&col.r[i], w, transport, common->json, both);

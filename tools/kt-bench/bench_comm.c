@@ -407,7 +407,8 @@ static double perftest(const result *r, const char *transport, char *note, size_
                           : "UCX_TLS=sm,self UCX_POSIX_ERROR_HANDLING=y "
                             "UCX_SYSV_ERROR_HANDLING=y UCX_KEEPALIVE_INTERVAL=1s";
     int iters = r->bw ? (int)(((size_t)2 << 30) / r->bytes) : r->bytes <= 4096 ? 20000 : 5000;
-    iters = iters < 100 ? 100 : iters > 20000 ? 20000 : iters;
+    int least = r->bw && r->bytes >= ((size_t)64 << 20) ? 10 : 100; /* 256 MiB: 2.5 GiB */
+    iters = iters < least ? least : iters > 20000 ? 20000 : iters;
     char pin_s[32] = "", pin_c[32] = "";
     if (getenv("KT_BENCH_NO_PIN") == NULL && bench_cpu(0) >= 0 && bench_cpu(1) != bench_cpu(0)) {
         snprintf(pin_s, sizeof pin_s, "-c %d", bench_cpu(0));
