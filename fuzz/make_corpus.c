@@ -1,5 +1,6 @@
 /* Writes the fuzzers' seed corpus: a few valid .ktp programs (training and forward-only, using
- * most ops) into DIR/ktp and a few valid safetensors files into DIR/safetensors. Run at build
+ * most ops) into DIR/ktp, a few valid safetensors files into DIR/safetensors and kt-data's
+ * prepared token files into DIR/prepared. Run at build
  * time, so no binary file is committed.
  *
  *   kt_fuzz_make_corpus DIR        (DIR/ktp and DIR/safetensors must be creatable) */
@@ -226,6 +227,46 @@ static void safetensors(const char *dir)
     kt_st_close(st);
 }
 
+/* kt-data's prepared token files (kt-tokens-1): written by hand, as the library has no U8
+ * tensors to write the loss mask with. n tokens of two documents. */
+static void prepared(const char *dir, const char *name, int n)
+{
+    char header[512];
+    int len = snprintf(header, sizeof header,
+                       "{\"__metadata__\":{\"kt.format\":\"kt-tokens-1\",\"kt.vocab\":\"257\","
+                       "\"kt.bytes\":\"%d\",\"kt.tokenizer\":\"bytes\"},"
+                       "\"tokens\":{\"dtype\":\"I32\",\"shape\":[%d],\"data_offsets\":[0,%d]},"
+                       "\"loss_mask\":{\"dtype\":\"U8\",\"shape\":[%d],\"data_offsets\":[%d,%d]},"
+                       "\"doc_index\":{\"dtype\":\"I32\",\"shape\":[%d],"
+                       "\"data_offsets\":[%d,%d]}}",
+                       n, n, 4 * n, n, 4 * n, 5 * n, n, 5 * n, 9 * n);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/prepared/%s.safetensors", dir, name);
+    FILE *f = fopen(path, "wb");
+    unsigned char b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)((uint64_t)len >> (8 * i));
+    int ok = f != NULL && fwrite(b, 1, 8, f) == 8 && fwrite(header, 1, (size_t)len, f) == (size_t)len;
+    for (int i = 0; ok && i < n; i++) { /* tokens: bytes of "hello world..." */
+        uint32_t t = (uint32_t)"hello world, prepared"[i % 21];
+        unsigned char le[4] = {(unsigned char)t, 0, 0, 0};
+        ok = fwrite(le, 1, 4, f) == 4;
+    }
+    for (int i = 0; ok && i < n; i++) /* the mask: the first document's first token off */
+        ok = fputc(i == 0 ? 0 : 1, f) != EOF;
+    for (int i = 0; ok && i < n; i++) {
+        unsigned char le[4] = {(unsigned char)(i < n / 2 ? 0 : 1), 0, 0, 0};
+        ok = fwrite(le, 1, 4, f) == 4;
+    }
+    if (f == NULL || !ok || fclose(f) != 0) {
+        fprintf(stderr, "kt_fuzz_make_corpus: cannot write %s\n", path);
+        exit(1);
+    }
+    kt_st_file *st;
+    CHECK(kt_st_open(path, &st));
+    kt_st_close(st);
+}
+
 static void make_dir(const char *dir, const char *sub)
 {
     char path[4096];
@@ -246,11 +287,14 @@ int main(int argc, char **argv)
     make_dir(dir, "");
     make_dir(dir, "ktp");
     make_dir(dir, "safetensors");
+    make_dir(dir, "prepared");
     mlp(dir);
     conv_lm(dir);
     shapes(dir, 0);
     shapes(dir, 1);
     safetensors(dir);
+    prepared(dir, "two_documents", 12);
+    prepared(dir, "empty", 0);
     /* every seed program must load again */
     static const char *const programs[] = {"mlp_train", "mlp_forward", "conv_lm_train",
                                            "ops_forward", "ops_train"};

@@ -45,7 +45,7 @@ while IFS=$'\t' read -r name exe seeds; do
   log="$dir/fuzz/$name.log"
   echo "== fuzz: $name for ${secs} s (seeds: $seeds)"
   rc=0
-  "$exe" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -detect_leaks=1 \
+  "$exe" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -detect_leaks=1 -close_fd_mask=2 \
          -print_final_stats=1 -artifact_prefix="$artifacts/$name-" \
          "$work" "$seeds" > "$log" 2>&1 || rc=$?
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)

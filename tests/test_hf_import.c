@@ -71,7 +71,8 @@ static int exists(const char *path)
 static void rm_dir(const char *dir)
 {
     static const char *const files[] = {"config.json", "model.safetensors", "model.ktg",
-                                        "model.ktp", "import.json", "user.txt"};
+                                        "model.ktp", "model_decode.ktg", "import.json",
+                                        "user.txt"};
     char p[2048];
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, files[i]);
@@ -319,6 +320,9 @@ static void test_import_fixtures(void **state)
         out_dir(archs[a], out, sizeof out);
         kt_hf_options o = {.batch = 2, .seq = 16};
         OK(kt_hf_import(src, &o, out));
+        /* the decode twin beside it (kt-generate runs it: tests/hf/import_decode_test.sh) */
+        snprintf(path, sizeof path, "%s/model_decode.ktg", out);
+        assert_true(exists(path));
         snprintf(path, sizeof path, "%s/model.ktp", out);
         kt_program *p = NULL;
         OK(kt_program_load(path, &p));
@@ -889,6 +893,31 @@ static void test_bad_sharded(void **state)
     assert_false(exists(out));
 }
 
+/* The decode twin's context: C slots, at least 2 (a cached token beside the new one). */
+static void test_decode_context(void **state)
+{
+    (void)state;
+    need_fixture("llama");
+    char src[1024], out[1024], path[1200];
+    fixture("llama", src, sizeof src);
+    out_dir("context", out, sizeof out);
+    kt_hf_options o = {.seq = 8, .context = 1};
+    TU_EXPECT_ERROR(kt_hf_import(src, &o, out), KT_EINVAL, "context 1", "at least 2");
+    assert_false(exists(out));
+    o.context = 40;
+    OK(kt_hf_import(src, &o, out));
+    snprintf(path, sizeof path, "%s/model_decode.ktg", out);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[256];
+    int found = 0;
+    while (fgets(line, sizeof line, f) != NULL)
+        found |= strncmp(line, "const C = 40 ", 13) == 0;
+    fclose(f);
+    assert_true(found);
+    rm_dir(out);
+}
+
 static void test_out_dir(void **state)
 {
     (void)state;
@@ -1041,6 +1070,7 @@ int main(void)
         cmocka_unit_test(test_run_bf16),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_bad_sharded),
+        cmocka_unit_test(test_decode_context),
         cmocka_unit_test(test_out_dir),
         cmocka_unit_test(test_segments_isolate_documents),
     };

@@ -59,6 +59,10 @@ static const fixture fixtures[] = {
      "input q: f32[1, 4, 2, 8]\ninput k: f32[1, 6, 1, 8]\ninput v: f32[1, 6, 1, 4]\n"
      "input s: i32[1, 6]\n",
      "q, k, v, s", ""},
+    {KT_OP_CP_ATTENTION,
+     "input q: f32[1, 4, 2, 8]\ninput k: f32[1, 4, 1, 8]\ninput v: f32[1, 4, 1, 4]\n"
+     "input s: i32[1, 4]\n",
+     "q, k, v, s", ""},
     {KT_OP_CAST, "input x: bf16[4, 6]\n", "x", ""},
     {KT_OP_SHIFT_LABELS, "input l: i64[2, 6]\n", "l", ""},
 };

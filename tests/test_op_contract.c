@@ -322,6 +322,17 @@ static void build_cases(void)
          T(F32, -2, 2, 1, 130, 2, 24), T(F32, -2, 2, 1, 150, 2, 24),
          T(F32, -1, 1, 1, 150, 2, 24), T(I64, 0, 2, 1, 150));
 
+    /* one rank (no communicator): causal attention through the chunked path */
+    CASE(KT_OP_CP_ATTENTION, "gqa balanced", A(.attn_window = 0), T(F32, -2, 2, 2, 10, 4, 8),
+         T(F32, -2, 2, 2, 10, 2, 8), T(F32, -1, 1, 2, 10, 2, 8));
+    CASE(KT_OP_CP_ATTENTION, "bf16 segments window contiguous",
+         A(.attn_window = 20, .attn_softcap = 3.0f, .cp_layout = KT_CP_CONTIGUOUS),
+         T(BF16, -2, 2, 1, 80, 2, 16), T(BF16, -2, 2, 1, 80, 1, 16),
+         T(BF16, -1, 1, 1, 80, 1, 12), T(I32, 0, 3, 1, 80));
+    CASE(KT_OP_CP_ATTENTION, "many blocks i64 segments", A(.attn_scale = 0.3f),
+         T(F32, -2, 2, 1, 150, 2, 24), T(F32, -2, 2, 1, 150, 2, 24),
+         T(F32, -1, 1, 1, 150, 2, 20), T(I64, 0, 2, 1, 150));
+
     CASE(KT_OP_CAST, "f32 to bf16", A(.cast_dtype = KT_BF16), T(F32, -3, 3, 4, 9));
     CASE(KT_OP_CAST, "bf16 to f32", A(.cast_dtype = KT_F32), T(BF16, -3, 3, 2, 3, 5));
     CASE(KT_OP_CAST, "f16 to bf16 (in place)", A(.cast_dtype = KT_BF16), T(F16, -3, 3, 7));

@@ -67,6 +67,7 @@ static void test_arity(void **state)
         {KT_OP_LOAD_BALANCE_LOSS, 2, 2, 1},
         {KT_OP_ATTENTION, 3, 4, 2},
         {KT_OP_CAST, 1, 1, 1},         {KT_OP_SHIFT_LABELS, 1, 1, 1},
+        {KT_OP_CP_ATTENTION, 3, 4, 2},
     };
     assert_int_equal(sizeof documented / sizeof documented[0], KT_OP_COUNT);
     for (size_t k = 0; k < sizeof documented / sizeof documented[0]; k++) {

@@ -498,13 +498,92 @@ static void test_graph_session(void **state)
     kt_graph_destroy(g);
 }
 
+/* ---- cp_attention on one rank ---------------------------------------------------------- */
+
+/* With no communicator cp_attention is causal attention on its shard, run chunk by chunk (two
+ * halves, each on its key prefix) with the prefix gradients summed: the float64 reference is
+ * ref_attention made causal. bf16 and f16 against f32 within test_low_precision's bounds. */
+static void ref_cp_attention(const kt_op_attrs *at, const gc_dt *in, int n_in, gc_dt *out,
+                             int n_out)
+{
+    kt_op_attrs a = *at;
+    a.attn_causal = 1;
+    ref_attention(&a, in, n_in, out, n_out);
+}
+
+static void test_cp_one_rank(void **state)
+{
+    (void)state;
+    /* B, T (= S), Hq, Hkv, D, Dv, causal (ignored), window, softcap, scale, segments */
+    static const shape_case cp_cases[] = {
+        {"cp mha", 2, 10, 10, 2, 2, 8, 8, 1, 0, 0, 0, 0},
+        {"cp gqa 2 blocks a chunk", 1, 140, 140, 4, 2, 8, 6, 1, 0, 0, 0, 0},
+        {"cp window", 1, 90, 90, 2, 1, 8, 8, 1, 30, 0, 0, 0},
+        {"cp segments i64 softcap", 2, 76, 76, 2, 1, 8, 8, 1, 0, 3.0f, 0, 2},
+        {"cp segments window scale", 1, 66, 66, 4, 2, 8, 8, 1, 9, 0, 0.5f, 1},
+    };
+    for (size_t i = 0; i < sizeof cp_cases / sizeof cp_cases[0]; i++)
+        for (int layout = 0; layout <= 1; layout++) {
+            built b = build(&cp_cases[i], 700 + i);
+            b.attrs = TU_ATTRS(KT_OP_CP_ATTENTION, .attn_window = cp_cases[i].window,
+                               .attn_softcap = cp_cases[i].softcap,
+                               .attn_scale = cp_cases[i].scale, .cp_layout = layout);
+            /* no pool: the fused backward; 3 threads: the two passes (B x Hkv < 3 * 4) */
+            for (int threads = 0; threads <= 3; threads += 3) {
+                print_message("%s, layout %d, %d threads\n", cp_cases[i].name, layout, threads);
+                gc_case g = gcase(&b, threads, 80 + i);
+                g.op = KT_OP_CP_ATTENTION;
+                g.ref = ref_cp_attention;
+                gc_check(&g);
+                if (threads == 3) {
+                    gc_check_lowp(&g, KT_BF16, 32.0 * ldexp(1.0, -9));
+                    gc_check_lowp(&g, KT_F16, 32.0 * ldexp(1.0, -12));
+                    gc_check_deterministic(&g, 3);
+                }
+            }
+            built_free(&b);
+        }
+}
+
+static void test_cp_bad_input(void **state)
+{
+    (void)state;
+    kt_tensor q = tu_new(KT_F32, 2, 6, 4, 8), k = tu_new(KT_F32, 2, 6, 2, 8);
+    kt_tensor v = tu_new(KT_F32, 2, 6, 2, 4), o = tu_new(KT_F32, 2, 6, 4, 4);
+    kt_tensor lse = tu_new(KT_F32, 2, 4, 6), outs[2] = {o, lse};
+    kt_tensor kt7 = tu_new(KT_F32, 2, 7, 2, 8), q5 = tu_new(KT_F32, 2, 5, 4, 8);
+    kt_tensor k5 = tu_new(KT_F32, 2, 5, 2, 8), v5 = tu_new(KT_F32, 2, 5, 2, 4);
+    kt_tensor k3 = tu_new(KT_F32, 2, 6, 3, 8), v3 = tu_new(KT_F32, 2, 6, 3, 4);
+    kt_tensor seg5 = tu_new(KT_I32, 2, 5);
+    kt_tensor in[4] = {q, kt7, v, seg5};
+    const kt_op_attrs at = kt_op_defaults(KT_OP_CP_ATTENTION);
+#define EXPECT(n, ...)                                                                        \
+    TU_EXPECT_ERROR(kt_op_forward(KT_OP_CP_ATTENTION, &at, in, n, outs, 2, NULL), KT_EINVAL,  \
+                    "cp_attention", __VA_ARGS__)
+    EXPECT(3, "k (time, as q's", "dimension 1 must be 6");
+    in[0] = q5, in[1] = k5, in[2] = v5;
+    EXPECT(3, "q", "5 positions must be even");
+    in[0] = q, in[1] = k3, in[2] = v3;
+    EXPECT(3, "k", "3 KV heads must divide");
+    in[1] = k, in[2] = v;
+    EXPECT(4, "segments (time", "dimension 1 must be 6");
+    /* scratch holds the gathered keys: a direct call without it fails, naming it */
+    TU_EXPECT_ERROR(kt_op_forward(KT_OP_CP_ATTENTION, &at, in, 3, outs, 2, NULL), KT_EINVAL,
+                    "cp_attention", "scratch");
+#undef EXPECT
+    kt_tensor all[] = {q, k, v, o, lse, kt7, q5, k5, v5, k3, v3, seg5};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        tu_free(&all[i]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_against_float64), cmocka_unit_test(test_low_precision),
         cmocka_unit_test(test_deterministic),   cmocka_unit_test(test_empty_rows),
         cmocka_unit_test(test_flops),           cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_graph_session),
+        cmocka_unit_test(test_graph_session),   cmocka_unit_test(test_cp_one_rank),
+        cmocka_unit_test(test_cp_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -334,8 +334,8 @@ enum {
     B_FIRST = 60, B_LAST = 64, B_STORAGE = 68, B_SIZE = 72,
     /* a step record: kind, op name length, op name, then (from the end of the name) */
     S_KIND = 0, S_OPLEN = 4, S_OPNAME = 8,
-    S_ATTRS = 0, S_N_IN = 268, S_N_OUT = 272, S_IN = 276, S_OUT = 308, S_GOUT = 316,
-    S_GIN = 324, S_SCRATCH = 356, S_NAME = 360, S_FLAGS = 364, S_FLOPS = 368, S_TAIL = 376,
+    S_ATTRS = 0, S_N_IN = 272, S_N_OUT = 276, S_IN = 280, S_OUT = 312, S_GOUT = 320,
+    S_GIN = 328, S_SCRATCH = 360, S_NAME = 364, S_FLAGS = 368, S_FLOPS = 372, S_TAIL = 380,
     /* an entry record */
     E_NAME = 0, E_BUF = 4, E_GRAD = 8, E_INIT = 12, E_A = 16, E_B = 20, E_SHARD = 24, E_SIZE = 28,
     MAX_STEPS = 64
@@ -477,17 +477,17 @@ static void test_truncated_and_flipped(void **state)
     c[0] = 'X';
     TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "bad magic");
     memcpy(c, bytes, n);
-    wr_u32(c, H_VERSION, 10);
+    wr_u32(c, H_VERSION, 11);
     fix_crc(c, n);
-    TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "version 10",
-                    "reads versions 9 to 9");
+    TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "version 11",
+                    "reads versions 10 to 10");
     wr_u32(c, H_VERSION, 1);
     fix_crc(c, n);
     TU_EXPECT_ERROR(kt_program_load_memory(c, n, &q), KT_EFORMAT, "version 1");
-    /* versions 3 to 8 have the attribute record before rope's, topk_router's,
-     * sum/mean/expand/clamp's, attention's, moe's or cast's fields: refused by their
-     * version, not misread */
-    for (uint32_t v = 3; v <= 8; v++) {
+    /* versions 3 to 9 have the attribute record before rope's, topk_router's,
+     * sum/mean/expand/clamp's, attention's, moe's, cast's or cp_attention's fields: refused
+     * by their version, not misread */
+    for (uint32_t v = 3; v <= 9; v++) {
         char want[16];
         snprintf(want, sizeof want, "version %u", (unsigned)v);
         wr_u32(c, H_VERSION, v);
@@ -1078,7 +1078,7 @@ static int list_fields(const unsigned char *b0, const layout *L, int core_only, 
     }
     static const int attr_width[] = {4, 4, 4, 4, 8, 4, 4, 4, 4, 4, 8, 8, 4, 4, 4, 8, 8, 8, 8, 4,
                                      8, 8, 4, 4, 4, 4, 4, 8, 4, 4, 8, 4, 4, 4, 4, 4, 4, 4, 4, 4,
-                                     4, 4, 4, 8, 4, 4, 4, 4, 8, 4, 8, 4, 4};
+                                     4, 4, 4, 8, 4, 4, 4, 4, 8, 4, 8, 4, 4, 4};
     for (int32_t i = 0; i < L->n_steps && core_only; i++) {
         size_t base = L->fields[i];
         int32_t n_in = rd_i32(b0, base + S_N_IN), n_out = rd_i32(b0, base + S_N_OUT);

@@ -141,12 +141,9 @@ static int run(const export_args *a)
         o.lora_rank = r;
     }
     if (a->alpha != NULL) {
-        char *end = NULL;
-        errno = 0;
-        double x = strtod(a->alpha, &end);
-        if (errno != 0 || end == a->alpha || *end != '\0' || !(x > 0) || !isfinite(x))
-            return kt_tool_usage_error(TOOL, "--lora-alpha needs a positive number, not '%s'",
-                                       a->alpha);
+        double x;
+        if (kt_tool_parse_real(TOOL, "--lora-alpha", a->alpha, 0, 1e6, KT_TOOL_LO_OPEN, &x) != 0)
+            return 2;
         o.lora_alpha = x;
     }
     static char targets_text[4096];

@@ -7,6 +7,7 @@
  * compiled or written, or its planned peak exceeds --check-peak; 2 a usage error. */
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,10 +142,8 @@ static int parse_args(args *a, int argc, char **argv)
                 if (parse_policy(a, v) != 0)
                     return 2;
             } else {
-                char *end = NULL; /* strtod would skip leading blanks */
-                a->check_peak = v[0] >= '0' && v[0] <= '9' ? strtod(v, &end) : 0.0;
-                if (end == NULL || *end != '\0' || !(a->check_peak >= 1.0))
-                    return usage_error("--check-peak needs a ratio >= 1, got '%s'", v);
+                if (kt_tool_parse_real("kt-graphc", s, v, 1.0, HUGE_VAL, 0, &a->check_peak) != 0)
+                    return 2;
             }
         } else if (strncmp(s, "-D", 2) == 0) {
             if (parse_define(a, s + 2) != 0)

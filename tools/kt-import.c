@@ -1,7 +1,7 @@
 /* kt-import: a Hugging Face model directory (config.json + safetensors) as a libkt program
  * (docs/huggingface.md); the tool form of kt_hf_import (kt/hf.h).
  *
- *   kt-import MODEL_DIR -o OUT [--batch B] [--seq S] [--dtype f32|bf16]
+ *   kt-import MODEL_DIR -o OUT [--batch B] [--seq S] [--context C] [--dtype f32|bf16]
  *             [--lora-rank R --lora-alpha A [--lora-targets q_proj,k_proj,...]] [--aux-loss]
  *
  * Exit status: 0 imported; 1 the model or checkpoint was refused or OUT could not be written
@@ -21,7 +21,8 @@ static void usage(FILE *f)
             "\n"
             "Reads a Hugging Face model directory (config.json and model.safetensors) and\n"
             "writes OUT/model.ktg (the model in the .ktg language, the checkpoint's names),\n"
-            "OUT/model.ktp (compiled for training) and OUT/import.json. The checkpoint must\n"
+            "OUT/model.ktp (compiled for training), OUT/model_decode.ktg (its decode twin\n"
+            "for kt-generate: a key/value cache) and OUT/import.json. The checkpoint must\n"
             "hold exactly the tensors the model needs. The weights stay in MODEL_DIR: run\n"
             "with kt-run / kt-train --params MODEL_DIR.\n"
             "\n"
@@ -32,6 +33,8 @@ static void usage(FILE *f)
             "  -o OUT              the output directory (new, empty, or an earlier import's)\n"
             "  --batch B           sequences per step (default 1)\n"
             "  --seq S             tokens per sequence (default 128)\n"
+            "  --context C         the decode twin's context: prompt and new tokens\n"
+            "                      (default S; kt-generate -D C=... changes it)\n"
             "  --dtype f32|bf16    the dense weights' dtype (bf16: frozen, needs LoRA)\n"
             "  --lora-rank R       LoRA adapters of rank R (the base frozen)\n"
             "  --lora-alpha A      their scale is A / R (needed with --lora-rank)\n"
@@ -73,7 +76,8 @@ static int parse_args(args *a, int argc, char **argv)
             continue;
         }
         int takes_value = strcmp(s, "-o") == 0 || strcmp(s, "--batch") == 0 ||
-                          strcmp(s, "--seq") == 0 || strcmp(s, "--dtype") == 0 ||
+                          strcmp(s, "--seq") == 0 || strcmp(s, "--context") == 0 ||
+                          strcmp(s, "--dtype") == 0 ||
                           strcmp(s, "--lora-rank") == 0 || strcmp(s, "--lora-alpha") == 0 ||
                           strcmp(s, "--lora-targets") == 0;
         if (takes_value) {
@@ -91,6 +95,10 @@ static int parse_args(args *a, int argc, char **argv)
                 if (kt_tool_parse_int("kt-import", s, v, 1, 1 << 24, &n) != 0)
                     return 2;
                 a->o.seq = n;
+            } else if (strcmp(s, "--context") == 0) {
+                if (kt_tool_parse_int("kt-import", s, v, 2, 1 << 24, &n) != 0)
+                    return 2;
+                a->o.context = n;
             } else if (strcmp(s, "--lora-rank") == 0) {
                 if (kt_tool_parse_int("kt-import", s, v, 1, 4096, &n) != 0)
                     return 2;
@@ -103,10 +111,9 @@ static int parse_args(args *a, int argc, char **argv)
                 else
                     return usage_error("--dtype is f32 or bf16, not '%s'", v);
             } else if (strcmp(s, "--lora-alpha") == 0) {
-                char *end = NULL;
-                double x = (v[0] >= '0' && v[0] <= '9') || v[0] == '.' ? strtod(v, &end) : 0;
-                if (end == NULL || *end != '\0' || !(x > 0) || x > 1e6)
-                    return usage_error("--lora-alpha needs a number > 0, not '%s'", v);
+                double x;
+                if (kt_tool_parse_real("kt-import", s, v, 0, 1e6, KT_TOOL_LO_OPEN, &x) != 0)
+                    return 2;
                 a->o.lora_alpha = (float)x;
                 a->alpha_given = 1;
             } else {

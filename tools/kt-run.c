@@ -111,11 +111,13 @@ static int parse_moe_option(const char *arg, const char *v, run_moe_args *m, int
         else
             m->lora_rank = x;
     } else if (strcmp(arg, "--lora-alpha") == 0) {
-        char *end = NULL;
-        m->lora_alpha = v != NULL ? strtof(v, &end) : 0.0f;
-        if (v == NULL || *v == '\0' || *end != '\0' || !(m->lora_alpha > 0) ||
-            m->lora_alpha > 1e6f)
-            *rc = usage_error("--lora-alpha needs a positive number, not '%s'", v ? v : "");
+        double alpha;
+        if (v == NULL)
+            *rc = usage_error("%s needs a value", arg);
+        else if (kt_tool_parse_real("kt-run", arg, v, 0, 1e6, KT_TOOL_LO_OPEN, &alpha) != 0)
+            *rc = 2;
+        else
+            m->lora_alpha = (float)alpha;
     } else {
         return 0;
     }

@@ -27,11 +27,12 @@
 /* 2: step flags (recompute); 3: the state keep-none flag (KT__STEP_STATE_RECOMPUTES); 4: rope's
  * attributes, 5: topk_router's scoring, group and scaling fields, 6: the fields of sum/mean
  * (keepdim), expand (size) and clamp (min, max), 7: attention's scale, causal, window and
- * softcap, 8: moe's intermediate and names, and 9: cast's dtype, each of which grows the
+ * softcap, 8: moe's intermediate and names, 9: cast's dtype, and 10: cp_attention's layout,
+ * each of which grows the
  * attribute record, so files of older versions (a shorter record) are refused by their
  * version. */
-#define KTP_VERSION 9u
-#define KTP_OLDEST_VERSION 9u
+#define KTP_VERSION 10u
+#define KTP_OLDEST_VERSION 10u
 #define KTP_MAX_OP_NAME 32
 
 /* Smallest encoded record sizes, to bound counts before allocating. */

@@ -135,3 +135,29 @@ kt_status kt_program_index_bound(const kt_program *p, const char *input, int64_t
     *bound_out = bound;
     return KT_OK;
 }
+
+/* ---- the context-parallel layout --------------------------------------------------------------- */
+
+kt_status kt_program_cp_layout(const kt_program *p, kt_cp_layout *layout_out)
+{
+    if (p == NULL || layout_out == NULL)
+        return kt__error(KT_EINVAL, "kt_program_cp_layout: NULL argument");
+    const kt__pstep *first = NULL;
+    for (int32_t at = 0; at < p->n_forward; at++) {
+        const kt__pstep *ps = &p->steps[at];
+        if (ps->kind != KT__STEP_FORWARD || ps->op != KT_OP_CP_ATTENTION)
+            continue;
+        if (first == NULL)
+            first = ps;
+        else if (ps->attrs.cp_layout != first->attrs.cp_layout)
+            return kt__error(KT_EINVAL, "kt_program_cp_layout: cp_attention '%s' has layout %s "
+                             "but '%s' has %s: one sequence has one layout",
+                             ps->name >= 0 ? kt__strings_get(&p->strings, ps->name) : "?",
+                             ps->attrs.cp_layout == KT_CP_BALANCED ? "balanced" : "contiguous",
+                             first->name >= 0 ? kt__strings_get(&p->strings, first->name) : "?",
+                             first->attrs.cp_layout == KT_CP_BALANCED ? "balanced"
+                                                                       : "contiguous");
+    }
+    *layout_out = first ? first->attrs.cp_layout : KT_CP_CONTIGUOUS;
+    return KT_OK;
+}

@@ -6,9 +6,12 @@
  * checks that the checkpoint holds exactly the tensors the program needs (names and
  * shapes, the routed experts under the moe op's names), and writes OUT_DIR:
  *
- *     model.ktg     the description (readable, editable: the config's sizes as consts)
- *     model.ktp     the compiled training program (kt_program_load)
- *     import.json   the source directory (absolute), model_type, dtype, LoRA, aux loss, B, S
+ *     model.ktg         the description (readable, editable: the config's sizes as consts)
+ *     model.ktp         the compiled training program (kt_program_load)
+ *     model_decode.ktg  its decode twin for kt-generate: the same parameters, NEW tokens a
+ *                       step with a key/value cache of C slots (inputs tokens, positions,
+ *                       segments, past_k<l>, past_v<l>; outputs logits, k<l>, v<l>)
+ *     import.json       the source directory (absolute), model_type, dtype, LoRA, aux loss, B, S
  *
  * The weights are not copied: a session reads them from MODEL_DIR by name
  * (kt_session_load, kt_moe_load). The program's interface: inputs `input_ids` i64 [B,S] and
@@ -57,6 +60,9 @@ typedef struct kt_hf_options {
      * feeds packed sequences) to every attention: a token never attends to another
      * document's. */
     int segments;
+    /* The decode twin's context C: model_decode.ktg takes a key/value cache of C slots (the
+     * prompt and the tokens kt-generate adds; its -D C=... changes it). 0: S (at least 2). */
+    int64_t context;
 } kt_hf_options;
 
 /* options may be NULL (the defaults). out_dir is written whole or not at all: the files go

@@ -89,6 +89,12 @@
  *                 visible keys (query t sits at position S-T+t; causal, window and segment
  *                 ids restrict what it sees), lse the log-sum-exp of each row. A row that
  *                 sees no key gives o = 0, lse = 0 and no gradient. D, Dv <= 256.
+ *   cp_attention  q [B,T,Hq,D], k [B,T,Hkv,D], v [B,T,Hkv,Dv], optional segments [B,T]: causal
+ *                 attention over a sequence of W*T positions sharded along time over the
+ *                 session's W ranks (two chunks of T/2 each, chosen by `layout`; T even)
+ *                 -> o [B,T,Hq,Dv], lse [B,Hq,T] as attention's for this rank's queries.
+ *                 K and V are all-gathered; the backward reduce-scatters their gradients
+ *                 to their owners. With one rank (or none) it is causal attention.
  *   cast          x -> x converted to `dtype` (f32, bf16 or f16; round to nearest even);
  *                 backward converts the gradient back to x's dtype. The same dtype copies
  *   shift_labels  labels [..., S] (i32/i64) -> the same shape and dtype: out[..., t] =
@@ -135,7 +141,8 @@ extern "C" {
     X(LOAD_BALANCE_LOSS, load_balance_loss) \
     X(ATTENTION, attention)           \
     X(CAST, cast)                     \
-    X(SHIFT_LABELS, shift_labels)
+    X(SHIFT_LABELS, shift_labels)     \
+    X(CP_ATTENTION, cp_attention)
 
 typedef enum kt_op {
 #define KT__OP_ENUM(upper, lower) KT_OP_##upper,
@@ -178,6 +185,12 @@ typedef enum kt_moe_names {
     KT_MOE_NAMES_MIXTRAL = 2 /* model.layers.<l>.block_sparse_moe.experts.<e>.<w1|w3|w2>.weight
                               * (w1 gate, w3 up, w2 down) */
 } kt_moe_names;
+
+/* Which of the sequence's 2W chunks rank r of W holds (cp_attention, kt-train's sharding). */
+typedef enum kt_cp_layout {
+    KT_CP_BALANCED = 0,  /* chunks r and 2W-1-r: equal causal work on every rank */
+    KT_CP_CONTIGUOUS = 1 /* chunks 2r and 2r+1: frames [rT, (r+1)T), as halo shards */
+} kt_cp_layout;
 
 typedef enum kt_halo_mode {
     KT_HALO_P2P = 0,      /* tag messages with the two neighbours */
@@ -247,6 +260,7 @@ typedef struct kt_op_attrs {
     int64_t moe_intermediate;      /* moe: the experts' intermediate size (0: the caller's) */
     kt_moe_names moe_names;        /* moe: how its layer's tensors are named in checkpoints */
     kt_dtype cast_dtype;           /* cast: the output's dtype (f32, bf16 or f16) */
+    kt_cp_layout cp_layout;        /* cp_attention: the chunks each rank holds */
 } kt_op_attrs;
 
 /* op's attributes at their defaults, stamped for op (required ones are marked "not set" and

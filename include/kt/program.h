@@ -191,6 +191,12 @@ kt_status kt_moe_layers_load(const kt_moe_layers *layers, const char *path);
  * token ids with it, so that a bad file is reported by its offset rather than by the op. */
 kt_status kt_program_index_bound(const kt_program *p, const char *input, int64_t *bound_out);
 
+/* How the program's context-parallel attention expects the sequence over the ranks: the
+ * layout of its cp_attention ops (kt/ops.h), KT_CP_CONTIGUOUS when it has none (the halo's
+ * shards). A data loader feeds every sharded input in this layout. KT_EINVAL naming two ops
+ * whose layouts differ. */
+kt_status kt_program_cp_layout(const kt_program *p, kt_cp_layout *layout_out);
+
 /* A human-readable listing: steps, each buffer's offset and lifetime, the peak against the
  * lower bound, FLOPs. Writes at most size bytes (NUL-terminated); returns the length the
  * full text needs (like snprintf). */

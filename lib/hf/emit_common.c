@@ -82,7 +82,26 @@ void kt__hf_line(kt__hf_emit *e, const char *fmt, ...)
 
 const char *kt__hf_segments_arg(const kt__hf_emit *e)
 {
-    return e->segments ? ", segments" : "";
+    return e->segments || e->context > 0 ? ", segments" : "";
+}
+
+void kt__hf_rope_line(kt__hf_emit *e, const char *out, const char *in, const char *attrs)
+{
+    kt__hf_line(e, "%s = rope(%s%s, %s)", out, in, e->context > 0 ? ", positions" : "", attrs);
+}
+
+void kt__hf_attend(kt__hf_emit *e, const char *q, const char *k, const char *v,
+                   const char *extra)
+{
+    if (e->context > 0) {
+        kt__hf_line(e, "# the cache, then the new tokens in the last S slots");
+        kt__hf_line(e, "keys = concat(past_k{l}, %s, dim = 1)", k);
+        kt__hf_line(e, "values = concat(past_v{l}, %s, dim = 1)", v);
+        k = "keys";
+        v = "values";
+    }
+    kt__hf_line(e, "o, lse = attention(%s, %s, %s%s, causal = 1%s)", q, k, v,
+                kt__hf_segments_arg(e), extra);
 }
 
 void kt__hf_open(kt__hf_emit *e, const char *fmt, ...)
@@ -168,7 +187,8 @@ void kt__hf_rope_attrs(const kt__hf_emit *e, char *out, size_t size)
     const kt__hf_rope *r = &e->cfg->rope;
     char theta[40], f[40];
     kt__hf_float(theta, sizeof theta, r->theta);
-    int n = snprintf(out, size, "theta = %s, max_positions = S", theta);
+    int n = snprintf(out, size, "theta = %s, max_positions = %s", theta,
+                     e->context > 0 ? "C" : "S");
     if (r->rotary_dim > 0 && n >= 0 && (size_t)n < size)
         n += snprintf(out + n, size - (size_t)n, ", rotary_dim = %lld",
                       (long long)r->rotary_dim);

@@ -2,7 +2,8 @@
  * latent norm, the key/value latent plus one shared rotary key head, RoPE on the rope parts
  * only (adjacent pairs; V3 writes them de-interleaved), scale 1/sqrt(qk head dim) times
  * yarn's mscale^2 where the config asks. The latent norms use eps 1e-6 whatever
- * rms_norm_eps says, as transformers builds them. */
+ * rms_norm_eps says, as transformers builds them. The decode twin caches every head's
+ * whole key and value (k{l}, v{l}), not the latent. */
 #include <stdio.h>
 
 #include "lib/hf/hf_internal.h"
@@ -12,6 +13,7 @@ void kt__hf_emit_mla(kt__hf_emit *e)
     const kt__hf_config *c = e->cfg;
     char rope[512];
     kt__hf_rope_attrs(e, rope, sizeof rope);
+    const char *k = e->context > 0 ? "k{l}" : "k", *v = e->context > 0 ? "v{l}" : "v";
 
     kt__hf_norm(e, "a", "h", "input_layernorm", "H", c->eps);
     kt__hf_open(e, "scope self_attn");
@@ -26,7 +28,7 @@ void kt__hf_emit_mla(kt__hf_emit *e)
     kt__hf_line(e, "q = reshape(q, shape = [B, S, NH, DN + DR])");
     kt__hf_line(e, "q_nope = narrow(q, dim = 3, start = 0, length = DN)");
     kt__hf_line(e, "q_pe = narrow(q, dim = 3, start = DN, length = DR)");
-    kt__hf_line(e, "q_pe = rope(q_pe, %s)", rope);
+    kt__hf_rope_line(e, "q_pe", "q_pe", rope);
     kt__hf_linear(e, "ckv", "a", "kv_a_proj_with_mqa", "KVR + DR", "H", c->hidden, 0,
                   KT__HF_T_KV_A);
     kt__hf_line(e, "c = narrow(ckv, dim = 1, start = 0, length = KVR)");
@@ -36,21 +38,22 @@ void kt__hf_emit_mla(kt__hf_emit *e)
                   KT__HF_T_KV_B);
     kt__hf_line(e, "kv = reshape(kv, shape = [B, S, NH, DN + DV])");
     kt__hf_line(e, "k_nope = narrow(kv, dim = 3, start = 0, length = DN)");
-    kt__hf_line(e, "v = narrow(kv, dim = 3, start = DN, length = DV)");
+    kt__hf_line(e, "%s = narrow(kv, dim = 3, start = DN, length = DV)", v);
     kt__hf_line(e, "# one rotary key head, shared by every head");
     kt__hf_line(e, "k_pe = reshape(k_pe, shape = [B, S, 1, DR])");
-    kt__hf_line(e, "k_pe = rope(k_pe, %s)", rope);
+    kt__hf_rope_line(e, "k_pe", "k_pe", rope);
     kt__hf_line(e, "k_pe = expand(k_pe, dim = 2, size = NH)");
     kt__hf_line(e, "q = concat(q_nope, q_pe, dim = 3)");
-    kt__hf_line(e, "k = concat(k_nope, k_pe, dim = 3)");
+    kt__hf_line(e, "%s = concat(k_nope, k_pe, dim = 3)", k);
     if (c->attn_scale > 0) {
         char s[40];
         kt__hf_float(s, sizeof s, c->attn_scale);
+        char extra[64];
+        snprintf(extra, sizeof extra, ", scale = %s", s);
         kt__hf_line(e, "# yarn: 1/sqrt(DN + DR) times mscale(factor, mscale_all_dim)^2");
-        kt__hf_line(e, "o, lse = attention(q, k, v%s, causal = 1, scale = %s)",
-                    kt__hf_segments_arg(e), s);
+        kt__hf_attend(e, "q", k, v, extra);
     } else {
-        kt__hf_line(e, "o, lse = attention(q, k, v%s, causal = 1)", kt__hf_segments_arg(e));
+        kt__hf_attend(e, "q", k, v, "");
     }
     kt__hf_line(e, "o = reshape(o, shape = [N, NH * DV])");
     kt__hf_linear(e, "o", "o", "o_proj", "H", "NH * DV", c->heads * c->v_head, 0, KT__HF_T_O);

@@ -1,6 +1,8 @@
 /* The whole model.ktg: header, the config's sizes as consts, the embedding, the decoder
  * layers (runs of dense and MoE layers, each run one repeat), the final norm and lm_head,
- * the shifted cross-entropy and the optional load-balancing loss. */
+ * the shifted cross-entropy and the optional load-balancing loss. Or its decode twin
+ * (model_decode.ktg, e->context > 0): the same layers fed NEW tokens a step and their key/value
+ * cache, the logits and the new keys and values out, no loss. */
 #include <stdio.h>
 #include <string.h>
 
@@ -91,6 +93,19 @@ static void emit_header(kt__hf_emit *e, const char *source)
     if (has_moe_layer(c))
         kt__hf_line(e, "# The routed experts run in the session's MoE layers (the moe op), "
                        "under the checkpoint's names.");
+    if (e->context > 0) {
+        kt__hf_line(e, "# The decode twin of model.ktg (the same parameters under the same names) "
+                       "for kt-generate:");
+        kt__hf_line(e, "# each step feeds S = NEW new tokens, their positions and every layer's "
+                       "cached keys and");
+        kt__hf_line(e, "# values (past_k<l>, past_v<l>: the C - S slots before the new ones), "
+                       "and reads back the");
+        kt__hf_line(e, "# logits and the new tokens' keys and values (k<l>, v<l>, after RoPE). "
+                       "segments marks the");
+        kt__hf_line(e, "# slots: 0 filled or new, 1 empty (never attended). kt-generate sets "
+                       "NEW and may set C.");
+        return;
+    }
     if (e->lora_rank > 0)
         kt__hf_line(e, "# Fine-tuning: LoRA rank %lld, alpha %g; every base weight is frozen "
                        "(%s).", (long long)e->lora_rank, e->lora_alpha,
@@ -105,8 +120,15 @@ static void emit_consts(kt__hf_emit *e)
 {
     const kt__hf_config *c = e->cfg;
     int deepseek = c->arch == KT__HF_DEEPSEEK_V2 || c->arch == KT__HF_DEEPSEEK_V3;
-    konst(e, "B", e->batch, "sequences per step (kt-import --batch)");
-    konst(e, "S", e->seq, "tokens per sequence (kt-import --seq)");
+    if (e->context > 0) {
+        konst(e, "C", e->context, "the context: prompt and new tokens (kt-import --context)");
+        konst(e, "NEW", 1, "new tokens a step (kt-generate sets it)");
+        kt__hf_line(e, "const B = 1");
+        kt__hf_line(e, "const S = NEW");
+    } else {
+        konst(e, "B", e->batch, "sequences per step (kt-import --batch)");
+        konst(e, "S", e->seq, "tokens per sequence (kt-import --seq)");
+    }
     kt__hf_line(e, "const N = B * S");
     konst(e, "VOCAB", c->vocab, "vocab_size");
     konst(e, "H", c->hidden, "hidden_size");
@@ -180,6 +202,13 @@ static void emit_layers(kt__hf_emit *e)
         kt__hf_line(e, "# layers %lld..%lld: %s", (long long)from, (long long)to - 1,
                     moe ? "MoE" : "dense MLP");
         kt__hf_open(e, "repeat l in %s..%s", a, b);
+        if (e->context > 0 && deepseek) {
+            kt__hf_line(e, "input past_k{l}: f32[B, C - S, NH, DN + DR]");
+            kt__hf_line(e, "input past_v{l}: f32[B, C - S, NH, DV]");
+        } else if (e->context > 0) {
+            kt__hf_line(e, "input past_k{l}: f32[B, C - S, HKV, D]");
+            kt__hf_line(e, "input past_v{l}: f32[B, C - S, HKV, D]");
+        }
         kt__hf_open(e, "scope model.layers.{l}");
         if (deepseek)
             kt__hf_emit_mla(e);
@@ -190,6 +219,10 @@ static void emit_layers(kt__hf_emit *e)
         else
             emit_dense_mlp(e);
         kt__hf_close(e);
+        if (e->context > 0) {
+            kt__hf_line(e, "output k{l}");
+            kt__hf_line(e, "output v{l}");
+        }
         kt__hf_close(e);
         from = to;
     }
@@ -239,25 +272,37 @@ void kt__hf_emit_model(kt__hf_emit *e, const char *source)
     kt__hf_put(e->b, "\n");
     emit_consts(e);
     kt__hf_put(e->b, "\n");
-    kt__hf_line(e, "input input_ids: i64[B, S]");
-    kt__hf_line(e, "input labels: i64[B, S]");
-    if (e->segments)
+    const int decode = e->context > 0;
+    if (decode) {
+        kt__hf_line(e, "input tokens: i64[B, S]");
+        kt__hf_line(e, "input positions: i64[B, S]");
+        kt__hf_line(e, "input segments: i64[B, C]");
+    } else {
+        kt__hf_line(e, "input input_ids: i64[B, S]");
+        kt__hf_line(e, "input labels: i64[B, S]");
+    }
+    if (e->segments && !decode)
         kt__hf_line(e, "input segments: i64[B, S]    # packed documents never attend across");
     kt__hf_put(e->b, "\n");
     kt__hf_line(e, "%s model.embed_tokens.weight: %s[VOCAB, H] = loaded", kw, big);
-    kt__hf_line(e, "h = embedding(model.embed_tokens.weight, input_ids)");
+    kt__hf_line(e, "h = embedding(model.embed_tokens.weight, %s)", decode ? "tokens" : "input_ids");
     if (e->bf16)
         kt__hf_line(e, "h = cast(h, dtype = f32)");
     kt__hf_line(e, "h = reshape(h, shape = [N, H])");
     emit_layers(e);
     kt__hf_put(e->b, "\n");
     kt__hf_norm(e, "h", "h", "model.norm", "H", c->eps);
+    const char *flat = decode ? "logits" : "flat_logits";
     if (c->tie_embeddings) {
         kt__hf_line(e, "# tie_word_embeddings: lm_head is the embedding table");
-        kt__hf_line(e, "flat_logits = matmul(h, model.embed_tokens.weight, trans_b = 1)");
+        kt__hf_line(e, "%s = matmul(h, model.embed_tokens.weight, trans_b = 1)", flat);
     } else {
         kt__hf_line(e, "%s lm_head.weight: %s[VOCAB, H] = loaded", kw, big);
-        kt__hf_line(e, "flat_logits = matmul(h, lm_head.weight, trans_b = 1)");
+        kt__hf_line(e, "%s = matmul(h, lm_head.weight, trans_b = 1)", flat);
+    }
+    if (decode) {
+        kt__hf_line(e, "output logits");
+        return;
     }
     kt__hf_line(e, "logits = reshape(flat_logits, shape = [B, S, VOCAB])");
     kt__hf_put(e->b, "\n");

@@ -106,6 +106,7 @@ typedef struct kt__hf_emit {
     unsigned targets;  /* KT__HF_T_* */
     int aux_loss;
     int segments;      /* attention(q, k, v, segments) */
+    int64_t context;   /* > 0: the decode twin (model_decode.ktg), a cache of C slots */
     int depth;         /* indentation level */
 } kt__hf_emit;
 
@@ -124,6 +125,12 @@ void kt__hf_close(kt__hf_emit *e);
 /* ", segments" when the model takes document ids (kt_hf_options.segments), else "": the
  * attention calls' optional fourth input. */
 const char *kt__hf_segments_arg(const kt__hf_emit *e);
+/* rope(in[, positions], attrs): the decode twin feeds the tokens' positions. */
+void kt__hf_rope_line(kt__hf_emit *e, const char *out, const char *in, const char *attrs);
+/* o, lse = attention(q, k, v[, segments], causal = 1<extra>); in the decode twin over the
+ * cache (past_k{l}, past_v{l}) followed by k and v. */
+void kt__hf_attend(kt__hf_emit *e, const char *q, const char *k, const char *v,
+                   const char *extra);
 /* "param" or "param frozen": base weights are frozen under LoRA. */
 const char *kt__hf_param_kw(const kt__hf_emit *e);
 /* A norm weight declared in the current scope and applied: out = rmsnorm(in, NAME.weight). */

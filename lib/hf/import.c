@@ -155,14 +155,18 @@ static kt_status write_text(const char *path, const kt__hf_buf *b)
     return kt_out_commit(f);
 }
 
-static kt_status write_out(const char *out_dir, const kt__hf_buf *ktg, const kt__hf_buf *json,
-                           const kt_program *p)
+static kt_status write_out(const char *out_dir, const kt__hf_buf *ktg, const kt__hf_buf *decode,
+                           const kt__hf_buf *json, const kt_program *p)
 {
     kt__hf_out o;
     KT__TRY(kt__hf_out_begin(out_dir, &o));
     char path[4096];
     kt__hf_out_path(&o, "model.ktg", path, sizeof path);
     kt_status s = write_text(path, ktg);
+    if (s == KT_OK) {
+        kt__hf_out_path(&o, "model_decode.ktg", path, sizeof path);
+        s = write_text(path, decode);
+    }
     if (s == KT_OK) {
         kt__hf_out_path(&o, "model.ktp", path, sizeof path);
         s = kt_program_save(p, path);
@@ -192,10 +196,11 @@ static kt_status open_checkpoint(const char *model_dir, char *path, size_t size,
     return KT_OK;
 }
 
-/* config.json -> cfg, the resolved options, model.ktg's and import.json's text. */
+/* config.json -> cfg, the resolved options, model.ktg's, model_decode.ktg's (when decode is
+ * not NULL) and import.json's text. */
 static kt_status generate(const char *model_dir, const kt_hf_options *options,
                           kt__hf_config *cfg, kt__hf_resolved *r, kt__hf_buf *ktg,
-                          kt__hf_buf *json)
+                          kt__hf_buf *decode, kt__hf_buf *json)
 {
     char path[4200], source[PATH_MAX];
     char *text = NULL;
@@ -216,8 +221,18 @@ static kt_status generate(const char *model_dir, const kt_hf_options *options,
                      .targets = r->targets, .aux_loss = r->aux_loss,
                      .segments = r->segments};
     kt__hf_emit_model(&e, source);
+    if (decode != NULL) {
+        int64_t context = options != NULL ? options->context : 0;
+        if (context < 0 || context == 1)
+            return kt__error(KT_EINVAL, "kt_hf_import: context %lld: the decode twin needs at "
+                             "least 2 slots (a cached token beside the new one)",
+                             (long long)context);
+        e.b = decode;
+        e.context = context > 0 ? context : r->seq > 2 ? r->seq : 2;
+        kt__hf_emit_model(&e, source);
+    }
     manifest(json, source, cfg, r);
-    if (ktg->failed || json->failed)
+    if (ktg->failed || json->failed || (decode != NULL && decode->failed))
         return kt__error(KT_ENOMEM, "kt_hf_import: out of memory writing model.ktg");
     return KT_OK;
 }
@@ -231,7 +246,7 @@ kt_status kt__hf_generate(const char *model_dir, const kt_hf_options *options,
     kt__hf_buf ktg = {0}, json = {0};
     kt__hf_resolved r;
     kt_status s = cfg == NULL ? kt__error(KT_ENOMEM, "kt_hf_import: out of memory")
-                              : generate(model_dir, options, cfg, &r, &ktg, &json);
+                              : generate(model_dir, options, cfg, &r, &ktg, NULL, &json);
     free(cfg);
     free(json.p);
     if (s != KT_OK) {
@@ -243,6 +258,26 @@ kt_status kt__hf_generate(const char *model_dir, const kt_hf_options *options,
     return KT_OK;
 }
 
+/* The decode twin must parse and compile (for inference) as written: kt-generate compiles it
+ * later, and a twin that does not is a bug here, not the user's. */
+static kt_status check_decode_twin(const kt__hf_buf *decode, const char *model_dir, char *diag)
+{
+    kt_graph *g = NULL;
+    kt_program *p = NULL;
+    kt_compile_options copts = {.training = 0};
+    kt_status s = kt_ktg_parse(decode->p, decode->len, "model_decode.ktg", NULL, 0, &g, diag,
+                               DIAG_BYTES, NULL);
+    if (s != KT_OK)
+        return kt__error(KT_EINTERNAL, "kt_hf_import: the model_decode.ktg generated for %s "
+                         "does not parse (a bug in kt-import): %.2000s", model_dir, diag);
+    s = kt_compile(g, &copts, &p);
+    if (s != KT_OK)
+        s = kt__error_context(s, "kt_hf_import: compiling the decode twin of %s", model_dir);
+    kt_program_destroy(p);
+    kt_graph_destroy(g);
+    return s;
+}
+
 kt_status kt_hf_import(const char *model_dir, const kt_hf_options *options, const char *out_dir)
 {
     if (model_dir == NULL || out_dir == NULL)
@@ -250,7 +285,7 @@ kt_status kt_hf_import(const char *model_dir, const kt_hf_options *options, cons
     kt_status s;
     char *diag = NULL;
     kt__hf_config *cfg = calloc(1, sizeof *cfg);
-    kt__hf_buf ktg = {0}, json = {0};
+    kt__hf_buf ktg = {0}, decode = {0}, json = {0};
     kt__hf_resolved r;
     kt_graph *g = NULL;
     kt_program *prog = NULL;
@@ -263,7 +298,7 @@ kt_status kt_hf_import(const char *model_dir, const kt_hf_options *options, cons
         s = kt__error(KT_ENOMEM, "kt_hf_import: out of memory");
         goto done;
     }
-    s = generate(model_dir, options, cfg, &r, &ktg, &json);
+    s = generate(model_dir, options, cfg, &r, &ktg, &decode, &json);
     if (s != KT_OK)
         goto done;
     if ((diag = malloc(DIAG_BYTES)) == NULL) {
@@ -287,7 +322,9 @@ kt_status kt_hf_import(const char *model_dir, const kt_hf_options *options, cons
     if (s == KT_OK)
         s = kt__hf_check_tensors(ckpt, path, cfg, want, n_want);
     if (s == KT_OK)
-        s = write_out(out_dir, &ktg, &json, prog);
+        s = check_decode_twin(&decode, model_dir, diag);
+    if (s == KT_OK)
+        s = write_out(out_dir, &ktg, &decode, &json, prog);
 done:
     kt_st_close(ckpt);
     free(want);
@@ -295,6 +332,7 @@ done:
     kt_graph_destroy(g);
     free(diag);
     free(ktg.p);
+    free(decode.p);
     free(json.p);
     free(cfg);
     return s;

@@ -19,7 +19,7 @@
 
 #include "lib/core/error.h"
 
-static const char *const known[] = {"model.ktg", "model.ktp", "import.json"};
+static const char *const known[] = {"model.ktg", "model.ktp", "model_decode.ktg", "import.json"};
 #define N_KNOWN (sizeof known / sizeof known[0])
 
 static int is_known(const char *name)

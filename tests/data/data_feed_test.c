@@ -278,6 +278,121 @@ static void flat_file(void **state)
     free(path);
 }
 
+/* Context parallelism with cp_attention's balanced layout: over 3 ranks each row of 6
+ * positions is cut into 6 chunks of 1, rank r holds chunks r and 5-r, and every sharded input
+ * (tokens, targets, segments, positions) gets the window's values there; positions are the
+ * global ones. A rank's part of odd length is refused. */
+static const char cp_src[] =
+    "const B = 2\n"
+    "const T = 2\n"
+    "input tokens: i32[B, T]\n"
+    "input targets: i32[B, T]\n"
+    "input segments: i32[B, T]\n"
+    "input positions: i32[B, T]\n"
+    "shard tokens dim 1\n"
+    "shard targets dim 1\n"
+    "shard segments dim 1\n"
+    "shard positions dim 1\n"
+    "param embed: f32[16, 4] = normal(0.5)\n"
+    "param head: f32[16, 4] = normal(0.5)\n"
+    "e = embedding(embed, tokens)\n"
+    "q = reshape(e, shape = [B, T, 1, 4])\n"
+    "q = rope(q, positions)\n"
+    "o, lse = cp_attention(q, q, q, segments)\n"
+    "h = reshape(o, shape = [B * T, 4])\n"
+    "logits = matmul(h, head, trans_b = 1)\n"
+    "t = reshape(targets, shape = [B * T])\n"
+    "loss = cross_entropy(logits, t)\n"
+    "loss loss\n";
+
+static void balanced_shards(void **state)
+{
+    (void)state;
+    enum { WORLD = 3, LT = 2, ROW = WORLD * LT };
+    char *path = good_file();
+    kt_program *p = tu_compile_ktg(cp_src, "cp.ktg", 1);
+    assert_non_null(p);
+    train_args a = args("cp.ktg");
+    for (int rank = 0; rank < WORLD; rank++) {
+        const ranks r = {.comm = NULL, .rank = rank, .world = WORLD};
+        token_data d;
+        assert_int_equal(data_open(&d, path, &a, p, &r), 0);
+        assert_int_equal(d.window, B * ROW);
+        kt_session *s;
+        kt_session_options so = {.seed = 1};
+        OK(kt_session_create(p, &so, &s));
+        assert_int_equal(data_bind(&d, s), 0);
+        for (int64_t step = 0; step < 2; step++) {
+            assert_int_equal(data_load_step(&d, step, &r), 0);
+            const int64_t start = step * B * ROW % N;
+            kt_tensor tk, tg, sg, ps;
+            OK(kt_session_tensor(s, KT_ROLE_INPUT, "tokens", &tk));
+            OK(kt_session_tensor(s, KT_ROLE_INPUT, "targets", &tg));
+            OK(kt_session_tensor(s, KT_ROLE_INPUT, "segments", &sg));
+            OK(kt_session_tensor(s, KT_ROLE_INPUT, "positions", &ps));
+            for (int b = 0; b < B; b++)
+                for (int i = 0; i < LT; i++) {
+                    const int pos = i < LT / 2 ? rank : 2 * WORLD - 1 - rank; /* chunks of 1 */
+                    const int g = b * ROW + pos, at = b * LT + i;
+                    int32_t seg = 0;
+                    for (int j = b * ROW + 1; j <= g; j++)
+                        seg += starts_doc((start + j) % N);
+                    assert_int_equal(((int32_t *)tk.data)[at], tok[(start + g) % N]);
+                    assert_int_equal(((int32_t *)tg.data)[at], ref_target(start, g));
+                    assert_int_equal(((int32_t *)sg.data)[at], seg);
+                    assert_int_equal(((int32_t *)ps.data)[at], pos);
+                }
+        }
+        kt_session_destroy(s);
+        data_close(&d);
+    }
+    kt_program_destroy(p);
+    /* the balanced layout cuts every sharded dimension into two chunks a rank: a batch of
+     * 3 rows sharded is refused */
+    static const char odd[] = "input tokens: i32[3, 2]\n"
+                              "input targets: i32[3, 2]\n"
+                              "shard tokens dim 0\n"
+                              "shard targets dim 0\n"
+                              "param embed: f32[16, 4] = normal(0.5)\n"
+                              "param head: f32[16, 4] = normal(0.5)\n"
+                              "e = embedding(embed, tokens)\n"
+                              "q = reshape(e, shape = [3, 2, 1, 4])\n"
+                              "o, lse = cp_attention(q, q, q)\n"
+                              "h = reshape(o, shape = [6, 4])\n"
+                              "logits = matmul(h, head, trans_b = 1)\n"
+                              "t = reshape(targets, shape = [6])\n"
+                              "loss = cross_entropy(logits, t)\n"
+                              "loss loss\n";
+    p = tu_compile_ktg(odd, "cp_odd.ktg", 1);
+    assert_non_null(p);
+    a.allow_cross_document = 1;
+    const ranks r = {.comm = NULL, .rank = 0, .world = 2};
+    token_data d;
+    assert_int_equal(data_open(&d, path, &a, p, &r), 1);
+    assert_non_null(strstr(kt_last_error(), "balanced layout"));
+    assert_non_null(strstr(kt_last_error(), "an odd number"));
+    data_close(&d);
+    kt_program_destroy(p);
+    /* one sequence, one layout: two cp_attention ops that disagree are refused, naming both */
+    char two[sizeof cp_src + 128];
+    snprintf(two, sizeof two, "%s",
+             "input tokens: i32[1, 2]\n"
+             "shard tokens dim 1\n"
+             "param embed: f32[16, 4] = normal(0.5)\n"
+             "e = embedding(embed, tokens)\n"
+             "q = reshape(e, shape = [1, 2, 1, 4])\n"
+             "first, l1 = cp_attention(q, q, q)\n"
+             "second, l2 = cp_attention(first, q, q, layout = contiguous)\n"
+             "output second\n");
+    p = tu_compile_ktg(two, "cp_two.ktg", 0);
+    assert_non_null(p);
+    assert_int_equal(data_open(&d, path, &a, p, &r), 1);
+    assert_non_null(strstr(kt_last_error(), "'second' has layout contiguous but 'first'"));
+    data_close(&d);
+    kt_program_destroy(p);
+    free(path);
+}
+
 /* The baseline counts the training file's counted targets and scores the held-out windows'
  * counted targets. */
 static void unigram_counts_only_targets(void **state)
@@ -406,6 +521,7 @@ int main(void)
         cmocka_unit_test(feeds_tokens_targets_segments),
         cmocka_unit_test(feeds_labels),
         cmocka_unit_test(flat_file),
+        cmocka_unit_test(balanced_shards),
         cmocka_unit_test(unigram_counts_only_targets),
         cmocka_unit_test(refusals),
     };

@@ -4,6 +4,8 @@
   check_generate.py inputs DUMP OUT [--segments]   kt-run's inputs for the tokens DUMP fed:
                                                    tokens i32 [1, n], targets [n] (zeros),
                                                    segments [1, n] (zeros) when asked
+  check_generate.py inputs DUMP OUT --hf           the same for a kt-import program:
+                                                   input_ids and labels i64 [1, n]
   check_generate.py greedy FULL PROMPT_LEN IDS     every generated id is the argmax of the
                                                    full forward's logits row before it
   check_generate.py within FULL PROMPT_LEN IDS K P every sampled id is within the top K
@@ -67,6 +69,9 @@ def fail(msg):
 def cmd_inputs(dump, out, *flags):
     tokens = read(dump)["tokens"][1]
     n = len(tokens)
+    if "--hf" in flags:
+        write(out, {"input_ids": ("I64", [1, n], tokens), "labels": ("I64", [1, n], tokens)})
+        return
     t = {"tokens": ("I32", [1, n], tokens), "targets": ("I32", [n], [0] * n)}
     if "--segments" in flags:
         t["segments"] = ("I32", [1, n], [0] * n)

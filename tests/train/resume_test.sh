@@ -7,7 +7,8 @@
 #   - resume: 2N steps in one run equal N steps, --resume, N steps: the losses and every tensor
 #     of the final checkpoint (parameters, experts, optimizer state) bit for bit; resuming a
 #     run directory takes its newest checkpoint; the program may be left out (the
-#     checkpoint's program.ktp); --keep leaves the newest K
+#     checkpoint's program.ktp), and so may every option (run.json's settings: --resume DIR
+#     alone goes on as the run would have); --keep leaves the newest K
 #   - evaluation: a run with --eval-every gives the same losses and final checkpoint bit for
 #     bit as one without; the unigram baseline and the final held-out line are printed
 #   - SIGINT (and SIGTERM) in the middle of a run: the step finishes, a checkpoint is written,
@@ -100,7 +101,16 @@ run lora_full "${lm[@]}" "${opts[@]}" "${lora[@]}" --steps 8 --run-dir lora_full
   same "lora: step 8 after --resume (adapters and their optimizer state)" \
     lora_resumed/step-00000008 lora_full/step-00000008
 refused lora_mode 1 "\-\-moe-mode is full here but lora" \
-  "$train" "${lm[@]}" "${opts[@]}" --steps 8 --resume lora_full/step-00000004 --run-dir x2
+  "$train" "${lm[@]}" "${opts[@]}" --moe-mode full --steps 8 --resume lora_full/step-00000004 \
+  --run-dir x2
+# --resume alone: the program, the data, --steps and every option come from the checkpoint
+(mkdir -p elsewhere && cd elsewhere &&
+  "$train" --resume ../lora_full/step-00000004 --run-dir ../lora_bare --losses ../lora_bare.txt \
+  > ../lora_bare.log 2>&1) &&
+  same_losses "lora: --resume DIR alone (from another directory): steps 5-8" lora_bare.txt \
+    lora_full_tail.txt &&
+  same "lora: --resume DIR alone: step 8" lora_bare/step-00000008 lora_full/step-00000008 ||
+  { fail "--resume DIR alone:"; sed 's/^/    /' lora_bare.log; }
 # the MoE layers' experts and their AdamW state are in the checkpoint
 names=$(head -c 65536 lm_full/step-00000008/session.safetensors | tr -c 'a-z0-9_.' '\n' |
         grep -E '^(moe\.0\.experts\.3\.down_proj\.weight|optimizer\.[mv]\.moe\.[01])$' | sort -u |

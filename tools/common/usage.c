@@ -1,6 +1,7 @@
 #include "tools/common/usage.h"
 
 #include <errno.h>
+#include <math.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -35,6 +36,29 @@ int kt_tool_parse_int(const char *tool, const char *opt, const char *v, long lon
                                        v);
         return kt_tool_usage_error(tool, "%s needs a whole number from %lld to %lld, not '%s'", opt,
                                    lo, hi, v);
+    }
+    *out = x;
+    return 0;
+}
+
+int kt_tool_parse_real(const char *tool, const char *opt, const char *v, double lo, double hi,
+                       int open, double *out)
+{
+    char *end = NULL;
+    /* strtod alone would skip leading blanks and take '+', "inf" and hex */
+    const char *digits = v[0] == '-' ? v + 1 : v;
+    const int starts = (digits[0] >= '0' && digits[0] <= '9') || digits[0] == '.';
+    const int hex = digits[0] == '0' && (digits[1] == 'x' || digits[1] == 'X');
+    double x = starts && !hex ? strtod(v, &end) : NAN;
+    const int in_lo = (open & KT_TOOL_LO_OPEN) ? x > lo : x >= lo;
+    const int in_hi = (open & KT_TOOL_HI_OPEN) ? x < hi : x <= hi;
+    if (end == NULL || *end != '\0' || !isfinite(x) || !in_lo || !in_hi) {
+        const char *gt = (open & KT_TOOL_LO_OPEN) ? ">" : ">=";
+        const char *lt = (open & KT_TOOL_HI_OPEN) ? "<" : "<=";
+        if (hi == HUGE_VAL)
+            return kt_tool_usage_error(tool, "%s needs a number %s %g, not '%s'", opt, gt, lo, v);
+        return kt_tool_usage_error(tool, "%s needs a number %s %g and %s %g, not '%s'", opt, gt,
+                                   lo, lt, hi, v);
     }
     *out = x;
     return 0;

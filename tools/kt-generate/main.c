@@ -119,15 +119,7 @@ static int parse_define(gen_args *a, const char *spec)
 static int parse_real(const char *opt, const char *v, double lo, int lo_open, double hi,
                       double *out)
 {
-    char *end = NULL;
-    double x = (v[0] >= '0' && v[0] <= '9') || v[0] == '.' ? strtod(v, &end) : NAN;
-    if (end == NULL || *end != '\0' || !(x >= lo) || (lo_open && x == lo) || !(x <= hi)) {
-        kt_tool_usage_error(GEN_TOOL, "%s needs a number %s %g and <= %g, not '%s'", opt,
-                            lo_open ? ">" : ">=", lo, hi, v);
-        return 2;
-    }
-    *out = x;
-    return 0;
+    return kt_tool_parse_real(GEN_TOOL, opt, v, lo, hi, lo_open ? KT_TOOL_LO_OPEN : 0, out);
 }
 
 /* Options that take a value; 0, or 2 after a usage error. */

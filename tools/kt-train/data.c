@@ -12,8 +12,10 @@
  * number within the row (attention(q, k, v, segments) never attends across them). A flat file
  * is one document whose targets all count. Each input is
  * filled as if it held the whole window (row-major in its global shape, the shard dimension
- * W times longer) and every rank keeps its own slice along the shard dimension: for the 1-D
- * token inputs of examples/lm.ktg, rank r gets tokens [r T/W, (r+1) T/W). Every rank checks
+ * W times longer) and every rank keeps its own part along the shard dimension: for the 1-D
+ * token inputs of examples/lm.ktg, rank r gets tokens [r T/W, (r+1) T/W); for a program with
+ * cp_attention in the balanced layout, chunks r and 2W-1-r of 2W (examples/cp_lm.ktg). A
+ * `positions` input gets each token's position in its row (rope at global positions). Every rank checks
  * every id of the file before the first step (and each window again as it reads it), so a bad
  * token id stops every rank, before any work, with the same message. */
 #include <errno.h>
@@ -25,8 +27,10 @@
 
 #include "tools/kt-train/train.h"
 
-/* the program input that gets the segment ids (as examples/moe_lm.ktg names it) */
+/* the program inputs that get the segment ids (as examples/moe_lm.ktg names it) and the
+ * positions (rope's, as examples/cp_lm.ktg names it) */
 #define SEGMENTS_INPUT "segments"
+#define POSITIONS_INPUT "positions"
 
 /* ---- the program side: which inputs get tokens, and their shapes over all ranks ---------- */
 
@@ -43,7 +47,7 @@ static int find_input(const kt_program *p, const char *name)
 /* The input's shape and dtype from the program (no session yet: the file is checked before
  * any memory is committed); data_bind points the view at the session's tensor. */
 static int describe_feed(feed *f, const char *name, feed_kind kind, const kt_program *p,
-                         const ranks *r)
+                         const ranks *r, kt_cp_layout layout)
 {
     f->name = name;
     f->kind = kind;
@@ -67,7 +71,24 @@ static int describe_feed(feed *f, const char *name, feed_kind kind, const kt_pro
     }
     for (int k = 0; k < f->view.ndim; k++)
         f->global[k] = f->view.shape[k] * (k == f->shard_dim ? r->world : 1);
+    f->balanced = f->shard_dim >= 0 && layout == KT_CP_BALANCED;
+    if (f->balanced && f->view.shape[f->shard_dim] % 2 != 0) {
+        train_error("program input '%s' is sharded along dimension %d in cp_attention's "
+                    "balanced layout (two chunks a rank), but this rank's part has %lld "
+                    "positions there, an odd number", name, f->shard_dim,
+                    (long long)f->view.shape[f->shard_dim]);
+        return 1;
+    }
     return 0;
+}
+
+/* The global index along a sharded dimension of this rank's index i (of n there). */
+static int64_t shard_index(const feed *f, const ranks *r, int64_t n, int64_t i)
+{
+    if (!f->balanced)
+        return (int64_t)r->rank * n + i;
+    const int64_t c = n / 2, chunk = i < c ? r->rank : 2 * (int64_t)r->world - 1 - r->rank;
+    return chunk * c + i % c;
 }
 
 static int64_t global_numel(const feed *f)
@@ -89,10 +110,10 @@ static int check_inputs_fed(const token_data *d, const train_args *a, const kt_p
             fed |= strcmp(d->feeds[k].name, name) == 0;
         if (!fed) {
             train_error("the program takes input '%s', which kt-train cannot feed: "
-                        "it feeds token ids to '%s' and '%s', the next tokens to '%s' and "
-                        "document numbers to 'segments' (see --input-tokens, --input-labels, "
-                        "--input-targets)", name, d->feeds[0].name, a->labels_input,
-                        a->targets_input);
+                        "it feeds token ids to '%s' and '%s', the next tokens to '%s', "
+                        "document numbers to 'segments' and positions to 'positions' (see "
+                        "--input-tokens, --input-labels, --input-targets)", name,
+                        d->feeds[0].name, a->labels_input, a->targets_input);
             return 1;
         }
     }
@@ -111,14 +132,18 @@ static int describe_inputs(token_data *d, const train_args *a, const kt_program 
                     "--input-tokens)", a->program, tokens);
         return 1;
     }
-    if (describe_feed(&d->feeds[0], tokens, FEED_TOKENS, p, r) != 0)
+    kt_cp_layout layout;
+    if (kt_program_cp_layout(p, &layout) != KT_OK)
+        return train_fail("cannot read the program's context-parallel layout", kt_last_error());
+    if (describe_feed(&d->feeds[0], tokens, FEED_TOKENS, p, r, layout) != 0)
         return 1;
     d->n_feeds = 1;
-    const char *others[3] = {a->targets_input, a->labels_input, SEGMENTS_INPUT};
-    const feed_kind kinds[3] = {FEED_TARGETS, FEED_LABELS, FEED_SEGMENTS};
-    for (int k = 0; k < 3; k++)
+    const char *others[4] = {a->targets_input, a->labels_input, SEGMENTS_INPUT,
+                             POSITIONS_INPUT};
+    const feed_kind kinds[4] = {FEED_TARGETS, FEED_LABELS, FEED_SEGMENTS, FEED_POSITIONS};
+    for (int k = 0; k < 4; k++)
         if (find_input(p, others[k]) >= 0) {
-            if (describe_feed(&d->feeds[d->n_feeds], others[k], kinds[k], p, r) != 0)
+            if (describe_feed(&d->feeds[d->n_feeds], others[k], kinds[k], p, r, layout) != 0)
                 return 1;
             d->n_feeds++;
         }
@@ -142,14 +167,24 @@ static int describe_inputs(token_data *d, const train_args *a, const kt_program 
                         r->world == 1 ? "" : "s", d->feeds[0].name, (long long)d->window);
             return 1;
         }
-    /* the ids must fit every op that reads them as indices (segments are not ids) */
+    /* the ids must fit every op that reads them as indices (segments and positions are not
+     * ids; positions must fit rope's table) */
     d->bound = -1;
     for (int k = 0; k < d->n_feeds; k++) {
-        if (d->feeds[k].kind == FEED_SEGMENTS)
+        const feed *f = &d->feeds[k];
+        if (f->kind == FEED_SEGMENTS)
             continue;
         int64_t b;
-        if (kt_program_index_bound(p, d->feeds[k].name, &b) != KT_OK)
+        if (kt_program_index_bound(p, f->name, &b) != KT_OK)
             return train_fail("cannot read the program's vocabulary", kt_last_error());
+        if (f->kind == FEED_POSITIONS) {
+            const int64_t row = f->view.ndim > 0 ? f->global[f->view.ndim - 1] : 1;
+            if (b >= 0 && row > b)
+                return train_error("input '%s' gets positions 0..%lld, but the program's rope "
+                                   "takes positions below %lld (its max_positions)", f->name,
+                                   (long long)row - 1, (long long)b);
+            continue;
+        }
         if (b >= 0 && (d->bound < 0 || b < d->bound))
             d->bound = b;
     }
@@ -449,6 +484,9 @@ static void feed_values(token_data *d, const feed *f)
             segment = g % row == 0 ? 0 : segment + (d->prepared && d->starts[g]);
             d->values[g] = segment;
             break;
+        case FEED_POSITIONS:
+            d->values[g] = g % row;
+            break;
         }
     }
 }
@@ -461,7 +499,7 @@ static void fill_feed(const feed *f, const int64_t *values, const ranks *r)
     for (int64_t i = 0; i < n; i++) {
         int64_t g = 0; /* the flat index in the global shape */
         for (int k = 0; k < t->ndim; k++) {
-            int64_t at = idx[k] + (k == f->shard_dim ? (int64_t)r->rank * t->shape[k] : 0);
+            int64_t at = k == f->shard_dim ? shard_index(f, r, t->shape[k], idx[k]) : idx[k];
             g = g * f->global[k] + at;
         }
         int64_t v = values[g];

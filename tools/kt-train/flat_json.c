@@ -40,6 +40,23 @@ static int expect(reader *r, char c)
     return 0;
 }
 
+/* Four hex digits (exactly: no sign, no space) as a number, or -1. */
+static int hex4(const char *p)
+{
+    int v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = p[i];
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
+        if (d < 0)
+            return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
 /* a string into buf: \" \\ \/ and \u00XX (what the writer escapes) */
 static int string(reader *r, char *buf, size_t size)
 {
@@ -55,8 +72,8 @@ static int string(reader *r, char *buf, size_t size)
                 return fail(r, "a truncated escape");
             char e = r->s[r->at++];
             if (e == 'u') {
-                unsigned v = 0;
-                if (r->at + 4 > r->len || sscanf(r->s + r->at, "%4x", &v) != 1 || v > 0x7f)
+                int v = r->at + 4 <= r->len ? hex4(r->s + r->at) : -1;
+                if (v <= 0 || v > 0x7f) /* \u0000 would cut the value short */
                     return fail(r, "an escape kt-train does not write");
                 r->at += 4;
                 c = (char)v;
@@ -102,9 +119,10 @@ static int member(reader *r, const char *prefix, int depth)
         size_t start = r->at, k = 0;
         if (r->at < r->len && r->s[r->at] == '-')
             r->at++;
+        size_t digits = r->at;
         while (r->at < r->len && r->s[r->at] >= '0' && r->s[r->at] <= '9')
             r->at++;
-        if (r->at == start || r->at - start >= sizeof f->value)
+        if (r->at == digits || r->at - start >= sizeof f->value)
             return fail(r, "expected a string, an integer or an object");
         for (size_t i = start; i < r->at; i++)
             f->value[k++] = r->s[i];

@@ -21,7 +21,7 @@ static void usage(FILE *f)
     fprintf(f,
         "usage: kt-train model.ktp|model.ktg [-D NAME=VALUE ...] --data TOKENS --steps N\n"
         "                [options]\n"
-        "       kt-train [model] --resume RUN_DIR|STEP_DIR --data TOKENS --steps N [options]\n"
+        "       kt-train [model] --resume RUN_DIR|STEP_DIR [options]\n"
         "\n"
         "Trains a libkt program on a file of token ids: each optimizer step feeds --accum\n"
         "windows of the file to the program's token input (and each window shifted by one\n"
@@ -107,9 +107,11 @@ static void usage(FILE *f)
         "  --save-every N        also a checkpoint every N steps\n"
         "  --keep K              keep the newest K checkpoints (default 3)\n"
         "  --resume DIR          go on from a checkpoint: a run directory's newest, or a\n"
-        "                        step directory; with the same data and settings (a\n"
-        "                        difference is refused, naming it; --steps may grow with a\n"
-        "                        constant schedule). Checkpoints go on into that run\n"
+        "                        step directory. The model, --data, --steps and every\n"
+        "                        option not given again come from the checkpoint; one\n"
+        "                        given again must agree (a difference is refused, naming\n"
+        "                        it; --steps may grow with a constant schedule).\n"
+        "                        Checkpoints go on into that run\n"
         "                        directory, or into --run-dir. Not with --params or\n"
         "                        --experts\n"
         "  SIGINT, SIGTERM       finish the step, write a checkpoint (with a run directory),\n"
@@ -176,15 +178,13 @@ static int parse_choice(const char *opt, const char *v, const char *const *names
     return kt_tool_usage_error("kt-train", "%s: unknown value '%s'", opt, v);
 }
 
-/* a number in [lo, hi] (hi_open: below hi) */
-static int parse_float(const char *opt, const char *v, double lo, double hi, int hi_open,
+/* a number in [lo, hi], an end in `open` (KT_TOOL_*_OPEN) excluded */
+static int parse_float(const char *opt, const char *v, double lo, double hi, int open,
                        float *out)
 {
-    char *end;
-    double x = strtod(v, &end);
-    if (*v == '\0' || *end != '\0' || v[0] == ' ' || !(x >= lo) || (hi_open ? !(x < hi) : x > hi))
-        return kt_tool_usage_error("kt-train", "%s needs a number from %g to %g%s, not '%s'",
-                                   opt, lo, hi, hi_open ? " (exclusive)" : "", v);
+    double x;
+    if (kt_tool_parse_real("kt-train", opt, v, lo, hi, open, &x) != 0)
+        return 2;
     *out = (float)x;
     return 0;
 }
@@ -270,10 +270,7 @@ static int parse_value(train_args *a, const char *opt, const char *v)
         if ((rc = parse_i64(opt, v, 1, &a->lora_rank)) == 0 && a->lora_rank > 256)
             rc = usage_error("--lora-rank %s is more than 256 (the MoE layer's limit)", v);
     } else if (strcmp(opt, "--lora-alpha") == 0) {
-        char *end;
-        a->lora_alpha = strtof(v, &end);
-        if (*v == '\0' || *end != '\0' || !(a->lora_alpha > 0) || a->lora_alpha > 1e6f)
-            rc = usage_error("--lora-alpha needs a positive number, not '%s'", v);
+        rc = parse_float(opt, v, 0, 1e6, KT_TOOL_LO_OPEN, &a->lora_alpha);
     } else if (strcmp(opt, "--threads") == 0) {
         if ((rc = parse_i64(opt, v, 1, &x)) == 0 && x > 1024)
             rc = usage_error("--threads %s is more than 1024 (libkt's pool limit)", v);
@@ -292,21 +289,19 @@ static int parse_value(train_args *a, const char *opt, const char *v)
         if ((rc = parse_choice(opt, v, dtypes, 2, &c)) == 0)
             a->moe_dtype = c == 0 ? KT_F32 : KT_BF16;
     } else if (strcmp(opt, "--lr") == 0) {
-        char *end;
-        a->lr = strtof(v, &end);
-        if (*v == '\0' || *end != '\0' || !(a->lr > 0) || a->lr > 1e6f)
-            rc = usage_error("--lr needs a positive number, not '%s'", v);
+        rc = parse_float(opt, v, 0, 1e6, KT_TOOL_LO_OPEN, &a->lr);
     } else if (strcmp(opt, "--min-lr") == 0) {
         rc = parse_float(opt, v, 0, 1e6, 0, &a->min_lr);
         a->set_flags |= TRAIN_SET_MIN_LR;
     } else if (strcmp(opt, "--weight-decay") == 0) {
         rc = parse_float(opt, v, 0, 1e6, 0, &a->weight_decay);
     } else if (strcmp(opt, "--beta1") == 0 || strcmp(opt, "--beta2") == 0) {
-        /* 0 would mean the library's default: the smallest rate taken is a tiny one */
-        rc = parse_float(opt, v, 1e-30, 1, 1, opt[6] == '1' ? &a->beta1 : &a->beta2);
+        /* 0 would mean the library's default: only rates above it are taken */
+        rc = parse_float(opt, v, 0, 1, KT_TOOL_LO_OPEN | KT_TOOL_HI_OPEN,
+                         opt[6] == '1' ? &a->beta1 : &a->beta2);
         a->set_flags |= TRAIN_SET_BETAS;
     } else if (strcmp(opt, "--momentum") == 0) {
-        rc = parse_float(opt, v, 0, 1, 1, &a->momentum);
+        rc = parse_float(opt, v, 0, 1, KT_TOOL_HI_OPEN, &a->momentum);
         a->set_flags |= TRAIN_SET_MOMENTUM;
     } else if (strcmp(opt, "--clip") == 0) {
         rc = parse_float(opt, v, 0, 1e30, 0, &a->clip);
@@ -374,7 +369,86 @@ static int check_contradictions(const train_args *a)
     return 0;
 }
 
-/* 0 on success, 2 (usage error), or -1 after --help. */
+/* ---- --resume without the options repeated ---------------------------------------------- */
+
+static int given(int argc, char **argv, const char *opt)
+{
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], opt) == 0)
+            return 1;
+    return 0;
+}
+
+/* The options a checkpoint's run.json records under these keys; "0" (or "") stands for an
+ * option that was not given (the ones from 1 up). */
+static const struct resumed_option {
+    const char *key, *opt;
+} resumed_options[] = {
+    {"data", "--data"},           {"eval_data", "--eval-data"},   {"data_header", "--data-header"},
+    {"steps", "--steps"},         {"accum", "--accum"},           {"optimizer", "--optimizer"},
+    {"lr", "--lr"},               {"weight_decay", "--weight-decay"},
+    {"beta1", "--beta1"},         {"beta2", "--beta2"},           {"momentum", "--momentum"},
+    {"schedule", "--schedule"},   {"warmup", "--warmup"},         {"min_lr", "--min-lr"},
+    {"clip", "--clip"},           {"moe_inter", "--moe-inter"},   {"moe_dtype", "--moe-dtype"},
+    {"moe_mode", "--moe-mode"},   {"lora_rank", "--lora-rank"},   {"lora_alpha", "--lora-alpha"},
+    {"threads", "--threads"},     {"seed", "--seed"},             {"eval_every", "--eval-every"},
+    {"eval_windows", "--eval-windows"}, {"save_every", "--save-every"}, {"keep", "--keep"},
+    {"log_every", "--log-every"}};
+
+static int parse_value(train_args *a, const char *opt, const char *v);
+
+static int take_setting(train_args *a, int argc, char **argv, const char *opt, const char *v)
+{
+    if (given(argc, argv, opt) || v[0] == '\0' || strcmp(v, "0") == 0)
+        return 0;
+    /* what the checkpoint holds is not a contradiction of the command line's */
+    int flags = a->set_flags;
+    int rc = parse_value(a, opt, v);
+    a->set_flags = flags;
+    if (rc != 0)
+        fprintf(stderr, "kt-train: (%s '%s' came from the checkpoint's run.json)\n", opt, v);
+    return rc;
+}
+
+/* --resume: every option the run was started with and that is not given again is taken from
+ * the checkpoint, so `kt-train --resume DIR` alone goes on as the run would have. 0, 1 after
+ * train_error (the checkpoint cannot be read), or 2. */
+static int take_resumed_settings(train_args *a, int argc, char **argv)
+{
+    static flat_json j; /* some 60 KB: not on the stack */
+    if (resume_read_settings(a->resume, &j) != 0)
+        return 1;
+    int rc = 0;
+    for (size_t i = 0; i < sizeof resumed_options / sizeof resumed_options[0] && rc == 0; i++) {
+        char key[FLAT_JSON_PATH];
+        snprintf(key, sizeof key, "settings.%s", resumed_options[i].key);
+        const flat_json_field *f = flat_json_get(&j, key);
+        if (f != NULL && f->is_string)
+            rc = take_setting(a, argc, argv, resumed_options[i].opt, f->value);
+    }
+    /* the ones recorded in another form */
+    const flat_json_field *f = flat_json_get(&j, "settings.data_format");
+    static const char *const formats[] = {"", "u8", "u16", "", "i32"}; /* by token bytes */
+    if (rc == 0 && f != NULL && strlen(f->value) == 1 && strchr("124", f->value[0]) != NULL)
+        rc = take_setting(a, argc, argv, "--data-format", formats[f->value[0] - '0']);
+    f = flat_json_get(&j, "settings.allow_cross_document");
+    if (f != NULL && strcmp(f->value, "1") == 0 && !given(argc, argv, "--allow-cross-document"))
+        a->allow_cross_document = 1;
+    f = flat_json_get(&j, "settings.input_names");
+    static const char *const inputs[] = {"--input-tokens", "--input-labels", "--input-targets"};
+    static char names[3][160]; /* the option values point at them */
+    const char *at = f != NULL ? f->value : NULL;
+    for (int k = 0; k < 3 && at != NULL && rc == 0; k++) {
+        const char *end = strchr(at, ',');
+        size_t n = end != NULL ? (size_t)(end - at) : strlen(at);
+        snprintf(names[k], sizeof names[k], "%.*s", (int)(n < 159 ? n : 159), at);
+        rc = take_setting(a, argc, argv, inputs[k], names[k]);
+        at = end != NULL ? end + 1 : NULL;
+    }
+    return rc;
+}
+
+/* 0 on success, 2 (usage error), 1 (an unreadable checkpoint), or -1 after --help. */
 static int parse_args(int argc, char **argv, train_args *a)
 {
     *a = (train_args){.tokens_input = "tokens", .targets_input = "targets",
@@ -406,6 +480,11 @@ static int parse_args(int argc, char **argv, train_args *a)
         } else {
             rc = usage_error("unexpected argument '%s' (one program file only)", arg);
         }
+        if (rc != 0)
+            return rc;
+    }
+    if (a->resume != NULL) {
+        int rc = take_resumed_settings(a, argc, argv);
         if (rc != 0)
             return rc;
     }

@@ -7,6 +7,7 @@
  * experts (from --seed); a step uses none (no dropout, no shuffling: window i of the file is
  * the i-th window fed). So the seed is recorded, and nothing else is needed to go on; the
  * data position is the number of windows consumed (step x --accum). */
+#define _XOPEN_SOURCE 700 /* realpath */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -24,7 +25,7 @@ enum { SAME, ROUNDING, RECORD }; /* a difference refuses, warns, or is only reco
 typedef struct setting {
     const char *key, *what; /* run.json's name; how a message names it */
     int kind;
-    char value[160];
+    char value[512];
 } setting;
 
 enum { MAX_SETTINGS = 40 };
@@ -46,6 +47,22 @@ static void put(setting *s, int *n, const char *key, const char *what, int kind,
 }
 
 static const char *const schedules[] = {"constant", "cosine", "linear"}; /* enum order */
+
+typedef struct path_text {
+    char s[500];
+} path_text;
+
+/* A file as an absolute path, so that a resume from another directory finds it (as given
+ * when it cannot be resolved, or is too long). */
+static path_text absolute(const char *path)
+{
+    path_text r;
+    char *full = realpath(path, NULL);
+    snprintf(r.s, sizeof r.s, "%s",
+             full != NULL && strlen(full) < sizeof r.s ? full : path);
+    free(full);
+    return r;
+}
 
 static int collect(const trainer *t, const train_args *a, setting *s)
 {
@@ -89,9 +106,15 @@ static int collect(const trainer *t, const train_args *a, setting *s)
     put(s, &n, "threads", "--threads", ROUNDING, "%d", kt_threadpool_size(t->pool));
     put(s, &n, "ranks", "the number of ranks", ROUNDING, "%d", t->r.world);
     put(s, &n, "seed", "--seed", RECORD, "%llu", (unsigned long long)a->seed);
-    put(s, &n, "data", "--data", RECORD, "%.150s", a->data);
-    put(s, &n, "eval_data", "--eval-data", RECORD, "%.150s",
-        a->eval_data != NULL ? a->eval_data : "");
+    /* the rest only for --resume to take them when they are not given again */
+    put(s, &n, "data", "--data", RECORD, "%s", absolute(a->data).s);
+    put(s, &n, "eval_data", "--eval-data", RECORD, "%s",
+        a->eval_data != NULL ? absolute(a->eval_data).s : "");
+    put(s, &n, "eval_every", "--eval-every", RECORD, "%lld", (long long)a->eval_every);
+    put(s, &n, "eval_windows", "--eval-windows", RECORD, "%lld", (long long)a->eval_windows);
+    put(s, &n, "save_every", "--save-every", RECORD, "%lld", (long long)a->save_every);
+    put(s, &n, "keep", "--keep", RECORD, "%lld", (long long)a->keep);
+    put(s, &n, "log_every", "--log-every", RECORD, "%lld", (long long)a->log_every);
     return n;
 }
 
@@ -185,21 +208,37 @@ static int get_hex(const flat_json *j, const char *path, uint64_t *out)
     return *end == '\0' ? 0 : -1;
 }
 
-int resume_check(trainer *t, const train_args *a, resume_point *from)
+/* dir/run.json parsed into *j; 0, or 1 after train_error. */
+static int read_run_json(const char *dir, flat_json *j)
 {
     char path[4300];
-    snprintf(path, sizeof path, "%s/run.json", from->dir);
+    snprintf(path, sizeof path, "%s/run.json", dir);
     size_t len = 0;
     char *text = read_json(path, &len);
     if (text == NULL)
-        return train_error("cannot resume from %s: cannot read its run.json: %s", from->dir,
+        return train_error("cannot resume from %s: cannot read its run.json: %s", dir,
                            strerror(errno));
-    static flat_json j; /* some 50 KB: not on the stack */
     char why[128];
-    int bad = flat_json_parse(text, len, &j, why, sizeof why);
+    int bad = flat_json_parse(text, len, j, why, sizeof why);
     free(text);
     if (bad != 0)
-        return train_error("cannot resume from %s: run.json is corrupt: %s", from->dir, why);
+        return train_error("cannot resume from %s: run.json is corrupt: %s", dir, why);
+    return 0;
+}
+
+int resume_read_settings(const char *resume, flat_json *settings)
+{
+    static resume_point point; /* some 20 KB: not on the stack */
+    if (checkpoint_find(resume, &point) != 0)
+        return 1;
+    return read_run_json(point.dir, settings);
+}
+
+int resume_check(trainer *t, const train_args *a, resume_point *from)
+{
+    static flat_json j; /* some 60 KB: not on the stack */
+    if (read_run_json(from->dir, &j) != 0)
+        return 1;
     const flat_json_field *format = flat_json_get(&j, "format");
     uint64_t step, windows;
     if (format == NULL || strcmp(format->value, RUN_FORMAT) != 0 ||

@@ -89,13 +89,16 @@ typedef enum feed_kind {
                       document */
     FEED_LABELS,   /* the tokens unshifted (the program shifts them); -100 where the token
                       does not count or starts a document */
-    FEED_SEGMENTS  /* per row of the input, 0 and one more at each document start */
+    FEED_SEGMENTS, /* per row of the input, 0 and one more at each document start */
+    FEED_POSITIONS /* each token's position in its row of the input (rope's positions) */
 } feed_kind;
 
 typedef struct feed {
     const char *name; /* the program input */
     feed_kind kind;
     int shard_dim;    /* -1: the whole window */
+    int balanced;     /* the shard dim holds chunks r and 2W-1-r of 2W (cp_attention's
+                         balanced layout), else the contiguous slice r of W */
     kt_tensor view;   /* the session's input tensor (this rank's part) */
     int64_t global[KT_MAX_DIMS]; /* the input's shape over all ranks */
 } feed;
@@ -110,7 +113,7 @@ typedef struct token_data {
     int64_t window;   /* tokens per step over all ranks (T) */
     int64_t bound;    /* token ids must be in [0, bound); -1: no check here */
     int64_t *buf;     /* window + 1 tokens */
-    feed feeds[4];
+    feed feeds[5];
     int n_feeds;
     /* a prepared file (kt-data's kt-tokens-1); a flat file is one document, all counted */
     int prepared;

@@ -3,6 +3,7 @@
 #ifndef KT_TRAINER_H
 #define KT_TRAINER_H
 
+#include "tools/kt-train/flat_json.h"
 #include "tools/kt-train/progress.h"
 #include "tools/kt-train/train.h"
 
@@ -101,6 +102,10 @@ void resume_write_json(const trainer *t, const train_args *a, int64_t step, uint
  * compares the settings with this run's: a difference that changes the numbers is refused,
  * naming it; one that changes only the rounding (threads, ranks) is a warning. */
 int resume_check(trainer *t, const train_args *a, resume_point *from);
+/* The checkpoint --resume names (a step or run directory), its run.json read into *settings
+ * ("settings.lr", ...): what a resume takes for the options not given again. 0, or 1 after
+ * train_error. */
+int resume_read_settings(const char *resume, flat_json *settings);
 /* Checks the session file against run.json (size, hash), then loads it with its optimizer
  * state into the session. */
 int resume_load(trainer *t);
