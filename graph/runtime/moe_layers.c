@@ -2,7 +2,8 @@
  * program says how many moe ops there are and their shapes (kt_program_moe_info), the options
  * say the rest (weight dtype, training mode, the intermediate size the program leaves open).
  * With several ranks only rank 0 creates them: the moe op gathers every rank's rows to rank 0
- * and runs its layers on the whole batch, so they are sized for W times a rank's rows. */
+ * and runs its layers on the whole batch, so they are sized for W times a rank's rows; an op
+ * in expert parallelism gets a layer on every rank, of the rank's share of the experts. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,9 +17,19 @@
 
 static int world_of(const kt_moe_layers_options *o) { return o->world > 0 ? o->world : 1; }
 
-/* Moe op i's layer configuration, named "moe.<binding>" (name: LAYER_NAME_BYTES). */
+static int is_ep(const kt_moe_layers_options *o, const kt_program_moe *info)
+{
+    return world_of(o) > 1 &&
+           (o->parallel == KT_MOE_PARALLEL_ALL_EP ||
+            (o->parallel == KT_MOE_PARALLEL_PROGRAM && info->parallel == KT_MOE_PARALLEL_EP));
+}
+
+/* Moe op i's layer configuration on this rank, named "moe.<binding>" (name:
+ * LAYER_NAME_BYTES); expert parallelism: the rank's share, its model ids in ids[] (room for
+ * the op's E). *held 0: this rank holds none of the op's experts. */
 static kt_status op_config(const kt_program *p, const kt_moe_layers_options *o, int i,
-                           kt_program_moe *info, kt_moe_config *c, char *name)
+                           kt_program_moe *info, kt_moe_config *c, char *name, int64_t *ids,
+                           int *held)
 {
     KT__TRY(kt_program_moe_info(p, i, info));
     if (info->intermediate == 0 && o->intermediate <= 0)
@@ -32,7 +43,32 @@ static kt_status op_config(const kt_program *p, const kt_moe_layers_options *o, 
                                   world_of(o), c));
     snprintf(name, LAYER_NAME_BYTES, "moe.%d", info->binding);
     c->name = name;
+    *held = o->rank == 0 || is_ep(o, info);
+    if (!is_ep(o, info))
+        return KT_OK;
+    /* a consecutive range of E/W, the first E % W ranks one more (what the op assumes of
+     * layers without ids, written out so that names and LoRA init follow the model's ids) */
+    const int64_t w = world_of(o), e = c->n_experts;
+    int64_t first = 0;
+    for (int r = 0; r < o->rank; r++)
+        first += e / w + (r < e % w);
+    c->n_experts = e / w + (o->rank < e % w);
+    for (int64_t k = 0; k < c->n_experts; k++)
+        ids[k] = first + k;
+    c->expert_ids = ids;
+    if (__builtin_mul_overflow(c->max_tokens, c->top_k, &c->max_tokens))
+        return kt__error(KT_EINVAL, "moe node '%s': too many (token, slot) pairs", info->name);
+    c->top_k = 1; /* each (token, slot) pair is one row of its owner's layer */
+    *held = c->n_experts > 0;
     return KT_OK;
+}
+
+static int64_t *ids_room(const kt_program *p, int i)
+{
+    kt_program_moe info;
+    if (kt_program_moe_info(p, i, &info) != KT_OK || info.n_experts < 1)
+        return malloc(sizeof(int64_t));
+    return malloc((size_t)info.n_experts * sizeof(int64_t));
 }
 
 static kt_status check_args(const kt_program *p, const kt_moe_layers_options *o, const char *fn)
@@ -77,19 +113,27 @@ kt_status kt_moe_layers_create(const kt_program *p, const kt_moe_layers_options 
     m.layers = calloc((size_t)m.n, sizeof *m.layers);
     if (m.layers == NULL)
         return kt__error(KT_ENOMEM, "kt_moe_layers_create: out of memory");
-    kt_status st = options->rank == 0 ? kt_moe_scratch_create(-1, &m.scratch) : KT_OK;
+    kt_status st = kt_moe_scratch_create(-1, &m.scratch);
     for (int i = 0; i < m.n_ops && st == KT_OK; i++) {
         kt_program_moe info;
         kt_moe_config c;
         char name[LAYER_NAME_BYTES];
-        if ((st = op_config(p, options, i, &info, &c, name)) != KT_OK)
-            break;
-        c.scratch = m.scratch;
-        m.n_recompute += !c.keep_activations;
-        if (options->rank != 0 || m.layers[info.binding] != NULL)
-            continue; /* rank 0 owns the experts; a binding used twice: the session says so */
-        if ((st = kt_moe_create(&c, pool, &m.layers[info.binding])) != KT_OK)
+        int held = 0;
+        int64_t *ids = ids_room(p, i);
+        if (ids == NULL)
+            st = kt__error(KT_ENOMEM, "kt_moe_layers_create: out of memory");
+        if (st == KT_OK)
+            st = op_config(p, options, i, &info, &c, name, ids, &held);
+        if (st == KT_OK) {
+            c.scratch = m.scratch;
+            m.n_recompute += !c.keep_activations;
+        }
+        /* rank 0 owns the experts (or each rank its share); a binding used twice: the
+         * session says so */
+        if (st == KT_OK && held && m.layers[info.binding] == NULL &&
+            (st = kt_moe_create(&c, pool, &m.layers[info.binding])) != KT_OK)
             kt__error_context(st, "MoE layer %d for moe node '%s'", info.binding, info.name);
+        free(ids); /* the layer keeps its own copy */
     }
     if (st != KT_OK) {
         kt_moe_layers_destroy(&m);
@@ -107,13 +151,23 @@ kt_status kt_moe_layers_memory_need(const kt_program *p, const kt_moe_layers_opt
     KT__TRY(check_args(p, options, "kt_moe_layers_memory_need"));
     uint64_t total = 0;
     const int n_ops = kt_program_moe_count(p);
-    for (int i = 0; i < n_ops && options->rank == 0; i++) { /* rank 0 owns the experts */
+    for (int i = 0; i < n_ops; i++) {
         kt_program_moe info;
         kt_moe_config c;
         char name[LAYER_NAME_BYTES];
         uint64_t bytes;
-        KT__TRY(op_config(p, options, i, &info, &c, name));
-        kt_status st = kt_moe_memory_need(&c, optimizer_states, &bytes);
+        int held = 0;
+        int64_t *ids = ids_room(p, i);
+        if (ids == NULL)
+            return kt__error(KT_ENOMEM, "kt_moe_layers_memory_need: out of memory");
+        kt_status st = op_config(p, options, i, &info, &c, name, ids, &held);
+        free(ids);
+        if (st != KT_OK)
+            return st;
+        if (!held)
+            continue; /* rank 0 owns the experts, or this rank holds none of this op's */
+        c.expert_ids = NULL; /* freed; the size does not depend on them */
+        st = kt_moe_memory_need(&c, optimizer_states, &bytes);
         if (st != KT_OK)
             return kt__error_context(st, "MoE layer %d for moe node '%s' (intermediate %lld)",
                                      info.binding, info.name, (long long)c.intermediate);
@@ -153,7 +207,8 @@ kt_status kt_moe_layers_init(const kt_moe_layers *layers, uint64_t seed)
             for (int p = 0; p < 3; p++) {
                 kt_tensor w;
                 KT__TRY(kt_moe_weight(m, e, (kt_moe_proj)p, &w));
-                init_weight(&w, seed, b, e, p);
+                /* the model's expert: a rank's share starts as the one-rank layer's */
+                init_weight(&w, seed, b, c->expert_ids ? c->expert_ids[e] : e, p);
             }
     }
     return KT_OK;

@@ -57,6 +57,7 @@ kt_status kt_program_moe_info(const kt_program *p, int i, kt_program_moe *info_o
                          .act_dtype = x->dtype,
                          .keep_activations = !(ps->flags & KT__STEP_STATE_RECOMPUTES),
                          .intermediate = ps->attrs.moe_intermediate,
-                         .names = ps->attrs.moe_names};
+                         .names = ps->attrs.moe_names,
+                         .parallel = ps->attrs.moe_parallel};
     return KT_OK;
 }

@@ -72,7 +72,8 @@ void kt__session_drop_bindings(kt_session *s)
 
 static kt__op_bind bind_args(const kt_session_options *o, const kt__op_node *nodes, int n)
 {
-    kt__op_bind b = {.nodes = nodes, .n_nodes = n, .comm = o->comm};
+    kt__op_bind b = {.nodes = nodes, .n_nodes = n, .comm = o->comm,
+                     .moe_parallel = (int)o->moe_parallel};
     b.bindings = kt__session_bindings(o, &b.n_bindings);
     return b;
 }

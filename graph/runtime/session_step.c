@@ -90,8 +90,8 @@ kt_status kt_session_step(kt_session *s)
         KT__TRY(average_over_ranks(s));
 
     /* average over micro-batches, then the global norm in a fixed order: the graph's
-     * parameters, then each stateful op's spans (an op whose spans live on rank 0 scales its
-     * own gradients by 1/world; its part of the norm is shared over the ranks) */
+     * parameters, then each stateful op's spans (an op whose spans are split over the ranks
+     * scales its own gradients by 1/world; its part of the norm is summed over the ranks) */
     float average = 1.0f / (float)s->micro;
     double sum_sq = 0.0, state_sq = 0.0;
     for (int32_t i = 0; i < n_params; i++) {
@@ -109,7 +109,7 @@ kt_status kt_session_step(kt_session *s)
                 kt__scale_inplace(s->pool, st->spans[i].grad, st->spans[i].n, average);
             part += kt__sum_squares(s->pool, st->spans[i].grad, st->spans[i].n);
         }
-        if (distributed && st->hooks->spans_on_rank0 && st->n_nodes > 0) {
+        if (distributed && st->hooks->spans_sharded && st->n_nodes > 0) {
             float shared = (float)part; /* every rank joins: rank 0 brings the value */
             KT__TRY(kt_comm_all_reduce(s->opt.comm, &shared, 1, KT_F32, KT_REDUCE_SUM));
             part = shared;

@@ -89,6 +89,12 @@ typedef struct kt_moe_config {
      * (its `names` and `layer`). */
     kt_moe_names names;
     int layer; /* the model's layer index, 0 to KT_MOE_MAX_LAYERS - 1 */
+    /* The model's expert index of each of the n_experts experts (copied; distinct, >= 0);
+     * NULL: 0 to n_experts - 1. A rank's share of an expert-parallel layer (the moe op's
+     * `parallel = ep`) holds some of the model's experts: checkpoint names and the LoRA init
+     * follow these ids, so the shards' files together are the whole layer's. Views and
+     * gradients (kt_moe_weight, ...) still take the layer's own index 0 to n_experts - 1. */
+    const int64_t *expert_ids;
 } kt_moe_config;
 
 /* Creates the layer: validates the configuration, allocates the weight store (zeroed) and

@@ -186,6 +186,20 @@ typedef enum kt_moe_names {
                               * (w1 gate, w3 up, w2 down) */
 } kt_moe_names;
 
+/* Where a moe op's experts run when the session has several ranks (docs/parallel.md). */
+typedef enum kt_moe_parallel {
+    KT_MOE_PARALLEL_RANK0 = 0, /* rank 0 holds every expert and runs every rank's rows */
+    KT_MOE_PARALLEL_EP = 1     /* expert parallelism: each rank holds a share of the experts
+                                * (a layer of top_k 1) and runs the (token, slot) pairs routed
+                                * to them; rows travel by all-to-all */
+} kt_moe_parallel;
+/* Who chooses it (kt_session_options.moe_parallel, kt_moe_layers_options.parallel): each moe
+ * op's `parallel` (0, what zeroed options give), or one mode for every moe op. */
+typedef enum kt_moe_parallel_choice {
+    KT_MOE_PARALLEL_PROGRAM = 0,
+    KT_MOE_PARALLEL_ALL_RANK0 = 1,
+    KT_MOE_PARALLEL_ALL_EP = 2
+} kt_moe_parallel_choice;
 /* Which of the sequence's 2W chunks rank r of W holds (cp_attention, kt-train's sharding). */
 typedef enum kt_cp_layout {
     KT_CP_BALANCED = 0,  /* chunks r and 2W-1-r: equal causal work on every rank */
@@ -259,6 +273,7 @@ typedef struct kt_op_attrs {
     float attn_softcap;            /* attention: scores softcap * tanh(s / softcap) (0: none) */
     int64_t moe_intermediate;      /* moe: the experts' intermediate size (0: the caller's) */
     kt_moe_names moe_names;        /* moe: how its layer's tensors are named in checkpoints */
+    kt_moe_parallel moe_parallel;  /* moe: rank 0 holds the experts, or each rank its share */
     kt_dtype cast_dtype;           /* cast: the output's dtype (f32, bf16 or f16) */
     kt_cp_layout cp_layout;        /* cp_attention: the chunks each rank holds */
 } kt_op_attrs;

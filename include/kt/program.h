@@ -109,6 +109,7 @@ typedef struct kt_program_moe {
     /* The op's `names`: how the layer's tensors are named in checkpoints (kt_moe_tensor_name
      * with layer = binding), in the session's file and in kt-run's gradients. */
     kt_moe_names names;
+    kt_moe_parallel parallel; /* the op's `parallel`: rank 0's experts, or expert parallelism */
 } kt_program_moe;
 
 int kt_program_moe_count(const kt_program *p);
@@ -144,6 +145,12 @@ typedef struct kt_moe_layers_options {
      * rank 0 creates them (the moe op runs rank 0's; the other ranks get NULL slots). 0 and 0
      * mean one rank. */
     int world, rank;
+    /* Several ranks: an op in expert parallelism (its `parallel = ep`, or this choice) gets a
+     * layer on every rank holding the rank's share of the experts: a consecutive range of
+     * E/W (the first E % W ranks one more), top_k 1, the model's expert ids
+     * (kt_moe_config.expert_ids), sized for every rank's (token, slot) pairs. Give the
+     * session the same choice (kt_session_options.moe_parallel). */
+    kt_moe_parallel_choice parallel;
 } kt_moe_layers_options;
 
 typedef struct kt_moe_layers {
@@ -284,6 +291,10 @@ typedef struct kt_session_options {
      * gradients and the loss over the ranks before the optimizer (context and data
      * parallelism: every rank holds the same parameters). NULL: one rank. */
     struct kt_comm *comm;
+    /* Several ranks: where the moe ops' experts run (kt_moe_parallel): each op's `parallel`
+     * (0), or one mode for all of them; the layers given must be made for it
+     * (kt_moe_layers_options.parallel). */
+    kt_moe_parallel_choice moe_parallel;
 } kt_session_options;
 
 /* Lifetime: the session holds a reference to p and to each of the options' MoE layers, and

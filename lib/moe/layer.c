@@ -55,6 +55,15 @@ static kt_status check_config(const kt_moe_config *c)
                          "be >= 1 (got %lld, %lld, %lld, %lld, %lld)",
                          name, (long long)c->n_experts, (long long)c->hidden,
                          (long long)c->intermediate, (long long)c->top_k, (long long)c->max_tokens);
+    for (int64_t e = 0; c->expert_ids != NULL && e < c->n_experts && e < INT32_MAX / 2; e++) {
+        if (c->expert_ids[e] < 0)
+            return kt__error(KT_EINVAL, "moe '%s': expert_ids[%lld] is %lld (negative)", name,
+                             (long long)e, (long long)c->expert_ids[e]);
+        for (int64_t o = 0; o < e; o++)
+            if (c->expert_ids[o] == c->expert_ids[e])
+                return kt__error(KT_EINVAL, "moe '%s': expert_ids[%lld] and [%lld] are both %lld",
+                                 name, (long long)o, (long long)e, (long long)c->expert_ids[e]);
+    }
     if (c->top_k > c->n_experts)
         return kt__error(KT_EINVAL, "moe '%s': top_k %lld exceeds n_experts %lld", name,
                          (long long)c->top_k, (long long)c->n_experts);
@@ -334,7 +343,8 @@ static kt_status alloc_params(kt_moe *m)
                 int64_t in = kt__moe_proj_in(m, p), cnt = m->dim.R * in;
                 float bound = 1.0f / sqrtf((float)in);
                 for (int64_t i = 0; i < cnt; i++) {
-                    uint64_t r = kt__splitmix64(LORA_SEED ^ kt__splitmix64((uint64_t)(e * 3 + p)) ^
+                    uint64_t g = (uint64_t)kt__moe_global_id(m, e);
+                    uint64_t r = kt__splitmix64(LORA_SEED ^ kt__splitmix64(g * 3 + (uint64_t)p) ^
                                                 (uint64_t)i * 0x100000001b3ull);
                     double u01 = (double)(r >> 11) * (1.0 / 9007199254740992.0);
                     a[i] = (float)((2.0 * u01 - 1.0) * bound);
@@ -401,6 +411,15 @@ kt_status kt_moe_create(const kt_moe_config *config, kt_threadpool *pool, kt_moe
     m->cfg = *config;
     snprintf(m->name, sizeof m->name, "%s", config->name ? config->name : "moe");
     m->cfg.name = m->name;
+    if (config->expert_ids != NULL) {
+        m->expert_ids = malloc((size_t)config->n_experts * sizeof *m->expert_ids);
+        if (m->expert_ids == NULL) {
+            free(m);
+            return kt__error(KT_ENOMEM, "kt_moe_create: out of memory");
+        }
+        memcpy(m->expert_ids, config->expert_ids, (size_t)config->n_experts * sizeof *m->expert_ids);
+    }
+    m->cfg.expert_ids = m->expert_ids;
     if (m->cfg.mode != KT_MOE_LORA) {
         m->cfg.lora_rank = 0;
     }
@@ -473,6 +492,7 @@ void kt_moe_destroy(kt_moe *moe)
     kt_arena_destroy(&moe->mem.own_scratch);
     kt_arena_destroy(&moe->train.arena);
     kt_arena_destroy(&moe->store.arena);
+    free(moe->expert_ids);
     free(moe);
 }
 

@@ -223,7 +223,14 @@ struct kt_moe {
     kt__moe_fcache cache;
     kt__moe_driver async;
     atomic_int extra_refs; /* owners beyond the creator: sessions (trainable.h) */
+    int64_t *expert_ids;   /* cfg.expert_ids' copy (cfg points at it), or NULL */
 };
+
+/* The model's index of the layer's expert e (kt_moe_config.expert_ids). */
+static inline int64_t kt__moe_global_id(const kt_moe *m, int64_t e)
+{
+    return m->expert_ids ? m->expert_ids[e] : e;
+}
 
 /* The routing gradient's pieces per row: one per 16 columns of I (backward.c). */
 static inline int64_t kt__moe_gw_pieces(const kt_moe *m) { return (m->dim.I + 15) / 16; }

@@ -181,9 +181,10 @@ static kt__moe_naming prefix_or_own(const kt_moe *moe, const char *prefix)
 }
 
 /* kind: 0 the weight, 1 lora_A, 2 lora_B */
-static kt_status tensor_name(const kt_moe *m, char *buf, const kt__moe_naming *nm, int64_t e,
+static kt_status tensor_name(const kt_moe *m, char *buf, const kt__moe_naming *nm, int64_t local,
                              int proj, int kind)
 {
+    const int64_t e = kt__moe_global_id(m, local); /* files name the model's experts */
     if (nm->prefix == NULL) {
         kt_status st = kt_moe_tensor_name(nm->names, nm->layer, e, (kt_moe_proj)proj,
                                           kind_suffix[kind], buf, NAME_MAX_LEN);
@@ -291,8 +292,14 @@ int kt__moe_names_tensor(const kt_moe *moe, const kt__moe_naming *naming, const 
     if (strncmp(name, prefix, len) != 0 || name[len] < '0' || name[len] > '9')
         return 0;
     char *end = NULL;
-    const long long e = strtoll(name + len, &end, 10);
-    if (e < 0 || e >= moe->dim.E || *end != '.')
+    const long long g = strtoll(name + len, &end, 10);
+    if (g < 0 || *end != '.')
+        return 0;
+    int64_t e = moe->expert_ids ? -1 : g;
+    for (int64_t i = 0; moe->expert_ids != NULL && i < moe->dim.E; i++)
+        if (moe->expert_ids[i] == g)
+            e = i;
+    if (e < 0 || e >= moe->dim.E)
         return 0;
     const int kinds = moe->cfg.mode == KT_MOE_LORA ? 3 : 1;
     for (int p = 0; p < 3; p++)

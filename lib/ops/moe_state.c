@@ -22,6 +22,7 @@
 #include "kt/comm.h"
 #include "kt/moe.h"
 #include "lib/moe/trainable.h"
+#include "lib/ops/moe_dist.h"
 #include "lib/ops/op_desc.h"
 #include "lib/ops/op_state.h"
 
@@ -36,18 +37,52 @@ typedef struct moe_state {
     int n_spans;
     int *span_layer; /* per span: the layer it trains */
     char *span_names; /* SPAN_NAME_BYTES each: "moe.<b>" */
+    char *rows;       /* several ranks: the rows this rank runs for the others (moe_dist.h) */
+    size_t rows_bytes;
+    kt__moe_placement **placement; /* per layer, expert parallelism: made at first use */
+    int choice;                    /* kt_session_options.moe_parallel */
 } moe_state;
+
+/* An op's mode: its `parallel`, unless the session chooses for every op. */
+static kt_moe_parallel mode_of(int choice, const kt_op_attrs *at)
+{
+    return choice == KT_MOE_PARALLEL_ALL_EP      ? KT_MOE_PARALLEL_EP
+           : choice == KT_MOE_PARALLEL_ALL_RANK0 ? KT_MOE_PARALLEL_RANK0
+                                                 : at->moe_parallel;
+}
+
+/* The mode of binding b's moe op (rank 0's when no op runs it). */
+static kt_moe_parallel parallel_of(const kt__op_node *nodes, int n, int choice, int b)
+{
+    for (int i = 0; i < n; i++)
+        if (nodes[i].attrs->binding == b)
+            return mode_of(choice, nodes[i].attrs);
+    return KT_MOE_PARALLEL_RANK0;
+}
+
+static int any_ep(const kt__op_node *nodes, int n, int choice)
+{
+    for (int i = 0; i < n; i++)
+        if (mode_of(choice, nodes[i].attrs) == KT_MOE_PARALLEL_EP)
+            return 1;
+    return 0;
+}
 
 /* Every moe node has a layer that fits it, and each layer serves one moe node. */
 static kt_status check_nodes(const kt__op_bind *bd)
 {
-    if (bd->comm != NULL && kt_comm_rank(bd->comm) != 0)
-        return KT_OK; /* with several ranks, rank 0 owns the experts */
+    const int several = bd->comm != NULL && kt_comm_size(bd->comm) > 1;
     kt_moe *const *layers = (kt_moe *const *)bd->bindings;
     for (int i = 0; i < bd->n_nodes; i++) {
         const kt__op_node *nd = &bd->nodes[i];
         int b = nd->attrs->binding;
-        if (b >= bd->n_bindings || layers == NULL || layers[b] == NULL)
+        const int ep = several && mode_of(bd->moe_parallel, nd->attrs) == KT_MOE_PARALLEL_EP;
+        const int held = b < bd->n_bindings && layers != NULL && layers[b] != NULL;
+        if (several && !ep && kt_comm_rank(bd->comm) != 0)
+            continue; /* rank 0 owns the experts */
+        if (ep && !held)
+            continue; /* a rank may hold none of an expert-parallel layer's experts */
+        if (!held)
             return kt__error(KT_EINVAL, "session: moe node '%s' runs MoE layer %d, but %d "
                              "layer%s given (kt_session_options.moe_layers)", nd->name, b,
                              bd->n_bindings, bd->n_bindings == 1 ? " is" : "s are");
@@ -65,11 +100,14 @@ static kt_status check_nodes(const kt__op_bind *bd)
             return kt__error(KT_EINVAL, "session: moe node '%s' is written for experts of "
                              "intermediate size %lld, but MoE layer %d has %lld", nd->name,
                              (long long)inter, b, (long long)cfg->intermediate);
-        int64_t world = bd->comm ? kt_comm_size(bd->comm) : 1;
-        if (cfg->hidden != x->shape[1] || cfg->top_k != ids->shape[1] ||
-            cfg->max_tokens < x->shape[0] * world || cfg->act_dtype != x->dtype)
-            return kt__error(KT_EINVAL, "session: moe node '%s' (x %s[%lld,%lld], k=%lld) does "
+        /* ranks may bring different row counts: the ranks' rows together are checked
+         * against max_tokens at each call; an expert-parallel share runs single pairs */
+        const int64_t k = ep ? 1 : ids->shape[1];
+        if (cfg->hidden != x->shape[1] || cfg->top_k != k ||
+            cfg->max_tokens < (ep ? 0 : x->shape[0]) || cfg->act_dtype != x->dtype)
+            return kt__error(KT_EINVAL, "session: moe node '%s'%s (x %s[%lld,%lld], k=%lld) does "
                              "not fit MoE layer %d (H=%lld, k=%lld, max_tokens=%lld, act %s)",
+                             ep ? " (expert parallel: its layers' top_k is 1)" : "",
                              nd->name, kt_dtype_name(x->dtype), (long long)x->shape[0],
                              (long long)x->shape[1], (long long)ids->shape[1], b,
                              (long long)cfg->hidden, (long long)cfg->top_k,
@@ -85,6 +123,14 @@ static void unbind_moe(void *state)
         return;
     for (int b = 0; m->retained && b < m->n_layers; b++)
         kt_moe_destroy(m->layers[b]); /* drops the session's reference; the last one frees */
+    for (int b = 0; m->placement != NULL && b < m->n_layers; b++)
+        if (m->placement[b] != NULL) {
+            free(m->placement[b]->owner);
+            free(m->placement[b]->local);
+            free(m->placement[b]);
+        }
+    free(m->placement);
+    free(m->rows);
     free(m->span_layer);
     free(m->span_names);
     free(m);
@@ -108,6 +154,7 @@ static kt_status bind_moe(const kt__op_bind *bd, void **state_out)
     }
     m->nodes = bd->nodes;
     m->n_nodes = bd->n_nodes;
+    m->choice = bd->moe_parallel;
     m->layers = (kt_moe *const *)bd->bindings;
     m->n_layers = bd->bindings != NULL ? n : 0;
     for (int b = 0; b < m->n_layers; b++) {
@@ -128,6 +175,28 @@ static kt_status bind_moe(const kt__op_bind *bd, void **state_out)
         snprintf(m->span_names + (size_t)m->n_spans * SPAN_NAME_BYTES, SPAN_NAME_BYTES, "moe.%d",
                  b);
         m->span_layer[m->n_spans++] = b;
+    }
+    /* several ranks: the rows this rank runs for the others, sized for its largest layer */
+    const int several = bd->comm != NULL && kt_comm_size(bd->comm) > 1;
+    for (int b = 0; several && b < m->n_layers; b++) {
+        if (m->layers[b] == NULL)
+            continue;
+        const kt_moe_config *cfg = kt_moe_get_config(m->layers[b]);
+        size_t need = parallel_of(bd->nodes, bd->n_nodes, bd->moe_parallel, b) ==
+                              KT_MOE_PARALLEL_EP
+                          ? kt__moe_ep_rows_bytes(cfg)
+                          : kt__moe_rank0_rows_bytes(cfg);
+        m->rows_bytes = need > m->rows_bytes ? need : m->rows_bytes;
+    }
+    if (several && m->n_nodes > 0 && m->rows_bytes < 4096)
+        m->rows_bytes = 4096; /* a rank running no rows still carves its (empty) tensors */
+    if ((m->rows_bytes > 0 && posix_memalign((void **)&m->rows, 64, m->rows_bytes) != 0) ||
+        (several && any_ep(bd->nodes, bd->n_nodes, bd->moe_parallel) &&
+         (m->placement = calloc((size_t)m->n_layers + 1, sizeof *m->placement)) == NULL)) {
+        m->rows = NULL;
+        unbind_moe(m);
+        return kt__error(KT_ENOMEM, "session: out of memory for the MoE layers' exchange "
+                         "buffers");
     }
     /* the session keeps its layers alive: kt_moe_destroy before kt_session_destroy is safe */
     for (int b = 0; b < m->n_layers; b++)
@@ -158,6 +227,37 @@ static int spans_moe(void *state, kt__op_span *out, int cap)
         out[i].name = m->span_names + (size_t)i * SPAN_NAME_BYTES;
     }
     return m->n_spans;
+}
+
+kt_moe *kt__moe_bound(const kt__op_call *c)
+{
+    int b = c->attrs->binding;
+    return c->bindings != NULL && b >= 0 && b < c->n_bindings ? c->bindings[b] : NULL;
+}
+
+kt_status kt__moe_rows(const kt__op_call *c, size_t need, char **out)
+{
+    const moe_state *m = c->state;
+    if (m == NULL || m->rows == NULL || need > m->rows_bytes)
+        return kt__error(KT_ERANGE, "moe: rank %d needs %zu bytes for the rows it runs for the "
+                         "ranks, its MoE layers' buffers hold %zu", kt_comm_rank(c->comm), need,
+                         m ? m->rows_bytes : 0);
+    *out = m->rows;
+    return KT_OK;
+}
+
+kt_moe_parallel kt__moe_mode(const kt__op_call *c)
+{
+    const moe_state *m = c->state;
+    return mode_of(m ? m->choice : KT_MOE_PARALLEL_PROGRAM, c->attrs);
+}
+
+kt__moe_placement **kt__moe_placement_slot(void *state, int binding)
+{
+    moe_state *m = state;
+    if (m == NULL || m->placement == NULL || binding < 0 || binding >= m->n_layers)
+        return NULL;
+    return &m->placement[binding];
 }
 
 /* A poisoned cache is reported once, naming the layer, and cleared (with those after it). */
@@ -310,7 +410,9 @@ static int knows_moe(void *state, const char *name, int is_state)
     const moe_state *m = state;
     int b = -1, used = -1;
     if (names_op_layer(m, name, &b)) {
-        if (b >= m->n_layers || m->layers[b] == NULL)
+        /* an expert-parallel share knows its own experts; the others' are other ranks' */
+        if (b >= m->n_layers || m->layers[b] == NULL ||
+            parallel_of(m->nodes, m->n_nodes, m->choice, b) == KT_MOE_PARALLEL_EP)
             return 1;
         kt__moe_naming nm = naming_of(m, b);
         return kt__moe_names_tensor(m->layers[b], &nm, name);
@@ -324,7 +426,7 @@ static int knows_moe(void *state, const char *name, int is_state)
 }
 
 const kt__op_state kt__moe_state = {
-    .state_recompute = 1, .spans_on_rank0 = 1,
+    .state_recompute = 1, .spans_sharded = 1,
     .bind = bind_moe, .unbind = unbind_moe, .span_floats = span_floats_moe, .spans = spans_moe,
     .forward_begin = forward_begin_moe, .backward_begin = backward_begin_moe,
     .poison = poison_moe,

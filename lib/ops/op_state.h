@@ -30,6 +30,7 @@ typedef struct kt__op_bind {
     void *const *bindings; /* kt_session_options.moe_layers: objects the caller made */
     int n_bindings;
     struct kt_comm *comm; /* NULL: one rank */
+    int moe_parallel;     /* kt_session_options.moe_parallel (kt_moe_parallel_choice) */
 } kt__op_bind;
 
 /* A flat array of f32 values the op trains itself, with its gradient. The session
@@ -46,9 +47,10 @@ typedef struct kt__op_state {
      * KT__STEP_STATE_RECOMPUTES, meaning: whoever creates its state keeps no intermediates
      * there and recomputes them in backward. 0: the flag is invalid on this op. */
     int state_recompute;
-    /* The trainables live on rank 0 only: their part of the gradient norm is summed over the
-     * ranks, every rank joining the collective when the program has the op's nodes. */
-    int spans_on_rank0;
+    /* The trainables are split over the ranks (rank 0 holding all of them, or each rank its
+     * share): their part of the gradient norm is summed over the ranks, every rank joining the
+     * collective when the program has the op's nodes. */
+    int spans_sharded;
 
     /* Session creation: checks the nodes against b, makes the per-session state (handed to
      * every other hook and to the op's kernels as kt__op_call.state). *state_out NULL: the

@@ -770,16 +770,57 @@ def check(ref_dir, todo):
                 if not os.path.isdir(os.path.join(tmp, base)):
                     shutil.copytree(os.path.join(ref_dir, base), os.path.join(tmp, base))
         list(generate(tmp, todo))
-        bad = 0
+        bad = close = 0
         for name in todo:
             new = tree(os.path.join(tmp, name))
             old = tree(os.path.join(ref_dir, name)) if os.path.isdir(os.path.join(ref_dir, name)) else {}
             for f in sorted(set(new) | set(old)):
-                if new.get(f) != old.get(f):
-                    print("differs: %s/%s" % (name, f))
+                if new.get(f) == old.get(f):
+                    continue
+                worst = None
+                if f.endswith("reference.safetensors") and f in new and f in old:
+                    worst = reference_difference(new[f], old[f])
+                if worst is not None and worst <= REFERENCE_TOLERANCE:
+                    print("close: %s/%s (computed outputs within %.2g of each tensor's largest "
+                          "magnitude: another CPU's kernels round differently)" % (name, f, worst))
+                    close += 1
+                else:
+                    print("differs: %s/%s%s" % (name, f, "" if worst is None else
+                                                  " (worst %.3g)" % worst))
                     bad += 1
-    print("make_fixtures --check: %d fixture(s), %d file(s) differ" % (len(todo), bad))
+    print("make_fixtures --check: %d fixture(s), %d file(s) differ, %d within %g" %
+          (len(todo), bad, close, REFERENCE_TOLERANCE))
     return 1 if bad else 0
+
+
+# What transformers computed (logits, loss, gradients) may differ in the last bits on another
+# CPU (torch picks its kernels by the instruction set: 2e-6 of the largest gradient between an
+# AVX-512 and an AVX2 machine); the inputs, which the seeds make, must not. The tests compare
+# libkt with these files at 1e-5 (logits) and 1e-4 (gradients).
+REFERENCE_TOLERANCE = 1e-5
+
+
+def reference_difference(new_bytes, old_bytes):
+    """The worst difference of two reference files relative to each tensor's largest
+    magnitude, or None when they do not hold the same tensors, or their integer tensors differ."""
+    import numpy as np
+    from safetensors.numpy import load
+    a, b = load(new_bytes), load(old_bytes)
+    if sorted(a) != sorted(b):
+        return None
+    worst = 0.0
+    for k in a:
+        x, y = a[k], b[k]
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return None
+        if not np.issubdtype(x.dtype, np.floating):
+            if not np.array_equal(x, y):
+                return None
+            continue
+        x, y = x.astype(np.float64), y.astype(np.float64)
+        scale = max(float(np.max(np.abs(y))) if y.size else 0.0, 1e-30)
+        worst = max(worst, float(np.max(np.abs(x - y))) / scale if y.size else 0.0)
+    return worst
 
 
 def main(argv=None):
@@ -791,9 +832,10 @@ def main(argv=None):
     ap.add_argument("--arch", action="append", choices=ALL, metavar="NAME",
                     help="regenerate only this fixture (repeatable): " + ", ".join(ALL))
     ap.add_argument("--check", action="store_true",
-                    help="regenerate into a temporary directory and compare byte for "
-                         "byte with --out; exit 0 identical, 1 different, 77 (skip) "
-                         "without torch")
+                    help="regenerate into a temporary directory and compare with --out: "
+                         "byte for byte, except that the outputs transformers computed may "
+                         "differ by 1e-5 of each tensor's largest (another CPU's rounding); "
+                         "exit 0 reproduced, 1 different, 77 (skip) without torch")
     args = ap.parse_args(argv)
     try:
         import_stack()

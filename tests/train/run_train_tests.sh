@@ -11,7 +11,9 @@
 #     compared (1e-4): Adam divides each gradient by its own running magnitude, so on
 #     near-zero gradient elements it turns rounding-level differences into visible parameter
 #     differences (seen: 4e-5 on 3 ranks) that say nothing about correctness.
-#     And once with LoRA experts on 3 ranks over shm.
+#     And once with LoRA experts on 3 ranks over shm; and with expert parallelism
+#     (--moe-parallel ep: 2 ranks shm SGD, 3 ranks tcp LoRA and AdamW), the losses and the
+#     ranks' saved shards (train_check shards) against one rank.
 #   - 30 steps on a repeating token pattern: the last loss is below half the first
 #   - a token id outside the vocabulary: exit 1 and a message naming its offset, also when
 #     it lies past every window the run would read (the whole file is checked first)
@@ -29,7 +31,7 @@ abs() { case $1 in /* | none) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
 graphc=$(abs "$1") train=$(abs "$2") check=$(abs "$3") launch=$(abs "$4") work=$5
 src=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$work" && cd "$work" || exit 1
-rm -f ./*.txt ./*.safetensors ./*.ktp ./*.bin ./*.log
+rm -f ./*.txt ./*.safetensors ./*.safetensors.rank* ./*.ktp ./*.bin ./*.log
 
 failures=0 checks=0
 ok() { checks=$((checks + 1)); echo "ok: $*"; }
@@ -112,6 +114,43 @@ else
     expect "shm_3 lora parameters and adapters" "$check" params shm_3_lora.safetensors \
       ref_lora.safetensors 1e-5
   fi
+  # expert parallelism: each rank trains its share of the E=4 experts (2 ranks: 2 each; 3
+  # ranks: 2, 1, 1) and saves it beside the replicated parameters (FILE, FILE.rank<r>)
+  if train shm_2_ep 2 shm lm2.ktp "${common[@]}" "${sgd[@]}" --moe-parallel ep \
+       --losses shm_2_ep.txt --save shm_2_ep.safetensors; then
+    expect "shm_2 ep losses" "$check" losses shm_2_ep.txt ref_sgd.txt 1e-4
+    expect "shm_2 ep parameters and expert shards" "$check" shards ref_sgd.safetensors 1e-5 \
+      shm_2_ep.safetensors shm_2_ep.safetensors.rank1
+    # resuming: rank 1 reads its FILE.rank1; or every rank the one-rank file (experts by name)
+    if train ref_sgd_more 1 - lm1.ktp "${common[@]}" "${sgd[@]}" --params ref_sgd.safetensors \
+         --losses ref_sgd_more.txt --save ref_sgd_more.safetensors &&
+       train shm_2_ep_more 2 shm lm2.ktp "${common[@]}" "${sgd[@]}" --moe-parallel ep \
+         --params shm_2_ep.safetensors --losses shm_2_ep_more.txt \
+         --save shm_2_ep_more.safetensors; then
+      expect "shm_2 ep resumed from its shards: losses" "$check" losses shm_2_ep_more.txt \
+        ref_sgd_more.txt 1e-4
+      expect "shm_2 ep resumed from its shards: shards" "$check" shards \
+        ref_sgd_more.safetensors 1e-5 shm_2_ep_more.safetensors shm_2_ep_more.safetensors.rank1
+    fi
+    if train shm_2_ep_from_one 2 shm lm2.ktp "${common[@]}" "${sgd[@]}" --moe-parallel ep \
+         --params ref_sgd.safetensors --losses shm_2_ep_from_one.txt; then
+      expect "shm_2 ep resumed from the one-rank file: losses" "$check" losses \
+        shm_2_ep_from_one.txt ref_sgd_more.txt 1e-4
+    fi
+  fi
+  export UCX_NET_DEVICES=lo
+  if train tcp_3_ep_lora 3 tcp lm3.ktp "${common[@]}" "${sgd[@]}" --moe-parallel ep \
+       --moe-mode lora --losses tcp_3_ep_lora.txt --save tcp_3_ep_lora.safetensors; then
+    expect "tcp_3 ep lora losses" "$check" losses tcp_3_ep_lora.txt ref_lora.txt 1e-4
+    expect "tcp_3 ep lora parameters and adapter shards" "$check" shards \
+      ref_lora.safetensors 1e-5 tcp_3_ep_lora.safetensors tcp_3_ep_lora.safetensors.rank1 \
+      tcp_3_ep_lora.safetensors.rank2
+  fi
+  if train tcp_3_ep_adamw 3 tcp lm3.ktp "${common[@]}" "${adamw[@]}" --moe-parallel ep \
+       --losses tcp_3_ep_adamw.txt; then
+    expect "tcp_3 ep adamw losses" "$check" losses tcp_3_ep_adamw.txt ref_adamw.txt 1e-4
+  fi
+  unset UCX_NET_DEVICES
 fi
 
 # ---- the loss goes down ---------------------------------------------------------------------
@@ -176,6 +215,10 @@ expect_error world_size "KT_WORLD_SIZE=abc is not a world size" \
   env KT_RANK=0 KT_WORLD_SIZE=abc "$train" lm1.ktp --data markov.bin --steps 1 --threads 1
 expect_error rank_of_one "KT_RANK=1 with KT_WORLD_SIZE=1" \
   env KT_RANK=1 KT_WORLD_SIZE=1 "$train" lm1.ktp --data markov.bin --steps 1 --threads 1
+# run-directory checkpoints are rank 0's alone: refused with expert parallelism
+[ "$launch" = none ] || expect_error ep_run_dir "would miss the other ranks' experts" \
+  "$launch" -n 2 --transport shm --timeout-ms 20000 -- "$train" lm2.ktp --data markov.bin \
+  --steps 1 --threads 1 --moe-parallel ep --run-dir ep_run_dir
 # a run larger than the machine's memory is refused at once, before anything is allocated
 "$graphc" "$src/examples/lm.ktg" -o lm_huge.ktp -D T=4096 -D H=8192 -D VOCAB=65536 -D E=8 \
   -D L=2 -D K=4 -D TOPK=2 > /dev/null

@@ -13,6 +13,10 @@
  *   train_check select IN.safetensors OUT.safetensors PREFIX
  *       the same tensors (names, dtypes, shapes), each of A equal to B's within TOL relative
  *       to B's largest magnitude: max |a - b| / max |b| (tests/comm/cp_rank_test.c's measure)
+ *   train_check shards B.safetensors TOL A1.safetensors A2...
+ *       the files one expert-parallel run saved (each rank's: the replicated parameters and
+ *       its share of the experts) against one rank's B: every tensor of B is in at least one
+ *       A, every tensor of an A is B's, each within TOL as for params
  *   train_check decrease LOSSES RATIO
  *       the last loss is below RATIO times the first
  *
@@ -189,6 +193,63 @@ static int params(const char *pa, const char *pb, double tol)
     return rc;
 }
 
+static int shards(const char *pb, double tol, char **pa, int n)
+{
+    kt_st_file *b = NULL;
+    if (kt_st_open(pb, &b) != KT_OK) {
+        fprintf(stderr, "train_check: %s\n", kt_last_error());
+        return 2;
+    }
+    char *seen = calloc(kt_st_count(b) + 1, 1);
+    int rc = seen == NULL ? 2 : 0;
+    double worst = 0;
+    for (int f = 0; f < n && rc == 0; f++) {
+        kt_st_file *a = NULL;
+        if (kt_st_open(pa[f], &a) != KT_OK) {
+            fprintf(stderr, "train_check: %s\n", kt_last_error());
+            rc = 2;
+            break;
+        }
+        for (size_t i = 0; i < kt_st_count(a) && rc == 0; i++) {
+            const char *name;
+            kt_tensor view;
+            kt_st_entry(a, i, &name, &view);
+            double e = tensor_diff(a, b, name);
+            if (e < 0) {
+                printf("FAIL: tensor '%s' of %s is missing from %s, or differs in dtype or "
+                       "shape\n", name, pa[f], pb);
+                rc = 1;
+            } else if (e > tol) {
+                printf("FAIL: tensor '%s' of %s differs from %s's by %.3g (tolerance %.3g)\n",
+                       name, pa[f], pb, e, tol);
+                rc = 1;
+            }
+            worst = e > worst ? e : worst;
+            for (size_t j = 0; j < kt_st_count(b); j++) {
+                const char *bn;
+                kt_st_entry(b, j, &bn, &view);
+                seen[j] |= strcmp(bn, name) == 0;
+            }
+        }
+        kt_st_close(a);
+    }
+    for (size_t j = 0; j < kt_st_count(b) && rc == 0; j++) {
+        const char *bn;
+        kt_tensor view;
+        kt_st_entry(b, j, &bn, &view);
+        if (!seen[j]) {
+            printf("FAIL: tensor '%s' of %s is in none of the %d shards\n", bn, pb, n);
+            rc = 1;
+        }
+    }
+    if (rc == 0)
+        printf("ok: %zu tensors in %d shards, largest relative difference %.3g, tolerance "
+               "%.3g\n", kt_st_count(b), n, worst, tol);
+    free(seen);
+    kt_st_close(b);
+    return rc;
+}
+
 /* The tensors of IN whose names start with PREFIX, into OUT (an experts-only file made from
  * a file kt-train --save wrote). */
 static int select_prefix(const char *in, const char *out, const char *prefix)
@@ -224,10 +285,13 @@ int main(int argc, char **argv)
         return losses(argv[2], argv[3], atof(argv[4]));
     if (argc == 5 && strcmp(argv[1], "params") == 0)
         return params(argv[2], argv[3], atof(argv[4]));
+    if (argc >= 5 && strcmp(argv[1], "shards") == 0)
+        return shards(argv[2], atof(argv[3]), argv + 4, argc - 4);
     if (argc == 4 && strcmp(argv[1], "decrease") == 0)
         return decrease(argv[2], atof(argv[3]));
     fprintf(stderr, "usage: train_check tokens OUT N VOCAB markov|repeat [BAD_AT]\n"
                     "       train_check losses A B TOL | params A B TOL | decrease LOSSES RATIO\n"
+                    "       train_check shards B TOL A1 A2...\n"
                     "       train_check select IN OUT PREFIX\n");
     return 2;
 }

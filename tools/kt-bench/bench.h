@@ -45,6 +45,9 @@ int bench_coll_rank(int argc, char **argv);          /* bench_coll.c */
 int bench_coll(int argc, char **argv, const bench_args *common);
 /* ucx_perftest tag_bw at bytes over the transport (MB/s), < 0 with a note when it cannot */
 double bench_ucx_perftest_bw(size_t bytes, const char *transport, char *note, size_t note_size);
+int bench_moe_rank(int argc, char **argv);           /* bench_moe_ranks.c */
+/* kt-bench moe --ranks: rank 0 holding the experts against expert parallelism */
+int bench_moe_ranks(int argc, char **argv, const bench_args *common);
 FILE *bench_result_stream(void);                     /* rank 0: NULL elsewhere */
 struct kt_comm *bench_rank_comm(const char *who);    /* the UCX communicator from the env */
 int bench_have_ucx(void);

@@ -366,6 +366,8 @@ int bench_rank(int argc, char **argv)
         return bench_halo_rank(argc - 1, argv + 1);
     if (argc >= 1 && strcmp(argv[0], "coll") == 0)
         return bench_coll_rank(argc - 1, argv + 1);
+    if (argc >= 1 && strcmp(argv[0], "moe") == 0)
+        return bench_moe_rank(argc - 1, argv + 1);
     fprintf(stderr, "kt-bench __rank: unknown role\n");
     return 2;
 }

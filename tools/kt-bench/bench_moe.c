@@ -496,6 +496,9 @@ static double time_median(kt_moe *m, moe_inputs *in, int backward, int warmup, i
 
 int bench_moe(int argc, char **argv, const bench_args *common)
 {
+    for (int i = 0; i < argc; i++)
+        if (strcmp(argv[i], "--ranks") == 0 || strcmp(argv[i], "--parallel") == 0)
+            return bench_moe_ranks(argc, argv, common); /* several ranks: bench_moe_ranks.c */
     static char peer_found[4096];
     moe_args a = {.shape = &shapes[0],
                   .qlen = 128,

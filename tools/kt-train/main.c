@@ -126,6 +126,10 @@ static void usage(FILE *f)
         "                        (adapters on every expert's gate, up and down) or frozen\n"
         "  --lora-rank R         --moe-mode lora: the adapters' rank (default 8)\n"
         "  --lora-alpha A        --moe-mode lora: their scale is A / R (default 16)\n"
+        "  --moe-parallel P      several ranks: rank0 (rank 0 holds every expert) or ep (each\n"
+        "                        rank its share; --save then writes rank r's experts to\n"
+        "                        FILE.rank<r> besides rank 0's FILE); default: each moe op's\n"
+        "                        'parallel'\n"
         "  --experts FILE        start from these expert weights (as kt_moe_save_layers\n"
         "                        writes them: every layer's, and no other model's experts or\n"
         "                        adapters); not with a --params file that holds experts\n"
@@ -285,6 +289,10 @@ static int parse_value(train_args *a, const char *opt, const char *v)
     } else if (strcmp(opt, "--moe-mode") == 0) {
         if ((rc = parse_choice(opt, v, modes, 3, &c)) == 0)
             a->moe_mode = (kt_moe_mode)c;
+    } else if (strcmp(opt, "--moe-parallel") == 0) {
+        static const char *const pars[] = {"rank0", "ep"}; /* kt_moe_parallel order */
+        if ((rc = parse_choice(opt, v, pars, 2, &c)) == 0)
+            a->moe_parallel = c == 0 ? KT_MOE_PARALLEL_ALL_RANK0 : KT_MOE_PARALLEL_ALL_EP;
     } else if (strcmp(opt, "--moe-dtype") == 0) {
         if ((rc = parse_choice(opt, v, dtypes, 2, &c)) == 0)
             a->moe_dtype = c == 0 ? KT_F32 : KT_BF16;
@@ -317,7 +325,8 @@ static int takes_value(const char *opt)
         "--data", "--data-format", "--data-header", "--input-tokens", "--input-targets",
         "--input-labels",
         "--steps", "--optimizer", "--lr", "--seed", "--params", "--threads", "--moe-inter",
-        "--moe-dtype", "--moe-mode", "--lora-rank", "--lora-alpha", "--experts", "--log-every",
+        "--moe-dtype", "--moe-mode", "--moe-parallel", "--lora-rank", "--lora-alpha", "--experts",
+        "--log-every",
         "--losses", "--save", "-D", "--accum", "--weight-decay", "--beta1", "--beta2",
         "--momentum", "--schedule", "--warmup", "--min-lr", "--clip", "--eval-data",
         "--eval-every", "--eval-windows", "--run-dir", "--save-every", "--keep", "--resume"};
@@ -511,6 +520,38 @@ static int parse_args(int argc, char **argv, train_args *a)
 
 /* ---- setup and teardown ------------------------------------------------------------------ */
 
+static int writes_save(const trainer *t);
+
+/* Whether the run splits experts over the ranks (--moe-parallel ep, or a moe op's). */
+static int uses_ep(const trainer *t, const train_args *a)
+{
+    if (t->r.world < 2 || a->moe_parallel == KT_MOE_PARALLEL_ALL_RANK0)
+        return 0;
+    for (int i = 0; i < kt_program_moe_count(t->p); i++) {
+        kt_program_moe info;
+        if (a->moe_parallel == KT_MOE_PARALLEL_ALL_EP ||
+            (kt_program_moe_info(t->p, i, &info) == KT_OK && info.parallel == KT_MOE_PARALLEL_EP))
+            return 1;
+    }
+    return 0;
+}
+
+/* --params FILE: with expert parallelism rank r > 0 reads FILE.rank<r> where there is one (its
+ * share as an expert-parallel --save wrote it); else FILE, from which each share takes its
+ * experts by name (a one-rank run's file, say). */
+static const char *params_shard(const trainer *t, const char *path, char *buf, size_t size)
+{
+    kt_st_file *f = NULL;
+    if (t->r.rank == 0 || !writes_save(t) ||
+        snprintf(buf, size, "%s.rank%d", path, t->r.rank) >= (int)size ||
+        kt_st_open(buf, &f) != KT_OK) {
+        kt_clear_error();
+        return path;
+    }
+    kt_st_close(f);
+    return buf;
+}
+
 static int create_session(trainer *t, const train_args *a)
 {
     kt_session_options so = {.pool = t->pool,
@@ -527,12 +568,15 @@ static int create_session(trainer *t, const train_args *a)
                                            .total_steps = a->steps,
                                            .min_lr = a->min_lr},
                              .micro_batches = (int)a->accum,
+                             .moe_parallel = a->moe_parallel,
                              .moe_layers = t->moe.layers,
                              .n_moe_layers = t->moe.n,
                              .comm = t->r.comm};
     if (kt_session_create(t->p, &so, &t->s) != KT_OK)
         return train_fail("cannot create the session", kt_last_error());
-    if (a->params != NULL && kt_session_load(t->s, a->params, KT_LOAD_ALLOW_INITIALISED) != KT_OK)
+    char shard[4096];
+    const char *from = a->params != NULL ? params_shard(t, a->params, shard, sizeof shard) : NULL;
+    if (from != NULL && kt_session_load(t->s, from, KT_LOAD_ALLOW_INITIALISED) != KT_OK)
         return train_fail("cannot load the parameters", kt_last_error());
     return 0;
 }
@@ -609,8 +653,8 @@ static int check_same_run(const trainer *t, const train_args *a)
 {
     enum { N = 17 };
     static const char *const names[N] = {
-        "--steps", "--seed", "--lr", "--optimizer", "--moe-inter", "--moe-dtype", "--moe-mode",
-        "--lora-rank", "--lora-alpha",
+        "--steps", "--seed", "--lr", "--optimizer", "--moe-inter", "--moe-dtype",
+        "--moe-mode / --moe-parallel", "--lora-rank", "--lora-alpha",
         "--data-format", "--data-header", "the data file's token count",
         "the data file's contents",
         "the program's tokens per step", "--input-tokens / --input-labels / --input-targets",
@@ -625,7 +669,8 @@ static int check_same_run(const trainer *t, const train_args *a)
     names_hash = hash_bytes(names_hash, a->labels_input, strlen(a->labels_input) + 1);
     const uint64_t own[N] = {(uint64_t)a->steps, a->seed, lr_bits, (uint64_t)a->optimizer,
                              (uint64_t)a->moe_inter, (uint64_t)a->moe_dtype,
-                             (uint64_t)a->moe_mode, (uint64_t)a->lora_rank, alpha_bits,
+                             (uint64_t)a->moe_mode | (uint64_t)a->moe_parallel << 8,
+                             (uint64_t)a->lora_rank, alpha_bits,
                              (uint64_t)a->token_bytes,
                              (uint64_t)a->data_header, (uint64_t)t->data.n_tokens,
                              t->data.content_hash,
@@ -758,6 +803,11 @@ static int setup(trainer *t, train_args *a)
         rc = resume_check(t, a, &t->from);
     if (rc == 0)
         rc = run_dir_open(t);
+    if (rc == 0 && (a->run_dir != NULL || a->resume != NULL) && uses_ep(t, a))
+        /* every rank sees the same options and program: all stop, none waits */
+        rc = train_error("--run-dir / --resume with expert parallelism: the run directory's "
+                         "checkpoints are rank 0's alone and would miss the other ranks' "
+                         "experts; use --save and --params (FILE.rank<r>)");
     if (rc == 0)
         rc = moe_setup(&t->moe, a, t->p, &t->r, t->pool);
     if (rc == 0)
@@ -787,10 +837,30 @@ static int setup(trainer *t, train_args *a)
  * never come from two different saves. */
 static int save(trainer *t, const train_args *a)
 {
-    if (kt_session_save(t->s, a->save, 1) != KT_OK)
+    /* expert parallelism: rank r > 0 writes its share to FILE.rank<r> (with the replicated
+     * parameters and its optimizer state); the files together hold every expert */
+    char path[4096];
+    if (t->r.rank > 0 &&
+        snprintf(path, sizeof path, "%s.rank%d", a->save, t->r.rank) >= (int)sizeof path)
+        return train_error("--save %s: the name is too long", a->save);
+    const char *to = t->r.rank > 0 ? path : a->save;
+    if (kt_session_save(t->s, to, 1) != KT_OK)
         return train_fail("cannot save", kt_last_error());
-    printf("kt-train: saved the parameters%s and the optimizer state to %s\n",
-           t->moe.n_ops > 0 ? ", the experts" : "", a->save);
+    if (t->r.rank == 0)
+        printf("kt-train: saved the parameters%s and the optimizer state to %s\n",
+               t->moe.n_ops > 0 ? ", the experts" : "", a->save);
+    return 0;
+}
+
+/* Whether this rank writes a file at the end: rank 0, and every rank holding an
+ * expert-parallel share. */
+static int writes_save(const trainer *t)
+{
+    if (t->r.rank == 0)
+        return 1;
+    for (int b = 0; b < t->moe.n; b++)
+        if (t->moe.layers[b] != NULL)
+            return 1;
     return 0;
 }
 
@@ -850,7 +920,7 @@ int main(int argc, char **argv)
     if (rc == 0 && stopped == 0) {
         /* rank 0 writes the files; the others wait for it and learn whether it could */
         kt_status saved = KT_OK;
-        if (a.save != NULL && t.r.rank == 0 && save(&t, &a) != 0)
+        if (a.save != NULL && writes_save(&t) && save(&t, &a) != 0)
             saved = KT_EIO;
         if (ranks_agree(&t.r, saved) != KT_OK) { /* rank 0's save, or a rank not there */
             if (saved == KT_OK)

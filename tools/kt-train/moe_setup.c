@@ -1,7 +1,8 @@
 /* The CPU MoE layers: kt_moe_layers_create makes them from the program's moe ops (H and k from
  * the op's inputs, E from the router that chose the ids, I from the op or --moe-inter); the
  * options say the rest (weight dtype, training mode, LoRA rank and alpha). With several ranks
- * only rank 0 creates them (the moe op runs rank 0's on every rank's rows).
+ * only rank 0 creates them (the moe op runs rank 0's on every rank's rows), or, in expert
+ * parallelism (--moe-parallel ep, or the op's `parallel = ep`), every rank its share.
  *
  * Initial weights are drawn from the seed alone (kt_moe_layers_init), not from the rank or the
  * world size, so a run on W ranks starts from exactly the weights of the same run on one
@@ -43,7 +44,8 @@ static int layer_options(const train_args *a, const kt_program *p, const ranks *
                                  .lora_rank = a->lora_rank,
                                  .lora_alpha = a->lora_alpha,
                                  .world = r->world,
-                                 .rank = r->rank};
+                                 .rank = r->rank,
+                                 .parallel = a->moe_parallel};
     return intermediate_for(a, p, &o->intermediate);
 }
 

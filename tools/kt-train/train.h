@@ -38,6 +38,7 @@ typedef struct train_args {
     int64_t moe_inter;                        /* 0: the program's, else 2 * H */
     kt_dtype moe_dtype;
     kt_moe_mode moe_mode;
+    kt_moe_parallel_choice moe_parallel;      /* --moe-parallel; 0: each moe op's `parallel` */
     int64_t lora_rank;                        /* --moe-mode lora: r (default 8) */
     float lora_alpha;                         /* ... and alpha (default 16) */
     int threads;                              /* 0: KT_NUM_THREADS or the CPU count */
