@@ -1,14 +1,20 @@
 /* Collectives of the UCX communicator, built on tagged point-to-point messages.
  *
- * Simple linear algorithms through a root: the worlds here are small (a few ranks per
- * machine), and a fixed order makes every result deterministic: all_reduce adds the ranks'
- * contributions in rank order at rank 0 and sends the one result to all, so every rank
- * holds the same bits. Each call takes the next sequence number; every message carries it
- * (and the kind and step) in its tag, so a late message from an earlier call or a different
- * collective on a peer is never taken for this one's. */
+ * The bandwidth-bound ones are rings (ring.c): all_gather, reduce_scatter, and all_reduce
+ * as a reduce-scatter followed by an all-gather. Small all_reduces and agree use recursive
+ * doubling (log2 W rounds); agree's message follows by a binomial tree. Broadcast, barrier,
+ * gatherv and scatterv stay linear through their root. Every result is deterministic: the
+ * order of the additions is fixed (coll_plan.h), and all_reduce computes each element once,
+ * on one rank, and passes those bits to the others. Each call takes the next sequence
+ * number; every message carries it (and the kind and step) in its tag, so a late message
+ * from an earlier call or a different collective on a peer is never taken for this one's.
+ * Nothing here allocates: the request slots and the pipeline's arena come with the
+ * communicator (kt__ucx_coll_init). */
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm_ucx/coll_plan.h"
+#include "comm_ucx/ring.h"
 #include "comm_ucx/ucx_internal.h"
 #include "lib/core/error.h"
 
@@ -19,17 +25,23 @@ static kt__ucx_op next_op(kt__ucx_comm *c, kt__ucx_kind kind)
     return op;
 }
 
-/* Request slots for one collective (at most 2 * size), from an array allocated on first
- * use, so steady-state collectives allocate nothing. release_reqs gives them back. */
-static kt_status alloc_reqs(kt__ucx_comm *c, int n, kt__ucx_req **out)
+kt_status kt__ucx_coll_init(kt__ucx_comm *c)
 {
     int per = 2 * (c->base.size > 0 ? c->base.size : 1);
-    if (c->reqs == NULL) {
-        c->reqs = calloc((size_t)per * 2, sizeof *c->reqs);
-        if (c->reqs == NULL)
-            return kt__error(KT_ENOMEM, "rank %d: out of memory", c->base.rank);
-        c->reqs_per_level = per;
-    }
+    c->reqs = calloc((size_t)per * 2, sizeof *c->reqs);
+    c->scratch = malloc(KT__COLL_ARENA_BYTES);
+    if (c->reqs == NULL || c->scratch == NULL)
+        return kt__error(KT_ENOMEM, "rank %d: out of memory for the collectives' buffers",
+                         c->base.rank);
+    c->reqs_per_level = per;
+    c->scratch_bytes = KT__COLL_ARENA_BYTES;
+    return KT_OK;
+}
+
+/* Request slots for one collective (at most 2 * size), from the array made with the
+ * communicator. release_reqs gives them back. */
+static kt_status alloc_reqs(kt__ucx_comm *c, int n, kt__ucx_req **out)
+{
     if (n > c->reqs_per_level || c->reqs_depth >= 2)
         return kt__error(KT_EINTERNAL, "rank %d: collective request slots exhausted (%d wanted, "
                          "depth %d)", c->base.rank, n, c->reqs_depth);
@@ -80,7 +92,7 @@ static kt_status bcast_step(kt__ucx_comm *c, const kt__ucx_op *op, unsigned step
                             size_t bytes, int root)
 {
     int size = c->base.size, rank = c->base.rank;
-    kt__ucx_req *reqs;
+    kt__ucx_req *reqs = NULL;
     KT__TRY(alloc_reqs(c, size, &reqs));
     batch b = {c, op, reqs, 0, KT_OK};
     if (rank == root) {
@@ -94,35 +106,12 @@ static kt_status bcast_step(kt__ucx_comm *c, const kt__ucx_op *op, unsigned step
     return st;
 }
 
-/* Every rank's `bytes` from send into recv[r * bytes]. */
-static kt_status gather_all_step(kt__ucx_comm *c, const kt__ucx_op *op, unsigned step,
-                                 const void *send, size_t bytes, void *recv)
-{
-    int size = c->base.size, rank = c->base.rank;
-    char *out = recv;
-    kt__ucx_req *reqs;
-    KT__TRY(alloc_reqs(c, 2 * size, &reqs));
-    if (bytes > 0)
-        memmove(out + (size_t)rank * bytes, send, bytes);
-    batch b = {c, op, reqs, 0, KT_OK};
-    for (int i = 1; i < size; i++) {
-        int p = (rank + size - i) % size;
-        b_recv(&b, step, p, out + (size_t)p * bytes, bytes);
-    }
-    /* Staggered so the ranks do not all send to rank 0 first. */
-    for (int i = 1; i < size; i++)
-        b_send(&b, step, (rank + i) % size, out + (size_t)rank * bytes, bytes);
-    kt_status st = b_wait(&b);
-    release_reqs(c);
-    return st;
-}
-
 kt_status kt__ucx_barrier(kt_comm *comm)
 {
     kt__ucx_comm *c = (kt__ucx_comm *)comm;
     kt__ucx_op op = next_op(c, KT__KIND_BARRIER);
     int size = comm->size;
-    kt__ucx_req *reqs;
+    kt__ucx_req *reqs = NULL;
     KT__TRY(alloc_reqs(c, size, &reqs));
     batch b = {c, &op, reqs, 0, KT_OK};
     kt_status st;
@@ -154,7 +143,9 @@ kt_status kt__ucx_all_gather(kt_comm *comm, const void *send, size_t bytes, void
 {
     kt__ucx_comm *c = (kt__ucx_comm *)comm;
     kt__ucx_op op = next_op(c, KT__KIND_ALL_GATHER);
-    return gather_all_step(c, &op, 0, send, bytes, recv);
+    if (bytes > 0)
+        memmove((char *)recv + (size_t)comm->rank * bytes, send, bytes);
+    return kt__ring_all_gather(c, &op, 0, recv, (size_t)comm->size * bytes, 1);
 }
 
 kt_status kt__ucx_gatherv(kt_comm *comm, const void *send, const size_t *counts, void *recv,
@@ -163,7 +154,7 @@ kt_status kt__ucx_gatherv(kt_comm *comm, const void *send, const size_t *counts,
     kt__ucx_comm *c = (kt__ucx_comm *)comm;
     kt__ucx_op op = next_op(c, KT__KIND_GATHERV);
     int size = comm->size, rank = comm->rank;
-    kt__ucx_req *reqs;
+    kt__ucx_req *reqs = NULL;
     KT__TRY(alloc_reqs(c, size, &reqs));
     batch b = {c, &op, reqs, 0, KT_OK};
     if (rank == root) {
@@ -194,7 +185,7 @@ kt_status kt__ucx_scatterv(kt_comm *comm, const void *send, const size_t *counts
     kt__ucx_comm *c = (kt__ucx_comm *)comm;
     kt__ucx_op op = next_op(c, KT__KIND_SCATTERV);
     int size = comm->size, rank = comm->rank;
-    kt__ucx_req *reqs;
+    kt__ucx_req *reqs = NULL;
     KT__TRY(alloc_reqs(c, size, &reqs));
     batch b = {c, &op, reqs, 0, KT_OK};
     if (rank == root) {
@@ -217,16 +208,74 @@ kt_status kt__ucx_scatterv(kt_comm *comm, const void *send, const size_t *counts
     return st;
 }
 
-static kt_status grow_scratch(kt__ucx_comm *c, size_t bytes)
+/* Recursive doubling over vectors of `bytes` (coll_plan.h has the pairing): combine(acc,
+ * in, ctx) folds a partner's vector into this rank's; it must be commutative in its bits,
+ * so that both partners hold the same result. acc is this rank's vector, tmp a buffer of
+ * the same size. The ranks beyond the power of two get the result at the end. */
+typedef void (*rd_combine)(void *acc, const void *in, size_t bytes);
+
+static kt_status rd_all_reduce(kt__ucx_comm *c, const kt__ucx_op *op, void *acc, void *tmp,
+                               size_t bytes, rd_combine combine)
 {
-    if (bytes <= c->scratch_bytes)
-        return KT_OK;
-    void *p = realloc(c->scratch, bytes);
-    if (p == NULL)
-        return kt__error(KT_ENOMEM, "rank %d: all_reduce: cannot allocate %zu bytes of scratch",
-                         c->base.rank, bytes);
-    c->scratch = p;
-    c->scratch_bytes = bytes;
+    int w = c->base.size, r = c->base.rank, p2 = kt__rd_pow2(w), rem = w - p2;
+    kt__ucx_req *reqs = NULL;
+    KT__TRY(alloc_reqs(c, 2, &reqs));
+    batch b = {c, op, reqs, 0, KT_OK};
+    kt_status st = KT_OK;
+    unsigned step = 0;
+    if (r >= p2) {
+        b_send(&b, 0, r - p2, acc, bytes);
+        if ((st = b_wait(&b)) == KT_OK) {
+            b_recv(&b, 1, r - p2, acc, bytes);
+            st = b_wait(&b);
+        }
+        release_reqs(c);
+        return st;
+    }
+    if (r < rem) {
+        b_recv(&b, 0, r + p2, tmp, bytes);
+        if ((st = b_wait(&b)) == KT_OK)
+            combine(acc, tmp, bytes);
+    }
+    for (int mask = 1; mask < p2 && st == KT_OK; mask <<= 1) {
+        int partner = r ^ mask;
+        step++;
+        b_recv(&b, 1 + step, partner, tmp, bytes);
+        b_send(&b, 1 + step, partner, acc, bytes);
+        if ((st = b_wait(&b)) == KT_OK)
+            combine(acc, tmp, bytes);
+    }
+    if (st == KT_OK && r < rem) {
+        b_send(&b, 1, r + p2, acc, bytes);
+        st = b_wait(&b);
+    }
+    release_reqs(c);
+    return st;
+}
+
+static void add_f32(void *acc, const void *in, size_t bytes)
+{
+    float *a = acc;
+    const float *x = in;
+    for (size_t i = 0; i < bytes / sizeof(float); i++)
+        a[i] += x[i];
+}
+
+/* Small messages: every rank ends with the same tree of additions (coll_plan.h). */
+static kt_status all_reduce_small(kt__ucx_comm *c, const kt__ucx_op *op, void *buf,
+                                  size_t count, kt_dtype dtype, kt_reduce_op rop)
+{
+    float *tmp = (float *)c->scratch, *acc = tmp + KT__RD_MAX_BYTES / sizeof(float);
+    if (dtype == KT_F32)
+        acc = buf;
+    else
+        kt_bf16_to_f32(acc, buf, count);
+    KT__TRY(rd_all_reduce(c, op, acc, tmp, count * sizeof(float), add_f32));
+    if (rop == KT_REDUCE_MEAN)
+        for (size_t i = 0; i < count; i++)
+            acc[i] /= (float)c->base.size;
+    if (dtype == KT_BF16)
+        kt_f32_to_bf16(buf, acc, count);
     return KT_OK;
 }
 
@@ -235,98 +284,21 @@ kt_status kt__ucx_all_reduce(kt_comm *comm, void *buf, size_t count, kt_dtype dt
 {
     kt__ucx_comm *c = (kt__ucx_comm *)comm;
     kt__ucx_op op = next_op(c, KT__KIND_ALL_REDUCE);
-    int size = comm->size;
-    size_t esize = dtype == KT_F32 ? 4 : 2;
-    size_t bytes = count * esize;
-    kt__ucx_req *reqs;
-    KT__TRY(alloc_reqs(c, size, &reqs));
-    batch b = {c, &op, reqs, 0, KT_OK};
-    kt_status st;
-    if (comm->rank == 0) {
-        /* Contributions of ranks 1..size-1, then (bf16) the f32 accumulator. */
-        size_t in_bytes = (size_t)(size - 1) * bytes;
-        /* the f32 accumulator after the contributions, aligned for floats: the bf16
-         * contributions may end at any even offset */
-        size_t acc_at = (in_bytes + 63) / 64 * 64;
-        size_t acc_bytes = dtype == KT_BF16 ? count * sizeof(float) : 0;
-        st = acc_at < in_bytes || acc_at > SIZE_MAX - acc_bytes
-                 ? kt__error(KT_ERANGE, "rank 0: all_reduce of %zu elements is too large", count)
-                 : grow_scratch(c, acc_at + acc_bytes);
-        if (st == KT_OK) {
-            char *in = c->scratch;
-            for (int p = 1; p < size; p++)
-                b_recv(&b, 0, p, in + (size_t)(p - 1) * bytes, bytes);
-            st = b_wait(&b);
-        }
-        if (st == KT_OK) {
-            char *in = c->scratch;
-            float *acc = dtype == KT_F32 ? (float *)buf : (float *)(void *)(in + acc_at);
-            if (dtype == KT_BF16)
-                kt_bf16_to_f32(acc, buf, count);
-            for (int p = 1; p < size; p++)
-                kt__comm_accumulate(acc, in + (size_t)(p - 1) * bytes, count, dtype);
-            if (rop == KT_REDUCE_MEAN)
-                for (size_t i = 0; i < count; i++)
-                    acc[i] /= (float)size;
-            if (dtype == KT_BF16)
-                kt_f32_to_bf16(buf, acc, count);
-            st = bcast_step(c, &op, 1, buf, bytes, 0);
-        }
-    } else {
-        /* The send completes before the result is received into the same buffer. */
-        b_send(&b, 0, 0, buf, bytes);
-        st = b_wait(&b);
-        if (st == KT_OK)
-            st = bcast_step(c, &op, 1, buf, bytes, 0);
-    }
-    release_reqs(c);
-    return st;
+    if (kt__all_reduce_uses_rd(count))
+        return all_reduce_small(c, &op, buf, count, dtype, rop);
+    size_t es = dtype == KT_F32 ? 4 : 2;
+    char *mine = (char *)buf + kt__blk_start(count, comm->size, comm->rank) * es;
+    KT__TRY(kt__ring_reduce_scatter(c, &op, 0, buf, mine, count, dtype, rop));
+    return kt__ring_all_gather(c, &op, 1, buf, count, es);
 }
 
-/* Direct: every rank sends block p to rank p and adds the W blocks it receives in rank
- * order (f32 accumulation). */
 kt_status kt__ucx_reduce_scatter(kt_comm *comm, const void *send, void *recv, size_t count,
                                  kt_dtype dtype, kt_reduce_op rop)
 {
     kt__ucx_comm *c = (kt__ucx_comm *)comm;
     kt__ucx_op op = next_op(c, KT__KIND_REDUCE_SCATTER);
-    int size = comm->size, rank = comm->rank;
-    size_t esize = dtype == KT_F32 ? 4 : 2, block = count * esize;
-    size_t in_bytes = (size_t)size * block, acc_at = (in_bytes + 63) / 64 * 64;
-    if (acc_at < in_bytes || acc_at > SIZE_MAX - count * sizeof(float))
-        return kt__error(KT_ERANGE, "rank %d: reduce_scatter of %zu elements is too large", rank,
-                         count);
-    KT__TRY(grow_scratch(c, acc_at + count * sizeof(float)));
-    char *in = c->scratch;
-    const char *out = send;
-    kt__ucx_req *reqs;
-    KT__TRY(alloc_reqs(c, 2 * size, &reqs));
-    batch b = {c, &op, reqs, 0, KT_OK};
-    memcpy(in + (size_t)rank * block, out + (size_t)rank * block, block);
-    for (int i = 1; i < size; i++) {
-        int p = (rank + size - i) % size;
-        b_recv(&b, 0, p, in + (size_t)p * block, block);
-    }
-    for (int i = 1; i < size; i++) {
-        int p = (rank + i) % size;
-        b_send(&b, 0, p, out + (size_t)p * block, block);
-    }
-    kt_status st = b_wait(&b);
-    release_reqs(c);
-    if (st != KT_OK)
-        return st;
-    float *acc = (float *)(void *)(in + acc_at);
-    memset(acc, 0, count * sizeof(float));
-    for (int p = 0; p < size; p++)
-        kt__comm_accumulate(acc, in + (size_t)p * block, count, dtype);
-    if (rop == KT_REDUCE_MEAN)
-        for (size_t i = 0; i < count; i++)
-            acc[i] /= (float)size;
-    if (dtype == KT_BF16)
-        kt_f32_to_bf16(recv, acc, count);
-    else
-        memcpy(recv, acc, block);
-    return KT_OK;
+    return kt__ring_reduce_scatter(c, &op, 0, send, recv, (size_t)comm->size * count, dtype,
+                                   rop);
 }
 
 /* Every pair exchanges its blocks at once; zero-length blocks are sent too, so a rank that
@@ -339,7 +311,7 @@ kt_status kt__ucx_all_to_all_v(kt_comm *comm, const void *send, const size_t *se
     int size = comm->size, rank = comm->rank;
     const char *in = send;
     char *out = recv;
-    kt__ucx_req *reqs;
+    kt__ucx_req *reqs = NULL;
     KT__TRY(alloc_reqs(c, 2 * size, &reqs));
     batch b = {c, &op, reqs, 0, KT_OK};
     size_t so = 0, ro = 0, my_so = 0, my_ro = 0;
@@ -365,11 +337,42 @@ kt_status kt__ucx_all_to_all_v(kt_comm *comm, const void *send, const size_t *se
     return st;
 }
 
-/* Wire form of one rank's status in agree. */
-typedef struct agree_hdr {
+/* Wire form of agree's first round: the lowest failing rank seen so far (INT32_MAX: none),
+ * its status and the length of its message. */
+typedef struct agree_val {
+    int32_t lowest;
     int32_t status;
     uint32_t len;
-} agree_hdr;
+} agree_val;
+
+static void agree_min(void *acc, const void *in, size_t bytes)
+{
+    agree_val *a = acc;
+    const agree_val *x = in;
+    (void)bytes;
+    if (x->lowest < a->lowest)
+        *a = *x;
+}
+
+/* root's bytes to every rank along a binomial tree (log2 W rounds). */
+static kt_status tree_broadcast(kt__ucx_comm *c, const kt__ucx_op *op, unsigned step,
+                                void *buf, size_t bytes, int root)
+{
+    int w = c->base.size, vr = (c->base.rank - root + w) % w;
+    kt__ucx_req *reqs = NULL;
+    KT__TRY(alloc_reqs(c, 2, &reqs));
+    batch b = {c, op, reqs, 0, KT_OK};
+    kt_status st = KT_OK;
+    for (int mask = 1; mask < w && st == KT_OK; mask <<= 1) {
+        if (vr < mask && vr + mask < w)
+            b_send(&b, step, (vr + mask + root) % w, buf, bytes);
+        else if (vr >= mask && vr < 2 * mask)
+            b_recv(&b, step, (vr - mask + root) % w, buf, bytes);
+        st = b_wait(&b);
+    }
+    release_reqs(c);
+    return st;
+}
 
 kt_status kt__ucx_agree(kt_comm *comm, kt_status local, const char *local_message,
                         int *lowest_out, kt_status *status_out,
@@ -377,33 +380,26 @@ kt_status kt__ucx_agree(kt_comm *comm, kt_status local, const char *local_messag
 {
     kt__ucx_comm *c = (kt__ucx_comm *)comm;
     kt__ucx_op op = next_op(c, KT__KIND_AGREE);
-    int size = comm->size;
     size_t len = local == KT_OK ? 0 : strnlen(local_message, KT__COMM_MSG_MAX - 1);
-    agree_hdr mine = {(int32_t)local, (uint32_t)len};
-    agree_hdr *all = malloc((size_t)size * sizeof *all);
-    if (all == NULL)
-        return kt__error(KT_ENOMEM, "rank %d: agree: out of memory", comm->rank);
-    /* Step 0: everyone's status; step 1: the text of the lowest failing rank, from it. */
-    kt_status st = gather_all_step(c, &op, 0, &mine, sizeof mine, all);
-    int lowest = -1;
-    for (int r = 0; r < size && st == KT_OK && lowest < 0; r++)
-        if (all[r].status != 0)
-            lowest = r;
-    if (st == KT_OK && lowest >= 0) {
-        size_t n = all[lowest].len < KT__COMM_MSG_MAX ? all[lowest].len : KT__COMM_MSG_MAX - 1;
-        char text[KT__COMM_MSG_MAX];
-        if (lowest == comm->rank)
-            memcpy(text, local_message, n);
-        st = bcast_step(c, &op, 1, text, n, lowest);
-        if (st == KT_OK) {
-            text[n] = '\0';
-            memcpy(message_out, text, n + 1);
-            int32_t s = all[lowest].status;
-            *status_out = s < 0 && s >= KT_EINTERNAL ? (kt_status)s : KT_EINTERNAL;
-        }
+    agree_val v = {local == KT_OK ? INT32_MAX : comm->rank, (int32_t)local, (uint32_t)len},
+              tmp;
+    /* Round 1: everyone learns the lowest failing rank; round 2: its text, from it. */
+    KT__TRY(rd_all_reduce(c, &op, &v, &tmp, sizeof v, agree_min));
+    if (v.lowest == INT32_MAX) {
+        *lowest_out = -1;
+        return KT_OK;
     }
-    if (st == KT_OK)
-        *lowest_out = lowest;
-    free(all);
-    return st;
+    if (v.lowest < 0 || v.lowest >= comm->size)
+        return kt__error(KT_ESTATE, "rank %d: agree: a peer reports failing rank %d of %d",
+                         comm->rank, (int)v.lowest, comm->size);
+    size_t n = v.len < KT__COMM_MSG_MAX ? v.len : KT__COMM_MSG_MAX - 1;
+    char text[KT__COMM_MSG_MAX];
+    if (v.lowest == comm->rank)
+        memcpy(text, local_message, n);
+    KT__TRY(tree_broadcast(c, &op, 0x100, text, n, v.lowest));
+    text[n] = '\0';
+    memcpy(message_out, text, n + 1);
+    *status_out = v.status < 0 && v.status >= KT_EINTERNAL ? (kt_status)v.status : KT_EINTERNAL;
+    *lowest_out = v.lowest;
+    return KT_OK;
 }

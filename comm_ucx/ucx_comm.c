@@ -146,21 +146,41 @@ kt_status kt__ucx_post_recv(kt__ucx_comm *c, const kt__ucx_op *op, unsigned low,
     return KT_OK;
 }
 
+/* Cancels the receives, then gives the requests a short grace to complete before they are
+ * released (UCX frees a released request when it completes). No allocation: it runs on
+ * every failure path, and the steady state must not allocate at all. */
 void kt__ucx_drop(kt__ucx_comm *c, kt__ucx_req *reqs, int n)
 {
-    void **pending = malloc((size_t)(n > 0 ? n : 1) * sizeof *pending);
+    int pending = 0;
     for (int i = 0; i < n; i++) {
-        if (reqs[i].req != NULL && reqs[i].is_recv)
+        if (reqs[i].req == NULL)
+            continue;
+        pending = 1;
+        if (reqs[i].is_recv)
             ucp_request_cancel(c->worker, reqs[i].req);
-        if (pending != NULL)
-            pending[i] = reqs[i].req;
-        else if (reqs[i].req != NULL)
+    }
+    int64_t end = pending ? kt__ucx_now_ms() + ABORT_GRACE_MS : 0;
+    while (pending) {
+        pending = 0;
+        for (int i = 0; i < n; i++) {
+            if (reqs[i].req == NULL)
+                continue;
+            if (ucp_request_check_status(reqs[i].req) == UCS_INPROGRESS) {
+                pending = 1;
+            } else {
+                ucp_request_free(reqs[i].req);
+                reqs[i].req = NULL;
+            }
+        }
+        if (!pending || kt__ucx_now_ms() >= end)
+            break;
+        if (ucp_worker_progress(c->worker) == 0)
+            sched_yield();
+    }
+    for (int i = 0; i < n; i++) {
+        if (reqs[i].req != NULL)
             ucp_request_free(reqs[i].req);
         reqs[i].req = NULL;
-    }
-    if (pending != NULL) {
-        progress_until_done(c, pending, n, ABORT_GRACE_MS);
-        free(pending);
     }
 }
 
@@ -235,6 +255,8 @@ static int abort_arrived(kt__ucx_comm *c, const kt__ucx_req *reqs, int n, int *s
         c->abort_in.text[len] = '\0';
         if (info.length < head) /* not a notice of this version: a failure without details */
             c->abort_in = (kt__ucx_abort_msg){.status = KT_EPEER, .blame = -1, .origin = -1};
+        else if (src < c->base.size) /* whom its failure came through */
+            c->peers[src].waits_for = c->abort_in.blame;
         int relevant = c->abort_in.status != KT_ETIMEDOUT || c->abort_in.origin >= 0;
         for (int i = 0; i < n && !relevant; i++)
             relevant = reqs[i].req != NULL && reqs[i].peer == src &&
@@ -259,7 +281,7 @@ static void send_notices(kt__ucx_comm *c, kt_status status, const char *message)
         return;
     c->notified = 1;
     kt__ucx_abort_msg *msg = malloc(sizeof *msg);
-    void **reqs = calloc((size_t)n, sizeof *reqs);
+    void **reqs = calloc(2 * (size_t)n, sizeof *reqs); /* the notices, then the flushes */
     if (msg != NULL && reqs != NULL) {
         msg->status = (int32_t)status;
         msg->blame = (int32_t)c->blame;
@@ -274,8 +296,13 @@ static void send_notices(kt__ucx_comm *c, kt_status status, const char *message)
             ucs_status_ptr_t r = ucp_tag_send_nbx(c->peers[p].ep, msg, len, tag, &prm);
             if (UCS_PTR_IS_PTR(r))
                 reqs[p] = r;
+            /* delivered, with what went before it, before the endpoints are force-closed:
+             * over TCP a close can discard what the peer has not read yet */
+            ucs_status_ptr_t f = ucp_ep_flush_nbx(c->peers[p].ep, &prm);
+            if (UCS_PTR_IS_PTR(f))
+                reqs[n + p] = f;
         }
-        progress_until_done(c, reqs, n, ABORT_GRACE_MS);
+        progress_until_done(c, reqs, 2 * n, ABORT_GRACE_MS);
     }
     free(reqs);
     free(msg);
@@ -349,6 +376,56 @@ static kt_status root_failure(kt__ucx_comm *c)
     return kt__error(status, "%s", text);
 }
 
+/* Where the deadline notices received so far lead from peer p: the rank every rank in the
+ * chain waited for, which said nothing itself. */
+static int chain_end(const kt__ucx_comm *c, int p)
+{
+    for (int hops = 0; hops < c->base.size; hops++) {
+        int next = c->peers[p].waits_for;
+        if (next < 0 || next >= c->base.size || next == c->base.rank || next == p)
+            break;
+        p = next;
+    }
+    return p;
+}
+
+/* Listens for the grace period to the deadline notices of the other ranks of a chain of
+ * waits (a ring's), recording whom each waited for. Returns 1, the notice in c->abort_in,
+ * when one of them is a rank's own failure: that is the root cause, whatever the chain. */
+static int settle_chain(kt__ucx_comm *c, unsigned *spins)
+{
+    int64_t until = kt__ucx_now_ms() + root_grace_ms(c);
+    kt__ucx_abort_msg kept = c->abort_in;
+    while (kt__ucx_now_ms() < until) {
+        int src;
+        if (c->abort_req == NULL && post_abort_recv(c) != KT_OK)
+            break;
+        if (abort_arrived(c, NULL, 0, &src)) {
+            if (c->abort_in.origin >= 0)
+                return 1;
+        } else if (ucp_worker_progress(c->worker) == 0) {
+            idle(spins);
+        }
+    }
+    c->abort_in = kept;
+    return 0;
+}
+
+/* " (...)" naming the end of the chain of waits from peer p when it is another rank. */
+typedef struct chain_note {
+    char s[96];
+} chain_note;
+
+static chain_note chain_text(const kt__ucx_comm *c, int p)
+{
+    chain_note n = {""};
+    int end = chain_end(c, p);
+    if (end != p)
+        snprintf(n.s, sizeof n.s, " (the chain of waits ends at peer %d, which went quiet)",
+                 end);
+    return n;
+}
+
 kt_status kt__ucx_wait(kt__ucx_comm *c, const kt__ucx_op *op, kt__ucx_req *reqs, int n)
 {
     int64_t deadline = kt__ucx_now_ms() + c->base.timeout_ms;
@@ -391,17 +468,27 @@ kt_status kt__ucx_wait(kt__ucx_comm *c, const kt__ucx_op *op, kt__ucx_req *reqs,
         } else if (notice && c->abort_in.blame >= 0 && c->abort_in.blame != src &&
                    c->abort_in.blame != c->base.rank) {
             /* src stopped because of another rank (it timed out waiting for it, or saw it
-             * die): that one is named, not src, which only passes the news on */
-            c->blame = c->abort_in.blame;
+             * die): that one is named, not src, which only passes the news on; after a
+             * timeout the one at the end of the chain of waits (a ring's) */
             int hung = c->abort_in.status == KT_ETIMEDOUT;
+            if (hung && settle_chain(c, &spins)) {
+                st = root_failure(c);
+                break;
+            }
+            c->blame = hung ? chain_end(c, src) : c->abort_in.blame;
             st = kt__error(hung ? KT_ETIMEDOUT : KT_EPEER, "rank %d: peer %d %s; peer %d "
                            "reports: %s", c->base.rank, c->blame,
                            hung ? "is not responding" : "failed", src, c->abort_in.text);
             break;
         } else if (notice) { /* the peer's communication failed */
             c->blame = src;
-            st = kt__error(KT_EPEER, "rank %d: peer %d failed: %s", c->base.rank, src,
-                           c->abort_in.text[0] ? c->abort_in.text : "(no reason given)");
+            if (c->abort_in.status == KT_ETIMEDOUT && settle_chain(c, &spins)) {
+                st = root_failure(c);
+                break;
+            }
+            st = kt__error(KT_EPEER, "rank %d: peer %d failed: %s%s", c->base.rank, src,
+                           c->abort_in.text[0] ? c->abort_in.text : "(no reason given)",
+                           chain_text(c, src).s);
             break;
         }
         /* A failed peer: name the one this wait needs, else any (the collective cannot
@@ -417,8 +504,31 @@ kt_status kt__ucx_wait(kt__ucx_comm *c, const kt__ucx_op *op, kt__ucx_req *reqs,
             if (c->peers[p].failed != UCS_OK)
                 failed = p;
         if (failed >= 0) {
+            /* A peer that failed by itself tells why before it closes its endpoints; the
+             * closing may be seen first (a neighbour in a ring that heard of another
+             * rank's death): a grace for its notice, which names the root cause. */
+            int from = -1;
+            int64_t until = kt__ucx_now_ms() + root_grace_ms(c);
+            while (kt__ucx_now_ms() < until) {
+                int nsrc;
+                if (c->abort_req == NULL && post_abort_recv(c) != KT_OK)
+                    break;
+                if (abort_arrived(c, NULL, 0, &nsrc) && nsrc == failed &&
+                    c->abort_in.status != KT_ETIMEDOUT) {
+                    from = nsrc;
+                    break;
+                }
+                if (ucp_worker_progress(c->worker) == 0)
+                    idle(&spins);
+            }
             c->blame = failed;
-            st = peer_failed_error(c, op, failed_req, failed);
+            if (from >= 0 && c->abort_in.origin >= 0)
+                st = root_failure(c);
+            else if (from >= 0)
+                st = kt__error(KT_EPEER, "rank %d: peer %d failed: %s", c->base.rank, from,
+                               c->abort_in.text[0] ? c->abort_in.text : "(no reason given)");
+            else
+                st = peer_failed_error(c, op, failed_req, failed);
             break;
         }
         if (kt__ucx_now_ms() >= deadline) {
@@ -439,26 +549,30 @@ kt_status kt__ucx_wait(kt__ucx_comm *c, const kt__ucx_op *op, kt__ucx_req *reqs,
             send_notices(c, KT_ETIMEDOUT, mine);
             /* The peer may itself be waiting for another rank and time out moments later;
              * its notice names the rank at the end of the chain. A short grace for it. */
-            int grace = c->base.timeout_ms / 4 < 1000 ? c->base.timeout_ms / 4 : 1000;
-            int64_t until = kt__ucx_now_ms() + grace;
+            int64_t until = kt__ucx_now_ms() + root_grace_ms(c);
             int got = 0;
             while (!(got = abort_arrived(c, reqs, n, &src)) && kt__ucx_now_ms() < until) {
                 if (ucp_worker_progress(c->worker) == 0)
                     idle(&spins);
             }
-            if (got && c->abort_in.origin >= 0)
-                st = root_failure(c); /* the peer stopped because of its own failure */
+            /* the peers of a chain of waits (a ring) may time out later than this rank:
+             * listen for their notices too, so the message names the chain's end */
+            int root = got && c->abort_in.origin >= 0;
+            if (!root && (got || c->base.size > 2) && settle_chain(c, &spins))
+                root = 1;
+            if (root)
+                st = root_failure(c); /* a peer stopped because of its own failure */
             else if (got && c->abort_in.status == KT_ETIMEDOUT && c->abort_in.blame >= 0 &&
                      c->abort_in.blame != src && c->abort_in.blame != c->base.rank) {
-                c->blame = c->abort_in.blame; /* the end of the chain: the stuck rank */
+                c->blame = chain_end(c, src); /* the end of the chain: the stuck rank */
                 st = kt__error(KT_ETIMEDOUT, "rank %d: peer %d is not responding (%s; peer %d "
                                "reports: %s)", c->base.rank, c->blame, mine, src,
                                c->abort_in.text);
             } else if (got)
-                st = kt__error(KT_ETIMEDOUT, "%s; peer %d reports: %s", mine, src,
-                               c->abort_in.text);
+                st = kt__error(KT_ETIMEDOUT, "%s; peer %d reports: %s%s", mine, src,
+                               c->abort_in.text, chain_text(c, src).s);
             else
-                st = kt__error(KT_ETIMEDOUT, "%s", mine);
+                st = kt__error(KT_ETIMEDOUT, "%s%s", mine, chain_text(c, r->peer).s);
             break;
         }
         idle(&spins);
@@ -684,7 +798,8 @@ static kt_status init_context(kt__ucx_comm *c, const kt__ucx_setup *s)
 static kt_status create_endpoints(kt__ucx_comm *c, const kt__ucx_setup *s, const void **addrs)
 {
     for (int p = 0; p < s->size; p++) {
-        c->peers[p] = (kt__ucx_peer){.comm = c, .rank = p, .ep = NULL, .failed = UCS_OK};
+        c->peers[p] = (kt__ucx_peer){.comm = c, .rank = p, .ep = NULL, .failed = UCS_OK,
+                                     .waits_for = -1};
         if (p == s->rank)
             continue;
         ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
@@ -738,7 +853,7 @@ kt_status kt_comm_create_ucx(const kt_comm_options *options, kt_comm **comm_out)
         st = kt__error(KT_ENOMEM, "kt_comm_create_ucx: out of memory");
         goto fail;
     }
-    if ((st = init_context(c, &s)) != KT_OK)
+    if ((st = init_context(c, &s)) != KT_OK || (st = kt__ucx_coll_init(c)) != KT_OK)
         goto fail;
     ucs_status_t us = ucp_worker_get_address(c->worker, &my_addr, &my_len);
     if (us != UCS_OK) {

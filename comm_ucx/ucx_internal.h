@@ -82,6 +82,10 @@ typedef struct kt__ucx_peer {
     /* point-to-point messages posted to / from this peer (any tag), to name them in errors:
      * the tag layout has no room for a point-to-point sequence number */
     uint32_t sent, received;
+    /* the peer this peer's abort notice blamed (it waited for it, or heard of the failure
+     * from it), -1 if none: in a ring every rank waits for its neighbour, and these links
+     * lead to the rank that went quiet */
+    int waits_for;
 } kt__ucx_peer;
 
 struct kt__ucx_comm {
@@ -97,7 +101,7 @@ struct kt__ucx_comm {
     int origin;      /* the failing rank the poison names (kt__ucx_abort_msg.origin), or -1 */
     uint32_t send_flags; /* ucp_tag_send_nbx op_attr_mask for data (FAST_CMPL or not) */
     kt__ucx_abort_msg abort_in;
-    void *scratch; /* all_reduce's buffer at the root, kept between calls */
+    void *scratch; /* the collectives' arena (coll_plan.h), made with the communicator */
     size_t scratch_bytes;
     /* request slots of the collectives, allocated once: two levels, because all_reduce
      * runs a broadcast step while its own requests are held */
@@ -135,6 +139,9 @@ kt_status kt__ucx_wait(kt__ucx_comm *c, const kt__ucx_op *op, kt__ucx_req *reqs,
 /* Releases reqs[0..n) after a posting failure part-way through a collective. */
 void kt__ucx_drop(kt__ucx_comm *c, kt__ucx_req *reqs, int n);
 
+/* The collectives' request slots and pipeline arena (in reqs and scratch), made once with
+ * the communicator so that no collective allocates; freed by the destroy. */
+kt_status kt__ucx_coll_init(kt__ucx_comm *c);
 /* Collectives (collectives.c), for the ops table. */
 kt_status kt__ucx_barrier(kt_comm *comm);
 kt_status kt__ucx_broadcast(kt_comm *comm, void *buf, size_t bytes, int root);

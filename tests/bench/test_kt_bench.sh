@@ -258,6 +258,25 @@ else
   echo "no /usr/bin/python3: the peer protocol is not checked" >&2
 fi
 
+# comm --collectives --quick: every op at 2 ranks, the JSON fields the issue asks for
+if out=$("$bench" comm --collectives --quick --no-peer --json 2>&1); then
+  python3 -c '
+import json, sys
+lines = [json.loads(l) for l in sys.stdin.read().splitlines() if l.startswith("{")]
+if lines and "this libkt build has no UCX" in lines[0].get("note", ""):
+    sys.exit(0)
+ops = sorted({o["config"]["op"] for o in lines})
+assert ops == ["all_gather", "all_reduce", "reduce_scatter"], ops
+for o in lines:
+    c = o["config"]
+    assert c["ranks"] == 2 and c["transport"] == "shm" and c["bytes"] > 0, c
+    assert o["bus_bandwidth_gbs"] > 0 and "fraction_of_ucx_bandwidth" in o, o
+    assert "ratio_vs_gloo" in o, o
+' <<<"$out" || fail "comm --collectives --quick JSON: $out"
+else
+  fail "comm --collectives --quick exited: $out"
+fi
+
 expect_usage_error() {
   local want=$1
   shift

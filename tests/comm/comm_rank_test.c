@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "comm_ucx/coll_plan.h"
 #include "lib/core/error.h"
 #include "kt/comm.h"
 #include "kt/tensor.h"
@@ -144,51 +145,168 @@ static void scenario_ring(kt_comm *c)
 
 static float contrib_f32(int r, size_t i) { return (float)((int)((i * 37 + (size_t)r * 11) % 97) - 48) * 0.37f + (float)r * 0.001f; }
 
+/* Rank r's contribution to element i, as the reduction sees it (bf16: rounded, widened). */
+static float contrib(int r, size_t i, kt_dtype dt)
+{
+    float v = contrib_f32(r, i);
+    return dt == KT_BF16 ? kt_bf16_to_f32_1(kt_f32_to_bf16_1(v)) : v;
+}
+
+/* The reference of element i of block b, in the order the ring adds it (coll_plan.h):
+ * ranks b+1, b+2, ..., b; or recursive doubling's tree. Mean and rounding once, at the end. */
+static float ref_ring(int b, size_t i, kt_dtype dt, kt_reduce_op op)
+{
+    float acc = contrib((b + 1) % g_size, i, dt);
+    for (int k = 2; k <= g_size; k++)
+        acc += contrib((b + k) % g_size, i, dt);
+    return op == KT_REDUCE_MEAN ? acc / (float)g_size : acc;
+}
+
+static float ref_rd(size_t i, kt_dtype dt, kt_reduce_op op)
+{
+    float v[64], nv[64];
+    int p2 = kt__rd_pow2(g_size), rem = g_size - p2;
+    for (int r = 0; r < p2; r++) {
+        v[r] = contrib(r, i, dt);
+        if (r < rem)
+            v[r] += contrib(r + p2, i, dt);
+    }
+    for (int mask = 1; mask < p2; mask <<= 1) {
+        for (int r = 0; r < p2; r++)
+            nv[r] = v[r] + v[r ^ mask];
+        memcpy(v, nv, sizeof v);
+    }
+    return op == KT_REDUCE_MEAN ? v[0] / (float)g_size : v[0];
+}
+
+static void store(void *buf, size_t i, float v, kt_dtype dt)
+{
+    if (dt == KT_F32)
+        ((float *)buf)[i] = v;
+    else
+        ((uint16_t *)buf)[i] = kt_f32_to_bf16_1(v);
+}
+
+static uint64_t fnv(const void *p, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ ((const unsigned char *)p)[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Every rank's hash of `what` must be the same bits. */
+static void expect_same_everywhere(kt_comm *c, const void *buf, size_t n, const char *what)
+{
+    uint64_t mine = fnv(buf, n), all[64];
+    CHECK(kt_comm_all_gather(c, &mine, sizeof mine, all));
+    for (int r = 0; r < g_size; r++)
+        if (all[r] != mine)
+            fail("%s: rank %d holds other bits than this rank", what, r);
+}
+
 static void check_all_reduce(kt_comm *c, size_t count, kt_dtype dt, kt_reduce_op op)
 {
     size_t es = dt == KT_F32 ? 4 : 2;
     void *buf = malloc(count * es + 1), *want = malloc(count * es + 1);
-    float *acc = malloc(count * sizeof(float) + 4), *tmp = malloc(count * sizeof(float) + 4);
-    if (!buf || !want || !acc || !tmp)
+    if (!buf || !want)
         fail("out of memory");
-    /* the expected result: contributions added in rank order, in f32 */
-    for (int r = 0; r < g_size; r++) {
-        for (size_t i = 0; i < count; i++)
-            tmp[i] = contrib_f32(r, i);
-        if (dt == KT_BF16) { /* the contribution as bf16, widened again */
-            kt_f32_to_bf16((uint16_t *)want, tmp, count);
-            kt_bf16_to_f32(tmp, (uint16_t *)want, count);
+    int rd = kt__all_reduce_uses_rd(count);
+    for (int b = 0; b < g_size; b++) {
+        size_t s0 = kt__blk_start(count, g_size, b), n = kt__blk_len(count, g_size, b);
+        for (size_t i = s0; i < s0 + n; i++) {
+            store(buf, i, contrib_f32(g_rank, i), dt);
+            store(want, i, rd ? ref_rd(i, dt, op) : ref_ring(b, i, dt, op), dt);
         }
-        if (r == g_rank) {
-            if (dt == KT_F32)
-                memcpy(buf, tmp, count * 4);
-            else
-                kt_f32_to_bf16(buf, tmp, count);
-        }
-        for (size_t i = 0; i < count; i++)
-            acc[i] = r == 0 ? tmp[i] : acc[i] + tmp[i];
     }
-    if (op == KT_REDUCE_MEAN)
-        for (size_t i = 0; i < count; i++)
-            acc[i] /= (float)g_size;
-    if (dt == KT_F32)
-        memcpy(want, acc, count * 4);
-    else
-        kt_f32_to_bf16(want, acc, count);
     CHECK(kt_comm_all_reduce(c, buf, count, dt, op));
     if (count > 0 && memcmp(buf, want, count * es) != 0)
-        fail("all_reduce %s %s of %zu differs from the local result", kt_dtype_name(dt),
+        fail("all_reduce %s %s of %zu differs from the reference", kt_dtype_name(dt),
              op == KT_REDUCE_SUM ? "sum" : "mean", count);
+    expect_same_everywhere(c, buf, count * es, "all_reduce");
     free(buf);
     free(want);
-    free(acc);
-    free(tmp);
+}
+
+/* count elements per rank; in place: recv is this rank's block of send. */
+static void check_reduce_scatter(kt_comm *c, size_t count, kt_dtype dt, kt_reduce_op op,
+                                 int in_place)
+{
+    size_t es = dt == KT_F32 ? 4 : 2;
+    char *send = malloc((size_t)g_size * count * es + 1), *recv = malloc(count * es + 1),
+         *want = malloc(count * es + 1);
+    if (!send || !recv || !want)
+        fail("out of memory");
+    for (size_t i = 0; i < (size_t)g_size * count; i++)
+        store(send, i, contrib_f32(g_rank, i), dt);
+    size_t s0 = (size_t)g_rank * count;
+    for (size_t i = 0; i < count; i++)
+        store(want, i, ref_ring(g_rank, s0 + i, dt, op), dt);
+    char *out = in_place ? send + s0 * es : recv;
+    CHECK(kt_comm_reduce_scatter(c, send, out, count, dt, op));
+    if (count > 0 && memcmp(out, want, count * es) != 0)
+        fail("reduce_scatter %s %s of %zu%s differs from the reference", kt_dtype_name(dt),
+             op == KT_REDUCE_SUM ? "sum" : "mean", count, in_place ? " (in place)" : "");
+    /* the other blocks of send are left as they were */
+    for (size_t i = 0; i < (size_t)g_size * count && in_place; i++) {
+        if (i >= s0 && i < s0 + count)
+            continue;
+        char tmp[4];
+        store(tmp, 0, contrib_f32(g_rank, i), dt);
+        if (memcmp(tmp, send + i * es, es) != 0)
+            fail("in-place reduce_scatter changed element %zu of another block", i);
+    }
+    free(send);
+    free(recv);
+    free(want);
+}
+
+/* Blocks of lengths varying per pair, some empty; every byte checked. */
+static size_t a2a_len(int src, int dst) { return (src + dst) % 3 == 0 ? 0 : (size_t)(src * 1000 + dst * 37 + 5) * (size_t)(dst + 1); }
+
+static void check_all_to_all_v(kt_comm *c)
+{
+    size_t sb[64], rb[64], st = 0, rt = 0;
+    for (int p = 0; p < g_size; p++) {
+        sb[p] = a2a_len(g_rank, p), rb[p] = a2a_len(p, g_rank);
+        st += sb[p], rt += rb[p];
+    }
+    unsigned char *send = malloc(st + 1), *recv = malloc(rt + 1);
+    if (!send || !recv)
+        fail("out of memory");
+    for (int p = 0, o = 0; p < g_size; o += (int)sb[p], p++)
+        fill(send + o, sb[p], g_rank, p, 21);
+    memset(recv, 0xee, rt);
+    CHECK(kt_comm_all_to_all_v(c, send, sb, recv, rb));
+    for (int p = 0, o = 0; p < g_size; o += (int)rb[p], p++)
+        expect_bytes(recv + o, rb[p], p, g_rank, 21, "all_to_all_v");
+    free(send);
+    free(recv);
+}
+
+/* Sizes around the recursive-doubling switch, not divisible by 2, 3, 4 or the slices, up to
+ * 16 MiB; every dtype and op on the small ones, the large ones once each. */
+static void check_reductions(kt_comm *c)
+{
+    static const size_t counts[] = {0, 1, 7, 1000, 8191, 8192, 8193, 300001};
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
+        for (int dt = 0; dt < 2; dt++)
+            for (int op = 0; op < 2; op++) {
+                kt_dtype d = dt ? KT_BF16 : KT_F32;
+                kt_reduce_op o = op ? KT_REDUCE_MEAN : KT_REDUCE_SUM;
+                check_all_reduce(c, counts[k], d, o);
+                check_reduce_scatter(c, counts[k], d, o, (int)k % 2);
+            }
+    check_all_reduce(c, (4u << 20) - 3, KT_F32, KT_REDUCE_SUM);    /* 16 MiB */
+    check_all_reduce(c, (4u << 20) + 5, KT_BF16, KT_REDUCE_MEAN);  /* 8 MiB */
+    check_reduce_scatter(c, (size_t)(4u << 20) / (size_t)g_size + 1, KT_F32, KT_REDUCE_MEAN, 1);
+    check_all_to_all_v(c);
 }
 
 static void scenario_collectives(kt_comm *c)
 {
     CHECK(kt_comm_barrier(c));
-    unsigned char *buf = malloc(4 << 20), *big = malloc((size_t)g_size * (1 << 20));
+    unsigned char *buf = malloc(4 << 20), *big = malloc((size_t)g_size * ((5 << 20) / 4 + 3));
     if (buf == NULL || big == NULL)
         fail("out of memory");
     static const size_t bsizes[] = {0, 1, 100, 70000, 1 << 20};
@@ -202,8 +320,8 @@ static void scenario_collectives(kt_comm *c)
             CHECK(kt_comm_broadcast(c, buf, n, root));
             expect_bytes(buf, n, root, -1, k, "broadcast");
         }
-    static const size_t gsizes[] = {0, 3, 33, 65536, 1 << 20};
-    for (size_t k = 0; k < 5; k++) {
+    static const size_t gsizes[] = {0, 3, 33, 65536, 1 << 20, (5 << 20) / 4 + 3};
+    for (size_t k = 0; k < 6; k++) {
         size_t n = gsizes[k];
         fill(buf, n, g_rank, -2, k);
         memset(big, 0xee, (size_t)g_size * n);
@@ -239,12 +357,7 @@ static void scenario_collectives(kt_comm *c)
         CHECK(kt_comm_scatterv(c, g_rank == root ? big : NULL, counts, buf, root));
         expect_bytes(buf, counts[g_rank], root, g_rank, 9, "scatterv");
     }
-    static const size_t rcounts[] = {1, 1000, 300001};
-    for (size_t k = 0; k < 3; k++)
-        for (int dt = 0; dt < 2; dt++)
-            for (int op = 0; op < 2; op++)
-                check_all_reduce(c, rcounts[k], dt ? KT_BF16 : KT_F32,
-                                 op ? KT_REDUCE_MEAN : KT_REDUCE_SUM);
+    check_reductions(c);
     /* a slow but live peer (late by a fraction of the deadline) is not an error */
     kt_comm_set_timeout(c, 2000);
     if (g_rank == g_size - 1)
@@ -281,6 +394,18 @@ static void scenario_agree(kt_comm *c)
     s = kt_comm_agree(c, local);
     if (s != KT_ERANGE || strcmp(kt_last_error(), "rank 1: failure of rank 1") != 0)
         fail("agree of several failures gave %s '%s'", kt_status_str(s), kt_last_error());
+    /* the failing ranks are the upper half (lowest W / 2): its message on every rank */
+    local = g_rank >= g_size / 2 ? kt__error(KT_ENOMEM, "upper-half failure %d", g_rank) : KT_OK;
+    s = kt_comm_agree(c, local);
+    char want_half[64];
+    snprintf(want_half, sizeof want_half, "rank %d: upper-half failure %d", g_size / 2,
+             g_size / 2);
+    if (s != KT_ENOMEM || strcmp(kt_last_error(), want_half) != 0)
+        fail("agree of the upper half gave %s '%s'", kt_status_str(s), kt_last_error());
+    /* every rank fails: rank 0's message */
+    s = kt_comm_agree(c, kt__error(KT_EIO, "all fail (%d)", g_rank));
+    if (s != KT_EIO || strcmp(kt_last_error(), "rank 0: all fail (0)") != 0)
+        fail("agree of all failing gave %s '%s'", kt_status_str(s), kt_last_error());
     /* a long message is carried whole (up to the error buffer) */
     char longmsg[1000];
     memset(longmsg, 'x', sizeof longmsg - 1);
@@ -356,6 +481,30 @@ static void scenario_fault(kt_comm *c, int sig)
         kill(pids[victim], SIGKILL); /* the stopped rank never ends by itself */
     free(pids);
     free(v);
+}
+
+/* Rank 0 expects one byte more from peer 1 than it sends: rank 0's all_to_all_v fails,
+ * naming peer 1; the others may finish theirs, and hear of it at the next call. */
+static void scenario_a2a_mismatch(kt_comm *c)
+{
+    size_t sb[64], rb[64];
+    unsigned char send[64 * 16], recv[64 * 16 + 1];
+    for (int p = 0; p < g_size; p++)
+        sb[p] = rb[p] = 16;
+    if (g_rank == 0)
+        rb[1] = 17;
+    memset(send, 1, sizeof send);
+    double t0 = now_s();
+    kt_status s = kt_comm_all_to_all_v(c, send, sb, recv, rb);
+    if (g_rank == 0) {
+        if (s != KT_ESTATE)
+            fail("a length mismatch gave %s: %s", kt_status_str(s), kt_last_error());
+        expect_failure(c, s, now_s() - t0, "peer 1", 0);
+        return;
+    }
+    if (s == KT_OK)
+        s = kt_comm_barrier(c);
+    expect_failure(c, s, now_s() - t0, "peer 0", 0);
 }
 
 /* Rank 0 calls broadcast while the others call barrier. */
@@ -568,6 +717,8 @@ int main(int argc, char **argv)
         scenario_agree(c);
     else if (strcmp(g_scenario, "mismatch") == 0)
         scenario_mismatch(c);
+    else if (strcmp(g_scenario, "a2a_mismatch") == 0)
+        scenario_a2a_mismatch(c);
     else if (strcmp(g_scenario, "kill") == 0)
         scenario_fault(c, SIGKILL);
     else if (strcmp(g_scenario, "stop") == 0)
@@ -576,7 +727,8 @@ int main(int argc, char **argv)
         scenario_p2pseq(c);
     else
         fail("unknown scenario");
-    int faulty = strcmp(g_scenario, "mismatch") == 0 || strcmp(g_scenario, "kill") == 0 ||
+    int faulty = strcmp(g_scenario, "mismatch") == 0 ||
+                 strcmp(g_scenario, "a2a_mismatch") == 0 || strcmp(g_scenario, "kill") == 0 ||
                  strcmp(g_scenario, "stop") == 0 || strcmp(g_scenario, "p2pseq") == 0;
     if (!faulty)
         printf("PASS rank %d %s in %.2f s\n", g_rank, g_scenario, now_s() - t0);

@@ -44,6 +44,7 @@ for tr in shm tcp; do
     run "$tr" "$n" kill $((n - 1)) 0
     run "$tr" "$n" stop $((n - 1)) 0
   done
+  run "$tr" 3 a2a_mismatch 3 0
   run "$tr" 3 absent 2 0
   run "$tr" 3 worldsize 3 0
   run "$tr" 3 idle 3 1

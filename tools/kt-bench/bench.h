@@ -40,6 +40,11 @@ int bench_spawn_ranks(int n, const char *transport, char *const *args, int n_arg
                       bench_line_fn on_line, void *ctx);
 int bench_rank(int argc, char **argv);               /* the "__rank" entry */
 int bench_halo_rank(int argc, char **argv);          /* bench_halo.c */
+int bench_coll_rank(int argc, char **argv);          /* bench_coll.c */
+/* kt-bench comm --collectives (bench_coll.c) */
+int bench_coll(int argc, char **argv, const bench_args *common);
+/* ucx_perftest tag_bw at bytes over the transport (MB/s), < 0 with a note when it cannot */
+double bench_ucx_perftest_bw(size_t bytes, const char *transport, char *note, size_t note_size);
 int bench_moe_rank(int argc, char **argv);           /* bench_moe_ranks.c */
 /* kt-bench moe --ranks: rank 0 holding the experts against expert parallelism */
 int bench_moe_ranks(int argc, char **argv, const bench_args *common);

@@ -364,6 +364,8 @@ int bench_rank(int argc, char **argv)
         return comm_rank(argc - 1, argv + 1);
     if (argc >= 1 && strcmp(argv[0], "halo") == 0)
         return bench_halo_rank(argc - 1, argv + 1);
+    if (argc >= 1 && strcmp(argv[0], "coll") == 0)
+        return bench_coll_rank(argc - 1, argv + 1);
     if (argc >= 1 && strcmp(argv[0], "moe") == 0)
         return bench_moe_rank(argc - 1, argv + 1);
     fprintf(stderr, "kt-bench __rank: unknown role\n");
@@ -407,7 +409,8 @@ static double perftest(const result *r, const char *transport, char *note, size_
                           : "UCX_TLS=sm,self UCX_POSIX_ERROR_HANDLING=y "
                             "UCX_SYSV_ERROR_HANDLING=y UCX_KEEPALIVE_INTERVAL=1s";
     int iters = r->bw ? (int)(((size_t)2 << 30) / r->bytes) : r->bytes <= 4096 ? 20000 : 5000;
-    iters = iters < 100 ? 100 : iters > 20000 ? 20000 : iters;
+    int least = r->bw && r->bytes >= ((size_t)64 << 20) ? 10 : 100; /* 256 MiB: 2.5 GiB */
+    iters = iters < least ? least : iters > 20000 ? 20000 : iters;
     char pin_s[32] = "", pin_c[32] = "";
     if (getenv("KT_BENCH_NO_PIN") == NULL && bench_cpu(0) >= 0 && bench_cpu(1) != bench_cpu(0)) {
         snprintf(pin_s, sizeof pin_s, "-c %d", bench_cpu(0));
@@ -458,6 +461,12 @@ static double perftest(const result *r, const char *transport, char *note, size_
         }
     }
     return best;
+}
+
+double bench_ucx_perftest_bw(size_t bytes, const char *transport, char *note, size_t note_size)
+{
+    result r = {.bytes = bytes, .bw = 1, .kt = -1, .ucx = -1, .gloo = -1};
+    return perftest(&r, transport, note, note_size);
 }
 
 static void print_result(const result *r, const char *transport, int json, const char *ucx_note,
@@ -539,6 +548,10 @@ int bench_comm(int argc, char **argv, const bench_args *common)
 {
     const char *transport = NULL, *size_list = NULL;
     int peer = 1;
+    for (int i = 0; i < argc; i++)
+        if (strcmp(argv[i], "--collectives") == 0 &&
+            !(argc > 0 && (strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0)))
+            return bench_coll(argc, argv, common);
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             printf("usage: kt-bench comm [--transport shm|tcp] [--sizes 8,64,...] [--no-peer]\n"
@@ -549,7 +562,18 @@ int bench_comm(int argc, char **argv, const bench_args *common)
                    "tag_bw with the same UCX transports) and torch.distributed gloo\n"
                    "(comm_gloo_peer.py under /usr/bin/python3). Sizes take k/M suffixes.\n"
                    "Targets: latency within 1.3x of raw UCX up to 64 KiB; bandwidth >= 0.85x raw\n"
-                   "UCX from 1 MiB.\n");
+                   "UCX from 1 MiB.\n"
+                   "\n"
+                   "kt-bench comm --collectives [--transport shm|tcp] [--ranks 2,4] [--sizes ...]\n"
+                   "                     [--ops all_reduce,reduce_scatter,all_gather] [--quick]\n"
+                   "                     [--no-peer] [--json] [--repeats N]\n"
+                   "The collectives on W local ranks (f32; bytes: the whole buffer): the time of\n"
+                   "one call (median, rank 0) and NCCL's bus bandwidth (all_reduce: bytes / time x\n"
+                   "2(W-1)/W; reduce_scatter, all_gather: x (W-1)/W), as a fraction of\n"
+                   "ucx_perftest's point-to-point tag_bw bandwidth (same transports, from 1 MiB)\n"
+                   "and against torch.distributed gloo's same collective (ratio > 1: libkt\n"
+                   "faster). Targets: >= 0.8 of ucx at 16-256 MiB, faster than gloo at every size.\n"
+                   "--quick: 2 ranks, 4 KiB and 1 MiB, no ucx_perftest (the smoke test).\n");
             return 0;
         } else if (strcmp(argv[i], "--transport") == 0 && i + 1 < argc) {
             transport = argv[++i];

@@ -16,7 +16,14 @@ configuration on stdout (rank 0 only):
         x is [--shard, hidden] float32 for each --hidden.
         {"op": "halo", "mode": "p2p", "hidden": 256, "frames": 3, "ranks": 2, "latency_us": 120.5}
 
+  coll: dist.all_reduce / all_gather (and reduce_scatter, which torch 1.13's gloo lacks: an
+        error object instead) on --ranks ranks, float32; bytes is the whole buffer (W blocks
+        for all_gather's output and reduce_scatter's input); the median over --repeats calls,
+        each after a barrier, on rank 0.
+        {"op": "all_reduce", "bytes": 1048576, "ranks": 4, "seconds": 0.0012}
+
 usage: comm_gloo_peer.py comm --lat-sizes 8,64 --bw-sizes 65536,1048576
+       comm_gloo_peer.py coll --ranks 4 --ops all_reduce,all_gather --sizes 4096,1048576
        comm_gloo_peer.py halo --ranks 2 --hidden 256,2048 --left 3 --shard 16 [--modes p2p,allgather]
 Exit 77 when torch is missing (the caller reports the peer as null).
 """
@@ -87,6 +94,42 @@ def comm_bench(a, rank):
             emit({"op": "bandwidth", "bytes": size, "bandwidth_mbs": statistics.median(rates)})
 
 
+def coll_bench(a, rank, world):
+    for op in a.ops.split(","):
+        for size in ints(a.sizes):
+            n = max(world, size // 4 // world * world)
+            x = torch.ones(n, dtype=torch.float32)
+            parts = [torch.empty(n // world, dtype=torch.float32) for _ in range(world)]
+            out = torch.empty(n // world, dtype=torch.float32)
+
+            def call():
+                if op == "all_reduce":
+                    dist.all_reduce(x)
+                elif op == "all_gather":
+                    dist.all_gather(parts, x[: n // world])
+                else:
+                    dist.reduce_scatter(out, list(x.chunk(world)))
+            try:
+                call()
+            except RuntimeError as e:  # gloo has no reduce_scatter in torch 1.13
+                if rank == 0:
+                    emit({"op": op, "bytes": n * 4, "ranks": world, "error": str(e)[:120]})
+                break
+            call()
+            reps = a.repeats * (20 if n * 4 <= 65536 else 1)
+            if n * 4 >= (64 << 20):
+                reps = a.repeats // 2 + 2
+            times = []
+            for _ in range(reps):
+                dist.barrier()
+                t0 = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - t0)
+            if rank == 0:
+                emit({"op": op, "bytes": n * 4, "ranks": world,
+                      "seconds": statistics.median(times)})
+
+
 def halo_forward(x, left, mode, rank, world):
     """Sana's causal halo forward: [left frames of rank-1 | x] (zeros on rank 0)."""
     t = x.shape[0]
@@ -138,6 +181,8 @@ def rank_main(a, rank, world, port):
     try:
         if a.what == "comm":
             comm_bench(a, rank)
+        elif a.what == "coll":
+            coll_bench(a, rank, world)
         else:
             halo_bench(a, rank, world)
         dist.barrier()
@@ -153,7 +198,10 @@ def free_port():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["comm", "halo"])
+    ap.add_argument("what", choices=["comm", "halo", "coll"])
+    ap.add_argument("--ops", default="all_reduce,reduce_scatter,all_gather")
+    ap.add_argument("--sizes", default="4096,1048576")
+    ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--lat-sizes", default="8,64,512,4096,65536")
     ap.add_argument("--bw-sizes", default="65536,1048576,16777216")
     ap.add_argument("--lat-iters", type=int, default=2000)
