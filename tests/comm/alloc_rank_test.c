@@ -22,6 +22,8 @@
 
 #include <kt/kt.h>
 
+#include "tests/comm/rank_check.h"
+
 static atomic_int g_counting;
 static atomic_long g_allocs, g_ucx_allocs;
 
@@ -100,27 +102,6 @@ int posix_memalign(void **out, size_t a, size_t n)
 }
 #endif
 
-static int rank_id = -1;
-
-static void fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    printf("FAIL rank %d: ", rank_id);
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    fflush(stdout);
-    exit(1);
-}
-
-#define OK(expr)                                                                              \
-    do {                                                                                      \
-        kt_status s_ = (expr);                                                                \
-        if (s_ != KT_OK)                                                                      \
-            fail("%s: %s", #expr, kt_last_error());                                           \
-    } while (0)
-
 static long g_ucx_total;
 
 static void count_begin(void)
@@ -187,14 +168,14 @@ static void scenario_session(kt_comm *comm)
         long n = it >= 3 ? count_end() : 0;
         worst = n > worst ? n : worst;
         if (n > 0)
-            fail("training step %d (forward, backward, step with the gradient all-reduce) "
+            rank_fail("training step %d (forward, backward, step with the gradient all-reduce) "
                  "allocated %ld times", it, n);
         if (it == 0)
             first = kt_session_loss(s);
     }
     /* it trained: the loss (averaged over the ranks) went down */
     if (!(kt_session_loss(s) < first))
-        fail("the loss did not fall: %g then %g", first, kt_session_loss(s));
+        rank_fail("the loss did not fall: %g then %g", first, kt_session_loss(s));
     printf("ok: 5 steady-state training steps, %ld allocations\n", worst);
     kt_session_destroy(s);
     kt_program_destroy(p);
@@ -212,10 +193,10 @@ static void scenario_session(kt_comm *comm)
             s_ = (expr);                                                                      \
         long n_ = count_end();                                                                \
         if (w_ != s_)                                                                         \
-            fail("%s: %s then %s: %s", name, kt_status_str(w_), kt_status_str(s_),            \
+            rank_fail("%s: %s then %s: %s", name, kt_status_str(w_), kt_status_str(s_),            \
                  kt_last_error());                                                            \
         if (n_ != 0)                                                                          \
-            fail("%s allocated %ld times after its warm-up", name, n_);                       \
+            rank_fail("%s allocated %ld times after its warm-up", name, n_);                       \
         printf("ok: %s: 0 allocations\n", name);                                              \
     } while (0)
 
@@ -226,7 +207,7 @@ static void scenario_collectives(kt_comm *c)
     float *a = calloc(big * (size_t)w, sizeof *a), *b = calloc(big * (size_t)w, sizeof *b);
     size_t sb[64], rb[64];
     if (a == NULL || b == NULL || w > 64)
-        fail("out of memory");
+        rank_fail("out of memory");
     for (int p = 0; p < w; p++)
         sb[p] = rb[p] = 4096; /* equal both ways: every pair agrees */
     /* Warm-up of the whole run: UCX finishes connecting the lanes of each endpoint in the
@@ -261,7 +242,7 @@ int main(int argc, char **argv)
     const char *r = getenv("KT_RANK");
     rank_id = r != NULL ? atoi(r) : -1;
     if (argc < 2)
-        fail("usage: alloc_rank_test session|collectives (under kt-launch)");
+        rank_fail("usage: alloc_rank_test session|collectives (under kt-launch)");
     kt_comm *c = NULL;
     OK(kt_comm_create_ucx(NULL, &c));
     if (strcmp(argv[1], "session") == 0)
@@ -269,7 +250,7 @@ int main(int argc, char **argv)
     else if (strcmp(argv[1], "collectives") == 0)
         scenario_collectives(c);
     else
-        fail("unknown scenario %s", argv[1]);
+        rank_fail("unknown scenario %s", argv[1]);
     if (g_can_count)
         printf("PASS rank %d %s (UCX itself allocated %ld times in the counted calls)\n",
                rank_id, argv[1], g_ucx_total);

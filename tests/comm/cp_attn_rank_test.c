@@ -18,35 +18,7 @@
 
 #include <kt/kt.h>
 
-static int rank_id = -1;
-
-static void fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    printf("FAIL rank %d: ", rank_id);
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    fflush(stdout);
-    exit(1);
-}
-
-#define OK(expr)                                                                              \
-    do {                                                                                      \
-        kt_status s_ = (expr);                                                                \
-        if (s_ != KT_OK)                                                                      \
-            fail("%s: %s", #expr, kt_last_error());                                           \
-    } while (0)
-
-static float value_at(uint64_t seed, int64_t i)
-{
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull + (uint64_t)i * 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 31;
-    x *= 0x94D049BB133111EBull;
-    x ^= x >> 29;
-    return (float)((double)(x >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
+#include "tests/comm/rank_check.h"
 
 typedef struct cp_case {
     const char *name;
@@ -135,7 +107,7 @@ static void fill(kt_tensor *t, uint64_t seed, const int64_t *pos, int64_t S)
         for (int64_t i = 0; i < T; i++)
             for (int64_t x = 0; x < row; x++) {
                 const int64_t at = (b * T + i) * row + x, g = (b * S + pos[i]) * row + x;
-                const float v = 2.0f * value_at(seed, g);
+                const float v = 2.0f * rank_value_at(seed, g);
                 if (t->dtype == KT_BF16)
                     ((uint16_t *)t->data)[at] = kt_f32_to_bf16_1(v);
                 else
@@ -227,7 +199,7 @@ static void scenario(kt_comm *comm, kt_dtype dt, kt_cp_layout layout)
         const int64_t T = 2 * c->C, S = T * world;
         int64_t *pos = malloc((size_t)S * sizeof *pos), *all = malloc((size_t)S * sizeof *all);
         if (pos == NULL || all == NULL)
-            fail("out of memory");
+            rank_fail("out of memory");
         for (int64_t i = 0; i < T; i++)
             pos[i] = global_pos(layout, world, rank, c->C, i);
         for (int64_t i = 0; i < S; i++)
@@ -257,7 +229,7 @@ static void scenario(kt_comm *comm, kt_dtype dt, kt_cp_layout layout)
             worst = fmax(worst, e[i]);
         if (!(e[0] <= bound && e[1] <= bound && e[2] <= bound && e[3] <= bound &&
               e[4] <= bound && e[5] <= bound))
-            fail("%s %s %s: relative errors o %.3g, lse %.3g, dq %.3g, dk %.3g, dv %.3g, "
+            rank_fail("%s %s %s: relative errors o %.3g, lse %.3g, dq %.3g, dk %.3g, dv %.3g, "
                  "loss %.3g (bound %g)",
                  c->name, kt_dtype_name(dt), layout == KT_CP_BALANCED ? "balanced" : "contiguous",
                  e[0], e[1], e[2], e[3], e[4], e[5], bound);
@@ -283,7 +255,7 @@ int main(int argc, char **argv)
     kt_comm *comm;
     kt_status s = kt_comm_create_ucx(NULL, &comm);
     if (s != KT_OK)
-        fail("kt_comm_create_ucx: %s", kt_last_error());
+        rank_fail("kt_comm_create_ucx: %s", kt_last_error());
     rank_id = kt_comm_rank(comm);
     const kt_dtype dt = strcmp(argv[1], "bf16") == 0 ? KT_BF16 : KT_F32;
     const kt_cp_layout layout =

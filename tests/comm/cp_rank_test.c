@@ -21,41 +21,13 @@
 
 #include <kt/kt.h>
 
-static int rank_id = -1;
-
-static void fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    printf("FAIL rank %d: ", rank_id);
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    fflush(stdout);
-    exit(1);
-}
-
-#define OK(expr)                                                                              \
-    do {                                                                                      \
-        kt_status s_ = (expr);                                                                \
-        if (s_ != KT_OK)                                                                      \
-            fail("%s: %s", #expr, kt_last_error());                                           \
-    } while (0)
-
-static float value_at(uint64_t seed, int64_t i)
-{
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull + (uint64_t)i * 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 31;
-    x *= 0x94D049BB133111EBull;
-    x ^= x >> 29;
-    return (float)((double)(x >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
+#include "tests/comm/rank_check.h"
 
 /* f32 or bf16 (rounded) values */
 static void fill(kt_tensor *t, uint64_t seed, int64_t offset)
 {
     for (int64_t i = 0; i < kt_tensor_numel(t); i++) {
-        const float v = value_at(seed, i + offset);
+        const float v = rank_value_at(seed, i + offset);
         if (t->dtype == KT_BF16)
             ((uint16_t *)t->data)[i] = kt_f32_to_bf16_1(v);
         else
@@ -69,7 +41,7 @@ static float *copy_f32(const kt_tensor *t)
     const int64_t n = kt_tensor_numel(t);
     float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
     if (v == NULL)
-        fail("out of memory");
+        rank_fail("out of memory");
     if (t->dtype == KT_BF16)
         kt_bf16_to_f32(v, t->data, (size_t)n);
     else
@@ -206,7 +178,7 @@ static void scenario_halo(kt_comm *comm, kt_halo_mode mode, kt_dtype dt)
                 e_l = fabs((double)a.loss - (double)b.loss) / fmax(fabs((double)b.loss), 1e-12);
             }
             if (e_out > bound || e_s > bound || e_w > bound || e_l > bound)
-                fail("halo %s %s K=%d %s: relative errors out %.3g, grad s %.3g, grad w %.3g, "
+                rank_fail("halo %s %s K=%d %s: relative errors out %.3g, grad s %.3g, grad w %.3g, "
                      "loss %.3g (bound %g)",
                      mode == KT_HALO_P2P ? "p2p" : "allgather", kt_dtype_name(dt), kernel,
                      both ? "both sides" : "causal", e_out, e_s, e_w, e_l, bound);
@@ -307,7 +279,7 @@ static void scenario_moe(kt_comm *comm)
     double e_g = rel_err(gr, gref, MH * ME);
     double e_l = fabs((double)loss - (double)lref) / fmax(fabs((double)lref), 1e-12);
     if (e_out > 1e-5 || e_g > 1e-5 || e_l > 1e-5)
-        fail("distributed moe: relative errors out %.3g, grad router %.3g, loss %.3g", e_out,
+        rank_fail("distributed moe: relative errors out %.3g, grad router %.3g, loss %.3g", e_out,
              e_g, e_l);
     if (rank == 0) {
         /* the experts' weight gradients: each rank's loss is the mean over its own tokens, so
@@ -319,7 +291,7 @@ static void scenario_moe(kt_comm *comm)
         OK(kt_moe_weight_grad(whole_layer, 0, KT_MOE_UP, &b));
         double e_w = rel_err(a.data, b.data, kt_tensor_numel(&a));
         if (e_w > 1e-5)
-            fail("distributed moe: expert weight gradient differs by %.3g", e_w);
+            rank_fail("distributed moe: expert weight gradient differs by %.3g", e_w);
     }
     free(out), free(ref);
     kt_program_destroy(p), kt_program_destroy(whole);
@@ -367,7 +339,7 @@ static void scenario_moe_fail(kt_comm *comm, int in_backward)
     const char *where = "forward";
     if (in_backward) {
         if (st != KT_OK)
-            fail("the forward failed before the injected backward failure: %s", kt_last_error());
+            rank_fail("the forward failed before the injected backward failure: %s", kt_last_error());
         if (rank == 0)
             for (int64_t e = 0; e < ME; e++) {
                 kt_tensor w;
@@ -379,12 +351,12 @@ static void scenario_moe_fail(kt_comm *comm, int in_backward)
         where = "backward";
     }
     if (st == KT_OK)
-        fail("the %s succeeded although rank 0's layer produced NaN", where);
+        rank_fail("the %s succeeded although rank 0's layer produced NaN", where);
     if (strstr(kt_last_error(), "rank 0") == NULL || strstr(kt_last_error(), "poisoned") == NULL)
-        fail("error '%s' does not carry rank 0's message about layer 'poisoned'",
+        rank_fail("error '%s' does not carry rank 0's message about layer 'poisoned'",
              kt_last_error());
     if (rank == 0 && kt_moe_cache_get_state(layer) != KT_MOE_CACHE_POISONED)
-        fail("rank 0's forward cache is not poisoned after the failure");
+        rank_fail("rank 0's forward cache is not poisoned after the failure");
     printf("PASS rank %d: rank 0's MoE %s failure reached every rank: %s\n", rank, where,
            kt_last_error());
     kt_session_destroy(s);
@@ -402,7 +374,7 @@ int main(int argc, char **argv)
     kt_comm *comm;
     kt_status s = kt_comm_create_ucx(NULL, &comm);
     if (s != KT_OK)
-        fail("kt_comm_create_ucx: %s", kt_last_error());
+        rank_fail("kt_comm_create_ucx: %s", kt_last_error());
     rank_id = kt_comm_rank(comm);
     if (strcmp(argv[1], "halo") == 0 && argc > 2)
         scenario_halo(comm, strcmp(argv[2], "allgather") == 0 ? KT_HALO_ALLGATHER : KT_HALO_P2P,
@@ -414,7 +386,7 @@ int main(int argc, char **argv)
     else if (strcmp(argv[1], "moe_fail_bwd") == 0)
         scenario_moe_fail(comm, 1);
     else
-        fail("unknown scenario %s", argv[1]);
+        rank_fail("unknown scenario %s", argv[1]);
     fflush(stdout);
     kt_comm_destroy(comm);
     return 0;

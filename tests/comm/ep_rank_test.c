@@ -26,40 +26,12 @@
 
 #include <kt/kt.h>
 
-static int rank_id = -1;
-
-static void fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    printf("FAIL rank %d: ", rank_id);
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    fflush(stdout);
-    exit(1);
-}
-
-#define OK(expr)                                                                              \
-    do {                                                                                      \
-        kt_status s_ = (expr);                                                                \
-        if (s_ != KT_OK)                                                                      \
-            fail("%s: %s", #expr, kt_last_error());                                           \
-    } while (0)
-
-static float value_at(uint64_t seed, int64_t i)
-{
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull + (uint64_t)i * 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 31;
-    x *= 0x94D049BB133111EBull;
-    x ^= x >> 29;
-    return (float)((double)(x >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
+#include "tests/comm/rank_check.h"
 
 static void fill(float *v, int64_t n, uint64_t seed, int64_t offset, float scale)
 {
     for (int64_t i = 0; i < n; i++)
-        v[i] = scale * value_at(seed, i + offset);
+        v[i] = scale * rank_value_at(seed, i + offset);
 }
 
 /* max |a - b| over the largest |b| (the bound of the house rules) */
@@ -77,14 +49,14 @@ static void expect(const char *what, const float *a, const float *b, int64_t n, 
 {
     double e = rel_err(a, b, n);
     if (!(e <= bound))
-        fail("%s: relative error %.3g (bound %g)", what, e, bound);
+        rank_fail("%s: relative error %.3g (bound %g)", what, e, bound);
 }
 
 static float *scaled_copy(const float *v, int64_t n, float s)
 {
     float *o = malloc((size_t)(n > 0 ? n : 1) * sizeof *o);
     if (o == NULL)
-        fail("out of memory");
+        rank_fail("out of memory");
     for (int64_t i = 0; i < n; i++)
         o[i] = v[i] * s;
     return o;
@@ -255,7 +227,7 @@ static kt_moe_parallel parse_par(const char *s)
     if (strcmp(s, "ep") == 0)
         return KT_MOE_PARALLEL_EP;
     if (strcmp(s, "rank0") != 0)
-        fail("unknown parallel mode %s (rank0 or ep)", s);
+        rank_fail("unknown parallel mode %s (rank0 or ep)", s);
     return KT_MOE_PARALLEL_RANK0;
 }
 
@@ -434,7 +406,7 @@ int main(int argc, char **argv)
     kt_comm *comm;
     kt_status s = kt_comm_create_ucx(NULL, &comm);
     if (s != KT_OK)
-        fail("kt_comm_create_ucx: %s", kt_last_error());
+        rank_fail("kt_comm_create_ucx: %s", kt_last_error());
     rank_id = kt_comm_rank(comm);
     kt_moe_parallel par = parse_par(argv[2]);
     if (strcmp(argv[1], "varlen") == 0) {
@@ -445,7 +417,7 @@ int main(int argc, char **argv)
                                                             : KT_MOE_FULL;
         scenario_train(comm, par, mode, argc > 4 && strcmp(argv[4], "map") == 0);
     } else {
-        fail("unknown scenario %s", argv[1]);
+        rank_fail("unknown scenario %s", argv[1]);
     }
     fflush(stdout);
     kt_comm_destroy(comm);
