@@ -310,15 +310,23 @@ static kt_status begin(const kt__op_call *c, ep *d)
     return KT_OK;
 }
 
+/* The placement, the routing of this step's pairs and the owned rows' buffers, agreed by
+ * every rank (a failure on one reaches all before any rows move). */
+static kt_status prepare(const kt__op_call *c, ep *d, owned *o)
+{
+    KT__TRY(begin(c, d));
+    kt_status st = setup(c, d, KT_OK);
+    if (st == KT_OK)
+        st = owned_of(c, d, o);
+    return kt_comm_agree(c->comm, st);
+}
+
 kt_status kt__moe_ep_forward(const kt__op_call *c)
 {
     ep d;
     owned o;
-    KT__TRY(begin(c, &d));
-    kt_status st = setup(c, &d, KT_OK);
-    if (st == KT_OK)
-        st = owned_of(c, &d, &o);
-    KT__TRY(kt_comm_agree(c->comm, st));
+    KT__TRY(prepare(c, &d, &o));
+    kt_status st = KT_OK;
     const kt_tensor *x = &c->in[0], *w = &c->in[2];
     const size_t row = kt__moe_row_bytes(x), rec = rec_bytes(row);
     const int64_t k = c->in[1].shape[1];
@@ -350,11 +358,8 @@ kt_status kt__moe_ep_backward(const kt__op_call *c)
 {
     ep d;
     owned o;
-    KT__TRY(begin(c, &d));
-    kt_status st = setup(c, &d, KT_OK);
-    if (st == KT_OK)
-        st = owned_of(c, &d, &o);
-    KT__TRY(kt_comm_agree(c->comm, st));
+    KT__TRY(prepare(c, &d, &o));
+    kt_status st = KT_OK;
     const kt_tensor *gy = &c->gout[0];
     const size_t row = kt__moe_row_bytes(gy), rec = rec_bytes(row);
     const int64_t k = c->in[1].shape[1];
