@@ -53,9 +53,12 @@ static void fill_params(kt_moe *m, uint64_t seed)
     tu_rng_seed(&r, seed);
     for (int64_t e = 0; e < c->n_experts; e++)
         for (int p = 0; p < 3; p++) {
-            kt_tensor v;
-            OK(kt_moe_weight(m, e, (kt_moe_proj)p, &v));
+            /* set, not written through a view: a quantized layer quantizes them */
+            kt_tensor v = p == 2 ? tu_new(c->weight_dtype, c->hidden, c->intermediate)
+                                 : tu_new(c->weight_dtype, c->intermediate, c->hidden);
             tu_fill_uniform(&v, &r, -0.25, 0.25);
+            OK(kt_moe_set_weight(m, e, (kt_moe_proj)p, &v));
+            tu_free(&v);
             if (c->mode == KT_MOE_LORA) {
                 OK(kt_moe_lora(m, e, (kt_moe_proj)p, 1, &v));
                 tu_fill_uniform(&v, &r, -0.2, 0.2);
@@ -144,9 +147,11 @@ static void reference(kt_moe *m, const inputs *in, double s, ref *o)
     assert_true(E <= 64);
     for (int64_t e = 0; e < E; e++)
         for (int p = 0; p < 3; p++) {
-            kt_tensor v;
-            OK(kt_moe_weight(m, e, (kt_moe_proj)p, &v));
+            /* the values the layer multiplies by (a quantized layer's dequantized ones) */
+            kt_tensor v = p == 2 ? tu_new(KT_F32, H, I) : tu_new(KT_F32, I, H);
+            OK(kt_moe_get_weight(m, e, (kt_moe_proj)p, &v));
             W[e][p] = tensor_d(&v);
+            tu_free(&v);
             LA[e][p] = LB[e][p] = NULL;
             if (lora) {
                 OK(kt_moe_lora(m, e, (kt_moe_proj)p, 0, &v));
@@ -362,34 +367,40 @@ static void check_against_ref(kt_moe *m, const inputs *in, const ref *o, double 
     free(y), free(gx), free(gw);
 }
 
+/* One layer of cfg (max_tokens the largest of qlens) against the reference at each qlen. */
+static void run_cfg(kt_moe_config cfg, const int64_t *qlens, int nq, kt_dtype id_dtype,
+                    kt_threadpool *pool, double tol, const char *what)
+{
+    for (int i = 0; i < nq; i++)
+        cfg.max_tokens = qlens[i] > cfg.max_tokens ? qlens[i] : cfg.max_tokens;
+    kt_moe *m = NULL;
+    OK(kt_moe_create(&cfg, pool, &m));
+    fill_params(m, 11 + (uint64_t)cfg.mode);
+    for (int i = 0; i < nq; i++) {
+        inputs in;
+        make_inputs(&in, &cfg, qlens[i], id_dtype, 100 + (uint64_t)i);
+        OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
+        kt_moe_zero_grad(m);
+        OK(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f));
+        ref o;
+        reference(m, &in, 1.0, &o);
+        check_against_ref(m, &in, &o, tol, what);
+        free_ref(&o);
+        free_inputs(&in);
+    }
+    kt_moe_destroy(m);
+}
+
 static void run_modes(kt_dtype wd, kt_dtype ad, int64_t H, int64_t I, int64_t E, int64_t K,
                       const int64_t *qlens, int nq, kt_dtype id_dtype, kt_threadpool *pool)
 {
-    int64_t T = 0;
-    for (int i = 0; i < nq; i++)
-        T = qlens[i] > T ? qlens[i] : T;
     double tol = (wd == KT_BF16 || ad == KT_BF16) ? 1e-2 : 1e-5;
     for (int mode = 0; mode < 3; mode++) {
-        kt_moe_config cfg = make_cfg(wd, ad, (kt_moe_mode)mode, H, I, E, K, T);
-        kt_moe *m = NULL;
-        OK(kt_moe_create(&cfg, pool, &m));
-        fill_params(m, 11 + (uint64_t)mode);
-        for (int i = 0; i < nq; i++) {
-            inputs in;
-            make_inputs(&in, &cfg, qlens[i], id_dtype, 100 + (uint64_t)i);
-            OK(kt_moe_forward(m, &in.x, &in.ids, &in.w, &in.y));
-            kt_moe_zero_grad(m);
-            OK(kt_moe_backward(m, &in.gy, &in.gx, &in.gw, 1.0f));
-            ref o;
-            reference(m, &in, 1.0, &o);
-            char what[96];
-            snprintf(what, sizeof what, "%s weights, %s act, mode %d, H %lld I %lld",
-                     kt_dtype_name(wd), kt_dtype_name(ad), mode, (long long)H, (long long)I);
-            check_against_ref(m, &in, &o, tol, what);
-            free_ref(&o);
-            free_inputs(&in);
-        }
-        kt_moe_destroy(m);
+        char what[96];
+        snprintf(what, sizeof what, "%s weights, %s act, mode %d, H %lld I %lld",
+                 kt_dtype_name(wd), kt_dtype_name(ad), mode, (long long)H, (long long)I);
+        run_cfg(make_cfg(wd, ad, (kt_moe_mode)mode, H, I, E, K, 1), qlens, nq, id_dtype, pool,
+                tol, what);
     }
 }
 
@@ -1703,6 +1714,203 @@ static void test_lora_init(void **state)
     kt_moe_destroy(b);
 }
 
+
+/* ---- quantized experts --------------------------------------------------------------------- */
+
+typedef struct qfmt_case {
+    kt_moe_quant quant;
+    int group;
+} qfmt_case;
+static const qfmt_case qcases[] = {
+    {KT_MOE_QUANT_INT8, 0}, {KT_MOE_QUANT_INT4, 32}, {KT_MOE_QUANT_INT4, 64}, {KT_MOE_QUANT_INT4, 128}};
+
+static kt_moe_config quant_cfg(qfmt_case f, kt_dtype ad, kt_moe_mode mode, int64_t H, int64_t I,
+                               int64_t E, int64_t K, int64_t T)
+{
+    kt_moe_config c = make_cfg(KT_BF16, ad, mode, H, I, E, K, T);
+    c.quant = f.quant;
+    c.quant_group = f.group;
+    return c;
+}
+
+/* Frozen and LoRA layers of every format against the float64 reference on the weights they
+ * multiply by (their dequantized ones), at row counts of the kernels' few-row and many-row
+ * paths: the layer's wiring (every projection, both backward products, the adapters). The
+ * activations meet the kernels in bf16, so the tolerance is the bf16 layers' at this size. */
+static void test_reference_quant(void **state)
+{
+    (void)state;
+    kt_threadpool *pool = NULL;
+    OK(kt_threadpool_create(2, &pool));
+    const int64_t q[] = {1, 5, 40};
+    for (size_t f = 0; f < sizeof qcases / sizeof qcases[0]; f++)
+        for (int mode = 0; mode < 2; mode++)
+            for (int a = 0; a < 2; a++) {
+                const kt_dtype ad = a ? KT_BF16 : KT_F32;
+                char what[128];
+                snprintf(what, sizeof what, "%s g%d experts, %s act, mode %d",
+                         kt_moe_quant_name(qcases[f].quant), qcases[f].group, kt_dtype_name(ad),
+                         mode);
+                run_cfg(quant_cfg(qcases[f], ad, (kt_moe_mode)mode, 128, 256, 6, 2, 1), q, 3,
+                        KT_I32, pool, 2e-2, what);
+            }
+    kt_threadpool_destroy(pool);
+}
+
+/* max |a - b| / max |b| */
+static double tensor_rel(const kt_tensor *a, const kt_tensor *b)
+{
+    double err = 0, scale = 1e-30;
+    for (int64_t i = 0; i < kt_tensor_numel(b); i++) {
+        err = fmax(err, fabs(tu_get(a, i) - tu_get(b, i)));
+        scale = fmax(scale, fabs(tu_get(b, i)));
+    }
+    return err / scale;
+}
+
+/* The quantization error itself: a quantized layer against the bf16 layer it was quantized
+ * from (the same weights), output and input gradient, printed and bounded per format; and the
+ * store's bytes against bf16's. */
+static void test_quant_error_vs_bf16(void **state)
+{
+    (void)state;
+    const int64_t H = 256, I = 256, E = 4, K = 2, T = 16;
+    /* bounds of max|err| / max|y| on uniform weights (a round-to-nearest step's error is a
+     * uniform +-scale/2: relative rms 1/(sqrt(3) qmax) of the largest weight) */
+    const double bound[] = {0.02, 0.2, 0.2, 0.2};
+    const double bytes_bound[] = {0.52, 0.29, 0.27, 0.26};
+    kt_moe_config bc = make_cfg(KT_BF16, KT_F32, KT_MOE_FROZEN, H, I, E, K, T);
+    kt_moe *ref_layer = NULL;
+    OK(kt_moe_create(&bc, NULL, &ref_layer));
+    fill_params(ref_layer, 5);
+    inputs in, in_q;
+    make_inputs(&in, &bc, T, KT_I32, 9);
+    make_inputs(&in_q, &bc, T, KT_I32, 9);
+    OK(kt_moe_forward(ref_layer, &in.x, &in.ids, &in.w, &in.y));
+    OK(kt_moe_backward(ref_layer, &in.gy, &in.gx, &in.gw, 1.0f));
+    kt_moe_memory bm;
+    kt_moe_get_memory(ref_layer, &bm);
+    for (size_t f = 0; f < sizeof qcases / sizeof qcases[0]; f++) {
+        kt_moe_config qc = quant_cfg(qcases[f], KT_F32, KT_MOE_FROZEN, H, I, E, K, T);
+        kt_moe *m = NULL;
+        OK(kt_moe_create(&qc, NULL, &m));
+        fill_params(m, 5); /* the same values */
+        OK(kt_moe_forward(m, &in_q.x, &in_q.ids, &in_q.w, &in_q.y));
+        OK(kt_moe_backward(m, &in_q.gy, &in_q.gx, &in_q.gw, 1.0f));
+        kt_moe_memory qm;
+        kt_moe_get_memory(m, &qm);
+        const double ey = tensor_rel(&in_q.y, &in.y), egx = tensor_rel(&in_q.gx, &in.gx);
+        const double ratio = (double)qm.weight_bytes / (double)bm.weight_bytes;
+        printf("quantization error of %s g%d vs bf16: y %.4f grad_x %.4f (bound %.2f); store "
+               "%.4f of bf16's bytes\n",
+               kt_moe_quant_name(qc.quant), qc.quant_group, ey, egx, bound[f], ratio);
+        assert_true(ey < bound[f] && egx < bound[f]);
+        assert_true(ey > 1e-5); /* quantized for real */
+        assert_true(ratio <= bytes_bound[f]);
+        kt_moe_destroy(m);
+    }
+    free_inputs(&in), free_inputs(&in_q);
+    kt_moe_destroy(ref_layer);
+}
+
+static void test_quant_errors(void **state)
+{
+    (void)state;
+    const qfmt_case i8 = {KT_MOE_QUANT_INT8, 0}, i4 = {KT_MOE_QUANT_INT4, 64};
+    kt_moe *m = NULL;
+    kt_moe_config c = quant_cfg(i4, KT_F32, KT_MOE_FULL, 128, 64, 2, 1, 2);
+    TU_EXPECT_ERROR(kt_moe_create(&c, NULL, &m), KT_EINVAL, "L7", "int4", "full mode", "LoRA");
+    c = quant_cfg(i8, KT_F32, KT_MOE_LORA, 128, 64, 2, 1, 2);
+    c.weight_dtype = KT_F32;
+    TU_EXPECT_ERROR(kt_moe_create(&c, NULL, &m), KT_EINVAL, "weight_dtype bf16");
+    c = quant_cfg((qfmt_case){KT_MOE_QUANT_INT4, 128}, KT_F32, KT_MOE_LORA, 192, 128, 2, 1, 2);
+    TU_EXPECT_ERROR(kt_moe_create(&c, NULL, &m), KT_EINVAL, "hidden 192", "group size 128",
+                    "does not divide");
+    c = quant_cfg((qfmt_case){KT_MOE_QUANT_INT4, 32}, KT_F32, KT_MOE_LORA, 128, 96, 2, 1, 2);
+    TU_EXPECT_ERROR(kt_moe_create(&c, NULL, &m), KT_EINVAL, "intermediate 96", "multiple of 64");
+    c = quant_cfg((qfmt_case){KT_MOE_QUANT_INT4, 48}, KT_F32, KT_MOE_LORA, 192, 96, 2, 1, 2);
+    TU_EXPECT_ERROR(kt_moe_create(&c, NULL, &m), KT_EINVAL, "48", "not 32, 64 or 128");
+    c = quant_cfg((qfmt_case){(kt_moe_quant)7, 0}, KT_F32, KT_MOE_LORA, 128, 64, 2, 1, 2);
+    TU_EXPECT_ERROR(kt_moe_create(&c, NULL, &m), KT_EINVAL, "unknown quant 7");
+
+    /* a NaN or Inf weight is refused naming it, the stored weight kept; no view of the store */
+    c = quant_cfg(i4, KT_F32, KT_MOE_LORA, 128, 64, 2, 1, 2);
+    OK(kt_moe_create(&c, NULL, &m));
+    fill_params(m, 3);
+    kt_tensor before = tu_new(KT_F32, 64, 128), after = tu_new(KT_F32, 64, 128);
+    kt_tensor bad = tu_new(KT_F32, 64, 128);
+    OK(kt_moe_get_weight(m, 1, KT_MOE_UP, &before));
+    memcpy(bad.data, before.data, kt_tensor_nbytes(&bad));
+    ((float *)bad.data)[5 * 128 + 7] = NAN;
+    TU_EXPECT_ERROR(kt_moe_set_weight(m, 1, KT_MOE_UP, &bad), KT_EINVAL, "L7", "expert 1",
+                    "up_proj", "[5, 7]", "not finite");
+    ((float *)bad.data)[5 * 128 + 7] = INFINITY;
+    TU_EXPECT_ERROR(kt_moe_set_weight(m, 1, KT_MOE_UP, &bad), KT_EINVAL, "[5, 7]");
+    OK(kt_moe_get_weight(m, 1, KT_MOE_UP, &after));
+    assert_true(tu_bitwise_equal(&before, &after));
+    kt_tensor view;
+    TU_EXPECT_ERROR(kt_moe_weight(m, 0, KT_MOE_GATE, &view), KT_ESTATE, "quantized",
+                    "kt_moe_get_weight");
+    kt_tensor i32w = tu_new(KT_I32, 64, 128);
+    TU_EXPECT_ERROR(kt_moe_set_weight(m, 0, KT_MOE_GATE, &i32w), KT_EINVAL, "f32 or bf16");
+    tu_free(&i32w), tu_free(&bad), tu_free(&before), tu_free(&after);
+    kt_moe_destroy(m);
+}
+
+/* A quantized LoRA layer saves its adapters only; a file with base weights is quantized on
+ * load (the same as setting them); a file without keeps the base. */
+static void test_quant_load_save(void **state)
+{
+    (void)state;
+    char pb[] = "/tmp/kt_test_moeq_XXXXXX", pq[] = "/tmp/kt_test_moeq_XXXXXX";
+    int fd = mkstemp(pb);
+    assert_true(fd >= 0);
+    close(fd);
+    fd = mkstemp(pq);
+    assert_true(fd >= 0);
+    close(fd);
+    const qfmt_case i4 = {KT_MOE_QUANT_INT4, 32};
+    kt_moe_config bc = make_cfg(KT_BF16, KT_F32, KT_MOE_LORA, 128, 64, 3, 2, 4);
+    kt_moe_config qc = quant_cfg(i4, KT_F32, KT_MOE_LORA, 128, 64, 3, 2, 4);
+    kt_moe *b = NULL, *q1 = NULL, *q2 = NULL;
+    OK(kt_moe_create(&bc, NULL, &b));
+    OK(kt_moe_create(&qc, NULL, &q1));
+    OK(kt_moe_create(&qc, NULL, &q2));
+    fill_params(b, 31);
+    fill_params(q1, 31); /* the same weights and adapters, set */
+    OK(kt_moe_save(b, pb, NULL));
+    kt_st_file *f = NULL;
+    OK(kt_st_open(pb, &f));
+    OK(kt_moe_load(q2, f, NULL)); /* base weights quantized on load, adapters copied */
+    kt_st_close(f);
+    inputs in1, in2;
+    make_inputs(&in1, &qc, 4, KT_I32, 2);
+    make_inputs(&in2, &qc, 4, KT_I32, 2);
+    OK(kt_moe_forward(q1, &in1.x, &in1.ids, &in1.w, &in1.y));
+    OK(kt_moe_forward(q2, &in2.x, &in2.ids, &in2.w, &in2.y));
+    assert_true(tu_bitwise_equal(&in1.y, &in2.y));
+    /* its own checkpoint: adapters only */
+    OK(kt_moe_save(q1, pq, NULL));
+    OK(kt_st_open(pq, &f));
+    assert_int_equal(kt_st_count(f), 3 * 3 * 2);
+    size_t at;
+    assert_int_not_equal(kt_st_lookup(f, "moe.0.experts.0.gate_proj.weight", &at), KT_OK);
+    kt_clear_error();
+    /* read back over a base the layer keeps: q2's adapters changed, then restored */
+    kt_tensor lb;
+    OK(kt_moe_lora(q2, 1, KT_MOE_DOWN, 1, &lb));
+    memset(lb.data, 0, kt_tensor_nbytes(&lb));
+    OK(kt_moe_forward(q2, &in2.x, &in2.ids, &in2.w, &in2.y));
+    assert_false(tu_bitwise_equal(&in1.y, &in2.y));
+    OK(kt_moe_load(q2, f, NULL));
+    kt_st_close(f);
+    OK(kt_moe_forward(q2, &in2.x, &in2.ids, &in2.w, &in2.y));
+    assert_true(tu_bitwise_equal(&in1.y, &in2.y));
+    free_inputs(&in1), free_inputs(&in2);
+    kt_moe_destroy(b), kt_moe_destroy(q1), kt_moe_destroy(q2);
+    unlink(pb), unlink(pq);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1730,6 +1938,10 @@ int main(void)
         cmocka_unit_test(test_work_sharing),
         cmocka_unit_test(test_output_staging),
         cmocka_unit_test(test_shared_scratch),
+        cmocka_unit_test(test_reference_quant),
+        cmocka_unit_test(test_quant_error_vs_bf16),
+        cmocka_unit_test(test_quant_errors),
+        cmocka_unit_test(test_quant_load_save),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

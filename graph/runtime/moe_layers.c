@@ -41,6 +41,8 @@ static kt_status op_config(const kt_program *p, const kt_moe_layers_options *o, 
     KT__TRY(kt_program_moe_config(info, info->intermediate > 0 ? 0 : o->intermediate,
                                   o->weight_dtype, o->mode, o->lora_rank, o->lora_alpha,
                                   world_of(o), c));
+    c->quant = o->quant;
+    c->quant_group = o->quant_group;
     snprintf(name, LAYER_NAME_BYTES, "moe.%d", info->binding);
     c->name = name;
     *held = o->rank == 0 || is_ep(o, info);
@@ -194,22 +196,43 @@ static void init_weight(kt_tensor *w, uint64_t seed, int layer, int64_t expert, 
     }
 }
 
+/* One layer's weights from the seed: in place, or for quantized experts drawn as the bf16
+ * layer's would be and quantized (so that a quantized run starts from that run's weights). */
+static kt_status init_layer(kt_moe *m, int b, uint64_t seed)
+{
+    const kt_moe_config *c = kt_moe_get_config(m);
+    uint16_t *staging = NULL;
+    if (c->quant != KT_MOE_QUANT_NONE &&
+        (staging = malloc((size_t)(c->hidden * c->intermediate) * sizeof *staging)) == NULL)
+        return kt__error(KT_ENOMEM, "kt_moe_layers_init: out of memory");
+    kt_status st = KT_OK;
+    for (int64_t e = 0; e < c->n_experts && st == KT_OK; e++)
+        for (int p = 0; p < 3 && st == KT_OK; p++) {
+            /* the model's expert: a rank's share starts as the one-rank layer's */
+            const int64_t id = c->expert_ids ? c->expert_ids[e] : e;
+            kt_tensor w;
+            if (staging == NULL) {
+                st = kt_moe_weight(m, e, (kt_moe_proj)p, &w);
+                if (st == KT_OK)
+                    init_weight(&w, seed, b, id, p);
+                continue;
+            }
+            const int64_t shape[2] = {p == KT_MOE_DOWN ? c->hidden : c->intermediate,
+                                      p == KT_MOE_DOWN ? c->intermediate : c->hidden};
+            kt_tensor_init(&w, staging, KT_BF16, 2, shape);
+            init_weight(&w, seed, b, id, p);
+            st = kt_moe_set_weight(m, e, (kt_moe_proj)p, &w);
+        }
+    free(staging);
+    return st;
+}
+
 kt_status kt_moe_layers_init(const kt_moe_layers *layers, uint64_t seed)
 {
     if (layers == NULL)
         return kt__error(KT_EINVAL, "kt_moe_layers_init: NULL argument");
-    for (int b = 0; b < layers->n; b++) {
-        kt_moe *m = layers->layers[b];
-        if (m == NULL)
-            continue;
-        const kt_moe_config *c = kt_moe_get_config(m);
-        for (int64_t e = 0; e < c->n_experts; e++)
-            for (int p = 0; p < 3; p++) {
-                kt_tensor w;
-                KT__TRY(kt_moe_weight(m, e, (kt_moe_proj)p, &w));
-                /* the model's expert: a rank's share starts as the one-rank layer's */
-                init_weight(&w, seed, b, c->expert_ids ? c->expert_ids[e] : e, p);
-            }
-    }
+    for (int b = 0; b < layers->n; b++)
+        if (layers->layers[b] != NULL)
+            KT__TRY(init_layer(layers->layers[b], b, seed));
     return KT_OK;
 }

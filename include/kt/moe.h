@@ -39,6 +39,17 @@ typedef struct kt_moe kt_moe;
 
 typedef enum kt_moe_mode { KT_MOE_FROZEN = 0, KT_MOE_LORA = 1, KT_MOE_FULL = 2 } kt_moe_mode;
 
+/* Frozen expert weights stored quantized (kt_moe_config.quant): INT8 with one scale per output
+ * channel, or INT4 with one scale per group of kt_moe_config.quant_group inputs (bf16 scales,
+ * symmetric, rounded to nearest). docs/quantized.md has the formats and their error. */
+typedef enum kt_moe_quant {
+    KT_MOE_QUANT_NONE = 0,
+    KT_MOE_QUANT_INT8 = 1,
+    KT_MOE_QUANT_INT4 = 2
+} kt_moe_quant;
+/* "none", "int8", "int4"; NULL for an unknown value. */
+const char *kt_moe_quant_name(kt_moe_quant quant);
+
 #define KT_MOE_NUMA_SPLIT (-2)
 
 /* Scratch buffers shared by several layers. A layer's buffers are of two kinds: what forward
@@ -95,6 +106,14 @@ typedef struct kt_moe_config {
      * follow these ids, so the shards' files together are the whole layer's. Views and
      * gradients (kt_moe_weight, ...) still take the layer's own index 0 to n_experts - 1. */
     const int64_t *expert_ids;
+    /* Quantized frozen experts (KT_MOE_QUANT_NONE: the weights as weight_dtype). The weights are
+     * quantized as they come in (kt_moe_set_weight and kt_moe_load take f32 or bf16) and the
+     * layer multiplies by the dequantized values (bf16, f32 accumulation); weight_dtype must be
+     * KT_BF16 (the dtype the activations meet the kernels in) and mode frozen or LoRA: a
+     * quantized weight has no gradient. quant_group: INT4's inputs per scale, 32, 64 or 128
+     * dividing both H and I (which must be multiples of 64); 0 means 64; ignored for INT8. */
+    kt_moe_quant quant;
+    int quant_group;
 } kt_moe_config;
 
 /* Creates the layer: validates the configuration, allocates the weight store (zeroed) and
@@ -123,10 +142,16 @@ typedef enum kt_moe_proj { KT_MOE_GATE = 0, KT_MOE_UP = 1, KT_MOE_DOWN = 2 } kt_
 
 /* Copies one expert's projection in: w is a contiguous CPU tensor of the weight dtype, gate/up
  * [I, H], down [H, I]; any other is KT_EINVAL saying what differs (dtype, shape, strides,
- * device). docs/moe.md walks through a layer's use; examples/moe_layer.c is a whole program. */
+ * device). A quantized layer takes f32 or bf16 and quantizes it (a NaN or Inf weight is
+ * KT_EINVAL naming it, the stored one left as it was). docs/moe.md walks through a layer's use;
+ * examples/moe_layer.c is a whole program. */
 kt_status kt_moe_set_weight(kt_moe *moe, int64_t expert, kt_moe_proj proj, const kt_tensor *w);
-/* A view of the stored weight in its original layout (write through it to change it). */
+/* A view of the stored weight in its original layout (write through it to change it). A
+ * quantized layer has no such view (KT_ESTATE): read it with kt_moe_get_weight. */
 kt_status kt_moe_weight(kt_moe *moe, int64_t expert, kt_moe_proj proj, kt_tensor *view_out);
+/* Copies the weight out into `out` (contiguous CPU, f32 or bf16, the projection's shape): the
+ * values the layer multiplies by (a quantized layer's dequantized weights). */
+kt_status kt_moe_get_weight(const kt_moe *moe, int64_t expert, kt_moe_proj proj, kt_tensor *out);
 /* The checkpoint name of expert `expert`'s projection `proj` in model layer `layer` under the
  * scheme `names` (kt_moe_names, kt/ops.h), with `suffix` "weight" (the weight itself),
  * "lora_A.weight" (its LoRA A, [r, in]) or "lora_B.weight" (B, [out, r]):
@@ -154,7 +179,10 @@ kt_status kt_moe_tensor_name(kt_moe_names names, int layer, int64_t expert, kt_m
  * it was. */
 kt_status kt_moe_load(kt_moe *moe, const kt_st_file *file, const char *prefix);
 /* Writes the experts back out in the same naming (and the LoRA adapters, if any, as
- * "...lora_A.weight" / "...lora_B.weight"); prefix NULL: the layer's own names. */
+ * "...lora_A.weight" / "...lora_B.weight"); prefix NULL: the layer's own names. A quantized
+ * layer writes its adapters only: its base is what it was quantized from (the checkpoint or
+ * seed it was loaded from), and loading a file without base weights into a quantized layer
+ * keeps the base it holds (with them, every one must be there, and is quantized). */
 kt_status kt_moe_save(const kt_moe *moe, const char *path, const char *prefix);
 /* The same for n layers into one file, layer i under prefixes[i] (e.g. "moe.3.") or, where
  * prefixes is NULL or prefixes[i] is, under its own names; each reads back with kt_moe_load
@@ -232,8 +260,8 @@ void kt_moe_cache_clear(kt_moe *moe);
  */
 
 typedef struct kt_moe_memory {
-    uint64_t weight_bytes;          /* expert weights as stored */
-    uint64_t raw_weight_bytes;      /* E * 3 * H * I * dtype size */
+    uint64_t weight_bytes;          /* expert weights as stored (quantized: values and scales) */
+    uint64_t raw_weight_bytes;      /* E * 3 * H * I * dtype size (the weight dtype's) */
     uint64_t backward_buffer_bytes; /* transposed/repacked weights for backward, if any */
     uint64_t saved_bytes_per_token; /* kept from forward to backward, per token: the routing
                                      * (16 bytes per slot), x in the weight dtype, and with

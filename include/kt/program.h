@@ -134,6 +134,9 @@ kt_status kt_program_moe_config(const kt_program_moe *info, int64_t intermediate
  * before kt_session_create; the layers array is kt_session_options.moe_layers). */
 typedef struct kt_moe_layers_options {
     kt_dtype weight_dtype; /* KT_F32 or KT_BF16 */
+    /* Quantized frozen experts (kt_moe_config.quant and .quant_group; weight_dtype KT_BF16) */
+    kt_moe_quant quant;
+    int quant_group;
     kt_moe_mode mode;
     int64_t lora_rank;     /* LoRA mode: the adapters' r and alpha */
     float lora_alpha;

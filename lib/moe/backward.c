@@ -187,9 +187,9 @@ static void ga_tasks(void *vctx, int64_t b, int64_t end, int thread)
                 if (m->dim
                         .tiled) { /* the weights from column c0 on, so that ga starts at column 0 */
                     const void *wd = kt__moe_weight_ptr(m, t->e, KT_MOE_DOWN);
-                    kt__moe_gemm_nn(m, rows, m->dim.H, 0, st.c1 - st.c0,
+                    kt__moe_gemm_nn(m, thread, rows, m->dim.H, st.c0, st.c1,
                                     kt__moe_cdt_at(m, m->bwd.grad_y_rows, r0 * m->dim.ld_h),
-                                    m->dim.ld_h, kt__moe_cdt_at(m, wd, st.c0), m->dim.I, ga, ldga);
+                                    m->dim.ld_h, wd, m->dim.I, ga, ldga);
                 }
                 if (m->cfg.mode == KT_MOE_LORA)
                     kt__moe_lora_gin_add(m, KT_MOE_DOWN, &st, r0, r1, ga, ldga);
@@ -227,7 +227,6 @@ static int64_t gx_lora_step(int64_t rows)
 
 static void gx_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
-    (void)thread;
     kt_moe *m = ((bwd_ctx *)vctx)->m;
     const int lora = m->cfg.mode == KT_MOE_LORA;
     for (int64_t i = b; i < end; i++) {
@@ -237,7 +236,7 @@ static void gx_tasks(void *vctx, int64_t b, int64_t end, int thread)
         for (int64_t c0 = t->c0; c0 < t->c1; c0 += step) {
             const kt__moe_task st = {t->e, c0, t->c1 - c0 < step ? t->c1 : c0 + step};
             if (m->dim.tiled) {
-                kt__moe_gemm_nn2(m, rows_e, m->dim.I, st.c0, st.c1,
+                kt__moe_gemm_nn2(m, thread, rows_e, m->dim.I, st.c0, st.c1,
                                  kt__moe_cdt_at(m, m->bwd.grad_gate_pre, row0 * m->dim.I),
                                  kt__moe_weight_ptr(m, t->e, KT_MOE_GATE),
                                  kt__moe_cdt_at(m, m->bwd.grad_up_pre, row0 * m->dim.I),

@@ -77,7 +77,6 @@ static int64_t stream_rows_max(const kt_moe *m)
 
 static void gate_up_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
-    (void)thread;
     fwd_ctx *c = vctx;
     kt_moe *m = c->m;
     int lora = m->cfg.mode == KT_MOE_LORA;
@@ -93,11 +92,12 @@ static void gate_up_tasks(void *vctx, int64_t b, int64_t end, int thread)
                  * fetch the next one's first rows ahead */
                 const void *wg = kt__moe_weight_ptr(m, t->e, KT_MOE_GATE);
                 const void *wu = kt__moe_weight_ptr(m, t->e, KT_MOE_UP);
-                kt__moe_gemm_nt(m, rows_e, st.c0, st.c1, m->dim.H, x, m->dim.ld_h, wg, m->dim.H,
-                                kt__moe_cdt_at(m, wu, st.c0 * m->dim.H),
+                const int q = m->dim.quant != KT__Q_NONE;
+                kt__moe_gemm_nt(m, thread, rows_e, st.c0, st.c1, m->dim.H, x, m->dim.ld_h, wg,
+                                m->dim.H, q ? NULL : kt__moe_cdt_at(m, wu, st.c0 * m->dim.H),
                                 m->fwd.gate_pre + row0 * m->dim.I, m->dim.I);
-                kt__moe_gemm_nt(m, rows_e, st.c0, st.c1, m->dim.H, x, m->dim.ld_h, wu, m->dim.H,
-                                kt__moe_cdt_at(m, wg, st.c1 * m->dim.H),
+                kt__moe_gemm_nt(m, thread, rows_e, st.c0, st.c1, m->dim.H, x, m->dim.ld_h, wu,
+                                m->dim.H, q ? NULL : kt__moe_cdt_at(m, wg, st.c1 * m->dim.H),
                                 m->fwd.up_pre + row0 * m->dim.I, m->dim.I);
             }
             if (lora) {
@@ -115,14 +115,13 @@ static void gate_up_tasks(void *vctx, int64_t b, int64_t end, int thread)
 
 static void down_tasks(void *vctx, int64_t b, int64_t end, int thread)
 {
-    (void)thread;
     fwd_ctx *c = vctx;
     kt_moe *m = c->m;
     for (int64_t i = b; i < end; i++) {
         const kt__moe_task *t = &m->route.tasks[i];
         int64_t row0 = m->route.row_start[t->e], rows_e = m->route.row_start[t->e + 1] - row0;
         if (m->dim.tiled)
-            kt__moe_gemm_nt(m, rows_e, t->c0, t->c1, m->dim.I,
+            kt__moe_gemm_nt(m, thread, rows_e, t->c0, t->c1, m->dim.I,
                             kt__moe_cdt_at(m, m->fwd.act, row0 * m->dim.I), m->dim.I,
                             kt__moe_weight_ptr(m, t->e, KT_MOE_DOWN), m->dim.I, NULL,
                             m->fwd.expert_out + row0 * m->dim.H, m->dim.H);

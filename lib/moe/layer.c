@@ -11,6 +11,7 @@
 #include "lib/core/numa_internal.h"
 #include "lib/kernels/bf16_gemm.h"
 #include "lib/kernels/f32_gemm.h"
+#include "lib/kernels/quant_gemm.h"
 #include "lib/moe/moe_internal.h"
 #include "lib/moe/trainable.h"
 
@@ -32,6 +33,8 @@ int64_t kt__moe_proj_out(const kt_moe *m, int proj)
 
 void *kt__moe_weight_ptr(const kt_moe *m, int64_t e, int proj)
 {
+    if (m->dim.quant)
+        return &m->store.qmat[e * 3 + proj];
     return m->store.weights + (size_t)((e * 3 + proj) * m->dim.H * m->dim.I) * m->dim.cdt_bytes;
 }
 
@@ -112,7 +115,7 @@ static kt_status check_config(const kt_moe_config *c)
     if (c->layer < 0 || c->layer >= KT_MOE_MAX_LAYERS)
         return kt__error(KT_EINVAL, "moe '%s': layer %d is outside 0 to %d", name, c->layer,
                          KT_MOE_MAX_LAYERS - 1);
-    return KT_OK;
+    return kt__moe_quant_check(c, name);
 }
 
 /* Node groups from the pool's thread placement (contiguous blocks of threads per node), the
@@ -239,6 +242,8 @@ static size_t plan_scratch(kt_moe *m)
     SCRATCH(m->bwd.grad_gate_pre, N * I * cs);
     SCRATCH(m->bwd.grad_up_pre, N * I * cs);
     SCRATCH(m->bwd.grad_w_slots, N * 4);
+    if (m->dim.quant)
+        SCRATCH(m->store.q_work, (size_t)m->n_threads * m->store.q_work_bytes);
     if (!m->cfg.keep_activations) { /* recomputed in backward: nothing to keep */
         SCRATCH(m->fwd.gate_pre, N * I * 4);
         SCRATCH(m->fwd.up_pre, N * I * 4);
@@ -374,10 +379,17 @@ static uint64_t trainable_values(const kt_moe_config *c)
 
 /* The weight store, and the adapters with their gradients (LoRA) or the weight gradients
  * (full): the parts that grow with the experts, as alloc_params sizes them. */
+static uint64_t store_bytes(const kt_moe_config *c)
+{
+    if (c->quant != KT_MOE_QUANT_NONE)
+        return (uint64_t)c->n_experts * kt__moe_quant_expert_bytes(c);
+    return (uint64_t)c->n_experts * 3 * (uint64_t)c->hidden * (uint64_t)c->intermediate *
+           kt_dtype_size(c->weight_dtype);
+}
+
 static uint64_t weight_bytes(const kt_moe_config *c)
 {
-    const uint64_t raw = (uint64_t)c->n_experts * 3 * (uint64_t)c->hidden *
-                         (uint64_t)c->intermediate * kt_dtype_size(c->weight_dtype);
+    const uint64_t raw = store_bytes(c);
     const uint64_t trained = trainable_values(c) * sizeof(float);
     return raw + (c->mode == KT_MOE_LORA ? 2 * trained : trained);
 }
@@ -426,6 +438,7 @@ kt_status kt_moe_create(const kt_moe_config *config, kt_threadpool *pool, kt_moe
     m->pool = pool;
     m->n_threads = kt_threadpool_size(pool);
     m->dim.bf16 = config->weight_dtype == KT_BF16;
+    m->dim.quant = kt__moe_qfmt(config);
     m->dim.tiled = m->dim.bf16 || kt__f32_gemm_tiled();
     m->dim.cdt_bytes = kt_dtype_size(config->weight_dtype);
     m->dim.E = config->n_experts;
@@ -440,6 +453,10 @@ kt_status kt_moe_create(const kt_moe_config *config, kt_threadpool *pool, kt_moe
     m->dim.R = m->cfg.lora_rank;
     m->dim.lora_scale = m->dim.R ? config->lora_alpha / (float)m->dim.R : 0.0f;
     m->route.max_tasks = max_tasks_for(m);
+    if (m->dim.quant) /* 64-byte multiples, so each thread's block stays aligned */
+        m->store.q_work_bytes =
+            round_up(kt__q_gemm_work_bytes(m->dim.H > m->dim.I ? m->dim.H : m->dim.I,
+                                           m->dim.H > m->dim.I ? m->dim.H : m->dim.I, m->dim.N));
     m->train.grad_overwrite = 1;
     atomic_init(&m->cache.state, KT_MOE_CACHE_EMPTY);
     pthread_mutex_init(&m->async.mu, NULL);
@@ -450,15 +467,16 @@ kt_status kt_moe_create(const kt_moe_config *config, kt_threadpool *pool, kt_moe
         goto fail;
     /* The store is exactly the raw weights: no padding, no transposed copy. Pages are bound
      * to their group's node before the zeroing first touches them. */
-    size_t wbytes = (size_t)(m->dim.E * 3 * m->dim.H * m->dim.I) * m->dim.cdt_bytes;
+    size_t wbytes = (size_t)store_bytes(config);
     st = kt_arena_create(&m->store.arena, wbytes, kt__moe_buffer_node(m));
     if (st == KT_OK)
-        st = bind_groups(m, m->store.arena.base,
-                         (size_t)(3 * m->dim.H * m->dim.I) * m->dim.cdt_bytes);
+        st = bind_groups(m, m->store.arena.base, wbytes / (size_t)m->dim.E);
     if (st != KT_OK)
         goto fail;
     m->store.weights = m->store.arena.base;
     memset(m->store.weights, 0, wbytes);
+    if (m->dim.quant && (st = kt__moe_quant_bind(m)) != KT_OK)
+        goto fail;
     st = alloc_params(m);
     if (st != KT_OK)
         goto fail;
@@ -492,6 +510,7 @@ void kt_moe_destroy(kt_moe *moe)
     kt_arena_destroy(&moe->mem.own_scratch);
     kt_arena_destroy(&moe->train.arena);
     kt_arena_destroy(&moe->store.arena);
+    free(moe->store.qmat);
     free(moe->expert_ids);
     free(moe);
 }

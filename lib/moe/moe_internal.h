@@ -25,6 +25,7 @@
 
 #include "kt/moe.h"
 #include "lib/kernels/prefetch.h"
+#include "lib/kernels/quant.h"
 
 #define KT__MOE_NAME_MAX 64
 #define KT__MOE_MSG_MAX 512
@@ -78,6 +79,7 @@ typedef struct kt__moe_dims {
     int64_t ld_h;
     size_t cdt_bytes; /* bytes per compute-dtype element */
     int bf16;         /* weights (and the compute dtype) are bf16 */
+    kt__qfmt quant;   /* the weights are quantized (bf16 is then the compute dtype) */
     /* the GEMMs run as blocks over the layer's pool through layer_gemm.c (bf16, and f32 where
      * kt__f32_gemm_tiled()); otherwise f32 calls kt__sgemm once per expert */
     int tiled;
@@ -88,7 +90,11 @@ typedef struct kt__moe_dims {
  * kernels read this layout). */
 typedef struct kt__moe_experts {
     kt_arena arena;
-    unsigned char *weights; /* [E][gate, up, down], each [I,H] / [I,H] / [H,I] */
+    unsigned char *weights; /* [E][gate, up, down], each [I,H] / [I,H] / [H,I]; quantized:
+                             * each its values and scales (quant_store.c) */
+    kt__qmat *qmat;         /* quantized: [E][3] the matrices over those bytes; else NULL */
+    unsigned char *q_work;  /* quantized: per thread q_work_bytes for the kernels (scratch) */
+    size_t q_work_bytes;
 } kt__moe_experts;
 
 /* What a session's optimizer trains: LoRA adapters with their gradients, or full mode's weight
@@ -248,7 +254,7 @@ static inline int kt__moe_out_ok(float v, int bf16)
 void kt__moe_phase_start(kt_moe *m);
 void kt__moe_phase_end(kt_moe *m, kt_moe_phase phase);
 
-/* layer.c */
+/* layer.c: the stored weight of (e, proj): its first element, or a quantized layer's kt__qmat */
 void *kt__moe_weight_ptr(const kt_moe *m, int64_t e, int proj);
 /* The node of the layer's own buffers (-1: anywhere). */
 int kt__moe_buffer_node(const kt_moe *m);
@@ -261,6 +267,15 @@ int64_t kt__moe_proj_in(const kt_moe *m, int proj);
 int64_t kt__moe_proj_out(const kt_moe *m, int proj);
 /* For tests: expert GEMM FLOPs run by this layer so far. */
 uint64_t kt__moe_flops_run(const kt_moe *m);
+
+/* quant_store.c */
+kt__qfmt kt__moe_qfmt(const kt_moe_config *c);
+int64_t kt__moe_quant_group(const kt_moe_config *c);
+kt_status kt__moe_quant_check(const kt_moe_config *c, const char *name);
+/* Bytes of one expert's three quantized projections in the store. */
+size_t kt__moe_quant_expert_bytes(const kt_moe_config *c);
+/* Points store.qmat (allocated here) into store.weights. */
+kt_status kt__moe_quant_bind(kt_moe *m);
 
 /* route.c */
 kt_status kt__moe_check_forward(kt_moe *m, const kt_tensor *x, const kt_tensor *ids,
@@ -312,15 +327,18 @@ static inline void kt__moe_prefetch_next_slot_row(const kt_moe *m, const float *
 }
 
 /* layer_gemm.c: one block of a product in the weight dtype (tiled layers; see bf16_gemm.h for
- * the operands) */
-void kt__moe_gemm_nt(const kt_moe *m, int64_t M, int64_t n0, int64_t n1, int64_t K, const void *x,
-                     int64_t ldx, const void *w, int64_t ldw, const void *next, float *y,
-                     int64_t ldy);
-void kt__moe_gemm_nn(const kt_moe *m, int64_t M, int64_t N, int64_t k0, int64_t k1, const void *g,
-                     int64_t ldg, const void *w, int64_t ldw, float *y, int64_t ldy);
-void kt__moe_gemm_nn2(const kt_moe *m, int64_t M, int64_t N, int64_t k0, int64_t k1, const void *g0,
-                      const void *w0, const void *g1, const void *w1, int64_t ldg, int64_t ldw,
-                      float *y, int64_t ldy, int stream);
+ * the operands), run by pool thread `thread` (a quantized layer's work buffer is per thread).
+ * nn: y's columns [0, k1 - k0) are w's columns [k0, k1) (w is the weight's first element, or
+ * its kt__qmat); nn2: y's columns [k0, k1), as bf16_gemm.h's. nt's `next` is ignored by a
+ * quantized layer (pass NULL). */
+void kt__moe_gemm_nt(const kt_moe *m, int thread, int64_t M, int64_t n0, int64_t n1, int64_t K,
+                     const void *x, int64_t ldx, const void *w, int64_t ldw, const void *next,
+                     float *y, int64_t ldy);
+void kt__moe_gemm_nn(const kt_moe *m, int thread, int64_t M, int64_t N, int64_t k0, int64_t k1,
+                     const void *g, int64_t ldg, const void *w, int64_t ldw, float *y, int64_t ldy);
+void kt__moe_gemm_nn2(const kt_moe *m, int thread, int64_t M, int64_t N, int64_t k0, int64_t k1,
+                      const void *g0, const void *w0, const void *g1, const void *w1, int64_t ldg,
+                      int64_t ldw, float *y, int64_t ldy, int stream);
 void kt__moe_gemm_tn(const kt_moe *m, int64_t M, int64_t n0, int64_t n1, int64_t K, const void *g,
                      int64_t ldg, const void *x, int64_t ldx, float *dw, int64_t lddw, float scale,
                      int accumulate, void *work);

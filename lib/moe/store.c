@@ -27,25 +27,42 @@ static void weight_view(const kt_moe *m, int64_t e, int proj, kt_tensor *t)
     kt_tensor_init(t, kt__moe_weight_ptr(m, e, proj), m->cfg.weight_dtype, 2, shape);
 }
 
+/* Whether t fits (e, proj)'s weight as kt_moe_set_weight / kt_moe_get_weight take it: the
+ * weight dtype, or f32 or bf16 for a quantized layer. */
+static kt_status check_weight_tensor(const kt_moe *m, const char *fn, int64_t e, int proj,
+                                     const kt_tensor *t)
+{
+    kt_tensor want_t;
+    weight_view(m, e, proj, &want_t);
+    const kt_dtype d1 = m->dim.quant ? KT_F32 : want_t.dtype, d2 = m->dim.quant ? KT_BF16 : d1;
+    char want[64], got[64], why[256];
+    if (t->data == NULL)
+        return kt__error(KT_EINVAL, "moe '%s': %s expert %lld %s: the tensor has no data", m->name,
+                         fn, (long long)e, proj_names[proj]);
+    if (!kt__moe_tensor_fits(t, d1, d2, want_t.ndim, want_t.shape, why, sizeof why))
+        return kt__error(KT_EINVAL, "moe '%s': %s expert %lld %s: expected a contiguous CPU %s, got %s: %s",
+                         m->name, fn, (long long)e, proj_names[proj],
+                         m->dim.quant ? kt__moe_tensor_wanted(d1, d2, want_t.ndim, want_t.shape,
+                                                              want, sizeof want)
+                                      : kt_tensor_describe(&want_t, want, sizeof want),
+                         kt_tensor_describe(t, got, sizeof got), why);
+    return KT_OK;
+}
+
 kt_status kt_moe_set_weight(kt_moe *moe, int64_t expert, kt_moe_proj proj, const kt_tensor *w)
 {
     if (moe == NULL || w == NULL)
         return kt__error(KT_EINVAL, "kt_moe_set_weight: NULL argument");
     KT__TRY(check_index(moe, "set_weight", expert, proj));
-    kt_tensor dst;
-    weight_view(moe, expert, proj, &dst);
-    char want[64], got[64], why[256];
-    if (w->data == NULL)
-        return kt__error(KT_EINVAL, "moe '%s': set_weight expert %lld %s: the tensor has no data",
-                         moe->name, (long long)expert, proj_names[proj]);
-    if (!kt__moe_tensor_fits(w, dst.dtype, dst.dtype, dst.ndim, dst.shape, why, sizeof why))
-        return kt__error(KT_EINVAL,
-                         "moe '%s': set_weight expert %lld %s: expected a contiguous CPU %s, got "
-                         "%s: %s",
-                         moe->name, (long long)expert, proj_names[proj],
-                         kt_tensor_describe(&dst, want, sizeof want),
-                         kt_tensor_describe(w, got, sizeof got), why);
-    memcpy(dst.data, w->data, kt_tensor_nbytes(&dst));
+    KT__TRY(check_weight_tensor(moe, "set_weight", expert, proj, w));
+    if (moe->dim.quant) {
+        kt_status st = kt__q_quantize(&moe->store.qmat[expert * 3 + proj], w->data, w->dtype);
+        if (st != KT_OK)
+            return kt__error_context(st, "moe '%s': set_weight expert %lld %s", moe->name,
+                                     (long long)expert, proj_names[proj]);
+        return KT_OK;
+    }
+    memcpy(kt__moe_weight_ptr(moe, expert, proj), w->data, kt_tensor_nbytes(w));
     return KT_OK;
 }
 
@@ -54,7 +71,48 @@ kt_status kt_moe_weight(kt_moe *moe, int64_t expert, kt_moe_proj proj, kt_tensor
     if (moe == NULL || view_out == NULL)
         return kt__error(KT_EINVAL, "kt_moe_weight: NULL argument");
     KT__TRY(check_index(moe, "weight", expert, proj));
+    if (moe->dim.quant)
+        return kt__error(KT_ESTATE,
+                         "moe '%s': weight: the experts are stored quantized (%s), not as a "
+                         "tensor to view: read them with kt_moe_get_weight, set them with "
+                         "kt_moe_set_weight",
+                         moe->name, kt_moe_quant_name(moe->cfg.quant));
     weight_view(moe, expert, proj, view_out);
+    return KT_OK;
+}
+
+/* Value i of a [rows, cols] weight block as stored (f32 or bf16). */
+static float stored_at(const kt_moe *m, const void *w, int64_t i)
+{
+    return m->dim.bf16 ? kt_bf16_to_f32_1(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+}
+
+kt_status kt_moe_get_weight(const kt_moe *moe, int64_t expert, kt_moe_proj proj, kt_tensor *out)
+{
+    if (moe == NULL || out == NULL)
+        return kt__error(KT_EINVAL, "kt_moe_get_weight: NULL argument");
+    KT__TRY(check_index(moe, "get_weight", expert, proj));
+    const int64_t rows = kt__moe_proj_out(moe, proj), cols = kt__moe_proj_in(moe, proj);
+    const int64_t shape[2] = {rows, cols};
+    char want[64], got[64], why[256];
+    if (out->data == NULL ||
+        !kt__moe_tensor_fits(out, KT_F32, KT_BF16, 2, shape, why, sizeof why))
+        return kt__error(KT_EINVAL,
+                         "moe '%s': get_weight expert %lld %s: expected a contiguous CPU %s, got "
+                         "%s: %s",
+                         moe->name, (long long)expert, proj_names[proj],
+                         kt__moe_tensor_wanted(KT_F32, KT_BF16, 2, shape, want, sizeof want),
+                         kt_tensor_describe(out, got, sizeof got),
+                         out->data == NULL ? "it has no data" : why);
+    const void *w = kt__moe_weight_ptr(moe, expert, proj);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            const float v = moe->dim.quant ? kt__q_value(w, r, c) : stored_at(moe, w, r * cols + c);
+            if (out->dtype == KT_F32)
+                ((float *)out->data)[r * cols + c] = v;
+            else
+                ((uint16_t *)out->data)[r * cols + c] = kt_f32_to_bf16_1(v);
+        }
     return KT_OK;
 }
 
@@ -205,34 +263,51 @@ static void param_view(const kt_moe *m, int64_t e, int proj, int kind, kt_tensor
         lora_view(m, m->train.lora, e, proj, kind == 2, t);
 }
 
+/* Whether the file has any of the tensors of `kind` (0 base weights, 1-2 adapters). */
+static kt_status file_has_kind(const kt_moe *moe, const kt_st_file *file, const kt__moe_naming *nm,
+                               int kind, int *has)
+{
+    char name[NAME_MAX_LEN];
+    *has = 0;
+    for (int64_t e = 0; e < moe->dim.E && !*has; e++)
+        for (int p = 0; p < 3 && !*has; p++) {
+            KT__TRY(tensor_name(moe, name, nm, e, p, kind));
+            size_t at;
+            *has = kt_st_lookup(file, name, &at) == KT_OK;
+            kt_clear_error();
+        }
+    return KT_OK;
+}
+
 /* Pass 0 checks every tensor the layer would read (name, dtype, shape); pass 1 copies.
- * convert: stored float dtypes other than the layer's are converted (else refused). */
+ * convert: stored float dtypes other than the layer's are converted (else refused). A quantized
+ * layer reads each base weight as f32 into `staging` and quantizes it (pass 1 finds a NaN or
+ * Inf, after the experts before it are in). */
 static kt_status load_passes(kt_moe *moe, const kt_st_file *file, const kt__moe_naming *nm,
-                             int last_pass, int convert)
+                             int last_pass, int convert, float *staging)
 {
     if (moe->async.busy)
         return kt__error(KT_ESTATE, "moe '%s': load while a forward is in flight", moe->name);
     char name[NAME_MAX_LEN];
     /* LoRA adapters are loaded when the file has them, all or none: any one of them there
      * makes every one required (so a file missing some is an error naming the first, not a
-     * silent load of the base weights alone). */
-    int with_lora = 0;
+     * silent load of the base weights alone). A quantized layer's base weights likewise (its
+     * own checkpoints hold the adapters only). */
+    int with_lora = 0, with_base = 1;
     if (moe->cfg.mode == KT_MOE_LORA)
-        for (int64_t e = 0; e < moe->dim.E && !with_lora; e++)
-            for (int i = 0; i < 6 && !with_lora; i++) {
-                KT__TRY(tensor_name(moe, name, nm, e, i / 2, 1 + i % 2));
-                size_t at;
-                with_lora = kt_st_lookup(file, name, &at) == KT_OK;
-                kt_clear_error();
-            }
-    int kinds = with_lora ? 3 : 1;
+        for (int kind = 1; kind <= 2 && !with_lora; kind++)
+            KT__TRY(file_has_kind(moe, file, nm, kind, &with_lora));
+    if (moe->dim.quant)
+        KT__TRY(file_has_kind(moe, file, nm, 0, &with_base));
     for (int pass = 0; pass <= last_pass; pass++)
         for (int64_t e = 0; e < moe->dim.E; e++)
             for (int p = 0; p < 3; p++)
-                for (int kind = 0; kind < kinds; kind++) {
+                for (int kind = with_base ? 0 : 1; kind < (with_lora ? 3 : 1); kind++) {
                     kt_tensor dst;
                     KT__TRY(tensor_name(moe, name, nm, e, p, kind));
                     param_view(moe, e, p, kind, &dst);
+                    if (kind == 0 && moe->dim.quant)
+                        dst.dtype = KT_F32, dst.data = staging;
                     size_t at;
                     kt_st_info info;
                     kt_status st = kt_st_lookup(file, name, &at);
@@ -241,7 +316,9 @@ static kt_status load_passes(kt_moe *moe, const kt_st_file *file, const kt__moe_
                     if (st == KT_OK && (info.ndim != dst.ndim ||
                                         memcmp(info.shape, dst.shape,
                                                (size_t)dst.ndim * sizeof dst.shape[0]) != 0 ||
-                                        (!convert && info.dtype != dst.dtype))) {
+                                        (!convert && info.dtype != dst.dtype &&
+                                         !(moe->dim.quant && kind == 0 &&
+                                           (info.dtype == KT_F32 || info.dtype == KT_BF16))))) {
                         char got[96], want[96];
                         kt_tensor t;
                         if (info.dtype == KT_DTYPE_COUNT ||
@@ -256,10 +333,26 @@ static kt_status load_passes(kt_moe *moe, const kt_st_file *file, const kt__moe_
                     if (st == KT_OK)
                         st = pass == 1 ? kt_st_read_convert(file, name, &dst)
                                        : kt_st_check_convert(file, name, &dst);
+                    if (st == KT_OK && pass == 1 && kind == 0 && moe->dim.quant)
+                        st = kt__q_quantize(&moe->store.qmat[e * 3 + p], staging, KT_F32);
                     if (st != KT_OK)
-                        return kt__error_context(st, "moe '%s': load", moe->name);
+                        return kt__error_context(st, "moe '%s': load '%s'", moe->name, name);
                 }
     return KT_OK;
+}
+
+/* load_passes with the staging a quantized layer reads its weights through (I/O: it may
+ * allocate). */
+static kt_status load_all(kt_moe *moe, const kt_st_file *file, const kt__moe_naming *nm,
+                          int last_pass, int convert)
+{
+    float *staging = NULL;
+    if (moe->dim.quant && last_pass == 1 &&
+        (staging = malloc((size_t)(moe->dim.H * moe->dim.I) * sizeof(float))) == NULL)
+        return kt__error(KT_ENOMEM, "moe '%s': load: out of memory", moe->name);
+    kt_status st = load_passes(moe, file, nm, last_pass, convert, staging);
+    free(staging);
+    return st;
 }
 
 kt_status kt_moe_load(kt_moe *moe, const kt_st_file *file, const char *prefix)
@@ -268,13 +361,13 @@ kt_status kt_moe_load(kt_moe *moe, const kt_st_file *file, const char *prefix)
         return kt__error(KT_EINVAL, "kt_moe_load: NULL argument");
     /* everything checked before anything is copied: a bad file leaves the weights */
     kt__moe_naming nm = prefix_or_own(moe, prefix);
-    return load_passes(moe, file, &nm, 1, 0);
+    return load_all(moe, file, &nm, 1, 0);
 }
 
 kt_status kt__moe_load_named(kt_moe *moe, const kt_st_file *file, const kt__moe_naming *naming,
                              int dry_run)
 {
-    return load_passes(moe, file, naming, dry_run ? 0 : 1, 1);
+    return load_all(moe, file, naming, dry_run ? 0 : 1, 1);
 }
 
 int kt__moe_names_tensor(const kt_moe *moe, const kt__moe_naming *naming, const char *name)
@@ -310,19 +403,23 @@ int kt__moe_names_tensor(const kt_moe *moe, const kt__moe_naming *naming, const 
     return 0;
 }
 
+/* The kinds a layer saves: base weights (0), and LoRA's A and B (1, 2); a quantized layer's
+ * base is not saved (see kt_moe_save). */
+static int first_saved_kind(const kt_moe *moe) { return moe->dim.quant ? 1 : 0; }
+static int saved_kinds_end(const kt_moe *moe) { return moe->cfg.mode == KT_MOE_LORA ? 3 : 1; }
+
 size_t kt__moe_st_count(const kt_moe *moe)
 {
-    return (size_t)(moe->dim.E * 3 * (moe->cfg.mode == KT_MOE_LORA ? 3 : 1));
+    return (size_t)(moe->dim.E * 3 * (saved_kinds_end(moe) - first_saved_kind(moe)));
 }
 
 kt_status kt__moe_st_items(const kt_moe *moe, const kt__moe_naming *naming, kt_st_item *items,
                            char *names)
 {
-    const int kinds = moe->cfg.mode == KT_MOE_LORA ? 3 : 1;
     size_t i = 0;
     for (int64_t e = 0; e < moe->dim.E; e++)
         for (int p = 0; p < 3; p++)
-            for (int kind = 0; kind < kinds; kind++, i++) {
+            for (int kind = first_saved_kind(moe); kind < saved_kinds_end(moe); kind++, i++) {
                 char *name = names + i * KT__MOE_NAME_BYTES;
                 KT__TRY(tensor_name(moe, name, naming, e, p, kind));
                 items[i].name = name;
