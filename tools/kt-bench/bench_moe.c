@@ -19,6 +19,7 @@
 #include "tools/kt-bench/limits.h"
 #include "lib/kernels/bf16_gemm.h"
 #include "lib/kernels/f32_gemm.h"
+#include "lib/kernels/quant_gemm.h"
 #include "tools/kt-bench/moe_peer.h"
 #include "lib/kernels/sgemm.h"
 
@@ -38,7 +39,9 @@ typedef struct moe_args {
     const shape *shape;
     int64_t qlen;
     kt_moe_mode mode;
-    kt_dtype dtype;
+    kt_dtype dtype;    /* the weights' (bf16 for quantized experts) */
+    kt_moe_quant quant; /* --dtype int8 / int4 */
+    int group;         /* --group: int4's inputs per scale */
     int peer;
     unsigned peer_dtypes; /* bit 0: bf16, bit 1: f32 */
     const char *peer_script;
@@ -176,21 +179,28 @@ static void free_inputs(moe_inputs *in)
     free(in->ids0);
 }
 
-static int fill_weights(kt_moe *m, const moe_args *a)
+/* The weights, drawn once and set into each layer given (a quantized layer quantizes them; the
+ * bf16 twin of a quantized run gets the same draws). */
+static int fill_weights(kt_moe *const *layers, int n, const moe_args *a)
 {
     const shape *s = a->shape;
     float scale_in = 1.0f / sqrtf((float)s->hidden), scale_mid = 1.0f / sqrtf((float)s->inter);
-    for (int64_t e = 0; e < s->experts; e++)
-        for (int p = 0; p < 3; p++) {
-            kt_tensor w;
-            if (kt_moe_weight(m, e, (kt_moe_proj)p, &w) != KT_OK)
+    int rc = 0;
+    for (int64_t e = 0; e < s->experts && rc == 0; e++)
+        for (int p = 0; p < 3 && rc == 0; p++) {
+            kt_tensor w = p == KT_MOE_DOWN ? alloc(a->dtype, s->hidden, s->inter)
+                                           : alloc(a->dtype, s->inter, s->hidden);
+            if (w.data == NULL)
                 return 1;
             float sc = p == KT_MOE_DOWN ? scale_mid : scale_in;
             /* uniform with the normal's variance: cheap for a billion weights */
             for (int64_t i = 0; i < kt_tensor_numel(&w); i++)
                 set_f(&w, i, (float)((uniform() - 0.5) * 3.4641016 * sc));
+            for (int l = 0; l < n && rc == 0; l++)
+                rc = kt_moe_set_weight(layers[l], e, (kt_moe_proj)p, &w) != KT_OK;
+            free(w.data);
         }
-    return 0;
+    return rc;
 }
 
 /* FLOPs as the baselines count them: 3 GEMMs of 2*H*I per (token, expert) forward, 3 more for
@@ -244,12 +254,18 @@ static double register_peak(const moe_args *a, kt_threadpool *pool)
 
 static const char *const mode_names[] = {"frozen", "lora", "full"};
 
+/* "bf16", "f32", "int8", "int4" */
+static const char *dtype_name(const moe_args *a)
+{
+    return a->quant ? kt_moe_quant_name(a->quant) : kt_dtype_name(a->dtype);
+}
+
 /* The JSON "config" object of a line, and its comma. */
 static void print_config(const moe_args *a, int pass, int threads)
 {
     printf("\"config\":{\"shape\":\"%s\",\"qlen\":%lld,\"mode\":\"%s\",\"dtype\":\"%s\","
            "\"pass\":\"%s\",\"threads\":%d,\"recompute\":%s},",
-           a->shape->name, (long long)a->qlen, mode_names[a->mode], kt_dtype_name(a->dtype),
+           a->shape->name, (long long)a->qlen, mode_names[a->mode], dtype_name(a),
            pass ? "fwdbwd" : "fwd", threads, a->recompute ? "true" : "false");
 }
 
@@ -270,13 +286,13 @@ static int write_peer_inputs(kt_moe *m, const moe_args *a, const moe_inputs *in,
     down.data = malloc(per * (size_t)E);
     int rc = gate.data && up.data && down.data ? 0 : 1;
     for (int64_t e = 0; e < E && rc == 0; e++) {
-        kt_tensor v;
         kt_tensor *dst[3] = {&gate, &up, &down};
         for (int p = 0; p < 3 && rc == 0; p++) {
-            if (kt_moe_weight(m, e, (kt_moe_proj)p, &v) != KT_OK)
-                rc = 1;
-            else
-                memcpy((char *)dst[p]->data + (size_t)e * per, v.data, per);
+            /* the values the layer multiplies by (a quantized layer's dequantized ones) */
+            kt_tensor v;
+            const int64_t sh[2] = {dst[p]->shape[1], dst[p]->shape[2]};
+            kt_tensor_init(&v, (char *)dst[p]->data + (size_t)e * per, wd, 2, sh);
+            rc = kt_moe_get_weight(m, e, (kt_moe_proj)p, &v) != KT_OK;
         }
     }
     kt_st_item items[] = {{"gate", gate},   {"up", up},   {"down", down},    {"x", in->x},
@@ -294,7 +310,8 @@ static int parse(int argc, char **argv, moe_args *a)
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
             printf("usage: kt-bench moe [--shape small|dsv2lite|qwen3moe] [--qlen N]\n"
-                   "                    [--mode frozen|lora|full] [--dtype bf16|f32]\n"
+                   "                    [--mode frozen|lora|full] [--dtype bf16|f32|int8|int4]\n"
+                   "                    [--group 32|64|128]\n"
                    "                    [--no-peer] [--peer-dtype bf16|f32|both] [--peer-script "
                    "PATH]\n"
                    "                    [--threads N] [--numa-split] [--phases] [--recompute]\n"
@@ -334,7 +351,8 @@ static int parse(int argc, char **argv, moe_args *a)
             exit(0);
         }
         static const char *const with_value[] = {"--shape", "--qlen",       "--mode",
-                                                  "--dtype", "--peer-dtype", "--peer-script"};
+                                                  "--dtype", "--peer-dtype", "--peer-script",
+                                                  "--group"};
         if (v == NULL && bench_is_one_of(s, with_value, 6)) {
             fprintf(stderr, "kt-bench moe: %s needs a value (see --help)\n", s);
             return 2;
@@ -365,11 +383,21 @@ static int parse(int argc, char **argv, moe_args *a)
             }
             i++;
         } else if (strcmp(s, "--dtype") == 0) {
-            if (strcmp(v, "bf16") != 0 && strcmp(v, "f32") != 0) {
-                fprintf(stderr, "kt-bench moe: --dtype is bf16 or f32, got '%s'\n", v);
+            a->quant = strcmp(v, "int8") == 0   ? KT_MOE_QUANT_INT8
+                       : strcmp(v, "int4") == 0 ? KT_MOE_QUANT_INT4
+                                                : KT_MOE_QUANT_NONE;
+            if (strcmp(v, "bf16") != 0 && strcmp(v, "f32") != 0 && a->quant == KT_MOE_QUANT_NONE) {
+                fprintf(stderr, "kt-bench moe: --dtype is bf16, f32, int8 or int4, got '%s'\n", v);
                 return 2;
             }
-            a->dtype = strcmp(v, "bf16") == 0 ? KT_BF16 : KT_F32;
+            a->dtype = strcmp(v, "f32") == 0 ? KT_F32 : KT_BF16;
+            i++;
+        } else if (strcmp(s, "--group") == 0) {
+            a->group = atoi(v);
+            if (a->group != 32 && a->group != 64 && a->group != 128) {
+                fprintf(stderr, "kt-bench moe: --group is 32, 64 or 128, got '%s'\n", v);
+                return 2;
+            }
             i++;
         } else if (strcmp(s, "--no-peer") == 0) {
             a->peer = 0;
@@ -531,13 +559,26 @@ int bench_moe(int argc, char **argv, const bench_args *common)
                          .lora_alpha = 16.0f,
                          .keep_activations = !a.recompute,
                          .name = "bench",
-                         .numa_node = a.numa_split ? KT_MOE_NUMA_SPLIT : -1};
-    kt_moe *m;
-    if (kt_moe_create(&cfg, pool, &m) != KT_OK || fill_weights(m, &a) != 0) {
+                         .numa_node = a.numa_split ? KT_MOE_NUMA_SPLIT : -1,
+                         .quant = a.quant,
+                         .quant_group = a.group};
+    /* quantized experts: a bf16 layer on the same weights, timed in the same run */
+    kt_moe_config twin_cfg = cfg;
+    twin_cfg.quant = KT_MOE_QUANT_NONE;
+    twin_cfg.name = "bench-bf16";
+    kt_moe *layers[2] = {NULL, NULL};
+    const int n_layers = a.quant ? 2 : 1;
+    if (kt_moe_create(&cfg, pool, &layers[0]) != KT_OK ||
+        (a.quant && kt_moe_create(&twin_cfg, pool, &layers[1]) != KT_OK) ||
+        fill_weights(layers, n_layers, &a) != 0) {
         fprintf(stderr, "kt-bench moe: %s\n", kt_last_error());
+        kt_moe_destroy(layers[0]), kt_moe_destroy(layers[1]);
         kt_threadpool_destroy(pool);
         return 1;
     }
+    kt_moe *m = layers[0];
+    kt_moe_memory mem;
+    kt_moe_get_memory(m, &mem);
     moe_inputs in;
     make_inputs(&a, &in);
     if (!common->json)
@@ -546,7 +587,7 @@ int bench_moe(int argc, char **argv, const bench_args *common)
                 a.mode == KT_MOE_FULL   ? "full"
                 : a.mode == KT_MOE_LORA ? "lora"
                                         : "frozen",
-                kt_dtype_name(a.dtype), threads);
+                dtype_name(&a), threads);
     /* a call at qlen <= 16 takes milliseconds: many more of them, so that the median is not
      * one of a few calls a moment's disturbance of this shared machine slowed */
     const int small = a.qlen <= 16;
@@ -562,8 +603,9 @@ int bench_moe(int argc, char **argv, const bench_args *common)
     /* the read bandwidth in passes between the forward calls (bw_judge) */
     bw_judge bw = {.probe = small ? bench_read_probe_open(256u << 20) : NULL,
                    .pool = pool,
-                   .touched = (double)in.active * 3.0 * (double)(s->hidden * s->inter) *
-                              (double)kt_dtype_size(a.dtype),
+                   /* the bytes the layer reads of each active expert: its share of the store
+                    * (a quantized layer's values and scales) */
+                   .touched = (double)in.active * (double)mem.weight_bytes / (double)s->experts,
                    .fraction = -1.0};
     if (small && bw.probe == NULL)
         fprintf(stderr, "kt-bench moe: no memory for the read loop: no bandwidth figure\n");
@@ -606,14 +648,20 @@ int bench_moe(int argc, char **argv, const bench_args *common)
     t_fb[0] = pe.ms[0], t_fb[1] = pe.ms[1];
     for (int k = 0; k < 2; k++)
         moe_peer_stop(pe.p[k]);
-    if (fwd_judged < 0 || fwd < 0 || fwdbwd < 0) {
+    /* the bf16 twin's fwd and fwd+bwd on the same calls */
+    kt_moe_phase_times twin_ph;
+    double twin[2] = {-1.0, -1.0};
+    if (a.quant) {
+        twin[0] = time_median(layers[1], &in, 0, 2, reps, rotate, NULL, NULL, &twin_ph);
+        twin[1] = time_median(layers[1], &in, 1, 2, reps, rotate, NULL, NULL, &twin_ph);
+    }
+    kt_moe_destroy(layers[1]);
+    if (fwd_judged < 0 || fwd < 0 || fwdbwd < 0 || (a.quant && (twin[0] < 0 || twin[1] < 0))) {
         free_inputs(&in);
         kt_moe_destroy(m);
         kt_threadpool_destroy(pool);
         return 1;
     }
-    kt_moe_memory mem;
-    kt_moe_get_memory(m, &mem);
 
     /* the limits, measured now: bf16 against its register peak; f32 against OpenBLAS on the
      * same shapes (the issue's limit) and, on the layer's own kernels, the FMA peak too */
@@ -677,6 +725,14 @@ int bench_moe(int argc, char **argv, const bench_args *common)
                 else
                     printf("\"ratio_vs_torch_%s\":null,", k ? "f32" : "bf16");
             }
+            if (a.quant)
+                printf("\"quant_group\":%d,\"quant_path\":\"%s\",\"bf16_%s_ms\":%.4f,"
+                       "\"ratio_vs_bf16\":%s,\"weight_bytes_ratio_vs_bf16\":%.4f,",
+                       a.quant == KT_MOE_QUANT_INT4 ? (a.group ? a.group : 64) : 0,
+                       kt__q_gemm_path(pass, a.qlen * s->top_k / s->experts + 1),
+                       pass ? "fwdbwd" : "fwd", twin[pass] * 1e3,
+                       BENCH_JNUM("%.3f", twin[pass] / t),
+                       (double)mem.weight_bytes / (double)mem.raw_weight_bytes);
             printf("\"weight_bytes_ratio\":%.4f,\"backward_buffer_bytes\":%llu,"
                    "\"saved_bytes_per_token\":%llu",
                    (double)mem.weight_bytes / (double)mem.raw_weight_bytes,
@@ -694,7 +750,7 @@ int bench_moe(int argc, char **argv, const bench_args *common)
             printf("moe %s qlen=%lld %s%s %s %s: %.3f ms, %.0f tokens/s, %.1f GFLOP/s, %.3f of "
                    "the %s (%.1f GFLOP/s",
                    s->name, (long long)a.qlen, mode_names[a.mode],
-                   a.recompute ? " (recompute)" : "", kt_dtype_name(a.dtype),
+                   a.recompute ? " (recompute)" : "", dtype_name(&a),
                    pass ? "fwd+bwd" : "fwd", t * 1e3, (double)a.qlen / t, gf, frac_peak,
                    a.dtype == KT_BF16 ? peak_name : "OpenBLAS sgemm rate", peak);
             if (a.dtype == KT_F32)
@@ -710,6 +766,8 @@ int bench_moe(int argc, char **argv, const bench_args *common)
             for (int k = 0; k < 2; k++)
                 if (have[k])
                     printf(", %.2fx torch %s", ratio[k], k ? "f32" : "bf16");
+            if (a.quant)
+                printf(", %.2fx bf16 experts (%.3f ms)", twin[pass] / t, twin[pass] * 1e3);
             printf("\n");
         }
     }
@@ -735,11 +793,11 @@ int bench_moe(int argc, char **argv, const bench_args *common)
         printf(common->json ? "}}\n" : "\n");
     }
     if (!common->json) {
-        printf("memory: experts %llu bytes held for %llu raw (%.3fx), backward buffer %llu, "
+        printf("memory: experts %llu bytes held for %llu raw %s (%.3fx), backward buffer %llu, "
                "saved %llu bytes per token, per-call scratch %llu bytes (shareable across "
                "layers)\n",
                (unsigned long long)mem.weight_bytes, (unsigned long long)mem.raw_weight_bytes,
-               (double)mem.weight_bytes / (double)mem.raw_weight_bytes,
+               kt_dtype_name(a.dtype), (double)mem.weight_bytes / (double)mem.raw_weight_bytes,
                (unsigned long long)mem.backward_buffer_bytes,
                (unsigned long long)mem.saved_bytes_per_token,
                (unsigned long long)mem.scratch_bytes);

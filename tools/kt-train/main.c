@@ -121,7 +121,10 @@ static void usage(FILE *f)
         "MoE layers (one per moe op; E and k from the program's router, H from its input):\n"
         "  --moe-inter I         expert intermediate size, for moe ops that do not say\n"
         "                        theirs (their .ktg 'intermediate'; default 2*H)\n"
-        "  --moe-dtype D         expert weights f32 (default) or bf16\n"
+        "  --moe-dtype D         expert weights f32 (default), bf16, or int8 / int4:\n"
+        "                        quantized frozen experts (with --moe-mode lora or frozen;\n"
+        "                        quantized as they are loaded or drawn)\n"
+        "  --moe-group G         int4: inputs per scale, 32, 64 (default) or 128\n"
         "  --moe-mode M          full (default: train every expert weight; needs f32), lora\n"
         "                        (adapters on every expert's gate, up and down) or frozen\n"
         "  --lora-rank R         --moe-mode lora: the adapters' rank (default 8)\n"
@@ -221,7 +224,7 @@ static int parse_value(train_args *a, const char *opt, const char *v)
     static const char *const formats[] = {"u8", "u16", "i32"};
     static const char *const optimizers[] = {"sgd", "adamw"};   /* kt_optimizer_kind order */
     static const char *const modes[] = {"frozen", "lora", "full"}; /* kt_moe_mode order */
-    static const char *const dtypes[] = {"f32", "bf16"};
+    static const char *const dtypes[] = {"f32", "bf16", "int8", "int4"};
     static const char *const schedules[] = {"constant", "cosine", "linear"}; /* enum order */
     int64_t x;
     int c, rc = 0;
@@ -294,8 +297,14 @@ static int parse_value(train_args *a, const char *opt, const char *v)
         if ((rc = parse_choice(opt, v, pars, 2, &c)) == 0)
             a->moe_parallel = c == 0 ? KT_MOE_PARALLEL_ALL_RANK0 : KT_MOE_PARALLEL_ALL_EP;
     } else if (strcmp(opt, "--moe-dtype") == 0) {
-        if ((rc = parse_choice(opt, v, dtypes, 2, &c)) == 0)
+        if ((rc = parse_choice(opt, v, dtypes, 4, &c)) == 0) {
             a->moe_dtype = c == 0 ? KT_F32 : KT_BF16;
+            a->moe_quant = c == 2 ? KT_MOE_QUANT_INT8 : c == 3 ? KT_MOE_QUANT_INT4 : KT_MOE_QUANT_NONE;
+        }
+    } else if (strcmp(opt, "--moe-group") == 0) {
+        static const char *const groups[] = {"32", "64", "128"};
+        if ((rc = parse_choice(opt, v, groups, 3, &c)) == 0)
+            a->moe_group = 32 << c;
     } else if (strcmp(opt, "--lr") == 0) {
         rc = parse_float(opt, v, 0, 1e6, KT_TOOL_LO_OPEN, &a->lr);
     } else if (strcmp(opt, "--min-lr") == 0) {
@@ -325,7 +334,7 @@ static int takes_value(const char *opt)
         "--data", "--data-format", "--data-header", "--input-tokens", "--input-targets",
         "--input-labels",
         "--steps", "--optimizer", "--lr", "--seed", "--params", "--threads", "--moe-inter",
-        "--moe-dtype", "--moe-mode", "--moe-parallel", "--lora-rank", "--lora-alpha", "--experts",
+        "--moe-dtype", "--moe-group", "--moe-mode", "--moe-parallel", "--lora-rank", "--lora-alpha", "--experts",
         "--log-every",
         "--losses", "--save", "-D", "--accum", "--weight-decay", "--beta1", "--beta2",
         "--momentum", "--schedule", "--warmup", "--min-lr", "--clip", "--eval-data",
@@ -399,7 +408,7 @@ static const struct resumed_option {
     {"beta1", "--beta1"},         {"beta2", "--beta2"},           {"momentum", "--momentum"},
     {"schedule", "--schedule"},   {"warmup", "--warmup"},         {"min_lr", "--min-lr"},
     {"clip", "--clip"},           {"moe_inter", "--moe-inter"},   {"moe_dtype", "--moe-dtype"},
-    {"moe_mode", "--moe-mode"},   {"lora_rank", "--lora-rank"},   {"lora_alpha", "--lora-alpha"},
+    {"moe_group", "--moe-group"}, {"moe_mode", "--moe-mode"},   {"lora_rank", "--lora-rank"},   {"lora_alpha", "--lora-alpha"},
     {"threads", "--threads"},     {"seed", "--seed"},             {"eval_every", "--eval-every"},
     {"eval_windows", "--eval-windows"}, {"save_every", "--save-every"}, {"keep", "--keep"},
     {"log_every", "--log-every"}};
@@ -503,9 +512,15 @@ static int parse_args(int argc, char **argv, train_args *a)
         return usage_error("%s", "--data is required");
     if (a->steps < 0)
         return usage_error("%s", "--steps is required");
+    if (a->moe_mode == KT_MOE_FULL && a->moe_quant != KT_MOE_QUANT_NONE)
+        return usage_error("--moe-dtype %s: quantized experts are frozen (they have no weight "
+                           "gradient): use --moe-mode lora or frozen",
+                           kt_moe_quant_name(a->moe_quant));
     if (a->moe_mode == KT_MOE_FULL && a->moe_dtype == KT_BF16)
         return usage_error("%s", "--moe-mode full trains f32 expert weights: use --moe-dtype "
                            "f32, or --moe-mode lora or frozen with bf16");
+    if (a->moe_group != 0 && a->moe_quant != KT_MOE_QUANT_INT4)
+        return usage_error("%s", "--moe-group is int4's: give it with --moe-dtype int4");
     if (a->lr < 0)
         a->lr = a->optimizer == KT_OPTIM_SGD ? 0.1f : 1e-3f;
     int rc = check_contradictions(a);
@@ -603,8 +618,11 @@ static void print_summary(const trainer *t, const train_args *a)
         static const char *const modes[] = {"frozen", "lora", "full"};
         printf("kt-train: %d MoE layer%s (E=%lld, k=%lld, H=%lld, I=%lld, %s, %s", t->moe.n_ops,
                t->moe.n_ops == 1 ? "" : "s", (long long)c->n_experts, (long long)c->top_k,
-               (long long)c->hidden, (long long)c->intermediate, kt_dtype_name(c->weight_dtype),
+               (long long)c->hidden, (long long)c->intermediate,
+               c->quant ? kt_moe_quant_name(c->quant) : kt_dtype_name(c->weight_dtype),
                modes[c->mode]);
+        if (c->quant == KT_MOE_QUANT_INT4)
+            printf(" group %d", c->quant_group > 0 ? c->quant_group : 64);
         if (c->mode == KT_MOE_LORA)
             printf(" r=%lld alpha=%g", (long long)c->lora_rank, (double)c->lora_alpha);
         printf(")%s", t->r.world > 1 ? ", experts on rank 0" : "");
@@ -668,7 +686,9 @@ static int check_same_run(const trainer *t, const train_args *a)
     names_hash = hash_bytes(names_hash, a->targets_input, strlen(a->targets_input) + 1);
     names_hash = hash_bytes(names_hash, a->labels_input, strlen(a->labels_input) + 1);
     const uint64_t own[N] = {(uint64_t)a->steps, a->seed, lr_bits, (uint64_t)a->optimizer,
-                             (uint64_t)a->moe_inter, (uint64_t)a->moe_dtype,
+                             (uint64_t)a->moe_inter,
+                             (uint64_t)a->moe_dtype | (uint64_t)a->moe_quant << 8 |
+                                 (uint64_t)a->moe_group << 16,
                              (uint64_t)a->moe_mode | (uint64_t)a->moe_parallel << 8,
                              (uint64_t)a->lora_rank, alpha_bits,
                              (uint64_t)a->token_bytes,

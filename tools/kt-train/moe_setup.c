@@ -40,6 +40,8 @@ static int layer_options(const train_args *a, const kt_program *p, const ranks *
                          kt_moe_layers_options *o)
 {
     *o = (kt_moe_layers_options){.weight_dtype = a->moe_dtype,
+                                 .quant = a->moe_quant,
+                                 .quant_group = a->moe_group,
                                  .mode = a->moe_mode,
                                  .lora_rank = a->lora_rank,
                                  .lora_alpha = a->lora_alpha,

@@ -98,7 +98,9 @@ static int collect(const trainer *t, const train_args *a, setting *s)
     put(s, &n, "clip", "--clip", SAME, "%.9g", (double)a->clip);
     put(s, &n, "accum", "--accum", SAME, "%lld", (long long)a->accum);
     put(s, &n, "moe_inter", "--moe-inter", SAME, "%lld", (long long)a->moe_inter);
-    put(s, &n, "moe_dtype", "--moe-dtype", SAME, "%s", kt_dtype_name(a->moe_dtype));
+    put(s, &n, "moe_dtype", "--moe-dtype", SAME, "%s",
+        a->moe_quant ? kt_moe_quant_name(a->moe_quant) : kt_dtype_name(a->moe_dtype));
+    put(s, &n, "moe_group", "--moe-group", SAME, "%d", a->moe_group);
     put(s, &n, "moe_mode", "--moe-mode", SAME, "%s", modes[a->moe_mode]);
     put(s, &n, "lora_rank", "--lora-rank", SAME, "%lld", (long long)a->lora_rank);
     put(s, &n, "lora_alpha", "--lora-alpha", SAME, "%.9g", (double)a->lora_alpha);

@@ -37,6 +37,8 @@ typedef struct train_args {
     uint64_t seed;
     int64_t moe_inter;                        /* 0: the program's, else 2 * H */
     kt_dtype moe_dtype;
+    kt_moe_quant moe_quant;                   /* --moe-dtype int8 / int4 (moe_dtype bf16) */
+    int moe_group;                            /* --moe-group: int4's inputs per scale */
     kt_moe_mode moe_mode;
     kt_moe_parallel_choice moe_parallel;      /* --moe-parallel; 0: each moe op's `parallel` */
     int64_t lora_rank;                        /* --moe-mode lora: r (default 8) */
