@@ -1857,8 +1857,9 @@ static void test_quant_errors(void **state)
     kt_moe_destroy(m);
 }
 
-/* A quantized LoRA layer saves its adapters only; a file with base weights is quantized on
- * load (the same as setting them); a file without keeps the base. */
+/* A file with float weights is quantized on load (the same as setting them); a quantized
+ * layer's own file holds its codes and scales and reads back exactly; a file of adapters alone
+ * keeps the weights; a NaN scale is refused before anything is copied. */
 static void test_quant_load_save(void **state)
 {
     (void)state;
@@ -1889,23 +1890,87 @@ static void test_quant_load_save(void **state)
     OK(kt_moe_forward(q1, &in1.x, &in1.ids, &in1.w, &in1.y));
     OK(kt_moe_forward(q2, &in2.x, &in2.ids, &in2.w, &in2.y));
     assert_true(tu_bitwise_equal(&in1.y, &in2.y));
-    /* its own checkpoint: adapters only */
+    /* its own file: codes, scales and adapters, read back exactly over other weights */
     OK(kt_moe_save(q1, pq, NULL));
     OK(kt_st_open(pq, &f));
-    assert_int_equal(kt_st_count(f), 3 * 3 * 2);
+    assert_int_equal(kt_st_count(f), 3 * 3 * 4);
     size_t at;
     assert_int_not_equal(kt_st_lookup(f, "moe.0.experts.0.gate_proj.weight", &at), KT_OK);
     kt_clear_error();
-    /* read back over a base the layer keeps: q2's adapters changed, then restored */
-    kt_tensor lb;
-    OK(kt_moe_lora(q2, 1, KT_MOE_DOWN, 1, &lb));
-    memset(lb.data, 0, kt_tensor_nbytes(&lb));
-    OK(kt_moe_forward(q2, &in2.x, &in2.ids, &in2.w, &in2.y));
-    assert_false(tu_bitwise_equal(&in1.y, &in2.y));
+    kt_tensor codes, scales;
+    OK(kt_st_find(f, "moe.0.experts.2.down_proj.weight.qcodes", &codes));
+    OK(kt_st_find(f, "moe.0.experts.2.down_proj.weight.qscales", &scales));
+    assert_int_equal(codes.dtype, KT_I32);
+    assert_int_equal(codes.shape[0], 128 * 64 / 2 / 4);
+    assert_int_equal(scales.shape[0], 128);
+    assert_int_equal(scales.shape[1], 64 / 32);
+    kt_moe_destroy(q2);
+    OK(kt_moe_create(&qc, NULL, &q2));
+    fill_params(q2, 77);
     OK(kt_moe_load(q2, f, NULL));
     kt_st_close(f);
     OK(kt_moe_forward(q2, &in2.x, &in2.ids, &in2.w, &in2.y));
     assert_true(tu_bitwise_equal(&in1.y, &in2.y));
+    /* adapters alone: the weights kept */
+    kt_moe_config lc = bc;
+    kt_moe *l = NULL;
+    OK(kt_moe_create(&lc, NULL, &l));
+    fill_params(l, 31);
+    kt_tensor lb;
+    OK(kt_moe_lora(l, 1, KT_MOE_DOWN, 1, &lb));
+    memset(lb.data, 0, kt_tensor_nbytes(&lb));
+    kt_st_item items[18];
+    char names[18][128];
+    int n = 0;
+    for (int64_t e = 0; e < 3; e++)
+        for (int p = 0; p < 3; p++)
+            for (int ab = 0; ab < 2; ab++, n++) {
+                OK(kt_moe_tensor_name(KT_MOE_NAMES_MOE, 0, e, (kt_moe_proj)p,
+                                      ab ? "lora_B.weight" : "lora_A.weight", names[n], 128));
+                items[n].name = names[n];
+                OK(kt_moe_lora(l, e, (kt_moe_proj)p, ab, &items[n].tensor));
+            }
+    OK(kt_st_save(pb, items, 18, NULL));
+    OK(kt_st_open(pb, &f));
+    OK(kt_moe_load(q2, f, NULL));
+    kt_st_close(f);
+    OK(kt_moe_forward(q2, &in2.x, &in2.ids, &in2.w, &in2.y));
+    assert_false(tu_bitwise_equal(&in1.y, &in2.y)); /* one adapter's B zeroed */
+    kt_tensor w_before = tu_new(KT_F32, 128, 64), w_after = tu_new(KT_F32, 128, 64);
+    OK(kt_moe_get_weight(q1, 2, KT_MOE_DOWN, &w_before));
+    OK(kt_moe_get_weight(q2, 2, KT_MOE_DOWN, &w_after));
+    assert_true(tu_bitwise_equal(&w_before, &w_after));
+    /* a NaN scale: refused naming it, nothing copied */
+    OK(kt_moe_save(q1, pq, NULL));
+    OK(kt_st_open(pq, &f));
+    const size_t count = kt_st_count(f);
+    kt_st_item *all = calloc(count, sizeof *all);
+    for (size_t i = 0; i < count; i++) {
+        OK(kt_st_entry(f, i, &all[i].name, &all[i].tensor));
+        kt_tensor copy = tu_alloc(all[i].tensor.dtype, all[i].tensor.ndim, all[i].tensor.shape);
+        memcpy(copy.data, all[i].tensor.data, kt_tensor_nbytes(&copy));
+        all[i].tensor = copy;
+        all[i].name = strdup(all[i].name);
+    }
+    kt_st_close(f);
+    for (size_t i = 0; i < count; i++)
+        if (strcmp(all[i].name, "moe.0.experts.2.up_proj.weight.qscales") == 0)
+            ((uint16_t *)all[i].tensor.data)[3] = 0x7fc0; /* NaN */
+    OK(kt_st_save(pb, all, count, NULL));
+    OK(kt_st_open(pb, &f));
+    fill_params(q2, 77);
+    kt_tensor g_after = tu_new(KT_F32, 64, 128), g_before = tu_new(KT_F32, 64, 128);
+    OK(kt_moe_get_weight(q2, 0, KT_MOE_GATE, &g_before));
+    TU_EXPECT_ERROR(kt_moe_load(q2, f, NULL), KT_EINVAL, "experts.2.up_proj.weight.qscales",
+                    "scale [0, 3]", "not finite");
+    kt_st_close(f);
+    OK(kt_moe_get_weight(q2, 0, KT_MOE_GATE, &g_after)); /* expert 0 comes first: untouched */
+    assert_true(tu_bitwise_equal(&g_before, &g_after));
+    for (size_t i = 0; i < count; i++)
+        tu_free(&all[i].tensor), free((void *)all[i].name);
+    free(all);
+    tu_free(&w_before), tu_free(&w_after), tu_free(&g_after), tu_free(&g_before);
+    kt_moe_destroy(l);
     free_inputs(&in1), free_inputs(&in2);
     kt_moe_destroy(b), kt_moe_destroy(q1), kt_moe_destroy(q2);
     unlink(pb), unlink(pq);

@@ -180,9 +180,10 @@ kt_status kt_moe_tensor_name(kt_moe_names names, int layer, int64_t expert, kt_m
 kt_status kt_moe_load(kt_moe *moe, const kt_st_file *file, const char *prefix);
 /* Writes the experts back out in the same naming (and the LoRA adapters, if any, as
  * "...lora_A.weight" / "...lora_B.weight"); prefix NULL: the layer's own names. A quantized
- * layer writes its adapters only: its base is what it was quantized from (the checkpoint or
- * seed it was loaded from), and loading a file without base weights into a quantized layer
- * keeps the base it holds (with them, every one must be there, and is quantized). */
+ * layer writes each weight as it holds it, exactly: "...weight.qcodes" (its value bytes as
+ * i32, 1-D) and "...weight.qscales" (bf16 [out, groups]). kt_moe_load into a quantized layer
+ * reads those (a NaN or Inf scale refused before anything is copied), or else float weights,
+ * which it quantizes, or, from a file with neither (adapters alone), keeps its weights. */
 kt_status kt_moe_save(const kt_moe *moe, const char *path, const char *prefix);
 /* The same for n layers into one file, layer i under prefixes[i] (e.g. "moe.3.") or, where
  * prefixes is NULL or prefixes[i] is, under its own names; each reads back with kt_moe_load

@@ -1,5 +1,6 @@
 /* The expert weights and the trainable parameters: copies in, views out, and safetensors under
  * the layer's checkpoint names (kt_moe_tensor_name) or Hugging Face's under a prefix. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -238,10 +239,24 @@ static kt__moe_naming prefix_or_own(const kt_moe *moe, const char *prefix)
     return nm;
 }
 
-/* kind: 0 the weight, 1 lora_A, 2 lora_B */
+/* The kinds of a layer's tensors in files: the float weight, LoRA's A and B, and a quantized
+ * weight's codes (its value bytes as i32, 1-D) and scales (bf16 [rows, groups]): exact, so that
+ * a checkpoint of a quantized layer reads back to the same store. */
+enum { KIND_WEIGHT = 0, KIND_LORA_A = 1, KIND_LORA_B = 2, KIND_QCODES = 3, KIND_QSCALES = 4 };
+
+/* kind: as above; the codes and scales are named after the weight ("...weight.qcodes") */
 static kt_status tensor_name(const kt_moe *m, char *buf, const kt__moe_naming *nm, int64_t local,
                              int proj, int kind)
 {
+    if (kind >= KIND_QCODES) {
+        KT__TRY(tensor_name(m, buf, nm, local, proj, KIND_WEIGHT));
+        const size_t len = strlen(buf);
+        const char *suffix = kind == KIND_QCODES ? ".qcodes" : ".qscales";
+        if (len + strlen(suffix) >= NAME_MAX_LEN)
+            return kt__error(KT_EINVAL, "moe '%s': tensor name too long", m->name);
+        memcpy(buf + len, suffix, strlen(suffix) + 1);
+        return KT_OK;
+    }
     const int64_t e = kt__moe_global_id(m, local); /* files name the model's experts */
     if (nm->prefix == NULL) {
         kt_status st = kt_moe_tensor_name(nm->names, nm->layer, e, (kt_moe_proj)proj,
@@ -257,10 +272,33 @@ static kt_status tensor_name(const kt_moe *m, char *buf, const kt__moe_naming *n
 
 static void param_view(const kt_moe *m, int64_t e, int proj, int kind, kt_tensor *t)
 {
-    if (kind == 0)
+    if (kind >= KIND_QCODES) {
+        kt__qmat *q = &m->store.qmat[e * 3 + proj];
+        const int64_t groups = q->cols / q->group;
+        const int64_t codes[1] = {(int64_t)(kt__q_value_bytes(q->fmt, q->rows, q->cols) + 3) / 4};
+        const int64_t scales[2] = {q->rows, groups};
+        /* the codes' last i32 may reach into the block's padding (quant_store.c aligns) */
+        if (kind == KIND_QCODES)
+            kt_tensor_init(t, q->q, KT_I32, 1, codes);
+        else
+            kt_tensor_init(t, q->scale, KT_BF16, 2, scales);
+    } else if (kind == KIND_WEIGHT)
         weight_view(m, e, proj, t);
     else
         lora_view(m, m->train.lora, e, proj, kind == 2, t);
+}
+
+/* A NaN or Inf scale would make every weight of its group one: refused, naming it. */
+static kt_status check_finite_scales(const kt_tensor *t, const char *name)
+{
+    for (int64_t i = 0; i < kt_tensor_numel(t); i++) {
+        const float v = kt_bf16_to_f32_1(((const uint16_t *)t->data)[i]);
+        if (!isfinite(v))
+            return kt__error(KT_EINVAL, "tensor '%s': scale [%lld, %lld] is %g (not finite)", name,
+                             (long long)(i / t->shape[1]), (long long)(i % t->shape[1]),
+                             (double)v);
+    }
+    return KT_OK;
 }
 
 /* Whether the file has any of the tensors of `kind` (0 base weights, 1-2 adapters). */
@@ -293,21 +331,38 @@ static kt_status load_passes(kt_moe *moe, const kt_st_file *file, const kt__moe_
      * makes every one required (so a file missing some is an error naming the first, not a
      * silent load of the base weights alone). A quantized layer's base weights likewise (its
      * own checkpoints hold the adapters only). */
-    int with_lora = 0, with_base = 1;
+    int with_lora = 0, with_codes = 0, with_weights = 1;
     if (moe->cfg.mode == KT_MOE_LORA)
-        for (int kind = 1; kind <= 2 && !with_lora; kind++)
+        for (int kind = KIND_LORA_A; kind <= KIND_LORA_B && !with_lora; kind++)
             KT__TRY(file_has_kind(moe, file, nm, kind, &with_lora));
-    if (moe->dim.quant)
-        KT__TRY(file_has_kind(moe, file, nm, 0, &with_base));
+    if (moe->dim.quant) { /* its own codes and scales, else float weights to quantize */
+        KT__TRY(file_has_kind(moe, file, nm, KIND_QCODES, &with_codes));
+        if (with_codes)
+            with_weights = 0;
+        else
+            KT__TRY(file_has_kind(moe, file, nm, KIND_WEIGHT, &with_weights));
+    }
+    int kinds[4], n_kinds = 0;
+    if (with_weights)
+        kinds[n_kinds++] = KIND_WEIGHT;
+    if (with_codes)
+        kinds[n_kinds++] = KIND_QCODES, kinds[n_kinds++] = KIND_QSCALES;
+    if (with_lora)
+        kinds[n_kinds++] = KIND_LORA_A, kinds[n_kinds++] = KIND_LORA_B;
     for (int pass = 0; pass <= last_pass; pass++)
         for (int64_t e = 0; e < moe->dim.E; e++)
             for (int p = 0; p < 3; p++)
-                for (int kind = with_base ? 0 : 1; kind < (with_lora ? 3 : 1); kind++) {
+                for (int ki = 0; ki < n_kinds; ki++) {
+                    const int kind = kinds[ki];
                     kt_tensor dst;
                     KT__TRY(tensor_name(moe, name, nm, e, p, kind));
                     param_view(moe, e, p, kind, &dst);
-                    if (kind == 0 && moe->dim.quant)
+                    if (kind == KIND_WEIGHT && moe->dim.quant)
                         dst.dtype = KT_F32, dst.data = staging;
+                    /* scales are checked before anything is copied: read into staging first */
+                    const int check_scales = kind == KIND_QSCALES && pass == 0;
+                    if (check_scales)
+                        dst.data = staging;
                     size_t at;
                     kt_st_info info;
                     kt_status st = kt_st_lookup(file, name, &at);
@@ -329,11 +384,17 @@ static kt_status load_passes(kt_moe *moe, const kt_st_file *file, const kt__moe_
                         st = kt__error(KT_EINVAL, "tensor '%s' is %s, the layer needs %s", name,
                                        got, kt_tensor_describe(&dst, want, sizeof want));
                     }
-                    /* with convert: float dtypes convert (F32/BF16/F16/F64, one rounding) */
+                    /* with convert: float dtypes convert (F32/BF16/F16/F64, one rounding); codes
+                     * and scales only as they are */
+                    if (st == KT_OK && kind >= KIND_QCODES && info.dtype != dst.dtype)
+                        st = kt__error(KT_EINVAL, "tensor '%s' is %s, the layer needs %s", name,
+                                       kt_dtype_name(info.dtype), kt_dtype_name(dst.dtype));
                     if (st == KT_OK)
-                        st = pass == 1 ? kt_st_read_convert(file, name, &dst)
-                                       : kt_st_check_convert(file, name, &dst);
-                    if (st == KT_OK && pass == 1 && kind == 0 && moe->dim.quant)
+                        st = pass == 1 || check_scales ? kt_st_read_convert(file, name, &dst)
+                                                       : kt_st_check_convert(file, name, &dst);
+                    if (st == KT_OK && check_scales)
+                        st = check_finite_scales(&dst, name);
+                    if (st == KT_OK && pass == 1 && kind == KIND_WEIGHT && moe->dim.quant)
                         st = kt__q_quantize(&moe->store.qmat[e * 3 + p], staging, KT_F32);
                     if (st != KT_OK)
                         return kt__error_context(st, "moe '%s': load '%s'", moe->name, name);
@@ -341,13 +402,13 @@ static kt_status load_passes(kt_moe *moe, const kt_st_file *file, const kt__moe_
     return KT_OK;
 }
 
-/* load_passes with the staging a quantized layer reads its weights through (I/O: it may
- * allocate). */
+/* load_passes with the staging a quantized layer reads its weights (and, to check them, its
+ * scales) through (I/O: it may allocate). */
 static kt_status load_all(kt_moe *moe, const kt_st_file *file, const kt__moe_naming *nm,
                           int last_pass, int convert)
 {
     float *staging = NULL;
-    if (moe->dim.quant && last_pass == 1 &&
+    if (moe->dim.quant &&
         (staging = malloc((size_t)(moe->dim.H * moe->dim.I) * sizeof(float))) == NULL)
         return kt__error(KT_ENOMEM, "moe '%s': load: out of memory", moe->name);
     kt_status st = load_passes(moe, file, nm, last_pass, convert, staging);
@@ -394,36 +455,51 @@ int kt__moe_names_tensor(const kt_moe *moe, const kt__moe_naming *naming, const 
             e = i;
     if (e < 0 || e >= moe->dim.E)
         return 0;
-    const int kinds = moe->cfg.mode == KT_MOE_LORA ? 3 : 1;
     for (int p = 0; p < 3; p++)
-        for (int kind = 0; kind < kinds; kind++)
+        for (int kind = KIND_WEIGHT; kind <= KIND_QSCALES; kind++) {
+            const int lora = kind == KIND_LORA_A || kind == KIND_LORA_B;
+            if ((lora && moe->cfg.mode != KT_MOE_LORA) || (kind >= KIND_QCODES && !moe->dim.quant))
+                continue;
             if (tensor_name(moe, want, naming, e, p, kind) == KT_OK && strcmp(name, want) == 0)
                 return 1;
+        }
     kt_clear_error();
     return 0;
 }
 
-/* The kinds a layer saves: base weights (0), and LoRA's A and B (1, 2); a quantized layer's
- * base is not saved (see kt_moe_save). */
-static int first_saved_kind(const kt_moe *moe) { return moe->dim.quant ? 1 : 0; }
-static int saved_kinds_end(const kt_moe *moe) { return moe->cfg.mode == KT_MOE_LORA ? 3 : 1; }
+/* The kinds a layer saves, in order: its weights (a quantized layer's codes and scales), and
+ * LoRA's A and B. */
+static int saved_kinds(const kt_moe *moe, int *kinds)
+{
+    int n = 0;
+    if (moe->dim.quant)
+        kinds[n++] = KIND_QCODES, kinds[n++] = KIND_QSCALES;
+    else
+        kinds[n++] = KIND_WEIGHT;
+    if (moe->cfg.mode == KT_MOE_LORA)
+        kinds[n++] = KIND_LORA_A, kinds[n++] = KIND_LORA_B;
+    return n;
+}
 
 size_t kt__moe_st_count(const kt_moe *moe)
 {
-    return (size_t)(moe->dim.E * 3 * (saved_kinds_end(moe) - first_saved_kind(moe)));
+    int kinds[4];
+    return (size_t)(moe->dim.E * 3 * saved_kinds(moe, kinds));
 }
 
 kt_status kt__moe_st_items(const kt_moe *moe, const kt__moe_naming *naming, kt_st_item *items,
                            char *names)
 {
+    int kinds[4];
+    const int n = saved_kinds(moe, kinds);
     size_t i = 0;
     for (int64_t e = 0; e < moe->dim.E; e++)
         for (int p = 0; p < 3; p++)
-            for (int kind = first_saved_kind(moe); kind < saved_kinds_end(moe); kind++, i++) {
+            for (int k = 0; k < n; k++, i++) {
                 char *name = names + i * KT__MOE_NAME_BYTES;
-                KT__TRY(tensor_name(moe, name, naming, e, p, kind));
+                KT__TRY(tensor_name(moe, name, naming, e, p, kinds[k]));
                 items[i].name = name;
-                param_view(moe, e, p, kind, &items[i].tensor);
+                param_view(moe, e, p, kinds[k], &items[i].tensor);
             }
     return KT_OK;
 }

@@ -616,13 +616,15 @@ static void print_summary(const trainer *t, const train_args *a)
     const kt_moe_config *c = moe_first_config(&t->moe); /* rank 0 holds the layers */
     if (c != NULL) {
         static const char *const modes[] = {"frozen", "lora", "full"};
-        printf("kt-train: %d MoE layer%s (E=%lld, k=%lld, H=%lld, I=%lld, %s, %s", t->moe.n_ops,
+        printf("kt-train: %d MoE layer%s (E=%lld, k=%lld, H=%lld, I=%lld, %s%s, %s", t->moe.n_ops,
                t->moe.n_ops == 1 ? "" : "s", (long long)c->n_experts, (long long)c->top_k,
                (long long)c->hidden, (long long)c->intermediate,
                c->quant ? kt_moe_quant_name(c->quant) : kt_dtype_name(c->weight_dtype),
+               c->quant == KT_MOE_QUANT_INT4 ? (c->quant_group == 32    ? " g32"
+                                                : c->quant_group == 128 ? " g128"
+                                                                        : " g64")
+                                             : "",
                modes[c->mode]);
-        if (c->quant == KT_MOE_QUANT_INT4)
-            printf(" group %d", c->quant_group > 0 ? c->quant_group : 64);
         if (c->mode == KT_MOE_LORA)
             printf(" r=%lld alpha=%g", (long long)c->lora_rank, (double)c->lora_alpha);
         printf(")%s", t->r.world > 1 ? ", experts on rank 0" : "");
