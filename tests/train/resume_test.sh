@@ -9,6 +9,8 @@
 #     run directory takes its newest checkpoint; the program may be left out (the
 #     checkpoint's program.ktp), and so may every option (run.json's settings: --resume DIR
 #     alone goes on as the run would have); --keep leaves the newest K
+#   - quantized experts (--moe-dtype int4, LoRA): resume bit for bit (codes and scales in the
+#     checkpoint); full mode and a stray --moe-group refused
 #   - evaluation: a run with --eval-every gives the same losses and final checkpoint bit for
 #     bit as one without; the unigram baseline and the final held-out line are printed
 #   - SIGINT (and SIGTERM) in the middle of a run: the step finishes, a checkpoint is written,
@@ -103,6 +105,24 @@ run lora_full "${lm[@]}" "${opts[@]}" "${lora[@]}" --steps 8 --run-dir lora_full
 refused lora_mode 1 "\-\-moe-mode is full here but lora" \
   "$train" "${lm[@]}" "${opts[@]}" --moe-mode full --steps 8 --resume lora_full/step-00000004 \
   --run-dir x2
+# quantized frozen experts (int4, LoRA): the checkpoint holds their codes and scales, so a resume
+# goes on bit for bit; a quantized run in full mode is refused
+lmq=("$src/examples/lm.ktg" -D T=32 -D H=64 -D VOCAB=64 -D E=4 -D L=2 -D K=4 -D TOPK=2)
+int4=(--moe-dtype int4 --moe-group 32 "${lora[@]}")
+run int4_full "${lmq[@]}" "${opts[@]}" "${int4[@]}" --steps 8 --run-dir int4_full --save-every 4 \
+    --losses int4_full.txt &&
+  run int4_resumed "${lmq[@]}" "${opts[@]}" "${int4[@]}" --steps 8 \
+    --resume int4_full/step-00000004 --run-dir int4_resumed --losses int4_resumed.txt &&
+  tail -n 4 int4_full.txt > int4_full_tail.txt &&
+  same_losses "int4: steps 5-8 after --resume" int4_resumed.txt int4_full_tail.txt &&
+  same "int4: step 8 after --resume (codes, scales, adapters, optimizer state)" \
+    int4_resumed/step-00000008 int4_full/step-00000008
+grep -q "int4 g32, lora" int4_full.log && ok "int4: the run says its experts are int4 g32" ||
+  fail "int4: no 'int4 g32, lora' in the run's header"
+refused int4_fullmode 2 "quantized experts are frozen" \
+  "$train" "${lmq[@]}" "${opts[@]}" --moe-dtype int4 --steps 2
+refused int4_group 2 "\-\-moe-group is int4's" \
+  "$train" "${lmq[@]}" "${opts[@]}" --moe-dtype int8 --moe-group 32 "${lora[@]}" --steps 2
 # --resume alone: the program, the data, --steps and every option come from the checkpoint
 (mkdir -p elsewhere && cd elsewhere &&
   "$train" --resume ../lora_full/step-00000004 --run-dir ../lora_bare --losses ../lora_bare.txt \

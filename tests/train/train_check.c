@@ -103,7 +103,8 @@ static int decrease(const char *path, double ratio)
     return ok ? 0 : 1;
 }
 
-/* The tensor as doubles (the parameter dtypes f32, bf16 and f16), or NULL. */
+/* The tensor as doubles (the parameter dtypes f32, bf16 and f16, and the integers i32 and i64:
+ * a quantized layer's codes), or NULL. */
 static double *as_doubles(const kt_st_file *f, const char *name, int64_t *n_out)
 {
     kt_tensor view, dst;
@@ -120,10 +121,13 @@ static double *as_doubles(const kt_st_file *f, const char *name, int64_t *n_out)
         return NULL;
     }
     for (int64_t i = 0; i < n; i++) {
-        const uint16_t h = view.dtype == KT_F32 ? 0 : ((const uint16_t *)raw)[i];
+        const int half = view.dtype == KT_BF16 || view.dtype == KT_F16;
+        const uint16_t h = half ? ((const uint16_t *)raw)[i] : 0;
         out[i] = view.dtype == KT_F32  ? ((const float *)raw)[i]
                : view.dtype == KT_BF16 ? kt_bf16_to_f32_1(h)
                : view.dtype == KT_F16  ? kt_f16_to_f32_1(h)
+               : view.dtype == KT_I32  ? (double)((const int32_t *)raw)[i]
+               : view.dtype == KT_I64  ? (double)((const int64_t *)raw)[i]
                                        : NAN;
     }
     free(raw);
