@@ -446,11 +446,17 @@ const char *kt__sgemm_core_name(void)
 #endif
 }
 
+/* Products of at most this many multiply-adds (M N K) stay on the portable kernel: OpenBLAS's
+ * small-matrix kernels, which it takes up to 10^6 on AVX-512 CPUs (SkylakeX and later),
+ * allocate on every call, and a training step allocates nothing (test_program's count). At
+ * that size a call is microseconds either way. */
+#define SGEMM_SMALL_MNK 1000000.0
+
 kt_status kt__sgemm(kt_threadpool *pool, int trans_a, int trans_b, int64_t M, int64_t N,
                     int64_t K, float alpha, const float *A, int64_t lda, const float *B,
                     int64_t ldb, float beta, float *C, int64_t ldc)
 {
-    if (kt__sgemm_is_openblas())
+    if (kt__sgemm_is_openblas() && (double)M * (double)N * (double)K > SGEMM_SMALL_MNK)
         return kt__sgemm_openblas(pool, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C,
                                   ldc);
     return kt__sgemm_portable(pool, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
