@@ -222,10 +222,49 @@ __attribute__((target("avx2,fma"))) static float fma256_peak_loop(const float *s
 }
 #endif
 
+#ifdef LIMITS_HAVE_PEAK
+/* tdpbf16ps on the AMX tiles (16 x 16 x 32 x 2 flop an instruction): four accumulator tiles,
+ * each the product of one of two A tiles and one of two B tiles, so that consecutive products
+ * do not wait on each other's result. The tiles' contents do not matter for the timing. */
+#define AMX_PEAK_ITERS (PEAK_ITERS / 8)
+__attribute__((target("amx-tile,amx-bf16"))) static float amx_peak_loop(const float *seed)
+{
+    struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } __attribute__((aligned(64))) cfg = {.palette = 1};
+    for (int t = 0; t < 8; t++)
+        cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    static _Alignas(64) uint16_t ab[16 * 32];
+    static _Alignas(64) float c[16 * 16];
+    for (int i = 0; i < 16 * 32; i++)
+        ab[i] = 0x3f80; /* bf16 1.0 */
+    _tile_loadconfig(&cfg);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, ab, 64);
+    _tile_loadd(5, ab, 64);
+    _tile_loadd(6, ab, 64);
+    _tile_loadd(7, ab, 64);
+    for (int it = 0; it < AMX_PEAK_ITERS; it++) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, c, 64);
+    _tile_release();
+    return c[0] * seed[0];
+}
+#endif
+
 static volatile float peak_sink;
 
 /* The loops: what peak_part times. */
-enum { LOOP_DPBF16, LOOP_FMA512, LOOP_FMA256 };
+enum { LOOP_DPBF16, LOOP_FMA512, LOOP_FMA256, LOOP_AMX };
 
 /* The path of large products, whose instruction bench_bf16_peak_* time. */
 static const kt__kpath *large_path(void) { return kt__kpath_pick(KT__KP_TN_BF16, 1024); }
@@ -243,6 +282,7 @@ static void peak_part(void *ctx, int64_t begin, int64_t end, int thread)
     for (int64_t i = begin; i < end; i++)
         peak_sink = loop == LOOP_FMA512   ? fma_peak_loop(seed)
                     : loop == LOOP_FMA256 ? fma256_peak_loop(seed)
+                    : loop == LOOP_AMX    ? amx_peak_loop(seed)
                                           : peak_loop(seed);
 #else
     (void)ctx;
@@ -266,6 +306,7 @@ static double peak_gflops(kt_threadpool *pool, int threads, int repeats, int loo
     }
     const double per_iter = loop == LOOP_FMA512   ? 16.0 * 32.0
                             : loop == LOOP_FMA256 ? FMA256_CHAINS * 16.0
+                            : loop == LOOP_AMX    ? 4.0 * 16 * 16 * 32 * 2 / 8 /* per PEAK_ITERS */
                                                   : 16.0 * 64.0;
     /* the best run, not the median: a peak is what the registers can do, and on a shared
      * machine a run cut by another process's time slice only hides it (the median let
@@ -312,7 +353,10 @@ double bench_insn_peak_gflops(kt__kinsn insn, int bits, kt_threadpool *pool, int
         return 0.0;
     case KT__KINSN_DPBF16:
         return f->avx512_bf16 ? peak_gflops(pool, threads, repeats, LOOP_DPBF16) : 0.0;
-    default: /* AMX: no loop for the tiles yet; scalar: no peak */
+    case KT__KINSN_AMX: /* only where the tiles passed the library's self-test */
+        return kt__kernel_features() & KT__KF_AMX ? peak_gflops(pool, threads, repeats, LOOP_AMX)
+                                                  : 0.0;
+    default: /* scalar: no peak */
         return 0.0;
     }
 }

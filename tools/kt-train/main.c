@@ -630,6 +630,11 @@ static void print_summary(const trainer *t, const train_args *a)
         printf(")%s", t->r.world > 1 ? ", experts on rank 0" : "");
         if (t->moe.n_recompute > 0) /* the checkpoint pass's choice */
             printf(", %d recomputing gate/up in backward (checkpointed)", t->moe.n_recompute);
+        uint64_t held, raw;
+        moe_store_bytes(&t->moe, &held, &raw);
+        printf(", experts %.1f MB", (double)held / 1e6);
+        if (c->quant)
+            printf(" (%.3f of bf16's %.1f MB)", (double)held / (double)raw, (double)raw / 1e6);
         printf("\n");
     }
     printf("kt-train: data %s: %lld tokens\n", a->data, (long long)t->data.n_tokens);

@@ -78,6 +78,18 @@ int moe_memory_need(const train_args *a, const kt_program *p, const ranks *r, in
     return 0;
 }
 
+void moe_store_bytes(const kt_moe_layers *m, uint64_t *held, uint64_t *raw)
+{
+    *held = *raw = 0;
+    for (int b = 0; b < m->n; b++)
+        if (m->layers[b] != NULL) {
+            kt_moe_memory mem;
+            kt_moe_get_memory(m->layers[b], &mem);
+            *held += mem.weight_bytes;
+            *raw += mem.raw_weight_bytes;
+        }
+}
+
 const kt_moe_config *moe_first_config(const kt_moe_layers *m)
 {
     for (int b = 0; b < m->n; b++)

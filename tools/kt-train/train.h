@@ -173,6 +173,8 @@ int moe_memory_need(const train_args *a, const kt_program *p, const ranks *r, in
                     uint64_t *bytes_out);
 /* The configuration of the first layer this rank holds, for the summary line (NULL: none). */
 const kt_moe_config *moe_first_config(const kt_moe_layers *m);
+/* The expert stores' bytes this rank holds, and what they would be in the weight dtype. */
+void moe_store_bytes(const kt_moe_layers *m, uint64_t *held, uint64_t *raw);
 
 /* ---- loop.c ------------------------------------------------------------------------------ */
 
