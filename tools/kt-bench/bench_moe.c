@@ -5,7 +5,9 @@
  * bandwidth, OpenBLAS sgemm on the same per-expert shapes and the FMA peak (f32), and PyTorch's
  * index_select / F.linear / index_add_ loop on the same inputs through moe_torch_peer.py
  * (in bf16 and in f32) when /usr/bin/python3 has torch and safetensors, its calls alternating
- * with libkt's (moe_peer.h). */
+ * with libkt's (moe_peer.h); with --dtype int8|int4 also KTransformers' kt-kernel INT8 / INT4
+ * SFT MoE on the same weights (moe_ktkernel_peer.py, in kt-kernel's own virtual environment)
+ * when it is installed. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +28,17 @@
 #ifndef KT_BENCH_PEER_SCRIPT
 #define KT_BENCH_PEER_SCRIPT "tools/kt-bench/moe_torch_peer.py"
 #endif
+#ifndef KT_BENCH_KTK_PEER_SCRIPT
+#define KT_BENCH_KTK_PEER_SCRIPT "tools/kt-bench/moe_ktkernel_peer.py"
+#endif
+/* kt-kernel's virtual environment (it pins its own torch): --ktkernel-python replaces it */
+#ifndef KT_BENCH_KTK_PYTHON
+#define KT_BENCH_KTK_PYTHON "/work/venv-ktk/bin/python"
+#endif
+
+/* The peers: torch bf16, torch f32, kt-kernel (quantized runs only) */
+#define N_PEERS 3
+#define PEER_KTK 2
 
 typedef struct shape {
     const char *name;
@@ -45,6 +58,8 @@ typedef struct moe_args {
     int peer;
     unsigned peer_dtypes; /* bit 0: bf16, bit 1: f32 */
     const char *peer_script;
+    const char *ktk_python; /* kt-kernel's venv python (--ktkernel-python) */
+    const char *ktk_script; /* moe_ktkernel_peer.py */
     int numa_split; /* --numa-split: experts split over the NUMA nodes */
     int phases;     /* --phases: where the time goes, per phase of the layer */
     int recompute;  /* --recompute: the layer keeps no intermediates (keep_activations 0) */
@@ -314,6 +329,7 @@ static int parse(int argc, char **argv, moe_args *a)
                    "                    [--group 32|64|128]\n"
                    "                    [--no-peer] [--peer-dtype bf16|f32|both] [--peer-script "
                    "PATH]\n"
+                   "                    [--ktkernel-python PATH]\n"
                    "                    [--threads N] [--numa-split] [--phases] [--recompute]\n"
                    "                    [--json]\n"
                    "Times the MoE layer forward and forward+backward; prints tokens/s,\n"
@@ -325,6 +341,15 @@ static int parse(int argc, char **argv, moe_args *a)
                    "run; KT_CPU=blas runs the layer on sgemm instead), the fraction of\n"
                    "memory bandwidth for qlen <= 16, and the ratio against PyTorch's loop\n"
                    "in bf16 and f32.\n"
+                   "With --dtype int8|int4 also against KTransformers' kt-kernel INT8 / INT4\n"
+                   "SFT MoE (moe_ktkernel_peer.py: AMXINT8/AMXINT4_SFT_SkipLoRA for frozen,\n"
+                   "AMXINT8/AMXINT4_SFT with rank-8 adapters for lora) on the same\n"
+                   "(dequantized) weights, which kt-kernel quantizes into its own format,\n"
+                   "when kt-kernel's virtual environment is found: --ktkernel-python PATH,\n"
+                   "default " KT_BENCH_KTK_PYTHON " (KT_KERNEL_CPU_VARIANT in the\n"
+                   "environment picks its build); ratio_vs_ktkernel_int8 / _int4 is\n"
+                   "kt-kernel's time over libkt's (>1: libkt faster). Not found, or failed:\n"
+                   "a note and a null ratio.\n"
                    "Defaults: --shape small --qlen 128 --mode frozen --dtype bf16, all CPUs.\n"
                    "The peer (moe_torch_peer.py, one process per dtype) times one call\n"
                    "per request; its calls alternate with libkt's, call by call above qlen 16\n"
@@ -350,10 +375,11 @@ static int parse(int argc, char **argv, moe_args *a)
                    "counts the layer's FLOPs once, not the recomputed ones.\n");
             exit(0);
         }
-        static const char *const with_value[] = {"--shape", "--qlen",       "--mode",
-                                                  "--dtype", "--peer-dtype", "--peer-script",
-                                                  "--group"};
-        if (v == NULL && bench_is_one_of(s, with_value, 6)) {
+        static const char *const with_value[] = {
+            "--shape", "--qlen", "--mode", "--dtype", "--peer-dtype", "--peer-script", "--group",
+            "--ktkernel-python"};
+        if (v == NULL &&
+            bench_is_one_of(s, with_value, (int)(sizeof with_value / sizeof with_value[0]))) {
             fprintf(stderr, "kt-bench moe: %s needs a value (see --help)\n", s);
             return 2;
         }
@@ -417,6 +443,9 @@ static int parse(int argc, char **argv, moe_args *a)
         } else if (strcmp(s, "--peer-script") == 0) {
             a->peer_script = v;
             i++;
+        } else if (strcmp(s, "--ktkernel-python") == 0) {
+            a->ktk_python = v;
+            i++;
         } else {
             fprintf(stderr, "kt-bench moe: unknown option %s (see --help)\n", s);
             return 2;
@@ -441,15 +470,15 @@ typedef struct bw_judge {
                               * time) / best_gbs */
 } bw_judge;
 
-/* The PyTorch peers (bf16, f32; NULL: not run), whose calls alternate with libkt's in blocks
+/* The peers (torch bf16, torch f32, kt-kernel; NULL: not run), whose calls alternate with libkt's in blocks
  * of `block` calls of each: the same minutes of this VM (its speed drifts by the minute)
  * measure both, and the ratio with them. Calls of a few ms come in one block each, as the
  * calls of a layer in a model come in quick succession: after a pause a call first wakes
  * threads and finds the clock lowered (at dsv2lite qlen 1 that doubled libkt's time). */
 typedef struct peers {
-    moe_peer *p[2];
+    moe_peer *p[N_PEERS];
     int block;
-    double ms[2];      /* out: each one's median time per call (-1: it failed) */
+    double ms[N_PEERS]; /* out: each one's median time per call (-1: it failed) */
     char (*note)[320]; /* why one failed */
 } peers;
 
@@ -462,7 +491,7 @@ static double time_median(kt_moe *m, moe_inputs *in, int backward, int warmup, i
 {
     const size_t n = (size_t)(warmup + repeats);
     double *t = calloc(n, sizeof *t), *gbs = calloc(n, sizeof *gbs);
-    double *frac = calloc(n, sizeof *frac), *pt = calloc(2 * n, sizeof *pt);
+    double *frac = calloc(n, sizeof *frac), *pt = calloc(N_PEERS * n, sizeof *pt);
     if (t == NULL || gbs == NULL || frac == NULL || pt == NULL) {
         fprintf(stderr, "kt-bench moe: out of memory\n");
         free(t), free(gbs), free(frac), free(pt);
@@ -491,7 +520,7 @@ static double time_median(kt_moe *m, moe_inputs *in, int backward, int warmup, i
             bw && bw->probe && t[r] > 0 && gbs[r] > 0 ? bw->touched / t[r] * 1e-9 / gbs[r] : 0.0;
         /* after each block of libkt's calls, the peers' same calls */
         const int last = r + 1 == warmup + repeats;
-        for (int k = 0; pe && k < 2 && ((r + 1) % pe->block == 0 || last); k++) {
+        for (int k = 0; pe && k < N_PEERS && ((r + 1) % pe->block == 0 || last); k++) {
             if (moe_peer_failed(pe->p[k]))
                 continue;
             moe_peer_gap();
@@ -502,7 +531,7 @@ static double time_median(kt_moe *m, moe_inputs *in, int backward, int warmup, i
         }
     }
     double med = bench_median(t + warmup, repeats);
-    for (int k = 0; pe && k < 2; k++) {
+    for (int k = 0; pe && k < N_PEERS; k++) {
         int ok = pe->p[k] != NULL;
         for (int r = 0; ok && r < warmup + repeats; r++)
             ok = pt[k * n + (size_t)r] > 0;
@@ -522,12 +551,66 @@ static double time_median(kt_moe *m, moe_inputs *in, int backward, int warmup, i
     return med;
 }
 
+/* A field of a peer's {"ready": ...} line (Python's json.dumps: "key": "text" or "key": 1.5)
+ * into out, as text; "" when absent. */
+static void ready_field(const char *ready, const char *key, char *out, size_t size)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *p = strstr(ready, pat);
+    out[0] = '\0';
+    if (p == NULL || size == 0)
+        return;
+    p += strlen(pat);
+    const int quoted = *p == '"';
+    p += quoted;
+    size_t n = 0;
+    while (p[n] != '\0' && (quoted ? p[n] != '"' : p[n] != ',' && p[n] != '}'))
+        n++;
+    if (!quoted && n == 4 && strncmp(p, "null", 4) == 0)
+        n = 0;
+    snprintf(out, size, "%.*s", (int)n, p);
+}
+
+/* kt-kernel's INT8 / INT4 SFT MoE as a peer (moe_ktkernel_peer.py in its virtual
+ * environment); NULL with the reason in note (320 bytes) when it is not found or fails. */
+static moe_peer *ktk_peer_start(const moe_args *a, const char *inputs, int threads, int rotate,
+                                int64_t shift, int verbose, char *ready, size_t ready_size,
+                                char *note)
+{
+    const size_t note_size = 320;
+    char label[40];
+    snprintf(label, sizeof label, "kt-kernel %s", dtype_name(a));
+    if (access(a->ktk_python, X_OK) != 0) {
+        snprintf(note, note_size,
+                 "%s peer not run: no %.120s (kt-kernel's venv; --ktkernel-python PATH)",
+                 label, a->ktk_python);
+        return NULL;
+    }
+    if (a->mode == KT_MOE_FULL) {
+        snprintf(note, note_size, "%s peer not run: its SFT classes train no quantized base "
+                                  "weights (full mode)", label);
+        return NULL;
+    }
+    char th[16], rot[16], sh[24];
+    snprintf(th, sizeof th, "%d", threads);
+    snprintf(rot, sizeof rot, "%d", rotate);
+    snprintf(sh, sizeof sh, "%lld", (long long)shift);
+    const char *const args[] = {a->ktk_script, inputs,    "--mode",  mode_names[a->mode],
+                                "--dtype",     dtype_name(a), "--threads", th,
+                                "--rotate",    rot,       "--shift", sh};
+    if (verbose)
+        fprintf(stderr, "kt-bench moe: starting the %s peer (%s)...\n", label, a->ktk_python);
+    return bench_peer_start(a->ktk_python, args, (int)(sizeof args / sizeof args[0]), label,
+                            ready, ready_size, note, note_size);
+}
+
 int bench_moe(int argc, char **argv, const bench_args *common)
 {
     for (int i = 0; i < argc; i++)
         if (strcmp(argv[i], "--ranks") == 0 || strcmp(argv[i], "--parallel") == 0)
             return bench_moe_ranks(argc, argv, common); /* several ranks: bench_moe_ranks.c */
-    static char peer_found[4096];
+    static char peer_found[4096], ktk_found[4096];
     moe_args a = {.shape = &shapes[0],
                   .qlen = 128,
                   .mode = KT_MOE_FROZEN,
@@ -535,7 +618,11 @@ int bench_moe(int argc, char **argv, const bench_args *common)
                   .peer = 1,
                   .peer_dtypes = 3u,
                   .peer_script = bench_find_script(KT_BENCH_PEER_SCRIPT, "moe_torch_peer.py",
-                                                   peer_found, sizeof peer_found)};
+                                                   peer_found, sizeof peer_found),
+                  .ktk_python = KT_BENCH_KTK_PYTHON,
+                  .ktk_script = bench_find_script(KT_BENCH_KTK_PEER_SCRIPT,
+                                                  "moe_ktkernel_peer.py", ktk_found,
+                                                  sizeof ktk_found)};
     int rc = parse(argc, argv, &a);
     if (rc != 0)
         return rc;
@@ -611,8 +698,9 @@ int bench_moe(int argc, char **argv, const bench_args *common)
         fprintf(stderr, "kt-bench moe: no memory for the read loop: no bandwidth figure\n");
     /* the PyTorch peers, on the same inputs (the drawn ids), in bf16 and in f32: started
      * now, called between libkt's calls */
-    char note[2][320] = {"", ""};
-    peers pe = {{NULL, NULL}, small ? 2 + reps : 1, {-1.0, -1.0}, note};
+    char note[N_PEERS][320] = {"", "", ""};
+    char ktk_ready[2048] = "";
+    peers pe = {{NULL, NULL, NULL}, small ? 2 + reps : 1, {-1.0, -1.0, -1.0}, note};
     char path[256];
     snprintf(path, sizeof path, "/tmp/kt-bench-moe-%d.safetensors", (int)getpid());
     if (!a.peer) {
@@ -631,6 +719,10 @@ int bench_moe(int argc, char **argv, const bench_args *common)
             pe.p[k] = moe_peer_start(a.peer_script, path, mode_names[a.mode], dts[k], threads,
                                      small ? ID_ROTATIONS : 1, in.shift, note[k], sizeof note[k]);
         }
+        if (a.quant)
+            pe.p[PEER_KTK] = ktk_peer_start(&a, path, threads, small ? ID_ROTATIONS : 1,
+                                            in.shift, !common->json, ktk_ready,
+                                            sizeof ktk_ready, note[PEER_KTK]);
     }
     unlink(path); /* the peers have read it */
 
@@ -641,12 +733,12 @@ int bench_moe(int argc, char **argv, const bench_args *common)
      * ratio and the phases */
     double fwd_judged = bw.probe ? time_median(m, &in, 0, 2, reps, rotate, &bw, NULL, &ph[0]) : 0.0;
     bench_read_probe_close(bw.probe);
-    double t_fwd[2], t_fb[2];
+    double t_fwd[N_PEERS], t_fb[N_PEERS];
     double fwd = time_median(m, &in, 0, 2, reps, rotate, NULL, &pe, &ph[0]);
-    t_fwd[0] = pe.ms[0], t_fwd[1] = pe.ms[1];
+    memcpy(t_fwd, pe.ms, sizeof t_fwd);
     double fwdbwd = time_median(m, &in, 1, 2, reps, rotate, NULL, &pe, &ph[1]);
-    t_fb[0] = pe.ms[0], t_fb[1] = pe.ms[1];
-    for (int k = 0; k < 2; k++)
+    memcpy(t_fb, pe.ms, sizeof t_fb);
+    for (int k = 0; k < N_PEERS; k++)
         moe_peer_stop(pe.p[k]);
     /* the bf16 twin's fwd and fwd+bwd on the same calls */
     kt_moe_phase_times twin_ph;
@@ -675,9 +767,15 @@ int bench_moe(int argc, char **argv, const bench_args *common)
     const double dp_peak = a.dtype == KT_BF16 && large != KT__KINSN_DPBF16
                                ? bench_insn_peak_gflops(KT__KINSN_DPBF16, 512, pool, threads, 5)
                                : 0.0;
-    int have[2];
-    for (int k = 0; k < 2; k++)
+    int have[N_PEERS];
+    for (int k = 0; k < N_PEERS; k++)
         have[k] = t_fwd[k] > 0 && t_fb[k] > 0;
+    /* what kt-kernel ran, from its ready line */
+    char ktk_class[96], ktk_variant[48], ktk_version[32], ktk_err[32];
+    ready_field(ktk_ready, "class", ktk_class, sizeof ktk_class);
+    ready_field(ktk_ready, "cpu_variant", ktk_variant, sizeof ktk_variant);
+    ready_field(ktk_ready, "ktkernel_version", ktk_version, sizeof ktk_version);
+    ready_field(ktk_ready, "rel_err_fwd", ktk_err, sizeof ktk_err);
     char peak_name[48];
     snprintf(peak_name, sizeof peak_name, "%s peak", bench_bf16_peak_name());
 
@@ -686,8 +784,8 @@ int bench_moe(int argc, char **argv, const bench_args *common)
         double gf = flops(&a, pass) / t * 1e-9;
         double frac_peak = peak > 0 ? gf / peak : 0.0;
         double frac_bw = pass ? -1.0 : bw.fraction;
-        double ratio[2];
-        for (int k = 0; k < 2; k++)
+        double ratio[N_PEERS];
+        for (int k = 0; k < N_PEERS; k++)
             ratio[k] = have[k] ? (pass ? t_fb[k] : t_fwd[k]) * 1e-3 / t : -1.0;
         if (common->json) {
             printf("{\"bench\":\"moe\",");
@@ -725,6 +823,21 @@ int bench_moe(int argc, char **argv, const bench_args *common)
                 else
                     printf("\"ratio_vs_torch_%s\":null,", k ? "f32" : "bf16");
             }
+            if (a.quant) {
+                /* kt-kernel's INT8 / INT4 SFT MoE on the same weights (null: not run) */
+                printf("\"ratio_vs_ktkernel_%s\":%s,", dtype_name(&a),
+                       have[PEER_KTK] ? BENCH_JNUM("%.3f", ratio[PEER_KTK]) : "null");
+                if (have[PEER_KTK]) {
+                    printf("\"ktkernel_%s_ms\":%.4f,\"ktkernel_class\":\"", pass ? "fwdbwd" : "fwd",
+                           pass ? t_fb[PEER_KTK] : t_fwd[PEER_KTK]);
+                    bench_print_json_text(ktk_class);
+                    printf("\",\"ktkernel_cpu_variant\":\"");
+                    bench_print_json_text(ktk_variant);
+                    printf("\",\"ktkernel_version\":\"");
+                    bench_print_json_text(ktk_version);
+                    printf("\",\"ktkernel_rel_err_fwd\":%s,", ktk_err[0] ? ktk_err : "null");
+                }
+            }
             if (a.quant)
                 printf("\"quant_group\":%d,\"quant_path\":\"%s\",\"bf16_%s_ms\":%.4f,"
                        "\"ratio_vs_bf16\":%s,\"weight_bytes_ratio_vs_bf16\":%.4f,",
@@ -738,11 +851,14 @@ int bench_moe(int argc, char **argv, const bench_args *common)
                    (double)mem.weight_bytes / (double)mem.raw_weight_bytes,
                    (unsigned long long)mem.backward_buffer_bytes,
                    (unsigned long long)mem.saved_bytes_per_token);
-            if (note[0][0] || note[1][0]) { /* a peer's message may hold JSON of its own */
+            if (note[0][0] || note[1][0] || note[2][0]) { /* a peer's message may hold JSON */
                 printf(",\"note\":\"");
-                bench_print_json_text(note[0]);
-                printf("%s", note[0][0] && note[1][0] ? "; " : "");
-                bench_print_json_text(note[1]);
+                for (int k = 0, first = 1; k < N_PEERS; k++)
+                    if (note[k][0]) {
+                        printf("%s", first ? "" : "; ");
+                        bench_print_json_text(note[k]);
+                        first = 0;
+                    }
                 printf("\"");
             }
             printf("}\n");
@@ -768,6 +884,10 @@ int bench_moe(int argc, char **argv, const bench_args *common)
                     printf(", %.2fx torch %s", ratio[k], k ? "f32" : "bf16");
             if (a.quant)
                 printf(", %.2fx bf16 experts (%.3f ms)", twin[pass] / t, twin[pass] * 1e3);
+            if (have[PEER_KTK])
+                printf(", %.2fx kt-kernel %s (%s, %s build, %.3f ms)", ratio[PEER_KTK],
+                       dtype_name(&a), ktk_class, ktk_variant,
+                       pass ? t_fb[PEER_KTK] : t_fwd[PEER_KTK]);
             printf("\n");
         }
     }
@@ -801,7 +921,7 @@ int bench_moe(int argc, char **argv, const bench_args *common)
                (unsigned long long)mem.backward_buffer_bytes,
                (unsigned long long)mem.saved_bytes_per_token,
                (unsigned long long)mem.scratch_bytes);
-        for (int k = 0; k < 2; k++)
+        for (int k = 0; k < N_PEERS; k++)
             if (note[k][0])
                 printf("note: %s\n", note[k]);
     }
