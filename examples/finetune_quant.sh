@@ -18,12 +18,7 @@ for tool in kt-data kt-graphc kt-train; do
 done
 out="$build/finetune_quant"
 mkdir -p "$out"
-texts=("$root"/README.md "$root"/docs/*.md)
-if [ -d /usr/share/common-licenses ]; then
-  while IFS= read -r f; do texts+=("$f"); done \
-    < <(find /usr/share/common-licenses -maxdepth 1 -type f | LC_ALL=C sort)
-fi
-"$build/tools/kt-data" "${texts[@]}" -o "$out/data" --eos 256 --heldout-fraction 0.1 > /dev/null
+bash "$root/examples/lm_data.sh" "$build/tools/kt-data" "$out/data" > /dev/null
 "$build/tools/kt-graphc" "$root/examples/moe_lm.ktg" -o "$out/moe_lm.ktp" > /dev/null
 data=(--data "$out/data/train.safetensors" --eval-data "$out/data/heldout.safetensors")
 
