@@ -2,17 +2,14 @@
  * (the exact values kt__q_value gives) in the work buffer, sized to stay in L2, and the bf16
  * kernels of the registry multiply it (AMX, vdpbf16ps, the FMA or AVX2 paths, or scalar, as
  * they choose by M). The dequantisation is vectorised where the CPU has AVX-512 BF16
- * (vcvtneps2bf16 rounds as kt_f32_to_bf16_1 does), scalar elsewhere. */
+ * (quant_avx512.c), scalar elsewhere; there, NT of a few rows runs on the weights in place. */
 #include "lib/kernels/quant_gemm.h"
 
 #include "kt/tensor.h"
 #include "lib/core/cpu_internal.h"
 #include "lib/kernels/bf16_gemm.h"
+#include "lib/kernels/quant_avx512.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define QG_HAVE_AVX512 1
-#endif
 
 /* Panel bytes aimed at: half of a 2 MiB L2, so that x (or g) and y's block stay beside it. */
 #define PANEL_BYTES (128u * 1024u)
@@ -24,7 +21,11 @@ static int64_t nt_rows(int64_t cols)
     const int64_t r = (int64_t)(PANEL_BYTES / 2) / (cols > 0 ? cols : 1);
     return r < PANEL_ALIGN ? PANEL_ALIGN : r / PANEL_ALIGN * PANEL_ALIGN;
 }
-static int64_t nn_cols(int64_t rows) { return nt_rows(rows); }
+static int64_t nn_cols(int64_t rows)
+{
+    const int64_t c = nt_rows(rows);
+    return c < KT__Q4_BLOCK ? KT__Q4_BLOCK : c / KT__Q4_BLOCK * KT__Q4_BLOCK; /* whole blocks */
+}
 
 size_t kt__q_gemm_work_bytes(int64_t rows, int64_t cols, int64_t max_m)
 {
@@ -39,47 +40,24 @@ static uint16_t *panel_at(void *work, size_t offset)
     return (uint16_t *)(void *)((unsigned char *)work + offset);
 }
 
-#ifdef QG_HAVE_AVX512
-/* 16 columns [c, c + 16) of row r (c a multiple of 16) as bf16 into out. */
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void
-dequant16(const kt__qmat *w, int64_t r, int64_t c, uint16_t *out)
-{
-    const int64_t groups = w->cols / w->group;
-    const __m512 s = _mm512_set1_ps(kt_bf16_to_f32_1(w->scale[r * groups + c / w->group]));
-    __m512i q;
-    if (w->fmt == KT__Q_INT8) {
-        q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w->q + r * w->cols + c)));
-    } else {
-        const uint8_t *b = w->q + r * (w->cols / 2) + c / KT__Q4_BLOCK * 32 + c % 32;
-        const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b));
-        const __m512i nib = c % KT__Q4_BLOCK < 32 ? _mm512_and_si512(bytes, _mm512_set1_epi32(15))
-                                                   : _mm512_srli_epi32(bytes, 4);
-        q = _mm512_sub_epi32(nib, _mm512_set1_epi32(8));
-    }
-    const __m256bh v = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_cvtepi32_ps(q), s));
-    _mm256_storeu_si256((__m256i *)out, (__m256i)v);
-}
-#endif
-
 /* Rows [r0, r1), columns [c0, c1) of deq(w) as bf16 into out (row stride ldo). */
 static void dequant(const kt__qmat *w, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
                     uint16_t *out, int64_t ldo)
 {
-#ifdef QG_HAVE_AVX512
-    if (kt__cpu_has_avx512_bf16() && c0 % 16 == 0 && (c1 - c0) % 16 == 0) {
-        for (int64_t r = r0; r < r1; r++)
-            for (int64_t c = c0; c < c1; c += 16)
-                dequant16(w, r, c, out + (r - r0) * ldo + (c - c0));
-        return;
-    }
-#endif
-    kt__q_dequant_bf16(w, r0, r1, c0, c1, out, ldo);
+    if (kt__cpu_has_avx512_bf16())
+        kt__q_dequant_avx512(w, r0, r1, c0, c1, out, ldo);
+    else
+        kt__q_dequant_bf16(w, r0, r1, c0, c1, out, ldo);
 }
 
 void kt__q_gemm_nt(int64_t M, int64_t n0, int64_t n1, const uint16_t *x, int64_t ldx,
                    const kt__qmat *w, float *y, int64_t ldy, void *work)
 {
     const int64_t K = w->cols, step = nt_rows(K);
+    if (M <= KT__Q_NT_ROWS_MAX_M && kt__cpu_has_avx512_bf16()) {
+        kt__q_nt_rows_avx512(M, n0, n1, x, ldx, w, y, ldy);
+        return;
+    }
     uint16_t *panel = panel_at(work, 0);
     for (int64_t n = n0; n < n1; n += step) {
         const int64_t rows = n1 - n < step ? n1 - n : step;
@@ -109,6 +87,7 @@ void kt__q_gemm_nn(int64_t M, int64_t c0, int64_t c1, const uint16_t *g0, const 
 
 const char *kt__q_gemm_path(int nn, int64_t M)
 {
-    (void)nn;
+    if (!nn && M <= KT__Q_NT_ROWS_MAX_M && kt__cpu_has_avx512_bf16())
+        return "q_avx512_bf16";
     return kt__bf16_gemm_path(M);
 }
