@@ -15,12 +15,12 @@
 
 #define QA_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
-/* The 16 values of a scale's nibbles, twice (a 32-entry vpermw table). */
+/* The 16 values of a (bf16) scale's nibbles, twice (a 32-entry vpermw table). */
 QA_TARGET static inline __m512i int4_table(uint16_t scale)
 {
     const __m512 q = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i v =
-        (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(q, _mm512_set1_ps(kt_bf16_to_f32_1(scale))));
+    const __m512 s = _mm512_castsi512_ps(_mm512_set1_epi32((int)((uint32_t)scale << 16)));
+    const __m256i v = (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(q, s));
     return _mm512_inserti64x4(_mm512_castsi256_si512(v), v, 1);
 }
 
@@ -45,10 +45,8 @@ QA_TARGET static inline __m512i int8_block(const uint8_t *q, __m512 s)
     return (__m512i)_mm512_cvtne2ps_pbh(b, a); /* a is the low half */
 }
 
-static uint16_t scale_of(const kt__qmat *w, int64_t r, int64_t c)
-{
-    return w->scale[r * (w->cols / w->group) + c / w->group];
-}
+/* log2 of a group size (32, 64 or 128) */
+static inline int group_shift(int64_t group) { return group == 32 ? 5 : group == 64 ? 6 : 7; }
 
 QA_TARGET void kt__q_dequant_avx512(const kt__qmat *w, int64_t r0, int64_t r1, int64_t c0,
                                     int64_t c1, uint16_t *out, int64_t ldo)
@@ -58,18 +56,20 @@ QA_TARGET void kt__q_dequant_avx512(const kt__qmat *w, int64_t r0, int64_t r1, i
         int64_t c = c0;
         if (w->fmt == KT__Q_INT4) {
             const uint8_t *row = w->q + r * (w->cols / 2);
+            const int sh = group_shift(w->group);
+            const uint16_t *srow = w->scale + (r * w->cols >> sh);
             int64_t group = -1;
             __m512i t0 = _mm512_setzero_si512(), t1 = t0;
             for (; c < c1 && c % 16 != 0; c++) /* an unaligned head: one value at a time */
                 o[c] = kt_f32_to_bf16_1(kt__q_value(w, r, c));
             while (c + 16 <= c1) {
                 if (c % KT__Q4_BLOCK == 0 && c + KT__Q4_BLOCK <= c1) { /* a whole block */
-                    if (w->group == 32) { /* each half of it has a scale of its own */
-                        t0 = int4_table(scale_of(w, r, c));
-                        t1 = int4_table(scale_of(w, r, c + 32));
-                    } else if (c / w->group != group) {
-                        group = c / w->group;
-                        t0 = t1 = int4_table(scale_of(w, r, c));
+                    if (sh == 5) { /* each half of it has a scale of its own */
+                        t0 = int4_table(srow[c >> 5]);
+                        t1 = int4_table(srow[(c >> 5) + 1]);
+                    } else if (c >> sh != group) {
+                        group = c >> sh;
+                        t0 = t1 = int4_table(srow[group]);
                     }
                     __m512i lo, hi;
                     int4_block(row + c / 2, t0, t1, &lo, &hi);
@@ -79,7 +79,7 @@ QA_TARGET void kt__q_dequant_avx512(const kt__qmat *w, int64_t r0, int64_t r1, i
                     continue;
                 }
                 /* 16 inputs of a block: 16 bytes, their low or high nibbles */
-                const __m256i t = _mm512_castsi512_si256(int4_table(scale_of(w, r, c)));
+                const __m256i t = _mm512_castsi512_si256(int4_table(srow[c >> sh]));
                 const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(
                     (const __m128i *)(row + c / KT__Q4_BLOCK * 32 + c % 32)));
                 const __m256i nib = c % KT__Q4_BLOCK < 32
@@ -90,7 +90,8 @@ QA_TARGET void kt__q_dequant_avx512(const kt__qmat *w, int64_t r0, int64_t r1, i
                 c += 16;
             }
         } else {
-            const __m512 s = _mm512_set1_ps(kt_bf16_to_f32_1(scale_of(w, r, 0)));
+            const __m512 s =
+                _mm512_castsi512_ps(_mm512_set1_epi32((int)((uint32_t)w->scale[r] << 16)));
             for (; c + 32 <= c1; c += 32)
                 _mm512_storeu_si512((void *)(o + c), int8_block(w->q + r * w->cols + c, s));
         }
@@ -109,47 +110,56 @@ QA_TARGET void kt__q_nt_rows_avx512(int64_t M, int64_t n0, int64_t n1, const uin
 {
     const int64_t K = w->cols;
     for (int64_t n = n0; n < n1; n++) {
-        __m512 acc[KT__Q_NT_ROWS_MAX_M];
+        /* two sums per row of x (inputs 0-31 and 32-63 of each block): the products of a
+         * block do not wait on each other */
+        __m512 a0[KT__Q_NT_ROWS_MAX_M], a1[KT__Q_NT_ROWS_MAX_M];
         for (int64_t m = 0; m < M; m++)
-            acc[m] = _mm512_setzero_ps();
+            a0[m] = a1[m] = _mm512_setzero_ps();
+        int64_t c = 0;
         if (w->fmt == KT__Q_INT4) {
             const uint8_t *row = w->q + n * (K / 2);
+            const int sh = group_shift(w->group);
+            const uint16_t *srow = w->scale + (n * K >> sh);
             int64_t group = -1;
             __m512i t0 = _mm512_setzero_si512(), t1 = t0;
-            for (int64_t c = 0; c < K; c += KT__Q4_BLOCK) {
-                if (w->group == 32) {
-                    t0 = int4_table(scale_of(w, n, c));
-                    t1 = int4_table(scale_of(w, n, c + 32));
-                } else if (c / w->group != group) {
-                    group = c / w->group;
-                    t0 = t1 = int4_table(scale_of(w, n, c));
+            for (; c < K; c += KT__Q4_BLOCK) {
+                if (sh == 5) {
+                    t0 = int4_table(srow[c >> 5]);
+                    t1 = int4_table(srow[(c >> 5) + 1]);
+                } else if (c >> sh != group) {
+                    group = c >> sh;
+                    t0 = t1 = int4_table(srow[group]);
                 }
                 __m512i lo, hi;
                 int4_block(row + c / 2, t0, t1, &lo, &hi);
                 for (int64_t m = 0; m < M; m++) {
-                    DP(acc[m], x + m * ldx, c, lo);
-                    DP(acc[m], x + m * ldx, c + 32, hi);
+                    DP(a0[m], x + m * ldx, c, lo);
+                    DP(a1[m], x + m * ldx, c + 32, hi);
                 }
             }
         } else {
-            const __m512 s = _mm512_set1_ps(kt_bf16_to_f32_1(scale_of(w, n, 0)));
+            const __m512 s =
+                _mm512_castsi512_ps(_mm512_set1_epi32((int)((uint32_t)w->scale[n] << 16)));
             const uint8_t *row = w->q + n * K;
-            int64_t c = 0;
+            for (; c + 64 <= K; c += 64) {
+                const __m512i v0 = int8_block(row + c, s), v1 = int8_block(row + c + 32, s);
+                for (int64_t m = 0; m < M; m++) {
+                    DP(a0[m], x + m * ldx, c, v0);
+                    DP(a1[m], x + m * ldx, c + 32, v1);
+                }
+            }
             for (; c + 32 <= K; c += 32) {
                 const __m512i v = int8_block(row + c, s);
                 for (int64_t m = 0; m < M; m++)
-                    DP(acc[m], x + m * ldx, c, v);
+                    DP(a0[m], x + m * ldx, c, v);
             }
-            for (int64_t m = 0; m < M; m++) { /* K % 32 inputs left: scalar, in order */
-                float t = _mm512_reduce_add_ps(acc[m]);
-                for (int64_t k = c; k < K; k++)
-                    t += kt_bf16_to_f32_1(x[m * ldx + k]) * kt__q_value(w, n, k);
-                y[m * ldy + n] = t;
-            }
-            continue;
         }
-        for (int64_t m = 0; m < M; m++)
-            y[m * ldy + n] = _mm512_reduce_add_ps(acc[m]);
+        for (int64_t m = 0; m < M; m++) { /* K % 32 inputs left (INT8): scalar, in order */
+            float t = _mm512_reduce_add_ps(_mm512_add_ps(a0[m], a1[m]));
+            for (int64_t k = c; k < K; k++)
+                t += kt_bf16_to_f32_1(x[m * ldx + k]) * kt__q_value(w, n, k);
+            y[m * ldy + n] = t;
+        }
     }
 }
 #undef DP
