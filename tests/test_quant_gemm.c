@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "lib/core/cpu_internal.h"
+#include "lib/kernels/quant_avx2.h"
 #include "lib/kernels/quant_avx512.h"
 #include "lib/kernels/quant_gemm.h"
 #include "tests/support/test_util.h"
@@ -143,12 +144,16 @@ static void test_products(void **state)
            kt__q_gemm_path(1, 100));
 }
 
-/* The vector dequantisation gives the scalar one's bits, at any 16-aligned or odd range. */
+/* The vector dequantisations (AVX-512 BF16, AVX2) give the scalar one's bits, at aligned
+ * and odd ranges. */
 static void test_dequant_bitwise(void **state)
 {
     (void)state;
-    if (!kt__cpu_has_avx512_bf16()) {
-        print_message("skipped: this CPU (or KT_CPU) has no AVX-512 BF16\n");
+    const int avx512 = kt__cpu_has_avx512_bf16(), avx2 = kt__cpu_has_avx2();
+    if (!avx512)
+        print_message("no AVX-512 BF16 on this CPU (or KT_CPU): its dequantisation not run\n");
+    if (!avx2) {
+        print_message("skipped: this CPU (or KT_CPU) has no AVX2 either\n");
         skip();
     }
     const int64_t ranges[][2] = {{0, 256}, {16, 240}, {32, 96}, {5, 77}, {48, 64}, {64, 256}};
@@ -158,12 +163,18 @@ static void test_dequant_bitwise(void **state)
         uint16_t a[9 * 256], b[9 * 256];
         for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
             const int64_t c0 = ranges[i][0], c1 = ranges[i][1];
-            memset(a, 0, sizeof a), memset(b, 0, sizeof b);
-            kt__q_dequant_avx512(&w, 1, 9, c0, c1, a, 256);
-            kt__q_dequant_bf16(&w, 1, 9, c0, c1, b, 256);
-            if (memcmp(a, b, sizeof a) != 0)
-                fail_msg("%s: columns [%lld, %lld): the vector dequantisation differs",
-                         case_name(cases[f]), (long long)c0, (long long)c1);
+            for (int v = avx512 ? 0 : 1; v < 2; v++) {
+                memset(a, 0, sizeof a), memset(b, 0, sizeof b);
+                if (v == 0)
+                    kt__q_dequant_avx512(&w, 1, 9, c0, c1, a, 256);
+                else
+                    kt__q_dequant_avx2(&w, 1, 9, c0, c1, a, 256);
+                kt__q_dequant_bf16(&w, 1, 9, c0, c1, b, 256);
+                if (memcmp(a, b, sizeof a) != 0)
+                    fail_msg("%s: columns [%lld, %lld): the %s dequantisation differs",
+                             case_name(cases[f]), (long long)c0, (long long)c1,
+                             v ? "AVX2" : "AVX-512");
+            }
         }
         free(mem);
     }

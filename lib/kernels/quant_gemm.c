@@ -1,13 +1,14 @@
 /* The quantized products (quant_gemm.h) as panels: a block of the weight is dequantised to bf16
  * (the exact values kt__q_value gives) in the work buffer, sized to stay in L2, and the bf16
  * kernels of the registry multiply it (AMX, vdpbf16ps, the FMA or AVX2 paths, or scalar, as
- * they choose by M). The dequantisation is vectorised where the CPU has AVX-512 BF16
- * (quant_avx512.c), scalar elsewhere; there, NT of a few rows runs on the weights in place. */
+ * they choose by M). The dequantisation is vectorised with AVX-512 BF16 (quant_avx512.c, where
+ * NT of a few rows runs on the weights in place too) or AVX2 (quant_avx2.c), scalar elsewhere. */
 #include "lib/kernels/quant_gemm.h"
 
 #include "kt/tensor.h"
 #include "lib/core/cpu_internal.h"
 #include "lib/kernels/bf16_gemm.h"
+#include "lib/kernels/quant_avx2.h"
 #include "lib/kernels/quant_avx512.h"
 
 
@@ -46,6 +47,8 @@ static void dequant(const kt__qmat *w, int64_t r0, int64_t r1, int64_t c0, int64
 {
     if (kt__cpu_has_avx512_bf16())
         kt__q_dequant_avx512(w, r0, r1, c0, c1, out, ldo);
+    else if (kt__cpu_has_avx2())
+        kt__q_dequant_avx2(w, r0, r1, c0, c1, out, ldo);
     else
         kt__q_dequant_bf16(w, r0, r1, c0, c1, out, ldo);
 }
