@@ -32,7 +32,7 @@ heldout() { sed -n 's/^held-out loss \([0-9.]*\) .*/\1/p' "$1" | tail -1; }
 for d in bf16 "$dtype"; do
   echo "LoRA fine-tune, $d experts: $steps steps"
   "$build/tools/kt-train" "$out/moe_lm.ktp" "${data[@]}" --params "$out/base.safetensors" \
-    --moe-dtype "$d" --moe-mode lora --steps "$steps" --lr 1e-3 --seed 7 --log-every 50 \
+    --moe-dtype "$d" --moe-mode lora --steps "$steps" --lr 3e-4 --seed 7 --log-every 50 \
     --eval-every "$steps" > "$out/lora_$d.log"
   grep "MoE layer\|held-out loss" "$out/lora_$d.log" | tail -2
 done

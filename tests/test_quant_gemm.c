@@ -20,6 +20,7 @@
 #include "lib/kernels/quant_avx2.h"
 #include "lib/kernels/quant_avx512.h"
 #include "lib/kernels/quant_gemm.h"
+#include "lib/kernels/registry.h"
 #include "tests/support/test_util.h"
 
 typedef struct qcase {
@@ -74,7 +75,8 @@ static void expect_close(double got, double sum, double abs_sum, const char *wha
                  (long long)m, (long long)n, got, sum, abs_sum);
 }
 
-static void check_nt(qcase c, int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1)
+static void check_nt(const kt__kpath *p, qcase c, int64_t M, int64_t N, int64_t K, int64_t n0,
+                     int64_t n1)
 {
     void *mem;
     kt__qmat w = make(c, N, K, 7 + (uint64_t)M, &mem);
@@ -82,10 +84,9 @@ static void check_nt(qcase c, int64_t M, int64_t N, int64_t K, int64_t n0, int64
     uint16_t *x = bf16_matrix(M, ldx, 11);
     float *y = calloc((size_t)(M * ldy), sizeof *y);
     void *work = aligned_alloc(64, (kt__q_gemm_work_bytes(N, K, M) + 63) / 64 * 64);
-    kt__q_gemm_nt(M, n0, n1, x, ldx, &w, y, ldy, work);
+    p->nt_q(M, n0, n1, x, ldx, &w, y, ldy, work);
     char what[96];
-    snprintf(what, sizeof what, "%s NT M %lld (path %s)", case_name(c), (long long)M,
-             kt__q_gemm_path(0, M));
+    snprintf(what, sizeof what, "%s NT M %lld (path %s)", case_name(c), (long long)M, p->name);
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = n0; n < n1; n++) {
             double s = 0, a = 0;
@@ -98,7 +99,8 @@ static void check_nt(qcase c, int64_t M, int64_t N, int64_t K, int64_t n0, int64
     free(work), free(y), free(x), free(mem);
 }
 
-static void check_nn(qcase c, int64_t M, int64_t N, int64_t K, int64_t c0, int64_t c1, int two)
+static void check_nn(const kt__kpath *p, qcase c, int64_t M, int64_t N, int64_t K, int64_t c0,
+                     int64_t c1, int two)
 {
     void *m0, *m1;
     kt__qmat w0 = make(c, N, K, 5, &m0), w1 = make(c, N, K, 6, &m1);
@@ -106,10 +108,10 @@ static void check_nn(qcase c, int64_t M, int64_t N, int64_t K, int64_t c0, int64
     uint16_t *g0 = bf16_matrix(M, ldg, 21), *g1 = bf16_matrix(M, ldg, 22);
     float *y = calloc((size_t)(M * ldy), sizeof *y);
     void *work = aligned_alloc(64, (kt__q_gemm_work_bytes(N, K, M) + 63) / 64 * 64);
-    kt__q_gemm_nn(M, c0, c1, g0, &w0, two ? g1 : NULL, two ? &w1 : NULL, ldg, y, ldy, work);
+    p->nn_q(M, c0, c1, g0, &w0, two ? g1 : NULL, two ? &w1 : NULL, ldg, y, ldy, work);
     char what[96];
     snprintf(what, sizeof what, "%s NN%s M %lld (path %s)", case_name(c), two ? "2" : "",
-             (long long)M, kt__q_gemm_path(1, M));
+             (long long)M, p->name);
     for (int64_t m = 0; m < M; m++)
         for (int64_t col = c0; col < c1; col++) {
             double s = 0, a = 0;
@@ -126,22 +128,47 @@ static void check_nn(qcase c, int64_t M, int64_t N, int64_t K, int64_t c0, int64
     free(work), free(y), free(g0), free(g1), free(m0), free(m1);
 }
 
+/* Whether this CPU runs path p's kernel of prod at M rows (p's features, its rows). */
+static int runs(const kt__kpath *p, kt__kprod prod, int64_t M)
+{
+    const unsigned have = kt__kernel_features();
+    const int has = prod == KT__KP_NT_Q ? p->nt_q != NULL : p->nn_q != NULL;
+    return has && (have & p->needs) == p->needs && (have & p->unless) == 0 &&
+           M >= p->rows[prod].min_m && M <= p->rows[prod].max_m;
+}
+
+/* Every registry path of the quantized products this CPU has, at every row count it serves. */
 static void test_products(void **state)
 {
     (void)state;
     const int64_t rows[] = {1, 2, 3, 4, 5, 8, 16, 17, 33, 100};
-    for (size_t f = 0; f < sizeof cases / sizeof cases[0]; f++)
-        for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-            const int64_t M = rows[i];
-            check_nt(cases[f], M, 40, 256, 3, 37);
-            check_nt(cases[f], M, 24, 384, 0, 24);
-            check_nn(cases[f], M, 48, 256, 16, 208, 0);
-            check_nn(cases[f], M, 40, 384, 0, 384, 1);
-            check_nn(cases[f], M, 33, 256, 48, 80, 1); /* columns within one block */
-        }
-    printf("paths: NT %s (1 row), %s (16 rows); NN %s (1 row), %s (100 rows)\n",
+    int ran[64] = {0};
+    for (int i = 0; i < kt__kpath_count; i++) {
+        const kt__kpath *p = &kt__kpaths[i];
+        for (size_t f = 0; f < sizeof cases / sizeof cases[0]; f++)
+            for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+                const int64_t M = rows[r];
+                if (runs(p, KT__KP_NT_Q, M)) {
+                    check_nt(p, cases[f], M, 40, 256, 3, 37);
+                    check_nt(p, cases[f], M, 24, 384, 0, 24);
+                    ran[i] = 1;
+                }
+                if (runs(p, KT__KP_NN_Q, M)) {
+                    check_nn(p, cases[f], M, 48, 256, 16, 208, 0);
+                    check_nn(p, cases[f], M, 40, 384, 0, 384, 1);
+                    check_nn(p, cases[f], M, 33, 256, 48, 80, 1); /* within one block */
+                    ran[i] = 1;
+                }
+            }
+    }
+    printf("paths checked:");
+    for (int i = 0; i < kt__kpath_count; i++)
+        if (ran[i])
+            printf(" %s", kt__kpaths[i].name);
+    printf("; chosen: NT %s (1 row), %s (16 rows); NN %s (1 row), %s (100 rows)\n",
            kt__q_gemm_path(0, 1), kt__q_gemm_path(0, 16), kt__q_gemm_path(1, 1),
            kt__q_gemm_path(1, 100));
+    assert_true(ran[kt__kpath_count - 1]); /* the scalar references */
 }
 
 /* The vector dequantisations (AVX-512 BF16, AVX2) give the scalar one's bits, at aligned

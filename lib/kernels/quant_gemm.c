@@ -1,4 +1,5 @@
-/* The quantized products (quant_gemm.h) as panels: a block of the weight is dequantised to bf16
+/* The quantized products (quant_gemm.h): the dispatch through the registry (KT__KP_NT_Q,
+ * KT__KP_NN_Q), the scalar references, and the panel path: a block of the weight is dequantised to bf16
  * (the exact values kt__q_value gives) in the work buffer, sized to stay in L2, and the bf16
  * kernels of the registry multiply it (AMX, vdpbf16ps, the FMA or AVX2 paths, or scalar, as
  * they choose by M). The dequantisation is vectorised with AVX-512 BF16 (quant_avx512.c, where
@@ -10,6 +11,7 @@
 #include "lib/kernels/bf16_gemm.h"
 #include "lib/kernels/quant_avx2.h"
 #include "lib/kernels/quant_avx512.h"
+#include "lib/kernels/registry.h"
 
 
 /* Panel bytes aimed at: half of a 2 MiB L2, so that x (or g) and y's block stay beside it. */
@@ -53,14 +55,10 @@ static void dequant(const kt__qmat *w, int64_t r0, int64_t r1, int64_t c0, int64
         kt__q_dequant_bf16(w, r0, r1, c0, c1, out, ldo);
 }
 
-void kt__q_gemm_nt(int64_t M, int64_t n0, int64_t n1, const uint16_t *x, int64_t ldx,
-                   const kt__qmat *w, float *y, int64_t ldy, void *work)
+void kt__q_panel_nt(int64_t M, int64_t n0, int64_t n1, const uint16_t *x, int64_t ldx,
+                    const kt__qmat *w, float *y, int64_t ldy, void *work)
 {
     const int64_t K = w->cols, step = nt_rows(K);
-    if (M <= KT__Q_NT_ROWS_MAX_M && kt__cpu_has_avx512_bf16()) {
-        kt__q_nt_rows_avx512(M, n0, n1, x, ldx, w, y, ldy);
-        return;
-    }
     uint16_t *panel = panel_at(work, 0);
     for (int64_t n = n0; n < n1; n += step) {
         const int64_t rows = n1 - n < step ? n1 - n : step;
@@ -69,9 +67,9 @@ void kt__q_gemm_nt(int64_t M, int64_t n0, int64_t n1, const uint16_t *x, int64_t
     }
 }
 
-void kt__q_gemm_nn(int64_t M, int64_t c0, int64_t c1, const uint16_t *g0, const kt__qmat *w0,
-                   const uint16_t *g1, const kt__qmat *w1, int64_t ldg, float *y, int64_t ldy,
-                   void *work)
+void kt__q_panel_nn(int64_t M, int64_t c0, int64_t c1, const uint16_t *g0, const kt__qmat *w0,
+                    const uint16_t *g1, const kt__qmat *w1, int64_t ldg, float *y, int64_t ldy,
+                    void *work)
 {
     const int64_t N = w0->rows, step = nn_cols(N);
     uint16_t *p0 = panel_at(work, 0);
@@ -88,9 +86,51 @@ void kt__q_gemm_nn(int64_t M, int64_t c0, int64_t c1, const uint16_t *g0, const 
     }
 }
 
+static float bf(uint16_t v) { return kt_bf16_to_f32_1(v); }
+
+void kt__q_ref_nt(int64_t M, int64_t n0, int64_t n1, const uint16_t *x, int64_t ldx,
+                  const kt__qmat *w, float *y, int64_t ldy, void *work)
+{
+    (void)work;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = n0; n < n1; n++) {
+            float s = 0.0f;
+            for (int64_t k = 0; k < w->cols; k++)
+                s += bf(x[m * ldx + k]) * kt__q_value(w, n, k);
+            y[m * ldy + n] = s;
+        }
+}
+
+void kt__q_ref_nn(int64_t M, int64_t c0, int64_t c1, const uint16_t *g0, const kt__qmat *w0,
+                  const uint16_t *g1, const kt__qmat *w1, int64_t ldg, float *y, int64_t ldy,
+                  void *work)
+{
+    (void)work;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t c = c0; c < c1; c++) {
+            float s = 0.0f;
+            for (int64_t n = 0; n < w0->rows; n++)
+                s += bf(g0[m * ldg + n]) * kt__q_value(w0, n, c);
+            for (int64_t n = 0; g1 != NULL && n < w1->rows; n++)
+                s += bf(g1[m * ldg + n]) * kt__q_value(w1, n, c);
+            y[m * ldy + (c - c0)] = s;
+        }
+}
+
+void kt__q_gemm_nt(int64_t M, int64_t n0, int64_t n1, const uint16_t *x, int64_t ldx,
+                   const kt__qmat *w, float *y, int64_t ldy, void *work)
+{
+    kt__kpath_pick(KT__KP_NT_Q, M)->nt_q(M, n0, n1, x, ldx, w, y, ldy, work);
+}
+
+void kt__q_gemm_nn(int64_t M, int64_t c0, int64_t c1, const uint16_t *g0, const kt__qmat *w0,
+                   const uint16_t *g1, const kt__qmat *w1, int64_t ldg, float *y, int64_t ldy,
+                   void *work)
+{
+    kt__kpath_pick(KT__KP_NN_Q, M)->nn_q(M, c0, c1, g0, w0, g1, w1, ldg, y, ldy, work);
+}
+
 const char *kt__q_gemm_path(int nn, int64_t M)
 {
-    if (!nn && M <= KT__Q_NT_ROWS_MAX_M && kt__cpu_has_avx512_bf16())
-        return "q_avx512_bf16";
-    return kt__bf16_gemm_path(M);
+    return kt__kpath_pick(nn ? KT__KP_NN_Q : KT__KP_NT_Q, M)->name;
 }
