@@ -110,11 +110,13 @@ QA_TARGET void kt__q_nt_rows_avx512(int64_t M, int64_t n0, int64_t n1, const uin
 {
     const int64_t K = w->cols;
     for (int64_t n = n0; n < n1; n++) {
-        /* two sums per row of x (inputs 0-31 and 32-63 of each block): the products of a
-         * block do not wait on each other */
+        /* two sums per row of x (inputs 0-31 and 32-63 of each block), so that the products
+         * of a block do not wait on each other; above 8 rows the rows' own sums are enough
+         * chains, and the second sum stays zero (32 sums would not fit the registers) */
         __m512 a0[KT__Q_NT_ROWS_MAX_M], a1[KT__Q_NT_ROWS_MAX_M];
         for (int64_t m = 0; m < M; m++)
             a0[m] = a1[m] = _mm512_setzero_ps();
+        const int split = M <= 8;
         int64_t c = 0;
         if (w->fmt == KT__Q_INT4) {
             const uint8_t *row = w->q + n * (K / 2);
@@ -134,7 +136,10 @@ QA_TARGET void kt__q_nt_rows_avx512(int64_t M, int64_t n0, int64_t n1, const uin
                 int4_block(row + c / 2, t0, t1, &lo, &hi);
                 for (int64_t m = 0; m < M; m++) {
                     DP(a0[m], x + m * ldx, c, lo);
-                    DP(a1[m], x + m * ldx, c + 32, hi);
+                    if (split)
+                        DP(a1[m], x + m * ldx, c + 32, hi);
+                    else
+                        DP(a0[m], x + m * ldx, c + 32, hi);
                 }
             }
         } else {
@@ -145,7 +150,10 @@ QA_TARGET void kt__q_nt_rows_avx512(int64_t M, int64_t n0, int64_t n1, const uin
                 const __m512i v0 = int8_block(row + c, s), v1 = int8_block(row + c + 32, s);
                 for (int64_t m = 0; m < M; m++) {
                     DP(a0[m], x + m * ldx, c, v0);
-                    DP(a1[m], x + m * ldx, c + 32, v1);
+                    if (split)
+                        DP(a1[m], x + m * ldx, c + 32, v1);
+                    else
+                        DP(a0[m], x + m * ldx, c + 32, v1);
                 }
             }
             for (; c + 32 <= K; c += 32) {

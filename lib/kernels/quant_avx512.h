@@ -8,9 +8,9 @@
 #include "lib/kernels/quant.h"
 
 /* Up to this many rows of x, NT runs on the weights in place (kt__q_nt_rows_avx512): each
- * block dequantised once in registers for every row; above, a dequantised panel and the bf16
- * kernels do better. */
-#define KT__Q_NT_ROWS_MAX_M 4
+ * block dequantised once in registers for every row; from 16 rows a dequantised panel goes to
+ * the bf16 kernels (the AMX tiles where the CPU has them). */
+#define KT__Q_NT_ROWS_MAX_M 15
 
 /* kt__q_dequant_bf16's values (rows [r0, r1), columns [c0, c1) into out, row stride ldo). */
 void kt__q_dequant_avx512(const kt__qmat *w, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
