@@ -48,6 +48,20 @@ QA_TARGET static inline __m512i int8_block(const uint8_t *q, __m512 s)
 /* log2 of a group size (32, 64 or 128) */
 static inline int group_shift(int64_t group) { return group == 32 ? 5 : group == 64 ? 6 : 7; }
 
+/* The tables of the 64-input block at c of a row whose scales are srow (groups of 1 << sh):
+ * each half its own for groups of 32, else the group's, rebuilt when the group changes. */
+QA_TARGET static inline void block_tables(const uint16_t *srow, int sh, int64_t c, int64_t *group,
+                                          __m512i *t0, __m512i *t1)
+{
+    if (sh == 5) {
+        *t0 = int4_table(srow[c >> 5]);
+        *t1 = int4_table(srow[(c >> 5) + 1]);
+    } else if (c >> sh != *group) {
+        *group = c >> sh;
+        *t0 = *t1 = int4_table(srow[*group]);
+    }
+}
+
 QA_TARGET void kt__q_dequant_avx512(const kt__qmat *w, int64_t r0, int64_t r1, int64_t c0,
                                     int64_t c1, uint16_t *out, int64_t ldo)
 {
@@ -64,13 +78,7 @@ QA_TARGET void kt__q_dequant_avx512(const kt__qmat *w, int64_t r0, int64_t r1, i
                 o[c] = kt_f32_to_bf16_1(kt__q_value(w, r, c));
             while (c + 16 <= c1) {
                 if (c % KT__Q4_BLOCK == 0 && c + KT__Q4_BLOCK <= c1) { /* a whole block */
-                    if (sh == 5) { /* each half of it has a scale of its own */
-                        t0 = int4_table(srow[c >> 5]);
-                        t1 = int4_table(srow[(c >> 5) + 1]);
-                    } else if (c >> sh != group) {
-                        group = c >> sh;
-                        t0 = t1 = int4_table(srow[group]);
-                    }
+                    block_tables(srow, sh, c, &group, &t0, &t1);
                     __m512i lo, hi;
                     int4_block(row + c / 2, t0, t1, &lo, &hi);
                     _mm512_storeu_si512((void *)(o + c), lo);
@@ -125,13 +133,7 @@ QA_TARGET void kt__q_nt_rows_avx512(int64_t M, int64_t n0, int64_t n1, const uin
             int64_t group = -1;
             __m512i t0 = _mm512_setzero_si512(), t1 = t0;
             for (; c < K; c += KT__Q4_BLOCK) {
-                if (sh == 5) {
-                    t0 = int4_table(srow[c >> 5]);
-                    t1 = int4_table(srow[(c >> 5) + 1]);
-                } else if (c >> sh != group) {
-                    group = c >> sh;
-                    t0 = t1 = int4_table(srow[group]);
-                }
+                block_tables(srow, sh, c, &group, &t0, &t1);
                 __m512i lo, hi;
                 int4_block(row + c / 2, t0, t1, &lo, &hi);
                 for (int64_t m = 0; m < M; m++) {
