@@ -18,12 +18,7 @@ for tool in kt-data kt-graphc kt-train; do
 done
 out="$build/finetune_quant"
 mkdir -p "$out"
-texts=("$root"/README.md "$root"/docs/*.md)
-if [ -d /usr/share/common-licenses ]; then
-  while IFS= read -r f; do texts+=("$f"); done \
-    < <(find /usr/share/common-licenses -maxdepth 1 -type f | LC_ALL=C sort)
-fi
-"$build/tools/kt-data" "${texts[@]}" -o "$out/data" --eos 256 --heldout-fraction 0.1 > /dev/null
+bash "$root/examples/lm_data.sh" "$build/tools/kt-data" "$out/data" > /dev/null
 "$build/tools/kt-graphc" "$root/examples/moe_lm.ktg" -o "$out/moe_lm.ktp" > /dev/null
 data=(--data "$out/data/train.safetensors" --eval-data "$out/data/heldout.safetensors")
 
@@ -37,7 +32,7 @@ heldout() { sed -n 's/^held-out loss \([0-9.]*\) .*/\1/p' "$1" | tail -1; }
 for d in bf16 "$dtype"; do
   echo "LoRA fine-tune, $d experts: $steps steps"
   "$build/tools/kt-train" "$out/moe_lm.ktp" "${data[@]}" --params "$out/base.safetensors" \
-    --moe-dtype "$d" --moe-mode lora --steps "$steps" --lr 1e-3 --seed 7 --log-every 50 \
+    --moe-dtype "$d" --moe-mode lora --steps "$steps" --lr 3e-4 --seed 7 --log-every 50 \
     --eval-every "$steps" > "$out/lora_$d.log"
   grep "MoE layer\|held-out loss" "$out/lora_$d.log" | tail -2
 done

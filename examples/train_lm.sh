@@ -24,14 +24,7 @@ mkdir -p "$out"
 
 # The text: files as documents, so that a held-out document is text the model never saw.
 # Only regular files: Debian's GPL, LGPL and GFDL are links to a version also there.
-texts=("$root"/README.md "$root"/docs/*.md)
-if [ -d /usr/share/common-licenses ]; then
-  while IFS= read -r f; do texts+=("$f"); done \
-    < <(find /usr/share/common-licenses -maxdepth 1 -type f | LC_ALL=C sort)
-fi
-# bytes, and an end-of-document token 256 (the vocabulary 257); a tenth of the documents
-# held out
-"$build/tools/kt-data" "${texts[@]}" -o "$out/data" --eos 256 --heldout-fraction 0.1
+bash "$root/examples/lm_data.sh" "$build/tools/kt-data" "$out/data"
 
 "$build/tools/kt-graphc" "$root/examples/moe_lm.ktg" -o "$out/moe_lm.ktp"
 rm -rf "$out/run" # a fresh run each time (kt-train --resume "$out/run" would continue one)

@@ -1,5 +1,6 @@
 /* Writes the fuzzers' seed corpus: a few valid .ktp programs (training and forward-only, using
- * most ops) into DIR/ktp, a few valid safetensors files into DIR/safetensors and kt-data's
+ * most ops) into DIR/ktp, a few valid safetensors files into DIR/safetensors, MoE experts
+ * files (a quantized and a bf16 layer's) into DIR/moe and kt-data's
  * prepared token files into DIR/prepared. Run at build
  * time, so no binary file is committed.
  *
@@ -267,6 +268,36 @@ static void prepared(const char *dir, const char *name, int n)
     kt_st_close(st);
 }
 
+/* The experts of fuzz_moe_load's layers (H = I = 64, E = 2, LoRA r 2): a quantized layer's
+ * save (codes, scales, adapters) and a bf16 one's (weights, adapters). */
+static void moe_seeds(const char *dir)
+{
+    for (int quant = 0; quant < 2; quant++) {
+        const kt_moe_config c = {.n_experts = 2, .hidden = 64, .intermediate = 64, .top_k = 2,
+                                 .max_tokens = 2, .weight_dtype = KT_BF16, .act_dtype = KT_F32,
+                                 .mode = KT_MOE_LORA, .lora_rank = 2, .lora_alpha = 4.0f,
+                                 .numa_node = -1,
+                                 .quant = quant ? KT_MOE_QUANT_INT4 : KT_MOE_QUANT_NONE,
+                                 .quant_group = 32};
+        kt_moe *m = NULL;
+        CHECK(kt_moe_create(&c, NULL, &m));
+        uint16_t w[64 * 64];
+        for (int64_t e = 0; e < 2; e++)
+            for (int p = 0; p < 3; p++) {
+                for (int i = 0; i < 64 * 64; i++)
+                    w[i] = kt_f32_to_bf16_1(0.01f * (float)((i * 7 + (int)e * 3 + p) % 19 - 9));
+                const int64_t shape[2] = {64, 64};
+                kt_tensor t;
+                kt_tensor_init(&t, w, KT_BF16, 2, shape);
+                CHECK(kt_moe_set_weight(m, e, (kt_moe_proj)p, &t));
+            }
+        char path[4096];
+        snprintf(path, sizeof path, "%s/moe/%s.safetensors", dir, quant ? "int4" : "bf16");
+        CHECK(kt_moe_save(m, path, NULL));
+        kt_moe_destroy(m);
+    }
+}
+
 static void make_dir(const char *dir, const char *sub)
 {
     char path[4096];
@@ -288,6 +319,7 @@ int main(int argc, char **argv)
     make_dir(dir, "ktp");
     make_dir(dir, "safetensors");
     make_dir(dir, "prepared");
+    make_dir(dir, "moe");
     mlp(dir);
     conv_lm(dir);
     shapes(dir, 0);
@@ -295,6 +327,7 @@ int main(int argc, char **argv)
     safetensors(dir);
     prepared(dir, "two_documents", 12);
     prepared(dir, "empty", 0);
+    moe_seeds(dir);
     /* every seed program must load again */
     static const char *const programs[] = {"mlp_train", "mlp_forward", "conv_lm_train",
                                            "ops_forward", "ops_train"};

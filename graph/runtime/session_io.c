@@ -219,7 +219,10 @@ static kt_status load_op_state(kt_session *s, const kt__stateful *st, const kt_s
         return KT_OK;
     if (st->hooks->load != NULL)
         KT__TRY(st->hooks->load(st->state, f, dry_run, path));
-    if (!dry_run && !(flags & KT_LOAD_OPTIMIZER))
+    /* Without the optimizer, the spans' state is not checked either: its size is the training
+     * mode's (a full run's experts, a LoRA run's adapters), so a LoRA fine-tune may start from
+     * a full run's checkpoint. */
+    if (!(flags & KT_LOAD_OPTIMIZER))
         return KT_OK;
     for (int k = 0; k < n_states(s); k++) /* checked when present, as load_params does */
         for (int i = 0; i < st->n_spans; i++) {

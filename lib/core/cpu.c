@@ -48,7 +48,8 @@ static void detect(void)
      * alone, so the AVX-512 kernels can be measured against the tiles on one machine;
      * KT_CPU=dpbf16 and KT_CPU=widen choose the bf16 GEMMs' AVX-512 path against the vendor
      * rule below (to test and time both on one machine); KT_CPU=blas sends every f32 GEMM
-     * to OpenBLAS: the MoE layer's and kt__sgemm's (to compare them with the own kernels). */
+     * to OpenBLAS: the MoE layer's and kt__sgemm's (to compare them with the own kernels);
+     * KT_CPU=avx2 hides AVX-512 and AMX, so that an AVX-512 machine runs the AVX2 kernels. */
     int forced; /* a bad value counts as unset here; kt_check_environment reports it */
     if (kt__env_choice("KT_CPU", kt__cpu_choices, KT__CPU_CHOICES, &forced) != KT_OK)
         forced = -1;
@@ -65,8 +66,8 @@ static void detect(void)
         int f16c = (c >> 29) & 1;
         unsigned long long xcr0 = osxsave ? read_xcr0() : 0;
         int ymm_ok = (xcr0 & 0x6) == 0x6;
-        int zmm_ok = ymm_ok && (xcr0 & 0xe0) == 0xe0;
-        int tile_ok = (xcr0 & 0x60000) == 0x60000;
+        int zmm_ok = ymm_ok && (xcr0 & 0xe0) == 0xe0 && forced != KT__CPU_AVX2;
+        int tile_ok = (xcr0 & 0x60000) == 0x60000 && forced != KT__CPU_AVX2;
         unsigned a7 = 0, b7 = 0, c7 = 0, d7 = 0, a71 = 0, b71 = 0, c71 = 0, d71 = 0;
         __cpuid_count(7, 0, a7, b7, c7, d7);
         __cpuid_count(7, 1, a71, b71, c71, d71);

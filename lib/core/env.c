@@ -11,7 +11,7 @@
 #include "kt/runtime.h"
 
 const char *const kt__cpu_choices[KT__CPU_CHOICES] = {"portable", "noamx", "dpbf16", "widen",
-                                                      "blas"};
+                                                      "blas", "avx2"};
 const char *const kt__transport_choices[3] = {"default", "shm", "tcp"};
 
 /* Shown in messages: at most 40 bytes, anything but printable ASCII as '?' (an environment

@@ -19,7 +19,7 @@ kt_status kt__env_bytes(const char *name, uint64_t *out, int *found);
 
 /* The KT_CPU choices, in this order (cpu.c reads them by index). */
 enum { KT__CPU_PORTABLE, KT__CPU_NOAMX, KT__CPU_DPBF16, KT__CPU_WIDEN, KT__CPU_BLAS,
-       KT__CPU_CHOICES };
+       KT__CPU_AVX2, KT__CPU_CHOICES };
 extern const char *const kt__cpu_choices[KT__CPU_CHOICES];
 /* The KT_COMM_TRANSPORT choices, in kt_comm_transport's order (default, shm, tcp). */
 extern const char *const kt__transport_choices[3];

@@ -29,4 +29,18 @@ size_t kt__q_gemm_work_bytes(int64_t rows, int64_t cols, int64_t max_m);
 /* The name of the path NT (nn 0) or NN (nn 1) of M rows takes on this CPU. */
 const char *kt__q_gemm_path(int nn, int64_t M);
 
+/* The registry's kernels of these products (registry.c): panels of the weight dequantised to
+ * bf16 in the work buffer and multiplied by the bf16 kernels (every CPU), and the scalar
+ * references (quant.h's values summed in index order). */
+void kt__q_panel_nt(int64_t M, int64_t n0, int64_t n1, const uint16_t *x, int64_t ldx,
+                    const kt__qmat *w, float *y, int64_t ldy, void *work);
+void kt__q_panel_nn(int64_t M, int64_t c0, int64_t c1, const uint16_t *g0, const kt__qmat *w0,
+                    const uint16_t *g1, const kt__qmat *w1, int64_t ldg, float *y, int64_t ldy,
+                    void *work);
+void kt__q_ref_nt(int64_t M, int64_t n0, int64_t n1, const uint16_t *x, int64_t ldx,
+                  const kt__qmat *w, float *y, int64_t ldy, void *work);
+void kt__q_ref_nn(int64_t M, int64_t c0, int64_t c1, const uint16_t *g0, const kt__qmat *w0,
+                  const uint16_t *g1, const kt__qmat *w1, int64_t ldg, float *y, int64_t ldy,
+                  void *work);
+
 #endif

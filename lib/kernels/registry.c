@@ -14,6 +14,8 @@
 #include "lib/kernels/bf16_gemm.h"
 #include "lib/kernels/f32_gemm.h"
 #include "lib/kernels/fma_gemm.h"
+#include "lib/kernels/quant_avx512.h"
+#include "lib/kernels/quant_gemm.h"
 
 const char *const kt__kinsn_names[KT__KINSN_COUNT] = {"scalar", "vfmadd231ps", "vdpbf16ps",
                                                       "tdpbf16ps"};
@@ -74,6 +76,15 @@ static void amx_tn(int64_t M, int64_t n0, int64_t n1, int64_t K, const uint16_t 
 {
     (void)work;
     kt__amx_gemm_tn(M, n0, n1, K, g, ldg, x, ldx, dw, lddw, scale, accumulate);
+}
+
+/* ---- the quantized products --------------------------------------------------------------- */
+
+static void q_rows_nt(int64_t M, int64_t n0, int64_t n1, const uint16_t *x, int64_t ldx,
+                      const kt__qmat *w, float *y, int64_t ldy, void *work)
+{
+    (void)work;
+    kt__q_nt_rows_avx512(M, n0, n1, x, ldx, w, y, ldy);
 }
 
 /* ---- typed entry points of the dtype-generic kernels ---------------------------------------- */
@@ -328,6 +339,8 @@ enum {
     P_DPBF16,
     P_AVX2_DOTS,
     P_AVX2,
+    P_Q_ROWS,
+    P_Q_PANEL,
     P_SCALAR
 };
 
@@ -483,6 +496,22 @@ const kt__kpath kt__kpaths[] = {
                 .tn_f32 = AV_FN(av_tn_f32),
                 .mm_bf16 = AV_FN(av_mm_bf16),
                 .mm_mixed = AV_FN(av_mm_mixed)},
+    /* the quantized products (quant_gemm.h): NT of a few rows on the weights in place, and
+     * panels dequantised to bf16 for everything else (on every CPU: the panel's product is
+     * the bf16 path the registry picks for its rows, whose instruction its peak is) */
+    [P_Q_ROWS] = {.name = "q_rows_avx512_bf16",
+                  .sums_as = P_Q_ROWS,
+                  .insn = KT__KINSN_DPBF16,
+                  .bits = 512,
+                  .needs = KT__KF_AVX512 | KT__KF_AVX512_BF16,
+                  .rows = {[KT__KP_NT_Q] = {1, KT__Q_NT_ROWS_MAX_M}},
+                  .nt_q = q_rows_nt},
+    [P_Q_PANEL] = {.name = "q_panel",
+                   .sums_as = P_Q_PANEL,
+                   .insn = KT__KINSN_SCALAR,
+                   .rows = {[KT__KP_NT_Q] = {0, ALL}, [KT__KP_NN_Q] = {0, ALL}},
+                   .nt_q = kt__q_panel_nt,
+                   .nn_q = kt__q_panel_nn},
     [P_SCALAR] = {.name = "scalar",
                   .sums_as = P_SCALAR,
                   .insn = KT__KINSN_SCALAR,
@@ -495,7 +524,9 @@ const kt__kpath kt__kpaths[] = {
                            [KT__KP_NN2_F32] = {0, ALL},
                            [KT__KP_TN_F32] = {0, ALL},
                            [KT__KP_MM_BF16] = {0, ALL},
-                           [KT__KP_MM_MIXED] = {0, ALL}},
+                           [KT__KP_MM_MIXED] = {0, ALL},
+                           [KT__KP_NT_Q] = {0, ALL},
+                           [KT__KP_NN_Q] = {0, ALL}},
                   .nt_bf16 = ref_nt_bf16,
                   .nn_bf16 = kt__bf16_gemm_nn_ref,
                   .nn2_bf16 = ref_nn2_bf16,
@@ -504,7 +535,9 @@ const kt__kpath kt__kpaths[] = {
                   .nn_f32 = ref_nn_f32,
                   .tn_f32 = ref_tn_f32,
                   .mm_bf16 = ref_mm_bf16,
-                  .mm_mixed = ref_mm_mixed},
+                  .mm_mixed = ref_mm_mixed,
+                  .nt_q = kt__q_ref_nt,
+                  .nn_q = kt__q_ref_nn},
 };
 const int kt__kpath_count = (int)(sizeof kt__kpaths / sizeof kt__kpaths[0]);
 #define MAX_PATHS 12
@@ -536,6 +569,8 @@ static int has_kernel(const kt__kpath *p, kt__kprod prod)
     case KT__KP_TN_F32: return p->tn_f32 != NULL;
     case KT__KP_MM_BF16: return p->mm_bf16 != NULL;
     case KT__KP_MM_MIXED: return p->mm_mixed != NULL;
+    case KT__KP_NT_Q: return p->nt_q != NULL;
+    case KT__KP_NN_Q: return p->nn_q != NULL;
     default: return 0;
     }
 }
@@ -544,7 +579,8 @@ static int has_kernel(const kt__kpath *p, kt__kprod prod)
  * too: an f32 operand never multiplies on vdpbf16ps, so BF16_ON_FMA is not its question). */
 static int prod_bf16(kt__kprod prod)
 {
-    return prod <= KT__KP_TN_BF16 || prod == KT__KP_MM_BF16;
+    return prod <= KT__KP_TN_BF16 || prod == KT__KP_MM_BF16 || prod == KT__KP_NT_Q ||
+           prod == KT__KP_NN_Q;
 }
 
 /* Per product, the paths this CPU can run for it in table order with their effective rows:

@@ -27,6 +27,8 @@ typedef enum kt__kprod {
     KT__KP_TN_F32,
     KT__KP_MM_BF16,
     KT__KP_MM_MIXED,
+    KT__KP_NT_Q, /* quant_gemm.h's NT and NN on quantized weights (bf16 x and g) */
+    KT__KP_NN_Q,
     KT__KPROD_COUNT
 } kt__kprod;
 
@@ -88,6 +90,15 @@ typedef void (*kt__mm_mixed_fn)(kt__kelem ea, kt__kelem eb, int trans_a, int tra
                                 int64_t n0, int64_t n1, int64_t K, const void *a, int64_t lda,
                                 const void *b, int64_t ldb, float *c, int64_t ldc, void *work);
 
+/* The quantized products' signatures, quant_gemm.h's (kt__qmat: lib/kernels/quant.h). */
+struct kt__qmat;
+typedef void (*kt__nt_q_fn)(int64_t M, int64_t n0, int64_t n1, const uint16_t *x, int64_t ldx,
+                            const struct kt__qmat *w, float *y, int64_t ldy, void *work);
+typedef void (*kt__nn_q_fn)(int64_t M, int64_t c0, int64_t c1, const uint16_t *g0,
+                            const struct kt__qmat *w0, const uint16_t *g1,
+                            const struct kt__qmat *w1, int64_t ldg, float *y, int64_t ldy,
+                            void *work);
+
 /* Rows [min_m, max_m] a path serves for one product; max_m 0: not that product. */
 typedef struct kt__krows {
     int64_t min_m, max_m;
@@ -115,6 +126,8 @@ typedef struct kt__kpath {
     kt__tn_f32_fn tn_f32;
     kt__mm_bf16_fn mm_bf16; /* c[0:M, n0:n1) = op(a) op(b), overwritten (fma_gemm.h) */
     kt__mm_mixed_fn mm_mixed; /* the same, mixed operand types; its work is mm_work_bytes */
+    kt__nt_q_fn nt_q;         /* quantized weights (quant_gemm.h) */
+    kt__nn_q_fn nn_q;
     size_t (*tn_work_bytes)(int64_t M); /* the work buffer its TN wants (NULL: none) */
     size_t (*mm_work_bytes)(int64_t cols); /* the work buffer its MM wants for that many
                                             * columns (NULL: none; additive over blocks of

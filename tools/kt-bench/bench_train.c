@@ -46,7 +46,9 @@ typedef struct train_opts {
     int64_t layers, batch, seq, vocab; /* 0: the configuration's default */
     int steps, warmup; /* 0: the configuration's default */
     int peer, verbose;
-    int tiny; /* --lora-shape tiny: the lora configuration at test sizes */
+    int shape; /* --lora-shape: 0 30b-a3b, 1 tiny (the tests' sizes), 2 dsv2lite */
+    kt_moe_quant quant; /* --moe-dtype int8|int4: the lora configuration's frozen experts */
+    int group;          /* --moe-group */
     const char *ktg, *python, *script, *experts_impl;
 } train_opts;
 
@@ -63,7 +65,8 @@ static void usage(FILE *f)
         "                      [--steps N] [--warmup N] [--threads N] [--json] [--no-peer]\n"
         "                      [--ktg FILE] [--vocab V] [--torch-python PATH]\n"
         "                      [--peer-script PATH] [--torch-experts IMPL]\n"
-        "                      [--lora-shape 30b-a3b|tiny] [--verbose]\n"
+        "                      [--lora-shape 30b-a3b|tiny|dsv2lite]\n"
+        "                      [--moe-dtype bf16|int8|int4] [--moe-group G] [--verbose]\n"
         "Trains one model with libkt and with PyTorch, the same model, batch and optimizer\n"
         "(AdamW, lr 1e-3, no weight decay) on the same threads, one after the other, each in\n"
         "a process of its own, and prints tokens/s of each (a step's tokens over the median\n"
@@ -80,7 +83,15 @@ static void usage(FILE *f)
         "        (one adapter per expert and projection), PyTorch: from_pretrained in bf16 and\n"
         "        PEFT (LoraConfig on the same module names; adapters f32). --lora-shape tiny:\n"
         "        hidden 64, 4 heads of 16, 2 KV heads, 8 experts top-2 of 32, T 32, vocabulary\n"
-        "        256 (the tests' size).\n"
+        "        256 (the tests' size; experts of 64 with --moe-dtype int8|int4).\n"
+        "        --lora-shape dsv2lite: DeepSeek-V2-Lite's config\n"
+        "        (vocabulary 102400, hidden 2048, 27 layers, the first dense of 10944, 64\n"
+        "        routed experts top-6 of 1408 and 2 shared, MLA: 16 heads, kv_lora_rank 512,\n"
+        "        qk 128+64, v 128, no q LoRA, yarn RoPE), a ~31 GB checkpoint at 27 layers\n"
+        "        (--layers N: fewer), written tensor by tensor; no PyTorch peer (it cannot\n"
+        "        hold the model in this machine's memory). --moe-dtype int8|int4: libkt's\n"
+        "        frozen experts stored quantized as they load (--moe-group: INT4's inputs\n"
+        "        per scale, 32, 64 or 128); default bf16.\n"
         "  Both by default. Defaults: main --steps 10 --warmup 2, lora --steps 3 --warmup 1;\n"
         "  all CPUs.\n"
         "\n"
@@ -97,7 +108,8 @@ static int parse(int argc, char **argv, train_opts *o)
 {
     static const char *const valued[] = {"--config", "--layers", "--batch", "--seq", "--steps",
                                          "--warmup", "--ktg", "--vocab", "--torch-python",
-                                         "--peer-script", "--torch-experts", "--lora-shape"};
+                                         "--peer-script", "--torch-experts", "--lora-shape",
+                                         "--moe-dtype", "--moe-group"};
     for (int i = 0; i < argc; i++) {
         const char *s = argv[i];
         if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
@@ -135,10 +147,28 @@ static int parse(int argc, char **argv, train_opts *o)
                                            "eager, not '%s'", v);
             o->experts_impl = v;
         } else if (strcmp(s, "--lora-shape") == 0) {
-            if (strcmp(v, "30b-a3b") != 0 && strcmp(v, "tiny") != 0)
-                return kt_tool_usage_error(tool, "--lora-shape: '30b-a3b' or 'tiny', not '%s'",
+            static const char *const shapes[] = {"30b-a3b", "tiny", "dsv2lite"};
+            int k = 0;
+            while (k < 3 && strcmp(v, shapes[k]) != 0)
+                k++;
+            if (k == 3)
+                return kt_tool_usage_error(tool, "--lora-shape: '30b-a3b', 'tiny' or "
+                                           "'dsv2lite', not '%s'", v);
+            o->shape = k;
+        } else if (strcmp(s, "--moe-dtype") == 0) {
+            if (strcmp(v, "bf16") == 0)
+                o->quant = KT_MOE_QUANT_NONE;
+            else if (strcmp(v, "int8") == 0)
+                o->quant = KT_MOE_QUANT_INT8;
+            else if (strcmp(v, "int4") == 0)
+                o->quant = KT_MOE_QUANT_INT4;
+            else
+                return kt_tool_usage_error(tool, "--moe-dtype: bf16, int8 or int4, not '%s'",
                                            v);
-            o->tiny = strcmp(v, "tiny") == 0;
+        } else if (strcmp(s, "--moe-group") == 0) {
+            if (strcmp(v, "32") != 0 && strcmp(v, "64") != 0 && strcmp(v, "128") != 0)
+                return kt_tool_usage_error(tool, "--moe-group: 32, 64 or 128, not '%s'", v);
+            o->group = atoi(v);
         } else {
             const long long hi = strcmp(s, "--warmup") == 0 ? 1000 : 1 << 20;
             if (kt_tool_parse_int(tool, s, v, strcmp(s, "--warmup") == 0 ? 0 : 1, hi, &x) != 0)
@@ -160,6 +190,11 @@ static int parse(int argc, char **argv, train_opts *o)
     if (o->ktg != NULL && o->configs == 2)
         return kt_tool_usage_error(tool, "%s", "--ktg names the main configuration's model, "
                                    "not lora's");
+    if (o->group > 0 && o->quant != KT_MOE_QUANT_INT4)
+        return kt_tool_usage_error(tool, "%s", "--moe-group is INT4's: add --moe-dtype int4");
+    if ((o->quant != KT_MOE_QUANT_NONE || o->shape != 0) && o->configs != 2)
+        return kt_tool_usage_error(tool, "%s", "--moe-dtype and --lora-shape are the lora "
+                                   "configuration's: add --config lora");
     if (o->vocab > 0 && o->configs != 2)
         return kt_tool_usage_error(tool, "%s", "--vocab is the lora configuration's (the main "
                                    "one's comes from its .ktg): add --config lora");
@@ -328,6 +363,7 @@ static int64_t param_dim(const kt_program *p, const char *name, int dim)
 
 static int64_t param_count(const kt_program *p, const train_shape *s)
 {
+    const int64_t moe_layers = kt_program_moe_count(p);
     int64_t n = 0; /* the model's: LoRA adapters are not counted */
     for (int i = 0; i < kt_program_count(p, KT_ROLE_PARAM); i++) {
         const char *name;
@@ -336,7 +372,7 @@ static int64_t param_count(const kt_program *p, const train_shape *s)
             strstr(name, ".lora_A.") == NULL && strstr(name, ".lora_B.") == NULL)
             n += kt_tensor_numel(&meta);
     }
-    return n + s->layers * s->experts * 3 * s->hidden * s->inter;
+    return n + moe_layers * s->experts * 3 * s->hidden * s->inter;
 }
 
 /* The Qwen3-MoE sizes of a compiled program (transformers' parameter names), for the peer. */
@@ -539,14 +575,23 @@ static int run_lora_in(const train_opts *o, int threads, int json, const char *t
     train_shape s = {.hidden = 2048, .heads = 32, .kv_heads = 4, .head_dim = 128,
                      .experts = 128, .top_k = 8, .inter = 768, .rope_theta = 1e6,
                      .norm_topk = 1};
-    if (o->tiny)
+    const int tiny = o->shape == 1, dsv2 = o->shape == 2;
+    if (tiny)
         s = (train_shape){.hidden = 64, .heads = 4, .kv_heads = 2, .head_dim = 16,
                           .experts = 8, .top_k = 2, .inter = 32, .rope_theta = 1e6,
                           .norm_topk = 1};
-    s.vocab = o->vocab ? o->vocab : o->tiny ? 256 : 4096;
-    s.layers = o->layers ? o->layers : 2;
+    if (dsv2) /* DeepSeek-V2-Lite's config.json; head_dim: q's (nope + rope) */
+        s = (train_shape){.hidden = 2048, .heads = 16, .kv_heads = 16, .head_dim = 192,
+                          .experts = 64, .top_k = 6, .inter = 1408, .rope_theta = 10000,
+                          .norm_topk = 0, .deepseek_v2 = 1, .kv_lora = 512, .qk_nope = 128,
+                          .qk_rope = 64, .v_head = 128, .shared = 2, .first_dense = 1,
+                          .dense_inter = 10944};
+    if (tiny && o->quant != KT_MOE_QUANT_NONE)
+        s.inter = 64; /* the quantized products take inputs in multiples of 64 */
+    s.vocab = o->vocab ? o->vocab : tiny ? 256 : dsv2 ? 102400 : 4096;
+    s.layers = o->layers ? o->layers : dsv2 ? 27 : 2;
     s.batch = o->batch ? o->batch : 1;
-    s.seq = o->seq ? o->seq : o->tiny ? 32 : 1024;
+    s.seq = o->seq ? o->seq : tiny ? 32 : 1024;
     char model[4200], weights[4300], imp[4200], ktp[4300];
     snprintf(model, sizeof model, "%s/model", tmp);
     snprintf(weights, sizeof weights, "%s/model.safetensors", model);
@@ -558,6 +603,8 @@ static int run_lora_in(const train_opts *o, int threads, int json, const char *t
     }
     train_proc wp;
     const ckpt_job cj = {model, &s};
+    fprintf(stderr, "%s: writing a random %s checkpoint (%lld layers, bf16) to %s\n", tool,
+            dsv2 ? "DeepSeek-V2" : "Qwen3-MoE", (long long)s.layers, model);
     if (train_proc_run(checkpoint_child, (void *)&cj, NULL, CHILD_TIMEOUT_S, o->verbose,
                        &wp) != 0) {
         fprintf(stderr, "%s: writing the checkpoint failed (%s): %s\n", tool, wp.what, wp.last);
@@ -566,30 +613,40 @@ static int run_lora_in(const train_opts *o, int threads, int json, const char *t
     const kt_hf_options ho = {.batch = s.batch, .seq = s.seq, .dtype = KT_BF16,
                               .lora_rank = 8, .lora_alpha = 16.0f};
     kt_program *p = NULL;
+    fprintf(stderr, "%s: importing it (kt_hf_import, LoRA r 8, bf16 base)\n", tool);
     if (kt_hf_import(model, &ho, imp) != KT_OK || kt_program_load(ktp, &p) != KT_OK) {
         fprintf(stderr, "%s: kt-import of the checkpoint: %s\n", tool, kt_last_error());
         return 1;
     }
     config_desc c = {.name = "lora",
-                     .model = o->tiny ? "qwen3_moe tiny (random, bf16 base)"
-                                      : "qwen3_moe 30B-A3B layers (random, bf16 base)",
-                     .dtype = "bf16",
+                     .model = tiny ? "qwen3_moe tiny (random, bf16 base)"
+                            : dsv2 ? "deepseek_v2 V2-Lite (random, bf16 base)"
+                                   : "qwen3_moe 30B-A3B layers (random, bf16 base)",
+                     .dtype = o->quant == KT_MOE_QUANT_INT4 ? "bf16, int4 experts"
+                            : o->quant == KT_MOE_QUANT_INT8 ? "bf16, int8 experts"
+                                                            : "bf16",
                      .moe_mode = "lora", .batch = s.batch, .seq = s.seq, .layers = s.layers,
                      .params = param_count(p, &s), .threads = threads,
                      .steps = o->steps ? o->steps : 3, .warmup = o->warmup >= 0 ? o->warmup : 1,
                      .shape = &s};
     train_job job = {.program = p, .params = weights, .moe_dtype = KT_BF16,
-                     .moe_mode = KT_MOE_LORA, .lora_rank = 8, .lora_alpha = 16.0f,
+                     .moe_quant = o->quant, .moe_group = o->group, .moe_mode = KT_MOE_LORA, .lora_rank = 8, .lora_alpha = 16.0f,
                      .threads = threads, .steps = c.steps, .warmup = c.warmup, .lr = 1e-3f,
                      .seed = 1};
     side k = {0}, t = {0};
+    fprintf(stderr, "%s: training with libkt (%s experts, T=%lld, %d+%d steps)\n", tool,
+            o->quant ? kt_moe_quant_name(o->quant) : "bf16", (long long)s.seq, c.warmup, c.steps);
     run_libkt(&job, o, &k);
     kt_program_destroy(p);
     if (!k.ran) {
         fprintf(stderr, "%s: %s\n", tool, k.note);
         return 1;
     }
-    if (o->peer) {
+    if (dsv2) {
+        snprintf(t.note, sizeof t.note, "no PyTorch peer for dsv2lite: transformers holds "
+                 "the whole bf16 model (~31 GB at 27 layers), more than this kind of machine's "
+                 "memory");
+    } else if (o->peer) {
         char th[16], b[24], sq[24], st[16], wu[16];
         snprintf(th, sizeof th, "%d", threads);
         snprintf(b, sizeof b, "%lld", (long long)s.batch);

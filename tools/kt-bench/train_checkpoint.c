@@ -96,6 +96,97 @@ static int write_config(const char *dir, const train_shape *s)
     return 0;
 }
 
+/* DeepSeek-V2-Lite's config.json (transformers 4's keys as the model's repository has them),
+ * at the shape's sizes. */
+static int write_config_dsv2(const char *dir, const train_shape *s)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    kt_out_file *f;
+    if (kt_out_open(path, &f) != KT_OK) {
+        fprintf(stderr, "kt-bench train: %s\n", kt_last_error());
+        return 1;
+    }
+    kt_out_printf(f,
+        "{\n  \"architectures\": [\"DeepseekV2ForCausalLM\"],\n"
+        "  \"attention_bias\": false,\n  \"attention_dropout\": 0.0,\n"
+        "  \"aux_loss_alpha\": 0.001,\n  \"bos_token_id\": 100000,\n"
+        "  \"eos_token_id\": 100001,\n  \"first_k_dense_replace\": %lld,\n"
+        "  \"hidden_act\": \"silu\",\n  \"hidden_size\": %lld,\n"
+        "  \"initializer_range\": 0.02,\n  \"intermediate_size\": %lld,\n"
+        "  \"kv_lora_rank\": %lld,\n  \"max_position_embeddings\": 163840,\n"
+        "  \"model_type\": \"deepseek_v2\",\n  \"moe_intermediate_size\": %lld,\n"
+        "  \"moe_layer_freq\": 1,\n  \"n_group\": 1,\n  \"n_routed_experts\": %lld,\n"
+        "  \"n_shared_experts\": %lld,\n  \"norm_topk_prob\": %s,\n"
+        "  \"num_attention_heads\": %lld,\n  \"num_experts_per_tok\": %lld,\n"
+        "  \"num_hidden_layers\": %lld,\n  \"num_key_value_heads\": %lld,\n"
+        "  \"pretraining_tp\": 1,\n  \"q_lora_rank\": null,\n"
+        "  \"qk_nope_head_dim\": %lld,\n  \"qk_rope_head_dim\": %lld,\n"
+        "  \"rms_norm_eps\": 1e-06,\n"
+        "  \"rope_scaling\": {\n    \"beta_fast\": 32,\n    \"beta_slow\": 1,\n"
+        "    \"factor\": 40,\n    \"mscale\": 0.707,\n    \"mscale_all_dim\": 0.707,\n"
+        "    \"original_max_position_embeddings\": 4096,\n    \"type\": \"yarn\"\n  },\n"
+        "  \"rope_theta\": %.0f,\n  \"routed_scaling_factor\": 1.0,\n"
+        "  \"scoring_func\": \"softmax\",\n  \"seq_aux\": true,\n"
+        "  \"tie_word_embeddings\": false,\n  \"topk_group\": 1,\n"
+        "  \"topk_method\": \"greedy\",\n  \"torch_dtype\": \"bfloat16\",\n"
+        "  \"transformers_version\": \"4.33.1\",\n  \"use_cache\": true,\n"
+        "  \"v_head_dim\": %lld,\n  \"vocab_size\": %lld\n}\n",
+        (long long)s->first_dense, (long long)s->hidden, (long long)s->dense_inter,
+        (long long)s->kv_lora, (long long)s->inter, (long long)s->experts,
+        (long long)s->shared, s->norm_topk ? "true" : "false", (long long)s->heads,
+        (long long)s->top_k, (long long)s->layers, (long long)s->kv_heads,
+        (long long)s->qk_nope, (long long)s->qk_rope, s->rope_theta, (long long)s->v_head,
+        (long long)s->vocab);
+    if (kt_out_commit(f) != KT_OK) {
+        fprintf(stderr, "kt-bench train: %s\n", kt_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+/* A DeepSeek-V2 layer without q LoRA: MLA (q_proj, kv_a_proj_with_mqa, kv_a_layernorm,
+ * kv_b_proj, o_proj), then a dense MLP (the first first_dense layers) or the router, the
+ * routed experts and the shared experts (one MLP of shared * inter). */
+static int add_layer_dsv2(writer *w, const train_shape *s, int64_t l)
+{
+    const int64_t H = s->hidden, NH = s->heads, I = s->inter, SI = s->shared * s->inter;
+    char n[256];
+    int rc = 0;
+    const long long L = (long long)l;
+#define ADD(rows, cols, ones, ...) \
+    (snprintf(n, sizeof n, __VA_ARGS__), rc = rc ? rc : add(w, n, rows, cols, ones))
+    ADD(H, 0, 1, "model.layers.%lld.input_layernorm.weight", L);
+    ADD(H, 0, 1, "model.layers.%lld.post_attention_layernorm.weight", L);
+    ADD(NH * (s->qk_nope + s->qk_rope), H, 0, "model.layers.%lld.self_attn.q_proj.weight", L);
+    ADD(s->kv_lora + s->qk_rope, H, 0, "model.layers.%lld.self_attn.kv_a_proj_with_mqa.weight",
+        L);
+    ADD(s->kv_lora, 0, 1, "model.layers.%lld.self_attn.kv_a_layernorm.weight", L);
+    ADD(NH * (s->qk_nope + s->v_head), s->kv_lora, 0,
+        "model.layers.%lld.self_attn.kv_b_proj.weight", L);
+    ADD(H, NH * s->v_head, 0, "model.layers.%lld.self_attn.o_proj.weight", L);
+    if (l < s->first_dense) {
+        ADD(s->dense_inter, H, 0, "model.layers.%lld.mlp.gate_proj.weight", L);
+        ADD(s->dense_inter, H, 0, "model.layers.%lld.mlp.up_proj.weight", L);
+        ADD(H, s->dense_inter, 0, "model.layers.%lld.mlp.down_proj.weight", L);
+        return rc;
+    }
+    ADD(s->experts, H, 0, "model.layers.%lld.mlp.gate.weight", L);
+    for (int64_t e = 0; e < s->experts && rc == 0; e++) {
+        const long long E = (long long)e;
+        ADD(I, H, 0, "model.layers.%lld.mlp.experts.%lld.gate_proj.weight", L, E);
+        ADD(I, H, 0, "model.layers.%lld.mlp.experts.%lld.up_proj.weight", L, E);
+        ADD(H, I, 0, "model.layers.%lld.mlp.experts.%lld.down_proj.weight", L, E);
+    }
+    if (SI > 0) {
+        ADD(SI, H, 0, "model.layers.%lld.mlp.shared_experts.gate_proj.weight", L);
+        ADD(SI, H, 0, "model.layers.%lld.mlp.shared_experts.up_proj.weight", L);
+        ADD(H, SI, 0, "model.layers.%lld.mlp.shared_experts.down_proj.weight", L);
+    }
+#undef ADD
+    return rc;
+}
+
 static int add_layer(writer *w, const train_shape *s, int64_t l)
 {
     const int64_t H = s->hidden, D = s->head_dim, I = s->inter;
@@ -128,12 +219,15 @@ int train_write_checkpoint(const char *dir, const train_shape *s, uint64_t seed)
 {
     writer w = {.rng = seed * 0x9E3779B97F4A7C15ull + 1};
     int64_t largest = s->vocab * s->hidden; /* the pool: twice the largest tensor, >= 32 MB */
-    const int64_t others[3] = {s->experts * s->hidden, s->inter * s->hidden,
-                               s->heads * s->head_dim * s->hidden};
-    for (int k = 0; k < 3; k++)
+    const int64_t others[5] = {s->experts * s->hidden, s->inter * s->hidden,
+                               s->heads * s->head_dim * s->hidden,
+                               s->dense_inter * s->hidden,
+                               s->heads * (s->qk_nope + s->qk_rope) * s->hidden};
+    for (int k = 0; k < 5; k++)
         largest = others[k] > largest ? others[k] : largest;
     w.pool_n = 2 * largest > ((int64_t)16 << 20) ? 2 * largest : (int64_t)16 << 20;
     w.ones_n = s->hidden > s->head_dim ? s->hidden : s->head_dim;
+    w.ones_n = s->kv_lora > w.ones_n ? s->kv_lora : w.ones_n;
     w.pool = malloc((size_t)w.pool_n * sizeof *w.pool);
     w.ones = malloc((size_t)w.ones_n * sizeof *w.ones);
     int rc = w.pool == NULL || w.ones == NULL;
@@ -152,15 +246,22 @@ int train_write_checkpoint(const char *dir, const train_shape *s, uint64_t seed)
     if (!rc)
         rc = add(&w, "model.embed_tokens.weight", s->vocab, s->hidden, 0);
     for (int64_t l = 0; l < s->layers && rc == 0; l++)
-        rc = add_layer(&w, s, l);
+        rc = s->deepseek_v2 ? add_layer_dsv2(&w, s, l) : add_layer(&w, s, l);
     if (!rc)
         rc = add(&w, "model.norm.weight", s->hidden, 0, 1);
     if (!rc)
         rc = add(&w, "lm_head.weight", s->vocab, s->hidden, 0);
     if (!rc)
-        rc = write_config(dir, s);
+        rc = s->deepseek_v2 ? write_config_dsv2(dir, s) : write_config(dir, s);
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    int64_t bytes = 0;
+    for (size_t i = 0; i < w.n; i++)
+        bytes += 2 * kt_tensor_numel(&w.items[i].tensor);
+    if (!rc)
+        fprintf(stderr, "kt-bench train: writing %s: %zu tensors, %.2f GB of random bf16 "
+                "(tensor by tensor from a %.0f MB pool)\n", path, w.n, (double)bytes / 1e9,
+                (double)w.pool_n * 2 / 1e6);
     static const char *const meta[] = {"format", "pt", NULL};
     if (!rc && kt_st_save(path, w.items, w.n, meta) != KT_OK) {
         fprintf(stderr, "kt-bench train: %s\n", kt_last_error());

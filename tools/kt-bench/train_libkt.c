@@ -118,7 +118,8 @@ static int train(const train_job *j, kt_threadpool *pool, kt_moe_layers *moe, kt
     const kt_program *p = j->program;
     kt_moe_layers_options mo = {.weight_dtype = j->moe_dtype, .mode = j->moe_mode,
                                 .lora_rank = j->lora_rank, .lora_alpha = j->lora_alpha,
-                                .intermediate = j->moe_inter};
+                                .intermediate = j->moe_inter, .quant = j->moe_quant,
+                                .quant_group = j->moe_group};
     if (kt_moe_layers_create(p, &mo, pool, moe) != KT_OK)
         return fail("the MoE layers");
     if (j->params == NULL && kt_moe_layers_init(moe, j->seed) != KT_OK)
